@@ -1,0 +1,75 @@
+# Stride developer commands. `make help` lists them.
+SHELL := /bin/bash
+PYTHON ?= python3.11
+VENV ?= .venv
+PY := $(VENV)/bin/python
+UV_VERSION := 0.13.9
+STRIDE := $(VENV)/bin/stride
+DEMO_STATE := $(CURDIR)/.stride-demo
+# pytest prints its own summary; -p no:cacheprovider keeps the tree clean.
+PYTEST_ARGS ?=
+
+.DEFAULT_GOAL := help
+.PHONY: help install system-deps proto proto-check lint test test-unit test-integration demo up down lock clean
+
+help:  ## List the commands
+	@grep -hE '^[a-z-]+:.*## ' $(MAKEFILE_LIST) | awk -F':.*## ' '{printf "  make %-17s %s\n", $$1, $$2}'
+
+$(VENV)/.installed: pyproject.toml constraints.txt
+	@command -v $(PYTHON) >/dev/null || { echo "error: $(PYTHON) not found; Stride needs Python 3.11 (set PYTHON=...)"; exit 1; }
+	test -x $(PY) || $(PYTHON) -m venv $(VENV)
+	$(PY) -m pip install --quiet --disable-pip-version-check uv==$(UV_VERSION)
+	$(VENV)/bin/uv pip install --python $(PY) --quiet -c constraints.txt -e ".[all,dev]"
+	touch $@
+
+install: $(VENV)/.installed  ## Create .venv and install everything, pinned by constraints.txt
+
+system-deps:  ## OS tools for offline deploy checks (docker-compose validates compose.yaml); skipped when not root
+	@if command -v docker-compose >/dev/null; then exit 0; fi; \
+	if [ "$$(id -u)" = 0 ] && command -v apt-get >/dev/null; then \
+	  (apt-get update -qq && apt-get install -y -qq --no-install-recommends docker-compose >/dev/null) \
+	    || echo "note: docker-compose could not be installed; its compose check will be skipped"; \
+	else echo "note: not root; install docker-compose to run the compose schema check"; fi
+
+proto: install  ## Regenerate the protobuf and gRPC stubs from proto/
+	$(PY) proto/generate.py
+
+proto-check: install  ## Fail if the checked-in stubs differ from what proto/ generates
+	$(PY) proto/generate.py --check
+
+lint: install  ## ruff, mypy --strict, import contracts, buf lint
+	$(VENV)/bin/ruff check .
+	$(VENV)/bin/ruff format --check .
+	$(VENV)/bin/mypy
+	$(VENV)/bin/lint-imports
+	cd proto && ../$(VENV)/bin/buf lint
+
+test: install system-deps  ## Unit, integration (real NATS and PostgreSQL) and end-to-end tests
+	$(VENV)/bin/pytest $(PYTEST_ARGS)
+
+test-unit: install  ## Only the fast unit tests
+	$(VENV)/bin/pytest tests/unit $(PYTEST_ARGS)
+
+demo: install  ## Bring the suite up, submit a valid and an invalid job, show status, shut down
+	@rm -rf $(DEMO_STATE); trap '$(STRIDE) down --state-dir $(DEMO_STATE)' EXIT; \
+	set -e; \
+	$(STRIDE) up --state-dir $(DEMO_STATE); \
+	echo; echo '$$ stride submit examples/wide-deep.yaml --wait'; \
+	$(STRIDE) submit examples/wide-deep.yaml --wait --state-dir $(DEMO_STATE); \
+	echo; echo '$$ stride submit examples/invalid-job.yaml   # refused on purpose'; \
+	if $(STRIDE) submit examples/invalid-job.yaml --state-dir $(DEMO_STATE); then \
+	  echo "error: the invalid job was accepted"; exit 1; fi; \
+	echo; echo '$$ stride status'; \
+	$(STRIDE) status --state-dir $(DEMO_STATE)
+
+up: install  ## Start the suite in the background (embedded NATS and SQLite unless URLs are set)
+	$(STRIDE) up
+
+down: install  ## Stop the suite
+	$(STRIDE) down
+
+lock: install  ## Re-pin constraints.txt after changing dependencies in pyproject.toml
+	$(VENV)/bin/uv pip compile pyproject.toml --all-extras --python-version 3.11 --no-header -o constraints.txt
+
+clean:  ## Remove the virtualenv and local state
+	rm -rf $(VENV) $(DEMO_STATE) .mypy_cache .ruff_cache

@@ -1,0 +1,202 @@
+{{/*
+The fixed contract between the chart and the code: every server, its gRPC port, the name
+its grpc.health.v1 service reports under, and whether it owns a database schema (and so
+gets a migration Job). The agent is absent on purpose: it is a sidecar the podwatcher puts
+into training pods, not a Deployment of this chart.
+*/}}
+{{- define "stride.catalog" -}}
+admission:
+  grpcPort: 50051
+  healthService: stride.api.admission.v1.AdmissionService
+  database: true
+optimizer:
+  grpcPort: 50052
+  healthService: stride.api.optimizer.v1.OptimizerService
+  database: true
+executor:
+  grpcPort: 50053
+  healthService: stride.api.executor.v1.ExecutorService
+  database: false
+configdb:
+  grpcPort: 50054
+  healthService: stride.api.configdb.v1.ConfigDbService
+  database: true
+dispatcher:
+  grpcPort: 50055
+  healthService: stride.api.dispatcher.v1.DispatcherService
+  database: true
+ckptcache:
+  grpcPort: 50056
+  healthService: stride.api.ckptcache.v1.CheckpointCacheService
+  database: false
+podwatcher:
+  grpcPort: 50057
+  healthService: stride.api.podwatcher.v1.PodWatcherService
+  database: true
+{{- end }}
+
+{{/* Chart name, overridable with nameOverride. */}}
+{{- define "stride.name" -}}
+{{- default .Chart.Name .Values.nameOverride | trunc 63 | trimSuffix "-" }}
+{{- end }}
+
+{{/*
+Release-scoped name prefix. A release already named like the chart ("stride") is not
+repeated ("stride-stride").
+*/}}
+{{- define "stride.fullname" -}}
+{{- if .Values.fullnameOverride }}
+{{- .Values.fullnameOverride | trunc 63 | trimSuffix "-" }}
+{{- else }}
+{{- $name := default .Chart.Name .Values.nameOverride }}
+{{- if contains $name .Release.Name }}
+{{- .Release.Name | trunc 63 | trimSuffix "-" }}
+{{- else }}
+{{- printf "%s-%s" .Release.Name $name | trunc 63 | trimSuffix "-" }}
+{{- end }}
+{{- end }}
+{{- end }}
+
+{{/* Name of one component's objects. Call with (list $ "admission"). */}}
+{{- define "stride.componentName" -}}
+{{- $root := index . 0 }}
+{{- printf "%s-%s" (include "stride.fullname" $root) (index . 1) | trunc 63 | trimSuffix "-" }}
+{{- end }}
+
+{{- define "stride.chart" -}}
+{{- printf "%s-%s" .Chart.Name .Chart.Version | replace "+" "_" | trunc 63 | trimSuffix "-" }}
+{{- end }}
+
+{{/* Labels every object carries. Call with (list $ "admission"). */}}
+{{- define "stride.labels" -}}
+{{- $root := index . 0 -}}
+helm.sh/chart: {{ include "stride.chart" $root }}
+{{ include "stride.selectorLabels" . }}
+app.kubernetes.io/version: {{ $root.Chart.AppVersion | quote }}
+app.kubernetes.io/managed-by: {{ $root.Release.Service }}
+app.kubernetes.io/part-of: stride
+{{- end }}
+
+{{/* Labels that select one component's pods. Call with (list $ "admission"). */}}
+{{- define "stride.selectorLabels" -}}
+{{- $root := index . 0 -}}
+app.kubernetes.io/name: {{ include "stride.name" $root }}
+app.kubernetes.io/instance: {{ $root.Release.Name }}
+app.kubernetes.io/component: {{ index . 1 }}
+{{- end }}
+
+{{/* The image of one process. Call with (list $ "admission"). */}}
+{{- define "stride.image" -}}
+{{- $root := index . 0 }}
+{{- $image := $root.Values.image }}
+{{- printf "%s/%s:%s" (required "image.repository is required" $image.repository | trimSuffix "/") (index . 1) (default $root.Chart.AppVersion $image.tag) }}
+{{- end }}
+
+{{- define "stride.databaseSecretName" -}}
+{{- default (include "stride.componentName" (list . "database")) .Values.database.existingSecret }}
+{{- end }}
+
+{{- define "stride.databaseSecretKey" -}}
+{{- if .Values.database.existingSecret }}
+{{- .Values.database.existingSecretKey }}
+{{- else -}}
+url
+{{- end }}
+{{- end }}
+
+{{/* Settings every process reads. */}}
+{{- define "stride.commonEnv" -}}
+- name: STRIDE_NATS_URL
+  value: {{ required "nats.url is required" .Values.nats.url | quote }}
+- name: STRIDE_LOG_LEVEL
+  value: {{ .Values.logLevel | quote }}
+{{- with .Values.otlp.endpoint }}
+- name: STRIDE_OTLP_ENDPOINT
+  value: {{ . | quote }}
+{{- end }}
+{{- end }}
+
+{{- define "stride.databaseEnv" -}}
+- name: STRIDE_DATABASE_URL
+  valueFrom:
+    secretKeyRef:
+      name: {{ include "stride.databaseSecretName" . }}
+      key: {{ include "stride.databaseSecretKey" . }}
+{{- end }}
+
+{{/* Settings of one server. Call with (list $ "admission" $catalogEntry). */}}
+{{- define "stride.serverEnv" -}}
+{{- $root := index . 0 }}
+{{- $name := index . 1 }}
+{{- $spec := index . 2 }}
+{{- $prefix := printf "STRIDE_%s_" (upper $name) }}
+{{ include "stride.commonEnv" $root }}
+- name: {{ $prefix }}GRPC_PORT
+  value: {{ $spec.grpcPort | quote }}
+- name: {{ $prefix }}METRICS_PORT
+  value: {{ $root.Values.metrics.port | quote }}
+{{- if $spec.database }}
+{{ include "stride.databaseEnv" $root }}
+{{- /* Migrations run in the pre-install/pre-upgrade Jobs, never in the servers. */}}
+- name: {{ $prefix }}AUTO_MIGRATE
+  value: "false"
+{{- end }}
+{{- if eq $name "ckptcache" }}
+- name: STRIDE_CKPTCACHE_STORE_DIR
+  value: {{ $root.Values.ckptcache.store.mountPath | quote }}
+{{- end }}
+{{- if eq $name "podwatcher" }}
+- name: STRIDE_PODWATCHER_BACKEND
+  value: kubernetes
+- name: STRIDE_PODWATCHER_NAMESPACE
+  value: {{ include "stride.podwatcherNamespace" $root | quote }}
+- name: STRIDE_PODWATCHER_AGENT_IMAGE
+  value: {{ include "stride.image" (list $root "agent") | quote }}
+{{- end }}
+{{- end }}
+
+{{- define "stride.podwatcherNamespace" -}}
+{{- default .Release.Namespace .Values.podwatcher.namespace }}
+{{- end }}
+
+{{- define "stride.podwatcherServiceAccountName" -}}
+{{- include "stride.componentName" (list . "podwatcher") }}
+{{- end }}
+
+{{/* Scheduling and pull settings shared by every pod spec. */}}
+{{- define "stride.podScheduling" -}}
+{{- with .Values.imagePullSecrets }}
+imagePullSecrets:
+  {{- toYaml . | nindent 2 }}
+{{- end }}
+{{- with .Values.nodeSelector }}
+nodeSelector:
+  {{- toYaml . | nindent 2 }}
+{{- end }}
+{{- with .Values.affinity }}
+affinity:
+  {{- toYaml . | nindent 2 }}
+{{- end }}
+{{- with .Values.tolerations }}
+tolerations:
+  {{- toYaml . | nindent 2 }}
+{{- end }}
+{{- end }}
+
+{{/* A gRPC probe against the server's own health service. Call with the catalog entry. */}}
+{{- define "stride.grpcProbe" -}}
+grpc:
+  port: {{ .grpcPort }}
+  service: {{ .healthService }}
+{{- end }}
+
+{{/*
+Liveness asks for the overall server status (service ""), which stays SERVING while the
+process runs; the per-service name is readiness and drops while NATS or the database is
+unreachable, which must take the pod out of rotation, not restart it.
+*/}}
+{{- define "stride.grpcLivenessProbe" -}}
+grpc:
+  port: {{ .grpcPort }}
+  service: ""
+{{- end }}

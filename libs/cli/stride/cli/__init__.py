@@ -1,0 +1,1 @@
+"""The ``stride`` command line: submit and watch jobs, run the suite locally."""

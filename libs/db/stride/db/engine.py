@@ -1,0 +1,116 @@
+"""The async engine and sessions of one service's database."""
+
+from __future__ import annotations
+
+import asyncio
+from collections.abc import AsyncIterator
+from contextlib import asynccontextmanager
+from typing import Any
+
+from sqlalchemy import event, make_url, text
+from sqlalchemy.engine import URL
+from sqlalchemy.exc import DBAPIError, SQLAlchemyError
+from sqlalchemy.ext.asyncio import (
+    AsyncEngine,
+    AsyncSession,
+    async_sessionmaker,
+    create_async_engine,
+)
+
+from stride.runtime.errors import StartupError
+
+
+def _base_url(url: str) -> URL:
+    parsed = make_url(url)
+    if parsed.get_backend_name() not in ("postgresql", "sqlite"):
+        raise StartupError(
+            f"database URL {parsed.render_as_string()}: only postgresql and sqlite are supported"
+        )
+    return parsed
+
+
+def async_url(url: str) -> URL:
+    """The URL with the async driver (psycopg 3 for PostgreSQL, aiosqlite for SQLite)."""
+    parsed = _base_url(url)
+    driver = (
+        "postgresql+psycopg" if parsed.get_backend_name() == "postgresql" else "sqlite+aiosqlite"
+    )
+    return parsed.set(drivername=driver)
+
+
+def sync_url(url: str) -> URL:
+    """The URL with a synchronous driver (for Alembic)."""
+    parsed = _base_url(url)
+    driver = "postgresql+psycopg" if parsed.get_backend_name() == "postgresql" else "sqlite"
+    return parsed.set(drivername=driver)
+
+
+def schema_for(url: str, service: str) -> str | None:
+    """The schema the service's tables live in: the service name on PostgreSQL, none on SQLite."""
+    return service if _base_url(url).get_backend_name() == "postgresql" else None
+
+
+def _sqlite_pragmas(dbapi_connection: Any, _record: Any) -> None:
+    # WAL lets readers proceed during a write; busy_timeout waits out short write locks
+    # instead of failing, which matters when the relay and a handler write together.
+    cursor = dbapi_connection.cursor()
+    cursor.execute("PRAGMA journal_mode=WAL")
+    cursor.execute("PRAGMA busy_timeout=5000")
+    cursor.execute("PRAGMA foreign_keys=ON")
+    cursor.close()
+
+
+class Database:
+    """A service's database: engine, session factory, health ping and disposal."""
+
+    def __init__(self, url: str, service: str) -> None:
+        self.url = url
+        self.service = service
+        self.schema = schema_for(url, service)
+        engine_url = async_url(url)
+        options: dict[str, Any] = {"pool_pre_ping": True}
+        if self.schema is None:
+            options = {}
+        self.engine: AsyncEngine = create_async_engine(engine_url, **options)
+        if self.schema is not None:
+            self.engine = self.engine.execution_options(schema_translate_map={None: self.schema})
+        else:
+            event.listen(self.engine.sync_engine, "connect", _sqlite_pragmas)
+        self.sessions = async_sessionmaker(self.engine, expire_on_commit=False)
+
+    @property
+    def display_url(self) -> str:
+        """The URL with any password hidden, for logs and errors."""
+        return make_url(self.url).render_as_string(hide_password=True)
+
+    @asynccontextmanager
+    async def transaction(self) -> AsyncIterator[AsyncSession]:
+        """A session in a transaction that commits on success and rolls back on error."""
+        async with self.sessions() as session, session.begin():
+            yield session
+
+    async def ping(self, timeout: float = 2.0) -> bool:
+        """True if a trivial query succeeds within ``timeout`` seconds."""
+        try:
+            async with asyncio.timeout(timeout), self.engine.connect() as connection:
+                await connection.execute(text("SELECT 1"))
+        except (TimeoutError, SQLAlchemyError, OSError):
+            return False
+        return True
+
+    async def check_reachable(self, timeout: float) -> None:
+        """Fail startup with one clear line if the database cannot be reached."""
+        try:
+            async with asyncio.timeout(timeout), self.engine.connect() as connection:
+                await connection.execute(text("SELECT 1"))
+        except TimeoutError:
+            raise StartupError(
+                f"cannot reach database {self.display_url} within {timeout:g}s"
+            ) from None
+        except (DBAPIError, OSError) as error:
+            reason = str(getattr(error, "orig", error)).strip().splitlines()[0]
+            raise StartupError(f"cannot reach database {self.display_url}: {reason}") from None
+
+    async def dispose(self) -> None:
+        """Close every pooled connection."""
+        await self.engine.dispose()

@@ -1,0 +1,75 @@
+"""Pytest fixtures: a real NATS server, a real PostgreSQL database, service processes.
+
+- ``nats_server`` / ``nats_url``: a fresh nats-server with JetStream per test (isolated).
+- ``postgres_url``: a fresh PostgreSQL database per test, dropped afterwards.
+- ``database_url``: parametrized over PostgreSQL and a SQLite file, for storage code that
+  must work on both.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+from opentelemetry.sdk.trace.export import SimpleSpanProcessor
+from opentelemetry.sdk.trace.export.in_memory_span_exporter import InMemorySpanExporter
+
+from stride.obs.tracing import configure_tracing
+from stride.runtime.embedded_nats import NatsServer
+from stride.testing.databases import create_database, drop_database
+
+
+@pytest.fixture
+def nats_server() -> Iterator[NatsServer]:
+    """A running nats-server with JetStream, stopped after the test."""
+    server = NatsServer().start()
+    try:
+        yield server
+    finally:
+        server.stop()
+
+
+@pytest.fixture
+def nats_url(nats_server: NatsServer) -> str:
+    """URL of the test's own nats-server."""
+    return nats_server.url
+
+
+@pytest.fixture
+def postgres_url() -> Iterator[str]:
+    """A fresh, empty PostgreSQL database (STRIDE_TEST_DATABASE_URL, else 127.0.0.1:5432)."""
+    url = create_database()
+    try:
+        yield url
+    finally:
+        drop_database(url)
+
+
+@pytest.fixture(params=["postgresql", "sqlite"])
+def database_url(request: pytest.FixtureRequest, tmp_path: Path) -> Iterator[str]:
+    """A fresh database URL, once for PostgreSQL and once for a SQLite file."""
+    if request.param == "sqlite":
+        yield f"sqlite:///{tmp_path / 'test.db'}"
+        return
+    url = create_database()
+    try:
+        yield url
+    finally:
+        drop_database(url)
+
+
+@pytest.fixture(scope="session")
+def _span_exporter() -> InMemorySpanExporter:
+    exporter = InMemorySpanExporter()
+    provider = configure_tracing("stride-tests", None)
+    provider.add_span_processor(SimpleSpanProcessor(exporter))
+    return exporter
+
+
+@pytest.fixture(autouse=True)
+def spans(_span_exporter: InMemorySpanExporter) -> Iterator[InMemorySpanExporter]:
+    """Spans finished during the test (tracing is on in every test, as in production)."""
+    _span_exporter.clear()
+    yield _span_exporter
+    _span_exporter.clear()

@@ -1,0 +1,73 @@
+"""How a service process is put together from the shared libraries.
+
+Every service's ``app.py`` does the same few steps (gRPC server and host, bus with the
+contract's streams, its database migrated or checked, the outbox relay); they live here
+once so the services differ only in what is theirs.
+"""
+
+from __future__ import annotations
+
+import asyncio
+from collections.abc import Callable, Sequence
+from pathlib import Path
+
+from stride.bus.client import Bus
+from stride.db.engine import Database
+from stride.db.migrations import require_migrated, upgrade
+from stride.db.outbox import Outbox
+from stride.runtime.grpc_server import GrpcServer
+from stride.runtime.lifecycle import Dependency, ServiceHost
+from stride.runtime.settings import ServiceSettings
+
+
+def create_host(settings: ServiceSettings, service_names: Sequence[str]) -> ServiceHost:
+    """A host with a gRPC server (health, reflection, error mapping) for ``service_names``."""
+    server = GrpcServer(service_names, settings.grpc_host, settings.grpc_port)
+    return ServiceHost(settings, server)
+
+
+async def connect_bus(settings: ServiceSettings, host: ServiceHost) -> Bus:
+    """Connect to NATS, declare the contract's streams, and track the connection's health."""
+    bus = await Bus.connect(
+        settings.require_nats_url(),
+        name=f"stride-{settings.service_name}",
+        timeout=settings.connect_timeout_seconds,
+    )
+    await bus.ensure_streams()
+
+    async def connected() -> bool:
+        return bus.is_connected
+
+    host.add_dependency(Dependency("nats", connected, bus.close, closes_early=True))
+    return bus
+
+
+async def open_database(
+    settings: ServiceSettings, host: ServiceHost, script_location: Path
+) -> Database:
+    """Open the service's database, migrate it (or check it is migrated), track its health."""
+    url = settings.require_database_url()
+    database = Database(url, settings.service_name)
+    await database.check_reachable(settings.connect_timeout_seconds)
+    if settings.auto_migrate:
+        await asyncio.to_thread(upgrade, url, settings.service_name, script_location)
+    else:
+        await asyncio.to_thread(require_migrated, url, settings.service_name, script_location)
+    host.add_dependency(Dependency("database", database.ping, database.dispose, closes_early=False))
+    return database
+
+
+def relay_outbox(host: ServiceHost, outbox: Outbox, database: Database, bus: Bus) -> None:
+    """Run the outbox relay as a root task."""
+    host.add_root_task(
+        "outbox-relay", lambda: outbox.run_relay(database, bus.publish_raw, host.stop)
+    )
+
+
+def migrate_command(script_location: Path) -> Callable[[ServiceSettings], None]:
+    """The ``migrate`` sub-command of a service that owns tables."""
+
+    def migrate(settings: ServiceSettings) -> None:
+        upgrade(settings.require_database_url(), settings.service_name, script_location)
+
+    return migrate

@@ -1,0 +1,117 @@
+"""Admission's storage: jobs and decisions, read and written with SQLAlchemy Core."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from datetime import datetime
+
+from sqlalchemy import select, update
+from sqlalchemy.ext.asyncio import AsyncSession
+
+from stride.admission.db.tables import decisions, jobs
+from stride.events.v1 import job_pb2
+
+TERMINAL_STATES = frozenset({"REJECTED", "SUCCEEDED", "FAILED", "CANCELLED"})
+
+
+@dataclass(frozen=True)
+class StoredJob:
+    """A job row with its latest decision."""
+
+    job_id: str
+    spec: job_pb2.JobSpec
+    state: str
+    decision: job_pb2.AdmissionDecision | None
+    submitted_at: datetime
+
+
+async def job_by_request_id(session: AsyncSession, request_id: str) -> str | None:
+    """The job id an idempotency key was used for, if any."""
+    return await session.scalar(select(jobs.c.job_id).where(jobs.c.request_id == request_id))
+
+
+async def insert_job(
+    session: AsyncSession,
+    job_id: str,
+    request_id: str | None,
+    spec: job_pb2.JobSpec,
+    submitted_at: datetime,
+) -> None:
+    """Store a validated job in state SUBMITTED."""
+    await session.execute(
+        jobs.insert().values(
+            job_id=job_id,
+            request_id=request_id,
+            name=spec.name,
+            user=spec.user,
+            state="SUBMITTED",
+            spec=spec.SerializeToString(),
+            submitted_at=submitted_at,
+            updated_at=submitted_at,
+        )
+    )
+
+
+async def record_decision(
+    session: AsyncSession, decision: job_pb2.AdmissionDecision, state: str, at: datetime
+) -> None:
+    """Store a decision and move the job to ``state``."""
+    await session.execute(
+        decisions.insert().values(
+            job_id=decision.job_id,
+            outcome=job_pb2.AdmissionOutcome.Name(decision.outcome),
+            decision=decision.SerializeToString(),
+            decided_at=at,
+        )
+    )
+    await set_state(session, decision.job_id, state, at)
+
+
+async def set_state(session: AsyncSession, job_id: str, state: str, at: datetime) -> None:
+    """Move a job to ``state``."""
+    await session.execute(
+        update(jobs).where(jobs.c.job_id == job_id).values(state=state, updated_at=at)
+    )
+
+
+async def _latest_decision(session: AsyncSession, job_id: str) -> job_pb2.AdmissionDecision | None:
+    row = await session.scalar(
+        select(decisions.c.decision)
+        .where(decisions.c.job_id == job_id)
+        .order_by(decisions.c.id.desc())
+        .limit(1)
+    )
+    return None if row is None else job_pb2.AdmissionDecision.FromString(row)
+
+
+async def get_job(session: AsyncSession, job_id: str, for_update: bool = False) -> StoredJob | None:
+    """One job with its latest decision, or None."""
+    query = select(jobs).where(jobs.c.job_id == job_id)
+    if for_update:
+        query = query.with_for_update()
+    row = (await session.execute(query)).one_or_none()
+    if row is None:
+        return None
+    return StoredJob(
+        job_id=row.job_id,
+        spec=job_pb2.JobSpec.FromString(row.spec),
+        state=row.state,
+        decision=await _latest_decision(session, row.job_id),
+        submitted_at=row.submitted_at,
+    )
+
+
+async def list_jobs(session: AsyncSession, user: str | None, limit: int) -> list[StoredJob]:
+    """Jobs newest first, optionally of one user."""
+    query = select(jobs.c.job_id).order_by(jobs.c.submitted_at.desc(), jobs.c.job_id).limit(limit)
+    if user:
+        query = query.where(jobs.c.user == user)
+    ids = (await session.scalars(query)).all()
+    found = [await get_job(session, job_id) for job_id in ids]
+    return [job for job in found if job is not None]
+
+
+async def undecided_job_ids(session: AsyncSession) -> list[str]:
+    """Jobs stored but not yet decided (left so by a crash between the two steps)."""
+    query = select(jobs.c.job_id).where(jobs.c.state == "SUBMITTED").order_by(jobs.c.submitted_at)
+    return list((await session.scalars(query)).all())

@@ -1,0 +1,47 @@
+"""Admission's composition root: wires storage, bus, policy and API into a service host."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+from stride.admission.adapters.bus_handlers import FinishedHandler
+from stride.admission.adapters.grpc_api import AdmissionApi
+from stride.admission.db.tables import outbox as outbox_table
+from stride.admission.domain.policy import AdmitAll
+from stride.admission.settings import AdmissionSettings
+from stride.admission.submissions import Submissions
+from stride.api.admission.v1 import admission_service_pb2, admission_service_pb2_grpc
+from stride.db.outbox import Outbox
+from stride.events.v1 import job_pb2
+from stride.runtime.lifecycle import ServiceHost
+from stride.wiring import connect_bus, create_host, open_database, relay_outbox
+
+MIGRATIONS = Path(__file__).parent / "db" / "migrations"
+SERVICE_NAME = admission_service_pb2.DESCRIPTOR.services_by_name["AdmissionService"].full_name
+
+
+async def build(settings: AdmissionSettings) -> ServiceHost:
+    """Connect everything and return a host ready to run."""
+    host = create_host(settings, [SERVICE_NAME])
+    bus = await connect_bus(settings, host)
+    database = await open_database(settings, host, MIGRATIONS)
+    outbox = Outbox(outbox_table)
+    # TEMPORARY policy: the admission issue replaces AdmitAll with progressive filling.
+    submissions = Submissions(database, outbox, AdmitAll())
+    admission_service_pb2_grpc.add_AdmissionServiceServicer_to_server(
+        AdmissionApi(submissions), host.server.server
+    )
+    relay_outbox(host, outbox, database, bus)
+    await submissions.decide_pending()
+    host.add_root_task(
+        "consume-finished",
+        lambda: bus.consume(
+            stream="STRIDE_JOBS",
+            durable="admission-finished",
+            filter_subject="stride.jobs.v1.finished.*",
+            message_type=job_pb2.JobFinished,
+            handler=FinishedHandler(submissions),
+            stop=host.stop,
+        ),
+    )
+    return host

@@ -1,0 +1,230 @@
+"""The whole suite as real processes on real NATS and PostgreSQL: one job from submit to plan.
+
+Runs all eight services (`python -m stride.<service>`), submits with the real `stride` CLI,
+SIGKILLs the optimizer between submit and plan, restarts it, and checks that exactly one
+plan was published and that one OpenTelemetry trace spans every hop.
+"""
+
+from __future__ import annotations
+
+import json
+import re
+import subprocess
+import sys
+from collections.abc import Iterator
+from pathlib import Path
+
+import grpc
+import nats
+import pytest
+from grpc_health.v1 import health_pb2, health_pb2_grpc
+
+from stride.api.configdb.v1 import configdb_service_pb2 as configdb_pb
+from stride.api.configdb.v1 import configdb_service_pb2_grpc as configdb_grpc
+from stride.api.optimizer.v1 import optimizer_service_pb2 as optimizer_pb
+from stride.api.optimizer.v1 import optimizer_service_pb2_grpc as optimizer_grpc
+from stride.api.podwatcher.v1 import podwatcher_service_pb2 as podwatcher_pb
+from stride.api.podwatcher.v1 import podwatcher_service_pb2_grpc as podwatcher_grpc
+from stride.events.v1 import plan_pb2
+from stride.testing.eventually import assert_eventually
+from stride.testing.otlp_collector import OtlpCollector
+from stride.testing.processes import SERVICES, ServiceProcess
+
+pytestmark = [pytest.mark.e2e, pytest.mark.timeout(300)]
+
+ROOT = Path(__file__).resolve().parents[2]
+STRIDE = [sys.executable, "-m", "stride.cli"]
+HEALTH_NAMES = {
+    "admission": "stride.api.admission.v1.AdmissionService",
+    "optimizer": "stride.api.optimizer.v1.OptimizerService",
+    "executor": "stride.api.executor.v1.ExecutorService",
+    "configdb": "stride.api.configdb.v1.ConfigDbService",
+    "dispatcher": "stride.api.dispatcher.v1.DispatcherService",
+    "ckptcache": "stride.api.ckptcache.v1.CheckpointCacheService",
+    "podwatcher": "stride.api.podwatcher.v1.PodWatcherService",
+    "agent": "stride.api.agent.v1.AgentService",
+}
+
+
+@pytest.fixture
+def collector() -> Iterator[OtlpCollector]:
+    server = OtlpCollector().start()
+    yield server
+    server.stop()
+
+
+@pytest.fixture
+def suite(
+    nats_url: str, postgres_url: str, collector: OtlpCollector, tmp_path: Path
+) -> Iterator[dict[str, ServiceProcess]]:
+    env = {
+        "STRIDE_NATS_URL": nats_url,
+        "STRIDE_DATABASE_URL": postgres_url,
+        "STRIDE_OTLP_ENDPOINT": collector.endpoint,
+        "STRIDE_CKPTCACHE_STORE_DIR": str(tmp_path / "checkpoints"),
+    }
+    processes = {name: ServiceProcess(name, env, tmp_path) for name in SERVICES}
+    agent = processes["agent"]
+    agent.env.update(
+        {
+            "STRIDE_AGENT_JOB_ID": "job-e2eprobe",
+            "STRIDE_AGENT_POD_NAME": "job-e2eprobe-worker-0",
+            "STRIDE_AGENT_ROLE": "worker",
+            "STRIDE_AGENT_DISPATCHER_ADDRESS": processes["dispatcher"].address,
+            "STRIDE_AGENT_CKPTCACHE_ADDRESS": processes["ckptcache"].address,
+        }
+    )
+    for process in processes.values():
+        process.start()
+    try:
+        yield processes
+    finally:
+        codes = {name: process.terminate() for name, process in processes.items()}
+        for name, process in processes.items():
+            if codes[name] != 0:
+                print(f"--- {name} log ---\n{process.log_text()[-3000:]}")
+        assert codes == dict.fromkeys(processes, 0), f"unclean shutdown: {codes}"
+
+
+def serving(address: str, service: str) -> bool:
+    with grpc.insecure_channel(address) as channel:
+        try:
+            reply = health_pb2_grpc.HealthStub(channel).Check(
+                health_pb2.HealthCheckRequest(service=service), timeout=1
+            )
+        except grpc.RpcError:
+            return False
+    return bool(reply.status == health_pb2.HealthCheckResponse.SERVING)
+
+
+async def wait_healthy(processes: dict[str, ServiceProcess]) -> None:
+    for name, process in processes.items():
+        address, service = process.address, HEALTH_NAMES[name]
+        await assert_eventually(
+            lambda: serving(address, service),  # noqa: B023 - awaited before the loop moves on
+            timeout=60,
+            interval=0.2,
+            message=f"{name} healthy",
+        )
+
+
+def cli(*args: str, env: dict[str, str]) -> subprocess.CompletedProcess[str]:
+    return subprocess.run(
+        [*STRIDE, *args], capture_output=True, text=True, env=env, timeout=60, check=False
+    )
+
+
+async def plan_messages(nats_url: str, job_id: str) -> list[plan_pb2.ResourcePlan]:
+    nc = await nats.connect(nats_url)
+    try:
+        subscription = await nc.jetstream().subscribe(
+            f"stride.plans.v1.{job_id}", ordered_consumer=True
+        )
+        plans = []
+        try:
+            while True:
+                message = await subscription.next_msg(timeout=0.5)
+                plans.append(plan_pb2.ResourcePlan.FromString(message.data))
+        except nats.errors.TimeoutError:
+            return plans
+    finally:
+        await nc.close()
+
+
+async def test_all_services_answer_health_and_reflection(suite: dict[str, ServiceProcess]) -> None:
+    await wait_healthy(suite)
+    grpcurl = str(Path(sys.executable).parent / "grpcurl")
+    for name, process in suite.items():
+        listed = subprocess.run(
+            [grpcurl, "-plaintext", process.address, "list"],
+            capture_output=True,
+            text=True,
+            timeout=30,
+            check=True,
+        )
+        services = set(listed.stdout.split())
+        assert HEALTH_NAMES[name] in services, listed.stdout
+        assert "grpc.health.v1.Health" in services
+        health = subprocess.run(
+            [
+                grpcurl,
+                "-plaintext",
+                "-d",
+                json.dumps({"service": HEALTH_NAMES[name]}),
+                process.address,
+                "grpc.health.v1.Health/Check",
+            ],
+            capture_output=True,
+            text=True,
+            timeout=30,
+            check=True,
+        )
+        assert json.loads(health.stdout) == {"status": "SERVING"}
+        described = subprocess.run(
+            [grpcurl, "-plaintext", process.address, "describe", HEALTH_NAMES[name]],
+            capture_output=True,
+            text=True,
+            timeout=30,
+            check=True,
+        )
+        assert "rpc " in described.stdout
+
+
+async def test_submit_reaches_plan_exactly_once_across_an_optimizer_crash(
+    suite: dict[str, ServiceProcess], nats_url: str, collector: OtlpCollector, tmp_path: Path
+) -> None:
+    await wait_healthy(suite)
+    env = {
+        "PATH": str(Path(sys.executable).parent),
+        "HOME": str(tmp_path),
+        "STRIDE_STATE_DIR": str(tmp_path / "cli-state"),
+        **{f"STRIDE_{name.upper()}_ADDRESS": process.address for name, process in suite.items()},
+    }
+    invalid = cli("submit", str(ROOT / "examples" / "invalid-job.yaml"), env=env)
+    assert invalid.returncode == 2
+    assert "spec.workers: unknown field" in invalid.stderr
+
+    submitted = cli("submit", str(ROOT / "examples" / "wide-deep.yaml"), env=env)
+    assert submitted.returncode == 0, submitted.stderr
+    match = re.search(r"(job-[0-9a-f]{12}) admitted", submitted.stdout)
+    assert match, submitted.stdout
+    job_id = match.group(1)
+    suite["optimizer"].kill()  # SIGKILL between submit and plan
+
+    suite["optimizer"].start()
+    await wait_healthy({"optimizer": suite["optimizer"]})
+
+    async def recorded_everywhere() -> bool:
+        async with grpc.aio.insecure_channel(suite["podwatcher"].address) as channel:
+            pods = await podwatcher_grpc.PodWatcherServiceStub(channel).GetJobPods(
+                podwatcher_pb.GetJobPodsRequest(job_id=job_id)
+            )
+        async with grpc.aio.insecure_channel(suite["configdb"].address) as channel:
+            record = await configdb_grpc.ConfigDbServiceStub(channel).GetJobRecord(
+                configdb_pb.GetJobRecordRequest(job_id=job_id)
+            )
+        return pods.plan.plan.version == 1 and [p.version for p in record.record.plans] == [1]
+
+    await assert_eventually(recorded_everywhere, timeout=60, interval=0.3, message="plan recorded")
+    async with grpc.aio.insecure_channel(suite["optimizer"].address) as channel:
+        plans = await optimizer_grpc.OptimizerServiceStub(channel).ListPlans(
+            optimizer_pb.ListPlansRequest(job_id=job_id)
+        )
+    assert [p.version for p in plans.plans] == [1]
+    published = await plan_messages(nats_url, job_id)
+    assert [p.version for p in published] == [1], "the plan must be published exactly once"
+
+    status = cli("status", job_id, env=env)
+    assert status.returncode == 0, status.stderr
+    assert job_id in status.stdout and "admitted" in status.stdout and "plan v1" in status.stdout
+
+    def one_trace_spans_the_path() -> bool:
+        hops = {"admission", "optimizer", "podwatcher", "configdb"}
+        return any(hops <= services for services in collector.services_by_trace().values())
+
+    await assert_eventually(
+        one_trace_spans_the_path,
+        timeout=30,
+        interval=0.3,
+        message="one trace across admission, optimizer, podwatcher, configdb",
+    )

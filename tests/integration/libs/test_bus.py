@@ -1,0 +1,161 @@
+"""The bus on a real nats-server: streams, de-duplication, acks, retries, dead letters, traces."""
+
+from __future__ import annotations
+
+import asyncio
+from collections.abc import AsyncIterator
+
+import nats
+import pytest
+from nats.aio.msg import Msg
+from opentelemetry import trace
+from opentelemetry.sdk.trace.export.in_memory_span_exporter import InMemorySpanExporter
+
+from stride.bus import subjects
+from stride.bus.client import Bus, Delivery, Handler, PermanentError
+from stride.events.v1 import job_pb2
+from stride.testing.eventually import assert_eventually
+
+pytestmark = pytest.mark.integration
+
+
+@pytest.fixture
+async def bus(nats_url: str) -> AsyncIterator[Bus]:
+    connected = await Bus.connect(nats_url, "test")
+    await connected.ensure_streams()
+    yield connected
+    await connected.close()
+
+
+async def dead_letters(nats_url: str, durable: str) -> list[Msg]:
+    nc = await nats.connect(nats_url)
+    try:
+        sub = await nc.jetstream().subscribe(subjects.dead_letter(durable), ordered_consumer=True)
+        found = []
+        try:
+            while True:
+                found.append(await sub.next_msg(timeout=0.3))
+        except nats.errors.TimeoutError:
+            return found
+    finally:
+        await nc.close()
+
+
+def finished(job_id: str) -> job_pb2.JobFinished:
+    return job_pb2.JobFinished(job_id=job_id, outcome=job_pb2.JOB_OUTCOME_SUCCEEDED)
+
+
+async def run_consumer(
+    bus: Bus, handler: Handler[job_pb2.JobFinished], stop: asyncio.Event, max_deliver: int = 5
+) -> asyncio.Task[None]:
+    return asyncio.create_task(
+        bus.consume(
+            stream="STRIDE_JOBS",
+            durable="test-consumer",
+            filter_subject="stride.jobs.v1.finished.*",
+            message_type=job_pb2.JobFinished,
+            handler=handler,
+            stop=stop,
+            max_deliver=max_deliver,
+        )
+    )
+
+
+async def test_streams_are_idempotent_and_duplicates_are_dropped(bus: Bus) -> None:
+    await bus.ensure_streams()
+    first = await bus.publish(subjects.job_finished("j1"), finished("j1"), "j1.finished")
+    again = await bus.publish(subjects.job_finished("j1"), finished("j1"), "j1.finished")
+    assert again.duplicate and not first.duplicate
+    info = await bus.js.stream_info("STRIDE_JOBS")
+    assert info.state.messages == 1
+
+
+async def test_handler_sees_messages_in_order_and_acks(bus: Bus) -> None:
+    seen: list[str] = []
+    stop = asyncio.Event()
+
+    async def handler(message: job_pb2.JobFinished, delivery: Delivery) -> None:
+        seen.append(message.job_id)
+
+    task = await run_consumer(bus, handler, stop)
+    for index in range(5):
+        await bus.publish(subjects.job_finished(f"j{index}"), finished(f"j{index}"), f"j{index}.f")
+    await assert_eventually(lambda: seen == [f"j{i}" for i in range(5)])
+    info = await bus.js.consumer_info("STRIDE_JOBS", "test-consumer")
+    await assert_eventually(lambda: info.num_ack_pending == 0)
+    stop.set()
+    await task
+
+
+async def test_malformed_and_mistyped_messages_are_dead_lettered_not_retried(
+    bus: Bus, nats_url: str
+) -> None:
+    seen: list[str] = []
+    stop = asyncio.Event()
+
+    async def handler(message: job_pb2.JobFinished, delivery: Delivery) -> None:
+        seen.append(message.job_id)
+
+    task = await run_consumer(bus, handler, stop)
+    await bus.js.publish("stride.jobs.v1.finished.bad", b'{"job_id": "json is not protobuf"}')
+    await bus.publish(
+        "stride.jobs.v1.finished.wrong", job_pb2.JobSubmitted(job_id="x"), "wrong-type"
+    )
+    await bus.publish(subjects.job_finished("good"), finished("good"), "good.f")
+    await assert_eventually(lambda: seen == ["good"])
+    parked = await assert_eventually(lambda: dead_letters(nats_url, "test-consumer"))
+    reasons = sorted((m.headers or {})["Stride-Dead-Letter-Reason"] for m in parked)
+    assert len(reasons) == 2
+    assert reasons[0].startswith("payload type stride.events.v1.JobSubmitted")
+    assert reasons[1].startswith("undecodable")
+    stop.set()
+    await task
+
+
+async def test_failures_retry_then_dead_letter_after_max_deliver(bus: Bus, nats_url: str) -> None:
+    attempts: list[int] = []
+    stop = asyncio.Event()
+
+    async def flaky(message: job_pb2.JobFinished, delivery: Delivery) -> None:
+        attempts.append(delivery.attempt)
+        if message.job_id == "never":
+            raise RuntimeError("database down")
+        if message.job_id == "reject":
+            raise PermanentError("cannot ever work")
+        if delivery.attempt < 2:
+            raise RuntimeError("first try fails")
+
+    task = await run_consumer(bus, flaky, stop, max_deliver=3)
+    await bus.publish(subjects.job_finished("once"), finished("once"), "once.f")
+    await assert_eventually(lambda: attempts[:2] == [1, 2], timeout=10)
+    attempts.clear()
+    await bus.publish(subjects.job_finished("never"), finished("never"), "never.f")
+    await assert_eventually(lambda: attempts == [1, 2, 3], timeout=15)
+    await bus.publish(subjects.job_finished("reject"), finished("reject"), "reject.f")
+    parked = await assert_eventually(lambda: _two(nats_url), timeout=10)
+    reasons = sorted((m.headers or {})["Stride-Dead-Letter-Reason"] for m in parked)
+    assert reasons[0].startswith("failed 3 times, last: RuntimeError: database down")
+    assert reasons[1].startswith("rejected by handler: cannot ever work")
+    stop.set()
+    await task
+
+
+async def _two(nats_url: str) -> list[Msg]:
+    found = await dead_letters(nats_url, "test-consumer")
+    return found if len(found) == 2 else []
+
+
+async def test_trace_context_crosses_the_bus(bus: Bus, spans: InMemorySpanExporter) -> None:
+    stop = asyncio.Event()
+    consumed: list[str] = []
+
+    async def handler(message: job_pb2.JobFinished, delivery: Delivery) -> None:
+        consumed.append(format(trace.get_current_span().get_span_context().trace_id, "032x"))
+
+    task = await run_consumer(bus, handler, stop)
+    with trace.get_tracer("test").start_as_current_span("origin") as origin:
+        await bus.publish(subjects.job_finished("t"), finished("t"), "t.f")
+    await assert_eventually(lambda: consumed)
+    assert consumed == [format(origin.get_span_context().trace_id, "032x")]
+    stop.set()
+    await task

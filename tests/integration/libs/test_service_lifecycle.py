@@ -1,0 +1,124 @@
+"""A service's health follows its dependencies, its outbox survives a NATS outage, and it
+shuts down in order on SIGTERM."""
+
+from __future__ import annotations
+
+import signal
+import time
+from collections.abc import Awaitable
+from pathlib import Path
+
+import grpc
+import nats
+import pytest
+from grpc_health.v1 import health_pb2, health_pb2_grpc
+
+from stride.admission.app import build
+from stride.admission.settings import AdmissionSettings
+from stride.api.admission.v1 import admission_service_pb2 as pb
+from stride.api.admission.v1 import admission_service_pb2_grpc as pb_grpc
+from stride.events.v1 import job_pb2
+from stride.runtime.embedded_nats import NatsServer
+from stride.testing.eventually import assert_eventually
+from stride.testing.inprocess import running_service
+from stride.testing.processes import ServiceProcess
+
+pytestmark = pytest.mark.integration
+SERVICE = "stride.api.admission.v1.AdmissionService"
+
+
+def spec() -> job_pb2.JobSpec:
+    return job_pb2.JobSpec(
+        name="j",
+        user="u",
+        model=job_pb2.ModelReference(name="m", image="img:1"),
+        dataset=job_pb2.DatasetSpec(name="d", record_count=1000),
+        batch_size=10,
+        termination=job_pb2.Termination(max_steps=100),
+    )
+
+
+async def health(port: int, service: str) -> int:
+    """The health status, or -1 while the server does not answer."""
+    async with grpc.aio.insecure_channel(f"127.0.0.1:{port}") as channel:
+        try:
+            reply = await health_pb2_grpc.HealthStub(channel).Check(
+                health_pb2.HealthCheckRequest(service=service), timeout=2
+            )
+        except grpc.aio.AioRpcError:
+            return -1
+    return int(reply.status)
+
+
+async def count_job_events(url: str) -> int:
+    """Messages on the jobs stream (a submitted and an admitted event per job)."""
+    nc = await nats.connect(url)
+    try:
+        info = await nc.jetstream().stream_info("STRIDE_JOBS")
+        return int(info.state.messages)
+    finally:
+        await nc.close()
+
+
+async def test_health_follows_nats_and_the_outbox_catches_up(tmp_path: Path) -> None:
+    server = NatsServer(store_dir=tmp_path / "nats").start()
+    settings = AdmissionSettings(
+        nats_url=server.url,
+        database_url=f"sqlite:///{tmp_path / 'a.db'}",
+        grpc_port=0,
+        grpc_host="127.0.0.1",
+        health_interval_seconds=0.1,
+    )
+    serving, not_serving = (
+        health_pb2.HealthCheckResponse.SERVING,
+        health_pb2.HealthCheckResponse.NOT_SERVING,
+    )
+    try:
+        async with running_service(build, settings) as host:
+            port = host.server.port
+            await assert_eventually(lambda: _is(health(port, SERVICE), serving))
+            server.kill()
+            await assert_eventually(lambda: _is(health(port, SERVICE), not_serving), timeout=10)
+            assert await health(port, "") == serving  # liveness: the process is fine
+
+            async with grpc.aio.insecure_channel(f"127.0.0.1:{port}") as channel:
+                reply = await pb_grpc.AdmissionServiceStub(channel).SubmitJob(
+                    pb.SubmitJobRequest(spec=spec())
+                )
+            assert reply.job.state == pb.JOB_STATE_ADMITTED  # stored; events wait in the outbox
+
+            server = NatsServer(store_dir=tmp_path / "nats", port=server.port).start()
+            await assert_eventually(lambda: _is(health(port, SERVICE), serving), timeout=20)
+            await assert_eventually(lambda: _is(count_job_events(server.url), 2), timeout=20)
+    finally:
+        server.stop()
+
+
+async def _is(probe: Awaitable[int], expected: int) -> bool:
+    return (await probe) == expected
+
+
+async def test_sigterm_stops_cleanly_and_quickly(nats_url: str, tmp_path: Path) -> None:
+    process = ServiceProcess(
+        "admission",
+        {
+            "STRIDE_NATS_URL": nats_url,
+            "STRIDE_DATABASE_URL": f"sqlite:///{tmp_path / 'a.db'}",
+        },
+        tmp_path,
+    ).start()
+    try:
+        await assert_eventually(
+            lambda: _is(health(process.port, SERVICE), health_pb2.HealthCheckResponse.SERVING),
+            timeout=30,
+            interval=0.2,
+        )
+        started = time.monotonic()
+        assert process.process is not None
+        process.process.send_signal(signal.SIGTERM)
+        assert process.process.wait(20) == 0
+        assert time.monotonic() - started < 10
+        log = process.log_text()
+        assert log.index('"shutting down"') < log.index('"stopped"')
+    finally:
+        process.kill()

@@ -1,0 +1,158 @@
+"""Admission on real NATS and a real database: submit, decide, publish, bad input."""
+
+from __future__ import annotations
+
+from collections.abc import AsyncIterator
+from datetime import UTC, datetime, timedelta
+
+import grpc
+import nats
+import pytest
+from google.protobuf.message import Message
+from nats.aio.msg import Msg
+
+from stride.admission.app import build
+from stride.admission.settings import AdmissionSettings
+from stride.api.admission.v1 import admission_service_pb2 as pb
+from stride.api.admission.v1 import admission_service_pb2_grpc as pb_grpc
+from stride.events.v1 import job_pb2
+from stride.runtime.lifecycle import ServiceHost
+from stride.testing.eventually import assert_eventually
+from stride.testing.inprocess import running_service
+
+pytestmark = pytest.mark.integration
+
+
+def valid_spec(**changes: object) -> job_pb2.JobSpec:
+    spec = job_pb2.JobSpec(
+        name="wide-deep",
+        user="alice",
+        model=job_pb2.ModelReference(name="wide-and-deep", entrypoint="trainers.wide_deep:main"),
+        dataset=job_pb2.DatasetSpec(name="criteo-mini", record_count=100_000),
+        batch_size=512,
+        termination=job_pb2.Termination(max_epochs=2),
+    )
+    for key, value in changes.items():
+        if isinstance(value, Message):
+            getattr(spec, key).CopyFrom(value)
+        else:
+            setattr(spec, key, value)
+    return spec
+
+
+@pytest.fixture
+async def admission(nats_url: str, database_url: str) -> AsyncIterator[ServiceHost]:
+    settings = AdmissionSettings(
+        nats_url=nats_url,
+        database_url=database_url,
+        grpc_port=0,
+        grpc_host="127.0.0.1",
+        health_interval_seconds=0.2,
+    )
+    async with running_service(build, settings) as host:
+        yield host
+
+
+@pytest.fixture
+async def stub(admission: ServiceHost) -> AsyncIterator[pb_grpc.AdmissionServiceAsyncStub]:
+    async with grpc.aio.insecure_channel(f"127.0.0.1:{admission.server.port}") as channel:
+        yield pb_grpc.AdmissionServiceStub(channel)
+
+
+async def stream_messages(nats_url: str, subject: str) -> list[Msg]:
+    nc = await nats.connect(nats_url)
+    try:
+        js = nc.jetstream()
+        sub = await js.subscribe(subject, ordered_consumer=True)
+        messages = []
+        try:
+            while True:
+                messages.append(await sub.next_msg(timeout=0.3))
+        except nats.errors.TimeoutError:
+            pass
+        return messages
+    finally:
+        await nc.close()
+
+
+async def test_submit_stores_decides_and_publishes(
+    stub: pb_grpc.AdmissionServiceAsyncStub, nats_url: str
+) -> None:
+    reply = await stub.SubmitJob(pb.SubmitJobRequest(spec=valid_spec(), request_id="r-1"))
+    job = reply.job
+    assert job.job_id.startswith("job-")
+    assert job.state == pb.JOB_STATE_ADMITTED
+    assert job.decision.outcome == job_pb2.ADMISSION_OUTCOME_ADMITTED
+    assert job.decision.policy == "admit-all/1"
+
+    submitted = await assert_eventually(
+        lambda: stream_messages(nats_url, f"stride.jobs.v1.submitted.{job.job_id}")
+    )
+    admitted = await assert_eventually(
+        lambda: stream_messages(nats_url, f"stride.jobs.v1.admitted.{job.job_id}")
+    )
+    assert len(submitted) == 1 and len(admitted) == 1
+    event = job_pb2.AdmissionDecision.FromString(admitted[0].data)
+    assert event.job_id == job.job_id and event.spec.dataset.record_count == 100_000
+    assert (admitted[0].headers or {})["Stride-Type"] == "stride.events.v1.AdmissionDecision"
+    assert "traceparent" in (admitted[0].headers or {})
+
+    again = await stub.SubmitJob(pb.SubmitJobRequest(spec=valid_spec(), request_id="r-1"))
+    assert again.job.job_id == job.job_id
+    fetched = await stub.GetJob(pb.GetJobRequest(job_id=job.job_id))
+    assert fetched.job.spec == valid_spec()
+    listed = await stub.ListJobs(pb.ListJobsRequest(user="alice"))
+    assert [j.job_id for j in listed.jobs] == [job.job_id]
+
+
+@pytest.mark.parametrize(
+    ("spec", "field"),
+    [
+        (valid_spec(batch_size=-4), "spec.batch_size"),
+        (valid_spec(dataset=job_pb2.DatasetSpec(name="d")), "spec.dataset.record_count"),
+        (valid_spec(user=""), "spec.user"),
+        (valid_spec(termination=job_pb2.Termination()), "spec.termination"),
+        (valid_spec(termination=job_pb2.Termination(max_steps=-1)), "spec.termination.max_steps"),
+        (
+            valid_spec(model=job_pb2.ModelReference(name="m", image="i", entrypoint="a:b")),
+            "spec.model",
+        ),
+    ],
+)
+async def test_invalid_spec_is_rejected_and_nothing_is_stored(
+    stub: pb_grpc.AdmissionServiceAsyncStub, nats_url: str, spec: job_pb2.JobSpec, field: str
+) -> None:
+    with pytest.raises(grpc.aio.AioRpcError) as raised:
+        await stub.SubmitJob(pb.SubmitJobRequest(spec=spec))
+    assert raised.value.code() == grpc.StatusCode.INVALID_ARGUMENT
+    assert (raised.value.details() or "").startswith(f"{field}:")
+    assert (await stub.ListJobs(pb.ListJobsRequest())).jobs == []
+    assert await stream_messages(nats_url, "stride.jobs.v1.>") == []
+
+
+async def test_deadline_in_the_past_is_rejected(stub: pb_grpc.AdmissionServiceAsyncStub) -> None:
+    spec = valid_spec()
+    spec.deadline.FromDatetime(datetime.now(UTC) - timedelta(minutes=1))
+    with pytest.raises(grpc.aio.AioRpcError) as raised:
+        await stub.SubmitJob(pb.SubmitJobRequest(spec=spec))
+    assert raised.value.code() == grpc.StatusCode.INVALID_ARGUMENT
+    assert "spec.deadline" in (raised.value.details() or "")
+
+
+async def test_unknown_job_is_not_found(stub: pb_grpc.AdmissionServiceAsyncStub) -> None:
+    with pytest.raises(grpc.aio.AioRpcError) as raised:
+        await stub.GetJob(pb.GetJobRequest(job_id="job-missing"))
+    assert raised.value.code() == grpc.StatusCode.NOT_FOUND
+
+
+async def test_cancel_publishes_finished_once(
+    stub: pb_grpc.AdmissionServiceAsyncStub, nats_url: str
+) -> None:
+    job = (await stub.SubmitJob(pb.SubmitJobRequest(spec=valid_spec()))).job
+    cancelled = (await stub.CancelJob(pb.CancelJobRequest(job_id=job.job_id))).job
+    assert cancelled.state == pb.JOB_STATE_CANCELLED
+    await stub.CancelJob(pb.CancelJobRequest(job_id=job.job_id))
+    finished = await assert_eventually(
+        lambda: stream_messages(nats_url, f"stride.jobs.v1.finished.{job.job_id}")
+    )
+    assert len(finished) == 1

@@ -1,0 +1,179 @@
+"""compose.yaml: the local stack. Checked against the Compose schema by docker-compose when
+it is installed, and against the service contract always."""
+
+from __future__ import annotations
+
+import shutil
+import subprocess
+from pathlib import Path
+from typing import Any
+
+import pytest
+import yaml
+
+from . import (
+    COMPOSE_FILE,
+    DATABASE_SERVICES,
+    DEPLOYED_SERVICES,
+    METRICS_PORT,
+    REPO_ROOT,
+    ServiceContract,
+    load_dockerfile_stages,
+)
+
+pytestmark = pytest.mark.deploy
+
+Service = dict[str, Any]
+
+
+@pytest.fixture(scope="module")
+def services() -> dict[str, Service]:
+    document = yaml.safe_load(COMPOSE_FILE.read_text())
+    assert isinstance(document, dict)
+    compose_services = document["services"]
+    assert isinstance(compose_services, dict)
+    return compose_services
+
+
+def _environment(service: Service) -> dict[str, str | None]:
+    raw = service.get("environment", {})
+    if isinstance(raw, list):
+        pairs = [item.split("=", 1) for item in raw]
+        return {pair[0]: pair[1] if len(pair) == 2 else None for pair in pairs}
+    return {key: None if value is None else str(value) for key, value in raw.items()}
+
+
+def _option(command: list[str], flag: str) -> str:
+    assert flag in command, f"{flag} missing from {command}"
+    return command[command.index(flag) + 1]
+
+
+def test_compose_config_is_valid() -> None:
+    executable = shutil.which("docker-compose")
+    if executable is None:
+        pytest.skip(
+            "docker-compose not installed: `apt-get install -y --no-install-recommends "
+            "docker-compose` (the Makefile's system-deps target) runs this check"
+        )
+    result = subprocess.run(
+        [executable, "-f", str(COMPOSE_FILE), "config", "-q"],
+        cwd=REPO_ROOT,
+        capture_output=True,
+        text=True,
+        timeout=60,
+        check=False,
+    )
+    assert result.returncode == 0, result.stderr
+
+
+def test_agent_is_not_a_compose_service(services: dict[str, Service]) -> None:
+    assert "agent" not in services
+
+
+@pytest.mark.parametrize("contract", DEPLOYED_SERVICES, ids=lambda contract: contract.name)
+def test_server_is_health_checked_over_grpc(
+    services: dict[str, Service], contract: ServiceContract
+) -> None:
+    assert contract.name in services, f"compose.yaml has no {contract.name} service"
+    test = services[contract.name]["healthcheck"]["test"]
+    assert isinstance(test, list) and test[0] == "CMD", "use the exec form, no shell needed"
+    assert test[1:4] == ["python", "-m", "stride.runtime.healthcheck"]
+    assert _option(test, "--address") == f"127.0.0.1:{contract.grpc_port}"
+    assert _option(test, "--service") == contract.health_service
+
+
+@pytest.mark.parametrize("contract", DEPLOYED_SERVICES, ids=lambda contract: contract.name)
+def test_server_settings(services: dict[str, Service], contract: ServiceContract) -> None:
+    environment = _environment(services[contract.name])
+    prefix = contract.env_prefix
+    assert environment[f"{prefix}GRPC_PORT"] == str(contract.grpc_port)
+    assert environment[f"{prefix}METRICS_PORT"] == str(METRICS_PORT)
+    assert environment["STRIDE_NATS_URL"] == "nats://nats:4222"
+    if contract.has_database:
+        assert environment[f"{prefix}AUTO_MIGRATE"] == "false"
+        assert environment["STRIDE_DATABASE_URL"] == (
+            "postgresql://stride:stride@postgres:5432/stride"
+        )
+    else:
+        assert "STRIDE_DATABASE_URL" not in environment
+
+
+@pytest.mark.parametrize("contract", DEPLOYED_SERVICES, ids=lambda contract: contract.name)
+def test_server_waits_for_healthy_nats(
+    services: dict[str, Service], contract: ServiceContract
+) -> None:
+    depends_on = services[contract.name]["depends_on"]
+    assert depends_on["nats"]["condition"] == "service_healthy"
+
+
+@pytest.mark.parametrize("contract", DATABASE_SERVICES, ids=lambda contract: contract.name)
+def test_database_server_starts_after_its_migration(
+    services: dict[str, Service], contract: ServiceContract
+) -> None:
+    migrate_name = f"{contract.name}-migrate"
+    assert migrate_name in services, f"no {migrate_name} one-shot"
+    migrate = services[migrate_name]
+    assert migrate["restart"] == "no"
+    assert migrate["command"] == ["python", "-m", contract.module, "migrate"]
+    assert migrate["depends_on"]["postgres"]["condition"] == "service_healthy"
+    assert migrate["build"]["target"] == contract.name
+    assert "STRIDE_DATABASE_URL" in _environment(migrate)
+
+    depends_on = services[contract.name]["depends_on"]
+    assert depends_on["postgres"]["condition"] == "service_healthy"
+    assert depends_on[migrate_name]["condition"] == "service_completed_successfully"
+
+
+def test_only_database_services_have_migrations(services: dict[str, Service]) -> None:
+    migrations = {name.removesuffix("-migrate") for name in services if name.endswith("-migrate")}
+    assert migrations == {contract.name for contract in DATABASE_SERVICES}
+
+
+def test_every_build_target_is_a_dockerfile_stage(services: dict[str, Service]) -> None:
+    stages = load_dockerfile_stages()
+    built = {name: service["build"] for name, service in services.items() if "build" in service}
+    assert {contract.name for contract in DEPLOYED_SERVICES} <= built.keys()
+    for name, build in built.items():
+        dockerfile = (REPO_ROOT / build["context"] / build["dockerfile"]).resolve()
+        assert dockerfile == (REPO_ROOT / "deploy/docker/Dockerfile").resolve(), name
+        assert build["target"] in stages, f"{name} builds missing target {build['target']!r}"
+
+
+def test_ckptcache_has_shared_memory_and_a_store_volume(services: dict[str, Service]) -> None:
+    ckptcache = services["ckptcache"]
+    assert ckptcache["shm_size"] == "2gb"
+    store_dir = _environment(ckptcache)["STRIDE_CKPTCACHE_STORE_DIR"]
+    assert store_dir is not None
+    mounts = {Path(volume.split(":")[1]) for volume in ckptcache["volumes"]}
+    assert Path(store_dir) in mounts
+
+
+def test_podwatcher_runs_pods_locally_with_the_agent_image(
+    services: dict[str, Service],
+) -> None:
+    environment = _environment(services["podwatcher"])
+    assert environment["STRIDE_PODWATCHER_BACKEND"] == "local"
+    assert environment["STRIDE_PODWATCHER_NAMESPACE"]
+    agent_image = environment["STRIDE_PODWATCHER_AGENT_IMAGE"]
+    assert agent_image is not None and "agent" in agent_image
+
+
+def test_admission_api_is_published(services: dict[str, Service]) -> None:
+    assert "50051:50051" in [str(port) for port in services["admission"]["ports"]]
+
+
+def test_nats_runs_jetstream_and_is_health_checked(services: dict[str, Service]) -> None:
+    nats = services["nats"]
+    command = nats["command"]
+    assert "-js" in command
+    assert _option(command, "-sd") == "/data"
+    assert _option(command, "-m") == "8222"
+    assert any("8222/healthz" in part for part in nats["healthcheck"]["test"])
+
+
+def test_postgres_is_health_checked(services: dict[str, Service]) -> None:
+    postgres = services["postgres"]
+    assert str(postgres["image"]).startswith("postgres:15")
+    environment = _environment(postgres)
+    assert environment["POSTGRES_DB"] == environment["POSTGRES_USER"] == "stride"
+    assert "pg_isready" in postgres["healthcheck"]["test"]

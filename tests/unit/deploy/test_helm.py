@@ -1,0 +1,348 @@
+"""The Helm chart, rendered and linted offline with the Helm 4 library (helm-python-sdk) and
+every manifest validated against the Kubernetes 1.33 schemas (kubernetes-validate)."""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+from dataclasses import dataclass
+from typing import Any
+
+import helm_python as helm
+import kubernetes_validate
+import pytest
+import yaml
+
+from . import (
+    CHART_DIR,
+    DATABASE_SERVICES,
+    DEPLOYED_SERVICES,
+    METRICS_PORT,
+    ServiceContract,
+)
+
+pytestmark = pytest.mark.deploy
+
+KUBE_VERSION = "1.33"
+NAMESPACE = "ml"
+Manifest = dict[str, Any]
+
+OVERRIDES: dict[str, Any] = {
+    "image": {"repository": "registry.example.com:5000/team/stride", "tag": "1.2.3"},
+    "database": {"existingSecret": "stride-db", "existingSecretKey": "dsn"},
+    "services": {contract.name: {"replicas": 3} for contract in DEPLOYED_SERVICES},
+    "otlp": {"endpoint": "http://otel-collector.observability:4317"},
+    "podwatcher": {"namespace": "training"},
+    "ckptcache": {"store": {"persistence": {"enabled": True, "storageClass": "fast"}}},
+}
+
+
+@dataclass(frozen=True)
+class Release:
+    """One rendering of the chart."""
+
+    name: str
+    # The chart's defaults merged with the overrides: what the templates saw.
+    values: dict[str, Any]
+    app_version: str
+    files: dict[str, str]
+    manifests: tuple[Manifest, ...]
+
+    def prefix(self) -> str:
+        # Mirrors "stride.fullname": a release named like the chart is not repeated.
+        return self.name if "stride" in self.name else f"{self.name}-stride"
+
+    def get(self, kind: str, name: str) -> Manifest:
+        full_name = f"{self.prefix()}-{name}"
+        found = [
+            m for m in self.manifests if m["kind"] == kind and m["metadata"]["name"] == full_name
+        ]
+        assert len(found) == 1, f"expected one {kind} {full_name}, found {len(found)}"
+        return found[0]
+
+    def of_kind(self, kind: str) -> list[Manifest]:
+        return [manifest for manifest in self.manifests if manifest["kind"] == kind]
+
+
+def _render(chart: helm.Chart, name: str, values: dict[str, Any]) -> Release:
+    files = chart.render(values, name=name, namespace=NAMESPACE)
+    manifests = tuple(
+        document
+        for path, text in sorted(files.items())
+        if path.endswith((".yaml", ".yml"))
+        for document in yaml.safe_load_all(text)
+        if document
+    )
+    return Release(
+        name, chart.merge_values(values), str(chart.metadata["appVersion"]), files, manifests
+    )
+
+
+@pytest.fixture(scope="module")
+def chart() -> Iterator[helm.Chart]:
+    with helm.Chart.load(CHART_DIR) as loaded:
+        yield loaded
+
+
+@pytest.fixture(scope="module")
+def default_release(chart: helm.Chart) -> Release:
+    return _render(chart, "stride", {})
+
+
+@pytest.fixture(scope="module")
+def override_release(chart: helm.Chart) -> Release:
+    return _render(chart, "prod", OVERRIDES)
+
+
+@pytest.fixture(params=["default", "override"])
+def release(request: pytest.FixtureRequest) -> Release:
+    rendered: Release = request.getfixturevalue(f"{request.param}_release")
+    return rendered
+
+
+def _container(deployment: Manifest) -> Manifest:
+    containers = deployment["spec"]["template"]["spec"]["containers"]
+    assert len(containers) == 1
+    container: Manifest = containers[0]
+    return container
+
+
+def _env(container: Manifest) -> dict[str, Any]:
+    return {item["name"]: item.get("value", item.get("valueFrom")) for item in container["env"]}
+
+
+@pytest.mark.parametrize("values", [{}, OVERRIDES], ids=["default", "override"])
+def test_chart_lints_strictly(values: dict[str, Any]) -> None:
+    report = helm.lint(CHART_DIR, values, strict=True, kube_version=f"v{KUBE_VERSION}.0")
+    problems = [message for message in report["messages"] if message["severity"] >= 2]
+    assert not problems, problems
+    assert not report["errors"], report["errors"]
+
+
+def test_every_manifest_is_valid_kubernetes(release: Release) -> None:
+    assert release.manifests
+    failures = []
+    for manifest in release.manifests:
+        try:
+            kubernetes_validate.validate(manifest, KUBE_VERSION, strict=True)
+        except kubernetes_validate.ValidationError as error:
+            failures.append(f"{manifest['kind']}/{manifest['metadata']['name']}: {error.message}")
+    assert not failures, "\n".join(failures)
+
+
+@pytest.mark.parametrize("contract", DEPLOYED_SERVICES, ids=lambda contract: contract.name)
+def test_server_deployment_probes_its_grpc_health_service(
+    release: Release, contract: ServiceContract
+) -> None:
+    deployment = release.get("Deployment", contract.name)
+    container = _container(deployment)
+    expected_probe = {"port": contract.grpc_port, "service": contract.health_service}
+    assert container["readinessProbe"]["grpc"] == expected_probe
+    # Liveness asks for the whole server (""), so losing NATS does not restart the pod.
+    assert container["livenessProbe"]["grpc"] == {"port": contract.grpc_port, "service": ""}
+    ports = {port["name"]: port["containerPort"] for port in container["ports"]}
+    assert ports == {"grpc": contract.grpc_port, "metrics": METRICS_PORT}
+    assert container["name"] == contract.name
+    assert container["command"] == ["python", "-m", contract.module]
+
+    image = release.values["image"]
+    tag = image["tag"] or release.app_version
+    assert container["image"] == f"{image['repository']}/{contract.name}:{tag}"
+    assert container["imagePullPolicy"] == image["pullPolicy"]
+    assert deployment["spec"]["replicas"] == release.values["services"][contract.name]["replicas"]
+
+
+@pytest.mark.parametrize("contract", DEPLOYED_SERVICES, ids=lambda contract: contract.name)
+def test_server_settings(release: Release, contract: ServiceContract) -> None:
+    env = _env(_container(release.get("Deployment", contract.name)))
+    prefix = contract.env_prefix
+    assert env[f"{prefix}GRPC_PORT"] == str(contract.grpc_port)
+    assert env[f"{prefix}METRICS_PORT"] == str(METRICS_PORT)
+    assert env["STRIDE_NATS_URL"]
+    assert env.get("STRIDE_OTLP_ENDPOINT") == (release.values["otlp"]["endpoint"] or None)
+    if contract.has_database:
+        assert env[f"{prefix}AUTO_MIGRATE"] == "false"
+        assert "secretKeyRef" in env["STRIDE_DATABASE_URL"], "the URL holds a password"
+    else:
+        assert "STRIDE_DATABASE_URL" not in env
+
+
+@pytest.mark.parametrize("contract", DEPLOYED_SERVICES, ids=lambda contract: contract.name)
+def test_server_service_exposes_grpc_and_metrics(
+    release: Release, contract: ServiceContract
+) -> None:
+    service = release.get("Service", contract.name)
+    ports = {port["name"]: (port["port"], port["targetPort"]) for port in service["spec"]["ports"]}
+    assert ports == {"grpc": (contract.grpc_port, "grpc"), "metrics": (METRICS_PORT, "metrics")}
+    pod_labels = release.get("Deployment", contract.name)["spec"]["template"]["metadata"]["labels"]
+    assert service["spec"]["selector"].items() <= pod_labels.items()
+
+
+@pytest.mark.parametrize("contract", DEPLOYED_SERVICES, ids=lambda contract: contract.name)
+def test_server_runs_as_non_root(release: Release, contract: ServiceContract) -> None:
+    deployment = release.get("Deployment", contract.name)
+    pod_security = deployment["spec"]["template"]["spec"]["securityContext"]
+    assert pod_security["runAsNonRoot"] is True
+    assert pod_security["runAsUser"] != 0
+    container_security = _container(deployment)["securityContext"]
+    assert container_security["allowPrivilegeEscalation"] is False
+
+
+def test_agent_is_not_deployed(release: Release) -> None:
+    components = {
+        manifest["metadata"]["labels"]["app.kubernetes.io/component"]
+        for manifest in release.of_kind("Deployment") + release.of_kind("Service")
+    }
+    assert components == {contract.name for contract in DEPLOYED_SERVICES}
+
+
+@pytest.mark.parametrize("contract", DATABASE_SERVICES, ids=lambda contract: contract.name)
+def test_database_service_is_migrated_by_a_hook_job(
+    release: Release, contract: ServiceContract
+) -> None:
+    job = release.get("Job", f"{contract.name}-migrate")
+    hooks = set(job["metadata"]["annotations"]["helm.sh/hook"].split(","))
+    assert {"pre-install", "pre-upgrade"} <= hooks
+    container = _container(job)
+    assert container["command"] == ["python", "-m", contract.module, "migrate"]
+    assert "secretKeyRef" in _env(container)["STRIDE_DATABASE_URL"]
+    server_image = _container(release.get("Deployment", contract.name))["image"]
+    assert container["image"] == server_image
+
+
+def test_only_database_services_have_migration_jobs(release: Release) -> None:
+    jobs = {job["metadata"]["name"] for job in release.of_kind("Job")}
+    assert jobs == {f"{release.prefix()}-{c.name}-migrate" for c in DATABASE_SERVICES}
+
+
+def test_default_database_url_secret_exists_before_the_migrations(
+    default_release: Release,
+) -> None:
+    secret = default_release.get("Secret", "database")
+    annotations = secret["metadata"]["annotations"]
+    assert {"pre-install", "pre-upgrade"} <= set(annotations["helm.sh/hook"].split(","))
+    job = default_release.get("Job", "admission-migrate")
+    job_weight = int(job["metadata"]["annotations"].get("helm.sh/hook-weight", "0"))
+    assert int(annotations["helm.sh/hook-weight"]) < job_weight
+    reference = _env(_container(job))["STRIDE_DATABASE_URL"]["secretKeyRef"]
+    assert reference["name"] == secret["metadata"]["name"]
+    assert reference["key"] in secret["stringData"]
+
+
+def test_existing_database_secret_is_used_instead(override_release: Release) -> None:
+    assert not override_release.of_kind("Secret")
+    for contract in DATABASE_SERVICES:
+        env = _env(_container(override_release.get("Deployment", contract.name)))
+        assert env["STRIDE_DATABASE_URL"]["secretKeyRef"] == {"name": "stride-db", "key": "dsn"}
+
+
+def test_podwatcher_has_rbac_for_training_pods(release: Release) -> None:
+    deployment = release.get("Deployment", "podwatcher")
+    pod_spec = deployment["spec"]["template"]["spec"]
+    account = release.get("ServiceAccount", "podwatcher")
+    assert pod_spec["serviceAccountName"] == account["metadata"]["name"]
+    assert pod_spec["automountServiceAccountToken"] is True
+
+    pod_namespace = release.values["podwatcher"]["namespace"] or NAMESPACE
+    role = release.get("Role", "podwatcher")
+    assert role["metadata"]["namespace"] == pod_namespace
+    granted: dict[str, set[str]] = {}
+    for rule in role["rules"]:
+        assert rule["apiGroups"] == [""]
+        for resource in rule["resources"]:
+            granted.setdefault(resource, set()).update(rule["verbs"])
+    assert {"get", "list", "watch", "create", "delete", "patch"} <= granted["pods"]
+    assert "get" in granted["pods/log"]
+    assert "create" in granted["events"]
+
+    binding = release.get("RoleBinding", "podwatcher")
+    assert binding["metadata"]["namespace"] == pod_namespace
+    assert binding["roleRef"] == {
+        "apiGroup": "rbac.authorization.k8s.io",
+        "kind": "Role",
+        "name": role["metadata"]["name"],
+    }
+    assert binding["subjects"] == [
+        {"kind": "ServiceAccount", "name": account["metadata"]["name"], "namespace": NAMESPACE}
+    ]
+
+    env = _env(_container(deployment))
+    assert env["STRIDE_PODWATCHER_BACKEND"] == "kubernetes"
+    assert env["STRIDE_PODWATCHER_NAMESPACE"] == pod_namespace
+    server_image = _container(deployment)["image"]
+    assert env["STRIDE_PODWATCHER_AGENT_IMAGE"] == server_image.replace("/podwatcher:", "/agent:")
+
+
+def test_only_the_podwatcher_gets_an_api_token(release: Release) -> None:
+    for contract in DEPLOYED_SERVICES:
+        if contract.name != "podwatcher":
+            pod_spec = release.get("Deployment", contract.name)["spec"]["template"]["spec"]
+            assert pod_spec["automountServiceAccountToken"] is False, contract.name
+
+
+def test_ckptcache_has_memory_backed_shm_and_a_store(release: Release) -> None:
+    deployment = release.get("Deployment", "ckptcache")
+    pod_spec = deployment["spec"]["template"]["spec"]
+    volumes = {volume["name"]: volume for volume in pod_spec["volumes"]}
+    mounts = {mount["mountPath"]: mount["name"] for mount in _container(deployment)["volumeMounts"]}
+
+    shm = volumes[mounts["/dev/shm"]]
+    assert shm["emptyDir"]["medium"] == "Memory"
+    assert shm["emptyDir"]["sizeLimit"] == release.values["ckptcache"]["shm"]["sizeLimit"]
+
+    store_dir = _env(_container(deployment))["STRIDE_CKPTCACHE_STORE_DIR"]
+    store = volumes[mounts[store_dir]]
+    persistence = release.values["ckptcache"]["store"]["persistence"]
+    if persistence["enabled"]:
+        claim = release.get("PersistentVolumeClaim", "ckptcache-store")
+        assert store["persistentVolumeClaim"]["claimName"] == claim["metadata"]["name"]
+        assert claim["spec"]["storageClassName"] == persistence["storageClass"]
+        assert deployment["spec"]["strategy"]["type"] == "Recreate"
+    else:
+        assert store == {"name": store["name"], "emptyDir": {}}
+        assert not release.of_kind("PersistentVolumeClaim")
+
+
+def test_notes_point_at_the_admission_api(release: Release) -> None:
+    notes = release.files["stride/templates/NOTES.txt"]
+    assert f"svc/{release.prefix()}-admission 50051:50051" in notes
+
+
+@pytest.mark.parametrize(
+    ("values", "complaint"),
+    [
+        ({"services": {"admission": {"replicas": -1}}}, "/services/admission/replicas"),
+        ({"services": {"executor": {"replicas": "3"}}}, "/services/executor/replicas"),
+        ({"image": {"repository": None}}, "repository"),
+        ({"image": {"repository": ""}}, "/image/repository"),
+        ({"image": {"pullPolicy": "Sometimes"}}, "/image/pullPolicy"),
+        ({"database": {"url": "", "existingSecret": ""}}, "/database"),
+        ({"services": {"agent": {"replicas": 1}}}, "agent"),
+        ({"replicaCount": 2}, "replicaCount"),
+    ],
+    ids=[
+        "negative-replicas",
+        "string-replicas",
+        "null-repository",
+        "empty-repository",
+        "unknown-pull-policy",
+        "no-database",
+        "agent-deployment",
+        "unknown-key",
+    ],
+)
+def test_bad_values_are_rejected_by_the_schema(
+    chart: helm.Chart, values: dict[str, Any], complaint: str
+) -> None:
+    with pytest.raises(helm.HelmValuesError, match="schema") as caught:
+        chart.render(values, name="stride", namespace=NAMESPACE)
+    assert complaint in str(caught.value)
+
+
+def test_lint_reports_bad_values() -> None:
+    report = helm.lint(
+        CHART_DIR,
+        {"services": {"admission": {"replicas": -1}}},
+        strict=True,
+        kube_version=f"v{KUBE_VERSION}.0",
+    )
+    assert any("/services/admission/replicas" in error for error in report["errors"])
