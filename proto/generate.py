@@ -61,7 +61,15 @@ def main() -> int:
     with tempfile.TemporaryDirectory() as scratch:
         generate(Path(scratch))
         result = subprocess.run(
-            ["diff", "-r", "-q", str(Path(scratch) / "stride"), str(OUTPUT_ROOT / "stride")],
+            [
+                "diff",
+                "-r",
+                "-q",
+                "-x",
+                "__pycache__",
+                str(Path(scratch) / "stride"),
+                str(OUTPUT_ROOT / "stride"),
+            ],
             check=False,
         )
         if result.returncode != 0:

@@ -276,7 +276,7 @@ def _list_jobs(state_dir: Path) -> None:
     )
     table = Table(title="jobs", title_justify="left")
     for column in ("job", "name", "user", "state", "decision", "submitted"):
-        table.add_column(column)
+        table.add_column(column, no_wrap=column in ("job", "submitted"))
     for job in jobs:
         table.add_row(
             job.job_id,

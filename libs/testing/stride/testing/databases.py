@@ -18,6 +18,22 @@ def admin_url() -> URL:
     )
 
 
+def postgres_unreachable_reason() -> str | None:
+    """Why PostgreSQL cannot be used for tests, or None if it can."""
+    engine = create_engine(
+        admin_url(), isolation_level="AUTOCOMMIT", connect_args={"connect_timeout": 3}
+    )
+    try:
+        with engine.connect() as connection:
+            connection.execute(text("SELECT 1"))
+    except Exception as error:
+        reason = str(getattr(error, "orig", error)).strip().splitlines()[0]
+        return f"PostgreSQL at {admin_url().render_as_string()} is not reachable ({reason})"
+    finally:
+        engine.dispose()
+    return None
+
+
 def create_database(prefix: str = "stride_test") -> str:
     """Create an empty database and return its plain ``postgresql://`` URL."""
     name = f"{prefix}_{uuid.uuid4().hex[:10]}"

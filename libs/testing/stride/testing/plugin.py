@@ -4,10 +4,15 @@
 - ``postgres_url``: a fresh PostgreSQL database per test, dropped afterwards.
 - ``database_url``: parametrized over PostgreSQL and a SQLite file, for storage code that
   must work on both.
+
+On a machine without PostgreSQL the PostgreSQL cases skip with the reason, so the suite still
+runs there on SQLite; ``STRIDE_TEST_REQUIRE_POSTGRES=1`` (set by CI) turns that into a failure.
 """
 
 from __future__ import annotations
 
+import functools
+import os
 from collections.abc import Iterator
 from pathlib import Path
 
@@ -17,7 +22,7 @@ from opentelemetry.sdk.trace.export.in_memory_span_exporter import InMemorySpanE
 
 from stride.obs.tracing import configure_tracing
 from stride.runtime.embedded_nats import NatsServer
-from stride.testing.databases import create_database, drop_database
+from stride.testing.databases import create_database, drop_database, postgres_unreachable_reason
 
 
 @pytest.fixture
@@ -36,9 +41,24 @@ def nats_url(nats_server: NatsServer) -> str:
     return nats_server.url
 
 
+@functools.cache
+def _postgres_problem() -> str | None:
+    return postgres_unreachable_reason()
+
+
+def _require_postgres() -> None:
+    problem = _postgres_problem()
+    if problem is None:
+        return
+    if os.environ.get("STRIDE_TEST_REQUIRE_POSTGRES") == "1":
+        pytest.fail(f"{problem}; STRIDE_TEST_REQUIRE_POSTGRES=1 forbids skipping")
+    pytest.skip(f"{problem}: set STRIDE_TEST_DATABASE_URL to run the PostgreSQL cases")
+
+
 @pytest.fixture
 def postgres_url() -> Iterator[str]:
     """A fresh, empty PostgreSQL database (STRIDE_TEST_DATABASE_URL, else 127.0.0.1:5432)."""
+    _require_postgres()
     url = create_database()
     try:
         yield url
@@ -52,6 +72,7 @@ def database_url(request: pytest.FixtureRequest, tmp_path: Path) -> Iterator[str
     if request.param == "sqlite":
         yield f"sqlite:///{tmp_path / 'test.db'}"
         return
+    _require_postgres()
     url = create_database()
     try:
         yield url

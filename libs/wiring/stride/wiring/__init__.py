@@ -3,6 +3,9 @@
 Every service's ``app.py`` does the same few steps (gRPC server and host, bus with the
 contract's streams, its database migrated or checked, the outbox relay); they live here
 once so the services differ only in what is theirs.
+
+Storage imports are deferred to the functions that need them: the agent, executor and
+checkpoint cache own no tables, and their images do not install SQLAlchemy.
 """
 
 from __future__ import annotations
@@ -10,14 +13,16 @@ from __future__ import annotations
 import asyncio
 from collections.abc import Callable, Sequence
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 from stride.bus.client import Bus
-from stride.db.engine import Database
-from stride.db.migrations import require_migrated, upgrade
-from stride.db.outbox import Outbox
 from stride.runtime.grpc_server import GrpcServer
 from stride.runtime.lifecycle import Dependency, ServiceHost
 from stride.runtime.settings import ServiceSettings
+
+if TYPE_CHECKING:
+    from stride.db.engine import Database
+    from stride.db.outbox import Outbox
 
 
 def create_host(settings: ServiceSettings, service_names: Sequence[str]) -> ServiceHost:
@@ -46,6 +51,9 @@ async def open_database(
     settings: ServiceSettings, host: ServiceHost, script_location: Path
 ) -> Database:
     """Open the service's database, migrate it (or check it is migrated), track its health."""
+    from stride.db.engine import Database
+    from stride.db.migrations import require_migrated, upgrade
+
     url = settings.require_database_url()
     database = Database(url, settings.service_name)
     await database.check_reachable(settings.connect_timeout_seconds)
@@ -68,6 +76,8 @@ def migrate_command(script_location: Path) -> Callable[[ServiceSettings], None]:
     """The ``migrate`` sub-command of a service that owns tables."""
 
     def migrate(settings: ServiceSettings) -> None:
+        from stride.db.migrations import upgrade
+
         upgrade(settings.require_database_url(), settings.service_name, script_location)
 
     return migrate

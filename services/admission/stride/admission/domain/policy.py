@@ -65,7 +65,7 @@ class AdmitAll:
         """Admit ``spec`` unconditionally."""
         return Decision(
             outcome=Outcome.ADMITTED,
-            reason="admitted by the temporary admit-all policy",
+            reason="every valid job is admitted (temporary policy)",
             policy=self.name,
             minimum_share=Share(workers=1, cpu=1.0, memory_bytes=2 * 1024**3),
         )

@@ -1,0 +1,72 @@
+"""The agent's composition root: the trainer-facing API over the dispatcher, the checkpoint
+cache and the bus.
+
+The agent owns no storage (``needs_database = False``). Its readiness is its NATS
+connection. The upstream channels reconnect by themselves, and their trouble reaches the
+trainer as UNAVAILABLE naming the service, so they are not part of readiness: an agent
+reporting NOT_SERVING because the dispatcher restarts would only get its pod restarted.
+"""
+
+from __future__ import annotations
+
+import grpc
+
+from stride.agent.adapters.checkpoints import CheckpointClient
+from stride.agent.adapters.grpc_api import AgentApi
+from stride.agent.adapters.shards import ShardClient
+from stride.agent.adapters.steps import StepReporter
+from stride.agent.control import ControlChannel
+from stride.agent.settings import AgentSettings
+from stride.api.agent.v1 import agent_service_pb2, agent_service_pb2_grpc
+from stride.runtime.lifecycle import Dependency, ServiceHost
+from stride.wiring import connect_bus, create_host
+
+SERVICE_NAME = agent_service_pb2.DESCRIPTOR.services_by_name["AgentService"].full_name
+
+CHANNEL_OPTIONS = [
+    # Checkpoint chunks are up to a few MiB; allow headroom over gRPC's 4 MiB default.
+    ("grpc.max_receive_message_length", 16 * 1024 * 1024),
+    ("grpc.max_send_message_length", 16 * 1024 * 1024),
+]
+
+
+async def build(settings: AgentSettings) -> ServiceHost:
+    """Connect everything and return a host ready to run."""
+    host = create_host(settings, [SERVICE_NAME])
+    bus = await connect_bus(settings, host)
+    dispatcher = grpc.aio.insecure_channel(settings.dispatcher_address, options=CHANNEL_OPTIONS)
+    ckptcache = grpc.aio.insecure_channel(settings.ckptcache_address, options=CHANNEL_OPTIONS)
+
+    async def always_ready() -> bool:
+        return True
+
+    async def close_channels() -> None:
+        await dispatcher.close(None)
+        await ckptcache.close(None)
+
+    # Closed after the server stopped, so RPCs finishing in the grace period still forward.
+    host.add_dependency(Dependency("upstream channels", always_ready, close_channels, False))
+    control = ControlChannel()
+    api = AgentApi(
+        settings.job_id,
+        ShardClient(
+            dispatcher,
+            settings.dispatcher_address,
+            settings.job_id,
+            settings.pod_name,
+            settings.upstream_timeout_seconds,
+        ),
+        CheckpointClient(ckptcache, settings.ckptcache_address, settings.job_id),
+        StepReporter(bus, settings.job_id, settings.pod_name),
+        control,
+    )
+    agent_service_pb2_grpc.add_AgentServiceServicer_to_server(api, host.server.server)
+
+    async def stop_watchers() -> None:
+        # Ends every WatchControl stream with STOP as shutdown begins, so the server's
+        # grace period is not spent waiting on streams that would never end by themselves.
+        await host.stop.wait()
+        control.close("the agent is shutting down")
+
+    host.add_root_task("stop-watchers", stop_watchers)
+    return host

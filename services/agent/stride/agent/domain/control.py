@@ -1,0 +1,31 @@
+"""Commands the agent passes to its trainer: pause for a migration, resume, stop.
+
+DLRover-RM sec. 5.2: in a seamless migration the new pods start first, then training
+pauses just long enough to checkpoint and restore. The trainer learns when to do so from
+these commands.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from enum import Enum
+
+
+class ControlAction(Enum):
+    """What the trainer must do."""
+
+    PAUSE = "pause"
+    """Save a checkpoint and pause (a migration begins)."""
+    RESUME = "resume"
+    """Restore and continue (the migration is done)."""
+    STOP = "stop"
+    """Stop training (the job ended, or this pod is going away)."""
+
+
+@dataclass(frozen=True)
+class ControlCommand:
+    """One command, why it was given, and the plan version that caused it (0 if none)."""
+
+    action: ControlAction
+    reason: str
+    plan_version: int = 0

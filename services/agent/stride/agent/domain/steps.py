@@ -1,0 +1,44 @@
+"""What a valid report of training steps is.
+
+The trainer reports windows of steps with their mean step time and throughput; these are
+the samples the optimizer fits the throughput model to (DLRover sec. 4, DLRover-RM sec.
+4.1), so nonsense (negative or infinite times) is refused at the edge instead of skewing a fit.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+
+from stride.runtime.errors import InvalidArgument
+
+
+@dataclass(frozen=True)
+class StepWindow:
+    """A window of training steps measured by one worker."""
+
+    global_step: int
+    steps: int
+    step_seconds: float
+    samples_per_second: float
+
+
+def validate(window: StepWindow) -> None:
+    """Raise InvalidArgument naming the first bad field."""
+    if window.global_step < 0:
+        raise InvalidArgument("global_step", f"must not be negative, got {window.global_step}")
+    if window.steps <= 0:
+        raise InvalidArgument("steps", f"must be positive, got {window.steps}")
+    if window.steps > window.global_step + 1:
+        raise InvalidArgument(
+            "steps", f"{window.steps} steps cannot end at global step {window.global_step}"
+        )
+    if not math.isfinite(window.step_seconds) or window.step_seconds < 0:
+        raise InvalidArgument(
+            "step_seconds", f"must be a finite, non-negative number, got {window.step_seconds}"
+        )
+    if not math.isfinite(window.samples_per_second) or window.samples_per_second < 0:
+        raise InvalidArgument(
+            "samples_per_second",
+            f"must be a finite, non-negative number, got {window.samples_per_second}",
+        )

@@ -1,0 +1,143 @@
+"""What a valid checkpoint is, and how checkpoints are ordered.
+
+A checkpoint is one buffer of ``size_bytes`` bytes with a header that names the job, the
+checkpoint id, the global step, the buffer's checksum and the tensors inside it (DLRover-RM
+sec. 5.2). Validation names the first bad field by its request path (``header.step``).
+"""
+
+from __future__ import annotations
+
+import re
+from collections.abc import Iterable
+from dataclasses import dataclass
+from datetime import datetime
+from enum import Enum
+
+from stride.runtime.errors import InvalidArgument
+
+JOB_ID_PATTERN = re.compile(r"^[A-Za-z0-9][A-Za-z0-9_-]{0,63}$")
+"""Job ids are NATS subject tokens (``stride.checkpoints.v1.<job_id>.persisted``) and
+directory names, so no dots and no leading punctuation."""
+CHECKPOINT_ID_PATTERN = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._-]{0,127}$")
+"""Checkpoint ids are directory names: letters, digits, '.', '_', '-', never '.' or '..'."""
+
+
+class Tier(Enum):
+    """Where a checkpoint lives; a higher value is more durable."""
+
+    MEMORY = 1
+    """Shared memory on the node: fastest to save and restore, lost with the node."""
+    DURABLE = 2
+    """A durable directory (local disk, a mounted volume or an object-store mount)."""
+
+
+@dataclass(frozen=True)
+class TensorSpan:
+    """Where one named tensor sits in the buffer."""
+
+    name: str
+    dtype: str
+    offset: int
+    length: int
+
+
+@dataclass(frozen=True)
+class CheckpointHeader:
+    """The header of a checkpoint being saved."""
+
+    job_id: str
+    checkpoint_id: str
+    step: int
+    size_bytes: int
+    crc32c: int
+    tensors: tuple[TensorSpan, ...] = ()
+
+
+@dataclass(frozen=True)
+class CheckpointInfo:
+    """A stored checkpoint."""
+
+    job_id: str
+    checkpoint_id: str
+    step: int
+    size_bytes: int
+    crc32c: int
+    tier: Tier
+    saved_at: datetime
+
+    def same_content(self, header: CheckpointHeader) -> bool:
+        """True if ``header`` describes this very checkpoint (a retried save)."""
+        return (self.step, self.size_bytes, self.crc32c) == (
+            header.step,
+            header.size_bytes,
+            header.crc32c,
+        )
+
+
+def check_job_id(value: str, field: str = "job_id") -> None:
+    """Raise InvalidArgument unless ``value`` is a valid job id."""
+    if not value:
+        raise InvalidArgument(field, "is required")
+    if not JOB_ID_PATTERN.match(value):
+        raise InvalidArgument(
+            field, f"{value!r} is not a valid job id (1-64 letters, digits, '_' or '-')"
+        )
+
+
+def check_checkpoint_id(value: str, field: str = "checkpoint_id") -> None:
+    """Raise InvalidArgument unless ``value`` is a valid checkpoint id."""
+    if not value:
+        raise InvalidArgument(field, "is required")
+    if not CHECKPOINT_ID_PATTERN.match(value):
+        raise InvalidArgument(
+            field,
+            f"{value!r} is not a valid checkpoint id "
+            "(1-128 letters, digits, '.', '_' or '-', starting with a letter or digit)",
+        )
+
+
+def validate_header(header: CheckpointHeader, max_size_bytes: int, path: str = "header") -> None:
+    """Raise InvalidArgument naming the first bad field of ``header``."""
+    check_job_id(header.job_id, f"{path}.job_id")
+    check_checkpoint_id(header.checkpoint_id, f"{path}.checkpoint_id")
+    if header.step < 0:
+        raise InvalidArgument(f"{path}.step", f"must not be negative, got {header.step}")
+    if header.size_bytes < 0:
+        raise InvalidArgument(
+            f"{path}.size_bytes", f"must not be negative, got {header.size_bytes}"
+        )
+    if header.size_bytes > max_size_bytes:
+        raise InvalidArgument(
+            f"{path}.size_bytes",
+            f"{header.size_bytes} bytes is more than the cache accepts ({max_size_bytes})",
+        )
+    for index, tensor in enumerate(header.tensors):
+        where = f"{path}.tensors[{index}]"
+        if not tensor.name:
+            raise InvalidArgument(f"{where}.name", "is required")
+        if tensor.offset < 0:
+            raise InvalidArgument(f"{where}.offset", f"must not be negative, got {tensor.offset}")
+        if tensor.length < 0:
+            raise InvalidArgument(f"{where}.length", f"must not be negative, got {tensor.length}")
+        if tensor.offset + tensor.length > header.size_bytes:
+            raise InvalidArgument(
+                f"{where}.length",
+                f"tensor {tensor.name!r} ends at byte {tensor.offset + tensor.length}, "
+                f"past the {header.size_bytes}-byte buffer",
+            )
+
+
+def newest_first(checkpoints: Iterable[CheckpointInfo]) -> list[CheckpointInfo]:
+    """Highest step first; the later save wins a tie, then the id decides."""
+    ordered = sorted(checkpoints, key=lambda c: c.checkpoint_id)
+    return sorted(ordered, key=lambda c: (c.step, c.saved_at), reverse=True)
+
+
+def merge_tiers(checkpoints: Iterable[CheckpointInfo]) -> list[CheckpointInfo]:
+    """One entry per checkpoint id, at the highest tier it reached, newest first."""
+    best: dict[str, CheckpointInfo] = {}
+    for info in checkpoints:
+        known = best.get(info.checkpoint_id)
+        if known is None or info.tier.value > known.tier.value:
+            best[info.checkpoint_id] = info
+    return newest_first(best.values())

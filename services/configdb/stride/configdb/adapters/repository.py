@@ -1,0 +1,273 @@
+"""Configdb's storage: job records and plan versions, read and written with SQLAlchemy Core.
+
+Every writer first makes sure the job's row exists with ``INSERT ... ON CONFLICT DO
+NOTHING``. The three consumers (submitted, plans, finished) run concurrently and may all
+be first to hear of a job; this way none of them fails on a duplicate key, and on SQLite
+the transaction takes the write lock at its first statement instead of upgrading later.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass
+from datetime import UTC, datetime
+from typing import Any, cast
+
+from sqlalchemy import CursorResult, Table, select, update
+from sqlalchemy.dialects import postgresql, sqlite
+from sqlalchemy.ext.asyncio import AsyncSession
+
+from stride.configdb.db.tables import job_records, plans
+from stride.configdb.domain.features import JobFeatures
+from stride.configdb.domain.similarity import Outcome, PastJob
+from stride.events.v1 import job_pb2, plan_pb2
+
+
+@dataclass(frozen=True)
+class StoredRecord:
+    """A job record with its plans in version order; ``spec`` is None for a placeholder."""
+
+    job_id: str
+    spec: job_pb2.JobSpec | None
+    plans: list[plan_pb2.ResourcePlan]
+    outcome: Outcome | None
+    recorded_at: datetime
+    finished_at: datetime | None
+
+
+def aware(moment: datetime) -> datetime:
+    """``moment`` as an aware UTC datetime (SQLite hands back naive ones)."""
+    return moment if moment.tzinfo is not None else moment.replace(tzinfo=UTC)
+
+
+async def _insert_ignoring_duplicate(
+    session: AsyncSession, table: Table, values: Mapping[str, Any], keys: Sequence[str]
+) -> bool:
+    """Insert a row unless one with the same ``keys`` exists; True if it was inserted."""
+    dialect = session.get_bind().dialect.name
+    insert = postgresql.insert if dialect == "postgresql" else sqlite.insert
+    statement = (
+        insert(table)
+        .values(**values)
+        .on_conflict_do_nothing(index_elements=list(keys))
+        # SQLAlchemy keeps an INSERT's rowcount only when asked to.
+        .execution_options(preserve_rowcount=True)
+    )
+    result = cast(CursorResult[Any], await session.execute(statement))
+    return result.rowcount == 1
+
+
+async def ensure_record(session: AsyncSession, job_id: str, now: datetime) -> bool:
+    """Make sure the job has a row (a placeholder if new) and lock it; True if it was new."""
+    created = await _insert_ignoring_duplicate(
+        session,
+        job_records,
+        {"job_id": job_id, "plan_count": 0, "recorded_at": now, "updated_at": now},
+        ["job_id"],
+    )
+    await session.execute(
+        select(job_records.c.job_id).where(job_records.c.job_id == job_id).with_for_update()
+    )
+    return created
+
+
+async def stored_spec(session: AsyncSession, job_id: str) -> job_pb2.JobSpec | None:
+    """The job's spec, or None while its record is a placeholder."""
+    raw = await session.scalar(select(job_records.c.spec).where(job_records.c.job_id == job_id))
+    return None if raw is None else job_pb2.JobSpec.FromString(raw)
+
+
+async def complete_record(
+    session: AsyncSession,
+    *,
+    job_id: str,
+    spec: job_pb2.JobSpec,
+    features: JobFeatures,
+    recorded_at: datetime | None,
+    now: datetime,
+) -> None:
+    """Fill in the spec and features of a (placeholder) record; ``recorded_at`` if given."""
+    times = {"updated_at": now}
+    if recorded_at is not None:
+        times["recorded_at"] = recorded_at
+    await session.execute(
+        update(job_records)
+        .where(job_records.c.job_id == job_id)
+        .values(
+            **times,
+            spec=spec.SerializeToString(),
+            user=spec.user[:128] or None,
+            model_name=features.model_name,
+            model_family=features.model_family,
+            dataset_name=features.dataset_name,
+            dataset_format=features.dataset_format,
+            record_count=features.record_count,
+            batch_size=features.batch_size,
+            embedding_dim=features.embedding_dim,
+            parameter_count=features.parameter_count,
+        )
+    )
+
+
+async def insert_plan(
+    session: AsyncSession, plan: plan_pb2.ResourcePlan, now: datetime
+) -> plan_pb2.ResourcePlan | None:
+    """Store a plan version; returns None if stored, else the plan already held for it."""
+    inserted = await _insert_ignoring_duplicate(
+        session,
+        plans,
+        {
+            "job_id": plan.job_id,
+            "version": plan.version,
+            "plan": plan.SerializeToString(),
+            "recorded_at": now,
+        },
+        ["job_id", "version"],
+    )
+    if inserted:
+        await session.execute(
+            update(job_records)
+            .where(job_records.c.job_id == plan.job_id)
+            .values(plan_count=job_records.c.plan_count + 1, updated_at=now)
+        )
+        return None
+    raw = await session.scalar(
+        select(plans.c.plan).where(plans.c.job_id == plan.job_id, plans.c.version == plan.version)
+    )
+    if raw is None:
+        raise RuntimeError(f"plan {plan.job_id} v{plan.version} conflicted but is not stored")
+    return plan_pb2.ResourcePlan.FromString(raw)
+
+
+async def stored_outcome(session: AsyncSession, job_id: str) -> Outcome | None:
+    """How the job ended, or None while it runs."""
+    raw = await session.scalar(select(job_records.c.outcome).where(job_records.c.job_id == job_id))
+    return None if raw is None else Outcome(raw)
+
+
+async def record_outcome(
+    session: AsyncSession, job_id: str, outcome: Outcome, finished_at: datetime, now: datetime
+) -> None:
+    """Store how and when the job ended."""
+    await session.execute(
+        update(job_records)
+        .where(job_records.c.job_id == job_id)
+        .values(outcome=outcome.value, finished_at=finished_at, updated_at=now)
+    )
+
+
+async def _plans_of(
+    session: AsyncSession, job_ids: Sequence[str]
+) -> dict[str, list[plan_pb2.ResourcePlan]]:
+    found: dict[str, list[plan_pb2.ResourcePlan]] = {job_id: [] for job_id in job_ids}
+    if not job_ids:
+        return found
+    rows = await session.execute(
+        select(plans.c.job_id, plans.c.plan)
+        .where(plans.c.job_id.in_(job_ids))
+        .order_by(plans.c.job_id, plans.c.version)
+    )
+    for job_id, raw in rows:
+        found[job_id].append(plan_pb2.ResourcePlan.FromString(raw))
+    return found
+
+
+async def _records(session: AsyncSession, query: Any) -> list[StoredRecord]:
+    rows = (await session.execute(query)).all()
+    plans_by_job = await _plans_of(session, [row.job_id for row in rows])
+    return [
+        StoredRecord(
+            job_id=row.job_id,
+            spec=None if row.spec is None else job_pb2.JobSpec.FromString(row.spec),
+            plans=plans_by_job[row.job_id],
+            outcome=None if row.outcome is None else Outcome(row.outcome),
+            recorded_at=aware(row.recorded_at),
+            finished_at=None if row.finished_at is None else aware(row.finished_at),
+        )
+        for row in rows
+    ]
+
+
+_RECORD_COLUMNS = (
+    job_records.c.job_id,
+    job_records.c.spec,
+    job_records.c.outcome,
+    job_records.c.recorded_at,
+    job_records.c.finished_at,
+)
+
+
+async def get_record(session: AsyncSession, job_id: str) -> StoredRecord | None:
+    """One job's record with its plans, or None."""
+    found = await _records(session, select(*_RECORD_COLUMNS).where(job_records.c.job_id == job_id))
+    return found[0] if found else None
+
+
+async def get_records(session: AsyncSession, job_ids: Sequence[str]) -> dict[str, StoredRecord]:
+    """The records of ``job_ids`` that exist, by job id."""
+    if not job_ids:
+        return {}
+    found = await _records(
+        session, select(*_RECORD_COLUMNS).where(job_records.c.job_id.in_(job_ids))
+    )
+    return {record.job_id: record for record in found}
+
+
+async def list_records(session: AsyncSession, limit: int) -> list[StoredRecord]:
+    """Records newest first (by when the job was submitted, else first heard of)."""
+    return await _records(
+        session,
+        select(*_RECORD_COLUMNS)
+        .order_by(job_records.c.recorded_at.desc(), job_records.c.job_id)
+        .limit(limit),
+    )
+
+
+async def warm_start_history(session: AsyncSession, limit: int) -> list[PastJob]:
+    """The ``limit`` most recently finished jobs that can be warm-start candidates.
+
+    The query narrows to succeeded jobs with a spec and a plan; the domain's
+    :func:`~stride.configdb.domain.similarity.is_warm_start_candidate` states the rule.
+    """
+    rows = await session.execute(
+        select(
+            job_records.c.job_id,
+            job_records.c.model_name,
+            job_records.c.model_family,
+            job_records.c.dataset_name,
+            job_records.c.dataset_format,
+            job_records.c.record_count,
+            job_records.c.batch_size,
+            job_records.c.embedding_dim,
+            job_records.c.parameter_count,
+            job_records.c.outcome,
+            job_records.c.finished_at,
+            job_records.c.plan_count,
+        )
+        .where(
+            job_records.c.outcome == Outcome.SUCCEEDED.value,
+            job_records.c.spec.is_not(None),
+            job_records.c.plan_count > 0,
+        )
+        .order_by(job_records.c.finished_at.desc(), job_records.c.job_id)
+        .limit(limit)
+    )
+    return [
+        PastJob(
+            job_id=row.job_id,
+            features=JobFeatures(
+                model_name=row.model_name,
+                model_family=row.model_family,
+                dataset_name=row.dataset_name,
+                dataset_format=row.dataset_format,
+                record_count=row.record_count,
+                batch_size=row.batch_size,
+                embedding_dim=row.embedding_dim,
+                parameter_count=row.parameter_count,
+            ),
+            outcome=Outcome(row.outcome),
+            finished_at=None if row.finished_at is None else aware(row.finished_at),
+            plan_count=row.plan_count,
+        )
+        for row in rows
+    ]

@@ -1,0 +1,81 @@
+"""The dispatcher's tables: datasets, their shards, registered workers, and the outbox.
+
+All queue state lives here, not in memory, so a restarted dispatcher carries on exactly
+where the last committed call left it (DLRover sec. 5.3 checkpoints the TODO and DOING
+queues for the same reason; keeping them in the database makes that continuous).
+"""
+
+from __future__ import annotations
+
+from sqlalchemy import (
+    BigInteger,
+    Boolean,
+    Column,
+    DateTime,
+    ForeignKey,
+    Index,
+    Integer,
+    MetaData,
+    String,
+    Table,
+    UniqueConstraint,
+)
+
+from stride.db.outbox import outbox_table
+
+metadata = MetaData()
+
+datasets = Table(
+    "datasets",
+    metadata,
+    Column("id", Integer, primary_key=True, autoincrement=True),
+    Column("job_id", String(64), nullable=False),
+    Column("dataset", String(128), nullable=False),
+    Column("kind", String(32), nullable=False),
+    Column("record_count", BigInteger, nullable=False),
+    Column("batch_size", BigInteger, nullable=False),
+    Column("shard_batches", BigInteger, nullable=False),
+    Column("epochs", BigInteger, nullable=False),
+    Column("shuffle", Boolean, nullable=False),
+    Column("seed", BigInteger, nullable=False),
+    Column("partitions", Integer, nullable=False),
+    Column("epochs_created", BigInteger, nullable=False),
+    # Bumped by every call that changes the queue; the UPDATE is also the row lock that
+    # serializes hand-outs per dataset (and takes SQLite's write lock before any read).
+    Column("version", BigInteger, nullable=False),
+    Column("created_at", DateTime(timezone=True), nullable=False),
+    UniqueConstraint("job_id", "dataset", name="uq_datasets_job_dataset"),
+)
+
+shards = Table(
+    "shards",
+    metadata,
+    Column("dataset_id", Integer, ForeignKey("datasets.id"), primary_key=True),
+    Column("shard_id", BigInteger, primary_key=True, autoincrement=False),
+    Column("epoch", BigInteger, nullable=False),
+    Column("position", BigInteger, nullable=False),
+    Column("start_index", BigInteger, nullable=False),
+    Column("end_index", BigInteger, nullable=False),
+    Column("consumed", BigInteger, nullable=False),
+    Column("state", String(8), nullable=False),
+    Column("worker", String(253), nullable=True),
+    Column("incarnation", BigInteger, nullable=True),
+    Column("leases", Integer, nullable=False),
+    Column("lease_expires_at", DateTime(timezone=True), nullable=True),
+    Column("updated_at", DateTime(timezone=True), nullable=False),
+    Index("ix_shards_next", "dataset_id", "state", "epoch", "position"),
+    Index("ix_shards_worker", "worker", "state"),
+)
+
+workers = Table(
+    "workers",
+    metadata,
+    Column("job_id", String(64), primary_key=True),
+    Column("worker", String(253), primary_key=True),
+    Column("incarnation", BigInteger, nullable=False),
+    Column("lost", Boolean, nullable=False),
+    Column("registered_at", DateTime(timezone=True), nullable=False),
+    Column("last_seen_at", DateTime(timezone=True), nullable=False),
+)
+
+outbox = outbox_table(metadata)

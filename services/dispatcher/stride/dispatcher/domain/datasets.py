@@ -1,0 +1,136 @@
+"""What a valid dataset is, and the names the dispatcher accepts.
+
+A dataset is cut into shards of ``shard_batches * batch_size`` records (DLRover-RM sec. 5.1:
+"numerous, much smaller ... shards (e.g., 64, 128, or 256 data batches)"). Validation names
+the first bad field by its request path (``parameters.batch_size``) so a gRPC error points
+at the exact thing to fix.
+"""
+
+from __future__ import annotations
+
+import re
+from dataclasses import dataclass
+from enum import Enum
+
+from stride.runtime.errors import InvalidArgument
+
+JOB_ID_PATTERN = re.compile(r"^[A-Za-z0-9][A-Za-z0-9_-]{0,63}$")
+"""Job ids are NATS subject tokens (``stride.shards.v1.<job_id>.done``), so no dots."""
+DATASET_PATTERN = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._-]{0,127}$")
+WORKER_PATTERN = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._-]{0,252}$")
+"""Workers are named after their pods; Kubernetes allows 253-character pod names."""
+
+MAX_SHARDS_PER_EPOCH = 1_000_000
+"""Every shard of an epoch is a row written when the epoch starts. A million rows is a few
+seconds of work at worst; a dataset that needs more should use bigger shards."""
+MAX_EPOCHS = 100_000
+"""Shard ids are ``epoch * shards_per_epoch + index``; both caps keep them well inside int64."""
+
+
+class ShardingKind(Enum):
+    """How a dataset is cut into shards."""
+
+    INDEX_RANGE = "INDEX_RANGE"
+    """Contiguous index ranges ``[start, end)``."""
+    INDEX_LIST = "INDEX_LIST"
+    """Explicit, shuffled index lists (not supported yet)."""
+    STREAM = "STREAM"
+    """Streaming partitions read from an offset (not supported yet)."""
+
+
+SUPPORTED_KINDS = frozenset({ShardingKind.INDEX_RANGE})
+"""The kinds this dispatcher can cut today; the others arrive with the shard dispatcher issue."""
+
+
+@dataclass(frozen=True)
+class DatasetParameters:
+    """How to shard a dataset; two datasets with equal parameters are the same dataset."""
+
+    record_count: int
+    batch_size: int
+    shard_batches: int
+    epochs: int
+    shuffle: bool
+    seed: int
+    kind: ShardingKind | None
+    partitions: int
+
+    @property
+    def shard_records(self) -> int:
+        """Records in every shard but possibly the last of an epoch."""
+        return self.batch_size * self.shard_batches
+
+    @property
+    def shards_per_epoch(self) -> int:
+        """Shards one epoch is cut into (the last one may be shorter)."""
+        return -(-self.record_count // self.shard_records)
+
+
+def check_name(value: str, field: str, pattern: re.Pattern[str], what: str) -> None:
+    """Raise :class:`InvalidArgument` for ``field`` unless ``value`` is a valid name."""
+    if not value:
+        raise InvalidArgument(field, "is required")
+    if not pattern.match(value):
+        raise InvalidArgument(field, f"{value!r} is not a valid {what}")
+
+
+def check_job_id(value: str, field: str = "job_id") -> None:
+    """A job id: 1-64 letters, digits, '_' or '-', starting with a letter or digit."""
+    check_name(value, field, JOB_ID_PATTERN, "job id (1-64 letters, digits, '_' or '-')")
+
+
+def check_dataset(value: str, field: str = "dataset") -> None:
+    """A dataset name: 1-128 letters, digits, '.', '_' or '-'."""
+    check_name(
+        value, field, DATASET_PATTERN, "dataset name (1-128 letters, digits, '.', '_' or '-')"
+    )
+
+
+def check_worker(value: str, field: str = "worker") -> None:
+    """A worker (pod) name: 1-253 letters, digits, '.', '_' or '-'."""
+    check_name(value, field, WORKER_PATTERN, "worker name (1-253 letters, digits, '.', '_' or '-')")
+
+
+def validate(parameters: DatasetParameters, path: str = "parameters") -> None:
+    """Raise :class:`InvalidArgument` naming the first bad field of ``parameters``."""
+    if parameters.kind is None:
+        raise InvalidArgument(f"{path}.kind", "is required (SHARDING_KIND_INDEX_RANGE)")
+    if parameters.kind not in SUPPORTED_KINDS:
+        raise InvalidArgument(
+            f"{path}.kind",
+            f"SHARDING_KIND_{parameters.kind.value} is not supported yet; "
+            "use SHARDING_KIND_INDEX_RANGE",
+        )
+    if parameters.record_count <= 0:
+        raise InvalidArgument(
+            f"{path}.record_count", f"must be positive, got {parameters.record_count}"
+        )
+    if parameters.batch_size <= 0:
+        raise InvalidArgument(
+            f"{path}.batch_size", f"must be positive, got {parameters.batch_size}"
+        )
+    if parameters.batch_size > parameters.record_count:
+        raise InvalidArgument(
+            f"{path}.batch_size",
+            f"{parameters.batch_size} is larger than the dataset "
+            f"({parameters.record_count} records)",
+        )
+    if parameters.shard_batches <= 0:
+        raise InvalidArgument(
+            f"{path}.shard_batches", f"must be positive, got {parameters.shard_batches}"
+        )
+    if parameters.epochs <= 0:
+        raise InvalidArgument(f"{path}.epochs", f"must be positive, got {parameters.epochs}")
+    if parameters.epochs > MAX_EPOCHS:
+        raise InvalidArgument(
+            f"{path}.epochs", f"must be at most {MAX_EPOCHS}, got {parameters.epochs}"
+        )
+    if parameters.partitions != 0:
+        raise InvalidArgument(f"{path}.partitions", "is only for SHARDING_KIND_STREAM; leave it 0")
+    if parameters.shards_per_epoch > MAX_SHARDS_PER_EPOCH:
+        raise InvalidArgument(
+            f"{path}.shard_batches",
+            f"{parameters.shard_batches} batches of {parameters.batch_size} cut "
+            f"{parameters.record_count} records into {parameters.shards_per_epoch} shards; "
+            f"at most {MAX_SHARDS_PER_EPOCH} per epoch are allowed, use bigger shards",
+        )

@@ -1,0 +1,40 @@
+"""The executor's composition root: registry, runner, NATS queue group and gRPC API.
+
+Stateless (DLRover sec. 4.3: "Since those executors are stateless, we can create more
+executors when there are more running jobs"): no database, nothing to migrate, and any
+replica can answer any request.
+"""
+
+from __future__ import annotations
+
+from stride.api.executor.v1 import executor_service_pb2, executor_service_pb2_grpc
+from stride.bus import subjects
+from stride.executor.adapters.bus_handlers import RequestHandler
+from stride.executor.adapters.grpc_api import ExecutorApi
+from stride.executor.running import AlgorithmRunner
+from stride.executor.settings import ExecutorSettings
+from stride.policy.registry import default_registry
+from stride.runtime.lifecycle import ServiceHost
+from stride.wiring import connect_bus, create_host
+
+SERVICE_NAME = executor_service_pb2.DESCRIPTOR.services_by_name["ExecutorService"].full_name
+REQUEST_SUBJECT = subjects.executor_run(">")
+
+
+async def build(settings: ExecutorSettings) -> ServiceHost:
+    """Connect everything and return a host ready to run."""
+    host = create_host(settings, [SERVICE_NAME])
+    bus = await connect_bus(settings, host)
+    runner = AlgorithmRunner(default_registry(), settings.replica_name)
+    executor_service_pb2_grpc.add_ExecutorServiceServicer_to_server(
+        ExecutorApi(runner), host.server.server
+    )
+    handler = RequestHandler(runner)
+    for slot in range(settings.request_concurrency):
+        host.add_root_task(
+            f"serve-requests-{slot}",
+            lambda: bus.serve_requests(
+                REQUEST_SUBJECT, subjects.EXECUTOR_QUEUE_GROUP, handler, host.stop
+            ),
+        )
+    return host

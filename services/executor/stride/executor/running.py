@@ -1,0 +1,166 @@
+"""Running one algorithm request: look it up, parse its arguments, run it off the event loop.
+
+Used by both entry points of a replica, the NATS queue group (the optimizer's path) and the
+gRPC API (tools). :meth:`AlgorithmRunner.run` raises domain errors, which gRPC maps to status
+codes; :meth:`AlgorithmRunner.reply_to` turns them into an :class:`AlgorithmReply` status,
+because a NATS reply has no status code of its own.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import time
+from typing import Any
+
+import structlog
+from opentelemetry import trace
+
+from stride.events.v1 import optimization_pb2, plan_pb2
+from stride.executor.adapters.convert import (
+    dict_to_struct,
+    plan_to_proto,
+    proposed_plans,
+    struct_to_dict,
+)
+from stride.policy.registry import (
+    AlgorithmSpec,
+    InvalidRequest,
+    Registry,
+    UnknownAlgorithm,
+    to_dict,
+)
+from stride.runtime.errors import InvalidArgument, NotFound, StrideError
+
+log = structlog.get_logger(__name__)
+tracer = trace.get_tracer("stride.executor")
+
+
+class AlgorithmFailed(StrideError):
+    """The algorithm itself raised: a bug or a case it cannot handle (status INTERNAL)."""
+
+
+class AlgorithmRunner:
+    """Runs registered algorithms on protobuf requests."""
+
+    def __init__(self, registry: Registry, replica: str) -> None:
+        self.registry = registry
+        self.replica = replica
+
+    def algorithms(self) -> list[AlgorithmSpec[Any, Any]]:
+        """Every registered algorithm and version."""
+        return self.registry.list()
+
+    async def run(
+        self, request: optimization_pb2.AlgorithmRequest
+    ) -> optimization_pb2.AlgorithmReply:
+        """Run ``request``; raises InvalidArgument, NotFound or AlgorithmFailed."""
+        started = time.perf_counter()
+        if not request.algorithm:
+            raise InvalidArgument("algorithm", "is required")
+        if request.version < 0:
+            raise InvalidArgument(
+                "version", f"must be 0 (the newest) or positive, got {request.version}"
+            )
+        try:
+            spec = self.registry.get(request.algorithm, request.version or None)
+        except UnknownAlgorithm as error:
+            raise NotFound(str(error)) from None
+        arguments = struct_to_dict(request.arguments)
+        with tracer.start_as_current_span(
+            f"run {spec.qualified_name}",
+            attributes={
+                "stride.algorithm": spec.qualified_name,
+                "stride.job_id": request.job_id,
+                "stride.executor.replica": self.replica,
+            },
+        ):
+            try:
+                result, plans = await asyncio.to_thread(_run, spec, arguments, request.job_id)
+            except InvalidRequest as error:
+                raise InvalidArgument(f"arguments.{error.field}", error.problem) from None
+            except Exception as error:
+                log.exception(
+                    "algorithm failed",
+                    algorithm=spec.qualified_name,
+                    job_id=request.job_id,
+                    request_id=request.request_id,
+                )
+                raise AlgorithmFailed(
+                    f"{spec.qualified_name} failed: {type(error).__name__}: {error}"
+                ) from error
+        elapsed = time.perf_counter() - started
+        log.info(
+            "algorithm ran",
+            algorithm=spec.qualified_name,
+            job_id=request.job_id,
+            request_id=request.request_id,
+            replica=self.replica,
+            elapsed_seconds=elapsed,
+        )
+        return optimization_pb2.AlgorithmReply(
+            request_id=request.request_id,
+            status=optimization_pb2.ALGORITHM_STATUS_OK,
+            result=result,
+            algorithm=spec.qualified_name,
+            plans=plans,
+            elapsed_seconds=elapsed,
+        )
+
+    async def reply_to(
+        self, request: optimization_pb2.AlgorithmRequest
+    ) -> optimization_pb2.AlgorithmReply:
+        """Run ``request`` and report any failure as the reply's status; never raises."""
+        started = time.perf_counter()
+        try:
+            return await self.run(request)
+        except InvalidArgument as error:
+            status, message = optimization_pb2.ALGORITHM_STATUS_INVALID_ARGUMENT, error.message
+        except NotFound as error:
+            status, message = optimization_pb2.ALGORITHM_STATUS_NOT_FOUND, error.message
+        except AlgorithmFailed as error:
+            status, message = optimization_pb2.ALGORITHM_STATUS_INTERNAL, error.message
+        except Exception as error:
+            log.exception(
+                "request failed", algorithm=request.algorithm, request_id=request.request_id
+            )
+            status = optimization_pb2.ALGORITHM_STATUS_INTERNAL
+            message = f"internal error: {type(error).__name__}: {error}"
+        return failed_reply(
+            request.request_id,
+            status,
+            message,
+            time.perf_counter() - started,
+            algorithm=_requested_name(request),
+        )
+
+
+def failed_reply(
+    request_id: str,
+    status: optimization_pb2.AlgorithmStatus.ValueType,
+    error: str,
+    elapsed: float,
+    algorithm: str = "",
+) -> optimization_pb2.AlgorithmReply:
+    """A reply without a result."""
+    return optimization_pb2.AlgorithmReply(
+        request_id=request_id,
+        status=status,
+        error=error,
+        algorithm=algorithm,
+        elapsed_seconds=elapsed,
+    )
+
+
+def _requested_name(request: optimization_pb2.AlgorithmRequest) -> str:
+    if not request.algorithm:
+        return ""
+    return f"{request.algorithm}/{request.version}" if request.version else request.algorithm
+
+
+def _run(
+    spec: AlgorithmSpec[Any, Any], arguments: dict[str, Any], job_id: str
+) -> tuple[Any, list[plan_pb2.ResourcePlan]]:
+    """The part that runs in a worker thread: parse, compute, serialize."""
+    reply = spec.run_typed(spec.parse_request(arguments))
+    result = dict_to_struct(to_dict(reply))
+    return result, [plan_to_proto(plan, job_id) for plan in proposed_plans(reply)]

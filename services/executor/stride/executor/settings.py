@@ -1,0 +1,30 @@
+"""Executor settings (env prefix ``STRIDE_EXECUTOR_``)."""
+
+from __future__ import annotations
+
+import socket
+from typing import ClassVar
+
+from pydantic import Field
+from pydantic_settings import SettingsConfigDict
+
+from stride.runtime.settings import ServiceSettings
+
+
+class ExecutorSettings(ServiceSettings):
+    """Settings of an algorithm-executor replica."""
+
+    model_config = SettingsConfigDict(env_prefix="STRIDE_EXECUTOR_", extra="ignore")
+    service_name: ClassVar[str] = "executor"
+    needs_database: ClassVar[bool] = False
+
+    grpc_port: int = Field(default=50053, ge=0, le=65535)
+    """The direct API's well-known port (admission 50051, optimizer 50052)."""
+    replica_name: str = Field(default_factory=socket.gethostname, min_length=1, max_length=128)
+    """Which replica ran a request, in logs and spans. The host name by default: the pod
+    name on Kubernetes, so a slow or failing run can be traced to its pod."""
+    request_concurrency: int = Field(default=4, ge=1, le=64)
+    """Requests one replica runs at once. Each is its own subscription in the queue group,
+    because a NATS subscription hands its messages to the handler one after another. Four
+    lets short algorithms pass a long NSGA-II run on a small pod without oversubscribing
+    its cores; add replicas, not concurrency, for more throughput."""

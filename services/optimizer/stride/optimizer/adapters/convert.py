@@ -1,0 +1,118 @@
+"""Conversions between the bus and API protobufs and the optimizer's domain and policy types."""
+
+from __future__ import annotations
+
+from datetime import datetime
+
+from google.protobuf.timestamp_pb2 import Timestamp
+
+from stride.events.v1 import job_pb2, optimization_pb2, plan_pb2
+from stride.optimizer.domain.administrator import (
+    JobStage,
+    OptimizationEvent,
+    RootCause,
+    VersionedPlan,
+)
+from stride.policy.cold_start import JobFeatures
+from stride.policy.errors import InvalidFeatures
+from stride.policy.plans import Role
+from stride.runtime.errors import InvalidArgument
+
+STAGE_TO_PROTO = {
+    JobStage.COLD_START: optimization_pb2.JOB_STAGE_COLD_START,
+    JobStage.SAMPLING: optimization_pb2.JOB_STAGE_SAMPLING,
+    JobStage.OPTIMIZING: optimization_pb2.JOB_STAGE_OPTIMIZING,
+    JobStage.STEADY: optimization_pb2.JOB_STAGE_STEADY,
+    JobStage.FINISHED: optimization_pb2.JOB_STAGE_FINISHED,
+}
+
+ROOT_CAUSE_TO_PROTO = {
+    RootCause.COLD_START: optimization_pb2.ROOT_CAUSE_COLD_START,
+    RootCause.SAMPLING_DONE: optimization_pb2.ROOT_CAUSE_SAMPLING_DONE,
+    RootCause.STEADY_STATE: optimization_pb2.ROOT_CAUSE_STEADY_STATE,
+    RootCause.STRAGGLER: optimization_pb2.ROOT_CAUSE_STRAGGLER,
+    RootCause.HOT_PS: optimization_pb2.ROOT_CAUSE_HOT_PS,
+    RootCause.IDLE_PS: optimization_pb2.ROOT_CAUSE_IDLE_PS,
+    RootCause.OOM: optimization_pb2.ROOT_CAUSE_OOM,
+    RootCause.POD_FAILURE: optimization_pb2.ROOT_CAUSE_POD_FAILURE,
+}
+
+ROLE_TO_PROTO = {
+    Role.PS: plan_pb2.ROLE_PS,
+    Role.WORKER: plan_pb2.ROLE_WORKER,
+    Role.DATA_WORKER: plan_pb2.ROLE_DATA_WORKER,
+    Role.CHIEF: plan_pb2.ROLE_CHIEF,
+}
+
+_SPEC_FIELD_BY_FEATURE = {
+    "model_name": "spec.model.name",
+    "family": "spec.model.family",
+    "embedding_dim": "spec.model.embedding_dim",
+    "record_count": "spec.dataset.record_count",
+    "batch_size": "spec.batch_size",
+    "max_steps": "spec.termination.max_steps",
+    "max_epochs": "spec.termination.max_epochs",
+}
+"""Where each feature comes from in a JobSpec, so an error names the spec's field."""
+
+
+def timestamp(moment: datetime) -> Timestamp:
+    """A protobuf Timestamp of an aware datetime."""
+    value = Timestamp()
+    value.FromDatetime(moment)
+    return value
+
+
+def features_from_spec(spec: job_pb2.JobSpec) -> JobFeatures:
+    """The static features of an admitted spec; InvalidArgument names the spec's field."""
+    try:
+        return JobFeatures(
+            model_name=spec.model.name,
+            family=spec.model.family,
+            embedding_dim=spec.model.embedding_dim,
+            record_count=spec.dataset.record_count,
+            batch_size=spec.batch_size,
+            max_steps=spec.termination.max_steps,
+            max_epochs=spec.termination.max_epochs,
+        )
+    except InvalidFeatures as error:
+        raise InvalidArgument(
+            _SPEC_FIELD_BY_FEATURE.get(error.field, "spec"), error.problem
+        ) from None
+
+
+def plan_to_proto(versioned: VersionedPlan) -> plan_pb2.ResourcePlan:
+    """The bus and API form of a published plan."""
+    plan = versioned.plan
+    return plan_pb2.ResourcePlan(
+        job_id=versioned.job_id,
+        version=versioned.version,
+        reason=plan.reason,
+        algorithm=plan.algorithm,
+        created_at=timestamp(versioned.created_at),
+        roles=[
+            plan_pb2.RoleResources(
+                role=ROLE_TO_PROTO[resources.role],
+                count=resources.count,
+                cpu=resources.cpu,
+                memory_bytes=resources.memory_bytes,
+                overrides=[
+                    plan_pb2.PodOverride(index=o.index, cpu=o.cpu, memory_bytes=o.memory_bytes)
+                    for o in resources.overrides
+                ],
+            )
+            for resources in plan.roles
+        ],
+    )
+
+
+def event_to_proto(event: OptimizationEvent) -> optimization_pb2.OptimizationEvent:
+    """The API form of an optimization event."""
+    return optimization_pb2.OptimizationEvent(
+        event_id=event.event_id,
+        job_id=event.job_id,
+        stage=STAGE_TO_PROTO[event.stage],
+        root_cause=ROOT_CAUSE_TO_PROTO[event.root_cause],
+        detail=event.detail,
+        created_at=timestamp(event.created_at),
+    )

@@ -1,0 +1,123 @@
+"""The optimizer's storage: administrators, events and plans, with SQLAlchemy Core.
+
+Events and plans are stored as their protobuf bytes (what the API returns), beside the
+columns that are queried.
+"""
+
+from __future__ import annotations
+
+from datetime import UTC, datetime
+
+from sqlalchemy import select, update
+from sqlalchemy.ext.asyncio import AsyncSession
+
+from stride.events.v1 import optimization_pb2, plan_pb2
+from stride.optimizer.db.tables import administrators, optimization_events, plans
+from stride.optimizer.domain.administrator import Administrator, JobStage
+
+
+async def get_administrator(
+    session: AsyncSession, job_id: str, for_update: bool = False
+) -> Administrator | None:
+    """The job's administrator, or None if the job is unknown."""
+    query = select(administrators.c.stage, administrators.c.plan_version).where(
+        administrators.c.job_id == job_id
+    )
+    if for_update:
+        query = query.with_for_update()
+    row = (await session.execute(query)).one_or_none()
+    if row is None:
+        return None
+    return Administrator(job_id=job_id, stage=JobStage[row.stage], plan_version=row.plan_version)
+
+
+async def insert_administrator(
+    session: AsyncSession, administrator: Administrator, spec: bytes | None, at: datetime
+) -> None:
+    """Store a new administrator (with the admitted spec, if known)."""
+    await session.execute(
+        administrators.insert().values(
+            job_id=administrator.job_id,
+            stage=administrator.stage.name,
+            plan_version=administrator.plan_version,
+            spec=spec,
+            created_at=at,
+            updated_at=at,
+        )
+    )
+
+
+async def update_administrator(
+    session: AsyncSession, administrator: Administrator, at: datetime
+) -> None:
+    """Store an administrator's new stage and newest plan version."""
+    await session.execute(
+        update(administrators)
+        .where(administrators.c.job_id == administrator.job_id)
+        .values(
+            stage=administrator.stage.name, plan_version=administrator.plan_version, updated_at=at
+        )
+    )
+
+
+async def insert_event(session: AsyncSession, event: optimization_pb2.OptimizationEvent) -> bool:
+    """Store an event; False (and nothing written) if its id was stored before."""
+    existing = await session.scalar(
+        select(optimization_events.c.seq).where(optimization_events.c.event_id == event.event_id)
+    )
+    if existing is not None:
+        return False
+    await session.execute(
+        optimization_events.insert().values(
+            event_id=event.event_id,
+            job_id=event.job_id,
+            root_cause=optimization_pb2.RootCause.Name(event.root_cause),
+            event=event.SerializeToString(),
+            created_at=event.created_at.ToDatetime(tzinfo=UTC),
+        )
+    )
+    return True
+
+
+async def insert_plan(session: AsyncSession, plan: plan_pb2.ResourcePlan) -> None:
+    """Store a plan version (the primary key refuses a version stored twice)."""
+    await session.execute(
+        plans.insert().values(
+            job_id=plan.job_id,
+            version=plan.version,
+            algorithm=plan.algorithm,
+            plan=plan.SerializeToString(),
+            created_at=plan.created_at.ToDatetime(tzinfo=UTC),
+        )
+    )
+
+
+async def newest_plan(session: AsyncSession, job_id: str) -> plan_pb2.ResourcePlan | None:
+    """The job's highest plan version, or None."""
+    payload = await session.scalar(
+        select(plans.c.plan)
+        .where(plans.c.job_id == job_id)
+        .order_by(plans.c.version.desc())
+        .limit(1)
+    )
+    return None if payload is None else plan_pb2.ResourcePlan.FromString(payload)
+
+
+async def list_plans(session: AsyncSession, job_id: str) -> list[plan_pb2.ResourcePlan]:
+    """Every plan version of the job, oldest first."""
+    rows = await session.scalars(
+        select(plans.c.plan).where(plans.c.job_id == job_id).order_by(plans.c.version)
+    )
+    return [plan_pb2.ResourcePlan.FromString(payload) for payload in rows]
+
+
+async def list_events(
+    session: AsyncSession, job_id: str
+) -> list[optimization_pb2.OptimizationEvent]:
+    """The job's optimization events, oldest first."""
+    rows = await session.scalars(
+        select(optimization_events.c.event)
+        .where(optimization_events.c.job_id == job_id)
+        .order_by(optimization_events.c.seq)
+    )
+    return [optimization_pb2.OptimizationEvent.FromString(payload) for payload in rows]

@@ -1,0 +1,44 @@
+"""The optimizer's tables: job administrators, optimization events, plans, and the outbox."""
+
+from __future__ import annotations
+
+from sqlalchemy import Column, DateTime, ForeignKey, Integer, LargeBinary, MetaData, String, Table
+
+from stride.db.outbox import outbox_table
+
+metadata = MetaData()
+
+administrators = Table(
+    "administrators",
+    metadata,
+    Column("job_id", String(64), primary_key=True),
+    Column("stage", String(32), nullable=False),
+    Column("plan_version", Integer, nullable=False),
+    # The admitted spec (a JobSpec); NULL for a job whose end arrived before its admission.
+    Column("spec", LargeBinary, nullable=True),
+    Column("created_at", DateTime(timezone=True), nullable=False),
+    Column("updated_at", DateTime(timezone=True), nullable=False),
+)
+
+optimization_events = Table(
+    "optimization_events",
+    metadata,
+    Column("seq", Integer, primary_key=True, autoincrement=True),
+    Column("event_id", String(200), nullable=False, unique=True),
+    Column("job_id", String(64), ForeignKey("administrators.job_id"), nullable=False, index=True),
+    Column("root_cause", String(32), nullable=False),
+    Column("event", LargeBinary, nullable=False),
+    Column("created_at", DateTime(timezone=True), nullable=False),
+)
+
+plans = Table(
+    "plans",
+    metadata,
+    Column("job_id", String(64), ForeignKey("administrators.job_id"), primary_key=True),
+    Column("version", Integer, primary_key=True),
+    Column("algorithm", String(128), nullable=False),
+    Column("plan", LargeBinary, nullable=False),
+    Column("created_at", DateTime(timezone=True), nullable=False),
+)
+
+outbox = outbox_table(metadata)

@@ -1,0 +1,204 @@
+"""One administrator per job: it turns the job's lifecycle facts into optimization events
+and versioned plans.
+
+DLRover's Brain creates an administrator when a job is created, which "is monitoring this
+job during the job's entire lifetime", starts optimization events "when predefined
+conditions are met", and is removed when the job completes (sec. 4.3). Which algorithm runs
+depends on the job's stage: no runtime information yet (cold start), sampling, model-based
+optimization, then steady state with adjustments on trouble (sec. 4.2; DLRover-RM sec. 4).
+
+Here an administrator is a value, and each fact is a pure function from the administrator
+it finds (or None) to a :class:`Step`: the administrator after, the events raised and the
+plans to publish. The service stores a step in one transaction. A fact that was already
+applied yields an unchanged step, which is what makes redelivered messages harmless.
+
+Transitions implemented now: admitted -> cold-start plan published (stage COLD_START), and
+finished -> FINISHED from any stage. :data:`NEXT_STAGES` lists the transitions later stages
+will use, so adding one is adding a function, not reshaping the state.
+"""
+
+from __future__ import annotations
+
+import re
+from dataclasses import dataclass, replace
+from datetime import datetime
+from enum import Enum
+
+from stride.policy.cold_start import JobFeatures, cold_start_plan
+from stride.policy.plans import Plan
+from stride.runtime.errors import InvalidArgument
+
+JOB_ID_PATTERN = re.compile(r"^[A-Za-z0-9][A-Za-z0-9_-]{0,63}$")
+"""A job id is one NATS subject token and part of pod names: no dots, wildcards or spaces."""
+
+
+class JobStage(Enum):
+    """Where a job is in its optimization life (DLRover sec. 4.2)."""
+
+    COLD_START = "cold_start"
+    """No measurements yet; the first plan is the cold default (or, later, warm start)."""
+    SAMPLING = "sampling"
+    """One worker and a few PS run to measure the worker's and PS's CPU needs."""
+    OPTIMIZING = "optimizing"
+    """The throughput model is fitted and plans are chosen from it."""
+    STEADY = "steady"
+    """The plan holds; only trouble (straggler, hot PS, OOM) changes it."""
+    FINISHED = "finished"
+    """The job ended; the administrator is done."""
+
+
+class RootCause(Enum):
+    """Why the optimizer acted (DLRover sec. 4.3: "determine the root cause")."""
+
+    COLD_START = "cold_start"
+    SAMPLING_DONE = "sampling_done"
+    STEADY_STATE = "steady_state"
+    STRAGGLER = "straggler"
+    HOT_PS = "hot_ps"
+    IDLE_PS = "idle_ps"
+    OOM = "oom"
+    POD_FAILURE = "pod_failure"
+
+
+NEXT_STAGES: dict[JobStage, frozenset[JobStage]] = {
+    # Warm start (a later issue) may skip sampling when similar jobs were measured.
+    JobStage.COLD_START: frozenset({JobStage.SAMPLING, JobStage.OPTIMIZING, JobStage.FINISHED}),
+    JobStage.SAMPLING: frozenset({JobStage.OPTIMIZING, JobStage.FINISHED}),
+    JobStage.OPTIMIZING: frozenset({JobStage.STEADY, JobStage.FINISHED}),
+    # Steady state re-optimizes periodically (DLRover-RM sec. 4.3).
+    JobStage.STEADY: frozenset({JobStage.OPTIMIZING, JobStage.FINISHED}),
+    JobStage.FINISHED: frozenset(),
+}
+"""The stage transitions an administrator allows."""
+
+
+class StageError(Exception):
+    """A transition the stage machine does not allow (a bug or an impossible fact order)."""
+
+
+def check_job_id(job_id: str, field: str = "job_id") -> str:
+    """Return ``job_id`` if it is well formed, else raise InvalidArgument naming ``field``."""
+    if not job_id:
+        raise InvalidArgument(field, "is required")
+    if not JOB_ID_PATTERN.match(job_id):
+        raise InvalidArgument(
+            field,
+            f"{job_id[:80]!r} must be 1-64 letters, digits, '_' or '-', starting alphanumeric",
+        )
+    return job_id
+
+
+@dataclass(frozen=True)
+class OptimizationEvent:
+    """A fact about a job that the optimizer acted on."""
+
+    event_id: str
+    """Deterministic, derived from the fact (``<job_id>.admitted``), so a redelivered fact
+    cannot raise a second event."""
+    job_id: str
+    stage: JobStage
+    """The stage the job was in when the event was raised."""
+    root_cause: RootCause
+    detail: str
+    created_at: datetime
+
+
+@dataclass(frozen=True)
+class VersionedPlan:
+    """A plan as published for one job: numbered from 1, one higher each time."""
+
+    job_id: str
+    version: int
+    plan: Plan
+    created_at: datetime
+
+    @property
+    def message_id(self) -> str:
+        """The bus de-duplication id: the same plan version always has the same id."""
+        return f"{self.job_id}.plan.{self.version}"
+
+
+@dataclass(frozen=True)
+class Administrator:
+    """The optimizer's state for one job."""
+
+    job_id: str
+    stage: JobStage
+    plan_version: int = 0
+    """Version of the newest published plan; 0 while there is none."""
+
+    def advance(self, stage: JobStage) -> Administrator:
+        """The administrator in ``stage``; raises StageError if the move is not allowed."""
+        if stage is self.stage:
+            return self
+        if stage not in NEXT_STAGES[self.stage]:
+            raise StageError(
+                f"job {self.job_id}: {self.stage.value} -> {stage.value} is not allowed"
+            )
+        return replace(self, stage=stage)
+
+    def publish(self, plan: Plan, now: datetime) -> tuple[Administrator, VersionedPlan]:
+        """Number ``plan`` as the job's next version."""
+        if self.stage is JobStage.FINISHED:
+            raise StageError(f"job {self.job_id} has finished; it gets no more plans")
+        version = self.plan_version + 1
+        return replace(self, plan_version=version), VersionedPlan(self.job_id, version, plan, now)
+
+
+@dataclass(frozen=True)
+class Step:
+    """What one fact changes: the administrator before and after, events and new plans."""
+
+    before: Administrator | None
+    after: Administrator | None
+    events: tuple[OptimizationEvent, ...] = ()
+    plans: tuple[VersionedPlan, ...] = ()
+
+    @property
+    def changed(self) -> bool:
+        """False when the fact was already applied (or changes nothing): store nothing."""
+        return self.before != self.after or bool(self.events) or bool(self.plans)
+
+
+def admitted_event_id(job_id: str) -> str:
+    """The id of the event raised when ``job_id`` is admitted."""
+    return f"{job_id}.admitted"
+
+
+def on_admitted(
+    existing: Administrator | None,
+    job_id: str,
+    features: JobFeatures,
+    now: datetime,
+    max_pod_cpu: float | None = None,
+) -> Step:
+    """A job was admitted: create its administrator and publish the cold-start plan (v1).
+
+    If the job already has an administrator, the admission was seen before (redelivery), or
+    the job finished before its admission arrived (the two come through different consumers,
+    so their order is not guaranteed): either way there is nothing to do.
+    """
+    if existing is not None:
+        return Step(existing, existing)
+    administrator = Administrator(job_id, JobStage.COLD_START)
+    event = OptimizationEvent(
+        event_id=admitted_event_id(job_id),
+        job_id=job_id,
+        stage=JobStage.COLD_START,
+        root_cause=RootCause.COLD_START,
+        detail="admitted with no history: cold-start sampling plan",
+        created_at=now,
+    )
+    administrator, plan = administrator.publish(cold_start_plan(features, max_pod_cpu), now)
+    return Step(None, administrator, (event,), (plan,))
+
+
+def on_finished(existing: Administrator | None, job_id: str) -> Step:
+    """A job ended: its administrator stops. Idempotent.
+
+    A job not seen yet gets a FINISHED administrator, so an admission that arrives late
+    does not start a plan for a job that is already over.
+    """
+    if existing is None:
+        return Step(None, Administrator(job_id, JobStage.FINISHED))
+    return Step(existing, existing.advance(JobStage.FINISHED))

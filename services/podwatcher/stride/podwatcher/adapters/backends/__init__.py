@@ -1,0 +1,1 @@
+"""Backends that turn recorded plans into pods: local processes now, Kubernetes later."""

@@ -1,0 +1,55 @@
+"""The podwatcher's composition root: wires storage, backend, bus and API into a host."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+from stride.api.podwatcher.v1 import podwatcher_service_pb2, podwatcher_service_pb2_grpc
+from stride.events.v1 import plan_pb2
+from stride.podwatcher.adapters.backends.base import Backend
+from stride.podwatcher.adapters.backends.local import LocalBackend, detect_local_node
+from stride.podwatcher.adapters.bus_handlers import PlanHandler
+from stride.podwatcher.adapters.grpc_api import PodWatcherApi
+from stride.podwatcher.plan_records import PlanRecords
+from stride.podwatcher.settings import PodWatcherSettings
+from stride.runtime.errors import StartupError
+from stride.runtime.lifecycle import ServiceHost
+from stride.wiring import connect_bus, create_host, open_database
+
+MIGRATIONS = Path(__file__).parent / "db" / "migrations"
+SERVICE_NAME = podwatcher_service_pb2.DESCRIPTOR.services_by_name["PodWatcherService"].full_name
+
+
+def make_backend(settings: PodWatcherSettings) -> Backend:
+    """The backend the settings name; fails startup clearly for one not built yet."""
+    if settings.backend == "local":
+        return LocalBackend(detect_local_node())
+    raise StartupError(
+        f"the {settings.backend} backend is not implemented yet; "
+        "set STRIDE_PODWATCHER_BACKEND=local"
+    )
+
+
+async def build(settings: PodWatcherSettings) -> ServiceHost:
+    """Connect everything and return a host ready to run."""
+    backend = make_backend(settings)
+    host = create_host(settings, [SERVICE_NAME])
+    bus = await connect_bus(settings, host)
+    database = await open_database(settings, host, MIGRATIONS)
+    # No outbox yet: nothing is published until the backends report pod events.
+    records = PlanRecords(database, backend)
+    podwatcher_service_pb2_grpc.add_PodWatcherServiceServicer_to_server(
+        PodWatcherApi(records), host.server.server
+    )
+    host.add_root_task(
+        "consume-plans",
+        lambda: bus.consume(
+            stream="STRIDE_PLANS",
+            durable="podwatcher-plans",
+            filter_subject="stride.plans.v1.*",
+            message_type=plan_pb2.ResourcePlan,
+            handler=PlanHandler(records),
+            stop=host.stop,
+        ),
+    )
+    return host

@@ -1,0 +1,225 @@
+"""The podwatcher on real NATS and a real database: accept plans, newest wins, bad input."""
+
+from __future__ import annotations
+
+import os
+from collections.abc import AsyncIterator, Awaitable
+from typing import TypeAlias
+
+import grpc
+import nats
+import pytest
+from nats.aio.msg import Msg
+
+from stride.api.podwatcher.v1 import podwatcher_service_pb2 as pb
+from stride.api.podwatcher.v1 import podwatcher_service_pb2_grpc as pb_grpc
+from stride.bus.client import Bus
+from stride.events.v1 import plan_pb2
+from stride.podwatcher.app import build
+from stride.podwatcher.settings import PodWatcherSettings
+from stride.runtime.lifecycle import ServiceHost
+from stride.testing.eventually import assert_eventually
+from stride.testing.inprocess import running_service
+
+pytestmark = pytest.mark.integration
+
+GIB = 1024**3
+Stub: TypeAlias = "pb_grpc.PodWatcherServiceAsyncStub"  # the generated stub for an aio channel
+
+
+def plan(job_id: str, version: int, workers: int = 2, cpu: float = 2.0) -> plan_pb2.ResourcePlan:
+    return plan_pb2.ResourcePlan(
+        job_id=job_id,
+        version=version,
+        reason=f"test plan {version}",
+        algorithm="test/1",
+        roles=[
+            plan_pb2.RoleResources(role=plan_pb2.ROLE_PS, count=1, cpu=4.0, memory_bytes=8 * GIB),
+            plan_pb2.RoleResources(
+                role=plan_pb2.ROLE_WORKER, count=workers, cpu=cpu, memory_bytes=4 * GIB
+            ),
+        ],
+    )
+
+
+@pytest.fixture
+async def podwatcher(nats_url: str, database_url: str) -> AsyncIterator[ServiceHost]:
+    settings = PodWatcherSettings(
+        nats_url=nats_url,
+        database_url=database_url,
+        grpc_port=0,
+        grpc_host="127.0.0.1",
+        health_interval_seconds=0.2,
+    )
+    async with running_service(build, settings) as host:
+        yield host
+
+
+@pytest.fixture
+async def stub(podwatcher: ServiceHost) -> AsyncIterator[Stub]:
+    async with grpc.aio.insecure_channel(f"127.0.0.1:{podwatcher.server.port}") as channel:
+        yield pb_grpc.PodWatcherServiceStub(channel)
+
+
+@pytest.fixture
+async def bus(podwatcher: ServiceHost, nats_url: str) -> AsyncIterator[Bus]:
+    """A producer's connection (the service has declared the streams by now)."""
+    producer = await Bus.connect(nats_url, name="test-producer")
+    try:
+        yield producer
+    finally:
+        await producer.close()
+
+
+async def job_pods(stub: Stub, job_id: str) -> pb.GetJobPodsResponse | None:
+    try:
+        return await stub.GetJobPods(pb.GetJobPodsRequest(job_id=job_id))
+    except grpc.aio.AioRpcError as error:
+        if error.code() == grpc.StatusCode.NOT_FOUND:
+            return None
+        raise
+
+
+async def newest_version_becomes(stub: Stub, job_id: str, version: int) -> pb.GetJobPodsResponse:
+    async def probe() -> pb.GetJobPodsResponse:
+        reply = await job_pods(stub, job_id)
+        assert reply is not None and reply.plan.plan.version == version, reply
+        return reply
+
+    return await assert_eventually(probe, message=f"{job_id} at version {version}")
+
+
+async def processed_up_to_here(bus: Bus, stub: Stub, marker: str) -> None:
+    """Publish a plan for a marker job and wait for it: the single, ordered consumer has
+    then handled everything published before it (how to see that something was ignored)."""
+    await bus.publish(f"stride.plans.v1.{marker}", plan(marker, 1), f"{marker}.1")
+    await newest_version_becomes(stub, marker, 1)
+
+
+async def stream_messages(nats_url: str, subject: str) -> list[Msg]:
+    nc = await nats.connect(nats_url)
+    try:
+        sub = await nc.jetstream().subscribe(subject, ordered_consumer=True)
+        messages = []
+        try:
+            while True:
+                messages.append(await sub.next_msg(timeout=0.3))
+        except nats.errors.TimeoutError:
+            pass
+        return messages
+    finally:
+        await nc.close()
+
+
+async def test_plans_are_recorded_and_the_newest_is_served(stub: Stub, bus: Bus) -> None:
+    await bus.publish("stride.plans.v1.job-a", plan("job-a", 1), "job-a.plan.1")
+    reply = await newest_version_becomes(stub, "job-a", 1)
+    assert reply.plan.plan == plan("job-a", 1)
+    assert reply.plan.state == pb.PLAN_STATE_RECORDED
+    assert reply.plan.message == ""
+    assert reply.plan.HasField("recorded_at")
+    # The local backend creates no pods yet (the backend issue adds them).
+    assert list(reply.pods) == []
+
+    await bus.publish("stride.plans.v1.job-a", plan("job-a", 2, workers=5), "job-a.plan.2")
+    reply = await newest_version_becomes(stub, "job-a", 2)
+    assert reply.plan.plan.roles[1].count == 5
+    assert reply.plan.state == pb.PLAN_STATE_RECORDED
+
+
+async def test_redelivered_plan_changes_nothing(stub: Stub, bus: Bus) -> None:
+    await bus.publish("stride.plans.v1.job-d", plan("job-d", 1), "first")
+    first = await newest_version_becomes(stub, "job-d", 1)
+    # Distinct message ids get past JetStream's de-duplication, as a redelivery would.
+    for attempt in range(3):
+        await bus.publish("stride.plans.v1.job-d", plan("job-d", 1), f"again-{attempt}")
+    await processed_up_to_here(bus, stub, "job-marker")
+    again = await newest_version_becomes(stub, "job-d", 1)
+    assert again.plan == first.plan
+
+
+async def test_stale_and_out_of_order_plans_are_ignored(stub: Stub, bus: Bus) -> None:
+    await bus.publish("stride.plans.v1.job-o", plan("job-o", 3, workers=7), "o-3")
+    await newest_version_becomes(stub, "job-o", 3)
+    await bus.publish("stride.plans.v1.job-o", plan("job-o", 1, workers=1), "o-1")
+    await bus.publish("stride.plans.v1.job-o", plan("job-o", 2, workers=2), "o-2")
+    await processed_up_to_here(bus, stub, "job-marker")
+    reply = await newest_version_becomes(stub, "job-o", 3)
+    assert reply.plan.plan.roles[1].count == 7
+
+    await bus.publish("stride.plans.v1.job-o", plan("job-o", 4, workers=4), "o-4")
+    reply = await newest_version_becomes(stub, "job-o", 4)
+    assert reply.plan.plan.roles[1].count == 4
+
+
+def invalid_plans() -> list[tuple[str, bytes, dict[str, str]]]:
+    """(subject, payload, headers): undecodable, wrong type, then plans that break a rule."""
+    typed = {"Stride-Type": "stride.events.v1.ResourcePlan"}
+    unspecified_role = plan("job-bad4", 1)
+    unspecified_role.roles[0].role = plan_pb2.ROLE_UNSPECIFIED
+    no_memory = plan("job-bad5", 1)
+    no_memory.roles[1].memory_bytes = 0
+    return [
+        ("stride.plans.v1.job-bad1", b"not protobuf", {}),
+        (
+            "stride.plans.v1.job-bad2",
+            b'{"job_id": "job-bad2"}',
+            {"Stride-Type": "application/json"},
+        ),
+        ("stride.plans.v1.job-bad3", plan("job-bad3", 0).SerializeToString(), typed),
+        ("stride.plans.v1.job-bad4", unspecified_role.SerializeToString(), typed),
+        ("stride.plans.v1.job-bad5", no_memory.SerializeToString(), typed),
+        ("stride.plans.v1.job-bad6", plan("job-bad6", 1, cpu=0.0).SerializeToString(), typed),
+        ("stride.plans.v1.job-good", plan("job-good", 2, cpu=-1.0).SerializeToString(), typed),
+    ]
+
+
+async def test_invalid_plans_are_dead_lettered_and_later_ones_processed(
+    stub: Stub, bus: Bus, nats_url: str
+) -> None:
+    await bus.publish("stride.plans.v1.job-good", plan("job-good", 1), "good-1")
+    await newest_version_becomes(stub, "job-good", 1)
+    bad = invalid_plans()
+    for index, (subject, payload, headers) in enumerate(bad):
+        await bus.js.publish(subject, payload, headers={**headers, "Nats-Msg-Id": f"bad-{index}"})
+    await bus.publish("stride.plans.v1.job-good", plan("job-good", 3), "good-3")
+    await newest_version_becomes(stub, "job-good", 3)
+
+    async def parked() -> list[Msg]:
+        dead = await stream_messages(nats_url, "stride.deadletter.podwatcher-plans")
+        assert len(dead) == len(bad), dead
+        return dead
+
+    dead = await assert_eventually(parked)
+    assert [((m.headers or {})["Stride-Original-Subject"], m.data) for m in dead] == [
+        (subject, payload) for subject, payload, _ in bad
+    ]
+    reasons = [(m.headers or {})["Stride-Dead-Letter-Reason"] for m in dead]
+    assert "version: must be at least 1" in reasons[2]
+    assert "roles[0].role" in reasons[3]
+    assert "roles[1].memory_bytes" in reasons[4]
+    assert "roles[1].cpu" in reasons[5]
+    for index in range(1, 7):
+        assert await job_pods(stub, f"job-bad{index}") is None
+
+
+async def test_nodes_are_this_machine(stub: Stub) -> None:
+    reply = await stub.ListNodes(pb.ListNodesRequest())
+    assert len(reply.nodes) == 1
+    node = reply.nodes[0]
+    assert node.name
+    assert node.cpu == float(os.cpu_count() or 1)
+    assert node.memory_bytes > 0
+
+
+async def expect_error(call: Awaitable[object], code: grpc.StatusCode, starts: str) -> None:
+    with pytest.raises(grpc.aio.AioRpcError) as raised:
+        await call
+    assert raised.value.code() == code
+    assert str(raised.value.details()).startswith(starts), raised.value.details()
+
+
+async def test_bad_requests(stub: Stub) -> None:
+    invalid, missing = grpc.StatusCode.INVALID_ARGUMENT, grpc.StatusCode.NOT_FOUND
+    await expect_error(stub.GetJobPods(pb.GetJobPodsRequest()), invalid, "job_id:")
+    await expect_error(stub.GetJobPods(pb.GetJobPodsRequest(job_id="job-none")), missing, "no plan")
