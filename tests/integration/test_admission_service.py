@@ -6,10 +6,8 @@ from collections.abc import AsyncIterator
 from datetime import UTC, datetime, timedelta
 
 import grpc
-import nats
 import pytest
 from google.protobuf.message import Message
-from nats.aio.msg import Msg
 
 from stride.admission.app import build
 from stride.admission.settings import AdmissionSettings
@@ -19,6 +17,7 @@ from stride.events.v1 import job_pb2
 from stride.runtime.lifecycle import ServiceHost
 from stride.testing.eventually import assert_eventually
 from stride.testing.inprocess import running_service
+from stride.testing.streams import stream_messages
 
 pytestmark = pytest.mark.integration
 
@@ -57,22 +56,6 @@ async def admission(nats_url: str, database_url: str) -> AsyncIterator[ServiceHo
 async def stub(admission: ServiceHost) -> AsyncIterator[pb_grpc.AdmissionServiceAsyncStub]:
     async with grpc.aio.insecure_channel(f"127.0.0.1:{admission.server.port}") as channel:
         yield pb_grpc.AdmissionServiceStub(channel)
-
-
-async def stream_messages(nats_url: str, subject: str) -> list[Msg]:
-    nc = await nats.connect(nats_url)
-    try:
-        js = nc.jetstream()
-        sub = await js.subscribe(subject, ordered_consumer=True)
-        messages = []
-        try:
-            while True:
-                messages.append(await sub.next_msg(timeout=0.3))
-        except nats.errors.TimeoutError:
-            pass
-        return messages
-    finally:
-        await nc.close()
 
 
 async def test_submit_stores_decides_and_publishes(

@@ -10,7 +10,6 @@ from datetime import UTC, datetime
 from pathlib import Path
 
 import grpc
-import nats
 import pytest
 from grpc_health.v1 import health_pb2, health_pb2_grpc
 from nats.aio.msg import Msg
@@ -26,6 +25,7 @@ from stride.events.v1 import checkpoint_pb2
 from stride.runtime.lifecycle import ServiceHost
 from stride.testing.eventually import assert_eventually
 from stride.testing.inprocess import running_service
+from stride.testing.streams import stream_messages
 
 pytestmark = pytest.mark.integration
 
@@ -138,21 +138,6 @@ async def expect_error(call: object, code: grpc.StatusCode, starts_with: str = "
     details = raised.value.details() or ""
     assert details.startswith(starts_with), details
     return details
-
-
-async def stream_messages(nats_url: str, subject: str) -> list[Msg]:
-    nc = await nats.connect(nats_url)
-    try:
-        sub = await nc.jetstream().subscribe(subject, ordered_consumer=True)
-        messages = []
-        try:
-            while True:
-                messages.append(await sub.next_msg(timeout=0.3))
-        except nats.errors.TimeoutError:
-            pass
-        return messages
-    finally:
-        await nc.close()
 
 
 async def persisted_events(nats_url: str, count: int) -> list[Msg]:

@@ -7,7 +7,6 @@ from datetime import UTC, datetime, timedelta
 from typing import TypeAlias
 
 import grpc
-import nats
 import pytest
 from google.protobuf.message import Message
 from google.protobuf.timestamp_pb2 import Timestamp
@@ -22,6 +21,7 @@ from stride.events.v1 import job_pb2, plan_pb2
 from stride.runtime.lifecycle import ServiceHost
 from stride.testing.eventually import assert_eventually
 from stride.testing.inprocess import running_service
+from stride.testing.streams import stream_messages
 
 pytestmark = pytest.mark.integration
 
@@ -134,21 +134,6 @@ async def record_when(
         return record
 
     return await assert_eventually(probe, message=f"record of {job_id}")
-
-
-async def stream_messages(nats_url: str, subject: str) -> list[Msg]:
-    nc = await nats.connect(nats_url)
-    try:
-        sub = await nc.jetstream().subscribe(subject, ordered_consumer=True)
-        messages = []
-        try:
-            while True:
-                messages.append(await sub.next_msg(timeout=0.3))
-        except nats.errors.TimeoutError:
-            pass
-        return messages
-    finally:
-        await nc.close()
 
 
 async def finished_job(

@@ -9,7 +9,6 @@ from collections import Counter
 from collections.abc import AsyncIterator
 
 import grpc
-import nats
 import pytest
 from grpc_health.v1 import health_pb2, health_pb2_grpc
 from nats.aio.msg import Msg
@@ -22,6 +21,7 @@ from stride.events.v1 import shard_pb2
 from stride.runtime.lifecycle import ServiceHost
 from stride.testing.eventually import assert_eventually
 from stride.testing.inprocess import running_service
+from stride.testing.streams import stream_messages
 
 pytestmark = pytest.mark.integration
 
@@ -68,21 +68,6 @@ async def channel(dispatcher: ServiceHost) -> AsyncIterator[grpc.aio.Channel]:
 @pytest.fixture
 def stub(channel: grpc.aio.Channel) -> pb_grpc.DispatcherServiceAsyncStub:
     return pb_grpc.DispatcherServiceStub(channel)
-
-
-async def stream_messages(nats_url: str, subject: str) -> list[Msg]:
-    nc = await nats.connect(nats_url)
-    try:
-        sub = await nc.jetstream().subscribe(subject, ordered_consumer=True)
-        messages = []
-        try:
-            while True:
-                messages.append(await sub.next_msg(timeout=0.3))
-        except nats.errors.TimeoutError:
-            pass
-        return messages
-    finally:
-        await nc.close()
 
 
 def ref(worker: str, incarnation: int, dataset: str = "train") -> pb.WorkerRef:

@@ -9,7 +9,6 @@ from pathlib import Path
 from typing import TYPE_CHECKING
 
 import grpc
-import nats
 import pytest
 from grpc_health.v1 import health_pb2, health_pb2_grpc
 from nats.aio.msg import Msg
@@ -31,6 +30,7 @@ from stride.runtime.lifecycle import ServiceHost
 from stride.testing.eventually import assert_eventually
 from stride.testing.inprocess import running_service
 from stride.testing.processes import ServiceProcess
+from stride.testing.streams import stream_messages
 
 if TYPE_CHECKING:
     from stride.api.optimizer.v1.optimizer_service_pb2_grpc import (
@@ -86,21 +86,6 @@ async def publish_admission(bus: Bus, decision: job_pb2.AdmissionDecision) -> No
 async def publish_finished(bus: Bus, job_id: str) -> None:
     event = job_pb2.JobFinished(job_id=job_id, outcome=job_pb2.JOB_OUTCOME_CANCELLED)
     await bus.publish(subjects.job_finished(job_id), event, f"{job_id}.test.{next(_message_ids)}")
-
-
-async def stream_messages(nats_url: str, subject: str) -> list[Msg]:
-    nc = await nats.connect(nats_url)
-    try:
-        sub = await nc.jetstream().subscribe(subject, ordered_consumer=True)
-        messages = []
-        try:
-            while True:
-                messages.append(await sub.next_msg(timeout=0.3))
-        except nats.errors.TimeoutError:
-            pass
-        return messages
-    finally:
-        await nc.close()
 
 
 async def at_least(nats_url: str, subject: str, count: int) -> list[Msg]:

@@ -7,7 +7,6 @@ from collections.abc import AsyncIterator, Awaitable
 from typing import TypeAlias
 
 import grpc
-import nats
 import pytest
 from nats.aio.msg import Msg
 
@@ -20,6 +19,7 @@ from stride.podwatcher.settings import PodWatcherSettings
 from stride.runtime.lifecycle import ServiceHost
 from stride.testing.eventually import assert_eventually
 from stride.testing.inprocess import running_service
+from stride.testing.streams import stream_messages
 
 pytestmark = pytest.mark.integration
 
@@ -94,21 +94,6 @@ async def processed_up_to_here(bus: Bus, stub: Stub, marker: str) -> None:
     then handled everything published before it (how to see that something was ignored)."""
     await bus.publish(f"stride.plans.v1.{marker}", plan(marker, 1), f"{marker}.1")
     await newest_version_becomes(stub, marker, 1)
-
-
-async def stream_messages(nats_url: str, subject: str) -> list[Msg]:
-    nc = await nats.connect(nats_url)
-    try:
-        sub = await nc.jetstream().subscribe(subject, ordered_consumer=True)
-        messages = []
-        try:
-            while True:
-                messages.append(await sub.next_msg(timeout=0.3))
-        except nats.errors.TimeoutError:
-            pass
-        return messages
-    finally:
-        await nc.close()
 
 
 async def test_plans_are_recorded_and_the_newest_is_served(stub: Stub, bus: Bus) -> None:

@@ -5,7 +5,6 @@ from __future__ import annotations
 import asyncio
 from collections.abc import AsyncIterator
 
-import nats
 import pytest
 from nats.aio.msg import Msg
 from opentelemetry import trace
@@ -15,6 +14,7 @@ from stride.bus import subjects
 from stride.bus.client import Bus, Delivery, Handler, PermanentError
 from stride.events.v1 import job_pb2
 from stride.testing.eventually import assert_eventually
+from stride.testing.streams import dead_letters
 
 pytestmark = pytest.mark.integration
 
@@ -25,20 +25,6 @@ async def bus(nats_url: str) -> AsyncIterator[Bus]:
     await connected.ensure_streams()
     yield connected
     await connected.close()
-
-
-async def dead_letters(nats_url: str, durable: str) -> list[Msg]:
-    nc = await nats.connect(nats_url)
-    try:
-        sub = await nc.jetstream().subscribe(subjects.dead_letter(durable), ordered_consumer=True)
-        found = []
-        try:
-            while True:
-                found.append(await sub.next_msg(timeout=0.3))
-        except nats.errors.TimeoutError:
-            return found
-    finally:
-        await nc.close()
 
 
 def finished(job_id: str) -> job_pb2.JobFinished:

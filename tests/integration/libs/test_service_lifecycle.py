@@ -3,8 +3,10 @@ shuts down in order on SIGTERM."""
 
 from __future__ import annotations
 
+import json
 import signal
 import time
+import urllib.request
 from collections.abc import Awaitable
 from pathlib import Path
 
@@ -18,7 +20,7 @@ from stride.admission.settings import AdmissionSettings
 from stride.api.admission.v1 import admission_service_pb2 as pb
 from stride.api.admission.v1 import admission_service_pb2_grpc as pb_grpc
 from stride.events.v1 import job_pb2
-from stride.runtime.embedded_nats import NatsServer
+from stride.runtime.embedded_nats import NatsServer, free_port
 from stride.testing.eventually import assert_eventually
 from stride.testing.inprocess import running_service
 from stride.testing.processes import ServiceProcess
@@ -98,12 +100,14 @@ async def _is(probe: Awaitable[int], expected: int) -> bool:
     return (await probe) == expected
 
 
-async def test_sigterm_stops_cleanly_and_quickly(nats_url: str, tmp_path: Path) -> None:
+async def test_metrics_logs_and_sigterm(nats_url: str, tmp_path: Path) -> None:
+    metrics_port = free_port()
     process = ServiceProcess(
         "admission",
         {
             "STRIDE_NATS_URL": nats_url,
             "STRIDE_DATABASE_URL": f"sqlite:///{tmp_path / 'a.db'}",
+            "STRIDE_ADMISSION_METRICS_PORT": str(metrics_port),
         },
         tmp_path,
     ).start()
@@ -113,6 +117,14 @@ async def test_sigterm_stops_cleanly_and_quickly(nats_url: str, tmp_path: Path) 
             timeout=30,
             interval=0.2,
         )
+        with urllib.request.urlopen(f"http://127.0.0.1:{metrics_port}/metrics", timeout=5) as page:
+            assert "process_cpu_seconds_total" in page.read().decode()
+        lines = [
+            json.loads(line) for line in process.log_text().splitlines() if line.startswith("{")
+        ]
+        started_line = next(line for line in lines if line["event"] == "service started")
+        assert started_line["service"] == "admission" and started_line["level"] == "info"
+
         started = time.monotonic()
         assert process.process is not None
         process.process.send_signal(signal.SIGTERM)
