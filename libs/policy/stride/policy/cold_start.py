@@ -29,9 +29,11 @@ from __future__ import annotations
 
 import math
 from dataclasses import dataclass
+from typing import Any
 
 from stride.policy.errors import InvalidFeatures
 from stride.policy.plans import Plan, Role, RoleResources
+from stride.policy.registry import AlgorithmSpec
 
 GIB = 1024**3
 
@@ -186,3 +188,22 @@ class ColdStartReply:
 def run(request: ColdStartRequest) -> ColdStartReply:
     """The registry entry point: the cold-start plan for ``request``."""
     return ColdStartReply(plan=cold_start_plan(request.features, request.max_pod_cpu))
+
+
+def _specs() -> tuple[AlgorithmSpec[Any, Any], ...]:
+    return (
+        AlgorithmSpec(
+            name=ALGORITHM_NAME,
+            version=ALGORITHM_VERSION,
+            description=(
+                "Sampling plan for a job with no history: one worker, one or two PS, a chief "
+                "(DLRover sec. 4.1-4.2)"
+            ),
+            request_type=ColdStartRequest,
+            reply_type=ColdStartReply,
+            run=run,
+        ),
+    )
+
+
+ALGORITHMS = _specs()

@@ -12,12 +12,12 @@ caller that pins a version keeps its behaviour while a new one is rolled out bes
 
 from __future__ import annotations
 
+import importlib
 import re
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass, is_dataclass
 from typing import Any, Generic, TypeVar
 
-from stride.policy import cold_start
 from stride.policy.serialization import InvalidRequest, from_dict, to_dict
 
 __all__ = [
@@ -132,20 +132,16 @@ class Registry:
         ]
 
 
+PLUGIN_MODULES: tuple[str, ...] = ("stride.policy.cold_start",)
+"""Modules whose ``ALGORITHMS`` tuple Stride ships. Imported on first use, because each
+plug-in module imports :class:`AlgorithmSpec` from here."""
+
+
 def default_registry() -> Registry:
     """A registry with every algorithm Stride ships (a new one each call: no shared state)."""
     registry = Registry()
-    registry.register(
-        AlgorithmSpec(
-            name=cold_start.ALGORITHM_NAME,
-            version=cold_start.ALGORITHM_VERSION,
-            description=(
-                "Sampling plan for a job with no history: one worker, one or two PS, a chief "
-                "(DLRover sec. 4.1-4.2)"
-            ),
-            request_type=cold_start.ColdStartRequest,
-            reply_type=cold_start.ColdStartReply,
-            run=cold_start.run,
-        )
-    )
+    for module_name in PLUGIN_MODULES:
+        module = importlib.import_module(module_name)
+        for spec in module.ALGORITHMS:
+            registry.register(spec)
     return registry
