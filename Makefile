@@ -10,7 +10,7 @@ DEMO_STATE := $(CURDIR)/.stride-demo
 PYTEST_ARGS ?=
 
 .DEFAULT_GOAL := help
-.PHONY: help install system-deps proto proto-check lint test test-unit test-integration demo up down lock clean
+.PHONY: help install system-deps proto proto-check lint test test-unit bench demo up down lock clean
 
 help:  ## List the commands
 	@grep -hE '^[a-z-]+:.*## ' $(MAKEFILE_LIST) | awk -F':.*## ' '{printf "  make %-17s %s\n", $$1, $$2}'
@@ -49,6 +49,9 @@ test: install system-deps  ## Unit, integration (real NATS and PostgreSQL) and e
 
 test-unit: install  ## Only the fast unit tests
 	$(VENV)/bin/pytest tests/unit $(PYTEST_ARGS)
+
+bench: install  ## Run every benchmark; each prints its ratio to a reference and rewrites bench/results/
+	@for script in bench/*.py; do echo "== $$script"; $(PY) $$script || exit 1; done
 
 demo: install  ## Bring the suite up, submit a valid and an invalid job, show status, shut down
 	@rm -rf $(DEMO_STATE); trap '$(STRIDE) down --state-dir $(DEMO_STATE)' EXIT; \

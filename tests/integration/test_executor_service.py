@@ -21,7 +21,7 @@ from stride.executor.adapters.convert import dict_to_struct, struct_to_dict
 from stride.executor.app import SERVICE_NAME, build
 from stride.executor.settings import ExecutorSettings
 from stride.policy.cold_start import ColdStartReply
-from stride.policy.registry import from_dict
+from stride.policy.registry import default_registry, from_dict
 from stride.runtime.lifecycle import ServiceHost
 from stride.testing.inprocess import running_service
 
@@ -159,8 +159,14 @@ async def test_run_and_list_over_grpc(stub: Stub, executors: list[ServiceHost]) 
     assert response.reply.plans[0].algorithm == "cold-start-plan/1"
 
     listed = await stub.ListAlgorithms(pb.ListAlgorithmsRequest())
-    assert [(a.name, list(a.versions)) for a in listed.algorithms] == [("cold-start-plan", [1])]
-    assert "DLRover" in listed.algorithms[0].description
+    listed_names = [(a.name, list(a.versions)) for a in listed.algorithms]
+    expected = [(spec.name, [spec.version]) for spec in default_registry().list()]
+    assert listed_names == expected
+    assert ("cold-start-plan", [1]) in listed_names and (
+        "elasticflow-admission",
+        [1],
+    ) in listed_names
+    assert all(a.description for a in listed.algorithms)
 
     async with grpc.aio.insecure_channel(f"127.0.0.1:{executors[1].server.port}") as channel:
         health = await health_pb2_grpc.HealthStub(channel).Check(

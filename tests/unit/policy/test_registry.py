@@ -107,3 +107,27 @@ def test_default_registry_runs_the_cold_start_plan_from_struct_like_numbers() ->
     reply = from_dict(ColdStartReply, spec.run_dict(arguments))
     assert reply.plan.algorithm == "cold-start-plan/1"
     assert default_registry() is not default_registry()
+
+
+def test_default_registry_ships_every_papers_algorithms() -> None:
+    names = {spec.name for spec in default_registry().list()}
+    assert {
+        "cold-start-plan",
+        "dlrover-initial-plan",
+        "dlrover-adjust",
+        "dlrover-throughput-fit",
+        "dlrover-throughput-predict",
+        "dlrover-oom-predict",
+        "dlrover-pareto-candidates",
+        "dlrover-weighted-greedy",
+        "dlrover-warm-start",
+        "elasticflow-admission",
+        "elasticflow-allocation",
+        "elasticflow-placement",
+        "kod2-schedule",
+        "kod2-placement",
+        "goldminer-tune-step",
+        "goldminer-cluster-allocation",
+    } <= names
+    for spec in default_registry().list():
+        assert spec.description, spec.qualified_name

@@ -132,7 +132,19 @@ class Registry:
         ]
 
 
-PLUGIN_MODULES: tuple[str, ...] = ("stride.policy.cold_start",)
+PLUGIN_MODULES: tuple[str, ...] = (
+    "stride.policy.cold_start",
+    "stride.policy.throughput",
+    "stride.policy.fitting",
+    "stride.policy.oom",
+    "stride.policy.pareto",
+    "stride.policy.selection",
+    "stride.policy.warm_start",
+    "stride.policy.goldminer",
+    "stride.policy.dlrover",
+    "stride.policy.kod2",
+    "stride.policy.elasticflow",
+)
 """Modules whose ``ALGORITHMS`` tuple Stride ships. Imported on first use, because each
 plug-in module imports :class:`AlgorithmSpec` from here."""
 

@@ -1,0 +1,288 @@
+"""Topology-aware placement: best fit on a device tree, and buddy allocation (sec. 4.3).
+
+A job's scaling curve depends on where its workers run (Fig. 2b), so ElasticFlow places a
+job in the smallest subtree of the topology that holds it: "a multilayer hierarchical
+tree" whose leaves are devices (Fig. 5), with "Best-Fit, which chooses the subtree in which
+the number of idle GPUs is closest to the number of GPUs needed". Best fit alone fragments
+(two servers with seven busy GPUs each cannot host a 2-GPU job in one server), so ElasticFlow
+restricts jobs to power-of-two sizes and uses "buddy allocation combined with job
+migration": then "if the cluster has enough idle GPUs for a job, there is a subtree that
+contains enough GPUs".
+
+The tree is given by its fan-outs from the top, e.g. ``(2, 32, 8)`` for the ``n64g8`` shape
+(2 switches x 32 nodes x 8 GPUs). Devices are numbered in leaf order, so every subtree is a
+contiguous range. Devices can be any unit (GPUs, CPU shares).
+
+Buddy allocation here: a job of ``2^k`` devices gets an aligned block ``[m 2^k, (m+1) 2^k)``
+(inside one subtree of the right size when the fan-outs below the top are powers of two).
+Among free aligned blocks it takes the one inside the smallest maximal free block (the
+classic buddy rule: split the smallest free block). If there is none although enough
+devices are free, the running jobs are *repacked*: all blocks, the new one included, are
+laid out largest first from device 0, which aligns each one (every start is a sum of
+larger powers of two). The reply lists the jobs that move. Departure: the paper does not
+say which jobs to migrate; Stride's repack is simple and may move more jobs than needed.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+from enum import Enum
+
+import numpy as np
+import numpy.typing as npt
+
+from stride.policy.errors import PolicyError
+
+ALGORITHM_NAME = "elasticflow-placement"
+ALGORITHM_VERSION = 1
+
+
+class InvalidPlacement(PolicyError):
+    """A placement request is malformed (overlapping jobs, a size that is not allowed, ...)."""
+
+
+def _is_power_of_two(value: int) -> bool:
+    return value > 0 and value & (value - 1) == 0
+
+
+@dataclass(frozen=True)
+class Topology:
+    """A device tree by fan-out per level from the top (Fig. 5)."""
+
+    fanouts: tuple[int, ...]
+    """Children per node at each level, e.g. (switches, nodes per switch, devices per node)."""
+    level_names: tuple[str, ...] = ()
+    """Optional names of the levels, same length as fanouts (for readers only)."""
+
+    def __post_init__(self) -> None:
+        if not self.fanouts:
+            raise InvalidPlacement("topology.fanouts", "must not be empty")
+        for index, fanout in enumerate(self.fanouts):
+            if isinstance(fanout, bool) or not isinstance(fanout, int) or fanout <= 0:
+                raise InvalidPlacement(
+                    f"topology.fanouts[{index}]", f"must be a whole number > 0, got {fanout!r}"
+                )
+        if self.level_names and len(self.level_names) != len(self.fanouts):
+            raise InvalidPlacement("topology.level_names", "must name every level or none")
+
+    @property
+    def device_count(self) -> int:
+        """Leaves of the tree."""
+        return math.prod(self.fanouts)
+
+    def spans(self) -> list[int]:
+        """Devices under one node at each depth: depth 0 is the root, the last is a leaf."""
+        return [math.prod(self.fanouts[depth:]) for depth in range(len(self.fanouts) + 1)]
+
+
+def topology_from_cluster_spec(text: str, source: str = "cluster_spec") -> Topology:
+    """A topology from an ElasticFlow ``cluster_specs/nXgY.csv`` text (switch, node, device)."""
+    lines = [line.strip() for line in text.splitlines() if line.strip()]
+    if len(lines) < 2:
+        raise InvalidPlacement(source, "needs a header and one row")
+    header = [cell.strip() for cell in lines[0].split(",")]
+    row = [cell.strip() for cell in lines[1].split(",")]
+    wanted = ("num_switch", "num_node_p_switch", "num_gpu_p_node")
+    values: list[int] = []
+    for name in wanted:
+        if name not in header or header.index(name) >= len(row):
+            raise InvalidPlacement(f"{source}.{name}", "is missing")
+        cell = row[header.index(name)]
+        if not cell.isdigit() or int(cell) <= 0:
+            raise InvalidPlacement(f"{source}.{name}", f"must be a positive integer, got {cell!r}")
+        values.append(int(cell))
+    return Topology(tuple(values), ("switch", "node", "device"))
+
+
+class PlacementStrategy(Enum):
+    """How devices are chosen (sec. 4.3)."""
+
+    BEST_FIT = "best-fit"
+    BUDDY = "buddy"
+
+
+@dataclass(frozen=True)
+class DeviceAllocation:
+    """The devices (leaf indexes) one job runs on."""
+
+    job_id: str
+    devices: tuple[int, ...]
+
+
+@dataclass(frozen=True)
+class PlacementRequest:
+    """Place ``job_id`` on ``devices_needed`` devices beside the running ``occupied`` jobs."""
+
+    topology: Topology
+    job_id: str
+    devices_needed: int
+    occupied: tuple[DeviceAllocation, ...] = ()
+    strategy: PlacementStrategy = PlacementStrategy.BUDDY
+
+
+@dataclass(frozen=True)
+class PlacementReply:
+    """Where the job goes and which running jobs move (buddy repacking only)."""
+
+    placed: bool
+    devices: tuple[int, ...]
+    migrations: tuple[DeviceAllocation, ...]
+    """New device sets of running jobs that must move first; empty for best fit."""
+    reason: str
+
+
+def _occupancy(request: PlacementRequest) -> npt.NDArray[np.int64]:
+    total = request.topology.device_count
+    needed = request.devices_needed
+    if isinstance(needed, bool) or not isinstance(needed, int) or not 0 < needed <= total:
+        raise InvalidPlacement(
+            "devices_needed", f"must be a whole number in 1..{total}, got {needed!r}"
+        )
+    busy = np.zeros(total, dtype=np.int64)
+    seen = {request.job_id}
+    if not request.job_id:
+        raise InvalidPlacement("job_id", "is required")
+    for index, allocation in enumerate(request.occupied):
+        field = f"occupied[{index}]"
+        if allocation.job_id in seen:
+            raise InvalidPlacement(f"{field}.job_id", f"{allocation.job_id!r} repeats")
+        seen.add(allocation.job_id)
+        if not allocation.devices:
+            raise InvalidPlacement(f"{field}.devices", "must not be empty")
+        for position, device in enumerate(allocation.devices):
+            if isinstance(device, bool) or not isinstance(device, int) or not 0 <= device < total:
+                raise InvalidPlacement(
+                    f"{field}.devices[{position}]", f"must be a device in 0..{total - 1}"
+                )
+            if busy[device]:
+                raise InvalidPlacement(f"{field}.devices[{position}]", f"device {device} is taken")
+            busy[device] = 1
+    return busy
+
+
+class _FreeCounter:
+    """Free devices in any contiguous range in O(1), from a prefix sum."""
+
+    def __init__(self, busy: npt.NDArray[np.int64]) -> None:
+        self.busy = busy
+        self.prefix = np.concatenate([[0], np.cumsum(1 - busy)])
+
+    def free(self, start: int, end: int) -> int:
+        return int(self.prefix[end] - self.prefix[start])
+
+
+def best_fit(request: PlacementRequest) -> PlacementReply:
+    """The subtree whose idle devices are closest to (and at least) the need, then devices."""
+    busy = _occupancy(request)
+    counter = _FreeCounter(busy)
+    needed = request.devices_needed
+    spans = request.topology.spans()
+    total_free = counter.free(0, busy.size)
+    if total_free < needed:
+        return PlacementReply(False, (), (), f"{total_free} devices free, {needed} needed")
+    # (idle devices, subtree size, first device): fewest idle, then the smallest subtree.
+    best: tuple[int, int, int, int] | None = None
+    for depth, span in enumerate(spans):
+        for start in range(0, busy.size, span):
+            idle = counter.free(start, start + span)
+            if idle >= needed and (best is None or (idle, span, start) < best[:3]):
+                best = (idle, span, start, depth)
+    assert best is not None  # the root holds total_free >= needed
+    _, _, start, depth = best
+    chosen = _take(counter, spans, start, depth, needed)
+    return PlacementReply(True, tuple(sorted(chosen)), (), f"best fit in a subtree of {best[1]}")
+
+
+def _take(
+    counter: _FreeCounter, spans: list[int], start: int, depth: int, needed: int
+) -> list[int]:
+    """``needed`` free devices under the node at ``start``/``depth``, kept close together."""
+    if depth == len(spans) - 1:
+        return [start] if not counter.busy[start] else []
+    child_span = spans[depth + 1]
+    children = [
+        (counter.free(child, child + child_span), child)
+        for child in range(start, start + spans[depth], child_span)
+    ]
+    fitting = [(idle, child) for idle, child in children if idle >= needed]
+    if fitting:
+        _, child = min(fitting)
+        return _take(counter, spans, child, depth + 1, needed)
+    taken: list[int] = []
+    for idle, child in sorted(children, key=lambda item: (-item[0], item[1])):
+        if len(taken) == needed:
+            break
+        if idle:
+            taken += _take(counter, spans, child, depth + 1, min(idle, needed - len(taken)))
+    return taken
+
+
+def buddy(request: PlacementRequest) -> PlacementReply:
+    """Buddy allocation with repacking: never fragmented for power-of-two sizes."""
+    topology = request.topology
+    for index, fanout in enumerate(topology.fanouts[1:], start=1):
+        if not _is_power_of_two(fanout):
+            raise InvalidPlacement(
+                f"topology.fanouts[{index}]", f"must be a power of two for buddy, got {fanout}"
+            )
+    needed = request.devices_needed
+    if not _is_power_of_two(needed):
+        raise InvalidPlacement("devices_needed", f"must be a power of two for buddy, got {needed}")
+    busy = _occupancy(request)
+    for index, allocation in enumerate(request.occupied):
+        if not _is_power_of_two(len(allocation.devices)):
+            raise InvalidPlacement(
+                f"occupied[{index}].devices",
+                f"has {len(allocation.devices)} devices; buddy needs powers of two",
+            )
+    counter = _FreeCounter(busy)
+    total = busy.size
+    total_free = counter.free(0, total)
+    if total_free < needed:
+        return PlacementReply(False, (), (), f"{total_free} devices free, {needed} needed")
+    best: tuple[int, int] | None = None  # (size of the enclosing free block, start)
+    for start in range(0, total - needed + 1, needed):
+        if counter.free(start, start + needed) != needed:
+            continue
+        block = needed
+        while True:  # grow to the largest aligned free block that holds this one
+            bigger = block * 2
+            base = start - start % bigger
+            if base + bigger > total or counter.free(base, base + bigger) != bigger:
+                break
+            block = bigger
+        if best is None or (block, start) < best:
+            best = (block, start)
+    if best is not None:
+        start = best[1]
+        return PlacementReply(
+            True, tuple(range(start, start + needed)), (), f"buddy block of {best[0]} split"
+        )
+    # Fragmented: repack everything largest first; each start is then aligned.
+    blocks = sorted(
+        [(len(a.devices), min(a.devices), a.job_id) for a in request.occupied]
+        + [(needed, -1, request.job_id)],
+        key=lambda item: (-item[0], item[1]),
+    )
+    position = 0
+    migrations: list[DeviceAllocation] = []
+    placed: tuple[int, ...] = ()
+    current = {a.job_id: tuple(sorted(a.devices)) for a in request.occupied}
+    for size, _, job_id in blocks:
+        devices = tuple(range(position, position + size))
+        position += size
+        if job_id == request.job_id:
+            placed = devices
+        elif current[job_id] != devices:
+            migrations.append(DeviceAllocation(job_id, devices))
+    return PlacementReply(
+        True, placed, tuple(migrations), f"repacked: {len(migrations)} jobs migrate"
+    )
+
+
+def run(request: PlacementRequest) -> PlacementReply:
+    """The registry entry point: best fit or buddy, as the request says."""
+    if request.strategy is PlacementStrategy.BEST_FIT:
+        return best_fit(request)
+    return buddy(request)
