@@ -295,3 +295,10 @@ def test_vanishing_measured_use_is_refused_not_overflowed() -> None:
     # Found by hypothesis: denormal w^ and s^ made C_total / (w^ + s^) infinite.
     with pytest.raises(DLRoverInputError, match=r"^w_hat: .*more than"):
         initial_plan(InitialPlanRequest(5e-324, 5e-324, GIB, GIB))
+
+
+def test_adjust_with_underflowing_ps_use_does_not_divide_by_zero() -> None:
+    # Found by hypothesis: ADJUST stage, two idle workers, PS use 5e-324.
+    test_adjust_keeps_ps_and_workers_and_respects_c_max.hypothesis.inner_test(  # type: ignore[attr-defined]
+        stage=dlrover.Stage.ADJUST, worker_use=[0.0, 0.0], ps_use=[5e-324], s_hat=1.0
+    )

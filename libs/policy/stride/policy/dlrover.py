@@ -559,8 +559,8 @@ def adjust(request: AdjustRequest) -> AdjustReply:
         _utilization(pod, cpu) < limits.idle_threshold
         for pod, (cpu, _) in zip(request.ps, ps_sizes, strict=True)
     )
-    if idle and ps_use > 0:
-        s_hat_now = ps_use / worker_count
+    s_hat_now = ps_use / worker_count
+    if idle and s_hat_now > 0:  # a denormal use divided by the workers can underflow to 0
         target = math.floor(min(s_allocated / s_hat_now, math.sqrt(limits.worker_cap_k)))
         delta = target - worker_count
         if delta > 0:
