@@ -1,0 +1,134 @@
+"""Reports of a simulation: one Markdown file with the run's context and a table per
+environment, plus a PNG bar chart per metric.
+
+A report is written to a temporary directory and moved into place only when complete, so
+a failed or interrupted run never leaves a partial report that looks finished.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import math
+import shutil
+import tempfile
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+
+@dataclass(frozen=True)
+class RunContext:
+    """What every table must state: where the numbers come from."""
+
+    environment: str
+    trace: str
+    window: str
+    cluster: str
+    seed: int
+    stride_version: str
+    command: str
+    notes: tuple[str, ...] = ()
+
+
+def metric_rows(results: Mapping[str, Any]) -> tuple[list[str], list[list[str]]]:
+    """Columns and rows of a policy-by-metric table from result dataclasses.
+
+    Every numeric or text field of the results becomes a column, in field order.
+    """
+    columns: list[str] = []
+    for result in results.values():
+        for field in dataclasses.fields(result):
+            value = getattr(result, field.name)
+            if isinstance(value, int | float | str) and field.name not in columns:
+                columns.append(field.name)
+    rows = []
+    for policy, result in results.items():
+        row = [policy]
+        for column in columns:
+            value = getattr(result, column, "")
+            row.append(_format(value))
+        rows.append(row)
+    return columns, rows
+
+
+def _format(value: object) -> str:
+    if isinstance(value, bool):
+        return "yes" if value else "no"
+    if isinstance(value, float):
+        if math.isnan(value):
+            return "n/a"
+        return f"{value:.4g}"
+    return str(value)
+
+
+def markdown(context: RunContext, results: Mapping[str, Any], plots: Sequence[str]) -> str:
+    """The report text."""
+    columns, rows = metric_rows(results)
+    lines = [
+        f"# stride sim: {context.environment}",
+        "",
+        f"- trace: {context.trace}",
+        f"- window: {context.window}",
+        f"- cluster: {context.cluster}",
+        f"- seed: {context.seed}",
+        f"- Stride version: {context.stride_version}",
+        f"- reproduce: `{context.command}`",
+        *[f"- note: {note}" for note in context.notes],
+        "",
+        "| policy | " + " | ".join(columns) + " |",
+        "|---" * (len(columns) + 1) + "|",
+        *["| " + " | ".join(row) + " |" for row in rows],
+        "",
+        f"_{context.environment} on {context.trace} ({context.window}), cluster "
+        f"{context.cluster}, seed {context.seed}, Stride {context.stride_version}._",
+        "",
+        *[f"![{name}]({name})" for name in plots],
+        "",
+    ]
+    return "\n".join(lines)
+
+
+def _plot(path: Path, metric: str, results: Mapping[str, Any], context: RunContext) -> None:
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    names = list(results)
+    values = [float(getattr(results[name], metric)) for name in names]
+    figure, axes = plt.subplots(figsize=(max(4.0, 1.1 * len(names)), 3.2))
+    axes.bar(names, values, color="#3b6ea8")
+    axes.set_title(f"{metric} ({context.environment}, seed {context.seed})", fontsize=9)
+    axes.tick_params(axis="x", labelrotation=30, labelsize=8)
+    figure.tight_layout()
+    figure.savefig(path, dpi=110)
+    plt.close(figure)
+
+
+def write_report(out_dir: Path, context: RunContext, results: Mapping[str, Any]) -> Path:
+    """Write report.md and one PNG per numeric metric into ``out_dir`` atomically."""
+    if not results:
+        raise ValueError("results: no policy produced a result; nothing to report")
+    for policy, result in results.items():
+        if not dataclasses.is_dataclass(result) or isinstance(result, type):
+            raise ValueError(f"results.{policy}: expected a result dataclass, got {result!r}")
+    out_dir.parent.mkdir(parents=True, exist_ok=True)
+    staging = Path(tempfile.mkdtemp(prefix=f".{out_dir.name}-", dir=out_dir.parent))
+    try:
+        columns, _ = metric_rows(results)
+        plots = []
+        for metric in columns:
+            sample = getattr(next(iter(results.values())), metric, None)
+            if isinstance(sample, int | float) and not isinstance(sample, bool):
+                name = f"{metric}.png"
+                _plot(staging / name, metric, results, context)
+                plots.append(name)
+        (staging / "report.md").write_text(markdown(context, results, plots))
+        if out_dir.exists():
+            shutil.rmtree(out_dir)
+        staging.replace(out_dir)
+    except BaseException:
+        shutil.rmtree(staging, ignore_errors=True)
+        raise
+    return out_dir / "report.md"
