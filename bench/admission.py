@@ -42,7 +42,7 @@ from stride.policy.elasticflow.allocation import (
 )
 from stride.policy.elasticflow.curves import ScalingCurve, concave_envelope, load_throughput_table
 
-TRACES = Path("/work/shared/traces")
+TRACES = Path(__file__).resolve().parents[2] / "shared" / "traces"
 CAPACITY = 1024
 ADMITTED_TARGET = 1000
 CANDIDATES = 300

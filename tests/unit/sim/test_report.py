@@ -7,6 +7,7 @@ from pathlib import Path
 
 import pytest
 
+from stride.sim import report
 from stride.sim.report import RunContext, write_report
 
 
@@ -49,15 +50,20 @@ def test_a_failed_report_leaves_nothing_that_looks_complete(tmp_path: Path) -> N
         write_report(out, CONTEXT, {})
 
 
-@dataclass(frozen=True)
-class BadResult:
-    deadline_ratio: str
-    scaling_events: int
-    label: str
+def test_a_failure_midway_removes_the_staging_directory(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    calls: list[str] = []
 
+    def plot_then_fail(path: Path, metric: str, *_: object) -> None:
+        calls.append(metric)
+        path.write_bytes(b"partial")
+        if len(calls) == 2:
+            raise OSError("disk full")
 
-def test_a_failure_midway_removes_the_staging_directory(tmp_path: Path) -> None:
-    out = tmp_path / "run"
-    with pytest.raises(ValueError, match="could not convert"):
-        write_report(out, CONTEXT, {"stride": Result(0.9, 3, "a"), "bad": BadResult("x", 1, "b")})
+    monkeypatch.setattr(report, "_plot", plot_then_fail)
+    with pytest.raises(OSError, match="disk full"):
+        write_report(
+            tmp_path / "run", CONTEXT, {"stride": Result(0.9, 3, "a"), "edf": Result(0.5, 0, "b")}
+        )
     assert list(tmp_path.iterdir()) == []

@@ -329,6 +329,45 @@ def cancel(job_id: str, state_dir: StateDir = DEFAULT_STATE_DIR) -> None:
 
 
 @app.command()
+def sim(
+    env: Annotated[str, typer.Option(help="deadline, dlrm or dataworkers.")] = "deadline",
+    trace: Annotated[Path | None, typer.Option(help="Trace CSV (deadline env).")] = None,
+    cluster: Annotated[Path | None, typer.Option(help="Cluster spec CSV (deadline env).")] = None,
+    curves: Annotated[
+        Path | None, typer.Option(help="Folder of throughput tables (deadline env).")
+    ] = None,
+    policies: Annotated[str, typer.Option(help="Comma-separated; default all.")] = "",
+    seed: Annotated[int, typer.Option(help="Seed: the same seed gives the same report.")] = 1,
+    window: Annotated[str, typer.Option(help="START:END seconds, first:N, or all.")] = "all",
+    jobs: Annotated[int, typer.Option(help="Jobs (synthetic environments).")] = 1000,
+    out: Annotated[Path, typer.Option(help="Output directory for report.md and plots.")] = Path(
+        "sim-report"
+    ),
+    traces: Annotated[
+        Path, typer.Option(help="The public traces folder (PAI straggler data for dlrm).")
+    ] = Path("../shared/traces"),
+    cpus: Annotated[int, typer.Option(help="Cluster cores (dlrm env).")] = 6000,
+    memory_gib: Annotated[int, typer.Option(help="Cluster memory in GiB (dlrm env).")] = 40000,
+) -> None:
+    """Replay a trace through Stride's policies and the baselines; write a report."""
+    from stride.cli.simulate import run_cli
+
+    code = run_cli(
+        env=env,
+        trace=trace,
+        cluster=cluster,
+        curves=curves,
+        policies=policies,
+        seed=seed,
+        window=window,
+        jobs=jobs,
+        out=out,
+    )
+    if code:
+        raise typer.Exit(code)
+
+
+@app.command()
 def up(
     state_dir: StateDir = DEFAULT_STATE_DIR,
     foreground: Annotated[bool, typer.Option(help="Run in this terminal; Ctrl-C stops.")] = False,

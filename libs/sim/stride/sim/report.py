@@ -17,6 +17,10 @@ from pathlib import Path
 from typing import Any
 
 
+CONTEXT_FIELDS = frozenset({"policy", "seed", "synthetic"})
+"""Result fields the report already states once (row label and run context)."""
+
+
 @dataclass(frozen=True)
 class RunContext:
     """What every table must state: where the numbers come from."""
@@ -40,7 +44,11 @@ def metric_rows(results: Mapping[str, Any]) -> tuple[list[str], list[list[str]]]
     for result in results.values():
         for field in dataclasses.fields(result):
             value = getattr(result, field.name)
-            if isinstance(value, int | float | str) and field.name not in columns:
+            if (
+                isinstance(value, int | float | str | None)
+                and field.name not in columns
+                and field.name not in CONTEXT_FIELDS
+            ):
                 columns.append(field.name)
     rows = []
     for policy, result in results.items():
@@ -53,6 +61,8 @@ def metric_rows(results: Mapping[str, Any]) -> tuple[list[str], list[list[str]]]
 
 
 def _format(value: object) -> str:
+    if value is None:
+        return "n/a"
     if isinstance(value, bool):
         return "yes" if value else "no"
     if isinstance(value, float):
@@ -96,7 +106,7 @@ def _plot(path: Path, metric: str, results: Mapping[str, Any], context: RunConte
     import matplotlib.pyplot as plt
 
     names = list(results)
-    values = [float(getattr(results[name], metric)) for name in names]
+    values = [float(getattr(results[name], metric) or 0.0) for name in names]
     figure, axes = plt.subplots(figsize=(max(4.0, 1.1 * len(names)), 3.2))
     axes.bar(names, values, color="#3b6ea8")
     axes.set_title(f"{metric} ({context.environment}, seed {context.seed})", fontsize=9)
@@ -119,8 +129,10 @@ def write_report(out_dir: Path, context: RunContext, results: Mapping[str, Any])
         columns, _ = metric_rows(results)
         plots = []
         for metric in columns:
-            sample = getattr(next(iter(results.values())), metric, None)
-            if isinstance(sample, int | float) and not isinstance(sample, bool):
+            values = [getattr(result, metric, None) for result in results.values()]
+            numeric = [v for v in values if isinstance(v, int | float) and not isinstance(v, bool)]
+            varies = len({v for v in values if v is not None}) > 1
+            if numeric and varies and all(v is None or v in numeric for v in values):
                 name = f"{metric}.png"
                 _plot(staging / name, metric, results, context)
                 plots.append(name)

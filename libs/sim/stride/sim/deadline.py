@@ -1,0 +1,575 @@
+"""Environment A: deadline training jobs on a GPU cluster (ElasticFlow, seed 001 sec. 6).
+
+Why it exists: to replay ElasticFlow's traces through Stride's ElasticFlow policies
+(unchanged, from ``stride.policy.elasticflow``) and through baselines under one cluster,
+one set of curves and one scaling-overhead model, and report the paper's metrics.
+
+Model
+- A job needs ``iterations`` (the trace's ``num_iteration``) and progresses at
+  ``curve.throughput(devices)`` iterations/s, where the curve is the measured A100 table
+  made concave (``stride.sim.traces.CurveLibrary``). Device counts are counted, not placed:
+  buddy placement (sec. 4.3) is not simulated, so no migration is modelled either.
+- Scaling overhead: every time a job's GPU count changes to a non-zero value (start,
+  resume, scale up or down) it pauses for :data:`SCALING_PAUSE_SECONDS` and makes no progress
+  while holding its new GPUs. ElasticFlow sec. 6.6 / Fig. 12(b) measures the interval from
+  suspend to restart per model and case and calls it marginal against a ~23 minute
+  scheduling interval; the text gives no numbers, so we take one fixed pause of 20 s (our
+  reading of Fig. 12(b)'s order of magnitude; a parameter of :func:`run_deadline`).
+- Scheduling rounds run on every arrival and completion (sec. 3.2: "upon each scheduling
+  event, such as job arrival or completion"). Jobs whose deadline passes keep running to
+  completion (they count as missed); jobs dropped by admission control end at arrival.
+
+Metrics (sec. 6.1): deadline satisfactory ratio (DSR) overall and split by lambda >= 1 /
+lambda < 1 (traces README), cluster efficiency eq. 8 averaged over time up to the makespan,
+best-effort JCT, makespan and scaling events.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass, field
+from typing import Protocol
+
+from stride.policy.elasticflow.admission import DeadlineJob, JobKind, admit_from_scratch
+from stride.policy.elasticflow.allocation import AllocationJob, AllocationRequest, allocate
+from stride.policy.elasticflow.curves import ScalingCurve
+from stride.sim.engine import Event, EventKind, Simulation, SimulationError
+from stride.sim.traces import ClusterSpec, CurveLibrary, TraceJob
+
+__all__ = [
+    "POLICIES",
+    "SCALING_PAUSE_SECONDS",
+    "SLOT_SECONDS",
+    "DeadlineCluster",
+    "DeadlinePolicy",
+    "DeadlineResult",
+    "DeadlineView",
+    "JobView",
+    "run_deadline",
+]
+
+SCALING_PAUSE_SECONDS = 20.0
+"""Pause per re-allocation (see the module docstring: ElasticFlow sec. 6.6, Fig. 12(b))."""
+SLOT_SECONDS = 300.0
+"""Admission slot length: short against ElasticFlow's ~23 min scheduling interval (sec. 6.6)
+so slot rounding costs little, long enough that a 40-day Philly deadline stays well under
+the admission library's MAX_SLOTS."""
+_EPSILON = 1e-6
+
+
+@dataclass(frozen=True)
+class DeadlineCluster:
+    """A GPU cluster, counted in GPUs."""
+
+    num_gpus: int
+    name: str = ""
+
+    def __post_init__(self) -> None:
+        if self.num_gpus <= 0:
+            raise SimulationError(f"cluster.num_gpus: must be > 0, got {self.num_gpus}")
+
+    @classmethod
+    def from_spec(cls, spec: ClusterSpec) -> DeadlineCluster:
+        """The cluster a ``cluster_specs`` file describes."""
+        return cls(spec.total_gpus, spec.source)
+
+
+@dataclass(frozen=True)
+class JobView:
+    """What a policy may see of one active (arrived, admitted, unfinished) job."""
+
+    job_id: str
+    curve: ScalingCurve
+    remaining_iterations: float
+    deadline: float | None
+    submission_time: float
+    num_gpu: int
+    devices: int
+    paused_until: float
+
+
+@dataclass(frozen=True)
+class DeadlineView:
+    """A frozen snapshot for one decision."""
+
+    now: float
+    capacity: int
+    jobs: tuple[JobView, ...]
+    pause_seconds: float
+
+
+class DeadlinePolicy(Protocol):
+    """Environment A's specialisation of :class:`stride.sim.engine.Policy`.
+
+    ``admit`` is asked once per arrival (``candidate`` is not yet in ``view.jobs``);
+    ``decide`` returns GPUs per active job (missing means 0), within capacity.
+    """
+
+    name: str
+
+    def admit(self, view: DeadlineView, candidate: JobView) -> bool:
+        """Whether to accept the candidate (False drops it for good)."""
+        ...
+
+    def decide(self, view: DeadlineView) -> dict[str, int]:
+        """GPUs for each active job."""
+        ...
+
+
+def _hard_job(job: JobView, now: float, pause: float) -> DeadlineJob | None:
+    """The admission library's view of a job, or None if it cannot hold a reservation.
+
+    The deadline is moved earlier by one pause (the job may be re-allocated before it
+    runs), a conservative choice that keeps the slotted plan achievable with overhead.
+    """
+    if job.deadline is None:
+        return None
+    effective = job.deadline - pause
+    if effective - now < SLOT_SECONDS:
+        return None
+    return DeadlineJob(job.job_id, job.curve, job.remaining_iterations, effective)
+
+
+def _feasible_plans(
+    jobs: Sequence[JobView], capacity: int, now: float, pause: float
+) -> dict[str, tuple[int, ...]] | None:
+    """Algorithm 1 plans for the given hard jobs, or None if some deadline cannot be met."""
+    hard: list[DeadlineJob] = []
+    for job in jobs:
+        converted = _hard_job(job, now, pause)
+        if converted is None:
+            return None
+        hard.append(converted)
+    if not hard:
+        return {}
+    plans = admit_from_scratch(capacity, now, SLOT_SECONDS, hard)
+    if plans is None:
+        return None
+    return {job.job_id: plan for job, plan in zip(hard, plans, strict=True)}
+
+
+def _edf_key(job: JobView) -> tuple[float, float, str]:
+    deadline = math.inf if job.deadline is None else job.deadline
+    return (deadline, job.submission_time, job.job_id)
+
+
+def _guaranteed(view: DeadlineView) -> dict[str, tuple[int, ...]]:
+    """Plans for the largest EDF prefix-greedy set of active jobs that can all be guaranteed.
+
+    All at once first; if that fails (an admitted job fell behind, e.g. through overhead),
+    jobs are added in deadline order and kept only if the set stays feasible. Jobs left out
+    get no minimum share and run on spare GPUs.
+    """
+    candidates = sorted(
+        (job for job in view.jobs if _hard_job(job, view.now, view.pause_seconds) is not None),
+        key=_edf_key,
+    )
+    plans = _feasible_plans(candidates, view.capacity, view.now, view.pause_seconds)
+    if plans is not None:
+        return plans
+    kept: list[JobView] = []
+    plans = {}
+    for job in candidates:
+        trial = _feasible_plans([*kept, job], view.capacity, view.now, view.pause_seconds)
+        if trial is not None:
+            kept.append(job)
+            plans = trial
+    return plans
+
+
+def _admission_test(view: DeadlineView, candidate: JobView) -> bool:
+    """ElasticFlow admission (sec. 4.1): the candidate and the guaranteed jobs all fit."""
+    if candidate.deadline is None:
+        return True  # best effort: no reservation, never dropped (sec. 4.4)
+    if _hard_job(candidate, view.now, view.pause_seconds) is None:
+        return False
+    kept = _guaranteed(view)
+    guaranteed = [job for job in view.jobs if job.job_id in kept]
+    return (
+        _feasible_plans([*guaranteed, candidate], view.capacity, view.now, view.pause_seconds)
+        is not None
+    )
+
+
+def _edf_elastic(view: DeadlineView) -> dict[str, int]:
+    """EDF: in deadline order each job takes its maximum useful size from what is free."""
+    free = view.capacity
+    result: dict[str, int] = {}
+    for job in sorted(view.jobs, key=_edf_key):
+        take = job.curve.usable(min(job.curve.max_size, free))
+        result[job.job_id] = take
+        free -= take
+    return result
+
+
+@dataclass
+class StridePolicy:
+    """ElasticFlow as Stride runs it: admission (Alg. 1) + greedy allocation (Alg. 2)."""
+
+    name: str = "stride"
+
+    def admit(self, view: DeadlineView, candidate: JobView) -> bool:
+        """Admit only with a guaranteed deadline (minimum satisfactory share exists)."""
+        return _admission_test(view, candidate)
+
+    def decide(self, view: DeadlineView) -> dict[str, int]:
+        """Minimum shares of this slot first, then spare GPUs by marginal return."""
+        plans = _guaranteed(view)
+        ordered = sorted(view.jobs, key=_edf_key)
+        request = AllocationRequest(
+            capacity=view.capacity,
+            jobs=tuple(
+                AllocationJob(
+                    job_id=job.job_id,
+                    curve=job.curve,
+                    minimum_share=(plans[job.job_id][:1] or (0,))[0] if job.job_id in plans else 0,
+                    kind=JobKind.HARD if job.deadline is not None else JobKind.BEST_EFFORT,
+                )
+                for job in ordered
+            ),
+        )
+        counts = allocate(request)
+        return {job.job_id: count for job, count in zip(ordered, counts, strict=True)}
+
+
+@dataclass
+class EdfPolicy:
+    """EDF, elastic to each job's maximum useful size, no admission control (sec. 6.1)."""
+
+    name: str = "edf"
+
+    def admit(self, view: DeadlineView, candidate: JobView) -> bool:
+        """Always admits."""
+        return True
+
+    def decide(self, view: DeadlineView) -> dict[str, int]:
+        """See :func:`_edf_elastic`."""
+        return _edf_elastic(view)
+
+
+@dataclass
+class EdfAdmissionPolicy:
+    """EDF allocation behind ElasticFlow's admission test (an ablation of ours)."""
+
+    name: str = "edf-ac"
+
+    def admit(self, view: DeadlineView, candidate: JobView) -> bool:
+        """The same admission test as :class:`StridePolicy`."""
+        return _admission_test(view, candidate)
+
+    def decide(self, view: DeadlineView) -> dict[str, int]:
+        """See :func:`_edf_elastic`."""
+        return _edf_elastic(view)
+
+
+@dataclass
+class GandivaPolicy:
+    """Gandiva-like: the trace's GPU count, strict FIFO (no backfill), no admission.
+
+    Gandiva's time slicing and packing are not modelled; a job holds exactly ``num_gpu``
+    GPUs from start to finish.
+    """
+
+    name: str = "gandiva"
+
+    def admit(self, view: DeadlineView, candidate: JobView) -> bool:
+        """Always admits."""
+        return True
+
+    def decide(self, view: DeadlineView) -> dict[str, int]:
+        """Running jobs keep their GPUs; waiting jobs start in arrival order while they fit."""
+        free = view.capacity - sum(job.devices for job in view.jobs)
+        result = {job.job_id: job.devices for job in view.jobs if job.devices}
+        for job in sorted(view.jobs, key=lambda j: (j.submission_time, j.job_id)):
+            if job.devices:
+                continue
+            if job.num_gpu > free:
+                break
+            result[job.job_id] = job.num_gpu
+            free -= job.num_gpu
+        return result
+
+
+POLICIES: Mapping[str, type[StridePolicy | EdfPolicy | EdfAdmissionPolicy | GandivaPolicy]] = {
+    "stride": StridePolicy,
+    "edf": EdfPolicy,
+    "edf-ac": EdfAdmissionPolicy,
+    "gandiva": GandivaPolicy,
+}
+"""Policy names accepted by :func:`run_deadline`. Missing: Tiresias, Themis, Chronus."""
+
+
+@dataclass(frozen=True)
+class DeadlineResult:
+    """Metrics of one run (ElasticFlow sec. 6.1) plus per-job outcomes.
+
+    Ratios are None when their group is empty. ``finish_times`` maps every job to its
+    completion time, or None if it was dropped; ``dropped`` lists the dropped jobs.
+    """
+
+    policy: str
+    seed: int
+    jobs: int
+    deadline_jobs: int
+    met: int
+    dsr: float | None
+    dsr_lambda_ge_1: float | None
+    dsr_lambda_lt_1: float | None
+    cluster_efficiency: float
+    best_effort_jct: float | None
+    makespan: float
+    scaling_events: int
+    dropped: tuple[str, ...]
+    peak_gpus_in_use: int
+    finish_times: Mapping[str, float | None] = field(default_factory=dict)
+
+
+@dataclass
+class _Job:
+    trace: TraceJob
+    curve: ScalingCurve
+    deadline: float | None
+    remaining: float
+    unit_throughput: float
+    devices: int = 0
+    paused_until: float = 0.0
+    last_update: float = 0.0
+    version: int = 0
+    ever_ran: bool = False
+    finish: float | None = None
+    ended: bool = False
+
+    def view(self) -> JobView:
+        return JobView(
+            self.trace.job_id,
+            self.curve,
+            self.remaining,
+            self.deadline,
+            self.trace.submission_time,
+            self.trace.num_gpu,
+            self.devices,
+            self.paused_until,
+        )
+
+    def rate(self) -> float:
+        return self.curve.throughput(self.devices) if self.devices else 0.0
+
+
+class _Environment:
+    def __init__(
+        self,
+        jobs: list[_Job],
+        capacity: int,
+        policy: DeadlinePolicy,
+        pause: float,
+    ) -> None:
+        self.jobs = {job.trace.job_id: job for job in jobs}
+        self.capacity = capacity
+        self.policy = policy
+        self.pause = pause
+        self.active: dict[str, _Job] = {}
+        self.dropped: list[str] = []
+        self.scaling_events = 0
+        self.peak = 0
+        self.efficiency_area = 0.0
+        self.clock = 0.0
+        self.round_at: float | None = None
+
+    def view(self, now: float) -> DeadlineView:
+        return DeadlineView(
+            now, self.capacity, tuple(job.view() for job in self.active.values()), self.pause
+        )
+
+    def advance(self, now: float) -> None:
+        """Account progress and eq. 8 efficiency from the last event to ``now``."""
+        efficiency = 0.0
+        for job in self.active.values():
+            start = max(job.last_update, job.paused_until)
+            if now > start and job.devices:
+                job.remaining = max(0.0, job.remaining - job.rate() * (now - start))
+            if job.devices and job.paused_until <= job.last_update:
+                efficiency += job.rate() / job.unit_throughput
+            job.last_update = now
+        # Paused intervals are charged approximately: a job counts once its pause is over
+        # at the previous event.
+        self.efficiency_area += efficiency * (now - self.clock)
+        self.clock = now
+
+    def request_round(self, sim: Simulation) -> None:
+        if self.round_at != sim.now:
+            self.round_at = sim.now
+            sim.schedule(sim.now, EventKind.SCHEDULING_ROUND)
+
+    def finish(self, job: _Job, now: float) -> None:
+        if job.ended:
+            raise SimulationError(f"job {job.trace.job_id}: ended twice")
+        job.ended = True
+        job.finish = now
+        job.devices = 0
+        self.active.pop(job.trace.job_id, None)
+
+    def handle(self, sim: Simulation, event: Event) -> None:
+        self.advance(sim.now)
+        if event.kind is EventKind.ARRIVAL:
+            job = self.jobs[str(event.job_id)]
+            job.last_update = sim.now
+            if self.policy.admit(self.view(sim.now), job.view()):
+                self.active[job.trace.job_id] = job
+                self.request_round(sim)
+            else:
+                job.ended = True
+                self.dropped.append(job.trace.job_id)
+        elif event.kind is EventKind.COMPLETION:
+            job = self.jobs[str(event.job_id)]
+            if job.ended or event.payload != job.version:
+                return  # superseded by a later re-allocation
+            self.finish(job, sim.now)
+            self.request_round(sim)
+        elif event.kind is EventKind.OVERHEAD_END:
+            return  # progress accounting already starts at paused_until
+        elif event.kind is EventKind.SCHEDULING_ROUND:
+            self.round(sim)
+
+    def round(self, sim: Simulation) -> None:
+        decision = self.policy.decide(self.view(sim.now))
+        total = 0
+        for job_id, count in decision.items():
+            if job_id not in self.active or count < 0:
+                raise SimulationError(
+                    f"policy {self.policy.name}: bad allocation {count} for job {job_id!r}"
+                )
+            total += count
+        if total > self.capacity:
+            raise SimulationError(
+                f"policy {self.policy.name}: allocated {total} GPUs, capacity {self.capacity}"
+            )
+        self.peak = max(self.peak, total)
+        for job_id, job in self.active.items():
+            count = decision.get(job_id, 0)
+            if count == job.devices:
+                continue
+            if job.ever_ran:
+                self.scaling_events += 1
+            job.devices = count
+            job.version += 1
+            if count == 0:
+                continue
+            job.ever_ran = True
+            job.paused_until = sim.now + self.pause
+            if self.pause > 0:
+                sim.schedule(job.paused_until, EventKind.OVERHEAD_END, job_id, job.version)
+            rate = job.rate()
+            if rate <= 0:
+                raise SimulationError(f"job {job_id}: zero throughput on {count} GPUs")
+            sim.schedule(
+                job.paused_until + job.remaining / rate, EventKind.COMPLETION, job_id, job.version
+            )
+
+
+def run_deadline(
+    trace_jobs: Sequence[TraceJob],
+    cluster: DeadlineCluster,
+    policy_name: str,
+    seed: int,
+    curves: CurveLibrary,
+    *,
+    pause_seconds: float = SCALING_PAUSE_SECONDS,
+    best_effort_fraction: float = 0.0,
+) -> DeadlineResult:
+    """Replay ``trace_jobs`` on ``cluster`` under a policy from :data:`POLICIES`.
+
+    ``best_effort_fraction`` of the jobs, drawn with ``numpy.random.default_rng(seed)``,
+    lose their deadline (ElasticFlow sec. 6.5's mix); it is the only use of the seed, so a
+    run is fully determined by its arguments.
+    """
+    if policy_name not in POLICIES:
+        raise SimulationError(
+            f"policy_name: unknown {policy_name!r} (known: {', '.join(sorted(POLICIES))})"
+        )
+    if not trace_jobs:
+        raise SimulationError("trace_jobs: is empty")
+    if not 0.0 <= best_effort_fraction <= 1.0:
+        raise SimulationError(
+            f"best_effort_fraction: must be in [0, 1], got {best_effort_fraction}"
+        )
+    if pause_seconds < 0 or not math.isfinite(pause_seconds):
+        raise SimulationError(f"pause_seconds: must be finite and >= 0, got {pause_seconds}")
+    policy: DeadlinePolicy = POLICIES[policy_name]()
+    sim = Simulation(seed)
+    best_effort = sim.rng.random(len(trace_jobs)) < best_effort_fraction
+    jobs: list[_Job] = []
+    for index, trace in enumerate(trace_jobs):
+        curve = curves.curve(trace)
+        where = f"{trace.source}:{trace.line}"
+        if curve.sizes[0] > cluster.num_gpus:
+            raise SimulationError(
+                f"{where} model_name: {trace.model_name} needs {curve.sizes[0]} GPUs, "
+                f"cluster has {cluster.num_gpus}"
+            )
+        if policy_name == "gandiva" and trace.num_gpu > cluster.num_gpus:
+            raise SimulationError(
+                f"{where} num_gpu: {trace.num_gpu} exceeds the cluster's {cluster.num_gpus} GPUs"
+            )
+        first = curve.sizes[0]
+        jobs.append(
+            _Job(
+                trace=trace,
+                curve=curve,
+                deadline=None if best_effort[index] else trace.deadline,
+                remaining=trace.iterations,
+                unit_throughput=curve.throughputs[0] / first,
+            )
+        )
+    environment = _Environment(jobs, cluster.num_gpus, policy, pause_seconds)
+    for job in jobs:
+        sim.schedule(job.trace.submission_time, EventKind.ARRIVAL, job.trace.job_id)
+    sim.run(environment.handle)
+    for job in jobs:
+        if not job.ended:
+            raise SimulationError(f"job {job.trace.job_id}: never ended")
+    return _result(policy_name, seed, jobs, environment)
+
+
+def _ratio(numerator: int, denominator: int) -> float | None:
+    return numerator / denominator if denominator else None
+
+
+def _result(policy: str, seed: int, jobs: list[_Job], env: _Environment) -> DeadlineResult:
+    with_deadline = [job for job in jobs if job.deadline is not None]
+
+    def met(job: _Job) -> bool:
+        return (
+            job.finish is not None
+            and job.deadline is not None
+            and job.finish <= job.deadline + _EPSILON
+        )
+
+    tight = [job for job in with_deadline if (job.trace.tightness or 0.0) < 1.0]
+    loose = [job for job in with_deadline if (job.trace.tightness or 0.0) >= 1.0]
+    finished = [job.finish for job in jobs if job.finish is not None]
+    start = min(job.trace.submission_time for job in jobs)
+    makespan = (max(finished) - start) if finished else 0.0
+    best_effort = [
+        job.finish - job.trace.submission_time
+        for job in jobs
+        if job.deadline is None and job.finish is not None
+    ]
+    met_count = sum(1 for job in with_deadline if met(job))
+    return DeadlineResult(
+        policy=policy,
+        seed=seed,
+        jobs=len(jobs),
+        deadline_jobs=len(with_deadline),
+        met=met_count,
+        dsr=_ratio(met_count, len(with_deadline)),
+        dsr_lambda_ge_1=_ratio(sum(1 for job in loose if met(job)), len(loose)),
+        dsr_lambda_lt_1=_ratio(sum(1 for job in tight if met(job)), len(tight)),
+        cluster_efficiency=(env.efficiency_area / (env.capacity * makespan)) if makespan else 0.0,
+        best_effort_jct=(sum(best_effort) / len(best_effort)) if best_effort else None,
+        makespan=makespan,
+        scaling_events=env.scaling_events,
+        dropped=tuple(env.dropped),
+        peak_gpus_in_use=env.peak,
+        finish_times={job.trace.job_id: job.finish for job in jobs},
+    )
