@@ -16,7 +16,6 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-
 CONTEXT_FIELDS = frozenset({"policy", "seed", "synthetic"})
 """Result fields the report already states once (row label and run context)."""
 
