@@ -33,7 +33,7 @@ def request(
 
 @dataclass(frozen=True)
 class Empty:
-    pass
+    """A request and reply with no fields."""
 
 
 def exploding(_: Empty) -> Empty:

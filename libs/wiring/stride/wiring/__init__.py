@@ -13,12 +13,16 @@ from __future__ import annotations
 import asyncio
 from collections.abc import Callable, Sequence
 from pathlib import Path
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, TypeVar
 
-from stride.bus.client import Bus
+from google.protobuf.message import Message
+
+from stride.bus.client import Bus, Handler
 from stride.runtime.grpc_server import GrpcServer
 from stride.runtime.lifecycle import Dependency, ServiceHost
 from stride.runtime.settings import ServiceSettings
+
+M = TypeVar("M", bound=Message)
 
 if TYPE_CHECKING:
     from stride.db.engine import Database
@@ -81,3 +85,30 @@ def migrate_command(script_location: Path) -> Callable[[ServiceSettings], None]:
         upgrade(settings.require_database_url(), settings.service_name, script_location)
 
     return migrate
+
+
+def consume(
+    host: ServiceHost,
+    bus: Bus,
+    name: str,
+    *,
+    stream: str,
+    durable: str,
+    filter_subject: str,
+    message_type: type[M],
+    handler: Handler[M],
+    ack_wait: float = 30.0,
+) -> None:
+    """Run a durable pull consumer as the root task ``name``, stopping with the host."""
+    host.add_root_task(
+        name,
+        lambda: bus.consume(
+            stream=stream,
+            durable=durable,
+            filter_subject=filter_subject,
+            message_type=message_type,
+            handler=handler,
+            ack_wait=ack_wait,
+            stop=host.stop,
+        ),
+    )

@@ -14,7 +14,7 @@ from stride.api.admission.v1 import admission_service_pb2, admission_service_pb2
 from stride.db.outbox import Outbox
 from stride.events.v1 import job_pb2
 from stride.runtime.lifecycle import ServiceHost
-from stride.wiring import connect_bus, create_host, open_database, relay_outbox
+from stride.wiring import connect_bus, consume, create_host, open_database, relay_outbox
 
 MIGRATIONS = Path(__file__).parent / "db" / "migrations"
 SERVICE_NAME = admission_service_pb2.DESCRIPTOR.services_by_name["AdmissionService"].full_name
@@ -33,15 +33,14 @@ async def build(settings: AdmissionSettings) -> ServiceHost:
     )
     relay_outbox(host, outbox, database, bus)
     await submissions.decide_pending()
-    host.add_root_task(
+    consume(
+        host,
+        bus,
         "consume-finished",
-        lambda: bus.consume(
-            stream="STRIDE_JOBS",
-            durable="admission-finished",
-            filter_subject="stride.jobs.v1.finished.*",
-            message_type=job_pb2.JobFinished,
-            handler=FinishedHandler(submissions),
-            stop=host.stop,
-        ),
+        stream="STRIDE_JOBS",
+        durable="admission-finished",
+        filter_subject="stride.jobs.v1.finished.*",
+        message_type=job_pb2.JobFinished,
+        handler=FinishedHandler(submissions),
     )
     return host

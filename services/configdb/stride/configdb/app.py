@@ -12,45 +12,42 @@ from stride.configdb.history import JobHistory
 from stride.configdb.settings import ConfigDbSettings
 from stride.events.v1 import job_pb2, plan_pb2
 from stride.runtime.lifecycle import ServiceHost
-from stride.wiring import connect_bus, create_host, open_database
+from stride.wiring import connect_bus, consume, create_host, open_database
 
 MIGRATIONS = Path(__file__).parent / "db" / "migrations"
 SERVICE_NAME = configdb_service_pb2.DESCRIPTOR.services_by_name["ConfigDbService"].full_name
 
 
 def _add_consumers(host: ServiceHost, bus: Bus, history: JobHistory) -> None:
-    host.add_root_task(
+    consume(
+        host,
+        bus,
         "consume-submitted",
-        lambda: bus.consume(
-            stream="STRIDE_JOBS",
-            durable="configdb-submitted",
-            filter_subject="stride.jobs.v1.submitted.*",
-            message_type=job_pb2.JobSubmitted,
-            handler=SubmittedHandler(history),
-            stop=host.stop,
-        ),
+        stream="STRIDE_JOBS",
+        durable="configdb-submitted",
+        filter_subject="stride.jobs.v1.submitted.*",
+        message_type=job_pb2.JobSubmitted,
+        handler=SubmittedHandler(history),
     )
-    host.add_root_task(
+    consume(
+        host,
+        bus,
         "consume-plans",
-        lambda: bus.consume(
-            stream="STRIDE_PLANS",
-            durable="configdb-plans",
-            filter_subject="stride.plans.v1.*",
-            message_type=plan_pb2.ResourcePlan,
-            handler=PlanHandler(history),
-            stop=host.stop,
-        ),
+        stream="STRIDE_PLANS",
+        durable="configdb-plans",
+        filter_subject="stride.plans.v1.*",
+        message_type=plan_pb2.ResourcePlan,
+        handler=PlanHandler(history),
     )
-    host.add_root_task(
+    consume(
+        host,
+        bus,
         "consume-finished",
-        lambda: bus.consume(
-            stream="STRIDE_JOBS",
-            durable="configdb-finished",
-            filter_subject="stride.jobs.v1.finished.*",
-            message_type=job_pb2.JobFinished,
-            handler=FinishedHandler(history),
-            stop=host.stop,
-        ),
+        stream="STRIDE_JOBS",
+        durable="configdb-finished",
+        filter_subject="stride.jobs.v1.finished.*",
+        message_type=job_pb2.JobFinished,
+        handler=FinishedHandler(history),
     )
 
 

@@ -14,7 +14,7 @@ from stride.optimizer.db.tables import outbox as outbox_table
 from stride.optimizer.planning import Planning
 from stride.optimizer.settings import OptimizerSettings
 from stride.runtime.lifecycle import ServiceHost
-from stride.wiring import connect_bus, create_host, open_database, relay_outbox
+from stride.wiring import connect_bus, consume, create_host, open_database, relay_outbox
 
 MIGRATIONS = Path(__file__).parent / "db" / "migrations"
 SERVICE_NAME = optimizer_service_pb2.DESCRIPTOR.services_by_name["OptimizerService"].full_name
@@ -34,28 +34,26 @@ async def build(settings: OptimizerSettings) -> ServiceHost:
         OptimizerApi(planning), host.server.server
     )
     relay_outbox(host, outbox, database, bus)
-    host.add_root_task(
+    consume(
+        host,
+        bus,
         "consume-admitted",
-        lambda: bus.consume(
-            stream=JOBS_STREAM,
-            durable=ADMITTED_DURABLE,
-            filter_subject=subjects.job_decision("admitted", "*"),
-            message_type=job_pb2.AdmissionDecision,
-            handler=AdmittedHandler(planning),
-            ack_wait=settings.ack_wait_seconds,
-            stop=host.stop,
-        ),
+        stream=JOBS_STREAM,
+        durable=ADMITTED_DURABLE,
+        filter_subject=subjects.job_decision("admitted", "*"),
+        message_type=job_pb2.AdmissionDecision,
+        handler=AdmittedHandler(planning),
+        ack_wait=settings.ack_wait_seconds,
     )
-    host.add_root_task(
+    consume(
+        host,
+        bus,
         "consume-finished",
-        lambda: bus.consume(
-            stream=JOBS_STREAM,
-            durable=FINISHED_DURABLE,
-            filter_subject=subjects.job_finished("*"),
-            message_type=job_pb2.JobFinished,
-            handler=FinishedHandler(planning),
-            ack_wait=settings.ack_wait_seconds,
-            stop=host.stop,
-        ),
+        stream=JOBS_STREAM,
+        durable=FINISHED_DURABLE,
+        filter_subject=subjects.job_finished("*"),
+        message_type=job_pb2.JobFinished,
+        handler=FinishedHandler(planning),
+        ack_wait=settings.ack_wait_seconds,
     )
     return host

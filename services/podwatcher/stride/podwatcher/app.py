@@ -14,7 +14,7 @@ from stride.podwatcher.plan_records import PlanRecords
 from stride.podwatcher.settings import PodWatcherSettings
 from stride.runtime.errors import StartupError
 from stride.runtime.lifecycle import ServiceHost
-from stride.wiring import connect_bus, create_host, open_database
+from stride.wiring import connect_bus, consume, create_host, open_database
 
 MIGRATIONS = Path(__file__).parent / "db" / "migrations"
 SERVICE_NAME = podwatcher_service_pb2.DESCRIPTOR.services_by_name["PodWatcherService"].full_name
@@ -41,15 +41,14 @@ async def build(settings: PodWatcherSettings) -> ServiceHost:
     podwatcher_service_pb2_grpc.add_PodWatcherServiceServicer_to_server(
         PodWatcherApi(records), host.server.server
     )
-    host.add_root_task(
+    consume(
+        host,
+        bus,
         "consume-plans",
-        lambda: bus.consume(
-            stream="STRIDE_PLANS",
-            durable="podwatcher-plans",
-            filter_subject="stride.plans.v1.*",
-            message_type=plan_pb2.ResourcePlan,
-            handler=PlanHandler(records),
-            stop=host.stop,
-        ),
+        stream="STRIDE_PLANS",
+        durable="podwatcher-plans",
+        filter_subject="stride.plans.v1.*",
+        message_type=plan_pb2.ResourcePlan,
+        handler=PlanHandler(records),
     )
     return host
