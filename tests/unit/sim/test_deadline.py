@@ -135,3 +135,20 @@ def test_philly_and_windows_load() -> None:
     )
     assert jobs[0].submission_time == 0.0
     assert all(job.deadline is not None and job.iterations > 0 for job in jobs)
+
+
+@pytest.mark.parametrize("incremental", [True, False])
+def test_fig3_and_invariants_hold_for_both_admission_paths(
+    incremental: bool, curves: CurveLibrary, window: list[TraceJob]
+) -> None:
+    jobs, toy = _fig3()
+    stride = run_deadline(
+        jobs, DeadlineCluster(2), "stride", 0, toy, pause_seconds=0.0, incremental=incremental
+    )
+    assert stride.finish_times == pytest.approx({"A": 3000.0, "B": 3000.0})
+    cluster = DeadlineCluster(32)
+    result = run_deadline(window, cluster, "stride", 2, curves, incremental=incremental)
+    assert result.peak_gpus_in_use <= cluster.num_gpus
+    for job_id, finish in result.finish_times.items():
+        assert (finish is None) == (job_id in result.dropped)
+    assert run_deadline(window, cluster, "stride", 2, curves, incremental=incremental) == result

@@ -19,6 +19,16 @@ Model
   event, such as job arrival or completion"). Jobs whose deadline passes keep running to
   completion (they count as missed); jobs dropped by admission control end at arrival.
 
+Admission is incremental by default (:class:`_IncrementalPlanner`, through the library's
+``AdmissionControl``): the guaranteed set and its plans are exactly those of re-running
+Algorithm 1 from scratch, but an arrival is admitted when it fits what the guaranteed jobs'
+plans leave free even where a from-scratch re-plan in deadline order would fail a later job,
+and the round at that instant keeps those plans. Results therefore differ from
+``run_deadline(..., incremental=False)`` (the from-scratch reference, kept for benchmarks):
+on the first 300 jobs of ``itp-ef/cluster04.csv`` it drops fewer jobs and meets more
+deadlines; on ``cluster01`` it drops the same jobs and meets slightly fewer
+(``bench/results/sim_speed.txt``).
+
 Metrics (sec. 6.1): deadline satisfactory ratio (DSR) overall and split by lambda >= 1 /
 lambda < 1 (traces README), cluster efficiency eq. 8 averaged over time up to the makespan,
 best-effort JCT, makespan and scaling events.
@@ -26,12 +36,20 @@ best-effort JCT, makespan and scaling events.
 
 from __future__ import annotations
 
+import copy
 import math
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Protocol
 
-from stride.policy.elasticflow.admission import DeadlineJob, JobKind, admit_from_scratch
+from stride.policy.elasticflow.admission import (
+    AdmissionControl,
+    DeadlineJob,
+    JobKind,
+    _PlannedJob,
+    admit_from_scratch,
+    deadline_slots,
+)
 from stride.policy.elasticflow.allocation import AllocationJob, AllocationRequest, allocate
 from stride.policy.elasticflow.curves import ScalingCurve
 from stride.sim.engine import Event, EventKind, Simulation, SimulationError
@@ -123,12 +141,15 @@ def _hard_job(job: JobView, now: float, pause: float) -> DeadlineJob | None:
     The deadline is moved earlier by one pause (the job may be re-allocated before it
     runs), a conservative choice that keeps the slotted plan achievable with overhead.
     """
-    if job.deadline is None:
+    if not _reservable(job, now, pause):
         return None
-    effective = job.deadline - pause
-    if effective - now < SLOT_SECONDS:
-        return None
-    return DeadlineJob(job.job_id, job.curve, job.remaining_iterations, effective)
+    assert job.deadline is not None
+    return DeadlineJob(job.job_id, job.curve, job.remaining_iterations, job.deadline - pause)
+
+
+def _reservable(job: JobView, now: float, pause: float) -> bool:
+    """Whether :func:`_hard_job` gives a job (cheap: builds nothing)."""
+    return job.deadline is not None and job.deadline - pause - now >= SLOT_SECONDS
 
 
 def _feasible_plans(
@@ -179,7 +200,11 @@ def _guaranteed(view: DeadlineView) -> dict[str, tuple[int, ...]]:
 
 
 def _admission_test(view: DeadlineView, candidate: JobView) -> bool:
-    """ElasticFlow admission (sec. 4.1): the candidate and the guaranteed jobs all fit."""
+    """ElasticFlow admission (sec. 4.1): the candidate and the guaranteed jobs all fit.
+
+    The from-scratch reference: Algorithm 1 re-run over the guaranteed jobs and the
+    candidate (see :class:`_IncrementalPlanner` for the default).
+    """
     if candidate.deadline is None:
         return True  # best effort: no reservation, never dropped (sec. 4.4)
     if _hard_job(candidate, view.now, view.pause_seconds) is None:
@@ -190,6 +215,103 @@ def _admission_test(view: DeadlineView, candidate: JobView) -> bool:
         _feasible_plans([*guaranteed, candidate], view.capacity, view.now, view.pause_seconds)
         is not None
     )
+
+
+_ViewKey = tuple[float, int, float, tuple[tuple[str, float, float | None], ...]]
+
+
+def _view_key(view: DeadlineView, jobs: Sequence[JobView]) -> _ViewKey:
+    return (
+        view.now,
+        view.capacity,
+        view.pause_seconds,
+        tuple(sorted((job.job_id, job.remaining_iterations, job.deadline) for job in jobs)),
+    )
+
+
+class _IncrementalPlanner:
+    """Admission and guaranteed shares through :class:`AdmissionControl` (the default).
+
+    Equivalent to the from-scratch functions above, at O(n) progressive fills per event
+    instead of O(n) from-scratch runs (each O(n)) in :func:`_guaranteed`'s fallback:
+
+    - Guaranteed set: jobs are offered to one timeline in EDF order and kept if
+      ``decide`` fits them. Every kept job has a deadline (hence slot count) no earlier than
+      the kept ones, so ``decide`` only fills the job into what they leave, which is what
+      Algorithm 1 re-run over ``[*kept, job]`` does: same set, same plans.
+    - Admission: ``decide`` on that timeline. It differs from the reference in one case
+      only: the candidate fits what the guaranteed jobs' plans leave free, while Algorithm 1
+      re-run in deadline order (the candidate before later-deadline jobs) would fail a later
+      job. The incremental test then admits (every plan held stays valid, so every deadline
+      is still guaranteed at this instant); the reference drops. The candidate's timeline
+      is kept for the scheduling round at the same instant, so that round honours the plans
+      that admitted it. At later instants the guaranteed set is re-derived in EDF order as
+      above. Ties in slots are also broken by EDF order here, by admission order in the
+      reference.
+    - Per-job lookup tables (``curve.table`` and the progress matrix, the bulk of
+      ``prepare``) are built once per job and re-used with the current deadline slots and
+      remaining iterations.
+    """
+
+    def __init__(self) -> None:
+        self._templates: dict[str, _PlannedJob] = {}
+        self._memo: tuple[_ViewKey, AdmissionControl] | None = None
+
+    def _planned(self, job: JobView, timeline: AdmissionControl, pause: float) -> _PlannedJob:
+        template = self._templates.get(job.job_id)
+        if template is None:
+            hard = _hard_job(job, timeline.now, pause)
+            assert hard is not None
+            template = timeline.prepare(hard, f"job {job.job_id}")
+            self._templates[job.job_id] = template
+        planned = copy.copy(template)
+        assert job.deadline is not None
+        planned.slots = deadline_slots(
+            job.deadline - pause, timeline.now, timeline.slot_seconds, f"job {job.job_id}"
+        )
+        planned.remaining = job.remaining_iterations
+        return planned
+
+    def timeline(self, view: DeadlineView) -> AdmissionControl:
+        """The guaranteed jobs' timeline at ``view.now`` (memoised for the same view)."""
+        key = _view_key(view, view.jobs)
+        if self._memo is not None and self._memo[0] == key:
+            return self._memo[1]
+        timeline = AdmissionControl(view.capacity, view.now, SLOT_SECONDS)
+        candidates = sorted(
+            (job for job in view.jobs if _reservable(job, view.now, view.pause_seconds)),
+            key=_edf_key,
+        )
+        for job in candidates:
+            planned = self._planned(job, timeline, view.pause_seconds)
+            plans = timeline.decide(planned)
+            if plans is not None:
+                timeline.commit(planned, plans)
+        self._memo = (key, timeline)
+        return timeline
+
+    def guaranteed(self, view: DeadlineView) -> dict[str, int]:
+        """Each guaranteed job's minimum share in the current slot."""
+        timeline = self.timeline(view)
+        return {
+            planned.job.job_id: int(plan[0]) if plan.size else 0
+            for planned, plan in zip(timeline.jobs, timeline.plans, strict=True)
+        }
+
+    def admit(self, view: DeadlineView, candidate: JobView) -> bool:
+        """Incremental admission test (see the class docstring)."""
+        if candidate.deadline is None:
+            return True
+        if not _reservable(candidate, view.now, view.pause_seconds):
+            return False
+        timeline = self.timeline(view)
+        planned = self._planned(candidate, timeline, view.pause_seconds)
+        plans = timeline.decide(planned)
+        if plans is None:
+            return False
+        timeline.commit(planned, plans)
+        self._memo = (_view_key(view, [*view.jobs, candidate]), timeline)
+        return True
 
 
 def _edf_elastic(view: DeadlineView) -> dict[str, int]:
@@ -205,17 +327,30 @@ def _edf_elastic(view: DeadlineView) -> dict[str, int]:
 
 @dataclass
 class StridePolicy:
-    """ElasticFlow as Stride runs it: admission (Alg. 1) + greedy allocation (Alg. 2)."""
+    """ElasticFlow as Stride runs it: admission (Alg. 1) + greedy allocation (Alg. 2).
+
+    ``incremental`` (default) plans through :class:`_IncrementalPlanner`; False re-runs
+    Algorithm 1 from scratch at every decision (the reference, for benchmarks).
+    """
 
     name: str = "stride"
+    incremental: bool = True
+    _planner: _IncrementalPlanner = field(default_factory=_IncrementalPlanner, repr=False)
 
     def admit(self, view: DeadlineView, candidate: JobView) -> bool:
         """Admit only with a guaranteed deadline (minimum satisfactory share exists)."""
+        if self.incremental:
+            return self._planner.admit(view, candidate)
         return _admission_test(view, candidate)
+
+    def _shares(self, view: DeadlineView) -> dict[str, int]:
+        if self.incremental:
+            return self._planner.guaranteed(view)
+        return {job_id: (plan[:1] or (0,))[0] for job_id, plan in _guaranteed(view).items()}
 
     def decide(self, view: DeadlineView) -> dict[str, int]:
         """Minimum shares of this slot first, then spare GPUs by marginal return."""
-        plans = _guaranteed(view)
+        shares = self._shares(view)
         ordered = sorted(view.jobs, key=_edf_key)
         request = AllocationRequest(
             capacity=view.capacity,
@@ -223,7 +358,7 @@ class StridePolicy:
                 AllocationJob(
                     job_id=job.job_id,
                     curve=job.curve,
-                    minimum_share=(plans[job.job_id][:1] or (0,))[0] if job.job_id in plans else 0,
+                    minimum_share=shares.get(job.job_id, 0),
                     kind=JobKind.HARD if job.deadline is not None else JobKind.BEST_EFFORT,
                 )
                 for job in ordered
@@ -253,9 +388,13 @@ class EdfAdmissionPolicy:
     """EDF allocation behind ElasticFlow's admission test (an ablation of ours)."""
 
     name: str = "edf-ac"
+    incremental: bool = True
+    _planner: _IncrementalPlanner = field(default_factory=_IncrementalPlanner, repr=False)
 
     def admit(self, view: DeadlineView, candidate: JobView) -> bool:
         """The same admission test as :class:`StridePolicy`."""
+        if self.incremental:
+            return self._planner.admit(view, candidate)
         return _admission_test(view, candidate)
 
     def decide(self, view: DeadlineView) -> dict[str, int]:
@@ -339,6 +478,8 @@ class _Job:
     ever_ran: bool = False
     finish: float | None = None
     ended: bool = False
+    rate_devices: int = 0
+    rate_value: float = 0.0
 
     def view(self) -> JobView:
         return JobView(
@@ -353,7 +494,12 @@ class _Job:
         )
 
     def rate(self) -> float:
-        return self.curve.throughput(self.devices) if self.devices else 0.0
+        if not self.devices:
+            return 0.0
+        if self.rate_devices != self.devices:  # cached: advance() asks on every event
+            self.rate_devices = self.devices
+            self.rate_value = self.curve.throughput(self.devices)
+        return self.rate_value
 
 
 class _Environment:
@@ -476,12 +622,15 @@ def run_deadline(
     *,
     pause_seconds: float = SCALING_PAUSE_SECONDS,
     best_effort_fraction: float = 0.0,
+    incremental: bool = True,
 ) -> DeadlineResult:
     """Replay ``trace_jobs`` on ``cluster`` under a policy from :data:`POLICIES`.
 
     ``best_effort_fraction`` of the jobs, drawn with ``numpy.random.default_rng(seed)``,
     lose their deadline (ElasticFlow sec. 6.5's mix); it is the only use of the seed, so a
-    run is fully determined by its arguments.
+    run is fully determined by its arguments. ``incremental=False`` makes the admission
+    policies re-run Algorithm 1 from scratch at every decision (the slow reference; see
+    :class:`_IncrementalPlanner` for how the two can differ).
     """
     if policy_name not in POLICIES:
         raise SimulationError(
@@ -495,7 +644,12 @@ def run_deadline(
         )
     if pause_seconds < 0 or not math.isfinite(pause_seconds):
         raise SimulationError(f"pause_seconds: must be finite and >= 0, got {pause_seconds}")
-    policy: DeadlinePolicy = POLICIES[policy_name]()
+    policy_class = POLICIES[policy_name]
+    policy: DeadlinePolicy
+    if policy_class is StridePolicy or policy_class is EdfAdmissionPolicy:
+        policy = policy_class(incremental=incremental)
+    else:
+        policy = policy_class()
     sim = Simulation(seed)
     best_effort = sim.rng.random(len(trace_jobs)) < best_effort_fraction
     jobs: list[_Job] = []
