@@ -3,7 +3,7 @@
 Run as ``.venv/bin/python bench/fitting.py``. The data is synthetic: throughputs from the
 coefficients DLRover-RM reports (sec. 6, Fig. 11) at 1,000 random configurations, with 5%
 multiplicative noise. No public trace of PS/worker throughput versus CPU exists (see
-/work/shared/traces/README.md), so the data is the paper's own model, plainly stated.
+shared/traces/README.md), so the data is the paper's own model, plainly stated.
 
 Stride's fit (Gauss-Newton steps, each one NNLS) is timed beside a naive reference in the
 same run: ``scipy.optimize.minimize`` (L-BFGS-B, numerical gradients, parameters bounded at

@@ -4,7 +4,10 @@ from __future__ import annotations
 
 import os
 
+import pytest
 from hypothesis import settings
+
+from stride.testing import SHARED_TRACES
 
 # Under CI, property tests replay the same examples every run (a red build is never a roll
 # of the dice) and have no per-example deadline (a loaded 2-core runner is slow). Developers
@@ -12,3 +15,23 @@ from hypothesis import settings
 settings.register_profile("ci", derandomize=True, deadline=None, print_blob=True)
 settings.register_profile("dev", deadline=None)
 settings.load_profile("ci" if os.environ.get("CI") else "dev")
+
+
+def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
+    """Tests that read the public traces need ``shared/traces`` beside the checkout.
+
+    Where it is absent (a bare clone), they skip with the reason; CI has it, and there a
+    missing folder fails the run instead of hiding the tests.
+    """
+    if SHARED_TRACES.is_dir():
+        return
+    reason = f"the public traces are not at {SHARED_TRACES} (shared/ beside the checkout)"
+    if os.environ.get("CI"):
+        raise pytest.UsageError(reason)
+    sources: dict[str, bool] = {}
+    for item in items:
+        path = str(item.path)
+        if path not in sources:
+            sources[path] = "SHARED_TRACES" in item.path.read_text()
+        if sources[path]:
+            item.add_marker(pytest.mark.skip(reason=reason))

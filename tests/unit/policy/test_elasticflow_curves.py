@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import math
-from pathlib import Path
 
 import pytest
 from hypothesis import given, settings
@@ -18,8 +17,9 @@ from stride.policy.elasticflow.curves import (
     load_throughput_table,
     parse_throughput_table,
 )
+from stride.testing import SHARED_TRACES
 
-TRACES = Path("/work/shared/traces")
+TRACES = SHARED_TRACES
 
 
 def test_throughput_rounds_down_to_an_allowed_size() -> None:

@@ -2,8 +2,6 @@
 
 from __future__ import annotations
 
-from pathlib import Path
-
 import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
@@ -20,6 +18,7 @@ from stride.policy.elasticflow.placement import (
     topology_from_cluster_spec,
 )
 from stride.policy.serialization import from_dict, to_dict
+from stride.testing import SHARED_TRACES
 
 BEST_FIT = PlacementStrategy.BEST_FIT
 BUDDY = PlacementStrategy.BUDDY
@@ -28,7 +27,7 @@ TWO_SERVERS = Topology((2, 2, 4), ("server", "socket", "gpu"))
 
 
 def test_cluster_spec_files_parse() -> None:
-    text = Path("/work/shared/traces/cluster_specs/n64g8.csv").read_text()
+    text = (SHARED_TRACES / "cluster_specs" / "n64g8.csv").read_text()
     topology = topology_from_cluster_spec(text)
     assert topology.fanouts == (2, 32, 8) and topology.device_count == 512
     with pytest.raises(InvalidPlacement, match="num_gpu_p_node"):

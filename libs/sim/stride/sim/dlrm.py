@@ -3,7 +3,7 @@
 What it simulates (DLRover (000) sec. 6, DLRover-RM (002) sec. 6): parameter-server jobs
 arrive, wait FIFO (with backfill) for CPU cores and memory, start their pods, train, and may
 be rescaled by a policy. The job population is **synthetic and seeded**: there is no public
-per-job PS/worker throughput trace (see ``/work/shared/traces/README.md``). Every result
+per-job PS/worker throughput trace (see ``shared/traces/README.md``). Every result
 built on this module must say so.
 
 Ground truth of one job:
