@@ -16,7 +16,7 @@ from stride.api.admission.v1 import admission_service_pb2_grpc as pb_grpc
 from stride.events.v1 import job_pb2
 from stride.runtime.lifecycle import ServiceHost
 from stride.testing.eventually import assert_eventually
-from stride.testing.inprocess import running_service
+from stride.testing.inprocess import local_settings, running_service
 from stride.testing.streams import stream_messages
 
 pytestmark = pytest.mark.integration
@@ -41,13 +41,7 @@ def valid_spec(**changes: object) -> job_pb2.JobSpec:
 
 @pytest.fixture
 async def admission(nats_url: str, database_url: str) -> AsyncIterator[ServiceHost]:
-    settings = AdmissionSettings(
-        nats_url=nats_url,
-        database_url=database_url,
-        grpc_port=0,
-        grpc_host="127.0.0.1",
-        health_interval_seconds=0.2,
-    )
+    settings = local_settings(AdmissionSettings, nats_url=nats_url, database_url=database_url)
     async with running_service(build, settings) as host:
         yield host
 

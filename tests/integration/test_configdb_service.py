@@ -20,7 +20,7 @@ from stride.configdb.settings import ConfigDbSettings
 from stride.events.v1 import job_pb2, plan_pb2
 from stride.runtime.lifecycle import ServiceHost
 from stride.testing.eventually import assert_eventually
-from stride.testing.inprocess import running_service
+from stride.testing.inprocess import local_settings, running_service
 from stride.testing.streams import stream_messages
 
 pytestmark = pytest.mark.integration
@@ -87,13 +87,7 @@ def finished(job_id: str, outcome: job_pb2.JobOutcome.ValueType = SUCCEEDED) -> 
 
 @pytest.fixture
 async def configdb(nats_url: str, database_url: str) -> AsyncIterator[ServiceHost]:
-    settings = ConfigDbSettings(
-        nats_url=nats_url,
-        database_url=database_url,
-        grpc_port=0,
-        grpc_host="127.0.0.1",
-        health_interval_seconds=0.2,
-    )
+    settings = local_settings(ConfigDbSettings, nats_url=nats_url, database_url=database_url)
     async with running_service(build, settings) as host:
         yield host
 

@@ -20,7 +20,7 @@ from stride.dispatcher.settings import DispatcherSettings
 from stride.events.v1 import shard_pb2
 from stride.runtime.lifecycle import ServiceHost
 from stride.testing.eventually import assert_eventually
-from stride.testing.inprocess import running_service
+from stride.testing.inprocess import local_settings, running_service
 from stride.testing.streams import stream_messages
 
 pytestmark = pytest.mark.integration
@@ -44,13 +44,7 @@ def params(**changes: object) -> pb.DatasetParameters:
 
 
 def settings_for(nats_url: str, database_url: str) -> DispatcherSettings:
-    return DispatcherSettings(
-        nats_url=nats_url,
-        database_url=database_url,
-        grpc_port=0,
-        grpc_host="127.0.0.1",
-        health_interval_seconds=0.2,
-    )
+    return local_settings(DispatcherSettings, nats_url=nats_url, database_url=database_url)
 
 
 @pytest.fixture

@@ -18,7 +18,7 @@ from stride.podwatcher.app import build
 from stride.podwatcher.settings import PodWatcherSettings
 from stride.runtime.lifecycle import ServiceHost
 from stride.testing.eventually import assert_eventually
-from stride.testing.inprocess import running_service
+from stride.testing.inprocess import local_settings, running_service
 from stride.testing.streams import stream_messages
 
 pytestmark = pytest.mark.integration
@@ -44,13 +44,7 @@ def plan(job_id: str, version: int, workers: int = 2, cpu: float = 2.0) -> plan_
 
 @pytest.fixture
 async def podwatcher(nats_url: str, database_url: str) -> AsyncIterator[ServiceHost]:
-    settings = PodWatcherSettings(
-        nats_url=nats_url,
-        database_url=database_url,
-        grpc_port=0,
-        grpc_host="127.0.0.1",
-        health_interval_seconds=0.2,
-    )
+    settings = local_settings(PodWatcherSettings, nats_url=nats_url, database_url=database_url)
     async with running_service(build, settings) as host:
         yield host
 

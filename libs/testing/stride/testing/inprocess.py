@@ -5,7 +5,7 @@ from __future__ import annotations
 import asyncio
 from collections.abc import AsyncIterator, Awaitable, Callable
 from contextlib import asynccontextmanager
-from typing import TypeVar
+from typing import Any, TypeVar
 
 from stride.runtime.lifecycle import ServiceHost
 from stride.runtime.settings import ServiceSettings
@@ -40,3 +40,16 @@ async def running_service(
     finally:
         host.stop.set()
         await asyncio.wait_for(task, settings.shutdown_grace_seconds + 10)
+
+
+def local_settings(settings_class: type[S], **values: Any) -> S:
+    """Settings for a service run inside a test: a free port on loopback, fast health checks.
+
+    ``values`` (nats_url, database_url, ...) are passed through and may override these.
+    """
+    defaults: dict[str, Any] = {
+        "grpc_port": 0,
+        "grpc_host": "127.0.0.1",
+        "health_interval_seconds": 0.2,
+    }
+    return settings_class(**{**defaults, **values})
