@@ -36,22 +36,29 @@ best-effort JCT, makespan and scaling events.
 
 from __future__ import annotations
 
-import copy
 import math
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
-from typing import Protocol
 
 from stride.policy.elasticflow.admission import (
     AdmissionControl,
     DeadlineJob,
     JobKind,
-    _PlannedJob,
+    PlannedJob,
     admit_from_scratch,
     deadline_slots,
 )
 from stride.policy.elasticflow.allocation import AllocationJob, AllocationRequest, allocate
 from stride.policy.elasticflow.curves import ScalingCurve
+from stride.policy.elasticflow.placement import (
+    DeviceAllocation,
+    PlacementRequest,
+    PlacementStrategy,
+    Topology,
+    buddy,
+)
+from stride.sim.deadline_baselines import ChronusPolicy, ThemisPolicy, TiresiasPolicy
+from stride.sim.deadline_views import DeadlinePolicy, DeadlineView, JobView, edf_key
 from stride.sim.engine import Event, EventKind, Simulation, SimulationError
 from stride.sim.traces import ClusterSpec, CurveLibrary, TraceJob
 
@@ -78,61 +85,35 @@ _EPSILON = 1e-6
 
 @dataclass(frozen=True)
 class DeadlineCluster:
-    """A GPU cluster, counted in GPUs."""
+    """A GPU cluster: its size and, when known, its switch/node/GPU tree (for placement)."""
 
     num_gpus: int
     name: str = ""
+    fanouts: tuple[int, ...] | None = None
+    """Switches, nodes per switch, GPUs per node; None = GPUs are counted, not placed."""
 
     def __post_init__(self) -> None:
         if self.num_gpus <= 0:
             raise SimulationError(f"cluster.num_gpus: must be > 0, got {self.num_gpus}")
+        if self.fanouts is not None and math.prod(self.fanouts) != self.num_gpus:
+            raise SimulationError(
+                f"cluster.fanouts: {self.fanouts} hold {math.prod(self.fanouts)} GPUs, "
+                f"num_gpus is {self.num_gpus}"
+            )
 
     @classmethod
     def from_spec(cls, spec: ClusterSpec) -> DeadlineCluster:
-        """The cluster a ``cluster_specs`` file describes."""
-        return cls(spec.total_gpus, spec.source)
+        """The cluster a ``cluster_specs`` file describes, with its topology."""
+        fanouts = (spec.num_switch, spec.num_node_p_switch, spec.num_gpu_p_node)
+        return cls(spec.total_gpus, spec.source, fanouts)
 
-
-@dataclass(frozen=True)
-class JobView:
-    """What a policy may see of one active (arrived, admitted, unfinished) job."""
-
-    job_id: str
-    curve: ScalingCurve
-    remaining_iterations: float
-    deadline: float | None
-    submission_time: float
-    num_gpu: int
-    devices: int
-    paused_until: float
-
-
-@dataclass(frozen=True)
-class DeadlineView:
-    """A frozen snapshot for one decision."""
-
-    now: float
-    capacity: int
-    jobs: tuple[JobView, ...]
-    pause_seconds: float
-
-
-class DeadlinePolicy(Protocol):
-    """Environment A's specialisation of :class:`stride.sim.engine.Policy`.
-
-    ``admit`` is asked once per arrival (``candidate`` is not yet in ``view.jobs``);
-    ``decide`` returns GPUs per active job (missing means 0), within capacity.
-    """
-
-    name: str
-
-    def admit(self, view: DeadlineView, candidate: JobView) -> bool:
-        """Whether to accept the candidate (False drops it for good)."""
-        ...
-
-    def decide(self, view: DeadlineView) -> dict[str, int]:
-        """GPUs for each active job."""
-        ...
+    def buddy_topology(self) -> Topology | None:
+        """The tree buddy placement can use: below the top, every fan-out a power of two."""
+        if self.fanouts is None:
+            return None
+        if any(fanout & (fanout - 1) for fanout in self.fanouts[1:]):
+            return None
+        return Topology(self.fanouts, ("switch", "node", "gpu"))
 
 
 def _hard_job(job: JobView, now: float, pause: float) -> DeadlineJob | None:
@@ -170,11 +151,6 @@ def _feasible_plans(
     return {job.job_id: plan for job, plan in zip(hard, plans, strict=True)}
 
 
-def _edf_key(job: JobView) -> tuple[float, float, str]:
-    deadline = math.inf if job.deadline is None else job.deadline
-    return (deadline, job.submission_time, job.job_id)
-
-
 def _guaranteed(view: DeadlineView) -> dict[str, tuple[int, ...]]:
     """Plans for the largest EDF prefix-greedy set of active jobs that can all be guaranteed.
 
@@ -184,7 +160,7 @@ def _guaranteed(view: DeadlineView) -> dict[str, tuple[int, ...]]:
     """
     candidates = sorted(
         (job for job in view.jobs if _hard_job(job, view.now, view.pause_seconds) is not None),
-        key=_edf_key,
+        key=edf_key,
     )
     plans = _feasible_plans(candidates, view.capacity, view.now, view.pause_seconds)
     if plans is not None:
@@ -217,16 +193,12 @@ def _admission_test(view: DeadlineView, candidate: JobView) -> bool:
     )
 
 
-_ViewKey = tuple[float, int, float, tuple[tuple[str, float, float | None], ...]]
+_ViewKey = tuple[float, int, float, tuple[str, ...]]
 
 
 def _view_key(view: DeadlineView, jobs: Sequence[JobView]) -> _ViewKey:
-    return (
-        view.now,
-        view.capacity,
-        view.pause_seconds,
-        tuple(sorted((job.job_id, job.remaining_iterations, job.deadline) for job in jobs)),
-    )
+    """Identifies a decision instant: at one ``now`` the same jobs have the same state."""
+    return (view.now, view.capacity, view.pause_seconds, tuple(job.job_id for job in jobs))
 
 
 class _IncrementalPlanner:
@@ -254,23 +226,23 @@ class _IncrementalPlanner:
     """
 
     def __init__(self) -> None:
-        self._templates: dict[str, _PlannedJob] = {}
+        self._templates: dict[str, PlannedJob] = {}
         self._memo: tuple[_ViewKey, AdmissionControl] | None = None
+        self._built: tuple[AdmissionControl, set[str]] | None = None
+        """The last timeline built and the ids of every job it considered (kept or not)."""
 
-    def _planned(self, job: JobView, timeline: AdmissionControl, pause: float) -> _PlannedJob:
+    def _planned(self, job: JobView, timeline: AdmissionControl, pause: float) -> PlannedJob:
         template = self._templates.get(job.job_id)
         if template is None:
             hard = _hard_job(job, timeline.now, pause)
             assert hard is not None
             template = timeline.prepare(hard, f"job {job.job_id}")
             self._templates[job.job_id] = template
-        planned = copy.copy(template)
         assert job.deadline is not None
-        planned.slots = deadline_slots(
+        slots = deadline_slots(
             job.deadline - pause, timeline.now, timeline.slot_seconds, f"job {job.job_id}"
         )
-        planned.remaining = job.remaining_iterations
-        return planned
+        return template.rebudget(slots, job.remaining_iterations)
 
     def timeline(self, view: DeadlineView) -> AdmissionControl:
         """The guaranteed jobs' timeline at ``view.now`` (memoised for the same view)."""
@@ -280,7 +252,7 @@ class _IncrementalPlanner:
         timeline = AdmissionControl(view.capacity, view.now, SLOT_SECONDS)
         candidates = sorted(
             (job for job in view.jobs if _reservable(job, view.now, view.pause_seconds)),
-            key=_edf_key,
+            key=edf_key,
         )
         for job in candidates:
             planned = self._planned(job, timeline, view.pause_seconds)
@@ -288,10 +260,43 @@ class _IncrementalPlanner:
             if plans is not None:
                 timeline.commit(planned, plans)
         self._memo = (key, timeline)
+        self._built = (timeline, {job.job_id for job in candidates})
+        return timeline
+
+    def _still_valid(self, view: DeadlineView) -> AdmissionControl | None:
+        """The last timeline, if only completions happened since, within its first slot.
+
+        A completion only frees reservations, so every other guaranteed job's plan stays
+        feasible; re-deriving the guaranteed set would only re-consider jobs left out earlier
+        (they fell behind), which then wait for the next arrival or slot to be re-considered.
+        """
+        if self._built is None:
+            return None
+        timeline, considered = self._built
+        if not 0.0 <= view.now - timeline.now < timeline.slot_seconds:
+            return None
+        if timeline.capacity != view.capacity:
+            return None
+        for job in view.jobs:
+            if job.job_id not in considered and _reservable(job, view.now, view.pause_seconds):
+                return None
         return timeline
 
     def guaranteed(self, view: DeadlineView) -> dict[str, int]:
-        """Each guaranteed job's minimum share in the current slot."""
+        """Each guaranteed job's minimum share in the current slot.
+
+        Re-uses the last timeline when only completions happened since it was built, in the
+        same slot (:meth:`_still_valid`); otherwise re-derives it (:meth:`timeline`).
+        """
+        key_matches = self._memo is not None and self._memo[0] == _view_key(view, view.jobs)
+        reused = None if key_matches else self._still_valid(view)
+        if reused is not None:
+            present = {job.job_id for job in view.jobs}
+            return {
+                planned.job.job_id: int(plan[0]) if plan.size else 0
+                for planned, plan in zip(reused.jobs, reused.plans, strict=True)
+                if planned.job.job_id in present
+            }
         timeline = self.timeline(view)
         return {
             planned.job.job_id: int(plan[0]) if plan.size else 0
@@ -311,6 +316,8 @@ class _IncrementalPlanner:
             return False
         timeline.commit(planned, plans)
         self._memo = (_view_key(view, [*view.jobs, candidate]), timeline)
+        if self._built is not None and self._built[0] is timeline:
+            self._built[1].add(candidate.job_id)
         return True
 
 
@@ -318,7 +325,7 @@ def _edf_elastic(view: DeadlineView) -> dict[str, int]:
     """EDF: in deadline order each job takes its maximum useful size from what is free."""
     free = view.capacity
     result: dict[str, int] = {}
-    for job in sorted(view.jobs, key=_edf_key):
+    for job in sorted(view.jobs, key=edf_key):
         take = job.curve.usable(min(job.curve.max_size, free))
         result[job.job_id] = take
         free -= take
@@ -335,7 +342,13 @@ class StridePolicy:
 
     name: str = "stride"
     incremental: bool = True
+    placement: str = "buddy"
+    """Where the environment puts the GPUs (sec. 4.3): buddy allocation with migration."""
     _planner: _IncrementalPlanner = field(default_factory=_IncrementalPlanner, repr=False)
+
+    def wakeup(self, view: DeadlineView, decision: dict[str, int]) -> float | None:
+        """Event-driven only (sec. 3.2: rounds on arrivals and completions)."""
+        return None
 
     def admit(self, view: DeadlineView, candidate: JobView) -> bool:
         """Admit only with a guaranteed deadline (minimum satisfactory share exists)."""
@@ -351,7 +364,7 @@ class StridePolicy:
     def decide(self, view: DeadlineView) -> dict[str, int]:
         """Minimum shares of this slot first, then spare GPUs by marginal return."""
         shares = self._shares(view)
-        ordered = sorted(view.jobs, key=_edf_key)
+        ordered = sorted(view.jobs, key=edf_key)
         request = AllocationRequest(
             capacity=view.capacity,
             jobs=tuple(
@@ -378,6 +391,10 @@ class EdfPolicy:
         """Always admits."""
         return True
 
+    def wakeup(self, view: DeadlineView, decision: dict[str, int]) -> float | None:
+        """Event-driven only."""
+        return None
+
     def decide(self, view: DeadlineView) -> dict[str, int]:
         """See :func:`_edf_elastic`."""
         return _edf_elastic(view)
@@ -390,6 +407,10 @@ class EdfAdmissionPolicy:
     name: str = "edf-ac"
     incremental: bool = True
     _planner: _IncrementalPlanner = field(default_factory=_IncrementalPlanner, repr=False)
+
+    def wakeup(self, view: DeadlineView, decision: dict[str, int]) -> float | None:
+        """Event-driven only."""
+        return None
 
     def admit(self, view: DeadlineView, candidate: JobView) -> bool:
         """The same admission test as :class:`StridePolicy`."""
@@ -416,6 +437,10 @@ class GandivaPolicy:
         """Always admits."""
         return True
 
+    def wakeup(self, view: DeadlineView, decision: dict[str, int]) -> float | None:
+        """Event-driven only."""
+        return None
+
     def decide(self, view: DeadlineView) -> dict[str, int]:
         """Running jobs keep their GPUs; waiting jobs start in arrival order while they fit."""
         free = view.capacity - sum(job.devices for job in view.jobs)
@@ -430,13 +455,27 @@ class GandivaPolicy:
         return result
 
 
-POLICIES: Mapping[str, type[StridePolicy | EdfPolicy | EdfAdmissionPolicy | GandivaPolicy]] = {
+POLICIES: Mapping[
+    str,
+    type[
+        StridePolicy
+        | EdfPolicy
+        | EdfAdmissionPolicy
+        | GandivaPolicy
+        | TiresiasPolicy
+        | ThemisPolicy
+        | ChronusPolicy
+    ],
+] = {
     "stride": StridePolicy,
     "edf": EdfPolicy,
     "edf-ac": EdfAdmissionPolicy,
     "gandiva": GandivaPolicy,
+    "tiresias": TiresiasPolicy,
+    "themis": ThemisPolicy,
+    "chronus": ChronusPolicy,
 }
-"""Policy names accepted by :func:`run_deadline`. Missing: Tiresias, Themis, Chronus."""
+"""Policy names accepted by :func:`run_deadline` (baselines of ElasticFlow sec. 6.1)."""
 
 
 @dataclass(frozen=True)
@@ -461,6 +500,10 @@ class DeadlineResult:
     scaling_events: int
     dropped: tuple[str, ...]
     peak_gpus_in_use: int
+    migrations: int = 0
+    """Jobs moved to other GPUs at the same size (buddy repacking), each paying the pause."""
+    placement: str = "counted"
+    """``buddy`` when GPUs were placed on the cluster's tree, ``counted`` otherwise."""
     finish_times: Mapping[str, float | None] = field(default_factory=dict)
 
 
@@ -480,9 +523,13 @@ class _Job:
     ended: bool = False
     rate_devices: int = 0
     rate_value: float = 0.0
+    attained: float = 0.0
+    cached_view: JobView | None = None
 
     def view(self) -> JobView:
-        return JobView(
+        if self.cached_view is not None:
+            return self.cached_view
+        self.cached_view = JobView(
             self.trace.job_id,
             self.curve,
             self.remaining,
@@ -491,7 +538,10 @@ class _Job:
             self.trace.num_gpu,
             self.devices,
             self.paused_until,
+            self.trace.iterations,
+            self.attained,
         )
+        return self.cached_view
 
     def rate(self) -> float:
         if not self.devices:
@@ -509,18 +559,25 @@ class _Environment:
         capacity: int,
         policy: DeadlinePolicy,
         pause: float,
+        topology: Topology | None = None,
     ) -> None:
         self.jobs = {job.trace.job_id: job for job in jobs}
         self.capacity = capacity
         self.policy = policy
         self.pause = pause
+        self.topology = topology
+        self.placed: dict[str, tuple[int, ...]] = {}
         self.active: dict[str, _Job] = {}
+        self.running: dict[str, _Job] = {}
+        """The active jobs holding GPUs: only they progress, so only they are advanced."""
         self.dropped: list[str] = []
         self.scaling_events = 0
+        self.migrations = 0
         self.peak = 0
         self.efficiency_area = 0.0
         self.clock = 0.0
         self.round_at: float | None = None
+        self.timer_at: float | None = None
 
     def view(self, now: float) -> DeadlineView:
         return DeadlineView(
@@ -528,13 +585,15 @@ class _Environment:
         )
 
     def advance(self, now: float) -> None:
-        """Account progress and eq. 8 efficiency from the last event to ``now``."""
+        """Account progress, attained service and eq. 8 efficiency up to ``now``."""
         efficiency = 0.0
-        for job in self.active.values():
+        for job in self.running.values():
+            job.cached_view = None
+            job.attained += job.devices * (now - job.last_update)
             start = max(job.last_update, job.paused_until)
-            if now > start and job.devices:
+            if now > start:
                 job.remaining = max(0.0, job.remaining - job.rate() * (now - start))
-            if job.devices and job.paused_until <= job.last_update:
+            if job.paused_until <= job.last_update:
                 efficiency += job.rate() / job.unit_throughput
             job.last_update = now
         # Paused intervals are charged approximately: a job counts once its pause is over
@@ -553,6 +612,9 @@ class _Environment:
         job.ended = True
         job.finish = now
         job.devices = 0
+        job.cached_view = None
+        self.placed.pop(job.trace.job_id, None)
+        self.running.pop(job.trace.job_id, None)
         self.active.pop(job.trace.job_id, None)
 
     def handle(self, sim: Simulation, event: Event) -> None:
@@ -574,11 +636,53 @@ class _Environment:
             self.request_round(sim)
         elif event.kind is EventKind.OVERHEAD_END:
             return  # progress accounting already starts at paused_until
+        elif event.kind is EventKind.TIMER:
+            if event.time == self.timer_at:  # a later wakeup replaced an earlier one
+                self.timer_at = None
+                self.request_round(sim)
         elif event.kind is EventKind.SCHEDULING_ROUND:
             self.round(sim)
 
+    def place(self, decision: dict[str, int]) -> set[str]:
+        """Buddy placement (sec. 4.3) of the decision; returns the jobs that migrate."""
+        assert self.topology is not None
+        for job_id, devices in list(self.placed.items()):
+            if decision.get(job_id, 0) != len(devices):
+                del self.placed[job_id]
+        moved: set[str] = set()
+        waiting = sorted(
+            (
+                (count, job_id)
+                for job_id, count in decision.items()
+                if count and job_id not in self.placed
+            ),
+            key=lambda item: (-item[0], item[1]),
+        )
+        for count, job_id in waiting:
+            reply = buddy(
+                PlacementRequest(
+                    self.topology,
+                    job_id,
+                    count,
+                    tuple(DeviceAllocation(j, d) for j, d in self.placed.items()),
+                    PlacementStrategy.BUDDY,
+                )
+            )
+            if not reply.placed:
+                raise SimulationError(f"job {job_id}: buddy placement failed: {reply.reason}")
+            for migration in reply.migrations:
+                self.placed[migration.job_id] = migration.devices
+                moved.add(migration.job_id)
+            self.placed[job_id] = reply.devices
+        return {
+            job_id
+            for job_id in moved
+            if self.active[job_id].devices == len(self.placed[job_id])  # same size: a move
+        }
+
     def round(self, sim: Simulation) -> None:
-        decision = self.policy.decide(self.view(sim.now))
+        view = self.view(sim.now)
+        decision = self.policy.decide(view)
         total = 0
         for job_id, count in decision.items():
             if job_id not in self.active or count < 0:
@@ -591,16 +695,24 @@ class _Environment:
                 f"policy {self.policy.name}: allocated {total} GPUs, capacity {self.capacity}"
             )
         self.peak = max(self.peak, total)
+        migrating = self.place(decision) if self.topology is not None else set()
         for job_id, job in self.active.items():
             count = decision.get(job_id, 0)
-            if count == job.devices:
+            if count == job.devices and job_id not in migrating:
                 continue
-            if job.ever_ran:
+            if job_id in migrating and count == job.devices:
+                self.migrations += 1
+            elif job.ever_ran:
                 self.scaling_events += 1
+            job.cached_view = None
+            if not job.devices:
+                job.last_update = sim.now  # progress and service count from now
             job.devices = count
             job.version += 1
             if count == 0:
+                self.running.pop(job_id, None)
                 continue
+            self.running[job_id] = job
             job.ever_ran = True
             job.paused_until = sim.now + self.pause
             if self.pause > 0:
@@ -611,6 +723,14 @@ class _Environment:
             sim.schedule(
                 job.paused_until + job.remaining / rate, EventKind.COMPLETION, job_id, job.version
             )
+        wakeup = self.policy.wakeup(view, decision)
+        if (
+            wakeup is not None
+            and wakeup > sim.now
+            and (self.timer_at is None or wakeup < self.timer_at)
+        ):
+            self.timer_at = wakeup
+            sim.schedule(wakeup, EventKind.TIMER)
 
 
 def run_deadline(
@@ -675,7 +795,8 @@ def run_deadline(
                 unit_throughput=curve.throughputs[0] / first,
             )
         )
-    environment = _Environment(jobs, cluster.num_gpus, policy, pause_seconds)
+    topology = cluster.buddy_topology() if getattr(policy, "placement", "") == "buddy" else None
+    environment = _Environment(jobs, cluster.num_gpus, policy, pause_seconds, topology)
     for job in jobs:
         sim.schedule(job.trace.submission_time, EventKind.ARRIVAL, job.trace.job_id)
     sim.run(environment.handle)
@@ -725,5 +846,7 @@ def _result(policy: str, seed: int, jobs: list[_Job], env: _Environment) -> Dead
         scaling_events=env.scaling_events,
         dropped=tuple(env.dropped),
         peak_gpus_in_use=env.peak,
+        migrations=env.migrations,
+        placement="buddy" if env.topology is not None else "counted",
         finish_times={job.trace.job_id: job.finish for job in jobs},
     )

@@ -178,7 +178,7 @@ def deadline_slots(deadline: float, now: float, slot_seconds: float, field: str)
     return slots
 
 
-class _PlannedJob:
+class PlannedJob:
     """A hard job prepared for progressive filling: lookup tables and its slot budget."""
 
     __slots__ = (
@@ -207,6 +207,22 @@ class _PlannedJob:
         offered = np.arange(largest + 1, dtype=np.int64)[None, :]
         self.progress_by_cap: FloatArray = self.progress[np.minimum(caps, offered)]
 
+    def rebudget(self, slots: int, remaining: float) -> PlannedJob:
+        """The same job's tables with a new slot budget and remaining work (no rebuild).
+
+        For callers that re-plan one job many times (the simulator does at every event):
+        the lookup tables depend only on the curve, capacity and slot length, and are shared.
+        """
+        clone = PlannedJob.__new__(PlannedJob)
+        clone.job = self.job
+        clone.progress = self.progress
+        clone.progress_by_cap = self.progress_by_cap
+        clone.size_steps = self.size_steps
+        clone.usable = self.usable
+        clone.slots = slots
+        clone.remaining = remaining
+        return clone
+
     def fill(self, free: IntArray) -> IntArray | None:
         """Algorithm 1's ProgressiveFilling: the minimum satisfactory share, or None."""
         needed = _needed(self.remaining)
@@ -220,10 +236,10 @@ class _PlannedJob:
         clipped = np.minimum(window, self.size_steps[-1])
         by_free = np.bincount(clipped, minlength=self.size_steps[-1] + 1)
         reachable = self.progress_by_cap @ by_free
-        meets = np.flatnonzero(reachable >= needed)
-        if meets.size == 0:
+        meets = reachable >= needed
+        low = int(meets.argmax())  # the smallest cap j that meets the deadline (monotone in j)
+        if not meets[low]:
             return None
-        low = int(meets[0])  # the smallest cap j that meets the deadline (monotone in j)
         offered = np.minimum(self.size_steps[low], window)
         done = np.cumsum(self.progress[offered])
         last = int(np.searchsorted(done, needed))  # slot in which the job completes
@@ -255,7 +271,7 @@ class AdmissionControl:
         self.capacity = capacity
         self.now = float(now)
         self.slot_seconds = float(slot_seconds)
-        self.jobs: list[_PlannedJob] = []
+        self.jobs: list[PlannedJob] = []
         self.plans: list[IntArray] = []
         self.used: IntArray = np.zeros(0, dtype=np.int64)
         seen: set[str] = set()
@@ -267,7 +283,7 @@ class AdmissionControl:
             if job.job_id in seen:
                 raise InvalidAdmission(f"{field}.job.job_id", f"{job.job_id!r} repeats")
             seen.add(job.job_id)
-            planned = _PlannedJob(job, capacity, now, slot_seconds, f"{field}.job")
+            planned = PlannedJob(job, capacity, now, slot_seconds, f"{field}.job")
             plan = np.asarray(held.devices_per_slot, dtype=np.int64)
             self._check_held(planned, plan, f"{field}.devices_per_slot")
             self.jobs.append(planned)
@@ -282,7 +298,7 @@ class AdmissionControl:
                 f"capacity is {capacity}",
             )
 
-    def _check_held(self, planned: _PlannedJob, plan: IntArray, field: str) -> None:
+    def _check_held(self, planned: PlannedJob, plan: IntArray, field: str) -> None:
         if plan.size > planned.slots:
             raise InvalidAdmission(
                 field, f"reserves {plan.size} slots, the deadline allows {planned.slots}"
@@ -314,15 +330,15 @@ class AdmissionControl:
         free[:shared] -= used[:shared]
         return free
 
-    def prepare(self, candidate: DeadlineJob, field: str = "candidate") -> _PlannedJob:
+    def prepare(self, candidate: DeadlineJob, field: str = "candidate") -> PlannedJob:
         """Validate a hard candidate against this timeline (deadline not before now, ...)."""
         if candidate.kind is not JobKind.HARD:
             raise InvalidAdmission(f"{field}.kind", "only hard jobs are planned")
         if any(planned.job.job_id == candidate.job_id for planned in self.jobs):
             raise InvalidAdmission(f"{field}.job_id", f"{candidate.job_id!r} is already admitted")
-        return _PlannedJob(candidate, self.capacity, self.now, self.slot_seconds, field)
+        return PlannedJob(candidate, self.capacity, self.now, self.slot_seconds, field)
 
-    def decide(self, candidate: _PlannedJob) -> dict[int, IntArray] | None:
+    def decide(self, candidate: PlannedJob) -> dict[int, IntArray] | None:
         """New plans by job index (the candidate is index ``len(jobs)``), or None to drop.
 
         First the candidate alone in what the held reservations leave free; then the
@@ -353,7 +369,7 @@ class AdmissionControl:
             replanned[index] = plan
         return replanned
 
-    def commit(self, candidate: _PlannedJob, plans: dict[int, IntArray]) -> None:
+    def commit(self, candidate: PlannedJob, plans: dict[int, IntArray]) -> None:
         """Apply a :meth:`decide` result: the candidate joins, re-filled jobs change plans."""
         self.jobs.append(candidate)
         self.plans.append(np.zeros(0, dtype=np.int64))

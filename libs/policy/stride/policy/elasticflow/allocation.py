@@ -79,19 +79,12 @@ class AllocationReply:
 
 def marginal_weight(curve: ScalingCurve) -> float:
     """``w_i``: device-time per iteration at the curve's most efficient (smallest) size."""
-    for size, value in zip(curve.sizes, curve.throughputs, strict=True):
-        if value > 0:
-            return size / value
-    return 0.0
+    return curve.device_seconds_per_iteration
 
 
 def _next_step(curve: ScalingCurve, devices: int) -> tuple[int, float] | None:
     """The next allowed size above ``devices`` that is strictly faster, with its gain."""
-    current = curve.throughput(devices)
-    for size, value in zip(curve.sizes, curve.throughputs, strict=True):
-        if size > devices and value > current:
-            return size, value - current
-    return None
+    return curve.next_faster(devices)
 
 
 def _validate(request: AllocationRequest) -> None:
@@ -129,18 +122,17 @@ def allocate(request: AllocationRequest) -> list[int]:
     spare = request.capacity - sum(devices)
     weights = [marginal_weight(job.curve) for job in request.jobs]
     # Max-heap on return per device; ties go to the earlier job so results are reproducible.
-    queue: list[tuple[float, int, int, float]] = []
 
-    def push(index: int) -> None:
+    def entry(index: int) -> tuple[float, int, int, float] | None:
         step = _next_step(request.jobs[index].curve, devices[index])
         if step is None:
-            return
+            return None
         size, gain = step
         width = size - devices[index]
-        heapq.heappush(queue, (-(weights[index] * gain / width - 1.0), index, size, gain))
+        return (-(weights[index] * gain / width - 1.0), index, size, gain)
 
-    for index in range(len(request.jobs)):
-        push(index)
+    queue = [item for index in range(len(request.jobs)) if (item := entry(index)) is not None]
+    heapq.heapify(queue)
     while spare > 0 and queue:
         _, index, size, _ = heapq.heappop(queue)
         width = size - devices[index]
@@ -148,7 +140,9 @@ def allocate(request: AllocationRequest) -> list[int]:
             continue  # spare only shrinks, so this step never fits again
         devices[index] = size
         spare -= width
-        push(index)
+        item = entry(index)
+        if item is not None:
+            heapq.heappush(queue, item)
     return devices
 
 

@@ -19,6 +19,7 @@ shares); :func:`curve_from_function` builds a curve from any throughput provider
 
 from __future__ import annotations
 
+import functools
 import math
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
@@ -100,6 +101,34 @@ class ScalingCurve:
             best = value
         return best
 
+    def next_faster(self, devices: int) -> tuple[int, float] | None:
+        """The next allowed size above ``devices`` that is strictly faster, with its gain.
+
+        Memoised per curve: greedy allocation asks it for every job in every round.
+        """
+        cache = self._next_faster
+        if devices not in cache:
+            current = self.throughput(devices)
+            found: tuple[int, float] | None = None
+            for size, value in zip(self.sizes, self.throughputs, strict=True):
+                if size > devices and value > current:
+                    found = (size, value - current)
+                    break
+            cache[devices] = found
+        return cache[devices]
+
+    @functools.cached_property
+    def _next_faster(self) -> dict[int, tuple[int, float] | None]:
+        return {}
+
+    @functools.cached_property
+    def device_seconds_per_iteration(self) -> float:
+        """Devices x seconds per iteration at the smallest size with throughput (0 if none)."""
+        for size, value in zip(self.sizes, self.throughputs, strict=True):
+            if value > 0:
+                return size / value
+        return 0.0
+
     def table(self, capacity: int) -> tuple[list[int], list[float]]:
         """``usable(d)`` and ``throughput(d)`` for every d in 0..capacity (lookup tables)."""
         usable = [0] * (capacity + 1)
@@ -115,6 +144,11 @@ class ScalingCurve:
 
     def concavity_violation(self) -> tuple[int, str] | None:
         """The first point that breaks monotone concavity, with why; None if there is none."""
+        return self._violation
+
+    @functools.cached_property
+    def _violation(self) -> tuple[int, str] | None:
+        # Cached: the curve is immutable and allocation checks it on every call.
         previous_size, previous_value = 0, 0.0
         previous_slope = math.inf
         for index, (size, value) in enumerate(zip(self.sizes, self.throughputs, strict=True)):

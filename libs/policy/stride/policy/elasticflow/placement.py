@@ -20,7 +20,10 @@ classic buddy rule: split the smallest free block). If there is none although en
 devices are free, the running jobs are *repacked*: all blocks, the new one included, are
 laid out largest first from device 0, which aligns each one (every start is a sum of
 larger powers of two). The reply lists the jobs that move. Departure: the paper does not
-say which jobs to migrate; Stride's repack is simple and may move more jobs than needed.
+say which jobs to migrate. Stride first tries to empty one aligned block by moving only the
+jobs inside it (the block with the fewest busy devices first, its jobs into free aligned
+blocks elsewhere); only if that fails does it repack everything, which may move more jobs
+than needed.
 """
 
 from __future__ import annotations
@@ -218,6 +221,84 @@ def _take(
     return taken
 
 
+def _aligned_free_block(counter: _FreeCounter, needed: int) -> tuple[int, int] | None:
+    """The free aligned block of ``needed`` devices inside the smallest maximal free block.
+
+    Returns ``(size of the enclosing free block, start)`` or None if no aligned block is free.
+    """
+    total = counter.busy.size
+    best: tuple[int, int] | None = None
+    for start in range(0, total - needed + 1, needed):
+        if counter.free(start, start + needed) != needed:
+            continue
+        block = needed
+        while True:  # grow to the largest aligned free block that holds this one
+            bigger = block * 2
+            base = start - start % bigger
+            if base + bigger > total or counter.free(base, base + bigger) != bigger:
+                break
+            block = bigger
+        if best is None or (block, start) < best:
+            best = (block, start)
+    return best
+
+
+_EVICTION_CANDIDATES = 8
+"""Aligned blocks tried for eviction (fewest busy devices first) before a full repack."""
+
+
+def _evict(request: PlacementRequest, busy: npt.NDArray[np.int64]) -> PlacementReply | None:
+    """Free one aligned block by moving only the jobs inside it, or None if that fails.
+
+    The block with the fewest busy devices is tried first; its jobs (every one smaller than
+    the block, since buddy blocks nest) move, largest first, into aligned free blocks
+    outside it. This moves far fewer jobs than a full repack.
+    """
+    needed = request.devices_needed
+    total = busy.size
+    owner = np.full(total, -1, dtype=np.int64)
+    for index, allocation in enumerate(request.occupied):
+        owner[list(allocation.devices)] = index
+    candidates: list[tuple[int, int]] = []
+    for start in range(0, total - needed + 1, needed):
+        inside = owner[start : start + needed]
+        jobs = {int(job) for job in inside if job >= 0}
+        if any(
+            not start <= min(request.occupied[job].devices)
+            or max(request.occupied[job].devices) >= start + needed
+            for job in jobs
+        ):
+            continue  # a job straddles the block: moving it would not free the block alone
+        candidates.append((int((inside >= 0).sum()), start))
+    candidates.sort()
+    for _, start in candidates[:_EVICTION_CANDIDATES]:
+        trial = busy.copy()
+        movers = sorted(
+            {int(job) for job in owner[start : start + needed] if job >= 0},
+            key=lambda job: (-len(request.occupied[job].devices), job),
+        )
+        for job in movers:
+            trial[list(request.occupied[job].devices)] = 0
+        trial[start : start + needed] = 1  # reserved for the new job
+        migrations: list[DeviceAllocation] = []
+        for job in movers:
+            size = len(request.occupied[job].devices)
+            found = _aligned_free_block(_FreeCounter(trial), size)
+            if found is None:
+                break
+            trial[found[1] : found[1] + size] = 1
+            devices = tuple(range(found[1], found[1] + size))
+            migrations.append(DeviceAllocation(request.occupied[job].job_id, devices))
+        else:
+            return PlacementReply(
+                True,
+                tuple(range(start, start + needed)),
+                tuple(migrations),
+                f"evicted {len(migrations)} jobs from an aligned block",
+            )
+    return None
+
+
 def buddy(request: PlacementRequest) -> PlacementReply:
     """Buddy allocation with repacking: never fragmented for power-of-two sizes."""
     topology = request.topology
@@ -241,24 +322,15 @@ def buddy(request: PlacementRequest) -> PlacementReply:
     total_free = counter.free(0, total)
     if total_free < needed:
         return PlacementReply(False, (), (), f"{total_free} devices free, {needed} needed")
-    best: tuple[int, int] | None = None  # (size of the enclosing free block, start)
-    for start in range(0, total - needed + 1, needed):
-        if counter.free(start, start + needed) != needed:
-            continue
-        block = needed
-        while True:  # grow to the largest aligned free block that holds this one
-            bigger = block * 2
-            base = start - start % bigger
-            if base + bigger > total or counter.free(base, base + bigger) != bigger:
-                break
-            block = bigger
-        if best is None or (block, start) < best:
-            best = (block, start)
+    best = _aligned_free_block(counter, needed)
     if best is not None:
         start = best[1]
         return PlacementReply(
             True, tuple(range(start, start + needed)), (), f"buddy block of {best[0]} split"
         )
+    evicted = _evict(request, busy)
+    if evicted is not None:
+        return evicted
     # Fragmented: repack everything largest first; each start is then aligned.
     blocks = sorted(
         [(len(a.devices), min(a.devices), a.job_id) for a in request.occupied]
