@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import json
 import subprocess
 import sys
 from pathlib import Path
@@ -44,6 +45,11 @@ def test_deadline_run_writes_a_report_with_context(tmp_path: Path) -> None:
     assert "seed: 3" in text and "first:20 (20 jobs)" in text and "128 GPUs" in text
     assert "| stride |" in text and "| edf |" in text and "| gandiva |" not in text
     assert list(out.glob("*.png")), "metrics that differ between policies are plotted"
+    document = json.loads((out / "results.json").read_text())
+    assert document["context"]["seed"] == 3
+    assert set(document["results"]) == {"stride", "edf"}
+    assert document["results"]["stride"]["jobs"] == 20
+    assert document["results"]["stride"]["placement"] == "buddy"
 
 
 def test_bad_input_is_one_line_and_writes_nothing(tmp_path: Path) -> None:

@@ -7,8 +7,13 @@ one set of curves and one scaling-overhead model, and report the paper's metrics
 Model
 - A job needs ``iterations`` (the trace's ``num_iteration``) and progresses at
   ``curve.throughput(devices)`` iterations/s, where the curve is the measured A100 table
-  made concave (``stride.sim.traces.CurveLibrary``). Device counts are counted, not placed:
-  buddy placement (sec. 4.3) is not simulated, so no migration is modelled either.
+  made concave (``stride.sim.traces.CurveLibrary``).
+- Placement: under the Stride policy the GPUs are placed on the cluster's switch/node/GPU
+  tree by the library's buddy allocation (sec. 4.3) whenever the tree's fan-outs below the
+  top are powers of two (every ``cluster_specs`` shape ElasticFlow used for these traces).
+  Jobs that change size are released and re-placed, largest first; a job moved to free an
+  aligned block is a migration and pauses like a rescale. Placement does not change
+  throughput (the measured tables are per GPU count). Baselines count GPUs.
 - Scaling overhead: every time a job's GPU count changes to a non-zero value (start,
   resume, scale up or down) it pauses for :data:`SCALING_PAUSE_SECONDS` and makes no progress
   while holding its new GPUs. ElasticFlow sec. 6.6 / Fig. 12(b) measures the interval from
@@ -20,14 +25,21 @@ Model
   completion (they count as missed); jobs dropped by admission control end at arrival.
 
 Admission is incremental by default (:class:`_IncrementalPlanner`, through the library's
-``AdmissionControl``): the guaranteed set and its plans are exactly those of re-running
-Algorithm 1 from scratch, but an arrival is admitted when it fits what the guaranteed jobs'
-plans leave free even where a from-scratch re-plan in deadline order would fail a later job,
-and the round at that instant keeps those plans. Results therefore differ from
-``run_deadline(..., incremental=False)`` (the from-scratch reference, kept for benchmarks):
+``AdmissionControl``): at an arrival the guaranteed set and its plans are exactly those of
+re-running Algorithm 1 from scratch (at a completion within the same 300 s slot the last
+plans are kept: a completion only frees reservations), but an arrival is admitted when it
+fits what the guaranteed jobs' plans leave free even where a from-scratch re-plan in
+deadline order would fail a later job, and the round at that instant keeps those plans.
+Results therefore differ from ``run_deadline(..., incremental=False)`` (the from-scratch
+reference, kept for benchmarks):
 on the first 300 jobs of ``itp-ef/cluster04.csv`` it drops fewer jobs and meets more
-deadlines; on ``cluster01`` it drops the same jobs and meets slightly fewer
-(``bench/results/sim_speed.txt``).
+deadlines; on ``cluster01`` it drops the same jobs and meets about as many
+(``bench/results/sim_speed.txt``). In an overloaded cluster, admission outcomes cascade:
+small changes early (a 20 s migration pause) move the DSR of a long trace by a few points
+either way, so compare policies on whole traces, not single jobs.
+
+Baselines: EDF (elastic), EDF with admission control, Gandiva-like FIFO here;
+Tiresias, Themis and Chronus in :mod:`stride.sim.deadline_baselines`.
 
 Metrics (sec. 6.1): deadline satisfactory ratio (DSR) overall and split by lambda >= 1 /
 lambda < 1 (traces README), cluster efficiency eq. 8 averaged over time up to the makespan,
@@ -586,19 +598,17 @@ class _Environment:
 
     def advance(self, now: float) -> None:
         """Account progress, attained service and eq. 8 efficiency up to ``now``."""
-        efficiency = 0.0
+        area = 0.0
         for job in self.running.values():
             job.cached_view = None
             job.attained += job.devices * (now - job.last_update)
             start = max(job.last_update, job.paused_until)
-            if now > start:
-                job.remaining = max(0.0, job.remaining - job.rate() * (now - start))
-            if job.paused_until <= job.last_update:
-                efficiency += job.rate() / job.unit_throughput
+            if now > start:  # exact: no progress (and no efficiency) while paused
+                rate = job.rate()
+                job.remaining = max(0.0, job.remaining - rate * (now - start))
+                area += rate / job.unit_throughput * (now - start)
             job.last_update = now
-        # Paused intervals are charged approximately: a job counts once its pause is over
-        # at the previous event.
-        self.efficiency_area += efficiency * (now - self.clock)
+        self.efficiency_area += area
         self.clock = now
 
     def request_round(self, sim: Simulation) -> None:
@@ -618,6 +628,10 @@ class _Environment:
         self.active.pop(job.trace.job_id, None)
 
     def handle(self, sim: Simulation, event: Event) -> None:
+        if event.kind is EventKind.COMPLETION:
+            job = self.jobs[str(event.job_id)]
+            if job.ended or event.payload != job.version:
+                return  # superseded by a later re-allocation: nothing happened
         self.advance(sim.now)
         if event.kind is EventKind.ARRIVAL:
             job = self.jobs[str(event.job_id)]
@@ -630,12 +644,8 @@ class _Environment:
                 self.dropped.append(job.trace.job_id)
         elif event.kind is EventKind.COMPLETION:
             job = self.jobs[str(event.job_id)]
-            if job.ended or event.payload != job.version:
-                return  # superseded by a later re-allocation
             self.finish(job, sim.now)
             self.request_round(sim)
-        elif event.kind is EventKind.OVERHEAD_END:
-            return  # progress accounting already starts at paused_until
         elif event.kind is EventKind.TIMER:
             if event.time == self.timer_at:  # a later wakeup replaced an earlier one
                 self.timer_at = None
@@ -715,8 +725,6 @@ class _Environment:
             self.running[job_id] = job
             job.ever_ran = True
             job.paused_until = sim.now + self.pause
-            if self.pause > 0:
-                sim.schedule(job.paused_until, EventKind.OVERHEAD_END, job_id, job.version)
             rate = job.rate()
             if rate <= 0:
                 raise SimulationError(f"job {job_id}: zero throughput on {count} GPUs")

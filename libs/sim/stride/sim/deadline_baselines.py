@@ -34,6 +34,7 @@ that starts or resumes pauses for the environment's overhead.
 from __future__ import annotations
 
 import bisect
+import dataclasses
 import math
 from dataclasses import dataclass, field
 
@@ -61,6 +62,10 @@ def _fixed_rate(job: JobView) -> float:
 def _fixed_size(job: JobView) -> int:
     """The GPUs a non-elastic scheduler gives the job: its trace count (curve-usable)."""
     return job.curve.usable(job.num_gpu) or job.curve.sizes[0]
+
+
+def _without_deadline(job: JobView) -> JobView:
+    return dataclasses.replace(job, deadline=None)
 
 
 def _greedy(ordered: list[JobView], free: int, result: dict[str, int]) -> int:
@@ -175,8 +180,13 @@ class ChronusPolicy:
         pause = max(0.0, job.paused_until - view.now) if job.devices else view.pause_seconds
         return pause + job.remaining_iterations / rate
 
-    def _schedulable(self, view: DeadlineView, jobs: list[JobView]) -> bool:
-        """An EDF list schedule on fixed sizes meets every deadline (running jobs stay put)."""
+    def _plan(self, view: DeadlineView, jobs: list[JobView]) -> dict[str, float] | None:
+        """Start times of an EDF list schedule on fixed sizes, or None if a deadline fails.
+
+        Running jobs stay where they are; waiting ones, in deadline order, take the earliest
+        time their GPUs are free for their whole run (conservative backfilling: a later job
+        starts early only where it delays no earlier one).
+        """
         # The free-GPU profile as breakpoints: free[k] GPUs from times[k] to times[k+1].
         times = [view.now, math.inf]
         free = [view.capacity, view.capacity]
@@ -187,63 +197,62 @@ class ChronusPolicy:
                 if times[index] != at:
                     times.insert(index + 1, at)
                     free.insert(index + 1, free[index])
-            first = bisect.bisect_left(times, start)
-            last = bisect.bisect_left(times, end)
-            for index in range(first, last):
+            for index in range(bisect.bisect_left(times, start), bisect.bisect_left(times, end)):
                 free[index] -= size
 
         def earliest(size: int, duration: float) -> float:
             for index, start in enumerate(times[:-1]):
-                end = start + duration
-                ok = True
                 probe = index
-                while probe < len(times) - 1 and times[probe] < end:
+                while probe < len(times) - 1 and times[probe] < start + duration:
                     if free[probe] < size:
-                        ok = False
                         break
                     probe += 1
-                if ok:
+                else:
                     return start
             return math.inf
 
-        running = [job for job in jobs if job.devices]
-        for job in running:
-            reserve(view.now, view.now + self._duration(job, view), job.devices)
+        starts: dict[str, float] = {}
+        for job in jobs:
+            if job.devices:  # running: where it is, whether or not it will be late
+                reserve(view.now, view.now + self._duration(job, view), job.devices)
+                starts[job.job_id] = view.now
         for job in sorted((job for job in jobs if not job.devices), key=edf_key):
             duration = self._duration(job, view)
             size = _fixed_size(job)
             if size > view.capacity or not math.isfinite(duration):
-                return False
+                return None
             start = earliest(size, duration)
-            assert job.deadline is not None
-            if start + duration > job.deadline:
-                return False
+            if job.deadline is not None and start + duration > job.deadline:
+                return None
             reserve(start, start + duration, size)
-        return all(
-            job.deadline is None or view.now + self._duration(job, view) <= job.deadline
-            for job in running
-        )
+            starts[job.job_id] = start
+        return starts
 
     def admit(self, view: DeadlineView, candidate: JobView) -> bool:
         """Always accepted: as an SLO job if schedulable, else demoted to best effort."""
         if candidate.deadline is not None:
             slo = [job for job in view.jobs if job.job_id in self._slo]
-            if self._schedulable(view, [*slo, candidate]):
+            if self._plan(view, [*slo, candidate]) is not None:
                 self._slo.add(candidate.job_id)
         return True
 
     def decide(self, view: DeadlineView) -> dict[str, int]:
-        """SLO jobs keep their GPUs and start EDF; best effort gets the rest, SRTF."""
+        """SLO jobs run as planned (never preempted); best effort gets the rest, SRTF."""
         present = {job.job_id for job in view.jobs}
         self._slo &= present
+        slo = [job for job in view.jobs if job.job_id in self._slo]
+        starts = self._plan(view, slo)
+        if starts is None:
+            # An SLO job fell behind its plan (overhead): plan without deadlines, keep order.
+            starts = self._plan(view, [_without_deadline(job) for job in slo]) or {}
         result: dict[str, int] = {}
         free = view.capacity
-        slo = [job for job in view.jobs if job.job_id in self._slo]
         for job in slo:
-            if job.devices:
-                result[job.job_id] = job.devices
-                free -= job.devices
-        free = _greedy(sorted((j for j in slo if not j.devices), key=edf_key), free, result)
+            if job.devices or starts.get(job.job_id, math.inf) <= view.now:
+                size = job.devices or _fixed_size(job)
+                if size <= free:
+                    result[job.job_id] = size
+                    free -= size
         best_effort = sorted(
             (job for job in view.jobs if job.job_id not in self._slo),
             key=lambda job: (

@@ -1,5 +1,6 @@
 """Reports of a simulation: one Markdown file with the run's context and a table per
-environment, plus a PNG bar chart per metric.
+environment, a PNG bar chart per metric, and ``results.json`` (the same context and
+metrics, for scripts that compare runs).
 
 A report is written to a temporary directory and moved into place only when complete, so
 a failed or interrupted run never leaves a partial report that looks finished.
@@ -8,6 +9,7 @@ a failed or interrupted run never leaves a partial report that looks finished.
 from __future__ import annotations
 
 import dataclasses
+import json
 import math
 import shutil
 import tempfile
@@ -57,6 +59,25 @@ def metric_rows(results: Mapping[str, Any]) -> tuple[list[str], list[list[str]]]
             row.append(_format(value))
         rows.append(row)
     return columns, rows
+
+
+def _json_value(value: object) -> object:
+    """NaN and infinities have no JSON form: they become null, like a missing metric."""
+    if isinstance(value, float) and not math.isfinite(value):
+        return None
+    return value
+
+
+def results_document(context: RunContext, results: Mapping[str, Any]) -> dict[str, Any]:
+    """``results.json``: the run context and every scalar metric per policy."""
+    columns, _ = metric_rows(results)
+    return {
+        "context": dataclasses.asdict(context),
+        "results": {
+            policy: {column: _json_value(getattr(result, column, None)) for column in columns}
+            for policy, result in results.items()
+        },
+    }
 
 
 def _format(value: object) -> str:
@@ -136,6 +157,8 @@ def write_report(out_dir: Path, context: RunContext, results: Mapping[str, Any])
                 _plot(staging / name, metric, results, context)
                 plots.append(name)
         (staging / "report.md").write_text(markdown(context, results, plots))
+        document = results_document(context, results)
+        (staging / "results.json").write_text(json.dumps(document, indent=1, allow_nan=False))
         if out_dir.exists():
             shutil.rmtree(out_dir)
         staging.replace(out_dir)

@@ -142,10 +142,13 @@ def _occupancy(request: PlacementRequest) -> npt.NDArray[np.int64]:
         raise InvalidPlacement(
             "devices_needed", f"must be a whole number in 1..{total}, got {needed!r}"
         )
-    busy = np.zeros(total, dtype=np.int64)
-    seen = {request.job_id}
     if not request.job_id:
         raise InvalidPlacement("job_id", "is required")
+    fast = _occupancy_if_valid(request, total)
+    if fast is not None:
+        return fast
+    busy = np.zeros(total, dtype=np.int64)
+    seen = {request.job_id}
     for index, allocation in enumerate(request.occupied):
         field = f"occupied[{index}]"
         if allocation.job_id in seen:
@@ -162,6 +165,31 @@ def _occupancy(request: PlacementRequest) -> npt.NDArray[np.int64]:
                 raise InvalidPlacement(f"{field}.devices[{position}]", f"device {device} is taken")
             busy[device] = 1
     return busy
+
+
+def _occupancy_if_valid(request: PlacementRequest, total: int) -> npt.NDArray[np.int64] | None:
+    """The busy map in a few array operations when the request is valid, else None.
+
+    The simulator places on every rescale, so the common (valid) case is checked in bulk;
+    :func:`_occupancy` then walks the request only to name what is wrong.
+    """
+    ids = {allocation.job_id for allocation in request.occupied}
+    if len(ids) != len(request.occupied) or request.job_id in ids:
+        return None
+    if any(not allocation.devices for allocation in request.occupied):
+        return None
+    if not request.occupied:
+        return np.zeros(total, dtype=np.int64)
+    flat = [device for allocation in request.occupied for device in allocation.devices]
+    if any(type(device) is not int for device in flat):  # bools and floats are errors
+        return None
+    devices = np.asarray(flat, dtype=np.int64)
+    if devices.min() < 0 or devices.max() >= total:
+        return None
+    busy = np.bincount(devices, minlength=total)
+    if busy.max() > 1:
+        return None
+    return busy.astype(np.int64)
 
 
 class _FreeCounter:

@@ -1,0 +1,135 @@
+"""Environment A on the tuning traces, every policy: the recorded reports and a summary.
+
+Run: ``.venv/bin/python bench/sim_deadline_suite.py [name ...]`` (names below; default all).
+
+Each trace runs through the real CLI (``stride sim --env deadline``) on the cluster shape
+ElasticFlow's own scripts give it (its artifact's Fig. 8b script: clusters 1, 2, 3 and 5 on
+``n8g8``, cluster 4 on ``n16g8``; the 195-job testbed trace on ``n16g8``), so every report
+under ``bench/results/sim/deadline-<name>/`` states the command that reproduces it. Then
+``bench/results/sim/deadline-summary.md`` puts the deadline satisfactory ratios side by side
+with the ratios ElasticFlow reported (Fig. 8b means over its traces), from each report's
+``results.json``.
+"""
+
+from __future__ import annotations
+
+import json
+import shlex
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parent.parent
+TRACES = Path("../shared/traces")
+RESULTS = ROOT / "bench" / "results" / "sim"
+RUNS: dict[str, tuple[str, str]] = {
+    "195job": ("itp-ef/195job.csv", "n16g8"),
+    "itp-cluster01": ("itp-ef/cluster01.csv", "n8g8"),
+    "itp-cluster02": ("itp-ef/cluster02.csv", "n8g8"),
+    "itp-cluster03": ("itp-ef/cluster03.csv", "n8g8"),
+    "itp-cluster04": ("itp-ef/cluster04.csv", "n16g8"),
+    "itp-cluster05": ("itp-ef/cluster05.csv", "n8g8"),
+}
+POLICIES = ("stride", "chronus", "themis", "tiresias", "gandiva", "edf", "edf-ac")
+REPORTED = {
+    "stride": 0.761,
+    "chronus": 0.451,
+    "themis": 0.432,
+    "tiresias": 0.401,
+    "gandiva": 0.304,
+    "edf": 0.286,
+}
+"""ElasticFlow (seed 001) Fig. 8b mean DSR over its traces; ``stride`` stands for EF."""
+
+
+def command(name: str) -> list[str]:
+    """The CLI call that produces one recorded report."""
+    trace, spec = RUNS[name]
+    return [
+        ".venv/bin/stride",
+        "sim",
+        "--env",
+        "deadline",
+        "--trace",
+        str(TRACES / trace),
+        "--cluster",
+        str(TRACES / "cluster_specs" / f"{spec}.csv"),
+        "--curves",
+        str(TRACES / "throughputs_A100"),
+        "--policies",
+        ",".join(POLICIES),
+        "--seed",
+        "0",
+        "--out",
+        f"bench/results/sim/deadline-{name}",
+    ]
+
+
+def summary() -> str:
+    """DSR per trace and policy, Stride's ratio to each baseline beside ElasticFlow's."""
+    lines = [
+        "# Environment A (deadlines on GPUs): DSR on the tuning traces",
+        "",
+        "Made by `.venv/bin/python bench/sim_deadline_suite.py` from the reports beside this"
+        " file (each states the command that reproduces it). Every policy sees the same"
+        " trace, A100 curves, 20 s overhead per start, rescale or migration, and seed 0.",
+        "",
+    ]
+    header = "| trace | cluster | jobs | " + " | ".join(POLICIES) + " |"
+    lines += [header, "|" + "---|" * (3 + len(POLICIES))]
+    ratios: dict[str, list[float]] = {policy: [] for policy in POLICIES}
+    for name, (_, spec) in RUNS.items():
+        path = RESULTS / f"deadline-{name}" / "results.json"
+        if not path.exists():
+            continue
+        results = json.loads(path.read_text())["results"]
+        jobs = next(iter(results.values()))["jobs"]
+        cells = []
+        for policy in POLICIES:
+            dsr = results.get(policy, {}).get("dsr")
+            cells.append("n/a" if dsr is None else f"{dsr:.3f}")
+            stride = results.get("stride", {}).get("dsr")
+            if dsr and stride:
+                ratios[policy].append(stride / dsr)
+        lines.append(f"| {name} | {spec} | {jobs} | " + " | ".join(cells) + " |")
+    lines += [
+        "",
+        "Stride's DSR over each baseline's (geometric mean over the traces above) beside"
+        " ElasticFlow's reported ratio (Fig. 8b means: EF 0.761, Chronus 0.451, Themis 0.432,"
+        " Tiresias 0.401, Gandiva 0.304, EDF 0.286):",
+        "",
+        "| baseline | Stride / baseline (ours) | EF / baseline (reported) | met? |",
+        "|---|---|---|---|",
+    ]
+    for policy in POLICIES[1:]:
+        values = ratios[policy]
+        if not values or policy not in REPORTED:
+            continue
+        product = 1.0
+        for value in values:
+            product *= value
+        ours = product ** (1 / len(values))
+        reported = REPORTED["stride"] / REPORTED[policy]
+        verdict = "yes" if ours >= reported else "no"
+        lines.append(f"| {policy} | {ours:.2f} | {reported:.2f} | {verdict} |")
+    return "\n".join(lines) + "\n"
+
+
+def main(names: list[str]) -> None:
+    """Run the named traces (all by default), then rewrite the summary."""
+    for name in names or list(RUNS):
+        if name not in RUNS:
+            raise SystemExit(f"unknown run {name!r}; known: {', '.join(RUNS)}")
+        argv = command(name)
+        print("$", shlex.join(argv), flush=True)
+        start = time.perf_counter()
+        subprocess.run(argv, check=True, cwd=ROOT)
+        print(f"{name}: {time.perf_counter() - start:.0f} s", flush=True)
+    text = summary()
+    (RESULTS / "deadline-summary.md").write_text(text)
+    print(text)
+
+
+if __name__ == "__main__":
+    main(sys.argv[1:])
