@@ -3,21 +3,35 @@
 from __future__ import annotations
 
 import math
+from dataclasses import replace
 
 import numpy as np
 import pytest
 
 from stride.policy.throughput import PAPER_PARAMETERS, throughput
 from stride.sim.dlrm import (
+    ALMOST_BEST_FRACTION,
+    JOB_CPU_LIMIT,
+    OPTIMUS_MIN_EFFICIENCY,
+    OPTIMUS_PS_STEP,
+    OPTIMUS_WORKER_STEP,
     POLICIES,
     RESTART_SECONDS,
     DlrmJobSpec,
+    DlroverHeuristicPolicy,
+    JobView,
+    OptimusPolicy,
     Pods,
     _config,
+    expected_min_speed,
     generate_jobs,
     grid_throughput,
+    ps_memory_gib,
+    ps_memory_need,
     run_dlrm,
     simulate,
+    tuned_static_pods,
+    within_search_space,
 )
 from stride.sim.engine import SimulationError
 from stride.testing import SHARED_TRACES
@@ -55,8 +69,11 @@ def test_capacity_and_each_job_ends_once(policy: str) -> None:
     assert 0.0 <= result.memory_utilization <= 1.0
 
 
-def test_same_seed_same_result() -> None:
-    assert run_dlrm(30, 700, 4000, "stride", 5, COVS) == run_dlrm(30, 700, 4000, "stride", 5, COVS)
+@pytest.mark.parametrize("policy", ["stride", "optimus", "dlrover-heuristic"])
+def test_same_seed_same_result(policy: str) -> None:
+    first = run_dlrm(30, 700, 4000, policy, 5, COVS)
+    assert first == run_dlrm(30, 700, 4000, policy, 5, COVS)
+    assert first != run_dlrm(30, 700, 4000, policy, 6, COVS)
 
 
 def test_hand_computed_static_job() -> None:
@@ -100,13 +117,194 @@ def test_grid_throughput_matches_policy_model() -> None:
 
 def test_population_is_over_provisioned() -> None:
     jobs = generate_jobs(200, np.random.default_rng(0), (0.05, 0.3))
-    # Tuned configurations use far fewer cores than requested for most jobs.
+    # On an idle cluster the requests as given: over 80 % of jobs use less than half of their
+    # cores and memory (000 sec. 2), and about 5 % run out of memory (002 sec. 2.2).
     result = simulate(jobs, 10_000, 100_000, "static", 0)
-    assert result.cpu_utilization < 0.5
+    assert result.low_utilization_jobs > 0.8
+    assert 0.02 <= result.oom_failure_rate <= 0.08
+    assert result.oom_failed == result.failed
 
 
 def test_bad_input() -> None:
     with pytest.raises(SimulationError, match="policy_name"):
-        run_dlrm(2, 700, 4000, "optimus", 0, COVS)
+        run_dlrm(2, 700, 4000, "nope", 0, COVS)
     with pytest.raises(SimulationError, match="exceeds the cluster"):
         simulate([_spec(1e6)], 10, 100, "static", 0)
+
+
+def _view(
+    spec: DlrmJobSpec, pods: Pods, samples: tuple[tuple[Pods, float], ...], **extra: object
+) -> JobView:
+    fields: dict[str, object] = {
+        "reason": "tick",
+        "now": 1000.0,
+        "spec": spec,
+        "pods": pods,
+        "consumed": 0.0,
+        "samples": samples,
+        "sample_count": len(samples),
+        "worker_util": 0.5,
+        "ps_util": 0.5,
+        "worker_memory_used_gib": 2.0,
+        "memory_points": (),
+        "hot_detected": False,
+        "history": (),
+        "cluster_cpus": 10_000,
+        "queued_jobs": 0,
+    }
+    fields.update(extra)
+    return JobView(**fields)  # type: ignore[arg-type]
+
+
+def test_optimus_starts_small_and_adds_fixed_increments() -> None:
+    spec = _spec(1e9)
+    policy = OptimusPolicy()
+    start = policy.decide(_view(spec, spec.request, (), reason="arrival")).pods
+    assert start is not None
+    assert (start.ps, start.workers) == (1, 1)
+    # The user's per-pod cores, and the user's total PS memory on the one PS.
+    assert (start.worker_cpu, start.ps_cpu) == (spec.request.worker_cpu, spec.request.ps_cpu)
+    assert start.ps_mem_gib == spec.request.ps * spec.request.ps_mem_gib
+    # Throughput grows linearly in workers and PS: every increment is worth taking.
+    pods = start
+    samples: list[tuple[Pods, float]] = []
+    for _ in range(6):
+        samples.append((pods, 100.0 * pods.workers * pods.ps))
+        decision = policy.decide(_view(spec, pods, tuple(samples)))
+        assert decision.pods is not None
+        step = (decision.pods.ps - pods.ps, decision.pods.workers - pods.workers)
+        assert step in ((OPTIMUS_PS_STEP, 0), (0, OPTIMUS_WORKER_STEP))
+        pods = decision.pods
+    # No growth while other jobs wait for their first pods.
+    samples.append((pods, 100.0 * pods.workers * pods.ps))
+    assert policy.decide(_view(spec, pods, tuple(samples), queued_jobs=1)).pods is None
+
+
+def test_optimus_stops_when_the_gain_is_below_its_threshold() -> None:
+    spec = _spec(1e9)
+    policy = OptimusPolicy()
+    pods = Pods(3, 8, 4, 2, 8, 4)
+    # The same throughput whatever the counts: the fitted model predicts no gain at all.
+    flat = tuple((replace(pods, workers=w, ps=p), 500.0) for w, p in ((1, 1), (3, 1), (3, 2)))
+    assert policy.decide(_view(spec, pods, flat)).pods is None
+
+    # Amdahl-like speed 1000 w / (1 + w / 8), whatever the PS: the efficiency of two more
+    # workers is about 1.0 at 3 workers and about 0.2 (below 0.3) at 30.
+    def saturating(counts: tuple[tuple[int, int], ...]) -> tuple[tuple[Pods, float], ...]:
+        small = replace(pods, worker_cpu=1, ps_cpu=1)
+        return tuple((replace(small, workers=w, ps=p), 1000.0 * w / (1 + w / 8)) for w, p in counts)
+
+    few = saturating(((1, 1), (2, 1), (3, 1), (3, 2)))
+    many = saturating(((26, 1), (28, 1), (30, 1), (30, 2)))
+    assert policy.decide(_view(spec, many[-1][0], many)).pods is None
+    grown = policy.decide(_view(spec, few[-1][0], few)).pods
+    assert grown is not None
+    assert grown.workers == few[-1][0].workers + OPTIMUS_WORKER_STEP
+    assert OPTIMUS_MIN_EFFICIENCY == 0.3
+
+
+def test_optimus_is_registered_and_runs() -> None:
+    result = run_dlrm(30, 2000, 20_000, "optimus", 2, COVS)
+    assert result.scaling_events > 0
+    assert result.ends == (1,) * 30
+
+
+def test_stride_raises_memory_before_a_growing_embedding_kills_the_ps() -> None:
+    # The request holds 4 GiB per PS; the embedding grows to 3 + 24 / 2 = 15 GiB per PS.
+    spec = replace(
+        _spec(1.0), embedding_final_gib=24.0, ps_static_gib=6.0, request=Pods(4, 8, 4, 2, 8, 4)
+    )
+    speed = throughput(PAPER_PARAMETERS, _config(spec.request, spec))
+    job = replace(spec, total_samples=speed * 4 * 3600.0)
+    static = simulate([job], 100, 200, "static", 0)
+    assert static.oom_kills == 3
+    assert static.oom_failure_rate == 1.0
+    stride = simulate([job], 100, 200, "stride", 0)
+    assert stride.oom_kills == 0
+    assert stride.completed == 1
+    # Memory sized near the need, not doubled: used over allocated stays high.
+    assert stride.memory_utilization > 0.4
+
+
+def test_memory_need_extrapolates_the_linear_growth_with_headroom() -> None:
+    spec = _spec(1000.0)
+    pods = spec.request
+    points = tuple(
+        (c, 2.0 + 4.0 * c / 1000.0, ps_memory_gib(spec, 1.0, pods.ps, c)[0]) for c in (0, 100, 200)
+    )
+    need = ps_memory_need(_view(spec, pods, (), memory_points=points, consumed=200.0))
+    assert need is not None
+    # Peak total 6 GiB: 3 GiB per PS of 2, plus 10 %, in whole GiB; 2 GiB per PS of 4.
+    assert need(2) == 4
+    assert need(4) == 2
+    assert ps_memory_need(_view(spec, pods, (), memory_points=points[:1])) is None
+
+
+def test_dlrover_heuristic_multiplies_workers_by_overload_over_ps_utilization() -> None:
+    spec = _spec(1e9)
+    pods = Pods(4, 8, 4, 2, 8, 8)
+    policy = DlroverHeuristicPolicy()
+    # Busiest PS at 30 % of its cores: workers x 0.9 / 0.3 = x 3, sized to their use.
+    decision = policy.decide(_view(spec, pods, ((pods, 100.0),), ps_util=0.3, worker_util=0.5))
+    assert decision.pods is not None
+    assert decision.pods.workers == 12
+    assert decision.pods.worker_cpu == 4
+    assert decision.pods.worker_mem_gib == 3
+    # A saturated PS gets more cores instead.
+    hot = policy.decide(_view(spec, pods, ((pods, 100.0),), ps_util=0.95))
+    assert hot.pods is not None and hot.pods.ps_cpu > pods.ps_cpu
+    assert hot.pods.workers == pods.workers
+    # OOM: twice the memory.
+    oom = policy.decide(_view(spec, pods, (), reason="oom"))
+    assert oom.pods is not None and oom.pods.ps_mem_gib == 16
+
+
+def test_expected_min_speed_matches_monte_carlo() -> None:
+    rng = np.random.default_rng(0)
+    for cov, workers in ((0.3, 4), (1.0, 16)):
+        sigma = math.sqrt(math.log(1 + cov * cov))
+        draws = rng.lognormal(-sigma * sigma / 2, sigma, size=(50_000, workers))
+        assert expected_min_speed(cov, workers) == pytest.approx(draws.min(axis=1).mean(), rel=0.01)
+        # Mean speed 1: dynamic sharding loses nothing on average.
+        assert draws.mean() == pytest.approx(1.0, rel=0.01)
+    assert expected_min_speed(0.0, 8) == 1.0
+
+
+def test_tuned_static_is_almost_the_best_within_the_job_limit() -> None:
+    spec = replace(_spec(1e9), straggler_cov=0.3, hot_factor=2.0)
+    pods = tuned_static_pods(spec)
+    assert pods.cpu <= JOB_CPU_LIMIT
+
+    def expected(p: Pods) -> float:
+        factor = expected_min_speed(spec.straggler_cov, p.workers)
+        return (
+            float(
+                grid_throughput(
+                    spec.params,
+                    spec,
+                    spec.hot_factor,
+                    np.array([float(p.workers)]),
+                    np.array([float(p.worker_cpu)]),
+                    np.array([float(p.ps)]),
+                    np.array([float(p.ps_cpu)]),
+                )[0]
+            )
+            * factor
+        )
+
+    # No configuration a user could reasonably try within the limit is much faster.
+    for other in (Pods(8, 8, 4, 4, 8, 8), Pods(16, 4, 4, 8, 4, 8), Pods(24, 4, 4, 16, 2, 8)):
+        assert other.cpu <= JOB_CPU_LIMIT
+        assert expected(pods) >= ALMOST_BEST_FRACTION * expected(other) - 1e-9
+    # Memory holds the true peak of the hottest PS with headroom.
+    assert pods.ps_mem_gib >= ps_memory_gib(spec, 2.0, pods.ps, spec.total_samples)[0]
+
+
+def test_warm_start_configurations_are_moved_into_the_search_space() -> None:
+    spec = _spec(1e9)
+    wild = Pods(40, 26, 4, 80, 3, 4)
+    inside = within_search_space(wild, spec)
+    assert inside.ps <= 16 and inside.workers <= 32
+    assert inside.worker_cpu <= 16 and inside.ps_cpu <= 16
+    assert inside.cpu <= JOB_CPU_LIMIT
+    assert within_search_space(spec.request, spec) == spec.request

@@ -362,6 +362,9 @@ def sim(
         window=window,
         jobs=jobs,
         out=out,
+        traces=traces,
+        cpus=cpus,
+        memory_gib=memory_gib,
     )
     if code:
         raise typer.Exit(code)

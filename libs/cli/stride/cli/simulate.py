@@ -155,10 +155,7 @@ def simulate(
             seed=seed,
             stride_version=stride_version,
             command=command,
-            notes=(
-                "the job population is synthetic (DLRover-RM model form, PAI straggler "
-                "variance): no public per-job PS/worker trace exists",
-            ),
+            notes=dlrm.report_notes(results),
         )
     else:
         raise SimUsageError(f"--env: {env!r} is not deadline, dlrm or dataworkers")

@@ -14,12 +14,16 @@ Ground truth of one job:
   of the embedding load (``h`` ~ U(1.5, 3), capped at ``p``), which multiplies the update and
   lookup terms of eq. 3 and 5 by ``h`` and the hot PS's embedding memory by ``h``.
   Re-partitioning (Stride's instability handling) sets ``h`` to 1 at the cost of a PS change.
-- Stragglers: each worker's iteration time is multiplied by a lognormal factor whose CoV is
-  the median coefficient of variation of a random job of the Alibaba PAI trace
-  (``pai-minibatch-time/coefficient_variation.csv``), capped at 1.0. With static sharding
-  a job waits for its slowest worker (progress factor ``min speed``); with dynamic sharding
-  (DLRover 000 sec. 5.2, 5.4) fast workers take more shards (factor ``mean speed``).
-  Speeds are redrawn whenever the worker set changes.
+- Stragglers: each worker's iteration time has the coefficient of variation (CoV) of a
+  random job of the Alibaba PAI trace (the median of that job's row of
+  ``pai-minibatch-time/coefficient_variation.csv``), capped at 1.0. A worker's speed is a
+  lognormal multiplier with **mean 1** (its time 1/speed then has that CoV), so the model's
+  throughput is what a job sees on average when every worker's progress counts. With static
+  sharding a job waits for its slowest worker (progress factor ``min speed``); with dynamic
+  sharding (DLRover 000 sec. 5.2, 5.4) fast workers take more shards (factor ``mean speed``,
+  about 1). Speeds are redrawn whenever the worker set changes. (An earlier version drew
+  *times* with mean 1, whose reciprocal has mean ``1 + CoV^2``: dynamic sharding then made a
+  job up to twice as fast as its model, an advantage no paper claims.)
 - Memory: each worker needs a fixed amount; each PS holds a static share plus embedding
   memory that grows linearly with consumed samples (002 sec. 5.3). A PS whose use exceeds
   its limit is OOM-killed: the job pauses for a pod restart and, after
@@ -29,14 +33,55 @@ Ground truth of one job:
 - A pod starts in 20 s and training initialises in 100 s (000 sec. 6.3): a job's first
   progress comes 120 s after it is placed, and so does a restart.
 
-User requests are over-provisioned as the papers observed: cores well past the knee of the
-model, memory 1.5-4x need; 5 % of jobs request too little PS memory and will OOM.
+User requests are over-provisioned as the papers observed (000 sec. 2, 002 sec. 2.2: over
+80 % of jobs below 50 % CPU and memory utilisation; about 5 % under-provisioned and OOM):
+cores well past the knee of the model, memory 1.5-4x need; 5 % of jobs request too little
+PS memory and will OOM. ``test_population_is_over_provisioned`` checks both shares.
 
-Policies (one interface, :class:`DlrmPolicy`): ``static`` (the user request), ``tuned-static``
-(oracle search over the true model, once), ``stride`` (warm start, model-based scaling with
-the fitted model, OOM prediction, hot-PS re-partition, dynamic sharding), ``es`` (add workers
-while scaling efficiency > 0.3) and ``dlrover-heuristic`` (ps_cpu_overload 0.9, OOM x2
-memory, workers x 0.9 / util). Optimus is not implemented.
+Policies (one interface, :class:`DlrmPolicy`):
+
+- ``static``: the user request, unchanged.
+- ``tuned-static``: the well-tuned static baseline of 000 sec. 6.2 and 002 sec. 6.1, where
+  the authors "manually tune the job's resource configuration repeatedly until it almost
+  reaches the best throughput" and their tuned configurations (000 Table 2) use about the
+  200 cores the testbed allows a job. Here an oracle does the tuning on the *true* model:
+  over the grid of configurations with at most :data:`JOB_CPU_LIMIT` cores it finds the best
+  expected throughput (hot PS included, and the expected slowest-worker factor of static
+  sharding for the job's straggler CoV), and takes the cheapest configuration (eq. 7 cost,
+  cores plus memory) within :data:`ALMOST_BEST_FRACTION` of it; memory is the true peak
+  plus 10 %. It is fixed for the whole run and uses static sharding (TFJob, 000 sec. 6.1).
+- ``stride``: warm start from the jobs the simulator has seen finish (moved into the
+  oracle's search space), a sampling stage of one-dimensional probes (cold-started jobs,
+  and warm-started ones with more than half an hour to go), model-based scaling on the
+  fitted model (the same "almost best within the job limit" target as the oracle), and
+  instability handling: OOM prediction (:mod:`stride.policy.oom`, 002 sec. 5.3) sizes PS
+  memory just above the predicted peak and raises it before it is exceeded (doubling only
+  before two memory samples exist), a hot PS is re-partitioned, dynamic sharding absorbs
+  stragglers, and rescaling is seamless. Until the first tick measures memory, a job keeps
+  the request's memory (the user's total PS memory spread over its PS).
+- ``optimus``: Optimus (Peng et al., EuroSys'18) as 000 sec. 6.3 and 002 sec. 6.1 run it:
+  it keeps the user's per-pod sizes ("ignores the resources of each node"), starts a job
+  with one PS and one worker (as Optimus does) and, at every adjustment, adds a fixed
+  increment of PS (:data:`OPTIMUS_PS_STEP`) or of workers (:data:`OPTIMUS_WORKER_STEP`),
+  whichever its fitted speed model (Optimus's asynchronous-training form
+  ``f(p, w) = w / (t0 + t1 w/p + t2 w + t3 p)``, NNLS) predicts gives more speed-up per core,
+  until that gain falls below :data:`OPTIMUS_MIN_EFFICIENCY`, and not while other jobs wait
+  for their first pods (Optimus serves every job one PS and one worker first). The user's
+  total PS memory is spread over the PS. Every change is a checkpoint-restart; static
+  sharding; no OOM handling.
+- ``es``: ES autoscaling (Or et al. 2020, 000 sec. 6.3): add workers while the scaling
+  efficiency exceeds 0.3; checkpoint-restart; static sharding.
+- ``dlrover-heuristic``: the rules of DLRover's open-source ``LocalOptimizer``
+  (``dlrover/python/master/resource/local_optimizer.py``): a PS whose CPU use is at least
+  0.9 of its cores (``ps_cpu_hot_threshold``) gets more cores; otherwise, when the busiest
+  PS is below 0.9 (``ps_cpu_overload_threshold``), workers are multiplied by
+  ``0.9 / max PS CPU utilisation`` (only ever up) with each worker sized to its measured
+  CPU use; an OOM-killed pod's memory is doubled (``oom_memory_up_factor`` 2).
+
+Metrics (:class:`DlrmResult`): JCT median and p90 over completed jobs, completion rate,
+CPU and memory utilisation as used over allocated, time-weighted over every pod-second of
+every job (pauses count as allocated and unused), OOM kills, jobs failed by OOM and their
+rate (failed-by-OOM jobs / all jobs, the 002 Table 4 metric), scaling events.
 """
 
 from __future__ import annotations
@@ -44,16 +89,18 @@ from __future__ import annotations
 import csv
 import math
 import statistics
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field, replace
+from functools import lru_cache
 from pathlib import Path
 from typing import Protocol
 
 import numpy as np
+from scipy.optimize import nnls
 
 from stride.policy.cold_start import JobFeatures
 from stride.policy.fitting import fit_throughput_model
-from stride.policy.oom import OomRequest, PsMemoryCurve, predict_oom
+from stride.policy.oom import DEFAULT_HEADROOM, OomRequest, PsMemoryCurve, predict_oom
 from stride.policy.throughput import (
     GIB,
     MILLISECONDS_PER_SECOND,
@@ -80,6 +127,7 @@ __all__ = [
     "Pods",
     "generate_jobs",
     "load_straggler_covs",
+    "report_notes",
     "run_dlrm",
     "simulate",
 ]
@@ -97,8 +145,10 @@ POD_FAILURE_PER_DAY = 0.015
 """Failure probability of one pod per day."""
 MAX_OOM_KILLS = 3
 """A job that is OOM-killed this many times fails."""
-TICK_SECONDS = 300.0
-"""How often a running job's policy is consulted."""
+TICK_SECONDS = 180.0
+"""How often a running job's policy is consulted: every three minutes, the adjustment
+interval of the baselines in 000 sec. 6.3 and 002 sec. 6.2 (20 s pod start, 100 s init and
+60 s of sampling). The same for every policy."""
 MAX_STRAGGLER_COV = 1.0
 HOT_PS_FRACTION = 0.30
 UNDER_PROVISIONED_FRACTION = 0.05
@@ -106,13 +156,59 @@ GRID_WORKERS = (1, 2, 4, 8, 12, 16, 24, 32)
 GRID_WORKER_CPU = (1, 2, 4, 8, 16)
 GRID_PS = (1, 2, 4, 8, 16)
 GRID_PS_CPU = (1, 2, 4, 8, 16)
-KNEE_FRACTION = 0.9
-"""Model-based choice: the cheapest grid configuration within 90 % of the best throughput."""
+JOB_CPU_LIMIT = 200
+"""Most cores a scaling policy gives one job (000 sec. 6.1: "jobs in the experiment are
+allocated at most 200 CPU cores"; the well-tuned configurations of 000 Table 2 use 192-200),
+or the user's request when that is larger."""
+ALMOST_BEST_FRACTION = 0.95
+"""'Almost reaches the best throughput' (000 sec. 6.2, 002 sec. 6.1): the tuned-static oracle
+and Stride's model-based stage take the cheapest configuration within 95 % of the best."""
 MEMORY_HEADROOM = 1.1
+"""Memory above a measured or predicted need (:data:`stride.policy.oom.DEFAULT_HEADROOM`)."""
+MEMORY_SHRINK_SLACK = 1.25
+"""Stride lowers a pod's memory only when it holds more than 25 % over the predicted need,
+so one noisy prediction does not cost a PS restart for a GiB."""
+SAMPLES_PER_CONFIG = 5
+"""Throughput samples a job keeps per configuration (the newest)."""
+MEMORY_WINDOW = 24
+"""Memory points a job keeps (the newest two hours): the window of the OOM fit."""
+PROBE_CONFIGS = 5
+"""Distinct configurations the sampling stage measures: one per coefficient of eq. 6."""
+PROBE_MIN_REMAINING_SECONDS = 1800.0
+"""A warm-started job probes only when it has more than half an hour to go: a probe costs a
+pause and minutes at a worse shape, which a short job cannot earn back (the Overhead term of
+002 eq. 8). A cold-started job always probes: it has nothing else to go on. Chosen on seed 2
+(600 jobs, median JCT over the tuned-static-dyn oracle: 1800 s 1.11x, 3600 s 1.14x,
+7200 s 1.23x, never 1.27x, always 1.37x); reports use seed 1."""
+SHRINK_MIN_REMAINING_SECONDS = 1800.0
+"""Stride lowers memory without another reason to change the pods only when the job has
+more than this left: the pause must buy enough pod-seconds of freed memory. On seed 2 this
+took Stride's median JCT from 1.11x to 1.02x the tuned-static-dyn oracle and its memory
+utilisation from 0.63 to 0.52 (900 s: 1.06x and 0.59)."""
 REFIT_EVERY_TICKS = 6
-"""Stride refits and re-optimises every sixth tick (30 min) once it has five samples."""
+"""Stride fits and optimises once it has sampled, then refits every sixth tick."""
 GIB_PRICE = 0.125
 """Cost of a GiB relative to a core (as :class:`stride.policy.throughput.ResourcePrices`)."""
+OPTIMUS_PS_STEP = 1
+OPTIMUS_WORKER_STEP = 2
+"""Optimus's fixed increments. The original adds one PS or one worker; 000 sec. 6.3 used
+(2 PS, 4 workers) for Wide & Deep and (1, 1) for xDeepFM to speed it up; we take (1, 2)."""
+OPTIMUS_MIN_EFFICIENCY = 0.3
+"""Optimus adds an increment while its predicted speed-up per added core is at least 0.3 of
+the job's current throughput per core. Optimus itself stops when the marginal gain is used
+up cluster-wide; a per-job threshold is needed here, and we take ES's 0.3 (000 sec. 6.3) on
+the same normalised efficiency so the two baselines stop by the same rule."""
+OPTIMUS_SAMPLING_CONFIGS = 3
+"""Optimus fits its model after profiling a few configurations (its pre-run); until it has
+this many distinct (PS, workers) samples it alternates +workers and +PS."""
+DLROVER_OVERLOAD = 0.9
+"""``ps_cpu_overload_threshold`` and ``ps_cpu_hot_threshold`` of DLRover's LocalOptimizer."""
+DLROVER_NODE_MAX_CPU = 32
+"""``node_max_cpu`` of DLRover's LocalOptimizer (and 000 sec. 6.1's 32-core pod limit)."""
+DLROVER_OOM_FACTOR = 2
+"""``oom_memory_up_factor`` of DLRover's LocalOptimizer."""
+DLROVER_WORKER_MEMORY_MARGIN = 1.5
+"""``1 + worker_memory_margin_percent`` (0.5) of DLRover's LocalOptimizer."""
 
 
 # --- Configurations and jobs ---------------------------------------------------------
@@ -250,6 +346,31 @@ def ps_memory_gib(spec: DlrmJobSpec, hot: float, ps: int, consumed: float) -> tu
     return hot_use, spec.ps_static_gib / ps + emb * cold_share
 
 
+def _speed_sigma(cov: float) -> float:
+    """Sigma of the lognormal whose reciprocal (the iteration time) has CoV ``cov``."""
+    return math.sqrt(math.log(1.0 + cov * cov))
+
+
+_Z = np.linspace(-8.0, 8.0, 4001)
+_PHI = np.exp(-0.5 * _Z * _Z) / math.sqrt(2.0 * math.pi)
+_TAIL = 0.5 * np.array([math.erfc(z / math.sqrt(2.0)) for z in _Z])
+
+
+@lru_cache(maxsize=4096)
+def expected_min_speed(cov: float, workers: int) -> float:
+    """E[min over ``workers`` workers of the speed multiplier] for straggler CoV ``cov``: the
+    expected progress factor of static sharding. The minimum of n standard normals has
+    density ``n phi(z) (1 - Phi(z))^(n-1)``; integrated numerically (exact to ~1e-6)."""
+    if workers < 1:
+        raise SimulationError(f"workers: must be >= 1, got {workers}")
+    if cov <= 0:
+        return 1.0
+    sigma = _speed_sigma(cov)
+    density = workers * _PHI * _TAIL ** (workers - 1)
+    speed = np.exp(-0.5 * sigma * sigma + sigma * _Z)
+    return float(np.trapezoid(density * speed, _Z) / np.trapezoid(density, _Z))
+
+
 def load_straggler_covs(path: Path = DEFAULT_PAI_COV_PATH) -> tuple[float, ...]:
     """The median CoV of each job row of the PAI CoV file. Raises SimulationError naming the
     file, line and field for a malformed row."""
@@ -372,7 +493,10 @@ class JobView:
 
     ``reason`` is "arrival", "tick" or "oom". Observations are what a job master measures:
     noisy throughputs of the configurations the job has run (with their pods), CPU busy
-    fractions and PS memory samples. The oracle alone reads ``spec`` (the true model).
+    fractions, worker memory use and PS memory samples. The termination condition
+    (``spec.total_samples``) and the job's features are known to every policy; the true
+    model, imbalance, straggler CoV and memory behaviour in ``spec`` are read by the oracle
+    alone.
     """
 
     reason: str
@@ -381,13 +505,23 @@ class JobView:
     pods: Pods
     consumed: float
     samples: tuple[tuple[Pods, float], ...]
+    """Oldest first; the job master keeps the last :data:`SAMPLES_PER_CONFIG` per
+    configuration (and :data:`MEMORY_WINDOW` memory points) so a long job's state stays
+    bounded."""
+    sample_count: int
+    """Throughput samples taken so far (ticks that ran)."""
     worker_util: float
+    """Mean CPU use of a worker over its cores."""
     ps_util: float
+    """CPU use of the busiest PS over its cores."""
+    worker_memory_used_gib: float
     memory_points: tuple[tuple[float, float, float], ...]
-    """(consumed samples, hottest PS GiB, coldest PS GiB) at past ticks."""
+    """(consumed samples, total PS GiB, busiest PS GiB) measured at past ticks."""
     hot_detected: bool
     history: tuple[HistoricalJob, ...]
     cluster_cpus: int
+    queued_jobs: int
+    """Jobs waiting for their first pods."""
 
 
 @dataclass(frozen=True)
@@ -412,29 +546,40 @@ class DlrmPolicy(Protocol):
         ...
 
 
-def _knee(
-    params: ThroughputParameters,
-    spec: DlrmJobSpec,
-    hot: float,
-    budget_cpu: float,
-    memory: Callable[[int, int], tuple[int, int]],
-) -> Pods:
-    """Cheapest grid configuration within KNEE_FRACTION of the best throughput in budget."""
+def _job_cpu_limit(spec: DlrmJobSpec) -> int:
+    return max(JOB_CPU_LIMIT, spec.request.cpu)
+
+
+def _almost_best(
+    throughput: np.ndarray, cost: np.ndarray, allowed: np.ndarray, fraction: float
+) -> int:
+    """Grid index of the cheapest allowed configuration within ``fraction`` of the best
+    allowed throughput; ties go to the higher throughput, then the lower index."""
+    if not allowed.any():
+        allowed = cost <= cost.min()
+    best = float(throughput[allowed].max())
+    good = np.flatnonzero(allowed & (throughput >= fraction * best))
+    order = np.lexsort((good, -throughput[good], cost[good]))
+    return int(good[order[0]])
+
+
+def _grid_pods(index: int, memory: Callable[[int, int], tuple[int, int]]) -> Pods:
     w, lw, p, lp = _GRID
-    cpu = w * lw + p * lp
-    thr = grid_throughput(params, spec, hot, w, lw, p, lp)
-    ok = cpu <= budget_cpu
-    if not ok.any():
-        ok = cpu <= cpu.min()
-    best = float(thr[ok].max())
-    good = ok & (thr >= KNEE_FRACTION * best)
-    index = np.flatnonzero(good)
-    # Cheapest in cores (memory follows the configuration); ties: higher throughput, index.
-    order = sorted(index.tolist(), key=lambda i: (float(cpu[i]), -float(thr[i]), i))
-    i = order[0]
-    workers, ps = int(w[i]), int(p[i])
+    workers, ps = int(w[index]), int(p[index])
     wmem, pmem = memory(workers, ps)
-    return Pods(workers, int(lw[i]), wmem, ps, int(lp[i]), pmem)
+    return Pods(workers, int(lw[index]), wmem, ps, int(lp[index]), pmem)
+
+
+def _grid_cost(memory: Callable[[int, int], tuple[int, int]]) -> np.ndarray:
+    """Eq. 7 cost (cores + GIB_PRICE x GiB) of every grid configuration."""
+    w, lw, p, lp = _GRID
+    wmem = np.array([memory(int(n), 1)[0] for n in GRID_WORKERS], dtype=float)
+    pmem = np.array([memory(1, int(n))[1] for n in GRID_PS], dtype=float)
+    w_index = np.searchsorted(GRID_WORKERS, w)
+    p_index = np.searchsorted(GRID_PS, p)
+    gib = w * wmem[w_index] + p * pmem[p_index]
+    result: np.ndarray = w * lw + p * lp + GIB_PRICE * gib
+    return result
 
 
 class StaticPolicy:
@@ -450,8 +595,8 @@ class StaticPolicy:
 
 
 class TunedStaticPolicy:
-    """Oracle: the knee of the *true* model within the user's CPU budget, memory from the
-    true peak plus 10 %, fixed for the whole run (static sharding)."""
+    """Oracle well-tuned static configuration (see the module docstring for the definition
+    and its sources), searched once on the true model and fixed (static sharding)."""
 
     name = "tuned-static"
     dynamic_sharding = False
@@ -461,17 +606,102 @@ class TunedStaticPolicy:
         """Searched once, on arrival."""
         if view.reason != "arrival":
             return Decision()
-        spec = view.spec
+        return Decision(tuned_static_pods(view.spec))
 
-        def memory(workers: int, ps: int) -> tuple[int, int]:
-            peak = ps_memory_gib(spec, spec.hot_factor, ps, spec.total_samples)[0]
-            return (
-                math.ceil(spec.worker_mem_need_gib * MEMORY_HEADROOM),
-                math.ceil(peak * MEMORY_HEADROOM),
-            )
 
-        pods = _knee(spec.params, spec, spec.hot_factor, spec.request.cpu, memory)
-        return Decision(pods)
+class TunedStaticDynamicPolicy:
+    """The same oracle search, but for a job run with dynamic sharding (stragglers average
+    out, so the search expects a speed factor of 1): a static configuration tuned for the
+    sharding Stride uses. It separates Stride's resource choices from its sharding."""
+
+    name = "tuned-static-dyn"
+    dynamic_sharding = True
+    seamless = False
+
+    def decide(self, view: JobView) -> Decision:
+        """Searched once, on arrival."""
+        if view.reason != "arrival":
+            return Decision()
+        return Decision(tuned_static_pods(view.spec, dynamic_sharding=True))
+
+
+def tuned_static_pods(spec: DlrmJobSpec, dynamic_sharding: bool = False) -> Pods:
+    """The well-tuned static configuration of ``spec`` (module docstring); with
+    ``dynamic_sharding`` the search expects no straggler loss."""
+
+    def memory(workers: int, ps: int) -> tuple[int, int]:
+        peak = ps_memory_gib(spec, spec.hot_factor, ps, spec.total_samples)[0]
+        return (
+            math.ceil(spec.worker_mem_need_gib * MEMORY_HEADROOM),
+            math.ceil(peak * MEMORY_HEADROOM),
+        )
+
+    w, lw, p, lp = _GRID
+    straggle = np.array(
+        [
+            1.0 if dynamic_sharding else expected_min_speed(spec.straggler_cov, n)
+            for n in GRID_WORKERS
+        ]
+    )
+    expected = (
+        grid_throughput(spec.params, spec, spec.hot_factor, w, lw, p, lp)
+        * straggle[np.searchsorted(GRID_WORKERS, w)]
+    )
+    allowed = w * lw + p * lp <= _job_cpu_limit(spec)
+    index = _almost_best(expected, _grid_cost(memory), allowed, ALMOST_BEST_FRACTION)
+    return _grid_pods(index, memory)
+
+
+def _per_ps(total_gib: float, ps: int) -> int:
+    return max(1, math.ceil(total_gib / ps))
+
+
+_PROBE_DIMENSIONS = (
+    ("worker_cpu", GRID_WORKER_CPU[-1]),
+    ("ps", GRID_PS[-1]),
+    ("ps_cpu", GRID_PS_CPU[-1]),
+    ("workers", GRID_WORKERS[-1]),
+)
+
+
+def _next_probe(pods: Pods, spec: DlrmJobSpec, sampled: int) -> Pods | None:
+    """The sampling stage's next configuration after ``sampled`` distinct ones: double one
+    dimension (worker cores, PS, PS cores, workers, in turn), or halve it where doubling
+    leaves the search space; None when no dimension can move."""
+    limit = _job_cpu_limit(spec)
+    for offset in range(len(_PROBE_DIMENSIONS)):
+        name, top = _PROBE_DIMENSIONS[(sampled - 1 + offset) % len(_PROBE_DIMENSIONS)]
+        value = getattr(pods, name)
+        up = replace(pods, **{name: value * 2})
+        if value * 2 <= top and up.cpu <= limit:
+            return up
+        if value >= 2:
+            return replace(pods, **{name: value // 2})
+    return None
+
+
+def within_search_space(pods: Pods, spec: DlrmJobSpec) -> Pods:
+    """``pods`` moved into the space the oracle searches: counts and per-pod cores within the
+    grid's ranges and at most the job's core limit (workers, then PS cores, give way).
+
+    Without this, warm start compounds: a finished job's configuration (a probe with twice
+    the PS, say) becomes the next similar job's start, and Stride wandered to 80 PS."""
+    pods = replace(
+        pods,
+        workers=min(pods.workers, GRID_WORKERS[-1]),
+        worker_cpu=min(pods.worker_cpu, GRID_WORKER_CPU[-1]),
+        ps=min(pods.ps, GRID_PS[-1]),
+        ps_cpu=min(pods.ps_cpu, GRID_PS_CPU[-1]),
+    )
+    limit = _job_cpu_limit(spec)
+    if pods.cpu > limit:
+        room = (limit - pods.ps * pods.ps_cpu) // pods.worker_cpu
+        pods = replace(pods, workers=max(1, room))
+    while pods.cpu > limit and pods.ps_cpu > 1:
+        pods = replace(pods, ps_cpu=pods.ps_cpu // 2)
+    while pods.cpu > limit and pods.worker_cpu > 1:
+        pods = replace(pods, worker_cpu=pods.worker_cpu // 2)
+    return pods
 
 
 class StridePolicy:
@@ -483,89 +713,200 @@ class StridePolicy:
     dynamic_sharding = True
     seamless = True
 
+    def __init__(self) -> None:
+        self._fitted: dict[int, int] = {}
+        """Job id -> sample count at its last model fit."""
+
     def decide(self, view: JobView) -> Decision:
         """See the class docstring."""
         spec = view.spec
+        request = spec.request
         if view.reason == "arrival":
-            if view.history:
-                reply = warm_start(WarmStartRequest(_features(spec), view.history))
-                c = reply.configuration
-                return Decision(
-                    Pods(
-                        c.worker_count,
-                        max(1, round(c.worker_cpu)),
-                        max(1, math.ceil(c.worker_memory_bytes / GIB)),
-                        max(1, c.ps_count),
-                        max(1, round(c.ps_cpu)),
-                        max(1, math.ceil(c.ps_memory_bytes / GIB)),
-                    )
-                )
-            return Decision(spec.request)
+            if not view.history:
+                return Decision(request)
+            c = warm_start(WarmStartRequest(_features(spec), view.history)).configuration
+            start = within_search_space(
+                Pods(
+                    c.worker_count,
+                    max(1, round(c.worker_cpu)),
+                    request.worker_mem_gib,
+                    max(1, c.ps_count),
+                    max(1, round(c.ps_cpu)),
+                    1,
+                ),
+                spec,
+            )
+            # Memory: the embedding size of a new job is not a function of the features
+            # warm start matches on, so until the first ticks measure it the request's
+            # memory (the user's total PS memory, spread over the PS) is the best guess.
+            ps_mem = _per_ps(request.ps * request.ps_mem_gib, start.ps)
+            return Decision(replace(start, ps_mem_gib=ps_mem))
         pods = view.pods
-        growth = self._memory_model(view)
+        need = ps_memory_need(view)
+        worker_mem = max(1, math.ceil(view.worker_memory_used_gib * MEMORY_HEADROOM))
+
+        def memory(workers: int, ps: int) -> tuple[int, int]:
+            if need is None:
+                return worker_mem, _per_ps(pods.ps * pods.ps_mem_gib, ps)
+            return worker_mem, need(ps)
+
         if view.reason == "oom":
-            if growth is None:
+            if need is None:
+                # No growth measured yet: DLRover's reaction, double the memory.
                 return Decision(replace(pods, ps_mem_gib=pods.ps_mem_gib * 2))
-            return Decision(replace(pods, ps_mem_gib=max(pods.ps_mem_gib * 2, growth(pods.ps))))
+            return Decision(replace(pods, ps_mem_gib=max(pods.ps_mem_gib + 1, need(pods.ps))))
         repartition = view.hot_detected
         distinct = {s[0] for s in view.samples}
         target = pods
-        if len(distinct) < 3:
-            # Sampling stage: probe a different shape so the fit has regressors to work on.
-            probes = (
-                replace(pods, workers=max(1, pods.workers // 2), worker_cpu=pods.worker_cpu * 2),
-                replace(pods, ps=pods.ps * 2, ps_cpu=max(1, pods.ps_cpu // 2)),
+        remaining_s = (spec.total_samples - view.consumed) / max(view.samples[-1][1], 1e-9)
+        probing = len(distinct) < PROBE_CONFIGS and (
+            not view.history or remaining_s > PROBE_MIN_REMAINING_SECONDS
+        )
+        probe = _next_probe(pods, spec, len(distinct)) if probing else None
+        last_fit = self._fitted.get(spec.job_id)
+        if probe is not None:
+            # Sampling stage: one factor of two along one dimension per tick, so that the
+            # five coefficients of eq. 1-6 are identifiable from the job's own samples.
+            target = replace(
+                probe, ps_mem_gib=memory(probe.workers, probe.ps)[1], worker_mem_gib=worker_mem
             )
-            target = probes[len(distinct) - 1] if len(distinct) >= 1 else pods
-            if target.cpu > spec.request.cpu * 2:
-                target = pods
-        elif len(view.samples) < 5 or len(view.samples) % REFIT_EVERY_TICKS != 0:
-            target = pods
-        else:
+        elif (
+            len(distinct) >= 3
+            and view.sample_count >= 5
+            and (last_fit is None or view.sample_count - last_fit >= REFIT_EVERY_TICKS)
+        ):
+            self._fitted[spec.job_id] = view.sample_count
             configs = [_config(p, spec) for p, _ in view.samples]
             params, _, _ = fit_throughput_model(configs, [t for _, t in view.samples])
-            hot = 1.0
-
-            def memory(workers: int, ps: int) -> tuple[int, int]:
-                wmem = math.ceil(spec.worker_mem_need_gib * MEMORY_HEADROOM)
-                return wmem, growth(ps) if growth is not None else pods.ps_mem_gib
-
-            try:
-                best = _knee(params, spec, hot, max(pods.cpu, spec.request.cpu), memory)
-            except ValueError:
-                best = pods
-            now_thr = float(view.samples[-1][1])
+            # After re-partition the load is even (hot factor 1) and dynamic sharding makes
+            # stragglers average out, so the fitted model is the job's expected speed.
+            w, lw, p, lp = _GRID
+            predicted = grid_throughput(params, spec, 1.0, w, lw, p, lp)
+            allowed = w * lw + p * lp <= _job_cpu_limit(spec)
+            best = _grid_pods(
+                _almost_best(predicted, _grid_cost(memory), allowed, ALMOST_BEST_FRACTION),
+                memory,
+            )
             pred_best = _one(params, spec, 1.0, best)[0]
             pred_now = _one(params, spec, 1.0, pods)[0]
             cheaper = best.cpu < 0.8 * pods.cpu and pred_best >= 0.9 * pred_now
-            faster = pred_best > 1.1 * pred_now and now_thr > 0
+            faster = pred_best > 1.1 * pred_now
             if cheaper or faster:
                 target = best
-        if growth is not None and target.ps_mem_gib < growth(target.ps):
-            target = replace(target, ps_mem_gib=growth(target.ps))
+        if need is not None:
+            # OOM prediction (002 sec. 5.3): memory just above the predicted peak, raised as
+            # soon as the peak is predicted to pass the limit, lowered when far above it.
+            # Lowering only frees memory for others and costs the job a pause, so a job
+            # that is about to finish (or changes shape anyway) alone pays it.
+            wanted = need(target.ps)
+            reshaping = target != pods
+            worth = reshaping or remaining_s > SHRINK_MIN_REMAINING_SECONDS
+            too_much = target.ps_mem_gib > wanted * MEMORY_SHRINK_SLACK
+            if target.ps_mem_gib < wanted or (too_much and worth):
+                target = replace(target, ps_mem_gib=wanted)
+            if target.worker_mem_gib < worker_mem or (
+                target.worker_mem_gib > worker_mem and (worth or target != pods)
+            ):
+                target = replace(target, worker_mem_gib=worker_mem)
         return Decision(None if target == pods else target, repartition)
 
-    @staticmethod
-    def _memory_model(view: JobView) -> Callable[[int], int] | None:
-        """GiB per PS that holds the predicted peak (stride.policy.oom), or None."""
-        points = view.memory_points
-        if len(points) < 2 or len({p[0] for p in points}) < 2:
-            return None
-        ps = view.pods.ps
-        hot_curve = PsMemoryCurve(tuple(p[0] for p in points), tuple(p[1] * GIB for p in points))
-        cold_curve = PsMemoryCurve(tuple(p[0] for p in points), tuple(p[2] * GIB for p in points))
-        curves = (hot_curve,) + (cold_curve,) * (ps - 1)
-        reply = predict_oom(
-            OomRequest(
-                curves,
-                view.pods.ps_mem_gib * GIB,
-                int(view.consumed),
-                math.ceil(view.spec.total_samples),
-            )
+
+def ps_memory_need(view: JobView) -> Callable[[int], int] | None:
+    """GiB per PS that holds the predicted peak of ``view``'s job with ``n`` PS, or None
+    before two memory samples exist.
+
+    The linear growth in consumed samples is fitted and extrapolated to the job's last
+    sample by :func:`stride.policy.oom.predict_oom`, one curve per PS of the current count
+    with the even share of the measured total (Stride re-partitions a hot PS, so its
+    layouts are even). The need for ``n`` PS is the predicted total over ``n`` plus the
+    library's headroom, in whole GiB.
+    """
+    points = view.memory_points
+    if len(points) < 2 or len({p[0] for p in points}) < 2:
+        return None
+    ps = view.pods.ps
+    consumed = tuple(p[0] for p in points)
+    share = PsMemoryCurve(consumed, tuple(p[1] / ps * GIB for p in points))
+    reply = predict_oom(
+        OomRequest(
+            (share,) * ps,
+            view.pods.ps_mem_gib * GIB,
+            int(view.consumed),
+            math.ceil(view.spec.total_samples),
+            headroom=DEFAULT_HEADROOM,
         )
-        total = sum(f.predicted_peak_bytes for f in reply.forecasts) / GIB
-        # After re-partition the load is even: each of n PS holds total / n, plus headroom.
-        return lambda n: max(1, math.ceil(total / n * MEMORY_HEADROOM))
+    )
+    total = sum(f.predicted_peak_bytes for f in reply.forecasts) / GIB
+    return lambda n: max(1, math.ceil(total / n * (1.0 + DEFAULT_HEADROOM)))
+
+
+class OptimusPolicy:
+    """Optimus-style scaling (see the module docstring): fixed +PS / +worker increments,
+    chosen by a fitted speed model, until the predicted gain per core is too small."""
+
+    name = "optimus"
+    dynamic_sharding = False
+    seamless = False
+
+    def decide(self, view: JobView) -> Decision:
+        """One PS and one worker on arrival; at most one increment per tick."""
+        request = view.spec.request
+        if view.reason == "arrival":
+            start = Pods(1, request.worker_cpu, request.worker_mem_gib, 1, request.ps_cpu, 1)
+            return Decision(self._with_memory(start, request))
+        if view.reason != "tick" or not view.samples or view.samples[-1][0] != view.pods:
+            return Decision()
+        if view.queued_jobs:
+            # Optimus first gives every job one PS and one worker, then hands out what is
+            # left by marginal gain (Peng et al. sec. 4.1): no growth while jobs wait.
+            return Decision()
+        pods = view.pods
+        more_workers = replace(pods, workers=pods.workers + OPTIMUS_WORKER_STEP)
+        more_ps = replace(pods, ps=pods.ps + OPTIMUS_PS_STEP)
+        limit = _job_cpu_limit(view.spec)
+        candidates = [c for c in (more_workers, more_ps) if c.cpu <= limit]
+        if not candidates:
+            return Decision()
+        distinct = {(p.ps, p.workers) for p, _ in view.samples}
+        if len(distinct) < OPTIMUS_SAMPLING_CONFIGS:
+            # Profiling: alternate the two increments so the fit sees both directions.
+            wanted = more_workers if len(distinct) % 2 == 1 else more_ps
+            choice = wanted if wanted in candidates else candidates[0]
+            return Decision(self._with_memory(choice, request))
+        theta = fit_optimus_model(view.samples)
+        now = optimus_speed(theta, pods.ps, pods.workers)
+        best: tuple[float, Pods] | None = None
+        for candidate in candidates:
+            gain = optimus_speed(theta, candidate.ps, candidate.workers) - now
+            efficiency = (gain / (candidate.cpu - pods.cpu)) / (now / pods.cpu)
+            if best is None or efficiency > best[0]:
+                best = (efficiency, candidate)
+        assert best is not None
+        if best[0] < OPTIMUS_MIN_EFFICIENCY:
+            return Decision()
+        return Decision(self._with_memory(best[1], request))
+
+    @staticmethod
+    def _with_memory(pods: Pods, request: Pods) -> Pods:
+        # The user's total PS memory spread over the PS: Optimus manages counts, not memory.
+        return replace(pods, ps_mem_gib=_per_ps(request.ps * request.ps_mem_gib, pods.ps))
+
+
+def fit_optimus_model(samples: tuple[tuple[Pods, float], ...]) -> np.ndarray:
+    """NNLS fit of Optimus's asynchronous speed model ``f(p, w) = w / (t0 + t1 w/p + t2 w +
+    t3 p)`` to measured (pods, samples/s); returns (t0, t1, t2, t3) >= 0."""
+    rows = np.array([[1.0, p.workers / p.ps, float(p.workers), float(p.ps)] for p, _ in samples])
+    per_worker_time = np.array([p.workers / speed for p, speed in samples])
+    scale = float(per_worker_time.max())
+    theta, _ = nnls(rows, per_worker_time / scale)
+    result: np.ndarray = theta * scale
+    return result
+
+
+def optimus_speed(theta: np.ndarray, ps: int, workers: int) -> float:
+    """Optimus's predicted samples/s with ``ps`` PS and ``workers`` workers."""
+    time = float(theta @ np.array([1.0, workers / ps, float(workers), float(ps)]))
+    return workers / time if time > 0 else math.inf
 
 
 class EsPolicy:
@@ -599,8 +940,23 @@ class EsPolicy:
 
 
 class DlroverHeuristicPolicy:
-    """DLRover's open-source rules: PS CPU x2 when its utilisation > 0.9 (ps_cpu_overload),
-    PS memory x2 on OOM, workers x (0.9 / worker utilisation); dynamic sharding."""
+    """DLRover's open-source LocalOptimizer rules (module docstring); dynamic sharding.
+
+    What the source says (``local_optimizer.py``, ``_generate_worker_resoruce``):
+    ``factor = ps_cpu_overload_threshold / max_ps_cpu_util``; if ``factor > 1`` the worker
+    count becomes ``int(workers * factor)``, capped by the CPU and memory the job's resource
+    limit leaves after its PS. So "workers x (0.9 / util)" reads the *busiest PS's* CPU
+    utilisation, not the workers': more workers while the PS have spare CPU. (An earlier
+    version here multiplied by worker utilisation / 0.9, which shrinks jobs instead.) The
+    same function sizes a worker to its measured CPU use and 1.5x its measured memory.
+    ``_optimize_hot_ps_cpu`` runs first: a PS at >= 0.9 of its cores gets
+    ``used x max(1, max_workers / workers)`` cores, at most 32.
+
+    Simplifications: pods of one role are uniform here, so a hot PS's extra cores go to
+    every PS (same speed, a little more cost); worker cores are reset to their use only
+    when the count changes (resetting every tick would shrink them without end in this
+    model, where a worker's use is its cores times its busy share).
+    """
 
     name = "dlrover-heuristic"
     dynamic_sharding = True
@@ -612,25 +968,39 @@ class DlroverHeuristicPolicy:
         if view.reason == "arrival":
             return Decision(view.spec.request)
         if view.reason == "oom":
-            return Decision(replace(pods, ps_mem_gib=pods.ps_mem_gib * 2))
-        target = pods
-        if view.ps_util > 0.9:
-            target = replace(target, ps_cpu=min(32, target.ps_cpu * 2))
-        elif view.worker_util > 0:
-            wanted = max(1, min(64, round(pods.workers * view.worker_util / 0.9)))
-            if abs(wanted - pods.workers) >= max(1, pods.workers // 4):
-                target = replace(target, workers=wanted)
+            return Decision(replace(pods, ps_mem_gib=pods.ps_mem_gib * DLROVER_OOM_FACTOR))
+        limit = _job_cpu_limit(view.spec)
+        worker_used = max(0.1, view.worker_util * pods.worker_cpu)
+        ps_used_per_worker = view.ps_util * pods.ps_cpu / pods.workers
+        if view.ps_util >= DLROVER_OVERLOAD:
+            max_workers = limit / (ps_used_per_worker + worker_used)
+            tune = max(1.0, max_workers / pods.workers)
+            tune = min(tune, DLROVER_NODE_MAX_CPU / (view.ps_util * pods.ps_cpu))
+            wanted = min(DLROVER_NODE_MAX_CPU, math.ceil(view.ps_util * pods.ps_cpu * tune))
+            if wanted > pods.ps_cpu:
+                return Decision(replace(pods, ps_cpu=wanted))
+            return Decision()
+        factor = DLROVER_OVERLOAD / view.ps_util if view.ps_util > 0 else 0.0
+        if factor <= 1.0:
+            return Decision()
+        worker_cpu = max(1, math.ceil(worker_used))
+        worker_mem = max(1, math.ceil(view.worker_memory_used_gib * DLROVER_WORKER_MEMORY_MARGIN))
+        room = (limit - pods.ps * pods.ps_cpu) // worker_cpu
+        workers = max(1, min(int(pods.workers * factor), int(room)))
+        target = replace(pods, workers=workers, worker_cpu=worker_cpu, worker_mem_gib=worker_mem)
         return Decision(None if target == pods else target)
 
 
 POLICIES: dict[str, Callable[[], DlrmPolicy]] = {
     "static": StaticPolicy,
     "tuned-static": TunedStaticPolicy,
+    "tuned-static-dyn": TunedStaticDynamicPolicy,
     "stride": StridePolicy,
+    "optimus": OptimusPolicy,
     "es": EsPolicy,
     "dlrover-heuristic": DlroverHeuristicPolicy,
 }
-"""Policies by name. Optimus (fixed +PS/+worker increments) is not implemented."""
+"""Policies by name (module docstring)."""
 
 
 # --- Simulation --------------------------------------------------------------------------
@@ -652,7 +1022,9 @@ class _Job:
     start: float | None = None
     end: float | None = None
     failed: bool = False
+    failed_by_oom: bool = False
     samples: list[tuple[Pods, float]] = field(default_factory=list)
+    sample_count: int = 0
     memory_points: list[tuple[float, float, float]] = field(default_factory=list)
     cpu_used_s: float = 0.0
     cpu_alloc_s: float = 0.0
@@ -671,11 +1043,21 @@ class DlrmResult:
     failed: int
     jct_median_s: float
     jct_p90_s: float
+    run_median_s: float
+    """Median time from a job's first pods to its completion (JCT without queueing): the
+    per-job time the papers' well-tuned comparisons measure on an uncontended testbed."""
     completion_rate: float
     cpu_utilization: float
     """Core-seconds used over core-seconds allocated, all jobs."""
     memory_utilization: float
+    """GiB-seconds used over GiB-seconds allocated, all jobs."""
+    low_utilization_jobs: float
+    """Share of jobs whose CPU and memory utilisation are both below 50 % (000 sec. 2)."""
     oom_kills: int
+    oom_failed: int
+    """Jobs that failed because of OOM kills (:data:`MAX_OOM_KILLS` of them)."""
+    oom_failure_rate: float
+    """oom_failed / num_jobs: the job-failure-by-OOM rate of 002 Table 4."""
     scaling_events: int
     makespan_s: float
     peak_cpu: int
@@ -684,7 +1066,27 @@ class DlrmResult:
     """Per-job JCT in job-id order, NaN for failed jobs."""
     ends: tuple[int, ...]
     """How many times each job ended (must be 1 each)."""
+    job_cpu_utilization: tuple[float, ...]
+    """Per-job core-seconds used over allocated, job-id order."""
+    job_memory_utilization: tuple[float, ...]
+    """Per-job GiB-seconds used over allocated, job-id order."""
     synthetic: bool = True
+
+
+def _keep_sample(job: _Job, sample: tuple[Pods, float]) -> None:
+    job.sample_count += 1
+    job.samples.append(sample)
+    same = [i for i, (pods, _) in enumerate(job.samples) if pods == sample[0]]
+    if len(same) > SAMPLES_PER_CONFIG:
+        del job.samples[same[0]]
+
+
+def _memory_point(job: _Job) -> tuple[float, float, float]:
+    """(consumed, total PS GiB, busiest PS GiB) now."""
+    assert job.pods is not None
+    ps = job.pods.ps
+    hot_mem, cold_mem = ps_memory_gib(job.spec, job.hot, ps, job.consumed)
+    return job.consumed, hot_mem + cold_mem * (ps - 1), hot_mem
 
 
 class _Env:
@@ -735,9 +1137,8 @@ class _Env:
         cov = job.spec.straggler_cov
         if cov <= 0:
             return 1.0
-        sigma = math.sqrt(math.log(1 + cov * cov))
-        times = self.sim.rng.lognormal(-sigma * sigma / 2, sigma, size=workers)
-        speeds = 1.0 / times
+        sigma = _speed_sigma(cov)
+        speeds = self.sim.rng.lognormal(-sigma * sigma / 2, sigma, size=workers)
         return float(speeds.mean() if self.policy.dynamic_sharding else speeds.min())
 
     def _reschedule(self, job: _Job) -> None:
@@ -800,12 +1201,15 @@ class _Env:
             pods=pods,
             consumed=job.consumed,
             samples=tuple(job.samples),
+            sample_count=job.sample_count,
             worker_util=wbusy * job.speed_factor,
             ps_util=pbusy,
+            worker_memory_used_gib=job.spec.worker_mem_need_gib,
             memory_points=tuple(job.memory_points),
             hot_detected=job.hot > 1.2 and pods.ps > 1,
             history=tuple(self.history[-200:]),
             cluster_cpus=self.cpus,
+            queued_jobs=len(self.queue),
         )
 
     def _try_start(self) -> None:
@@ -823,6 +1227,8 @@ class _Env:
                 job.start = self.sim.now
                 job.last = self.sim.now
                 self._set_pods(job, pods, RESTART_SECONDS)
+                # The profiler's first memory sample: the PS as loaded, before any training.
+                job.memory_points.append(_memory_point(job))
                 self.sim.schedule(self.sim.now + TICK_SECONDS, EventKind.TIMER, job_id, None)
             else:
                 waiting.append(job_id)
@@ -914,6 +1320,7 @@ class _Env:
             self.oom_kills += 1
             job.oom_kills += 1
             if job.oom_kills >= MAX_OOM_KILLS:
+                job.failed_by_oom = True
                 self._finish(job, failed=True)
                 return
             job.paused_until = max(job.paused_until, sim.now + RESTART_SECONDS)
@@ -928,9 +1335,9 @@ class _Env:
             assert job.pods is not None
             if sim.now >= job.paused_until and job.rate > 0:
                 noise = float(sim.rng.lognormal(0.0, 0.05))
-                job.samples.append((job.pods, job.rate * noise))
-                hot_mem, cold_mem = ps_memory_gib(job.spec, job.hot, job.pods.ps, job.consumed)
-                job.memory_points.append((job.consumed, hot_mem, cold_mem))
+                _keep_sample(job, (job.pods, job.rate * noise))
+                job.memory_points.append(_memory_point(job))
+                del job.memory_points[:-MEMORY_WINDOW]
                 self._apply(job, self.policy.decide(self._view(job, "tick")))
             sim.schedule(sim.now + TICK_SECONDS, EventKind.TIMER, job.spec.job_id, None)
 
@@ -961,6 +1368,15 @@ def simulate(
         for s in states
     )
     done = [x for x in jcts if not math.isnan(x)]
+    runs = [
+        s.end - s.start
+        for s in states
+        if s.end is not None and s.start is not None and not s.failed
+    ]
+    job_cpu = tuple(s.cpu_used_s / s.cpu_alloc_s if s.cpu_alloc_s else 0.0 for s in states)
+    job_mem = tuple(s.mem_used_s / s.mem_alloc_s if s.mem_alloc_s else 0.0 for s in states)
+    low = sum(1 for c, m in zip(job_cpu, job_mem, strict=True) if c < 0.5 and m < 0.5)
+    oom_failed = sum(1 for s in states if s.failed_by_oom)
     cpu_alloc = sum(s.cpu_alloc_s for s in states)
     mem_alloc = sum(s.mem_alloc_s for s in states)
     return DlrmResult(
@@ -971,16 +1387,22 @@ def simulate(
         failed=sum(1 for s in states if s.failed),
         jct_median_s=float(np.median(done)) if done else math.nan,
         jct_p90_s=float(np.percentile(done, 90)) if done else math.nan,
+        run_median_s=float(np.median(runs)) if runs else math.nan,
         completion_rate=len(done) / len(jobs),
         cpu_utilization=sum(s.cpu_used_s for s in states) / cpu_alloc if cpu_alloc else 0.0,
         memory_utilization=sum(s.mem_used_s for s in states) / mem_alloc if mem_alloc else 0.0,
+        low_utilization_jobs=low / len(jobs),
         oom_kills=env.oom_kills,
+        oom_failed=oom_failed,
+        oom_failure_rate=oom_failed / len(jobs),
         scaling_events=env.scaling_events,
         makespan_s=max((s.end or 0.0) for s in states),
         peak_cpu=env.peak_cpu,
         peak_memory_gib=env.peak_mem,
         jcts=jcts,
         ends=tuple(env.ends),
+        job_cpu_utilization=job_cpu,
+        job_memory_utilization=job_mem,
     )
 
 
@@ -1003,3 +1425,66 @@ def run_dlrm(
         num_jobs, np.random.default_rng(seed), load_straggler_covs(straggler_covs_path)
     )
     return simulate(jobs, cluster_cpus, cluster_memory_gib, policy_name, seed)
+
+
+def report_notes(results: Mapping[str, DlrmResult]) -> tuple[str, ...]:
+    """The definitions a DLRM report must state, and Stride's JCT against each baseline."""
+    notes = [
+        "the job population is synthetic and seeded (DLRover-RM model form with paper "
+        "coefficients, hot PS, PAI straggler variance, linear embedding growth): no public "
+        "per-job PS/worker trace exists",
+        "cpu/memory_utilization: core-seconds (GiB-seconds) used over allocated, summed over "
+        "every pod-second of every job; pauses count as allocated and unused",
+        "oom_failure_rate: jobs failed by OOM (3 kills) / all jobs (002 Table 4); oom_kills "
+        "counts every kill; low_utilization_jobs: share of jobs below 50 % CPU and memory",
+        "run_median_s: first pods to completion (JCT without queueing)",
+        f"tuned-static: per job, the cheapest grid configuration within "
+        f"{ALMOST_BEST_FRACTION:.0%} of the best expected true throughput (hot PS and the "
+        f"static-sharding straggler loss included) within {JOB_CPU_LIMIT} cores, memory at the "
+        "true peak + 10 %, static sharding (000 sec. 6.1-6.2 and Table 2, 002 sec. 6.1); "
+        "tuned-static-dyn: the same search for a job with dynamic sharding",
+    ]
+    stride = results.get("stride")
+    if stride is not None and not math.isnan(stride.jct_median_s):
+        for name, other in results.items():
+            if name != "stride" and not math.isnan(other.jct_median_s):
+                notes.append(
+                    f"stride median JCT / {name}: {stride.jct_median_s / other.jct_median_s:.3f}"
+                    f" (p90 {stride.jct_p90_s / other.jct_p90_s:.3f}, run time "
+                    f"{stride.run_median_s / other.run_median_s:.3f})"
+                )
+        notes.extend(_goals(stride, results))
+    return tuple(notes)
+
+
+def _goals(stride: DlrmResult, results: Mapping[str, DlrmResult]) -> list[str]:
+    """Issue #4's goals for environment B, each marked met or NOT met."""
+
+    def mark(ok: bool) -> str:
+        return "met" if ok else "NOT met"
+
+    goals = []
+    for name in ("tuned-static", "tuned-static-dyn"):
+        if name in results:
+            ratio = stride.jct_median_s / results[name].jct_median_s
+            goals.append(
+                f"goal: stride JCT within 5 % of {name} (median ratio <= 1.05): "
+                f"{ratio:.3f}, {mark(ratio <= 1.05)}"
+            )
+    for name in ("optimus", "es"):
+        if name in results:
+            ratio = stride.jct_median_s / results[name].jct_median_s
+            goals.append(
+                f"goal: stride JCT at least 25 % below {name} (median ratio <= 0.75): "
+                f"{ratio:.3g}, {mark(ratio <= 0.75)}"
+            )
+    cpu, memory = stride.cpu_utilization, stride.memory_utilization
+    goals.append(
+        f"goal: stride CPU and memory utilisation >= 0.40: {cpu:.3f} and {memory:.3f}, "
+        f"{mark(min(cpu, memory) >= 0.40)}"
+    )
+    goals.append(
+        f"goal: stride OOM failure rate <= 0.25 %: {stride.oom_failure_rate:.2%} "
+        f"({stride.oom_kills} OOM kills), {mark(stride.oom_failure_rate <= 0.0025)}"
+    )
+    return goals

@@ -85,21 +85,38 @@ class ScalingCurve:
 
     def usable(self, devices: int) -> int:
         """The largest allowed size <= ``devices`` (0 if none): what a job actually takes."""
-        best = 0
-        for size in self.sizes:
-            if size > devices:
-                break
-            best = size
-        return best
+        cache = self._usable
+        found = cache.get(devices)
+        if found is None:
+            found = 0
+            for size in self.sizes:
+                if size > devices:
+                    break
+                found = size
+            cache[devices] = found
+        return found
 
     def throughput(self, devices: int) -> float:
         """Throughput when ``devices`` are offered: that of :meth:`usable` devices."""
-        best = 0.0
-        for size, value in zip(self.sizes, self.throughputs, strict=True):
-            if size > devices:
-                break
-            best = value
-        return best
+        cache = self._throughput
+        found = cache.get(devices)
+        if found is None:
+            found = 0.0
+            for size, value in zip(self.sizes, self.throughputs, strict=True):
+                if size > devices:
+                    break
+                found = value
+            cache[devices] = found
+        return found
+
+    # Memo tables (the curve is immutable; schedulers ask these in every round).
+    @functools.cached_property
+    def _usable(self) -> dict[int, int]:
+        return {}
+
+    @functools.cached_property
+    def _throughput(self) -> dict[int, float]:
+        return {}
 
     def next_faster(self, devices: int) -> tuple[int, float] | None:
         """The next allowed size above ``devices`` that is strictly faster, with its gain.
