@@ -31,7 +31,7 @@ from pathlib import Path
 
 import numpy as np
 
-from stride.policy.elasticflow.admission import AdmissionControl, DeadlineJob, _PlannedJob
+from stride.policy.elasticflow.admission import AdmissionControl, DeadlineJob, PlannedJob
 from stride.policy.elasticflow.allocation import (
     AllocationJob,
     AllocationRequest,
@@ -81,7 +81,7 @@ def load_jobs(curves: dict[tuple[str, int], ScalingCurve]) -> list[DeadlineJob]:
     return jobs
 
 
-def naive_decision(control: AdmissionControl, candidate: _PlannedJob) -> bool:
+def naive_decision(control: AdmissionControl, candidate: PlannedJob) -> bool:
     """Algorithm 1 verbatim: every job re-filled from an empty timeline, deadline order."""
     everyone = [*control.jobs, candidate]
     order = sorted(range(len(everyone)), key=lambda index: (everyone[index].slots, index))
