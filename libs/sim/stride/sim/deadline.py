@@ -359,7 +359,13 @@ class StridePolicy:
     _planner: _IncrementalPlanner = field(default_factory=_IncrementalPlanner, repr=False)
 
     def wakeup(self, view: DeadlineView, decision: dict[str, int]) -> float | None:
-        """Event-driven only (sec. 3.2: rounds on arrivals and completions)."""
+        """Event-driven only (sec. 3.2: rounds on arrivals and completions).
+
+        Also running a round at each slot boundary where a guaranteed job's plan grows was
+        measured (whole itp cluster02 and 03): it met no more deadlines (DSR 0.788 vs 0.804
+        and 0.448 vs 0.446) because greedy allocation already runs admitted jobs ahead of
+        their plans; about 95 % of admitted jobs meet their deadline either way.
+        """
         return None
 
     def admit(self, view: DeadlineView, candidate: JobView) -> bool:
