@@ -588,6 +588,10 @@ class _Environment:
         self.active: dict[str, _Job] = {}
         self.running: dict[str, _Job] = {}
         """The active jobs holding GPUs: only they progress, so only they are advanced."""
+        self.views: dict[str, JobView] = {}
+        """Each active job's view, in admission order (thousands wait in overload)."""
+        self.stale: set[str] = set()
+        """Active jobs whose view changed since :meth:`view` last ran."""
         self.dropped: list[str] = []
         self.scaling_events = 0
         self.migrations = 0
@@ -598,15 +602,17 @@ class _Environment:
         self.timer_at: float | None = None
 
     def view(self, now: float) -> DeadlineView:
-        return DeadlineView(
-            now, self.capacity, tuple(job.view() for job in self.active.values()), self.pause
-        )
+        for job_id in self.stale:
+            self.views[job_id] = self.active[job_id].view()
+        self.stale.clear()
+        return DeadlineView(now, self.capacity, tuple(self.views.values()), self.pause)
 
     def advance(self, now: float) -> None:
         """Account progress, attained service and eq. 8 efficiency up to ``now``."""
         area = 0.0
-        for job in self.running.values():
+        for job_id, job in self.running.items():
             job.cached_view = None
+            self.stale.add(job_id)
             job.attained += job.devices * (now - job.last_update)
             start = max(job.last_update, job.paused_until)
             if now > start:  # exact: no progress (and no efficiency) while paused
@@ -632,6 +638,8 @@ class _Environment:
         self.placed.pop(job.trace.job_id, None)
         self.running.pop(job.trace.job_id, None)
         self.active.pop(job.trace.job_id, None)
+        self.views.pop(job.trace.job_id, None)
+        self.stale.discard(job.trace.job_id)
 
     def handle(self, sim: Simulation, event: Event) -> None:
         if event.kind is EventKind.COMPLETION:
@@ -644,6 +652,7 @@ class _Environment:
             job.last_update = sim.now
             if self.policy.admit(self.view(sim.now), job.view()):
                 self.active[job.trace.job_id] = job
+                self.views[job.trace.job_id] = job.view()
                 self.request_round(sim)
             else:
                 job.ended = True
@@ -721,6 +730,7 @@ class _Environment:
             elif job.ever_ran:
                 self.scaling_events += 1
             job.cached_view = None
+            self.stale.add(job_id)
             if not job.devices:
                 job.last_update = sim.now  # progress and service count from now
             job.devices = count

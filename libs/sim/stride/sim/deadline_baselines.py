@@ -71,6 +71,8 @@ def _without_deadline(job: JobView) -> JobView:
 def _greedy(ordered: list[JobView], free: int, result: dict[str, int]) -> int:
     """Give each job its fixed size, in order, while it fits (others are skipped)."""
     for job in ordered:
+        if free <= 0:
+            break
         size = _fixed_size(job)
         if size <= free:
             result[job.job_id] = size
@@ -253,15 +255,14 @@ class ChronusPolicy:
                 if size <= free:
                     result[job.job_id] = size
                     free -= size
-        best_effort = sorted(
-            (job for job in view.jobs if job.job_id not in self._slo),
-            key=lambda job: (
-                not job.devices,
-                job.remaining_iterations / max(_fixed_rate(job), 1e-12),
-                job.job_id,
-            ),
-        )
-        _greedy(best_effort, free, result)
+        # Running best-effort jobs first, then shortest remaining time (thousands may wait).
+        keyed = [
+            (not job.devices, job.remaining_iterations / max(_fixed_rate(job), 1e-12), index)
+            for index, job in enumerate(view.jobs)
+            if job.job_id not in self._slo
+        ]
+        keyed.sort()
+        _greedy([view.jobs[index] for _, _, index in keyed], free, result)
         return result
 
     def wakeup(self, view: DeadlineView, decision: dict[str, int]) -> float | None:
