@@ -85,6 +85,7 @@ def summary() -> str:
     header = "| trace | use | cluster | jobs | " + " | ".join(POLICIES) + " |"
     lines += [header, "|" + "---|" * (4 + len(POLICIES))]
     ratios: dict[str, list[float]] = {policy: [] for policy in POLICIES}
+    dsrs: dict[str, list[float]] = {policy: [] for policy in POLICIES}
     for name, (_, spec) in RUNS.items():
         path = RESULTS / f"deadline-{name}" / "results.json"
         if not path.exists():
@@ -95,11 +96,18 @@ def summary() -> str:
         for policy in POLICIES:
             dsr = results.get(policy, {}).get("dsr")
             cells.append("n/a" if dsr is None else f"{dsr:.3f}")
+            if dsr is not None:
+                dsrs[policy].append(dsr)
             stride = results.get("stride", {}).get("dsr")
             if dsr and stride:
                 ratios[policy].append(stride / dsr)
         use = "evaluation" if name in EVALUATION else "tuning"
         lines.append(f"| {name} | {use} | {spec} | {jobs} | " + " | ".join(cells) + " |")
+    means = [
+        f"{sum(values) / len(values):.3f}" if values else "n/a"
+        for values in (dsrs[policy] for policy in POLICIES)
+    ]
+    lines.append("| mean | | | | " + " | ".join(means) + " |")
     lines += [
         "",
         "Stride's DSR over each baseline's (geometric mean over the traces above) beside"
