@@ -18,7 +18,14 @@ from stride.dispatcher.domain.datasets import (
     check_worker,
     validate,
 )
-from stride.dispatcher.domain.sharding import cut_ranges, hand_out_order, plan_epoch
+from stride.dispatcher.domain.sharding import (
+    cut_ranges,
+    epoch_permutation,
+    hand_out_order,
+    plan_epoch,
+    shard_indices,
+)
+from stride.dispatcher.domain.stragglers import decayed_rate, judge, straggler_shard_records
 from stride.runtime.errors import InvalidArgument
 
 
@@ -46,8 +53,14 @@ def test_valid_parameters_pass() -> None:
     ("bad", "field"),
     [
         (parameters(kind=None), "parameters.kind"),
-        (parameters(kind=ShardingKind.INDEX_LIST), "parameters.kind"),
-        (parameters(kind=ShardingKind.STREAM), "parameters.kind"),
+        (parameters(kind=ShardingKind.STREAM), "parameters.partitions"),
+        (parameters(kind=ShardingKind.STREAM, partitions=5000), "parameters.partitions"),
+        (parameters(record_count=1 << 41), "parameters.record_count"),
+        (
+            parameters(kind=ShardingKind.INDEX_LIST, record_count=3_000_000),
+            "parameters.record_count",
+        ),
+        (parameters(shard_batches=1 << 60), "parameters.shard_batches"),
         (parameters(record_count=0), "parameters.record_count"),
         (parameters(record_count=-5), "parameters.record_count"),
         (parameters(batch_size=0), "parameters.batch_size"),
@@ -68,9 +81,62 @@ def test_invalid_parameters_name_the_field(bad: DatasetParameters, field: str) -
     assert raised.value.field == field
 
 
-def test_unsupported_kind_says_not_supported_yet() -> None:
-    with pytest.raises(InvalidArgument, match="not supported yet"):
-        validate(parameters(kind=ShardingKind.INDEX_LIST))
+def test_index_list_epochs_are_seeded_permutations_sliced_by_shards() -> None:
+    params = parameters(
+        kind=ShardingKind.INDEX_LIST, record_count=1_000, batch_size=10, shuffle=True, seed=5
+    )
+    validate(params)
+    for epoch in range(2):
+        permutation = epoch_permutation(params, epoch)
+        assert sorted(permutation) == list(range(1_000))
+        sliced = [
+            index
+            for shard in plan_epoch(params, epoch)
+            for index in shard_indices(params, epoch, shard.start, shard.end)
+        ]
+        assert sorted(sliced) == list(range(1_000))
+    assert epoch_permutation(params, 0) != epoch_permutation(params, 1)
+    unshuffled = replace(params, shuffle=False)
+    assert shard_indices(unshuffled, 0, 3, 6) == [3, 4, 5]
+
+
+def test_stream_epochs_cover_the_next_window_of_every_partition() -> None:
+    params = parameters(
+        kind=ShardingKind.STREAM, partitions=3, record_count=100, batch_size=10, shard_batches=3
+    )
+    validate(params)
+    assert params.shards_per_epoch == 3 * 4
+    for epoch in range(2):
+        covered = sorted(
+            (shard.partition, offset)
+            for shard in plan_epoch(params, epoch)
+            for offset in range(shard.start, shard.end)
+        )
+        window = range(epoch * 100, (epoch + 1) * 100)
+        assert covered == [(p, o) for p in range(3) for o in window]
+    ids = [s.shard_id for e in range(2) for s in plan_epoch(params, e)]
+    assert len(set(ids)) == len(ids)
+
+
+def test_straggler_rule_needs_peers_and_has_hysteresis() -> None:
+    assert judge({"a": 1.0, "b": 100.0}, set()) == set()  # one peer says nothing
+    rates = {"a": 40.0, "b": 100.0, "c": 110.0, "d": 90.0}
+    assert judge(rates, set()) == {"a"}
+    recovering = {**rates, "a": 60.0}
+    assert judge(recovering, set()) == set()
+    assert judge(recovering, {"a"}) == {"a"}  # below 3/4 of the median: still one
+    assert judge({**rates, "a": 80.0}, {"a"}) == set()
+    assert judge({"a": 0.0, "b": 0.0, "c": 0.0}, set()) == set()
+
+
+def test_decayed_rate_follows_a_steady_rate_and_damps_bursts() -> None:
+    rate = 0.0
+    for _ in range(200):
+        rate = decayed_rate(rate, 50, 1.0, 10.0)
+    assert rate == pytest.approx(50.0, rel=1e-6)
+    assert decayed_rate(50.0, 5, 0.0, 10.0) == pytest.approx(50.5)
+    assert straggler_shard_records(parameters(shard_batches=8)) == 4 * 32
+    assert straggler_shard_records(parameters(shard_batches=1)) == 32
 
 
 @pytest.mark.parametrize("value", ["", "a.b", "-x", "x" * 65, "a b", "a*"])

@@ -64,7 +64,13 @@ def test_done_is_idempotent_and_fills_the_offset() -> None:
     done = queue.complete(queue.record_progress(leased(), ALICE, 10, NOW, LEASE), ALICE)
     assert done.state is ShardState.DONE and done.offset == 100 and done.lease_expires_at is None
     assert queue.complete(done, ALICE) == done
-    assert queue.complete(done, BOB) == done
+    assert queue.complete(done, ALICE, lease=done.leases) == done
+    # Someone else's late done is refused even though the shard is finished: that worker
+    # must not count the records as its own.
+    with pytest.raises(FailedPrecondition):
+        queue.complete(done, BOB)
+    with pytest.raises(FailedPrecondition, match="stale"):
+        queue.complete(done, ALICE, lease=done.leases - 1)
     with pytest.raises(FailedPrecondition):
         queue.complete(todo(), ALICE)
 

@@ -2,19 +2,44 @@
 
 from __future__ import annotations
 
+from datetime import timedelta
 from pathlib import Path
+from typing import Any
+
+from sqlalchemy import event, make_url
 
 from stride.api.dispatcher.v1 import dispatcher_service_pb2, dispatcher_service_pb2_grpc
+from stride.db.engine import Database
 from stride.db.outbox import Outbox
+from stride.dispatcher.adapters.bus_handlers import PodEventHandler
 from stride.dispatcher.adapters.grpc_api import DispatcherApi
+from stride.dispatcher.adapters.outbox_relay import run_relay
+from stride.dispatcher.adapters.sqlite_fastpath import SqliteFastPath
 from stride.dispatcher.db.tables import outbox as outbox_table
 from stride.dispatcher.dispatching import ShardDispatcher
 from stride.dispatcher.settings import DispatcherSettings
-from stride.runtime.lifecycle import ServiceHost
-from stride.wiring import connect_bus, create_host, open_database, relay_outbox
+from stride.events.v1 import pod_pb2
+from stride.runtime.lifecycle import Dependency, ServiceHost
+from stride.wiring import connect_bus, consume, create_host, open_database
 
 MIGRATIONS = Path(__file__).parent / "db" / "migrations"
 SERVICE_NAME = dispatcher_service_pb2.DESCRIPTOR.services_by_name["DispatcherService"].full_name
+
+
+async def relax_commit_sync(database: Database) -> None:
+    """Commit without waiting for the disk (see ``DispatcherSettings.sync_commits``)."""
+
+    def on_connect(dbapi_connection: Any, _record: Any) -> None:
+        cursor = dbapi_connection.cursor()
+        if database.schema is None:
+            # SQLite in WAL mode: NORMAL syncs at checkpoints, not at every commit.
+            cursor.execute("PRAGMA synchronous=NORMAL")
+        else:
+            cursor.execute("SET synchronous_commit TO off")
+        cursor.close()
+
+    event.listen(database.engine.sync_engine, "connect", on_connect)
+    await database.engine.dispose()  # pooled connections opened before this reconnect with it
 
 
 async def build(settings: DispatcherSettings) -> ServiceHost:
@@ -22,13 +47,48 @@ async def build(settings: DispatcherSettings) -> ServiceHost:
     host = create_host(settings, [SERVICE_NAME])
     bus = await connect_bus(settings, host)
     database = await open_database(settings, host, MIGRATIONS)
+    if not settings.sync_commits:
+        await relax_commit_sync(database)
     outbox = Outbox(outbox_table)
-    dispatcher = ShardDispatcher(database, outbox, settings.lease_duration)
-    dispatcher_service_pb2_grpc.add_DispatcherServiceServicer_to_server(
-        DispatcherApi(dispatcher), host.server.server
+    dispatcher = ShardDispatcher(
+        database, outbox, settings.lease_duration, rate_window=settings.rate_window
     )
-    # Shard events (done, failed, requeued) leave through the outbox. Consuming pod events
-    # (lost pods), the lease sweeper and straggler detection arrive with the shard
-    # dispatcher issue as further root tasks here.
-    relay_outbox(host, outbox, database, bus)
+    dispatcher.batch_timeout = timedelta(seconds=settings.batch_timeout_seconds)
+    if database.schema is None:  # SQLite
+        fast = SqliteFastPath(
+            str(make_url(database.url).database),
+            settings.lease_duration,
+            settings.rate_window,
+            settings.sync_commits,
+        )
+        dispatcher.fast = fast
+
+        async def always() -> bool:
+            return True
+
+        host.add_dependency(Dependency("sqlite-fast-path", always, fast.close, closes_early=False))
+    dispatcher_service_pb2_grpc.add_DispatcherServiceServicer_to_server(
+        DispatcherApi(dispatcher, timedelta(seconds=settings.retry_after_seconds)),
+        host.server.server,
+    )
+    # Shard events (done, failed, requeued, straggler) leave through the outbox.
+    host.add_root_task(
+        "outbox-relay", lambda: run_relay(outbox, database, bus.publish_raw, host.stop)
+    )
+    host.add_root_task(
+        "lease-sweeper",
+        lambda: dispatcher.run_sweeper(host.stop, settings.sweep_interval_seconds),
+    )
+    handler = PodEventHandler(dispatcher)
+    for pod_event in ("failed", "deleted"):
+        consume(
+            host,
+            bus,
+            f"consume-pods-{pod_event}",
+            stream="STRIDE_PODS",
+            durable=f"dispatcher-pods-{pod_event}",
+            filter_subject=f"stride.pods.v1.*.{pod_event}",
+            message_type=pod_pb2.PodEvent,
+            handler=handler,
+        )
     return host

@@ -23,8 +23,36 @@ class DispatcherSettings(ServiceSettings):
     """How long a shard lease lasts without a progress report; RegisterWorker tells workers.
     A minute is four missed heartbeats at the agent's 15 s cadence: long enough not to take
     shards from a worker in a GC pause, short enough that a lost worker's shards come back
-    quickly (DLRover-RM sec. 5.1). Expiry is enforced with the shard dispatcher issue;
-    until then leases are recorded and renewed, and lost workers are released explicitly."""
+    quickly (DLRover-RM sec. 5.1). The sweeper returns a lapsed lease's shard to TODO."""
+    sweep_interval_seconds: float = Field(default=5.0, gt=0, le=600)
+    """How often the sweeper looks for lapsed leases and re-judges stragglers. A twelfth of
+    the lease: a lapsed shard waits at most this long beyond its lease to come back."""
+    straggler_window_seconds: float = Field(default=30.0, gt=0, le=3600)
+    """Time constant of each worker's progress rate, and how long a newly registered worker
+    runs before it is judged. Two heartbeats at the agent's 15 s cadence: long enough that
+    one slow batch is not a verdict, short enough to act within a minute (DLRover-RM
+    sec. 6 reports handling a straggler "within 1 minute")."""
+    retry_after_seconds: float = Field(default=1.0, gt=0, le=60)
+    """What GetShard tells a worker to wait when every free shard is taken but others are
+    still held: a second is short against a shard's minutes of training."""
+
+    batch_timeout_seconds: float = Field(default=30.0, gt=0, le=3600)
+    """Data-worker mode: how long a dispatched index batch may go unconsumed before another
+    data worker gets it. Thirty seconds is many mini-batches of slack for a data worker
+    that prefetches a few, yet a lost one's batches come back within the minute."""
+    sync_commits: bool = False
+    """Wait for each commit to reach the disk (fsync) before answering. Off by default: a
+    commit is then in PostgreSQL's memory or the OS page cache when the call returns, which
+    survives a crash or SIGKILL of the dispatcher (the requirement), but not a power loss
+    of the database machine, which could lose the last fraction of a second of reports;
+    those shards would be read again (at least once). On this machine kind an fsync takes
+    about 3 ms, which would cap one worker at about 300 shard hand-outs a second. Turn it on
+    where the database's disk is fast or power loss must not repeat any data."""
+
+    @property
+    def rate_window(self) -> timedelta:
+        """``straggler_window_seconds`` as a timedelta."""
+        return timedelta(seconds=self.straggler_window_seconds)
 
     @property
     def lease_duration(self) -> timedelta:

@@ -62,7 +62,18 @@ class ShardClient:
         )
 
     async def next_shard(self, dataset: str) -> tuple[shard_pb2.Shard | None, bool]:
-        """The next shard of ``dataset`` and whether the data has ended."""
+        """The next shard of ``dataset`` and whether the data has ended.
+
+        While other workers still hold the last shards the dispatcher says "retry later"
+        (one of them may come back); wait here, so the trainer sees a shard or the end.
+        """
+        while True:
+            shard, end_of_data, retry_after = await self._next_shard(dataset)
+            if shard is not None or end_of_data or retry_after is None:
+                return shard, end_of_data
+            await asyncio.sleep(retry_after)
+
+    async def _next_shard(self, dataset: str) -> tuple[shard_pb2.Shard | None, bool, float | None]:
         incarnation = self.incarnation or await self._register(None)
         try:
             reply = await self._get(dataset, incarnation)
@@ -79,7 +90,12 @@ class ShardClient:
                 reply = await self._get(dataset, incarnation)
             except grpc.aio.AioRpcError as retry_error:
                 raise UpstreamError.wrap(UPSTREAM, self.address, retry_error) from None
-        return (reply.shard if reply.HasField("shard") else None), reply.end_of_data
+        retry_after = (
+            max(reply.retry_after.ToTimedelta().total_seconds(), 0.05)
+            if reply.retry_later
+            else None
+        )
+        return (reply.shard if reply.HasField("shard") else None), reply.end_of_data, retry_after
 
     async def _get(self, dataset: str, incarnation: int) -> pb.GetShardResponse:
         return await self.stub.GetShard(

@@ -2,13 +2,16 @@
 
 from __future__ import annotations
 
+from dataclasses import dataclass
 from datetime import datetime
 
+from google.protobuf.message import DecodeError
 from google.protobuf.timestamp_pb2 import Timestamp
 
 from stride.api.dispatcher.v1 import dispatcher_service_pb2 as pb
 from stride.dispatcher.domain.datasets import DatasetParameters, ShardingKind
-from stride.dispatcher.domain.queue import ShardRecord
+from stride.dispatcher.domain.queue import ShardRecord, ShardState
+from stride.dispatcher.domain.sharding import shard_indices
 from stride.events.v1 import shard_pb2
 from stride.runtime.errors import InvalidArgument
 
@@ -52,14 +55,133 @@ def parameters_from_proto(parameters: pb.DatasetParameters) -> DatasetParameters
     )
 
 
-def shard_to_proto(shard: ShardRecord) -> shard_pb2.Shard:
-    """The wire form of a leased shard."""
-    return shard_pb2.Shard(
+_KIND_TO_PROTO = {kind: number for number, kind in _KIND.items() if kind is not None}
+SNAPSHOT_VERSION = 1
+
+
+def parameters_to_proto(parameters: DatasetParameters) -> pb.DatasetParameters:
+    """The wire form of dataset parameters."""
+    return pb.DatasetParameters(
+        record_count=parameters.record_count,
+        batch_size=parameters.batch_size,
+        shard_batches=parameters.shard_batches,
+        epochs=parameters.epochs,
+        shuffle=parameters.shuffle,
+        seed=parameters.seed,
+        kind=_KIND_TO_PROTO[parameters.kind] if parameters.kind else 0,  # type: ignore[arg-type]
+        partitions=parameters.partitions,
+    )
+
+
+def shard_to_proto(shard: ShardRecord, parameters: DatasetParameters) -> shard_pb2.Shard:
+    """The wire form of a leased shard; an index-list shard carries its indices."""
+    message = shard_pb2.Shard(
         shard_id=shard.shard_id,
         epoch=shard.epoch,
         start=shard.start,
         end=shard.end,
         offset=shard.offset,
+        partition=shard.partition,
+    )
+    if parameters.kind is ShardingKind.INDEX_LIST:
+        message.indices.extend(shard_indices(parameters, shard.epoch, shard.start, shard.end))
+    return message
+
+
+@dataclass(frozen=True)
+class SnapshotContent:
+    """A decoded snapshot."""
+
+    job_id: str
+    dataset: str
+    parameters: DatasetParameters
+    epochs_created: int
+    splits: int
+    shards: list[ShardRecord]
+
+
+def encode_snapshot(
+    job_id: str,
+    dataset: str,
+    parameters: DatasetParameters,
+    epochs_created: int,
+    splits: int,
+    touched: list[ShardRecord],
+) -> bytes:
+    """Serialize a snapshot: a DOING shard is recorded as not done at its reported offset."""
+    message = pb.ShardSnapshot(
+        version=SNAPSHOT_VERSION,
+        job_id=job_id,
+        dataset=dataset,
+        parameters=parameters_to_proto(parameters),
+        epochs_created=epochs_created,
+        splits=splits,
+        shards=[
+            pb.SnapshotShard(
+                shard_id=s.shard_id,
+                epoch=s.epoch,
+                position=s.position,
+                start=s.start,
+                end=s.end,
+                offset=s.offset,
+                done=s.state is ShardState.DONE,
+                partition=s.partition,
+            )
+            for s in touched
+        ],
+    )
+    return message.SerializeToString(deterministic=True)
+
+
+def decode_snapshot(data: bytes) -> SnapshotContent:
+    """Parse and check a snapshot; InvalidArgument("snapshot") if it is not one."""
+    try:
+        message = pb.ShardSnapshot.FromString(data)
+    except DecodeError as error:
+        raise InvalidArgument("snapshot", f"is not a shard snapshot: {error}") from None
+    if message.version != SNAPSHOT_VERSION:
+        raise InvalidArgument(
+            "snapshot", f"version {message.version} is not supported (only {SNAPSHOT_VERSION})"
+        )
+    parameters = parameters_from_proto(message.parameters)
+    if parameters.kind is None or message.epochs_created < 0 or message.splits < 0:
+        raise InvalidArgument("snapshot", "is malformed (no kind, or negative counters)")
+    stream = parameters.kind is ShardingKind.STREAM
+    shards = []
+    for entry in message.shards:
+        size = entry.end - entry.start
+        if entry.epoch >= message.epochs_created or size <= 0 or not 0 <= entry.offset <= size:
+            raise InvalidArgument(
+                "snapshot", f"shard {entry.shard_id} is malformed (epoch, range or offset)"
+            )
+        done = entry.done
+        shards.append(
+            ShardRecord(
+                shard_id=entry.shard_id,
+                epoch=entry.epoch,
+                position=entry.position,
+                start=entry.start,
+                end=entry.end,
+                offset=size if done else entry.offset,
+                state=ShardState.DONE if done else ShardState.TODO,
+                partition=entry.partition if stream else 0,
+            )
+        )
+    return SnapshotContent(
+        message.job_id, message.dataset, parameters, message.epochs_created, message.splits, shards
+    )
+
+
+def straggler_detected(
+    job_id: str, worker: str, rate: float, peer_median_rate: float, at: datetime
+) -> shard_pb2.StragglerDetected:
+    """The straggler signal for the optimizer."""
+    return shard_pb2.StragglerDetected(
+        job_id=job_id,
+        worker=worker,
+        rate=rate,
+        peer_median_rate=peer_median_rate,
+        detected_at=timestamp(at),
     )
 
 

@@ -10,13 +10,16 @@ from google.protobuf.duration_pb2 import Duration
 
 from stride.api.dispatcher.v1 import dispatcher_service_pb2 as pb
 from stride.api.dispatcher.v1 import dispatcher_service_pb2_grpc as pb_grpc
-from stride.dispatcher.adapters.convert import parameters_from_proto, shard_to_proto
+from stride.dispatcher.adapters.convert import (
+    parameters_from_proto,
+    parameters_to_proto,
+    shard_to_proto,
+)
 from stride.dispatcher.dispatching import ShardDispatcher, WorkerRef
+from stride.dispatcher.domain.queue import Grant
 from stride.runtime.errors import InvalidArgument
 
 Context = grpc.aio.ServicerContext[Any, Any]
-
-NOT_YET = "arrives with the shard dispatcher issue (leases, fencing and snapshots)"
 
 
 def _worker_ref(request: Any) -> WorkerRef:
@@ -24,6 +27,12 @@ def _worker_ref(request: Any) -> WorkerRef:
         raise InvalidArgument("worker", "is required")
     ref = request.worker
     return WorkerRef(ref.job_id, ref.dataset, ref.worker, ref.incarnation)
+
+
+def _lease(value: int) -> int | None:
+    if value < 0:
+        raise InvalidArgument("lease", f"must not be negative, got {value}")
+    return value or None
 
 
 def _duration(value: timedelta) -> Duration:
@@ -35,8 +44,9 @@ def _duration(value: timedelta) -> Duration:
 class DispatcherApi(pb_grpc.DispatcherServiceServicer):
     """gRPC servicer; errors are raised as domain errors and mapped by the server."""
 
-    def __init__(self, dispatcher: ShardDispatcher) -> None:
+    def __init__(self, dispatcher: ShardDispatcher, retry_after: timedelta) -> None:
         self.dispatcher = dispatcher
+        self.retry_after = retry_after
 
     async def CreateDataset(
         self, request: pb.CreateDatasetRequest, context: Context
@@ -57,29 +67,42 @@ class DispatcherApi(pb_grpc.DispatcherServiceServicer):
         )
 
     async def GetShard(self, request: pb.GetShardRequest, context: Context) -> pb.GetShardResponse:
-        shard = await self.dispatcher.get_shard(_worker_ref(request))
-        if shard is None:
+        done = request.done_shard_id if request.HasField("done_shard_id") else None
+        grant = await self.dispatcher.get_shard(
+            _worker_ref(request), done, _lease(request.done_lease)
+        )
+        if grant.shard is not None:
+            return pb.GetShardResponse(
+                shard=shard_to_proto(grant.shard, grant.parameters),
+                straggler=grant.straggler,
+                lease=grant.shard.leases,
+            )
+        if grant.why_none is Grant.END_OF_DATA:
             return pb.GetShardResponse(end_of_data=True)
-        return pb.GetShardResponse(shard=shard_to_proto(shard))
+        return pb.GetShardResponse(retry_later=True, retry_after=_duration(self.retry_after))
 
     async def ReportProgress(
         self, request: pb.ReportProgressRequest, context: Context
     ) -> pb.ReportProgressResponse:
         await self.dispatcher.report_progress(
-            _worker_ref(request), request.shard_id, request.offset
+            _worker_ref(request), request.shard_id, request.offset, _lease(request.lease)
         )
         return pb.ReportProgressResponse()
 
     async def ReportShardDone(
         self, request: pb.ReportShardDoneRequest, context: Context
     ) -> pb.ReportShardDoneResponse:
-        await self.dispatcher.report_done(_worker_ref(request), request.shard_id)
+        await self.dispatcher.report_done(
+            _worker_ref(request), request.shard_id, _lease(request.lease)
+        )
         return pb.ReportShardDoneResponse()
 
     async def ReportShardFailed(
         self, request: pb.ReportShardFailedRequest, context: Context
     ) -> pb.ReportShardFailedResponse:
-        await self.dispatcher.report_failed(_worker_ref(request), request.shard_id, request.reason)
+        await self.dispatcher.report_failed(
+            _worker_ref(request), request.shard_id, request.reason, _lease(request.lease)
+        )
         return pb.ReportShardFailedResponse()
 
     async def GetDatasetState(
@@ -93,25 +116,68 @@ class DispatcherApi(pb_grpc.DispatcherServiceServicer):
             done=state.counts.done,
             finished=state.counts.finished,
             workers=[
-                # Rates and straggler judgement arrive with the shard dispatcher issue.
                 pb.WorkerProgress(
-                    worker=w.worker, shard_ids=w.shard_ids, records_consumed=w.records_consumed
+                    worker=w.worker,
+                    shard_ids=w.shard_ids,
+                    records_consumed=w.records_consumed,
+                    rate=w.rate,
+                    straggler=w.straggler,
                 )
                 for w in state.workers
             ],
         )
 
+    async def ListDatasets(
+        self, request: pb.ListDatasetsRequest, context: Context
+    ) -> pb.ListDatasetsResponse:
+        stored = await self.dispatcher.list_datasets(request.job_id)
+        return pb.ListDatasetsResponse(
+            datasets=[
+                pb.DatasetSummary(dataset=d.dataset, parameters=parameters_to_proto(d.parameters))
+                for d in stored
+            ]
+        )
+
+    async def FetchBatches(
+        self, request: pb.FetchBatchesRequest, context: Context
+    ) -> pb.FetchBatchesResponse:
+        batches, end, consumed = await self.dispatcher.fetch_batches(
+            request.job_id, request.dataset, request.data_worker, request.max_batches
+        )
+        return pb.FetchBatchesResponse(
+            batches=[
+                pb.IndexBatch(step_id=b.step_id, epoch=b.epoch, indices=b.indices) for b in batches
+            ],
+            end_of_data=end,
+            consumed_step=consumed,
+        )
+
+    async def ReportConsumed(
+        self, request: pb.ReportConsumedRequest, context: Context
+    ) -> pb.ReportConsumedResponse:
+        consumed = await self.dispatcher.report_consumed(
+            request.job_id, request.dataset, request.step_id
+        )
+        return pb.ReportConsumedResponse(consumed_step=consumed)
+
     async def SnapshotShards(
         self, request: pb.SnapshotShardsRequest, context: Context
     ) -> pb.SnapshotShardsResponse:
-        await context.abort(grpc.StatusCode.UNIMPLEMENTED, f"SnapshotShards {NOT_YET}")
-        raise AssertionError("abort raises")  # pragma: no cover
+        snapshot = await self.dispatcher.snapshot(request.job_id, request.dataset)
+        return pb.SnapshotShardsResponse(
+            snapshot=snapshot.data,
+            snapshot_id=snapshot.snapshot_id,
+            done=snapshot.done,
+            doing=snapshot.doing,
+        )
 
     async def RestoreShards(
         self, request: pb.RestoreShardsRequest, context: Context
     ) -> pb.RestoreShardsResponse:
-        await context.abort(grpc.StatusCode.UNIMPLEMENTED, f"RestoreShards {NOT_YET}")
-        raise AssertionError("abort raises")  # pragma: no cover
+        snapshot_id, revoked = await self.dispatcher.restore(
+            request.job_id, request.dataset, request.snapshot
+        )
+        return pb.RestoreShardsResponse(snapshot_id=snapshot_id, revoked=revoked)
 
     async def MarkWorkerLost(
         self, request: pb.MarkWorkerLostRequest, context: Context

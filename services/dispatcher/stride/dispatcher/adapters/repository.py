@@ -12,14 +12,14 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 from dataclasses import dataclass
-from datetime import datetime
+from datetime import UTC, datetime
 from typing import Any
 
-from sqlalchemy import func, select, update
+from sqlalchemy import delete, func, select, update
 from sqlalchemy.ext.asyncio import AsyncSession
 
-from stride.dispatcher.db.tables import datasets, shards, workers
-from stride.dispatcher.domain.datasets import DatasetParameters, ShardingKind
+from stride.dispatcher.db.tables import datasets, shards, step_cursors, step_leases, workers
+from stride.dispatcher.domain.datasets import SPLIT_ID_BASE, DatasetParameters, ShardingKind
 from stride.dispatcher.domain.queue import Holder, ShardRecord, ShardState, WorkerRecord
 
 
@@ -32,6 +32,7 @@ class StoredDataset:
     dataset: str
     parameters: DatasetParameters
     epochs_created: int
+    splits: int = 0
 
 
 @dataclass(frozen=True)
@@ -59,6 +60,7 @@ def _dataset(row: Any) -> StoredDataset:
             partitions=row.partitions,
         ),
         epochs_created=row.epochs_created,
+        splits=row.splits,
     )
 
 
@@ -74,12 +76,21 @@ def _shard(row: Any) -> ShardRecord:
         state=ShardState(row.state),
         holder=holder,
         leases=row.leases,
-        lease_expires_at=row.lease_expires_at,
+        lease_expires_at=_aware(row.lease_expires_at),
+        partition=row.partition,
     )
+
+
+def _aware(moment: datetime | None) -> datetime | None:
+    # SQLite hands timestamps back naive; every stored one is UTC.
+    if moment is None or moment.tzinfo is not None:
+        return moment
+    return moment.replace(tzinfo=UTC)
 
 
 def _shard_values(shard: ShardRecord) -> dict[str, Any]:
     return {
+        "end_index": shard.end,
         "consumed": shard.offset,
         "state": shard.state.value,
         "worker": None if shard.holder is None else shard.holder.worker,
@@ -99,16 +110,30 @@ async def find_dataset(session: AsyncSession, job_id: str, dataset: str) -> Stor
     return None if row is None else _dataset(row)
 
 
+async def list_datasets(session: AsyncSession, job_id: str) -> list[StoredDataset]:
+    """Every dataset of a job, by name."""
+    rows = (
+        await session.execute(
+            select(datasets).where(datasets.c.job_id == job_id).order_by(datasets.c.dataset)
+        )
+    ).all()
+    return [_dataset(row) for row in rows]
+
+
 async def lock_dataset(session: AsyncSession, job_id: str, dataset: str) -> StoredDataset | None:
-    """Lock a dataset for the rest of the transaction and return it, or None if unknown."""
-    result = await session.execute(
-        update(datasets)
-        .where(datasets.c.job_id == job_id, datasets.c.dataset == dataset)
-        .values(version=datasets.c.version + 1)
-    )
-    if result.rowcount == 0:  # type: ignore[attr-defined]
-        return None
-    return await find_dataset(session, job_id, dataset)
+    """Lock a dataset for the rest of the transaction and return it, or None if unknown.
+
+    One statement: the UPDATE takes the lock and RETURNING reads the row under it.
+    """
+    row = (
+        await session.execute(
+            update(datasets)
+            .where(datasets.c.job_id == job_id, datasets.c.dataset == dataset)
+            .values(version=datasets.c.version + 1)
+            .returning(*datasets.c)
+        )
+    ).one_or_none()
+    return None if row is None else _dataset(row)
 
 
 async def insert_dataset(
@@ -144,6 +169,18 @@ async def add_epoch(
     at: datetime,
 ) -> None:
     """Insert an epoch's shards and count the epoch as created."""
+    await insert_shards(session, dataset_id, new_shards, at)
+    await session.execute(
+        update(datasets).where(datasets.c.id == dataset_id).values(epochs_created=epoch + 1)
+    )
+
+
+async def insert_shards(
+    session: AsyncSession, dataset_id: int, new_shards: Sequence[ShardRecord], at: datetime
+) -> None:
+    """Insert shards (a new epoch, a split-off part, a restored snapshot)."""
+    if not new_shards:
+        return
     await session.execute(
         shards.insert(),
         [
@@ -153,16 +190,64 @@ async def add_epoch(
                 "epoch": shard.epoch,
                 "position": shard.position,
                 "start_index": shard.start,
-                "end_index": shard.end,
+                "partition": shard.partition,
                 "updated_at": at,
                 **_shard_values(shard),
             }
             for shard in new_shards
         ],
     )
-    await session.execute(
-        update(datasets).where(datasets.c.id == dataset_id).values(epochs_created=epoch + 1)
+
+
+async def lease_next(
+    session: AsyncSession, dataset_id: int, holder: Holder, expires: datetime, at: datetime
+) -> ShardRecord | None:
+    """Lease the next TODO shard to ``holder`` in one statement; None if none is TODO.
+
+    The caller holds the dataset lock, so no other hand-out races for the same row.
+    """
+    # An alias, so the subquery is not correlated with the row being updated.
+    todo = shards.alias("todo")
+    following = (
+        select(todo.c.shard_id)
+        .where(todo.c.dataset_id == dataset_id, todo.c.state == ShardState.TODO.value)
+        .order_by(todo.c.epoch, todo.c.position, todo.c.shard_id)
+        .limit(1)
+        .scalar_subquery()
     )
+    row = (
+        await session.execute(
+            update(shards)
+            .where(shards.c.dataset_id == dataset_id, shards.c.shard_id == following)
+            .values(
+                state=ShardState.DOING.value,
+                worker=holder.worker,
+                incarnation=holder.incarnation,
+                leases=shards.c.leases + 1,
+                lease_expires_at=expires,
+                updated_at=at,
+            )
+            .returning(*shards.c)
+        )
+    ).one_or_none()
+    return None if row is None else _shard(row)
+
+
+async def any_doing(session: AsyncSession, dataset_id: int) -> bool:
+    """True if some shard of the dataset is leased."""
+    row = (
+        await session.execute(
+            select(shards.c.shard_id)
+            .where(shards.c.dataset_id == dataset_id, shards.c.state == ShardState.DOING.value)
+            .limit(1)
+        )
+    ).first()
+    return row is not None
+
+
+async def set_splits(session: AsyncSession, dataset_id: int, splits: int) -> None:
+    """Record how many shards were split off (split ids are allotted from this count)."""
+    await session.execute(update(datasets).where(datasets.c.id == dataset_id).values(splits=splits))
 
 
 async def next_todo(session: AsyncSession, dataset_id: int) -> ShardRecord | None:
@@ -203,23 +288,214 @@ async def save_shard(
 
 async def touch_worker(
     session: AsyncSession, job_id: str, worker: str, at: datetime
-) -> WorkerRecord | None:
+) -> WorkerRate | None:
     """Lock a worker row, noting it was seen, and return it (None if never registered)."""
-    result = await session.execute(
-        update(workers)
-        .where(workers.c.job_id == job_id, workers.c.worker == worker)
-        .values(last_seen_at=at)
-    )
-    if result.rowcount == 0:  # type: ignore[attr-defined]
-        return None
     row = (
         await session.execute(
-            select(workers.c.incarnation, workers.c.lost).where(
-                workers.c.job_id == job_id, workers.c.worker == worker
+            update(workers)
+            .where(workers.c.job_id == job_id, workers.c.worker == worker)
+            .values(last_seen_at=at)
+            .returning(
+                workers.c.incarnation,
+                workers.c.lost,
+                workers.c.straggler,
+                workers.c.rate,
+                workers.c.rate_at,
             )
         )
-    ).one()
-    return WorkerRecord(worker, row.incarnation, row.lost)
+    ).one_or_none()
+    if row is None:
+        return None
+    return WorkerRate(
+        WorkerRecord(worker, row.incarnation, row.lost, row.straggler),
+        row.rate,
+        _aware(row.rate_at),
+    )
+
+
+@dataclass(frozen=True)
+class WorkerRate:
+    """A worker record with its progress rate, as read under its row lock."""
+
+    record: WorkerRecord
+    rate: float
+    rate_at: datetime | None
+
+
+async def set_rate(
+    session: AsyncSession, job_id: str, worker: str, rate: float, at: datetime
+) -> None:
+    """Store a worker's new progress rate."""
+    await session.execute(
+        update(workers)
+        .where(workers.c.job_id == job_id, workers.c.worker == worker)
+        .values(rate=rate, rate_at=at)
+    )
+
+
+@dataclass(frozen=True)
+class RatedWorker:
+    """An active worker's rate and verdict, for straggler judgement."""
+
+    job_id: str
+    worker: str
+    incarnation: int
+    rate: float
+    straggler: bool
+
+
+async def rated_workers(session: AsyncSession, warm_since: datetime) -> list[RatedWorker]:
+    """Active workers that reported progress and registered before ``warm_since``."""
+    rows = (
+        await session.execute(
+            select(
+                workers.c.job_id,
+                workers.c.worker,
+                workers.c.incarnation,
+                workers.c.rate,
+                workers.c.straggler,
+            )
+            .where(
+                workers.c.lost.is_(False),
+                workers.c.rate_at.is_not(None),
+                workers.c.registered_at <= warm_since,
+            )
+            .order_by(workers.c.job_id, workers.c.worker)
+        )
+    ).all()
+    return [RatedWorker(r.job_id, r.worker, r.incarnation, r.rate, r.straggler) for r in rows]
+
+
+async def set_straggler(
+    session: AsyncSession, job_id: str, worker: str, incarnation: int, straggler: bool
+) -> bool:
+    """Store a verdict if the incarnation is still current; False if it moved on."""
+    result = await session.execute(
+        update(workers)
+        .where(
+            workers.c.job_id == job_id,
+            workers.c.worker == worker,
+            workers.c.incarnation == incarnation,
+            workers.c.straggler.is_not(straggler),
+        )
+        .values(straggler=straggler)
+    )
+    return bool(result.rowcount)  # type: ignore[attr-defined]
+
+
+@dataclass(frozen=True)
+class ExpiredLease:
+    """A shard whose lease lapsed, as released by the sweeper."""
+
+    dataset_id: int
+    shard: ShardRecord
+
+
+async def expired_leases(session: AsyncSession, now: datetime, limit: int) -> list[ExpiredLease]:
+    """DOING shards whose lease lapsed (skipping rows another call holds locked)."""
+    rows = (
+        await session.execute(
+            select(shards)
+            .where(
+                shards.c.state == ShardState.DOING.value,
+                shards.c.lease_expires_at <= now,
+            )
+            .order_by(shards.c.dataset_id, shards.c.shard_id)
+            .limit(limit)
+            .with_for_update(skip_locked=True)
+        )
+    ).all()
+    return [ExpiredLease(row.dataset_id, _shard(row)) for row in rows]
+
+
+async def release_if_expired(
+    session: AsyncSession, dataset_id: int, shard: ShardRecord, now: datetime
+) -> bool:
+    """Return a shard to TODO if it is still DOING by the same holder with a lapsed lease.
+
+    Conditional, so a heartbeat that renewed the lease in between wins (SQLite reads the
+    candidates before its write lock; PostgreSQL has them locked already).
+    """
+    if shard.holder is None:
+        return False
+    result = await session.execute(
+        update(shards)
+        .where(
+            shards.c.dataset_id == dataset_id,
+            shards.c.shard_id == shard.shard_id,
+            shards.c.state == ShardState.DOING.value,
+            shards.c.worker == shard.holder.worker,
+            shards.c.incarnation == shard.holder.incarnation,
+            shards.c.lease_expires_at <= now,
+        )
+        .values(state=ShardState.TODO.value, lease_expires_at=None, updated_at=now)
+    )
+    return bool(result.rowcount)  # type: ignore[attr-defined]
+
+
+async def dataset_names(session: AsyncSession, ids: set[int]) -> dict[int, tuple[str, str]]:
+    """(job_id, dataset) of each dataset id."""
+    rows = (
+        await session.execute(
+            select(datasets.c.id, datasets.c.job_id, datasets.c.dataset).where(
+                datasets.c.id.in_(ids)
+            )
+        )
+    ).all()
+    return {row.id: (row.job_id, row.dataset) for row in rows}
+
+
+async def snapshot_shards(session: AsyncSession, dataset_id: int) -> list[ShardRecord]:
+    """Every shard that may differ from its planned, untouched form: ever leased, or split off."""
+    rows = (
+        await session.execute(
+            select(shards)
+            .where(
+                shards.c.dataset_id == dataset_id,
+                (shards.c.leases > 0) | (shards.c.shard_id >= SPLIT_ID_BASE),
+            )
+            .order_by(shards.c.shard_id)
+        )
+    ).all()
+    return [_shard(row) for row in rows]
+
+
+async def lease_counts(session: AsyncSession, dataset_id: int) -> dict[int, int]:
+    """Lease counters of the shards ever leased (kept across a restore, for event ids)."""
+    rows = (
+        await session.execute(
+            select(shards.c.shard_id, shards.c.leases).where(
+                shards.c.dataset_id == dataset_id, shards.c.leases > 0
+            )
+        )
+    ).all()
+    return {row.shard_id: row.leases for row in rows}
+
+
+async def replace_shards(
+    session: AsyncSession,
+    dataset_id: int,
+    restored: Sequence[ShardRecord],
+    epochs_created: int,
+    splits: int,
+    at: datetime,
+) -> int:
+    """Replace every shard of the dataset with ``restored``; returns the leases revoked."""
+    revoked = (
+        await session.execute(
+            select(func.count())
+            .select_from(shards)
+            .where(shards.c.dataset_id == dataset_id, shards.c.state == ShardState.DOING.value)
+        )
+    ).scalar_one()
+    await session.execute(delete(shards).where(shards.c.dataset_id == dataset_id))
+    await insert_shards(session, dataset_id, restored, at)
+    await session.execute(
+        update(datasets)
+        .where(datasets.c.id == dataset_id)
+        .values(epochs_created=epochs_created, splits=splits)
+    )
+    return int(revoked)
 
 
 async def bump_incarnation(
@@ -259,12 +535,20 @@ async def insert_worker(session: AsyncSession, job_id: str, worker: str, at: dat
     )
 
 
-async def mark_lost(session: AsyncSession, job_id: str, worker: str, at: datetime) -> bool:
-    """Fence a worker's current token; False if the worker is unknown."""
+async def mark_lost(
+    session: AsyncSession,
+    job_id: str,
+    worker: str,
+    at: datetime,
+    registered_by: datetime | None = None,
+) -> bool:
+    """Fence a worker's current token; False if the worker is unknown (or, with
+    ``registered_by``, registered after that moment: a newer incarnation)."""
+    condition = [workers.c.job_id == job_id, workers.c.worker == worker]
+    if registered_by is not None:
+        condition.append(workers.c.registered_at <= registered_by)
     result = await session.execute(
-        update(workers)
-        .where(workers.c.job_id == job_id, workers.c.worker == worker)
-        .values(lost=True, last_seen_at=at)
+        update(workers).where(*condition).values(lost=True, last_seen_at=at)
     )
     return bool(result.rowcount)  # type: ignore[attr-defined]
 
@@ -324,6 +608,8 @@ class WorkerShards:
     worker: str
     shard_ids: list[int]
     records_consumed: int
+    rate: float = 0.0
+    straggler: bool = False
 
 
 async def worker_shards(
@@ -334,14 +620,14 @@ async def worker_shards(
     Consumption is credited to a shard's last holder, so a shard finished by a second
     worker after a failure counts wholly for the second one.
     """
-    names = (
-        await session.scalars(
-            select(workers.c.worker)
+    active = (
+        await session.execute(
+            select(workers.c.worker, workers.c.rate, workers.c.straggler)
             .where(workers.c.job_id == job_id, workers.c.lost.is_(False))
             .order_by(workers.c.worker)
         )
     ).all()
-    by_worker = {name: WorkerShards(name, [], 0) for name in names}
+    by_worker = {w.worker: WorkerShards(w.worker, [], 0, w.rate, w.straggler) for w in active}
     rows = (
         await session.execute(
             select(
@@ -366,5 +652,104 @@ async def worker_shards(
         if row.epoch == epoch:
             consumed[row.worker] = consumed.get(row.worker, 0) + row.consumed
     return [
-        WorkerShards(w.worker, w.shard_ids, consumed.get(w.worker, 0)) for w in by_worker.values()
+        WorkerShards(w.worker, w.shard_ids, consumed.get(w.worker, 0), w.rate, w.straggler)
+        for w in by_worker.values()
     ]
+
+
+@dataclass(frozen=True)
+class StepCursor:
+    """A dataset's data-worker cursor: the next step to dispatch and the last consumed."""
+
+    next_step: int
+    consumed_step: int
+
+
+async def step_cursor(session: AsyncSession, dataset_id: int) -> StepCursor:
+    """The cursor (created at its start the first time)."""
+    row = (
+        await session.execute(
+            select(step_cursors.c.next_step, step_cursors.c.consumed_step).where(
+                step_cursors.c.dataset_id == dataset_id
+            )
+        )
+    ).one_or_none()
+    if row is None:
+        await session.execute(
+            step_cursors.insert().values(dataset_id=dataset_id, next_step=0, consumed_step=-1)
+        )
+        return StepCursor(0, -1)
+    return StepCursor(row.next_step, row.consumed_step)
+
+
+async def save_step_cursor(session: AsyncSession, dataset_id: int, cursor: StepCursor) -> None:
+    """Store the cursor."""
+    await session.execute(
+        update(step_cursors)
+        .where(step_cursors.c.dataset_id == dataset_id)
+        .values(next_step=cursor.next_step, consumed_step=cursor.consumed_step)
+    )
+
+
+async def take_timed_out_steps(
+    session: AsyncSession,
+    dataset_id: int,
+    consumed_step: int,
+    now: datetime,
+    limit: int,
+    data_worker: str,
+    deadline: datetime,
+) -> list[int]:
+    """Re-lease up to ``limit`` timed-out steps (not yet consumed) to ``data_worker``."""
+    if limit <= 0:
+        return []
+    steps = list(
+        (
+            await session.scalars(
+                select(step_leases.c.step_id)
+                .where(
+                    step_leases.c.dataset_id == dataset_id,
+                    step_leases.c.deadline <= now,
+                    step_leases.c.step_id > consumed_step,
+                )
+                .order_by(step_leases.c.step_id)
+                .limit(limit)
+            )
+        ).all()
+    )
+    if steps:
+        await session.execute(
+            update(step_leases)
+            .where(step_leases.c.dataset_id == dataset_id, step_leases.c.step_id.in_(steps))
+            .values(data_worker=data_worker, deadline=deadline)
+        )
+    return steps
+
+
+async def lease_steps(
+    session: AsyncSession, dataset_id: int, steps: range, data_worker: str, deadline: datetime
+) -> None:
+    """Record newly dispatched steps."""
+    if not steps:
+        return
+    await session.execute(
+        step_leases.insert(),
+        [
+            {
+                "dataset_id": dataset_id,
+                "step_id": step,
+                "data_worker": data_worker,
+                "deadline": deadline,
+            }
+            for step in steps
+        ],
+    )
+
+
+async def forget_consumed_steps(session: AsyncSession, dataset_id: int, consumed_step: int) -> None:
+    """Drop the leases of consumed steps."""
+    await session.execute(
+        delete(step_leases).where(
+            step_leases.c.dataset_id == dataset_id, step_leases.c.step_id <= consumed_step
+        )
+    )

@@ -12,6 +12,7 @@ from sqlalchemy import (
     Boolean,
     Column,
     DateTime,
+    Float,
     ForeignKey,
     Index,
     Integer,
@@ -19,6 +20,7 @@ from sqlalchemy import (
     String,
     Table,
     UniqueConstraint,
+    false,
 )
 
 from stride.db.outbox import outbox_table
@@ -44,6 +46,8 @@ datasets = Table(
     # serializes hand-outs per dataset (and takes SQLite's write lock before any read).
     Column("version", BigInteger, nullable=False),
     Column("created_at", DateTime(timezone=True), nullable=False),
+    # Shards split off for stragglers so far; split shard ids are allotted from it (0002).
+    Column("splits", BigInteger, nullable=False, server_default="0"),
     UniqueConstraint("job_id", "dataset", name="uq_datasets_job_dataset"),
 )
 
@@ -63,8 +67,12 @@ shards = Table(
     Column("leases", Integer, nullable=False),
     Column("lease_expires_at", DateTime(timezone=True), nullable=True),
     Column("updated_at", DateTime(timezone=True), nullable=False),
+    # Stream partition (STREAM kind only; 0 otherwise) (0002).
+    Column("partition", Integer, nullable=False, server_default="0"),
     Index("ix_shards_next", "dataset_id", "state", "epoch", "position"),
     Index("ix_shards_worker", "worker", "state"),
+    # The lease sweeper's scan: DOING shards by expiry (0002).
+    Index("ix_shards_lease", "state", "lease_expires_at"),
 )
 
 workers = Table(
@@ -76,6 +84,31 @@ workers = Table(
     Column("lost", Boolean, nullable=False),
     Column("registered_at", DateTime(timezone=True), nullable=False),
     Column("last_seen_at", DateTime(timezone=True), nullable=False),
+    # Progress rate (records/s, time-decayed) and when it was last updated; the straggler
+    # verdict the sweeper derives from the rates of the worker's peers (0002).
+    Column("rate", Float, nullable=False, server_default="0"),
+    Column("rate_at", DateTime(timezone=True), nullable=True),
+    Column("straggler", Boolean, nullable=False, server_default=false()),
+)
+
+step_cursors = Table(
+    "step_cursors",
+    metadata,
+    # GoldMiner data-worker mode (0003): the next step id to dispatch, the last consumed.
+    Column("dataset_id", Integer, ForeignKey("datasets.id"), primary_key=True),
+    Column("next_step", BigInteger, nullable=False),
+    Column("consumed_step", BigInteger, nullable=False),
+)
+
+step_leases = Table(
+    "step_leases",
+    metadata,
+    # A dispatched, not yet consumed step: who fetched it and until when (0003).
+    Column("dataset_id", Integer, ForeignKey("datasets.id"), primary_key=True),
+    Column("step_id", BigInteger, primary_key=True, autoincrement=False),
+    Column("data_worker", String(253), nullable=False),
+    Column("deadline", DateTime(timezone=True), nullable=False),
+    Index("ix_step_leases_deadline", "dataset_id", "deadline"),
 )
 
 outbox = outbox_table(metadata)

@@ -25,6 +25,15 @@ MAX_SHARDS_PER_EPOCH = 1_000_000
 seconds of work at worst; a dataset that needs more should use bigger shards."""
 MAX_EPOCHS = 100_000
 """Shard ids are ``epoch * shards_per_epoch + index``; both caps keep them well inside int64."""
+SPLIT_ID_BASE = MAX_EPOCHS * MAX_SHARDS_PER_EPOCH
+"""Shards split off for stragglers get ids from here up, above every planned id."""
+MAX_RECORD_COUNT = 1 << 40
+"""About 10^12 records: past any real dataset, and offsets times epochs stay inside int64."""
+MAX_LIST_RECORDS = 2_000_000
+"""An index-list epoch is a permutation held in memory to slice shards from (about 16 MB
+per epoch at this size); bigger datasets should use index ranges with shuffled shard order."""
+MAX_PARTITIONS = 4096
+"""Stream partitions per dataset; every partition is cut into at least one shard per epoch."""
 
 
 class ShardingKind(Enum):
@@ -33,13 +42,14 @@ class ShardingKind(Enum):
     INDEX_RANGE = "INDEX_RANGE"
     """Contiguous index ranges ``[start, end)``."""
     INDEX_LIST = "INDEX_LIST"
-    """Explicit, shuffled index lists (not supported yet)."""
+    """Explicit index lists: an epoch is a (seeded, shuffled) permutation of the records,
+    and a shard is a slice ``[start, end)`` of that permutation."""
     STREAM = "STREAM"
-    """Streaming partitions read from an offset (not supported yet)."""
+    """Streaming partitions: a shard is offsets ``[start, end)`` of one partition, and epoch
+    ``e`` covers offsets ``[e * record_count, (e + 1) * record_count)`` of every partition."""
 
 
-SUPPORTED_KINDS = frozenset({ShardingKind.INDEX_RANGE})
-"""The kinds this dispatcher can cut today; the others arrive with the shard dispatcher issue."""
+SUPPORTED_KINDS = frozenset(ShardingKind)
 
 
 @dataclass(frozen=True)
@@ -61,9 +71,24 @@ class DatasetParameters:
         return self.batch_size * self.shard_batches
 
     @property
-    def shards_per_epoch(self) -> int:
-        """Shards one epoch is cut into (the last one may be shorter)."""
+    def ranges_per_partition(self) -> int:
+        """Shards each partition (the whole dataset, if not a stream) is cut into per epoch."""
         return -(-self.record_count // self.shard_records)
+
+    @property
+    def partition_count(self) -> int:
+        """Stream partitions, or 1 for the index kinds."""
+        return self.partitions if self.kind is ShardingKind.STREAM else 1
+
+    @property
+    def shards_per_epoch(self) -> int:
+        """Shards one epoch is cut into (the last one of each partition may be shorter)."""
+        return self.ranges_per_partition * self.partition_count
+
+    @property
+    def records_per_epoch(self) -> int:
+        """Records one epoch covers (over all partitions of a stream)."""
+        return self.record_count * self.partition_count
 
 
 def check_name(value: str, field: str, pattern: re.Pattern[str], what: str) -> None:
@@ -94,16 +119,27 @@ def check_worker(value: str, field: str = "worker") -> None:
 def validate(parameters: DatasetParameters, path: str = "parameters") -> None:
     """Raise :class:`InvalidArgument` naming the first bad field of ``parameters``."""
     if parameters.kind is None:
-        raise InvalidArgument(f"{path}.kind", "is required (SHARDING_KIND_INDEX_RANGE)")
-    if parameters.kind not in SUPPORTED_KINDS:
         raise InvalidArgument(
             f"{path}.kind",
-            f"SHARDING_KIND_{parameters.kind.value} is not supported yet; "
-            "use SHARDING_KIND_INDEX_RANGE",
+            "is required (SHARDING_KIND_INDEX_RANGE, SHARDING_KIND_INDEX_LIST or "
+            "SHARDING_KIND_STREAM)",
         )
+    if parameters.kind not in SUPPORTED_KINDS:  # pragma: no cover - every kind is supported
+        raise InvalidArgument(f"{path}.kind", f"{parameters.kind.value} is not supported")
     if parameters.record_count <= 0:
         raise InvalidArgument(
             f"{path}.record_count", f"must be positive, got {parameters.record_count}"
+        )
+    if parameters.record_count > MAX_RECORD_COUNT:
+        raise InvalidArgument(
+            f"{path}.record_count",
+            f"must be at most {MAX_RECORD_COUNT}, got {parameters.record_count}",
+        )
+    if parameters.kind is ShardingKind.INDEX_LIST and parameters.record_count > MAX_LIST_RECORDS:
+        raise InvalidArgument(
+            f"{path}.record_count",
+            f"an index list holds at most {MAX_LIST_RECORDS} records, got "
+            f"{parameters.record_count}; use SHARDING_KIND_INDEX_RANGE with shuffle",
         )
     if parameters.batch_size <= 0:
         raise InvalidArgument(
@@ -125,8 +161,21 @@ def validate(parameters: DatasetParameters, path: str = "parameters") -> None:
         raise InvalidArgument(
             f"{path}.epochs", f"must be at most {MAX_EPOCHS}, got {parameters.epochs}"
         )
-    if parameters.partitions != 0:
+    if parameters.kind is ShardingKind.STREAM:
+        if not 0 < parameters.partitions <= MAX_PARTITIONS:
+            raise InvalidArgument(
+                f"{path}.partitions",
+                f"must be between 1 and {MAX_PARTITIONS} for SHARDING_KIND_STREAM, "
+                f"got {parameters.partitions}",
+            )
+    elif parameters.partitions != 0:
         raise InvalidArgument(f"{path}.partitions", "is only for SHARDING_KIND_STREAM; leave it 0")
+    if parameters.shard_records > MAX_RECORD_COUNT:
+        raise InvalidArgument(
+            f"{path}.shard_batches",
+            f"{parameters.shard_batches} batches of {parameters.batch_size} records is absurd; "
+            f"a shard holds at most {MAX_RECORD_COUNT} records",
+        )
     if parameters.shards_per_epoch > MAX_SHARDS_PER_EPOCH:
         raise InvalidArgument(
             f"{path}.shard_batches",

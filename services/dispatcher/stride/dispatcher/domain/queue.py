@@ -22,8 +22,9 @@ from dataclasses import dataclass, replace
 from datetime import datetime, timedelta
 from enum import Enum
 
-from stride.dispatcher.domain.datasets import DatasetParameters
+from stride.dispatcher.domain.datasets import SPLIT_ID_BASE, DatasetParameters
 from stride.dispatcher.domain.sharding import PlannedShard, plan_epoch
+from stride.dispatcher.domain.stragglers import straggler_shard_records
 from stride.runtime.errors import FailedPrecondition, InvalidArgument, NotFound
 
 
@@ -62,6 +63,8 @@ class ShardRecord:
     """How many times it was leased; names each re-issue deterministically."""
     lease_expires_at: datetime | None = None
     """When the lease lapses without a progress report (enforced by the lease sweeper)."""
+    partition: int = 0
+    """Stream partition (0 for the index kinds)."""
 
     @property
     def size(self) -> int:
@@ -71,7 +74,14 @@ class ShardRecord:
     @classmethod
     def planned(cls, shard: PlannedShard) -> ShardRecord:
         """A fresh TODO record of a planned shard."""
-        return cls(shard.shard_id, shard.epoch, shard.position, shard.start, shard.end)
+        return cls(
+            shard.shard_id,
+            shard.epoch,
+            shard.position,
+            shard.start,
+            shard.end,
+            partition=shard.partition,
+        )
 
 
 @dataclass(frozen=True)
@@ -81,6 +91,7 @@ class WorkerRecord:
     worker: str
     incarnation: int
     lost: bool = False
+    straggler: bool = False
 
 
 def fence(record: WorkerRecord | None, worker: str, incarnation: int) -> Holder:
@@ -121,6 +132,20 @@ def lease(shard: ShardRecord, holder: Holder, now: datetime, duration: timedelta
     )
 
 
+def check_lease(shard: ShardRecord, lease: int | None) -> None:
+    """FailedPrecondition if ``lease`` (a hand-out number, None: unchecked) is not the latest.
+
+    The incarnation fences a restarted worker; the lease number also fences a worker that
+    got the same shard twice (its lease lapsed and it leased the shard again), so its
+    older view of the shard cannot report for the newer one.
+    """
+    if lease is not None and lease != shard.leases:
+        raise FailedPrecondition(
+            f"lease {lease} of shard {shard.shard_id} is stale; it was handed out again "
+            f"(lease {shard.leases})"
+        )
+
+
 def check_offset(shard: ShardRecord, offset: int) -> None:
     """Raise InvalidArgument("offset") unless ``0 <= offset <= size``."""
     if offset < 0 or offset > shard.size:
@@ -130,7 +155,12 @@ def check_offset(shard: ShardRecord, offset: int) -> None:
 
 
 def record_progress(
-    shard: ShardRecord, holder: Holder, offset: int, now: datetime, duration: timedelta
+    shard: ShardRecord,
+    holder: Holder,
+    offset: int,
+    now: datetime,
+    duration: timedelta,
+    lease: int | None = None,
 ) -> ShardRecord:
     """Record a heartbeat: keep the highest offset and renew the lease.
 
@@ -138,6 +168,7 @@ def record_progress(
     but the lease. A late heartbeat for a shard this holder already finished is ignored.
     """
     check_offset(shard, offset)
+    check_lease(shard, lease)
     if shard.holder == holder and shard.state is ShardState.DONE:
         return shard
     if shard.holder != holder or shard.state is not ShardState.DOING:
@@ -145,17 +176,21 @@ def record_progress(
     return replace(shard, offset=max(shard.offset, offset), lease_expires_at=now + duration)
 
 
-def complete(shard: ShardRecord, holder: Holder) -> ShardRecord:
-    """DOING -> DONE. A shard already DONE stays so: duplicate reports are harmless."""
-    if shard.state is ShardState.DONE:
+def complete(shard: ShardRecord, holder: Holder, lease: int | None = None) -> ShardRecord:
+    """DOING -> DONE. A shard already DONE by this holder stays so: a duplicate report is
+    harmless. A late report from an earlier holder is refused even when someone else has
+    finished the shard since, so that holder never counts the records as its own."""
+    check_lease(shard, lease)
+    if shard.state is ShardState.DONE and shard.holder == holder:
         return shard
     if shard.holder != holder or shard.state is not ShardState.DOING:
         raise _not_leased(shard, holder)
     return replace(shard, state=ShardState.DONE, offset=shard.size, lease_expires_at=None)
 
 
-def fail(shard: ShardRecord, holder: Holder) -> ShardRecord:
+def fail(shard: ShardRecord, holder: Holder, lease: int | None = None) -> ShardRecord:
     """DOING -> TODO, keeping the offset. Repeating the report changes nothing."""
+    check_lease(shard, lease)
     if shard.state is ShardState.TODO and shard.holder == holder:
         return shard
     if shard.holder != holder or shard.state is not ShardState.DOING:
@@ -170,6 +205,41 @@ def release(shard: ShardRecord) -> ShardRecord:
     return replace(shard, state=ShardState.TODO, lease_expires_at=None)
 
 
+def lease_expired(shard: ShardRecord, now: datetime) -> bool:
+    """True if ``shard`` is DOING and its lease lapsed at or before ``now``."""
+    return (
+        shard.state is ShardState.DOING
+        and shard.lease_expires_at is not None
+        and shard.lease_expires_at <= now
+    )
+
+
+def split(shard: ShardRecord, records: int, new_id: int) -> tuple[ShardRecord, ShardRecord] | None:
+    """Cut a TODO shard so its unconsumed part is at most ``records``; None if it already is.
+
+    The first part keeps the shard's id, offset and place; the rest becomes a new TODO shard
+    ``new_id`` right behind it in hand-out order. The two cover exactly what the shard did,
+    so nothing is lost or repeated (DLRover-RM sec. 5.1: a straggler gets a smaller shard).
+    """
+    if shard.state is not ShardState.TODO:
+        raise ValueError(f"shard {shard.shard_id} is {shard.state.value}, not TODO")
+    if records <= 0:
+        raise ValueError("records must be positive")
+    cut = shard.start + shard.offset + records
+    if cut >= shard.end:
+        return None
+    head = replace(shard, end=cut)
+    tail = ShardRecord(
+        shard_id=new_id,
+        epoch=shard.epoch,
+        position=shard.position,
+        start=cut,
+        end=shard.end,
+        partition=shard.partition,
+    )
+    return head, tail
+
+
 @dataclass(frozen=True)
 class QueueCounts:
     """How many shards are in each queue (``done`` counts the current epoch only)."""
@@ -179,6 +249,15 @@ class QueueCounts:
     doing: int
     done: int
     finished: bool
+
+
+class Grant(Enum):
+    """Why GetShard returned no shard."""
+
+    END_OF_DATA = "END_OF_DATA"
+    """Every shard of the last epoch is DONE."""
+    RETRY_LATER = "RETRY_LATER"
+    """Nothing is TODO, but shards are DOING: one may come back if its holder is lost."""
 
 
 def is_finished(parameters: DatasetParameters, epochs_created: int, unfinished: int) -> bool:
@@ -202,6 +281,7 @@ class ShardQueue:
         self.parameters = parameters
         self.lease_duration = lease_duration
         self.epochs_created = 0
+        self.splits = 0
         self.shards: dict[int, ShardRecord] = {}
         self.workers: dict[str, WorkerRecord] = {}
 
@@ -240,7 +320,27 @@ class ShardQueue:
     def next_todo(self) -> ShardRecord | None:
         """The TODO shard handed out next: oldest epoch first, then hand-out order."""
         todo = [s for s in self.shards.values() if s.state is ShardState.TODO]
-        return min(todo, key=lambda s: (s.epoch, s.position), default=None)
+        return min(todo, key=lambda s: (s.epoch, s.position, s.shard_id), default=None)
+
+    def set_straggler(self, worker: str, straggler: bool) -> None:
+        """Record the straggler verdict for ``worker`` (the service derives it from rates)."""
+        record = self.workers.get(worker)
+        if record is None:
+            raise NotFound(f"worker {worker!r} is not registered")
+        self.workers[worker] = replace(record, straggler=straggler)
+
+    def expire_leases(self, now: datetime) -> list[ShardRecord]:
+        """Return every shard whose lease lapsed to TODO; the released shards."""
+        expired = [s for s in self.shards.values() if lease_expired(s, now)]
+        for shard in expired:
+            self.shards[shard.shard_id] = release(shard)
+        return expired
+
+    def why_none(self) -> Grant:
+        """After get_shard returned None: the end of the data, or wait for a DOING shard."""
+        if any(s.state is ShardState.DOING for s in self.shards.values()):
+            return Grant.RETRY_LATER
+        return Grant.END_OF_DATA
 
     def get_shard(self, worker: str, incarnation: int, now: datetime) -> ShardRecord | None:
         """Lease the next shard to the caller; None means end of data.
@@ -248,7 +348,8 @@ class ShardQueue:
         Epochs are created lazily: the next one is cut when no TODO shard is left, so
         workers never wait for another's last shard of an epoch.
         """
-        holder = fence(self.workers.get(worker), worker, incarnation)
+        record = self.workers.get(worker)
+        holder = fence(record, worker, incarnation)
         shard = self.next_todo()
         if shard is None and self.epochs_created < self.parameters.epochs:
             for planned in plan_epoch(self.parameters, self.epochs_created):
@@ -257,9 +358,19 @@ class ShardQueue:
             shard = self.next_todo()
         if shard is None:
             return None
+        if record is not None and record.straggler:
+            parts = split(shard, straggler_shard_records(self.parameters), self.next_split_id())
+            if parts is not None:
+                shard, tail = parts
+                self.splits += 1
+                self.shards[tail.shard_id] = tail
         leased = lease(shard, holder, now, self.lease_duration)
         self.shards[shard.shard_id] = leased
         return leased
+
+    def next_split_id(self) -> int:
+        """The id the next shard split off for a straggler gets."""
+        return SPLIT_ID_BASE + self.splits
 
     def report_progress(
         self, worker: str, incarnation: int, shard_id: int, offset: int, now: datetime

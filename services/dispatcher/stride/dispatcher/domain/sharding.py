@@ -4,6 +4,9 @@ DLRover sec. 5.2: the dataset is not split by the number of workers but into man
 shards of sample indices, all placed in a TODO queue. Here a shard is a contiguous index
 range of ``shard_batches * batch_size`` records; the last shard of an epoch is shorter.
 
+An index-list shard is a slice ``[start, end)`` of the epoch's record permutation
+(:func:`epoch_permutation`); a stream shard is offsets ``[start, end)`` of one partition.
+
 Shard ids are ``epoch * shards_per_epoch + index`` (``index`` counts ranges from the start
 of the dataset), so ids are unique per dataset, stable across restarts and need no counter.
 With ``shuffle`` the order in which an epoch's shards are handed out is a permutation that
@@ -15,8 +18,9 @@ from __future__ import annotations
 
 import random
 from dataclasses import dataclass
+from functools import lru_cache
 
-from stride.dispatcher.domain.datasets import DatasetParameters
+from stride.dispatcher.domain.datasets import DatasetParameters, ShardingKind
 
 
 @dataclass(frozen=True)
@@ -69,19 +73,50 @@ class PlannedShard:
     """Place in the epoch's hand-out order; lower goes first."""
     start: int
     end: int
+    partition: int = 0
+    """Stream partition (0 for the index kinds)."""
 
 
 def plan_epoch(parameters: DatasetParameters, epoch: int) -> list[PlannedShard]:
     """Every shard of ``epoch``, in hand-out order."""
     ranges = cut_ranges(parameters.record_count, parameters.shard_records)
-    first_id = epoch * len(ranges)
-    return [
-        PlannedShard(
-            shard_id=first_id + index,
-            epoch=epoch,
-            position=position,
-            start=ranges[index].start,
-            end=ranges[index].end,
+    per_partition = len(ranges)
+    first_id = epoch * parameters.shards_per_epoch
+    # A stream's epoch is the next window of every partition, not a re-read of the same one.
+    base = epoch * parameters.record_count if parameters.kind is ShardingKind.STREAM else 0
+    planned = []
+    for position, index in enumerate(hand_out_order(parameters, epoch)):
+        partition, piece = divmod(index, per_partition)
+        planned.append(
+            PlannedShard(
+                shard_id=first_id + index,
+                epoch=epoch,
+                position=position,
+                start=base + ranges[piece].start,
+                end=base + ranges[piece].end,
+                partition=partition,
+            )
         )
-        for position, index in enumerate(hand_out_order(parameters, epoch))
-    ]
+    return planned
+
+
+@lru_cache(maxsize=8)
+def _permutation(record_count: int, shuffle: bool, seed: int, epoch: int) -> tuple[int, ...]:
+    order = list(range(record_count))
+    if shuffle:
+        random.Random(epoch_seed(seed, epoch) ^ 0x5EED).shuffle(order)
+    return tuple(order)
+
+
+def epoch_permutation(parameters: DatasetParameters, epoch: int) -> tuple[int, ...]:
+    """The record order of an index-list epoch: a seeded shuffle (identity without shuffle).
+
+    Deterministic in (seed, epoch) like the shard order, so a restarted dispatcher slices
+    the same indices. Cached: consecutive hand-outs slice the same epoch.
+    """
+    return _permutation(parameters.record_count, parameters.shuffle, parameters.seed, epoch)
+
+
+def shard_indices(parameters: DatasetParameters, epoch: int, start: int, end: int) -> list[int]:
+    """The record indices of an index-list shard ``[start, end)``."""
+    return list(epoch_permutation(parameters, epoch)[start:end])

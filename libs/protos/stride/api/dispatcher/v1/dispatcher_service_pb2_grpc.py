@@ -70,6 +70,11 @@ class DispatcherServiceStub:
                 request_serializer=stride_dot_api_dot_dispatcher_dot_v1_dot_dispatcher__service__pb2.GetDatasetStateRequest.SerializeToString,
                 response_deserializer=stride_dot_api_dot_dispatcher_dot_v1_dot_dispatcher__service__pb2.GetDatasetStateResponse.FromString,
                 _registered_method=True)
+        self.ListDatasets = channel.unary_unary(
+                '/stride.api.dispatcher.v1.DispatcherService/ListDatasets',
+                request_serializer=stride_dot_api_dot_dispatcher_dot_v1_dot_dispatcher__service__pb2.ListDatasetsRequest.SerializeToString,
+                response_deserializer=stride_dot_api_dot_dispatcher_dot_v1_dot_dispatcher__service__pb2.ListDatasetsResponse.FromString,
+                _registered_method=True)
         self.SnapshotShards = channel.unary_unary(
                 '/stride.api.dispatcher.v1.DispatcherService/SnapshotShards',
                 request_serializer=stride_dot_api_dot_dispatcher_dot_v1_dot_dispatcher__service__pb2.SnapshotShardsRequest.SerializeToString,
@@ -84,6 +89,16 @@ class DispatcherServiceStub:
                 '/stride.api.dispatcher.v1.DispatcherService/MarkWorkerLost',
                 request_serializer=stride_dot_api_dot_dispatcher_dot_v1_dot_dispatcher__service__pb2.MarkWorkerLostRequest.SerializeToString,
                 response_deserializer=stride_dot_api_dot_dispatcher_dot_v1_dot_dispatcher__service__pb2.MarkWorkerLostResponse.FromString,
+                _registered_method=True)
+        self.FetchBatches = channel.unary_unary(
+                '/stride.api.dispatcher.v1.DispatcherService/FetchBatches',
+                request_serializer=stride_dot_api_dot_dispatcher_dot_v1_dot_dispatcher__service__pb2.FetchBatchesRequest.SerializeToString,
+                response_deserializer=stride_dot_api_dot_dispatcher_dot_v1_dot_dispatcher__service__pb2.FetchBatchesResponse.FromString,
+                _registered_method=True)
+        self.ReportConsumed = channel.unary_unary(
+                '/stride.api.dispatcher.v1.DispatcherService/ReportConsumed',
+                request_serializer=stride_dot_api_dot_dispatcher_dot_v1_dot_dispatcher__service__pb2.ReportConsumedRequest.SerializeToString,
+                response_deserializer=stride_dot_api_dot_dispatcher_dot_v1_dot_dispatcher__service__pb2.ReportConsumedResponse.FromString,
                 _registered_method=True)
 
 
@@ -108,7 +123,9 @@ class DispatcherServiceServicer:
         raise NotImplementedError('Method not implemented!')
 
     def GetShard(self, request, context):
-        """GetShard leases the next shard to a worker. end_of_data is set when no shard remains.
+        """GetShard leases the next shard to a worker. end_of_data is set only when every shard
+        of the last epoch is done; while other workers still hold the last shards the answer
+        is retry_later, because a lost worker's shard comes back to TODO.
         """
         context.set_code(grpc.StatusCode.UNIMPLEMENTED)
         context.set_details('Method not implemented!')
@@ -142,8 +159,16 @@ class DispatcherServiceServicer:
         context.set_details('Method not implemented!')
         raise NotImplementedError('Method not implemented!')
 
+    def ListDatasets(self, request, context):
+        """ListDatasets returns the names and parameters of a job's datasets.
+        """
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
     def SnapshotShards(self, request, context):
-        """SnapshotShards captures the shard state, to be stored with a checkpoint.
+        """SnapshotShards captures exactly which data is done and how far each shard in progress
+        got, to be stored with a checkpoint (DLRover sec. 5.3).
         """
         context.set_code(grpc.StatusCode.UNIMPLEMENTED)
         context.set_details('Method not implemented!')
@@ -151,6 +176,8 @@ class DispatcherServiceServicer:
 
     def RestoreShards(self, request, context):
         """RestoreShards puts the shard state back to a snapshot (on restore from a checkpoint).
+        Shards in progress at snapshot time go back to TODO at their offset; every lease held
+        now is revoked.
         """
         context.set_code(grpc.StatusCode.UNIMPLEMENTED)
         context.set_details('Method not implemented!')
@@ -158,6 +185,22 @@ class DispatcherServiceServicer:
 
     def MarkWorkerLost(self, request, context):
         """MarkWorkerLost returns every shard the worker holds to TODO and fences its token.
+        """
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
+    def FetchBatches(self, request, context):
+        """FetchBatches hands index batches, tagged with step ids, to a data worker (GoldMiner
+        sec. 4). A batch not consumed within its timeout is handed out again.
+        """
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
+    def ReportConsumed(self, request, context):
+        """ReportConsumed records the last step id the training side consumed; batches up to it
+        are never handed out again.
         """
         context.set_code(grpc.StatusCode.UNIMPLEMENTED)
         context.set_details('Method not implemented!')
@@ -201,6 +244,11 @@ def add_DispatcherServiceServicer_to_server(servicer, server):
                     request_deserializer=stride_dot_api_dot_dispatcher_dot_v1_dot_dispatcher__service__pb2.GetDatasetStateRequest.FromString,
                     response_serializer=stride_dot_api_dot_dispatcher_dot_v1_dot_dispatcher__service__pb2.GetDatasetStateResponse.SerializeToString,
             ),
+            'ListDatasets': grpc.unary_unary_rpc_method_handler(
+                    servicer.ListDatasets,
+                    request_deserializer=stride_dot_api_dot_dispatcher_dot_v1_dot_dispatcher__service__pb2.ListDatasetsRequest.FromString,
+                    response_serializer=stride_dot_api_dot_dispatcher_dot_v1_dot_dispatcher__service__pb2.ListDatasetsResponse.SerializeToString,
+            ),
             'SnapshotShards': grpc.unary_unary_rpc_method_handler(
                     servicer.SnapshotShards,
                     request_deserializer=stride_dot_api_dot_dispatcher_dot_v1_dot_dispatcher__service__pb2.SnapshotShardsRequest.FromString,
@@ -215,6 +263,16 @@ def add_DispatcherServiceServicer_to_server(servicer, server):
                     servicer.MarkWorkerLost,
                     request_deserializer=stride_dot_api_dot_dispatcher_dot_v1_dot_dispatcher__service__pb2.MarkWorkerLostRequest.FromString,
                     response_serializer=stride_dot_api_dot_dispatcher_dot_v1_dot_dispatcher__service__pb2.MarkWorkerLostResponse.SerializeToString,
+            ),
+            'FetchBatches': grpc.unary_unary_rpc_method_handler(
+                    servicer.FetchBatches,
+                    request_deserializer=stride_dot_api_dot_dispatcher_dot_v1_dot_dispatcher__service__pb2.FetchBatchesRequest.FromString,
+                    response_serializer=stride_dot_api_dot_dispatcher_dot_v1_dot_dispatcher__service__pb2.FetchBatchesResponse.SerializeToString,
+            ),
+            'ReportConsumed': grpc.unary_unary_rpc_method_handler(
+                    servicer.ReportConsumed,
+                    request_deserializer=stride_dot_api_dot_dispatcher_dot_v1_dot_dispatcher__service__pb2.ReportConsumedRequest.FromString,
+                    response_serializer=stride_dot_api_dot_dispatcher_dot_v1_dot_dispatcher__service__pb2.ReportConsumedResponse.SerializeToString,
             ),
     }
     generic_handler = grpc.method_handlers_generic_handler(
@@ -418,6 +476,33 @@ class DispatcherService:
             _registered_method=True)
 
     @staticmethod
+    def ListDatasets(request,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.unary_unary(
+            request,
+            target,
+            '/stride.api.dispatcher.v1.DispatcherService/ListDatasets',
+            stride_dot_api_dot_dispatcher_dot_v1_dot_dispatcher__service__pb2.ListDatasetsRequest.SerializeToString,
+            stride_dot_api_dot_dispatcher_dot_v1_dot_dispatcher__service__pb2.ListDatasetsResponse.FromString,
+            options,
+            channel_credentials,
+            insecure,
+            call_credentials,
+            compression,
+            wait_for_ready,
+            timeout,
+            metadata,
+            _registered_method=True)
+
+    @staticmethod
     def SnapshotShards(request,
             target,
             options=(),
@@ -488,6 +573,60 @@ class DispatcherService:
             '/stride.api.dispatcher.v1.DispatcherService/MarkWorkerLost',
             stride_dot_api_dot_dispatcher_dot_v1_dot_dispatcher__service__pb2.MarkWorkerLostRequest.SerializeToString,
             stride_dot_api_dot_dispatcher_dot_v1_dot_dispatcher__service__pb2.MarkWorkerLostResponse.FromString,
+            options,
+            channel_credentials,
+            insecure,
+            call_credentials,
+            compression,
+            wait_for_ready,
+            timeout,
+            metadata,
+            _registered_method=True)
+
+    @staticmethod
+    def FetchBatches(request,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.unary_unary(
+            request,
+            target,
+            '/stride.api.dispatcher.v1.DispatcherService/FetchBatches',
+            stride_dot_api_dot_dispatcher_dot_v1_dot_dispatcher__service__pb2.FetchBatchesRequest.SerializeToString,
+            stride_dot_api_dot_dispatcher_dot_v1_dot_dispatcher__service__pb2.FetchBatchesResponse.FromString,
+            options,
+            channel_credentials,
+            insecure,
+            call_credentials,
+            compression,
+            wait_for_ready,
+            timeout,
+            metadata,
+            _registered_method=True)
+
+    @staticmethod
+    def ReportConsumed(request,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.unary_unary(
+            request,
+            target,
+            '/stride.api.dispatcher.v1.DispatcherService/ReportConsumed',
+            stride_dot_api_dot_dispatcher_dot_v1_dot_dispatcher__service__pb2.ReportConsumedRequest.SerializeToString,
+            stride_dot_api_dot_dispatcher_dot_v1_dot_dispatcher__service__pb2.ReportConsumedResponse.FromString,
             options,
             channel_credentials,
             insecure,

@@ -45,7 +45,10 @@ class DispatcherServiceStub:
     older token are fenced off (FAILED_PRECONDITION).
     """
     GetShard: _grpc.UnaryUnaryMultiCallable[_dispatcher_service_pb2.GetShardRequest, _dispatcher_service_pb2.GetShardResponse]
-    """GetShard leases the next shard to a worker. end_of_data is set when no shard remains."""
+    """GetShard leases the next shard to a worker. end_of_data is set only when every shard
+    of the last epoch is done; while other workers still hold the last shards the answer
+    is retry_later, because a lost worker's shard comes back to TODO.
+    """
     ReportProgress: _grpc.UnaryUnaryMultiCallable[_dispatcher_service_pb2.ReportProgressRequest, _dispatcher_service_pb2.ReportProgressResponse]
     """ReportProgress records the offset reached within a shard and renews the lease."""
     ReportShardDone: _grpc.UnaryUnaryMultiCallable[_dispatcher_service_pb2.ReportShardDoneRequest, _dispatcher_service_pb2.ReportShardDoneResponse]
@@ -54,12 +57,27 @@ class DispatcherServiceStub:
     """ReportShardFailed returns a shard to TODO from its last reported offset."""
     GetDatasetState: _grpc.UnaryUnaryMultiCallable[_dispatcher_service_pb2.GetDatasetStateRequest, _dispatcher_service_pb2.GetDatasetStateResponse]
     """GetDatasetState returns queue sizes, the epoch and per-worker progress."""
+    ListDatasets: _grpc.UnaryUnaryMultiCallable[_dispatcher_service_pb2.ListDatasetsRequest, _dispatcher_service_pb2.ListDatasetsResponse]
+    """ListDatasets returns the names and parameters of a job's datasets."""
     SnapshotShards: _grpc.UnaryUnaryMultiCallable[_dispatcher_service_pb2.SnapshotShardsRequest, _dispatcher_service_pb2.SnapshotShardsResponse]
-    """SnapshotShards captures the shard state, to be stored with a checkpoint."""
+    """SnapshotShards captures exactly which data is done and how far each shard in progress
+    got, to be stored with a checkpoint (DLRover sec. 5.3).
+    """
     RestoreShards: _grpc.UnaryUnaryMultiCallable[_dispatcher_service_pb2.RestoreShardsRequest, _dispatcher_service_pb2.RestoreShardsResponse]
-    """RestoreShards puts the shard state back to a snapshot (on restore from a checkpoint)."""
+    """RestoreShards puts the shard state back to a snapshot (on restore from a checkpoint).
+    Shards in progress at snapshot time go back to TODO at their offset; every lease held
+    now is revoked.
+    """
     MarkWorkerLost: _grpc.UnaryUnaryMultiCallable[_dispatcher_service_pb2.MarkWorkerLostRequest, _dispatcher_service_pb2.MarkWorkerLostResponse]
     """MarkWorkerLost returns every shard the worker holds to TODO and fences its token."""
+    FetchBatches: _grpc.UnaryUnaryMultiCallable[_dispatcher_service_pb2.FetchBatchesRequest, _dispatcher_service_pb2.FetchBatchesResponse]
+    """FetchBatches hands index batches, tagged with step ids, to a data worker (GoldMiner
+    sec. 4). A batch not consumed within its timeout is handed out again.
+    """
+    ReportConsumed: _grpc.UnaryUnaryMultiCallable[_dispatcher_service_pb2.ReportConsumedRequest, _dispatcher_service_pb2.ReportConsumedResponse]
+    """ReportConsumed records the last step id the training side consumed; batches up to it
+    are never handed out again.
+    """
 
 @_typing.type_check_only
 class DispatcherServiceAsyncStub(DispatcherServiceStub):
@@ -75,7 +93,10 @@ class DispatcherServiceAsyncStub(DispatcherServiceStub):
     older token are fenced off (FAILED_PRECONDITION).
     """
     GetShard: _aio.UnaryUnaryMultiCallable[_dispatcher_service_pb2.GetShardRequest, _dispatcher_service_pb2.GetShardResponse]  # type: ignore[assignment]
-    """GetShard leases the next shard to a worker. end_of_data is set when no shard remains."""
+    """GetShard leases the next shard to a worker. end_of_data is set only when every shard
+    of the last epoch is done; while other workers still hold the last shards the answer
+    is retry_later, because a lost worker's shard comes back to TODO.
+    """
     ReportProgress: _aio.UnaryUnaryMultiCallable[_dispatcher_service_pb2.ReportProgressRequest, _dispatcher_service_pb2.ReportProgressResponse]  # type: ignore[assignment]
     """ReportProgress records the offset reached within a shard and renews the lease."""
     ReportShardDone: _aio.UnaryUnaryMultiCallable[_dispatcher_service_pb2.ReportShardDoneRequest, _dispatcher_service_pb2.ReportShardDoneResponse]  # type: ignore[assignment]
@@ -84,12 +105,27 @@ class DispatcherServiceAsyncStub(DispatcherServiceStub):
     """ReportShardFailed returns a shard to TODO from its last reported offset."""
     GetDatasetState: _aio.UnaryUnaryMultiCallable[_dispatcher_service_pb2.GetDatasetStateRequest, _dispatcher_service_pb2.GetDatasetStateResponse]  # type: ignore[assignment]
     """GetDatasetState returns queue sizes, the epoch and per-worker progress."""
+    ListDatasets: _aio.UnaryUnaryMultiCallable[_dispatcher_service_pb2.ListDatasetsRequest, _dispatcher_service_pb2.ListDatasetsResponse]  # type: ignore[assignment]
+    """ListDatasets returns the names and parameters of a job's datasets."""
     SnapshotShards: _aio.UnaryUnaryMultiCallable[_dispatcher_service_pb2.SnapshotShardsRequest, _dispatcher_service_pb2.SnapshotShardsResponse]  # type: ignore[assignment]
-    """SnapshotShards captures the shard state, to be stored with a checkpoint."""
+    """SnapshotShards captures exactly which data is done and how far each shard in progress
+    got, to be stored with a checkpoint (DLRover sec. 5.3).
+    """
     RestoreShards: _aio.UnaryUnaryMultiCallable[_dispatcher_service_pb2.RestoreShardsRequest, _dispatcher_service_pb2.RestoreShardsResponse]  # type: ignore[assignment]
-    """RestoreShards puts the shard state back to a snapshot (on restore from a checkpoint)."""
+    """RestoreShards puts the shard state back to a snapshot (on restore from a checkpoint).
+    Shards in progress at snapshot time go back to TODO at their offset; every lease held
+    now is revoked.
+    """
     MarkWorkerLost: _aio.UnaryUnaryMultiCallable[_dispatcher_service_pb2.MarkWorkerLostRequest, _dispatcher_service_pb2.MarkWorkerLostResponse]  # type: ignore[assignment]
     """MarkWorkerLost returns every shard the worker holds to TODO and fences its token."""
+    FetchBatches: _aio.UnaryUnaryMultiCallable[_dispatcher_service_pb2.FetchBatchesRequest, _dispatcher_service_pb2.FetchBatchesResponse]  # type: ignore[assignment]
+    """FetchBatches hands index batches, tagged with step ids, to a data worker (GoldMiner
+    sec. 4). A batch not consumed within its timeout is handed out again.
+    """
+    ReportConsumed: _aio.UnaryUnaryMultiCallable[_dispatcher_service_pb2.ReportConsumedRequest, _dispatcher_service_pb2.ReportConsumedResponse]  # type: ignore[assignment]
+    """ReportConsumed records the last step id the training side consumed; batches up to it
+    are never handed out again.
+    """
 
 class DispatcherServiceServicer(metaclass=_abc_1.ABCMeta):
     """DispatcherService hands out shards of a job's datasets."""
@@ -120,7 +156,10 @@ class DispatcherServiceServicer(metaclass=_abc_1.ABCMeta):
         request: _dispatcher_service_pb2.GetShardRequest,
         context: _ServicerContext,
     ) -> _typing.Union[_dispatcher_service_pb2.GetShardResponse, _abc.Awaitable[_dispatcher_service_pb2.GetShardResponse]]:
-        """GetShard leases the next shard to a worker. end_of_data is set when no shard remains."""
+        """GetShard leases the next shard to a worker. end_of_data is set only when every shard
+        of the last epoch is done; while other workers still hold the last shards the answer
+        is retry_later, because a lost worker's shard comes back to TODO.
+        """
 
     @_abc_1.abstractmethod
     def ReportProgress(
@@ -155,12 +194,22 @@ class DispatcherServiceServicer(metaclass=_abc_1.ABCMeta):
         """GetDatasetState returns queue sizes, the epoch and per-worker progress."""
 
     @_abc_1.abstractmethod
+    def ListDatasets(
+        self,
+        request: _dispatcher_service_pb2.ListDatasetsRequest,
+        context: _ServicerContext,
+    ) -> _typing.Union[_dispatcher_service_pb2.ListDatasetsResponse, _abc.Awaitable[_dispatcher_service_pb2.ListDatasetsResponse]]:
+        """ListDatasets returns the names and parameters of a job's datasets."""
+
+    @_abc_1.abstractmethod
     def SnapshotShards(
         self,
         request: _dispatcher_service_pb2.SnapshotShardsRequest,
         context: _ServicerContext,
     ) -> _typing.Union[_dispatcher_service_pb2.SnapshotShardsResponse, _abc.Awaitable[_dispatcher_service_pb2.SnapshotShardsResponse]]:
-        """SnapshotShards captures the shard state, to be stored with a checkpoint."""
+        """SnapshotShards captures exactly which data is done and how far each shard in progress
+        got, to be stored with a checkpoint (DLRover sec. 5.3).
+        """
 
     @_abc_1.abstractmethod
     def RestoreShards(
@@ -168,7 +217,10 @@ class DispatcherServiceServicer(metaclass=_abc_1.ABCMeta):
         request: _dispatcher_service_pb2.RestoreShardsRequest,
         context: _ServicerContext,
     ) -> _typing.Union[_dispatcher_service_pb2.RestoreShardsResponse, _abc.Awaitable[_dispatcher_service_pb2.RestoreShardsResponse]]:
-        """RestoreShards puts the shard state back to a snapshot (on restore from a checkpoint)."""
+        """RestoreShards puts the shard state back to a snapshot (on restore from a checkpoint).
+        Shards in progress at snapshot time go back to TODO at their offset; every lease held
+        now is revoked.
+        """
 
     @_abc_1.abstractmethod
     def MarkWorkerLost(
@@ -177,5 +229,25 @@ class DispatcherServiceServicer(metaclass=_abc_1.ABCMeta):
         context: _ServicerContext,
     ) -> _typing.Union[_dispatcher_service_pb2.MarkWorkerLostResponse, _abc.Awaitable[_dispatcher_service_pb2.MarkWorkerLostResponse]]:
         """MarkWorkerLost returns every shard the worker holds to TODO and fences its token."""
+
+    @_abc_1.abstractmethod
+    def FetchBatches(
+        self,
+        request: _dispatcher_service_pb2.FetchBatchesRequest,
+        context: _ServicerContext,
+    ) -> _typing.Union[_dispatcher_service_pb2.FetchBatchesResponse, _abc.Awaitable[_dispatcher_service_pb2.FetchBatchesResponse]]:
+        """FetchBatches hands index batches, tagged with step ids, to a data worker (GoldMiner
+        sec. 4). A batch not consumed within its timeout is handed out again.
+        """
+
+    @_abc_1.abstractmethod
+    def ReportConsumed(
+        self,
+        request: _dispatcher_service_pb2.ReportConsumedRequest,
+        context: _ServicerContext,
+    ) -> _typing.Union[_dispatcher_service_pb2.ReportConsumedResponse, _abc.Awaitable[_dispatcher_service_pb2.ReportConsumedResponse]]:
+        """ReportConsumed records the last step id the training side consumed; batches up to it
+        are never handed out again.
+        """
 
 def add_DispatcherServiceServicer_to_server(servicer: DispatcherServiceServicer, server: _typing.Union[_grpc.Server, _aio.Server]) -> None: ...

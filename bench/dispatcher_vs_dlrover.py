@@ -1,0 +1,358 @@
+"""Benchmark: Stride's shard dispatcher against DLRover 0.6.1's job master, side by side.
+
+Run: ``.venv/bin/python bench/dispatcher_vs_dlrover.py`` (writes
+``bench/results/dispatcher_vs_dlrover.txt``). The first run creates a separate virtualenv
+for DLRover under ``bench/.venv/dlrover-0.6.1`` (``pip install "dlrover[k8s]==0.6.1"
+protobuf``); DLRover is never installed into the project's environment.
+
+In one run, for 1, 8 and 32 concurrent clients, each system serves the same dataset
+(1,000,000 records, batches of 100, shards of 10 batches, many epochs) and clients loop
+"get a shard, report it done" for a fixed time:
+
+- DLRover: its real job master (``python -m dlrover.python.master.main --platform local``),
+  driven by its own gRPC master client: ``report_dataset_shard_params`` once, then
+  ``get_task`` and ``report_task_result`` (two RPCs per pair). Its shard queues live in the
+  master's memory only.
+- Stride: the real dispatcher process (``python -m stride.dispatcher``) with durable state:
+  SQLite in WAL mode (the embedded default) and PostgreSQL, every call a committed
+  transaction (commits are not fsynced: they survive a SIGKILL of the dispatcher, see
+  ``DispatcherSettings.sync_commits``). "combined" reports the done shard in the next
+  GetShard (one RPC per pair, as the client library does); "separate" uses
+  ReportShardDone and GetShard (two RPCs per pair, like DLRover).
+
+Clients run in separate processes (up to 4, threads inside), the same harness for both
+systems; latency is per pair (get + report), pairs/s is the total over the window. The
+systems take turns within each client count, so machine load affects both alike.
+Goal (issue #5): >= 3x DLRover's pairs/s with p99 <= 1/3 of DLRover's.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import platform
+import shutil
+import socket
+import statistics
+import subprocess
+import sys
+import tempfile
+import textwrap
+import time
+from pathlib import Path
+
+import grpc
+import psycopg
+from grpc_health.v1 import health_pb2, health_pb2_grpc
+
+from stride.runtime.embedded_nats import NatsServer
+from stride.testing.processes import ServiceProcess
+
+ROOT = Path(__file__).resolve().parent.parent
+RESULT = ROOT / "bench" / "results" / "dispatcher_vs_dlrover.txt"
+DLROVER_VENV = ROOT / "bench" / ".venv" / "dlrover-0.6.1"
+DLROVER_PYTHON = DLROVER_VENV / "bin" / "python"
+POSTGRES_URL = os.environ.get(
+    "STRIDE_BENCH_POSTGRES_URL", "postgresql://postgres@127.0.0.1:5432/postgres"
+)
+CLIENTS = (1, 8, 32)
+SECONDS = float(os.environ.get("STRIDE_BENCH_SECONDS", "5"))
+RECORDS, BATCH, SHARD_BATCHES, EPOCHS = 1_000_000, 100, 10, 1000
+
+DRIVER = textwrap.dedent(
+    """
+    import json, os, sys, threading, time
+    system, address, job, threads, seconds = sys.argv[1:6]
+    threads, seconds = int(threads), float(seconds)
+    latencies, pairs, start = [], [0], threading.Barrier(threads + 1)
+    lock = threading.Lock()
+
+    if system == "dlrover":
+        from dlrover.python.elastic_agent.master_client import GrpcMasterClient
+        client = GrpcMasterClient(address, os.getpid(), "worker", timeout=10)
+
+        def worker(number):
+            local = []
+            start.wait()
+            end = time.perf_counter() + seconds
+            while (now := time.perf_counter()) < end:
+                ok, task = client.get_task(job)
+                client.report_task_result(job, task.task_id, "")
+                local.append(time.perf_counter() - now)
+            with lock:
+                latencies.extend(local)
+    else:
+        import grpc
+        from stride.api.dispatcher.v1 import dispatcher_service_pb2 as pb
+        from stride.api.dispatcher.v1 import dispatcher_service_pb2_grpc as pb_grpc
+        channel = grpc.insecure_channel(address)
+        stub = pb_grpc.DispatcherServiceStub(channel)
+        combined = system.endswith("combined")
+
+        def worker(number):
+            name = f"w{os.getpid()}-{number}"
+            token = stub.RegisterWorker(pb.RegisterWorkerRequest(job_id=job, worker=name))
+            ref = pb.WorkerRef(job_id=job, dataset="d", worker=name,
+                               incarnation=token.incarnation)
+            reply = stub.GetShard(pb.GetShardRequest(worker=ref))
+            local = []
+            start.wait()
+            end = time.perf_counter() + seconds
+            while (now := time.perf_counter()) < end:
+                if combined:
+                    reply = stub.GetShard(pb.GetShardRequest(
+                        worker=ref, done_shard_id=reply.shard.shard_id, done_lease=reply.lease))
+                else:
+                    stub.ReportShardDone(pb.ReportShardDoneRequest(
+                        worker=ref, shard_id=reply.shard.shard_id, lease=reply.lease))
+                    reply = stub.GetShard(pb.GetShardRequest(worker=ref))
+                local.append(time.perf_counter() - now)
+            with lock:
+                latencies.extend(local)
+
+    workers = [threading.Thread(target=worker, args=(n,)) for n in range(threads)]
+    for w in workers:
+        w.start()
+    start.wait()
+    began = time.perf_counter()
+    for w in workers:
+        w.join()
+    print(json.dumps({"latencies": latencies, "elapsed": time.perf_counter() - began}))
+    """
+)
+
+
+def free_port() -> int:
+    with socket.socket() as probe:
+        probe.bind(("127.0.0.1", 0))
+        return int(probe.getsockname()[1])
+
+
+def ensure_dlrover() -> None:
+    if DLROVER_PYTHON.exists():
+        return
+    print(f"creating {DLROVER_VENV} with dlrover[k8s]==0.6.1 (first run only)", file=sys.stderr)
+    subprocess.run([sys.executable, "-m", "venv", str(DLROVER_VENV)], check=True)
+    subprocess.run(
+        [str(DLROVER_PYTHON), "-m", "pip", "install", "-q", "dlrover[k8s]==0.6.1", "protobuf"],
+        check=True,
+    )
+
+
+def dlrover_version() -> str:
+    return subprocess.run(
+        [str(DLROVER_PYTHON), "-c", "import importlib.metadata as m; print(m.version('dlrover'))"],
+        capture_output=True,
+        text=True,
+        check=True,
+    ).stdout.strip()
+
+
+def wait_serving(address: str, service: str) -> None:
+    deadline = time.monotonic() + 60
+    with grpc.insecure_channel(address) as channel:
+        while time.monotonic() < deadline:
+            try:
+                reply = health_pb2_grpc.HealthStub(channel).Check(
+                    health_pb2.HealthCheckRequest(service=service), timeout=1
+                )
+                if reply.status == health_pb2.HealthCheckResponse.SERVING:
+                    return
+            except grpc.RpcError:
+                pass
+            time.sleep(0.2)
+    raise RuntimeError(f"{address} did not become healthy")
+
+
+def wait_port(port: int) -> None:
+    deadline = time.monotonic() + 60
+    while time.monotonic() < deadline:
+        with socket.socket() as probe:
+            if probe.connect_ex(("127.0.0.1", port)) == 0:
+                return
+        time.sleep(0.2)
+    raise RuntimeError(f"nothing listens on {port}")
+
+
+def create_dataset(system: str, address: str, job: str) -> None:
+    if system == "dlrover":
+        code = textwrap.dedent(
+            f"""
+            from dlrover.python.elastic_agent.master_client import GrpcMasterClient
+            client = GrpcMasterClient({address!r}, 0, "worker", timeout=10)
+            client.report_dataset_shard_params(
+                batch_size={BATCH}, num_epochs={EPOCHS}, dataset_size={RECORDS}, shuffle=False,
+                num_minibatches_per_shard={SHARD_BATCHES}, dataset_name={job!r}, task_type=0,
+                storage_type="table")
+            """
+        )
+        subprocess.run([str(DLROVER_PYTHON), "-c", code], check=True, capture_output=True)
+        return
+    from stride.api.dispatcher.v1 import dispatcher_service_pb2 as pb
+    from stride.api.dispatcher.v1 import dispatcher_service_pb2_grpc as pb_grpc
+    from stride.events.v1 import shard_pb2
+
+    with grpc.insecure_channel(address) as channel:
+        pb_grpc.DispatcherServiceStub(channel).CreateDataset(
+            pb.CreateDatasetRequest(
+                job_id=job,
+                dataset="d",
+                parameters=pb.DatasetParameters(
+                    record_count=RECORDS,
+                    batch_size=BATCH,
+                    shard_batches=SHARD_BATCHES,
+                    epochs=EPOCHS,
+                    kind=shard_pb2.SHARDING_KIND_INDEX_RANGE,
+                ),
+            ),
+            timeout=30,
+        )
+
+
+def run_load(system: str, address: str, job: str, clients: int, driver: Path) -> dict[str, float]:
+    processes = min(clients, 4)
+    python = str(DLROVER_PYTHON) if system == "dlrover" else sys.executable
+    env = {**os.environ, "PYTHONWARNINGS": "ignore"}
+    running = [
+        subprocess.Popen(
+            [python, str(driver), system, address, job, str(clients // processes), str(SECONDS)],
+            stdout=subprocess.PIPE,
+            stderr=subprocess.DEVNULL,
+            env=env,
+        )
+        for _ in range(processes)
+    ]
+    latencies: list[float] = []
+    elapsed = 0.0
+    for process in running:
+        out, _ = process.communicate(timeout=SECONDS * 20 + 60)
+        if process.returncode != 0:
+            raise RuntimeError(f"{system} driver failed ({process.returncode})")
+        result = json.loads(out.decode().strip().splitlines()[-1])
+        latencies.extend(result["latencies"])
+        elapsed = max(elapsed, result["elapsed"])
+    latencies.sort()
+    return {
+        "pairs_per_second": len(latencies) / elapsed,
+        "p50_ms": 1000 * statistics.median(latencies),
+        "p99_ms": 1000 * latencies[min(len(latencies) - 1, int(len(latencies) * 0.99))],
+        "pairs": float(len(latencies)),
+    }
+
+
+def postgres_reachable() -> bool:
+    try:
+        with psycopg.connect(POSTGRES_URL, connect_timeout=3):
+            return True
+    except psycopg.Error:
+        return False
+
+
+def main() -> int:
+    ensure_dlrover()
+    workdir = Path(tempfile.mkdtemp(prefix="stride-bench-dispatcher-"))
+    driver = workdir / "driver.py"
+    driver.write_text(DRIVER)
+    nats = NatsServer(workdir / "nats").start()
+    services: list[ServiceProcess] = []
+    dlrover: subprocess.Popen[bytes] | None = None
+    lines: list[str] = []
+
+    def say(line: str = "") -> None:
+        print(line, flush=True)
+        lines.append(line)
+
+    try:
+        systems: dict[str, str] = {}
+        backends = {"sqlite": f"sqlite:///{workdir}/dispatcher.db"}
+        if postgres_reachable():
+            backends["postgresql"] = POSTGRES_URL
+        for backend, url in backends.items():
+            env = {
+                "STRIDE_NATS_URL": nats.url,
+                "STRIDE_DATABASE_URL": url,
+                "STRIDE_LOG_LEVEL": "warning",
+            }
+            service = ServiceProcess("dispatcher", env, workdir / backend)
+            (workdir / backend).mkdir()
+            services.append(service.start())
+            wait_serving(service.address, "stride.api.dispatcher.v1.DispatcherService")
+            systems[f"stride-{backend}-combined"] = service.address
+            if backend == "sqlite":
+                systems[f"stride-{backend}-separate"] = service.address
+        port = free_port()
+        dlrover = subprocess.Popen(
+            [
+                str(DLROVER_PYTHON),
+                "-m",
+                "dlrover.python.master.main",
+                "--platform",
+                "local",
+                "--job_name",
+                "bench",
+                "--port",
+                str(port),
+            ],
+            stdout=subprocess.DEVNULL,
+            stderr=subprocess.DEVNULL,
+            cwd=workdir,
+        )
+        wait_port(port)
+        time.sleep(2)  # the master starts its servicers after the port opens
+        systems = {"dlrover": f"127.0.0.1:{port}", **systems}
+
+        say(
+            f"# python {platform.python_version()}, dlrover {dlrover_version()}, "
+            f"{os.cpu_count()} cores, load average {os.getloadavg()[0]:.1f} at start"
+        )
+        say(
+            f"# dataset {RECORDS:,} records, batch {BATCH}, shard {SHARD_BATCHES} batches "
+            f"({BATCH * SHARD_BATCHES} records), {SECONDS:g} s per run; pair = get + done"
+        )
+        say(
+            "# stride: durable (a committed transaction per call; survives SIGKILL, commits not "
+            "fsynced); dlrover: in memory"
+        )
+        say()
+        header = f"{'clients':>7}  {'system':<26} {'pairs/s':>9} {'p50 ms':>8} {'p99 ms':>8}"
+        header += f"  {'x pairs/s':>9} {'p99 / dlrover':>13}"
+        say(header)
+        run = 0
+        for clients in CLIENTS:
+            measured: dict[str, dict[str, float]] = {}
+            for system, address in systems.items():
+                run += 1
+                job = f"bench{run}-{os.getpid()}"
+                create_dataset(system, address, job)
+                measured[system] = run_load(system, address, job, clients, driver)
+            base = measured["dlrover"]
+            for system, result in measured.items():
+                ratio = result["pairs_per_second"] / base["pairs_per_second"]
+                p99 = result["p99_ms"] / base["p99_ms"]
+                say(
+                    f"{clients:>7}  {system:<26} {result['pairs_per_second']:>9.0f} "
+                    f"{result['p50_ms']:>8.2f} {result['p99_ms']:>8.2f}  {ratio:>8.2f}x "
+                    f"{p99:>12.2f}x"
+                )
+            say()
+        say(f"# load average {os.getloadavg()[0]:.1f} at the end")
+    finally:
+        if dlrover is not None:
+            dlrover.terminate()
+            try:
+                dlrover.wait(20)
+            except subprocess.TimeoutExpired:
+                dlrover.kill()
+        for service in services:
+            service.terminate()
+        nats.stop()
+        shutil.rmtree(workdir, ignore_errors=True)
+    RESULT.parent.mkdir(parents=True, exist_ok=True)
+    RESULT.write_text(
+        "$ .venv/bin/python bench/dispatcher_vs_dlrover.py\n" + "\n".join(lines) + "\n"
+    )
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

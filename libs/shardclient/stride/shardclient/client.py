@@ -1,0 +1,358 @@
+"""Calls to the shard dispatcher with retries, backoff and the worker's incarnation token.
+
+Retrying is safe because every dispatcher call is idempotent or fenced: a progress report
+keeps the highest offset, a repeated done is a no-op, and a GetShard whose answer was lost
+leaves a lease behind that the dispatcher takes back when it lapses. A call that cannot
+reach the dispatcher (it restarts, the network blips) is retried with exponential backoff
+and jitter until ``RetryPolicy.give_up_after`` seconds have passed.
+
+A FAILED_PRECONDITION answer means the dispatcher fenced this worker or took the shard
+back (lease lapsed, worker marked lost, shards restored from a snapshot). The client then
+registers again, which gives it a new incarnation, and reports :class:`Revoked` so the
+caller drops what it held: those shards are someone else's now.
+"""
+
+from __future__ import annotations
+
+import random
+import threading
+import time
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from typing import TypeVar
+
+import grpc
+import structlog
+
+from stride.api.dispatcher.v1 import dispatcher_service_pb2 as pb
+from stride.api.dispatcher.v1 import dispatcher_service_pb2_grpc as pb_grpc
+from stride.events.v1 import shard_pb2
+
+log = structlog.get_logger(__name__)
+
+T = TypeVar("T")
+
+RETRYABLE = frozenset(
+    {
+        grpc.StatusCode.UNAVAILABLE,
+        grpc.StatusCode.DEADLINE_EXCEEDED,
+        grpc.StatusCode.RESOURCE_EXHAUSTED,
+        grpc.StatusCode.ABORTED,
+    }
+)
+"""Codes that say "not now" rather than "no": the dispatcher is restarting or busy."""
+
+
+CHANNEL_OPTIONS = (
+    ("grpc.initial_reconnect_backoff_ms", 100),
+    ("grpc.min_reconnect_backoff_ms", 100),
+    ("grpc.max_reconnect_backoff_ms", 2000),
+)
+"""gRPC's own reconnect backoff starts at 1 s and grows to 2 minutes; a restarted
+dispatcher is back in about a second, so reconnect quickly and never wait long."""
+
+
+class ClientClosed(Exception):
+    """A call after :meth:`ShardClient.close`."""
+
+
+class Revoked(Exception):
+    """The dispatcher no longer counts this worker's shard (or token) as held; drop it."""
+
+
+@dataclass(frozen=True)
+class RetryPolicy:
+    """Exponential backoff with full jitter for calls the dispatcher could not answer."""
+
+    first_delay: float = 0.05
+    """The first retry waits up to 50 ms: a restarting dispatcher is back in about a second."""
+    max_delay: float = 2.0
+    """Waits never exceed 2 s, so a worker notices a recovered dispatcher quickly."""
+    give_up_after: float = 120.0
+    """Two minutes of failures is an outage, not a blip: raise and let the pod restart."""
+
+    def delay(self, attempt: int) -> float:
+        """How long to wait before retry number ``attempt`` (1-based)."""
+        return random.uniform(0, min(self.max_delay, self.first_delay * 2 ** (attempt - 1)))
+
+
+@dataclass(frozen=True)
+class LeasedShard:
+    """A shard leased to this worker."""
+
+    dataset: str
+    shard_id: int
+    epoch: int
+    start: int
+    end: int
+    offset: int
+    indices: tuple[int, ...] = ()
+    """Explicit indices (index-list datasets); empty for ranges and streams."""
+    partition: int = 0
+    straggler: bool = False
+    lease: int = 0
+    """The hand-out number; reports carry it so a stale view of the shard is refused."""
+
+    @property
+    def size(self) -> int:
+        """Records in the shard."""
+        return self.end - self.start
+
+    def record(self, position: int) -> int:
+        """The sample index (or stream offset) at ``position`` within the shard."""
+        if self.indices:
+            return self.indices[position]
+        return self.start + position
+
+    @classmethod
+    def from_proto(
+        cls, dataset: str, shard: shard_pb2.Shard, straggler: bool, lease: int
+    ) -> LeasedShard:
+        """From the wire form."""
+        return cls(
+            dataset=dataset,
+            shard_id=shard.shard_id,
+            epoch=shard.epoch,
+            start=shard.start,
+            end=shard.end,
+            offset=shard.offset,
+            indices=tuple(shard.indices),
+            partition=shard.partition,
+            straggler=straggler,
+            lease=lease,
+        )
+
+
+@dataclass(frozen=True)
+class ShardReply:
+    """GetShard's answer: a shard, the end of the data, or wait and ask again."""
+
+    shard: LeasedShard | None
+    end_of_data: bool = False
+    retry_after: float = 0.0
+
+
+@dataclass(frozen=True)
+class Committed:
+    """Records the dispatcher accepted as consumed: positions ``[first, last)`` of a shard."""
+
+    shard: LeasedShard
+    first: int
+    last: int
+
+
+@dataclass
+class _Token:
+    incarnation: int | None = None
+    lock: threading.Lock = field(default_factory=threading.Lock)
+
+
+class ShardClient:
+    """One worker's connection to the dispatcher (thread-safe)."""
+
+    def __init__(
+        self,
+        address: str,
+        job_id: str,
+        worker: str,
+        *,
+        timeout: float = 10.0,
+        retry: RetryPolicy | None = None,
+        channel: grpc.Channel | None = None,
+    ) -> None:
+        self.address = address
+        self.job_id = job_id
+        self.worker = worker
+        self.timeout = timeout
+        self.retry = retry or RetryPolicy()
+        self._own_channel = channel is None
+        self.channel = channel or grpc.insecure_channel(address, options=CHANNEL_OPTIONS)
+        self.stub = pb_grpc.DispatcherServiceStub(self.channel)
+        self._token = _Token()
+        self.lease_seconds = 0.0
+        self.closed = False
+
+    def close(self) -> None:
+        """Stop: no call is made or retried after this, and the channel (if ours) closes."""
+        self.closed = True
+        if self._own_channel:
+            self.channel.close()
+
+    def __enter__(self) -> ShardClient:
+        return self
+
+    def __exit__(self, *_: object) -> None:
+        self.close()
+
+    def call(self, rpc: Callable[[], T]) -> T:
+        """Run ``rpc`` with retries on transient failures."""
+        started = time.monotonic()
+        attempt = 0
+        while True:
+            if self.closed:
+                raise ClientClosed(f"the client of worker {self.worker!r} was closed")
+            try:
+                return rpc()
+            except grpc.RpcError as error:
+                code = error.code()
+                attempt += 1
+                if code not in RETRYABLE or time.monotonic() - started > self.retry.give_up_after:
+                    raise
+                delay = self.retry.delay(attempt)
+                if attempt == 1 or attempt % 20 == 0:
+                    log.warning(
+                        "dispatcher unreachable; retrying",
+                        address=self.address,
+                        code=code.name,
+                        attempt=attempt,
+                    )
+                time.sleep(delay)
+
+    @property
+    def incarnation(self) -> int | None:
+        """The current token (None before the first registration)."""
+        return self._token.incarnation
+
+    def register(self, stale: int | None = None) -> int:
+        """Register (again, if ``stale`` is the current token) and return the token."""
+        with self._token.lock:
+            if self._token.incarnation is not None and self._token.incarnation != stale:
+                return self._token.incarnation
+            reply = self.call(
+                lambda: self.stub.RegisterWorker(
+                    pb.RegisterWorkerRequest(job_id=self.job_id, worker=self.worker),
+                    timeout=self.timeout,
+                )
+            )
+            self._token.incarnation = int(reply.incarnation)
+            self.lease_seconds = reply.lease.ToTimedelta().total_seconds()
+            log.info("registered", worker=self.worker, incarnation=self._token.incarnation)
+            return self._token.incarnation
+
+    def _ref(self, dataset: str, incarnation: int) -> pb.WorkerRef:
+        return pb.WorkerRef(
+            job_id=self.job_id, dataset=dataset, worker=self.worker, incarnation=incarnation
+        )
+
+    def _fenced(self, rpc: Callable[[int], T]) -> T:
+        incarnation = self.incarnation or self.register()
+        try:
+            return self.call(lambda: rpc(incarnation))
+        except grpc.RpcError as error:
+            if error.code() != grpc.StatusCode.FAILED_PRECONDITION:
+                raise
+            details = error.details() or ""
+            # The token itself was fenced ("... register again", "... call RegisterWorker"),
+            # not just this shard taken back: only then is a new incarnation needed.
+            if "register" in details.lower():
+                self.register(stale=incarnation)
+            raise Revoked(details) from None
+
+    def get_shard(self, dataset: str, done: LeasedShard | None = None) -> ShardReply:
+        """Lease the next shard, completing ``done`` first in the same call.
+
+        Raises :class:`Revoked` if the token was fenced (the client has registered again;
+        every shard it held is void, including ``done``).
+        """
+
+        def rpc(incarnation: int) -> pb.GetShardResponse:
+            request = pb.GetShardRequest(worker=self._ref(dataset, incarnation))
+            if done is not None:
+                request.done_shard_id = done.shard_id
+                request.done_lease = done.lease
+            return self.stub.GetShard(request, timeout=self.timeout)
+
+        reply = self._fenced(rpc)
+        if reply.HasField("shard"):
+            return ShardReply(
+                LeasedShard.from_proto(dataset, reply.shard, reply.straggler, reply.lease)
+            )
+        if reply.end_of_data:
+            return ShardReply(None, end_of_data=True)
+        return ShardReply(None, retry_after=reply.retry_after.ToTimedelta().total_seconds())
+
+    def report_progress(self, shard: LeasedShard, offset: int) -> None:
+        """Heartbeat: records of the shard consumed so far. Raises :class:`Revoked`."""
+        self._fenced(
+            lambda incarnation: self.stub.ReportProgress(
+                pb.ReportProgressRequest(
+                    worker=self._ref(shard.dataset, incarnation),
+                    shard_id=shard.shard_id,
+                    offset=offset,
+                    lease=shard.lease,
+                ),
+                timeout=self.timeout,
+            )
+        )
+
+    def report_done(self, shard: LeasedShard) -> None:
+        """The shard is consumed to its end. Raises :class:`Revoked`."""
+        self._fenced(
+            lambda incarnation: self.stub.ReportShardDone(
+                pb.ReportShardDoneRequest(
+                    worker=self._ref(shard.dataset, incarnation),
+                    shard_id=shard.shard_id,
+                    lease=shard.lease,
+                ),
+                timeout=self.timeout,
+            )
+        )
+
+    def report_failed(self, shard: LeasedShard, reason: str) -> None:
+        """Give a shard back at its last reported offset. Raises :class:`Revoked`."""
+        self._fenced(
+            lambda incarnation: self.stub.ReportShardFailed(
+                pb.ReportShardFailedRequest(
+                    worker=self._ref(shard.dataset, incarnation),
+                    shard_id=shard.shard_id,
+                    reason=reason,
+                    lease=shard.lease,
+                ),
+                timeout=self.timeout,
+            )
+        )
+
+    def fetch_batches(
+        self, dataset: str, data_worker: str, max_batches: int = 8
+    ) -> pb.FetchBatchesResponse:
+        """Data-worker mode: index batches tagged with step ids for ``data_worker``."""
+        return self.call(
+            lambda: self.stub.FetchBatches(
+                pb.FetchBatchesRequest(
+                    job_id=self.job_id,
+                    dataset=dataset,
+                    data_worker=data_worker,
+                    max_batches=max_batches,
+                ),
+                timeout=self.timeout,
+            )
+        )
+
+    def report_consumed(self, dataset: str, step_id: int) -> int:
+        """Data-worker mode: every step up to ``step_id`` was consumed; the dispatcher's view."""
+        reply = self.call(
+            lambda: self.stub.ReportConsumed(
+                pb.ReportConsumedRequest(job_id=self.job_id, dataset=dataset, step_id=step_id),
+                timeout=self.timeout,
+            )
+        )
+        return int(reply.consumed_step)
+
+    def create_dataset(self, dataset: str, parameters: pb.DatasetParameters) -> bool:
+        """Create a dataset of this client's job (a no-op if it exists identically)."""
+        reply = self.call(
+            lambda: self.stub.CreateDataset(
+                pb.CreateDatasetRequest(job_id=self.job_id, dataset=dataset, parameters=parameters),
+                timeout=self.timeout,
+            )
+        )
+        return bool(reply.created)
+
+    def dataset_state(self, dataset: str) -> pb.GetDatasetStateResponse:
+        """Queue sizes, epoch and per-worker progress."""
+        return self.call(
+            lambda: self.stub.GetDatasetState(
+                pb.GetDatasetStateRequest(job_id=self.job_id, dataset=dataset),
+                timeout=self.timeout,
+            )
+        )

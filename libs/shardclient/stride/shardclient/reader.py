@@ -1,0 +1,185 @@
+"""A plain Python iterator of sample indices, fed by the shard dispatcher.
+
+``for index in ShardReader(client, "train", batch_size=32): ...`` reads every shard the
+dispatcher hands this worker, epoch after epoch, until the end of the data.
+
+* Prefetch: while a shard is being read, the next one is leased in a background thread, so
+  a worker never waits for the dispatcher between shards. The prefetched lease is renewed
+  with every heartbeat so it cannot lapse while it waits.
+* Progress: the records consumed so far are reported every ``report_every_batches``
+  batches or ``report_every_seconds`` seconds, whichever comes first, and at the end of
+  each shard (done, combined with leasing the next one when nothing is prefetched).
+* A record counts as consumed when the loop asks for the next one, i.e. once the loop body
+  that used it has finished.
+* Revocation: if the dispatcher takes a shard back (lease lapsed, worker marked lost,
+  restore) the reader drops it and carries on with the next shard. Records read after
+  the last accepted report of a revoked shard are read again by whoever gets the shard:
+  exactly once holds for what was reported (``on_commit`` sees exactly that), and the
+  unreported tail is at least once.
+"""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Callable, Generator, Iterator
+from concurrent.futures import Future, ThreadPoolExecutor
+from functools import partial
+
+import structlog
+
+from stride.shardclient.client import Committed, LeasedShard, Revoked, ShardClient, ShardReply
+
+log = structlog.get_logger(__name__)
+
+
+class ShardReader:
+    """Iterates the sample indices of the shards a dispatcher leases to one worker."""
+
+    def __init__(
+        self,
+        client: ShardClient,
+        dataset: str,
+        *,
+        batch_size: int,
+        report_every_batches: int = 16,
+        report_every_seconds: float = 10.0,
+        prefetch: bool = True,
+        on_commit: Callable[[Committed], None] | None = None,
+    ) -> None:
+        if batch_size <= 0:
+            raise ValueError("batch_size must be positive")
+        if report_every_batches <= 0 or report_every_seconds <= 0:
+            raise ValueError("report intervals must be positive")
+        self.client = client
+        self.dataset = dataset
+        self.report_records = batch_size * report_every_batches
+        self.report_seconds = report_every_seconds
+        self.prefetch = prefetch
+        self.on_commit = on_commit
+        self.current: LeasedShard | None = None
+        self._reported = 0
+        self._stopped = False
+        self._executor = ThreadPoolExecutor(max_workers=1, thread_name_prefix="shard-prefetch")
+        self._next: Future[ShardReply] | None = None
+
+    def stop(self) -> None:
+        """Stop after the current record, reporting nothing more (as if the worker died)."""
+        self._stopped = True
+
+    def close(self) -> None:
+        """Stop the prefetch thread."""
+        self._stopped = True
+        self._executor.shutdown(wait=True, cancel_futures=True)
+
+    def __iter__(self) -> Iterator[int]:
+        for shard, position in self._positions():
+            yield shard.record(position)
+
+    def records(self) -> Iterator[tuple[int, int]]:
+        """(partition, index) pairs: for stream datasets, the index is the partition offset."""
+        for shard, position in self._positions():
+            yield shard.partition, shard.record(position)
+
+    def _commit(self, shard: LeasedShard, first: int, upto: int) -> None:
+        if upto > first and self.on_commit is not None:
+            self.on_commit(Committed(shard, first, upto))
+
+    def _positions(self) -> Iterator[tuple[LeasedShard, int]]:
+        finished: tuple[LeasedShard, int] | None = None  # (shard, offset reported so far)
+        try:
+            while not self._stopped:
+                reply = self._take(finished)
+                finished = None
+                if reply.end_of_data:
+                    return
+                if reply.shard is None:
+                    time.sleep(reply.retry_after)
+                    continue
+                shard = reply.shard
+                completed = yield from self._read(shard)
+                if self._stopped or not completed:
+                    continue
+                if self._next is None:
+                    finished = (shard, self._reported)  # done rides on the next GetShard
+                    continue
+                reported = self._reported
+                if self._report(shard, partial(self.client.report_done, shard)):
+                    self._commit(shard, reported, shard.size)
+        finally:
+            self.current = None
+
+    def _take(self, finished: tuple[LeasedShard, int] | None) -> ShardReply:
+        pending, self._next = self._next, None
+        if pending is not None:
+            try:
+                return pending.result()
+            except Revoked:
+                pass  # the token was fenced meanwhile; ask again below with the new one
+        if finished is None:
+            return self.client.get_shard(self.dataset)
+        shard, reported = finished
+        try:
+            reply = self.client.get_shard(self.dataset, done=shard)
+        except Revoked:
+            # The token was fenced: every shard held, the finished one too, is void.
+            return self.client.get_shard(self.dataset)
+        self._commit(shard, reported, shard.size)
+        return reply
+
+    def _read(self, shard: LeasedShard) -> Generator[tuple[LeasedShard, int], None, bool]:
+        """Yield the shard's positions; True at its end, False if it was revoked or stopped."""
+        self.current = shard
+        self._reported = shard.offset
+        if self.prefetch:
+            self._next = self._executor.submit(self.client.get_shard, self.dataset)
+        last_report = time.monotonic()
+        position = shard.offset
+        while position < shard.size:
+            yield shard, position
+            if self._stopped:
+                return False
+            position += 1
+            if position == shard.size:
+                break
+            due = position - self._reported >= self.report_records
+            if due or time.monotonic() - last_report >= self.report_seconds:
+                last_report = time.monotonic()
+                if not self._heartbeat(shard, position):
+                    return False
+        return True
+
+    def _heartbeat(self, shard: LeasedShard, position: int) -> bool:
+        reported = self._reported
+        if not self._report(shard, lambda: self.client.report_progress(shard, position)):
+            return False
+        self._commit(shard, reported, position)
+        self._reported = position
+        self._renew_prefetched()
+        return True
+
+    def _renew_prefetched(self) -> None:
+        pending = self._next
+        if pending is None or not pending.done() or pending.exception() is not None:
+            return
+        reply = pending.result()
+        if reply.shard is None:
+            return
+        try:
+            # Same offset: the dispatcher keeps the highest, so this only renews the lease.
+            self.client.report_progress(reply.shard, reply.shard.offset)
+        except Revoked:
+            self._next = None
+
+    def _report(self, shard: LeasedShard, action: Callable[[], object]) -> bool:
+        try:
+            action()
+        except Revoked as revoked:
+            log.warning(
+                "shard revoked by the dispatcher; dropping it",
+                dataset=self.dataset,
+                shard_id=shard.shard_id,
+                reason=str(revoked),
+            )
+            self.current = None
+            return False
+        return True
