@@ -74,6 +74,7 @@ async def stack(nats_url: str, database_url: str, tmp_path: Path) -> AsyncIterat
     )
     ckptcache_settings = CheckpointCacheSettings(
         store_dir=tmp_path / "store",
+        shm_dir=tmp_path / "shm",  # removed with tmp_path
         chunk_bytes=64 * 1024,
         nats_url=nats_url,
         grpc_port=0,
@@ -238,13 +239,15 @@ async def test_checkpoints_stream_through_the_agent(stack: Stack, nats_url: str)
         shard_snapshot=b"snap",
     )
     saved = await save(stack, save_requests(header, data))
-    assert saved.tier == checkpoint_pb2.CHECKPOINT_TIER_DURABLE
+    assert saved.tier == checkpoint_pb2.CHECKPOINT_TIER_MEMORY  # persisted in the background
     loaded_header, loaded = await load(stack, "step-40")
     assert (
         loaded == data and loaded_header.job_id == JOB and loaded_header.shard_snapshot == b"snap"
     )
     assert (await load(stack))[1] == data  # newest
-    listed = await stack.ckptcache.ListCheckpoints(ckpt_pb.ListCheckpointsRequest(job_id=JOB))
+    listed = await stack.ckptcache.ListCheckpoints(
+        ckpt_pb.ListCheckpointsRequest(job_id=JOB), metadata=(("stride-job-id", JOB),)
+    )
     assert [c.checkpoint_id for c in listed.checkpoints] == ["step-40"]
     events = await assert_eventually(
         lambda: stream_messages(nats_url, f"stride.checkpoints.v1.{JOB}.persisted")

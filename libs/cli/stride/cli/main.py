@@ -27,6 +27,7 @@ from stride.api.podwatcher.v1 import podwatcher_service_pb2 as podwatcher_pb
 from stride.api.podwatcher.v1 import podwatcher_service_pb2_grpc as podwatcher_grpc
 from stride.cli.endpoints import NoSuite, SuiteState, address, pid_alive
 from stride.cli.jobspec import SpecError, load_spec
+from stride.cli.shards import register as register_shards
 from stride.events.v1 import job_pb2, optimization_pb2, plan_pb2
 
 app = typer.Typer(
@@ -49,6 +50,7 @@ StateDir = Annotated[
 T = TypeVar("T")
 DEFAULT_STATE_DIR = Path.home() / ".local" / "state" / "stride"
 RPC_TIMEOUT_SECONDS = 10.0
+register_shards(app, DEFAULT_STATE_DIR, console, errors)  # `stride shards <job>`
 
 
 class CliError(Exception):

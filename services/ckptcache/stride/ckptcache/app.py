@@ -9,10 +9,13 @@ from __future__ import annotations
 import asyncio
 
 from stride.api.ckptcache.v1 import ckptcache_service_pb2, ckptcache_service_pb2_grpc
+from stride.ckptcache.adapters.convert import parse_header, with_checksum
 from stride.ckptcache.adapters.directory_store import DirectoryStore
 from stride.ckptcache.adapters.events import BusCheckpointEvents
 from stride.ckptcache.adapters.grpc_api import CheckpointCacheApi
-from stride.ckptcache.checkpoints import Checkpoints
+from stride.ckptcache.adapters.memory_store import MemoryStore, SharedMemoryTooSmall
+from stride.ckptcache.checkpoints import CacheLimits, Checkpoints
+from stride.ckptcache.domain.retention import RetentionPolicy
 from stride.ckptcache.settings import CheckpointCacheSettings
 from stride.runtime.errors import StartupError
 from stride.runtime.lifecycle import Dependency, ServiceHost
@@ -27,6 +30,16 @@ async def _nothing_to_close() -> None:
 
 async def build(settings: CheckpointCacheSettings) -> ServiceHost:
     """Connect everything and return a host ready to run."""
+    memory = MemoryStore(settings.shared_memory_dir, settings.free_segments_per_job)
+    try:
+        await asyncio.to_thread(memory.prepare, settings.shm_min_bytes)
+    except SharedMemoryTooSmall as error:
+        raise StartupError(str(error)) from None
+    except OSError as error:
+        raise StartupError(
+            f"cannot use shared memory at {settings.shared_memory_dir}: {error.strerror or error} "
+            "(set STRIDE_CKPTCACHE_SHM_DIR to a writable directory on a tmpfs)"
+        ) from None
     host = create_host(settings, [SERVICE_NAME])
     store = DirectoryStore(settings.store_dir)
     try:
@@ -42,15 +55,24 @@ async def build(settings: CheckpointCacheSettings) -> ServiceHost:
 
     host.add_dependency(Dependency("store", store_writable, _nothing_to_close, closes_early=False))
     bus = await connect_bus(settings, host)
-    # Tiers fastest first. The shared-memory tier (with a /dev/shm size check) and the
-    # asynchronous persister that copies it to the directory arrive with the flash-checkpoint
-    # issue, in front of this durable tier.
+    limits = CacheLimits(
+        max_size_bytes=settings.max_checkpoint_bytes,
+        chunk_bytes=settings.chunk_bytes,
+        retention=RetentionPolicy(settings.retain_last, settings.retain_every_steps),
+        memory_keep=settings.memory_keep,
+        persist_bytes_per_second=settings.persist_bytes_per_second,
+        memory_ttl_seconds=settings.memory_ttl_seconds,
+    )
     checkpoints = Checkpoints(
-        [store], BusCheckpointEvents(bus), settings.max_checkpoint_bytes, settings.chunk_bytes
+        memory, store, BusCheckpointEvents(bus), limits, with_checksum, parse_header
     )
+    await checkpoints.recover()
     ckptcache_service_pb2_grpc.add_CheckpointCacheServiceServicer_to_server(
-        CheckpointCacheApi(checkpoints), host.server.server
+        CheckpointCacheApi(checkpoints, memory), host.server.server
     )
+    host.add_root_task("persist", lambda: checkpoints.run_persister(host.stop))
+    sweep_every = min(60.0, settings.memory_ttl_seconds / 2)
+    host.add_root_task("sweep-memory", lambda: checkpoints.run_sweeper(host.stop, sweep_every))
     host.add_root_task(
         "publish-pending",
         lambda: checkpoints.run_publisher(host.stop, settings.publish_retry_seconds),

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import hashlib
 import os
 from pathlib import Path
 from typing import ClassVar
@@ -12,6 +13,14 @@ from pydantic_settings import SettingsConfigDict
 from stride.runtime.settings import ServiceSettings
 
 MIB = 1024 * 1024
+
+
+def default_shm_dir(store_dir: Path) -> Path:
+    """``/dev/shm/stride-ckptcache-<hash of the store directory>``: the node's shared memory,
+    which trainers can write. Named after the store so two caches on one machine (two local
+    stacks, parallel tests) never share it, while a restarted cache finds its own again."""
+    digest = hashlib.sha256(str(store_dir.resolve()).encode()).hexdigest()[:12]
+    return Path("/dev/shm") / f"stride-ckptcache-{digest}"
 
 
 def default_store_dir() -> Path:
@@ -41,5 +50,36 @@ class CheckpointCacheSettings(ServiceSettings):
     """The largest checkpoint accepted. 64 GiB covers the sparse models in DLRover-RM's
     evaluation (a 20 GB model in sec. 5.2) with room to spare; a bigger declared size is
     refused before any data is sent."""
+    shm_dir: Path | None = None
+    """Where checkpoints land first: a directory on a memory filesystem (tmpfs) that the
+    trainers on this node can also write, so a save is one memory copy. Checkpoints here
+    survive a restart of the cache, not of the node. Unset: see :func:`default_shm_dir`."""
+    shm_min_bytes: int = Field(default=256 * MIB, ge=0)
+    """The smallest shared-memory filesystem the cache starts on. 256 MiB is four times
+    Docker's 64 MB default, which kills a writer with SIGBUS on a real model (DLRover issue
+    #1046), so a container started without --shm-size fails at once with the fix."""
+    memory_keep: int = Field(default=1, ge=1, le=16)
+    """Complete checkpoints kept in memory per job once persisted. Restores want only the
+    newest; each one kept costs the model's size in RAM."""
+    memory_ttl_seconds: float = Field(default=3600.0, gt=0)
+    """A persisted checkpoint older than this leaves memory (its durable copy stays), so a
+    finished or idle job does not hold RAM. An hour is far longer than any save interval,
+    so a running job's newest checkpoint is always in memory."""
+    free_segments_per_job: int = Field(default=2, ge=0, le=16)
+    """Released segments kept for reuse per job: two lets a trainer alternate between
+    buffers (save s+1 while s persists) without allocating fresh, slow-to-fault pages."""
+    retain_last: int = Field(default=3, ge=1, le=1000)
+    """Durable checkpoints kept per job: the newest few, in case the newest is bad."""
+    retain_every_steps: int = Field(default=0, ge=0)
+    """Also keep every durable checkpoint whose step is a multiple of this (0: none), for
+    going back further than retain_last."""
+    persist_bytes_per_second: float | None = Field(default=None, gt=0)
+    """Cap on persistence bandwidth (None: as fast as the disk), so background copies do
+    not starve the training's own reads from the same disk."""
     publish_retry_seconds: float = Field(default=5.0, gt=0, le=300)
     """How often "checkpoint stored" events that could not be published are retried."""
+
+    @property
+    def shared_memory_dir(self) -> Path:
+        """``shm_dir``, or the default derived from the store directory."""
+        return self.shm_dir or default_shm_dir(self.store_dir)

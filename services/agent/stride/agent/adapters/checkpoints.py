@@ -15,6 +15,8 @@ from stride.api.ckptcache.v1 import ckptcache_service_pb2 as pb
 from stride.api.ckptcache.v1 import ckptcache_service_pb2_grpc as pb_grpc
 
 UPSTREAM = "checkpoint cache"
+JOB_METADATA_KEY = "stride-job-id"
+"""The cache serves a job only its own checkpoints; this names the pod's job."""
 
 
 class CheckpointClient:
@@ -24,13 +26,14 @@ class CheckpointClient:
         self.stub = pb_grpc.CheckpointCacheServiceStub(channel)
         self.address = address
         self.job_id = job_id
+        self.metadata = ((JOB_METADATA_KEY, job_id),)
 
     async def save(
         self, chunks: AsyncIterator[pb.SaveCheckpointRequest], timeout: float | None
     ) -> pb.SaveCheckpointResponse:
         """Stream a save through; the first chunk must already be the job's header."""
         try:
-            return await self.stub.SaveCheckpoint(chunks, timeout=timeout)
+            return await self.stub.SaveCheckpoint(chunks, timeout=timeout, metadata=self.metadata)
         except grpc.aio.AioRpcError as error:
             raise UpstreamError.wrap(UPSTREAM, self.address, error) from None
 
@@ -41,6 +44,7 @@ class CheckpointClient:
         call = self.stub.LoadCheckpoint(
             pb.LoadCheckpointRequest(job_id=self.job_id, checkpoint_id=checkpoint_id),
             timeout=timeout,
+            metadata=self.metadata,
         )
         try:
             async for chunk in call:

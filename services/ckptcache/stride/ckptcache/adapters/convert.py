@@ -17,7 +17,7 @@ TIER_TO_PROTO = {
 
 
 def header_from_proto(header: pb.CheckpointHeader) -> CheckpointHeader:
-    """The domain view of a save stream's header (validation is the domain's job)."""
+    """The domain view of a shard's header (validation is the domain's job)."""
     return CheckpointHeader(
         job_id=header.job_id,
         checkpoint_id=header.checkpoint_id,
@@ -25,25 +25,47 @@ def header_from_proto(header: pb.CheckpointHeader) -> CheckpointHeader:
         size_bytes=header.size_bytes,
         crc32c=header.crc32c,
         tensors=tuple(
-            TensorSpan(name=t.name, dtype=t.dtype, offset=t.offset, length=t.length)
+            TensorSpan(
+                name=t.name, dtype=t.dtype, offset=t.offset, length=t.length, shape=tuple(t.shape)
+            )
             for t in header.tensors
         ),
+        shard_index=header.shard_index,
+        shard_count=header.shard_count or 1,
+        shard_snapshot_id=header.shard_snapshot_id,
     )
 
 
-def header_to_proto(stored: StoredCheckpoint) -> pb.CheckpointHeader:
+def parse_header(blob: bytes) -> CheckpointHeader:
+    """A stored header blob back in domain form (an unreadable one reads as empty)."""
+    header = pb.CheckpointHeader()
+    try:
+        header.ParseFromString(blob)
+    except DecodeError:
+        header.Clear()
+    return header_from_proto(header)
+
+
+def with_checksum(blob: bytes, crc32c: int) -> bytes:
+    """The serialized header with its checksum (and a normalized shard count) set."""
+    header = pb.CheckpointHeader.FromString(blob)
+    header.crc32c = crc32c
+    header.shard_count = header.shard_count or 1
+    return header.SerializeToString()
+
+
+def header_to_proto(blob: bytes, info: CheckpointInfo) -> pb.CheckpointHeader:
     """The header to send first in a load stream: as saved, with the stored facts."""
     header = pb.CheckpointHeader()
     try:
-        header.ParseFromString(stored.header_blob)
+        header.ParseFromString(blob)
     except DecodeError:
-        header.Clear()  # the facts below still describe the buffer
-    info = stored.info
+        header.Clear()  # the facts below still describe the checkpoint
     header.job_id = info.job_id
     header.checkpoint_id = info.checkpoint_id
     header.step = info.step
-    header.size_bytes = info.size_bytes
-    header.crc32c = info.crc32c
+    header.shard_count = info.shard_count
+    header.shard_snapshot_id = info.shard_snapshot_id
     return header
 
 
@@ -63,6 +85,9 @@ def info_to_proto(info: CheckpointInfo) -> pb.CheckpointInfo:
         size_bytes=info.size_bytes,
         tier=TIER_TO_PROTO[info.tier],
         saved_at=timestamp(info),
+        shard_count=info.shard_count,
+        shard_snapshot_id=info.shard_snapshot_id,
+        persist_error=info.persist_error,
     )
 
 
@@ -74,6 +99,6 @@ def stored_event(stored: StoredCheckpoint) -> checkpoint_pb2.CheckpointStored:
         step=stored.info.step,
         size_bytes=stored.info.size_bytes,
         tier=TIER_TO_PROTO[stored.info.tier],
-        shard_snapshot=header_to_proto(stored).shard_snapshot,
+        shard_snapshot=header_to_proto(stored.header_blob, stored.info).shard_snapshot,
         stored_at=timestamp(stored.info),
     )

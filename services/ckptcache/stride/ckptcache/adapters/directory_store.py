@@ -2,59 +2,78 @@
 
 Layout::
 
-    <store_dir>/<job_id>/<checkpoint_id>/data          the buffer
-                                        /header.pb     the header as the client sent it
-                                        /manifest.json step, size, checksum, saved_at
-                                        /published     marker: the stored event went out
-    <store_dir>/.staging/<random>/                     uploads in flight
-    <store_dir>/.trash/<random>/                       deletions in progress
+    <store_dir>/<job_id>/<checkpoint_id>/shard-00000.data       a shard's buffer
+                                        /shard-00000.header.pb  its header as sent
+                                        /manifest.json          step, shards, checksums
+                                        /published              the event went out
+    <store_dir>/.staging/<random>/                              persists in flight
+    <store_dir>/.trash/<random>/                                deletions in progress
 
-An upload writes the data, then the header and the manifest into its own staging
-directory and fsyncs them. A single ``rename`` then moves the directory into place. That
-rename is the commit: a torn or abandoned upload leaves only a staging directory, which no
-reader looks at and the next start removes. A checkpoint is either complete or absent. Two
-saves of one id race on the rename, and the loser compares itself with the winner.
+A persist writes and fsyncs every shard's data and header into its own staging directory,
+then writes the manifest (with each shard's CRC-32C) last, fsyncs the directory and
+renames it into place. That rename is the commit: a torn or abandoned persist (a crash,
+a full disk) leaves only a staging directory, which no reader looks at and the next start
+removes.
 
-The ``published`` marker is a small outbox on the filesystem. An event that could not be
-published (NATS down, or a crash just after the commit) is retried until the marker exists.
-All blocking file work runs in worker threads, off the event loop.
+The ``published`` marker is a small outbox on the filesystem: an event that could not be
+published is retried until the marker exists. All methods block; the cache calls them
+from worker threads.
 """
 
 from __future__ import annotations
 
-import asyncio
 import contextlib
 import errno
 import json
 import os
 import shutil
 import uuid
-from collections.abc import AsyncIterator
+from collections.abc import Sequence
 from datetime import datetime
 from pathlib import Path
-from typing import IO, Any
+from typing import Any, BinaryIO
 
 import structlog
 
 from stride.ckptcache.domain.checkpoints import (
     CHECKPOINT_ID_PATTERN,
     JOB_ID_PATTERN,
-    CheckpointHeader,
     CheckpointInfo,
     Tier,
 )
-from stride.ckptcache.domain.tiers import StoredCheckpoint
+from stride.ckptcache.domain.tiers import (
+    DurableCheckpoint,
+    PersistThrottle,
+    ShardSource,
+    StoredCheckpoint,
+)
 from stride.runtime.errors import AlreadyExists
 
 log = structlog.get_logger(__name__)
 
-DATA = "data"
-HEADER = "header.pb"
 MANIFEST = "manifest.json"
 PUBLISHED = "published"
 STAGING = ".staging"
 TRASH = ".trash"
-MANIFEST_FORMAT = 1
+MANIFEST_FORMAT = 2
+COPY_CHUNK = 8 * 1024 * 1024
+"""Large enough that per-call overhead vanishes against the disk, small enough that a
+bandwidth cap is applied smoothly."""
+
+
+def shard_data_name(index: int) -> str:
+    """The file of a shard's buffer."""
+    return f"shard-{index:05d}.data"
+
+
+def shard_header_name(index: int) -> str:
+    """The file of a shard's header."""
+    return f"shard-{index:05d}.header.pb"
+
+
+def _legacy_names(index: int) -> tuple[str, str]:
+    # Format 1 (before shards) kept one buffer as `data` and its header as `header.pb`.
+    return ("data", "header.pb") if index == 0 else (shard_data_name(index), "")
 
 
 def _fsync_directory(path: Path) -> None:
@@ -72,7 +91,7 @@ def _write_file(path: Path, content: bytes) -> None:
         os.fsync(handle.fileno())
 
 
-def _manifest(info: CheckpointInfo) -> bytes:
+def _manifest(info: CheckpointInfo, shards: Sequence[ShardSource]) -> bytes:
     return json.dumps(
         {
             "format": MANIFEST_FORMAT,
@@ -82,22 +101,32 @@ def _manifest(info: CheckpointInfo) -> bytes:
             "size_bytes": info.size_bytes,
             "crc32c": info.crc32c,
             "saved_at": info.saved_at.isoformat(),
+            "shard_count": info.shard_count,
+            "shard_snapshot_id": info.shard_snapshot_id,
+            "shards": [
+                {"index": s.index, "size_bytes": s.size_bytes, "crc32c": s.crc32c} for s in shards
+            ],
         },
         indent=1,
     ).encode()
 
 
-def _read_info(directory: Path) -> CheckpointInfo | None:
-    """The manifest of a committed checkpoint directory, or None if it is not one."""
+def _read_manifest(directory: Path) -> dict[str, Any] | None:
     try:
         raw: dict[str, Any] = json.loads((directory / MANIFEST).read_bytes())
-    except FileNotFoundError:
+    except (FileNotFoundError, NotADirectoryError):
         return None
     except (OSError, ValueError) as error:
         log.warning(
             "unreadable checkpoint manifest; ignored", path=str(directory), error=str(error)
         )
         return None
+    if raw.get("format", 1) == 1:
+        raw["shards"] = [{"index": 0, "size_bytes": raw["size_bytes"], "crc32c": raw["crc32c"]}]
+    return raw
+
+
+def _info(raw: dict[str, Any]) -> CheckpointInfo:
     return CheckpointInfo(
         job_id=raw["job_id"],
         checkpoint_id=raw["checkpoint_id"],
@@ -106,80 +135,9 @@ def _read_info(directory: Path) -> CheckpointInfo | None:
         crc32c=raw["crc32c"],
         tier=Tier.DURABLE,
         saved_at=datetime.fromisoformat(raw["saved_at"]),
+        shard_count=raw.get("shard_count", 1),
+        shard_snapshot_id=raw.get("shard_snapshot_id", ""),
     )
-
-
-class DirectoryUpload:
-    """One upload into a staging directory."""
-
-    def __init__(self, store: DirectoryStore, header: CheckpointHeader, header_blob: bytes) -> None:
-        self.store = store
-        self.header = header
-        self.header_blob = header_blob
-        self.staging = store.root / STAGING / uuid.uuid4().hex
-        self._file: IO[bytes] | None = None
-
-    def _open(self) -> None:
-        self.staging.mkdir(parents=True)
-        self._file = (self.staging / DATA).open("wb")
-
-    async def write(self, chunk: bytes) -> None:
-        """Append the next chunk of the buffer."""
-        if self._file is None:
-            raise RuntimeError("upload not started or already finished")
-        await asyncio.to_thread(self._file.write, chunk)
-
-    def _commit(self, saved_at: datetime) -> CheckpointInfo:
-        if self._file is None:
-            raise RuntimeError("upload not started or already finished")
-        self._file.flush()
-        os.fsync(self._file.fileno())
-        self._file.close()
-        self._file = None
-        info = CheckpointInfo(
-            job_id=self.header.job_id,
-            checkpoint_id=self.header.checkpoint_id,
-            step=self.header.step,
-            size_bytes=self.header.size_bytes,
-            crc32c=self.header.crc32c,
-            tier=Tier.DURABLE,
-            saved_at=saved_at,
-        )
-        _write_file(self.staging / HEADER, self.header_blob)
-        _write_file(self.staging / MANIFEST, _manifest(info))
-        _fsync_directory(self.staging)
-        job_dir = self.store.job_dir(info.job_id)
-        job_dir.mkdir(parents=True, exist_ok=True)
-        final = job_dir / info.checkpoint_id
-        try:
-            os.rename(self.staging, final)
-        except OSError as error:
-            if error.errno not in (errno.EEXIST, errno.ENOTEMPTY):
-                raise
-            shutil.rmtree(self.staging, ignore_errors=True)
-            existing = _read_info(final)
-            if existing is None or not existing.same_content(self.header):
-                raise AlreadyExists(
-                    f"checkpoint {info.checkpoint_id!r} of job {info.job_id!r} exists with "
-                    "different contents"
-                ) from None
-            return existing
-        _fsync_directory(job_dir)
-        return info
-
-    async def commit(self, saved_at: datetime) -> CheckpointInfo:
-        """Make the checkpoint visible with one directory rename."""
-        return await asyncio.to_thread(self._commit, saved_at)
-
-    def _abort(self) -> None:
-        if self._file is not None:
-            self._file.close()
-            self._file = None
-        shutil.rmtree(self.staging, ignore_errors=True)
-
-    async def abort(self) -> None:
-        """Discard the staging directory."""
-        await asyncio.to_thread(self._abort)
 
 
 class DirectoryStore:
@@ -191,9 +149,9 @@ class DirectoryStore:
         self.root = root
 
     def prepare(self) -> None:
-        """Create the root and clear uploads and deletions a previous process left behind.
+        """Create the root and clear persists and deletions a previous process left behind.
 
-        Runs once at startup, before the API serves, when no upload can be in flight.
+        Runs once at startup, before anything is persisted.
         """
         self.root.mkdir(parents=True, exist_ok=True)
         for leftover in (STAGING, TRASH):
@@ -230,51 +188,111 @@ class DirectoryStore:
             raise ValueError(f"checkpoint_id {checkpoint_id!r} is not a safe directory name")
         return self.job_dir(job_id) / checkpoint_id
 
-    async def begin(self, header: CheckpointHeader, header_blob: bytes) -> DirectoryUpload:
-        """Start an upload in a fresh staging directory."""
-        upload = DirectoryUpload(self, header, header_blob)
-        await asyncio.to_thread(upload._open)
-        return upload
-
-    def _find(self, job_id: str, checkpoint_id: str) -> StoredCheckpoint | None:
-        directory = self.checkpoint_dir(job_id, checkpoint_id)
-        info = _read_info(directory)
-        if info is None:
-            return None
+    def persist(
+        self, info: CheckpointInfo, shards: Sequence[ShardSource], throttle: PersistThrottle
+    ) -> CheckpointInfo:
+        """Copy the shards in and record their checksums; the manifest goes last, then one
+        rename commits. Anything that fails leaves nothing visible."""
+        staging = self.root / STAGING / uuid.uuid4().hex
+        staging.mkdir(parents=True)
         try:
-            blob = (directory / HEADER).read_bytes()
+            for shard in shards:
+                self._copy_shard(shard, staging / shard_data_name(shard.index), throttle)
+                _write_file(staging / shard_header_name(shard.index), shard.header_blob)
+            _write_file(staging / MANIFEST, _manifest(info, shards))
+            _fsync_directory(staging)
+            return self._commit(staging, info)
+        except BaseException:
+            shutil.rmtree(staging, ignore_errors=True)
+            raise
+
+    def _copy_shard(self, shard: ShardSource, target: Path, throttle: PersistThrottle) -> None:
+        # In-kernel copy (sendfile): the bytes never pass through Python, so persisting runs
+        # at the disk's speed. The checksum is not recomputed here: the one taken when the
+        # shard was saved goes into the manifest, and every read verifies against it, so a
+        # copy damaged in memory or on disk is refused at restore rather than trusted.
+        with shard.path.open("rb") as source, target.open("wb") as sink:
+            source_fd, sink_fd = source.fileno(), sink.fileno()
+            copied = 0
+            while copied < shard.size_bytes:
+                sent = os.sendfile(
+                    sink_fd, source_fd, copied, min(COPY_CHUNK, shard.size_bytes - copied)
+                )
+                if sent == 0:
+                    break
+                copied += sent
+                throttle(sent)
+            os.fsync(sink_fd)
+        if copied != shard.size_bytes:
+            raise ValueError(
+                f"shard {shard.index} shrank in shared memory before it was persisted: "
+                f"{copied} of {shard.size_bytes} bytes"
+            )
+
+    def _commit(self, staging: Path, info: CheckpointInfo) -> CheckpointInfo:
+        job_dir = self.job_dir(info.job_id)
+        job_dir.mkdir(parents=True, exist_ok=True)
+        final = job_dir / info.checkpoint_id
+        try:
+            os.rename(staging, final)
+        except OSError as error:
+            if error.errno not in (errno.EEXIST, errno.ENOTEMPTY):
+                raise
+            shutil.rmtree(staging, ignore_errors=True)
+            existing = _read_manifest(final)
+            if existing is None or existing["crc32c"] != info.crc32c:
+                raise AlreadyExists(
+                    f"checkpoint {info.checkpoint_id!r} of job {info.job_id!r} exists with "
+                    "different contents"
+                ) from None
+            return _info(existing)
+        _fsync_directory(job_dir)
+        return info
+
+    def find(self, job_id: str, checkpoint_id: str) -> DurableCheckpoint | None:
+        """A complete checkpoint with its shard headers, or None."""
+        directory = self.checkpoint_dir(job_id, checkpoint_id)
+        raw = _read_manifest(directory)
+        if raw is None:
+            return None
+        headers = []
+        legacy = raw.get("format", 1) == 1
+        try:
+            for shard in raw["shards"]:
+                index = shard["index"]
+                name = _legacy_names(index)[1] if legacy else shard_header_name(index)
+                headers.append((directory / name).read_bytes())
         except FileNotFoundError:
-            return None  # deleted between the two reads
-        return StoredCheckpoint(info, blob)
+            return None  # deleted between the reads
+        return DurableCheckpoint(
+            _info(raw),
+            tuple(headers),
+            tuple(shard["crc32c"] for shard in raw["shards"]),
+            tuple(shard["size_bytes"] for shard in raw["shards"]),
+        )
 
-    async def find(self, job_id: str, checkpoint_id: str) -> StoredCheckpoint | None:
-        """A committed checkpoint, or None."""
-        return await asyncio.to_thread(self._find, job_id, checkpoint_id)
-
-    def _list(self, job_id: str) -> list[CheckpointInfo]:
+    def checkpoints_of(self, job_id: str) -> list[CheckpointInfo]:
+        """Every complete checkpoint of a job."""
         job_dir = self.job_dir(job_id)
         if not job_dir.is_dir():
             return []
-        found = (_read_info(entry) for entry in job_dir.iterdir() if entry.is_dir())
-        return [info for info in found if info is not None]
+        found = (_read_manifest(entry) for entry in job_dir.iterdir() if entry.is_dir())
+        return [_info(raw) for raw in found if raw is not None]
 
-    async def checkpoints_of(self, job_id: str) -> list[CheckpointInfo]:
-        """Every committed checkpoint of a job."""
-        return await asyncio.to_thread(self._list, job_id)
-
-    async def read(self, job_id: str, checkpoint_id: str, chunk_bytes: int) -> AsyncIterator[bytes]:
-        """The buffer in chunks; the open file stays readable even if deleted meanwhile."""
-        path = self.checkpoint_dir(job_id, checkpoint_id) / DATA
-        handle = await asyncio.to_thread(path.open, "rb")
-        try:
-            while chunk := await asyncio.to_thread(handle.read, chunk_bytes):
-                yield chunk
-        finally:
-            handle.close()
-
-    def _delete(self, job_id: str, checkpoint_id: str) -> bool:
+    def open_shard(self, job_id: str, checkpoint_id: str, shard_index: int) -> BinaryIO:
+        """The shard's buffer; the open file stays readable even if deleted meanwhile."""
         directory = self.checkpoint_dir(job_id, checkpoint_id)
-        if _read_info(directory) is None:
+        raw = _read_manifest(directory)
+        if raw is None:
+            raise FileNotFoundError(f"{directory} has no manifest")
+        legacy = raw.get("format", 1) == 1
+        name = _legacy_names(shard_index)[0] if legacy else shard_data_name(shard_index)
+        return (directory / name).open("rb")
+
+    def delete(self, job_id: str, checkpoint_id: str) -> bool:
+        """Remove a checkpoint; False if there was none."""
+        directory = self.checkpoint_dir(job_id, checkpoint_id)
+        if _read_manifest(directory) is None:
             return False
         trash = self.root / TRASH
         trash.mkdir(exist_ok=True)
@@ -287,11 +305,8 @@ class DirectoryStore:
         shutil.rmtree(target, ignore_errors=True)
         return True
 
-    async def delete(self, job_id: str, checkpoint_id: str) -> bool:
-        """Remove a checkpoint; False if there was none."""
-        return await asyncio.to_thread(self._delete, job_id, checkpoint_id)
-
-    def _unpublished(self) -> list[StoredCheckpoint]:
+    def unpublished(self) -> list[StoredCheckpoint]:
+        """Complete checkpoints without the ``published`` marker."""
         pending = []
         for job_dir in self.root.iterdir():
             if not JOB_ID_PATTERN.match(job_dir.name) or not job_dir.is_dir():
@@ -301,21 +316,14 @@ class DirectoryStore:
                     continue
                 if (directory / PUBLISHED).exists():
                     continue
-                stored = self._find(job_dir.name, directory.name)
-                if stored is not None:
-                    pending.append(stored)
+                found = self.find(job_dir.name, directory.name)
+                if found is not None:
+                    pending.append(StoredCheckpoint(found.info, found.shard_headers[0]))
         return pending
 
-    async def unpublished(self) -> list[StoredCheckpoint]:
-        """Committed checkpoints without the ``published`` marker."""
-        return await asyncio.to_thread(self._unpublished)
-
-    def _mark_published(self, info: CheckpointInfo) -> None:
+    def mark_published(self, info: CheckpointInfo) -> None:
+        """Write the ``published`` marker."""
         directory = self.checkpoint_dir(info.job_id, info.checkpoint_id)
         # A checkpoint deleted since has nothing left to remember.
         with contextlib.suppress(FileNotFoundError):
             (directory / PUBLISHED).touch()
-
-    async def mark_published(self, info: CheckpointInfo) -> None:
-        """Write the ``published`` marker."""
-        await asyncio.to_thread(self._mark_published, info)

@@ -1,8 +1,10 @@
 """What a valid checkpoint is, and how checkpoints are ordered.
 
-A checkpoint is one buffer of ``size_bytes`` bytes with a header that names the job, the
-checkpoint id, the global step, the buffer's checksum and the tensors inside it (DLRover-RM
-sec. 5.2). Validation names the first bad field by its request path (``header.step``).
+A checkpoint has one or more shards (one per parameter server). Each shard is one buffer
+of ``size_bytes`` bytes with a header that names the job, the checkpoint id, the global
+step, the buffer's checksum and the tensors inside it (DLRover-RM sec. 5.2). A checkpoint
+is complete only when every one of its ``shard_count`` shards is in; until then it is
+invisible. Validation names the first bad field by its request path (``header.step``).
 """
 
 from __future__ import annotations
@@ -20,6 +22,8 @@ JOB_ID_PATTERN = re.compile(r"^[A-Za-z0-9][A-Za-z0-9_-]{0,63}$")
 directory names, so no dots and no leading punctuation."""
 CHECKPOINT_ID_PATTERN = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._-]{0,127}$")
 """Checkpoint ids are directory names: letters, digits, '.', '_', '-', never '.' or '..'."""
+MAX_SHARDS = 1024
+"""More shards than any parameter-server count the optimizer would plan."""
 
 
 class Tier(Enum):
@@ -39,11 +43,12 @@ class TensorSpan:
     dtype: str
     offset: int
     length: int
+    shape: tuple[int, ...] = ()
 
 
 @dataclass(frozen=True)
 class CheckpointHeader:
-    """The header of a checkpoint being saved."""
+    """The header of one shard of a checkpoint being saved."""
 
     job_id: str
     checkpoint_id: str
@@ -51,26 +56,42 @@ class CheckpointHeader:
     size_bytes: int
     crc32c: int
     tensors: tuple[TensorSpan, ...] = ()
+    shard_index: int = 0
+    shard_count: int = 1
+    shard_snapshot_id: str = ""
+
+    def same_checkpoint_as(self, other: CheckpointHeader) -> bool:
+        """True if both shards claim the same checkpoint (step, shard count, snapshot)."""
+        return (self.step, self.shard_count, self.shard_snapshot_id) == (
+            other.step,
+            other.shard_count,
+            other.shard_snapshot_id,
+        )
 
 
 @dataclass(frozen=True)
 class CheckpointInfo:
-    """A stored checkpoint."""
+    """A complete stored checkpoint (all shards)."""
 
     job_id: str
     checkpoint_id: str
     step: int
     size_bytes: int
     crc32c: int
+    """The shard's checksum for one shard; for several, the checksum of their checksums."""
     tier: Tier
     saved_at: datetime
+    shard_count: int = 1
+    shard_snapshot_id: str = ""
+    persist_error: str = ""
 
     def same_content(self, header: CheckpointHeader) -> bool:
-        """True if ``header`` describes this very checkpoint (a retried save)."""
-        return (self.step, self.size_bytes, self.crc32c) == (
+        """True if ``header`` describes this very (single-shard) checkpoint: a retried save."""
+        return (self.step, self.size_bytes, self.crc32c, self.shard_count) == (
             header.step,
             header.size_bytes,
             header.crc32c,
+            header.shard_count,
         )
 
 
@@ -102,6 +123,16 @@ def validate_header(header: CheckpointHeader, max_size_bytes: int, path: str = "
     check_checkpoint_id(header.checkpoint_id, f"{path}.checkpoint_id")
     if header.step < 0:
         raise InvalidArgument(f"{path}.step", f"must not be negative, got {header.step}")
+    if not 1 <= header.shard_count <= MAX_SHARDS:
+        raise InvalidArgument(
+            f"{path}.shard_count", f"must be 1 to {MAX_SHARDS}, got {header.shard_count}"
+        )
+    if not 0 <= header.shard_index < header.shard_count:
+        raise InvalidArgument(
+            f"{path}.shard_index",
+            f"must be 0 to {header.shard_count - 1} for {header.shard_count} shard(s), "
+            f"got {header.shard_index}",
+        )
     if header.size_bytes < 0:
         raise InvalidArgument(
             f"{path}.size_bytes", f"must not be negative, got {header.size_bytes}"
@@ -119,6 +150,8 @@ def validate_header(header: CheckpointHeader, max_size_bytes: int, path: str = "
             raise InvalidArgument(f"{where}.offset", f"must not be negative, got {tensor.offset}")
         if tensor.length < 0:
             raise InvalidArgument(f"{where}.length", f"must not be negative, got {tensor.length}")
+        if any(dimension < 0 for dimension in tensor.shape):
+            raise InvalidArgument(f"{where}.shape", f"has a negative dimension: {tensor.shape}")
         if tensor.offset + tensor.length > header.size_bytes:
             raise InvalidArgument(
                 f"{where}.length",

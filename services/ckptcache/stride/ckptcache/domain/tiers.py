@@ -1,76 +1,96 @@
-"""The tier seam: what the cache needs from a place that stores checkpoints.
+"""The tier seam: what the cache needs from the places that keep checkpoints.
 
 DLRover-RM sec. 5.2 saves into shared memory in about the time of a memory copy and
-persists to durable storage asynchronously. Each place is a :class:`TierStore`; the cache
-holds them fastest first, saves into the first, loads from the first that has the
-checkpoint and deletes from all. Today there is one, the durable directory; the
-shared-memory tier and the background persister plug in here later.
+persists to durable storage asynchronously. The memory tier is the node's shared memory
+(``adapters.memory_store``). The durable tier is anything that satisfies
+:class:`DurableStore`: today a directory (local disk or a mounted volume); an object store
+fits the same contract by uploading the shard objects and their checksums first and the
+manifest object last, since a single PUT is atomic and readers look only for manifests.
 """
 
 from __future__ import annotations
 
-from collections.abc import AsyncIterator
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
-from datetime import datetime
-from typing import Protocol
+from pathlib import Path
+from typing import BinaryIO, Protocol
 
-from stride.ckptcache.domain.checkpoints import CheckpointHeader, CheckpointInfo, Tier
+from stride.ckptcache.domain.checkpoints import CheckpointInfo
 
 
 @dataclass(frozen=True)
 class StoredCheckpoint:
-    """A checkpoint in a tier: its facts and the header as the client sent it (opaque)."""
+    """A checkpoint in a tier: its facts and shard 0's header as the client sent it."""
 
     info: CheckpointInfo
     header_blob: bytes
 
 
-class Upload(Protocol):
-    """A checkpoint being written; invisible until :meth:`commit`."""
+@dataclass(frozen=True)
+class ShardSource:
+    """One shard to persist: where its bytes are and what they must check out as."""
 
-    async def write(self, chunk: bytes) -> None:
-        """Append the next chunk of the buffer."""
+    index: int
+    header_blob: bytes
+    size_bytes: int
+    crc32c: int
+    path: Path
+
+
+@dataclass(frozen=True)
+class DurableCheckpoint:
+    """A complete checkpoint in the durable tier, with every shard's header."""
+
+    info: CheckpointInfo
+    shard_headers: tuple[bytes, ...]
+    shard_checksums: tuple[int, ...]
+    shard_sizes: tuple[int, ...]
+
+
+PersistThrottle = Callable[[int], None]
+"""Called with each chunk's size after it is written; blocks as long as a bandwidth cap
+needs, so persistence can be kept from starving other disk traffic."""
+
+
+class DurableStore(Protocol):
+    """The durable tier. Blocking methods: the cache calls them from worker threads."""
+
+    def prepare(self) -> None:
+        """Create what is missing and clear what a previous process left unfinished."""
         ...
 
-    async def commit(self, saved_at: datetime) -> CheckpointInfo:
-        """Make the checkpoint visible atomically. If an identical one already exists it is
-        returned; a different one with the same id raises AlreadyExists."""
+    def writable(self) -> bool:
+        """True if a checkpoint could be written right now."""
         ...
 
-    async def abort(self) -> None:
-        """Discard everything written; leaves nothing visible."""
+    def persist(
+        self, info: CheckpointInfo, shards: Sequence[ShardSource], throttle: PersistThrottle
+    ) -> CheckpointInfo:
+        """Write every shard and its checksum, then the manifest, atomically: afterwards
+        the checkpoint is either complete or absent. Raises OSError (disk full...) or
+        ValueError if a source no longer matches its checksum."""
         ...
 
-
-class TierStore(Protocol):
-    """One place checkpoints are kept."""
-
-    tier: Tier
-
-    async def begin(self, header: CheckpointHeader, header_blob: bytes) -> Upload:
-        """Start writing a validated checkpoint."""
+    def find(self, job_id: str, checkpoint_id: str) -> DurableCheckpoint | None:
+        """A complete checkpoint, or None."""
         ...
 
-    async def find(self, job_id: str, checkpoint_id: str) -> StoredCheckpoint | None:
-        """A committed checkpoint, or None."""
+    def checkpoints_of(self, job_id: str) -> list[CheckpointInfo]:
+        """Every complete checkpoint of a job, in no particular order."""
         ...
 
-    async def checkpoints_of(self, job_id: str) -> list[CheckpointInfo]:
-        """Every committed checkpoint of a job, in no particular order."""
+    def open_shard(self, job_id: str, checkpoint_id: str, shard_index: int) -> BinaryIO:
+        """The shard's bytes (FileNotFoundError if it went away)."""
         ...
 
-    def read(self, job_id: str, checkpoint_id: str, chunk_bytes: int) -> AsyncIterator[bytes]:
-        """The buffer in chunks of at most ``chunk_bytes``."""
-        ...
-
-    async def delete(self, job_id: str, checkpoint_id: str) -> bool:
+    def delete(self, job_id: str, checkpoint_id: str) -> bool:
         """Remove a checkpoint; False if there was none."""
         ...
 
-    async def unpublished(self) -> list[StoredCheckpoint]:
-        """Committed checkpoints whose "stored" event is not yet known to be published."""
+    def unpublished(self) -> list[StoredCheckpoint]:
+        """Complete checkpoints whose "persisted" event is not yet known to be published."""
         ...
 
-    async def mark_published(self, info: CheckpointInfo) -> None:
+    def mark_published(self, info: CheckpointInfo) -> None:
         """Remember that the event for ``info`` went out."""
         ...

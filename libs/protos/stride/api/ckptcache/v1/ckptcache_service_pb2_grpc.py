@@ -35,10 +35,25 @@ class CheckpointCacheServiceStub:
         Args:
             channel: A grpc.Channel.
         """
+        self.GetCacheInfo = channel.unary_unary(
+                '/stride.api.ckptcache.v1.CheckpointCacheService/GetCacheInfo',
+                request_serializer=stride_dot_api_dot_ckptcache_dot_v1_dot_ckptcache__service__pb2.GetCacheInfoRequest.SerializeToString,
+                response_deserializer=stride_dot_api_dot_ckptcache_dot_v1_dot_ckptcache__service__pb2.GetCacheInfoResponse.FromString,
+                _registered_method=True)
+        self.RegisterSegment = channel.unary_unary(
+                '/stride.api.ckptcache.v1.CheckpointCacheService/RegisterSegment',
+                request_serializer=stride_dot_api_dot_ckptcache_dot_v1_dot_ckptcache__service__pb2.RegisterSegmentRequest.SerializeToString,
+                response_deserializer=stride_dot_api_dot_ckptcache_dot_v1_dot_ckptcache__service__pb2.RegisterSegmentResponse.FromString,
+                _registered_method=True)
         self.SaveCheckpoint = channel.stream_unary(
                 '/stride.api.ckptcache.v1.CheckpointCacheService/SaveCheckpoint',
                 request_serializer=stride_dot_api_dot_ckptcache_dot_v1_dot_ckptcache__service__pb2.SaveCheckpointRequest.SerializeToString,
                 response_deserializer=stride_dot_api_dot_ckptcache_dot_v1_dot_ckptcache__service__pb2.SaveCheckpointResponse.FromString,
+                _registered_method=True)
+        self.LocateCheckpoint = channel.unary_unary(
+                '/stride.api.ckptcache.v1.CheckpointCacheService/LocateCheckpoint',
+                request_serializer=stride_dot_api_dot_ckptcache_dot_v1_dot_ckptcache__service__pb2.LocateCheckpointRequest.SerializeToString,
+                response_deserializer=stride_dot_api_dot_ckptcache_dot_v1_dot_ckptcache__service__pb2.LocateCheckpointResponse.FromString,
                 _registered_method=True)
         self.LoadCheckpoint = channel.unary_stream(
                 '/stride.api.ckptcache.v1.CheckpointCacheService/LoadCheckpoint',
@@ -61,24 +76,50 @@ class CheckpointCacheServiceServicer:
     """CheckpointCacheService stores and serves checkpoints.
     """
 
+    def GetCacheInfo(self, request, context):
+        """GetCacheInfo says where the cache's shared memory is, so a client can tell whether it
+        runs on the same node (it can read the node marker there) and save without streaming.
+        """
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
+    def RegisterSegment(self, request, context):
+        """RegisterSegment hands a shared-memory segment the client has filled to the cache,
+        which moves it into its index. Returns as soon as the segment is indexed; the checksum
+        is computed and the checkpoint persisted in the background. The checkpoint becomes
+        restorable when its checksum is known and every shard is in.
+        """
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
     def SaveCheckpoint(self, request_iterator, context):
-        """SaveCheckpoint receives a checkpoint as a stream: one header chunk, then data chunks.
-        The checkpoint becomes visible only after the last chunk arrives and checks out.
+        """SaveCheckpoint receives a checkpoint shard as a stream: one header chunk, then data
+        chunks. It lands in the cache's shared memory and is persisted in the background.
+        """
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
+    def LocateCheckpoint(self, request, context):
+        """LocateCheckpoint says which checkpoint a load would return, and where its shard sits in
+        shared memory when it is held there, so a client on the same node can read it directly.
         """
         context.set_code(grpc.StatusCode.UNIMPLEMENTED)
         context.set_details('Method not implemented!')
         raise NotImplementedError('Method not implemented!')
 
     def LoadCheckpoint(self, request, context):
-        """LoadCheckpoint streams a checkpoint back: one header chunk, then data chunks.
-        An empty checkpoint_id means the newest. NOT_FOUND if there is none.
+        """LoadCheckpoint streams a checkpoint shard back: one header chunk, then data chunks.
+        An empty checkpoint_id means the newest complete one. NOT_FOUND if there is none.
         """
         context.set_code(grpc.StatusCode.UNIMPLEMENTED)
         context.set_details('Method not implemented!')
         raise NotImplementedError('Method not implemented!')
 
     def ListCheckpoints(self, request, context):
-        """ListCheckpoints lists a job's checkpoints, newest first.
+        """ListCheckpoints lists a job's complete checkpoints, newest first.
         """
         context.set_code(grpc.StatusCode.UNIMPLEMENTED)
         context.set_details('Method not implemented!')
@@ -94,10 +135,25 @@ class CheckpointCacheServiceServicer:
 
 def add_CheckpointCacheServiceServicer_to_server(servicer, server):
     rpc_method_handlers = {
+            'GetCacheInfo': grpc.unary_unary_rpc_method_handler(
+                    servicer.GetCacheInfo,
+                    request_deserializer=stride_dot_api_dot_ckptcache_dot_v1_dot_ckptcache__service__pb2.GetCacheInfoRequest.FromString,
+                    response_serializer=stride_dot_api_dot_ckptcache_dot_v1_dot_ckptcache__service__pb2.GetCacheInfoResponse.SerializeToString,
+            ),
+            'RegisterSegment': grpc.unary_unary_rpc_method_handler(
+                    servicer.RegisterSegment,
+                    request_deserializer=stride_dot_api_dot_ckptcache_dot_v1_dot_ckptcache__service__pb2.RegisterSegmentRequest.FromString,
+                    response_serializer=stride_dot_api_dot_ckptcache_dot_v1_dot_ckptcache__service__pb2.RegisterSegmentResponse.SerializeToString,
+            ),
             'SaveCheckpoint': grpc.stream_unary_rpc_method_handler(
                     servicer.SaveCheckpoint,
                     request_deserializer=stride_dot_api_dot_ckptcache_dot_v1_dot_ckptcache__service__pb2.SaveCheckpointRequest.FromString,
                     response_serializer=stride_dot_api_dot_ckptcache_dot_v1_dot_ckptcache__service__pb2.SaveCheckpointResponse.SerializeToString,
+            ),
+            'LocateCheckpoint': grpc.unary_unary_rpc_method_handler(
+                    servicer.LocateCheckpoint,
+                    request_deserializer=stride_dot_api_dot_ckptcache_dot_v1_dot_ckptcache__service__pb2.LocateCheckpointRequest.FromString,
+                    response_serializer=stride_dot_api_dot_ckptcache_dot_v1_dot_ckptcache__service__pb2.LocateCheckpointResponse.SerializeToString,
             ),
             'LoadCheckpoint': grpc.unary_stream_rpc_method_handler(
                     servicer.LoadCheckpoint,
@@ -127,6 +183,60 @@ class CheckpointCacheService:
     """
 
     @staticmethod
+    def GetCacheInfo(request,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.unary_unary(
+            request,
+            target,
+            '/stride.api.ckptcache.v1.CheckpointCacheService/GetCacheInfo',
+            stride_dot_api_dot_ckptcache_dot_v1_dot_ckptcache__service__pb2.GetCacheInfoRequest.SerializeToString,
+            stride_dot_api_dot_ckptcache_dot_v1_dot_ckptcache__service__pb2.GetCacheInfoResponse.FromString,
+            options,
+            channel_credentials,
+            insecure,
+            call_credentials,
+            compression,
+            wait_for_ready,
+            timeout,
+            metadata,
+            _registered_method=True)
+
+    @staticmethod
+    def RegisterSegment(request,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.unary_unary(
+            request,
+            target,
+            '/stride.api.ckptcache.v1.CheckpointCacheService/RegisterSegment',
+            stride_dot_api_dot_ckptcache_dot_v1_dot_ckptcache__service__pb2.RegisterSegmentRequest.SerializeToString,
+            stride_dot_api_dot_ckptcache_dot_v1_dot_ckptcache__service__pb2.RegisterSegmentResponse.FromString,
+            options,
+            channel_credentials,
+            insecure,
+            call_credentials,
+            compression,
+            wait_for_ready,
+            timeout,
+            metadata,
+            _registered_method=True)
+
+    @staticmethod
     def SaveCheckpoint(request_iterator,
             target,
             options=(),
@@ -143,6 +253,33 @@ class CheckpointCacheService:
             '/stride.api.ckptcache.v1.CheckpointCacheService/SaveCheckpoint',
             stride_dot_api_dot_ckptcache_dot_v1_dot_ckptcache__service__pb2.SaveCheckpointRequest.SerializeToString,
             stride_dot_api_dot_ckptcache_dot_v1_dot_ckptcache__service__pb2.SaveCheckpointResponse.FromString,
+            options,
+            channel_credentials,
+            insecure,
+            call_credentials,
+            compression,
+            wait_for_ready,
+            timeout,
+            metadata,
+            _registered_method=True)
+
+    @staticmethod
+    def LocateCheckpoint(request,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.unary_unary(
+            request,
+            target,
+            '/stride.api.ckptcache.v1.CheckpointCacheService/LocateCheckpoint',
+            stride_dot_api_dot_ckptcache_dot_v1_dot_ckptcache__service__pb2.LocateCheckpointRequest.SerializeToString,
+            stride_dot_api_dot_ckptcache_dot_v1_dot_ckptcache__service__pb2.LocateCheckpointResponse.FromString,
             options,
             channel_credentials,
             insecure,

@@ -1,0 +1,1 @@
+"""Runnable examples of the checkpoint client (``python -m stride.ckptclient.examples.<name>``)."""

@@ -1,0 +1,115 @@
+"""The shared-memory tier's file protocol on a real directory: adopting a client's segment,
+rebuilding after a restart, releasing to the free pool, and refusing what does not fit."""
+
+from __future__ import annotations
+
+import os
+from pathlib import Path
+
+import pytest
+
+from stride.ckptcache.adapters.memory_store import (
+    FREE,
+    INCOMING,
+    MemoryStore,
+    SharedMemoryTooSmall,
+)
+from stride.runtime.errors import AlreadyExists, FailedPrecondition, InvalidArgument
+
+
+@pytest.fixture
+def store(tmp_path: Path) -> MemoryStore:
+    store = MemoryStore(tmp_path / "shm", free_segments_per_job=1)
+    store.prepare(min_bytes=0)
+    return store
+
+
+def client_segment(store: MemoryStore, name: str, data: bytes, job: str = "job-1") -> None:
+    incoming = store.root / job / INCOMING
+    incoming.mkdir(parents=True, exist_ok=True)
+    (incoming / name).write_bytes(data)
+
+
+def test_the_node_id_survives_a_restart(store: MemoryStore) -> None:
+    again = MemoryStore(store.root)
+    again.prepare(min_bytes=0)
+    assert again.node_id == store.node_id and len(store.node_id) == 32
+
+
+def test_too_small_a_filesystem_is_refused_with_the_fix(tmp_path: Path) -> None:
+    with pytest.raises(SharedMemoryTooSmall, match="--shm-size"):
+        MemoryStore(tmp_path / "shm").prepare(min_bytes=1 << 60)
+
+
+def test_a_segment_is_adopted_checked_and_found_again_after_a_restart(store: MemoryStore) -> None:
+    client_segment(store, "a.seg", b"abcdef")
+    path = store.adopt("job-1", "step-1", 0, "a.seg", 6)
+    assert path == store.segment_path("job-1", "step-1", 0) and path.read_bytes() == b"abcdef"
+    assert store.compute_checksum(path, 6) != 0
+    # Not yet whole (no header): a restart drops it.
+    assert MemoryStore(store.root).scan() == {}
+    assert not path.exists()
+
+    client_segment(store, "b.seg", b"abcdef")
+    path = store.adopt("job-1", "step-2", 0, "b.seg", 6)
+    store.write_header("job-1", "step-2", 0, b"header")
+    found = MemoryStore(store.root).scan()
+    assert [(k, [s.header_blob for s in v]) for k, v in found.items()] == [
+        (("job-1", "step-2"), [b"header"])
+    ]
+
+
+def test_bad_segments_are_refused_naming_the_field(store: MemoryStore) -> None:
+    client_segment(store, "a.seg", b"abcdef")
+    for name in ("../a.seg", "a", "x/a.seg", ".seg"):
+        with pytest.raises(InvalidArgument) as raised:
+            store.adopt("job-1", "c", 0, name, 6)
+        assert raised.value.field == "segment_name"
+    with pytest.raises(InvalidArgument) as raised:
+        store.adopt("job-1", "c", 0, "missing.seg", 6)
+    assert raised.value.field == "segment_name"
+    with pytest.raises(InvalidArgument) as raised:
+        store.adopt("job-1", "c", 0, "a.seg", 7)
+    assert raised.value.field == "header.size_bytes"
+    store.adopt("job-1", "c", 0, "a.seg", 6)
+    client_segment(store, "b.seg", b"abcdef")
+    with pytest.raises(AlreadyExists):
+        store.adopt("job-1", "c", 0, "b.seg", 6)
+
+
+def test_released_segments_fill_the_free_pool_then_are_unlinked(store: MemoryStore) -> None:
+    for index, name in enumerate(("a.seg", "b.seg")):
+        client_segment(store, name, b"xy")
+        store.adopt("job-1", "c", index, name, 2)
+    store.release("job-1", "c")
+    assert not (store.root / "job-1" / "c").exists()
+    assert len(list((store.root / "job-1" / FREE).iterdir())) == 1  # pool of one
+
+
+def test_a_stream_segment_reserves_its_pages_or_says_why_not(store: MemoryStore) -> None:
+    path, descriptor = store.create_incoming("job-1", 4096)
+    try:
+        assert path.stat().st_size == 4096 and path.parent.name == INCOMING
+    finally:
+        os.close(descriptor)
+    with pytest.raises(FailedPrecondition, match="--shm-size"):
+        store.create_incoming("job-1", 1 << 60)
+
+
+def test_an_empty_store_is_removed_on_stop_a_full_one_is_kept(store: MemoryStore) -> None:
+    client_segment(store, "a.seg", b"ab")
+    store.adopt("job-1", "c", 0, "a.seg", 2)
+    assert store.remove_if_empty() is False and store.root.exists()
+    store.release("job-1", "c")
+    assert store.remove_if_empty() is True and not store.root.exists()
+
+
+def test_the_pool_keeps_the_newest_releases(store: MemoryStore) -> None:
+    client_segment(store, "old.seg", b"small")
+    store.adopt("job-1", "c1", 0, "old.seg", 5)
+    store.release("job-1", "c1")
+    client_segment(store, "new.seg", b"much bigger")
+    store.adopt("job-1", "c2", 0, "new.seg", 11)
+    store.release("job-1", "c2")
+    pooled = list((store.root / "job-1" / FREE).iterdir())
+    assert [p.stat().st_size for p in pooled] == [11]
