@@ -228,6 +228,7 @@ async def test_a_streamed_save_lands_in_memory_then_persists_and_is_announced(
         b"shards@100",
     )
     assert event.tier == DURABLE
+    assert event.shard_snapshot_id == "snap-100"  # the data position travels with it
     headers = events[0].headers or {}
     assert headers["Nats-Msg-Id"] == f"{JOB}.step-100.persisted.{checksum(data):08x}"
     saved_events = await stream_messages(nats_url, f"stride.checkpoints.v1.{JOB}.saved")

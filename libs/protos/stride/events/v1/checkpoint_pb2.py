@@ -25,15 +25,15 @@ _sym_db = _symbol_database.Default()
 from google.protobuf import timestamp_pb2 as google_dot_protobuf_dot_timestamp__pb2
 
 
-DESCRIPTOR = _descriptor_pool.Default().AddSerializedFile(b'\n!stride/events/v1/checkpoint.proto\x12\x10stride.events.v1\x1a\x1fgoogle/protobuf/timestamp.proto\"\xd2\x01\n\x10\x43heckpointStored\x12\x0e\n\x06job_id\x18\x01 \x01(\t\x12\x15\n\rcheckpoint_id\x18\x02 \x01(\t\x12\x0c\n\x04step\x18\x03 \x01(\x03\x12\x12\n\nsize_bytes\x18\x04 \x01(\x03\x12.\n\x04tier\x18\x05 \x01(\x0e\x32 .stride.events.v1.CheckpointTier\x12\x16\n\x0eshard_snapshot\x18\x06 \x01(\x0c\x12-\n\tstored_at\x18\x07 \x01(\x0b\x32\x1a.google.protobuf.Timestamp*j\n\x0e\x43heckpointTier\x12\x1f\n\x1b\x43HECKPOINT_TIER_UNSPECIFIED\x10\x00\x12\x1a\n\x16\x43HECKPOINT_TIER_MEMORY\x10\x01\x12\x1b\n\x17\x43HECKPOINT_TIER_DURABLE\x10\x02\x62\x06proto3')
+DESCRIPTOR = _descriptor_pool.Default().AddSerializedFile(b'\n!stride/events/v1/checkpoint.proto\x12\x10stride.events.v1\x1a\x1fgoogle/protobuf/timestamp.proto\"\xed\x01\n\x10\x43heckpointStored\x12\x0e\n\x06job_id\x18\x01 \x01(\t\x12\x15\n\rcheckpoint_id\x18\x02 \x01(\t\x12\x0c\n\x04step\x18\x03 \x01(\x03\x12\x12\n\nsize_bytes\x18\x04 \x01(\x03\x12.\n\x04tier\x18\x05 \x01(\x0e\x32 .stride.events.v1.CheckpointTier\x12\x16\n\x0eshard_snapshot\x18\x06 \x01(\x0c\x12-\n\tstored_at\x18\x07 \x01(\x0b\x32\x1a.google.protobuf.Timestamp\x12\x19\n\x11shard_snapshot_id\x18\x08 \x01(\t*j\n\x0e\x43heckpointTier\x12\x1f\n\x1b\x43HECKPOINT_TIER_UNSPECIFIED\x10\x00\x12\x1a\n\x16\x43HECKPOINT_TIER_MEMORY\x10\x01\x12\x1b\n\x17\x43HECKPOINT_TIER_DURABLE\x10\x02\x62\x06proto3')
 
 _globals = globals()
 _builder.BuildMessageAndEnumDescriptors(DESCRIPTOR, _globals)
 _builder.BuildTopDescriptorsAndMessages(DESCRIPTOR, 'stride.events.v1.checkpoint_pb2', _globals)
 if not _descriptor._USE_C_DESCRIPTORS:
   DESCRIPTOR._loaded_options = None
-  _globals['_CHECKPOINTTIER']._serialized_start=301
-  _globals['_CHECKPOINTTIER']._serialized_end=407
+  _globals['_CHECKPOINTTIER']._serialized_start=328
+  _globals['_CHECKPOINTTIER']._serialized_end=434
   _globals['_CHECKPOINTSTORED']._serialized_start=89
-  _globals['_CHECKPOINTSTORED']._serialized_end=299
+  _globals['_CHECKPOINTSTORED']._serialized_end=326
 # @@protoc_insertion_point(module_scope)

@@ -57,6 +57,7 @@ class CheckpointStored(_message.Message):
     TIER_FIELD_NUMBER: _builtins.int
     SHARD_SNAPSHOT_FIELD_NUMBER: _builtins.int
     STORED_AT_FIELD_NUMBER: _builtins.int
+    SHARD_SNAPSHOT_ID_FIELD_NUMBER: _builtins.int
     job_id: _builtins.str
     """The job."""
     checkpoint_id: _builtins.str
@@ -69,6 +70,10 @@ class CheckpointStored(_message.Message):
     """The tier it reached."""
     shard_snapshot: _builtins.bytes
     """Opaque dispatcher snapshot of the shard state the checkpoint contains."""
+    shard_snapshot_id: _builtins.str
+    """The dispatcher's shard-state snapshot id ("sha256:<hex>") recorded with the checkpoint,
+    so a restore can put the data position back with RestoreShards; empty if none.
+    """
     @_builtins.property
     def stored_at(self) -> _timestamp_pb2.Timestamp:
         """When it reached the tier."""
@@ -83,10 +88,11 @@ class CheckpointStored(_message.Message):
         tier: Global___CheckpointTier.ValueType = ...,
         shard_snapshot: _builtins.bytes = ...,
         stored_at: _timestamp_pb2.Timestamp | None = ...,
+        shard_snapshot_id: _builtins.str = ...,
     ) -> None: ...
     _HasFieldArgType: _TypeAlias = _typing.Literal["stored_at", b"stored_at"]  # noqa: Y015
     def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
-    _ClearFieldArgType: _TypeAlias = _typing.Literal["checkpoint_id", b"checkpoint_id", "job_id", b"job_id", "shard_snapshot", b"shard_snapshot", "size_bytes", b"size_bytes", "step", b"step", "stored_at", b"stored_at", "tier", b"tier"]  # noqa: Y015
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["checkpoint_id", b"checkpoint_id", "job_id", b"job_id", "shard_snapshot", b"shard_snapshot", "shard_snapshot_id", b"shard_snapshot_id", "size_bytes", b"size_bytes", "step", b"step", "stored_at", b"stored_at", "tier", b"tier"]  # noqa: Y015
     def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
     def WhichOneof(self, oneof_group: _Never) -> None: ...
 

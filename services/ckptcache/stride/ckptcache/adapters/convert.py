@@ -101,4 +101,5 @@ def stored_event(stored: StoredCheckpoint) -> checkpoint_pb2.CheckpointStored:
         tier=TIER_TO_PROTO[stored.info.tier],
         shard_snapshot=header_to_proto(stored.header_blob, stored.info).shard_snapshot,
         stored_at=timestamp(stored.info),
+        shard_snapshot_id=stored.info.shard_snapshot_id,
     )
