@@ -14,8 +14,9 @@ In one run, for 1, 8 and 32 concurrent clients, each system serves the same data
   ``get_task`` and ``report_task_result`` (two RPCs per pair). Its shard queues live in the
   master's memory only.
 - Stride: the real dispatcher process (``python -m stride.dispatcher``) with durable state:
-  SQLite in WAL mode (the embedded default) and PostgreSQL, every call a committed
-  transaction (commits are not fsynced: they survive a SIGKILL of the dispatcher, see
+  SQLite in WAL mode (the embedded default) and PostgreSQL, every call answered only after
+  its change committed (on SQLite concurrent calls share one transaction, group commit;
+  commits are not fsynced: they survive a SIGKILL of the dispatcher, see
   ``DispatcherSettings.sync_commits``). "combined" reports the done shard in the next
   GetShard (one RPC per pair, as the client library does); "separate" uses
   ReportShardDone and GetShard (two RPCs per pair, like DLRover).
@@ -310,8 +311,8 @@ def main() -> int:
             f"({BATCH * SHARD_BATCHES} records), {SECONDS:g} s per run; pair = get + done"
         )
         say(
-            "# stride: durable (a committed transaction per call; survives SIGKILL, commits not "
-            "fsynced); dlrover: in memory"
+            "# stride: durable (each call answered after its change committed, concurrent calls "
+            "group-committed; survives SIGKILL, commits not fsynced); dlrover: in memory"
         )
         say()
         header = f"{'clients':>7}  {'system':<26} {'pairs/s':>9} {'p50 ms':>8} {'p99 ms':>8}"

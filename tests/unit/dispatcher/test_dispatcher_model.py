@@ -13,6 +13,7 @@ held only in memory would be lost and show up as a record never credited.
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import shutil
 import tempfile
 from collections import Counter
@@ -38,6 +39,7 @@ from sqlalchemy import update
 from stride.db.engine import Database
 from stride.db.migrations import upgrade
 from stride.db.outbox import Outbox
+from stride.dispatcher.adapters.sqlite_fastpath import SqliteFastPath
 from stride.dispatcher.app import MIGRATIONS
 from stride.dispatcher.db.tables import outbox as outbox_table
 from stride.dispatcher.db.tables import shards, workers
@@ -79,6 +81,8 @@ def template(tmp_path_factory: pytest.TempPathFactory) -> Path:
 class DispatcherMachine(RuleBasedStateMachine):
     template: Path
     workdir: Path
+    fast: bool = False
+    """Serve the hot calls through the SQLite fast path (group commit), as the service does."""
 
     @initialize(
         record_count=st.integers(1, 30),
@@ -121,6 +125,15 @@ class DispatcherMachine(RuleBasedStateMachine):
     def _open(self) -> None:
         self.database = Database(f"sqlite:///{self.path}", "dispatcher")
         self.dispatcher = ShardDispatcher(self.database, Outbox(outbox_table), LEASE)
+        if self.fast:
+            self.dispatcher.fast = SqliteFastPath(
+                str(self.path), LEASE, timedelta(seconds=30), False
+            )
+
+    def _close(self) -> None:
+        if self.dispatcher.fast is not None:
+            self.run(self.dispatcher.fast.close())
+        self.run(self.database.dispose())
 
     def run(self, coroutine: Coroutine[Any, Any, T]) -> T:
         return self.loop.run_until_complete(coroutine)
@@ -172,7 +185,8 @@ class DispatcherMachine(RuleBasedStateMachine):
             return
         shard = grant.shard
         assert shard.shard_id not in process.leases
-        assert 0 <= shard.offset < shard.end - shard.start
+        # Equal when a worker gave the shard up after reading it to its end.
+        assert 0 <= shard.offset <= shard.end - shard.start
         process.leases[shard.shard_id] = Lease(shard.epoch, shard.start, shard.end, shard.offset)
 
     @precondition(_holding)
@@ -260,20 +274,25 @@ class DispatcherMachine(RuleBasedStateMachine):
             if kind == "get":
                 return
         ref = self.ref(worker, token)
+        if kind == "failed":
+            # The last holder's "failed" for a shard that went back to TODO since (lease
+            # lapsed) cannot be told from a repeated report, and is a no-op; the invariants
+            # check that it changed nothing.
+            with contextlib.suppress(FailedPrecondition, NotFound):
+                self.run(self.dispatcher.report_failed(ref, shard_id, "late"))
+            return
         # NotFound: a restore to a snapshot from before the shard's epoch was cut.
         with pytest.raises((FailedPrecondition, NotFound)):
             if kind == "get":
                 self.run(self.dispatcher.get_shard(ref))
             elif kind == "progress":
                 self.run(self.dispatcher.report_progress(ref, shard_id, 0))
-            elif kind == "done":
-                self.run(self.dispatcher.report_done(ref, shard_id))
             else:
-                self.run(self.dispatcher.report_failed(ref, shard_id, "late"))
+                self.run(self.dispatcher.report_done(ref, shard_id))
 
     @rule()
     def restart(self) -> None:
-        self.run(self.database.dispose())
+        self._close()
         self._open()
 
     @precondition(lambda self: hasattr(self, "dispatcher"))
@@ -306,7 +325,7 @@ class DispatcherMachine(RuleBasedStateMachine):
         try:
             self._drain_and_check()
         finally:
-            self.run(self.database.dispose())
+            self._close()
             self.loop.close()
             self.path.unlink(missing_ok=True)
 
@@ -334,8 +353,10 @@ class DispatcherMachine(RuleBasedStateMachine):
 
 
 @pytest.mark.filterwarnings("ignore::ResourceWarning")
-def test_dispatcher_model(template: Path, tmp_path: Path) -> None:
+@pytest.mark.parametrize("fast", [False, True], ids=["general-path", "sqlite-fast-path"])
+def test_dispatcher_model(template: Path, tmp_path: Path, fast: bool) -> None:
     DispatcherMachine.template = template
+    DispatcherMachine.fast = fast
     # Memory-backed when the machine has it: the test is about logic, not fsync latency.
     shm = Path("/dev/shm")
     DispatcherMachine.workdir = tmp_path

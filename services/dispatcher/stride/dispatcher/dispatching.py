@@ -1,8 +1,10 @@
 """The dispatcher's use cases: create datasets, register workers, hand out and take back shards.
 
-Every call is one database transaction that applies the domain's transitions
-(:mod:`stride.dispatcher.domain.queue`) to the rows it locked, and queues the events the
-change causes in the outbox in that same transaction. Nothing lives only in memory, so a
+Every call is one database transaction (on SQLite the hot calls share one with the calls
+queued beside them: group commit, see :mod:`stride.dispatcher.adapters.sqlite_fastpath`)
+that applies the domain's transitions (:mod:`stride.dispatcher.domain.queue`) to the rows it
+locked, and queues the events the change causes in the outbox in that same transaction.
+A call is answered only after that transaction committed. Nothing lives only in memory, so a
 dispatcher killed at any point restarts into a consistent queue: a shard handed out in a
 committed call stays DOING for its worker, and one whose call did not commit is still TODO.
 """
@@ -340,7 +342,7 @@ class ShardDispatcher:
             worker, dataset, holder, shard = await self._locked_shard(session, ref, shard_id, now)
             await self._complete(session, ref, dataset, holder, worker, shard, now, lease)
 
-    # "done" events are not pushed to the relay: its poll (about a second) picks them up in
+    # "done" events are not pushed to the relay: its poll (every 0.2 s) picks them up in
     # batches, which keeps the busiest call cheap. Rarer events (failed, requeued, straggler)
     # wake the relay at once.
     async def _complete(
