@@ -39,16 +39,18 @@ async def test_a_failed_publish_keeps_the_rest_in_order_and_drops_what_went_out(
 
         with pytest.raises(ConnectionError):
             await outbox.relay_once(database, flaky)
-        assert sent == ["id-0", "id-1", "id-2"]
+        # Publishes of a chunk are in flight together, so id-4 went out too; only the
+        # acknowledged prefix is deleted, and id-4 goes again (JetStream drops the copy).
+        assert sent == ["id-0", "id-1", "id-2", "id-4"]
         async with database.sessions() as session:
             left = (await session.execute(select(outbox.table.c.message_id))).scalars().all()
-        assert sorted(left) == ["id-3", "id-4"]  # published ones deleted in one go
+        assert sorted(left) == ["id-3", "id-4"]
 
         async def working(subject: str, payload: bytes, msg_id: str, h: Mapping[str, str]) -> None:
             sent.append(msg_id)
 
         assert await outbox.relay_once(database, working) == 2
-        assert sent == ["id-0", "id-1", "id-2", "id-3", "id-4"]
+        assert sent[4:] == ["id-3", "id-4"]  # in order
         async with database.sessions() as session:
             assert await session.scalar(select(func.count()).select_from(outbox.table)) == 0
     finally:

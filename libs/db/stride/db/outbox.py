@@ -9,7 +9,8 @@ re-publishes with the same ``Nats-Msg-Id``, which JetStream drops as a duplicate
 from __future__ import annotations
 
 import asyncio
-from collections.abc import Awaitable, Callable, Mapping
+from collections.abc import Awaitable, Callable, Mapping, Sequence
+from dataclasses import dataclass
 from datetime import UTC, datetime
 from typing import Any
 
@@ -33,6 +34,28 @@ from stride.db.engine import Database
 log = structlog.get_logger(__name__)
 
 PublishRaw = Callable[[str, bytes, str, Mapping[str, str]], Awaitable[object]]
+
+PIPELINE = 16
+"""Publishes awaited together. Small, so a burst of events does not hold the event loop
+for long: the relay shares it with the service's requests, and its bursts set their tail."""
+
+
+@dataclass(frozen=True)
+class PendingEvent:
+    """An outbox row as the relay needs it (for a service that reads rows its own way)."""
+
+    seq: int
+    subject: str
+    payload: bytes
+    message_id: str
+    headers: dict[str, str]
+
+
+ReadPending = Callable[[int], Awaitable[Sequence[PendingEvent]]]
+"""Reads up to n outbox rows in order."""
+
+DeleteUpTo = Callable[[int], Awaitable[None]]
+"""Deletes the outbox rows up to a sequence number (inclusive), committed."""
 
 
 def outbox_table(metadata: MetaData) -> Table:
@@ -84,29 +107,55 @@ class Outbox:
         """Wake the relay after a commit, so events go out without waiting for the poll."""
         self.wakeup.set()
 
-    async def relay_once(self, database: Database, publish: PublishRaw, batch: int = 100) -> int:
-        """Publish pending events in order; returns how many went out.
+    async def relay_once(
+        self,
+        database: Database,
+        publish: PublishRaw,
+        batch: int = 100,
+        delete_up_to: DeleteUpTo | None = None,
+        read_pending: ReadPending | None = None,
+    ) -> int:
+        """Publish up to ``batch`` pending events in order, then delete them; how many went out.
 
-        Each event is published (and acknowledged) in order; then everything published is
-        deleted in one statement, also when a later publish fails, so a busy outbox costs one
-        delete per batch rather than one transaction per event. An event published but not
-        yet deleted when the process dies is published again: its ``Nats-Msg-Id`` makes
-        JetStream drop the duplicate.
+        Publishes of a chunk of :data:`PIPELINE` are in flight together (written in order on
+        the one connection, acknowledged in parallel) instead of one round trip each. Only
+        the acknowledged prefix is deleted, in one statement, also when a later publish
+        fails; anything after it is published again next round and JetStream drops a copy
+        by its ``Nats-Msg-Id``.
+
+        ``read_pending`` and ``delete_up_to`` replace the read and the delete through
+        ``database``: a service with its own connection for the hot path (the dispatcher's
+        SQLite group commit) passes them so the relay joins that path instead of contending
+        for the database lock.
         """
-        async with database.sessions() as session:
-            rows = (
-                await session.execute(select(self.table).order_by(self.table.c.seq).limit(batch))
-            ).all()
-        published: list[int] = []
+        rows: Sequence[Any]
+        if read_pending is not None:
+            rows = await read_pending(batch)
+        else:
+            async with database.sessions() as session:
+                query = select(self.table).order_by(self.table.c.seq).limit(batch)
+                rows = (await session.execute(query)).all()
+        published = 0
         try:
-            for row in rows:
-                await publish(row.subject, row.payload, row.message_id, row.headers)
-                published.append(row.seq)
+            for first in range(0, len(rows), PIPELINE):
+                chunk = rows[first : first + PIPELINE]
+                results = await asyncio.gather(
+                    *(publish(r.subject, r.payload, r.message_id, r.headers) for r in chunk),
+                    return_exceptions=True,
+                )
+                for result in results:
+                    if isinstance(result, BaseException):
+                        raise result
+                    published += 1
         finally:
             if published:
-                async with database.transaction() as session:
-                    await session.execute(delete(self.table).where(self.table.c.seq.in_(published)))
-        return len(published)
+                last = rows[published - 1].seq
+                if delete_up_to is not None:
+                    await delete_up_to(last)
+                else:
+                    async with database.transaction() as session:
+                        await session.execute(delete(self.table).where(self.table.c.seq <= last))
+        return published
 
     async def run_relay(
         self,
@@ -114,20 +163,24 @@ class Outbox:
         publish: PublishRaw,
         stop: asyncio.Event,
         poll_seconds: float = 1.0,
+        batch: int = 100,
+        delete_up_to: DeleteUpTo | None = None,
+        read_pending: ReadPending | None = None,
     ) -> None:
-        """Relay until ``stop``; waits on the wakeup event or the poll interval between rounds.
+        """Relay until ``stop``; between rounds wait for the wakeup event or ``poll_seconds``.
 
-        A failed publish (NATS down) is retried on the next round; nothing is dropped.
+        A failed publish (NATS down) or database error is retried on the next round;
+        nothing is dropped. A full batch is followed at once by the next.
         """
         while not stop.is_set():
             try:
-                sent = await self.relay_once(database, publish)
+                sent = await self.relay_once(database, publish, batch, delete_up_to, read_pending)
             except Exception as error:
                 log.warning(
                     "outbox relay failed; will retry", error=f"{type(error).__name__}: {error}"
                 )
                 sent = 0
-            if sent:
+            if sent == batch:
                 continue
             self.wakeup.clear()
             waiters = [

@@ -13,7 +13,6 @@ from stride.db.engine import Database
 from stride.db.outbox import Outbox
 from stride.dispatcher.adapters.bus_handlers import PodEventHandler
 from stride.dispatcher.adapters.grpc_api import DispatcherApi
-from stride.dispatcher.adapters.outbox_relay import run_relay
 from stride.dispatcher.adapters.sqlite_fastpath import SqliteFastPath
 from stride.dispatcher.db.tables import outbox as outbox_table
 from stride.dispatcher.dispatching import ShardDispatcher
@@ -75,8 +74,7 @@ async def build(settings: DispatcherSettings) -> ServiceHost:
     # Shard events (done, failed, requeued, straggler) leave through the outbox.
     host.add_root_task(
         "outbox-relay",
-        lambda: run_relay(
-            outbox,
+        lambda: outbox.run_relay(
             database,
             bus.publish_raw,
             host.stop,

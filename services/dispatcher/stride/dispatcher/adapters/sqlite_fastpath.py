@@ -37,8 +37,8 @@ from typing import Any, Final, TypeVar
 import structlog
 
 from stride.bus.client import message_headers
+from stride.db.outbox import PendingEvent
 from stride.dispatcher.adapters.convert import shard_progress, shard_subject
-from stride.dispatcher.adapters.outbox_relay import PendingEvent
 from stride.dispatcher.domain import queue
 from stride.dispatcher.domain.datasets import DatasetParameters, ShardingKind
 from stride.dispatcher.domain.queue import (
