@@ -40,6 +40,7 @@ from stride.ckptcache.domain.checkpoints import (
     JOB_ID_PATTERN,
     CheckpointInfo,
     Tier,
+    checkpoint_directory,
 )
 from stride.ckptcache.domain.tiers import (
     DurableCheckpoint,
@@ -177,16 +178,11 @@ class DirectoryStore:
 
     def job_dir(self, job_id: str) -> Path:
         """The directory of one job's checkpoints."""
-        # Validated upstream; checked again because these names become paths.
-        if not JOB_ID_PATTERN.match(job_id):
-            raise ValueError(f"job_id {job_id!r} is not a safe directory name")
-        return self.root / job_id
+        return checkpoint_directory(self.root, job_id)
 
     def checkpoint_dir(self, job_id: str, checkpoint_id: str) -> Path:
         """The directory of one checkpoint."""
-        if not CHECKPOINT_ID_PATTERN.match(checkpoint_id):
-            raise ValueError(f"checkpoint_id {checkpoint_id!r} is not a safe directory name")
-        return self.job_dir(job_id) / checkpoint_id
+        return checkpoint_directory(self.root, job_id, checkpoint_id)
 
     def persist(
         self, info: CheckpointInfo, shards: Sequence[ShardSource], throttle: PersistThrottle

@@ -32,7 +32,11 @@ from pathlib import Path
 import structlog
 
 from stride.ckptcache.domain import checksum
-from stride.ckptcache.domain.checkpoints import CHECKPOINT_ID_PATTERN, JOB_ID_PATTERN
+from stride.ckptcache.domain.checkpoints import (
+    CHECKPOINT_ID_PATTERN,
+    JOB_ID_PATTERN,
+    checkpoint_directory,
+)
 from stride.ckptcache.domain.shared_memory import no_room, too_small
 from stride.runtime.errors import AlreadyExists, FailedPrecondition, InvalidArgument
 
@@ -99,15 +103,11 @@ class MemoryStore:
 
     def job_dir(self, job_id: str) -> Path:
         """The directory of one job's shards."""
-        if not JOB_ID_PATTERN.match(job_id):
-            raise ValueError(f"job_id {job_id!r} is not a safe directory name")
-        return self.root / job_id
+        return checkpoint_directory(self.root, job_id)
 
     def checkpoint_dir(self, job_id: str, checkpoint_id: str) -> Path:
         """The directory of one checkpoint's shards."""
-        if not CHECKPOINT_ID_PATTERN.match(checkpoint_id):
-            raise ValueError(f"checkpoint_id {checkpoint_id!r} is not a safe directory name")
-        return self.job_dir(job_id) / checkpoint_id
+        return checkpoint_directory(self.root, job_id, checkpoint_id)
 
     def segment_path(self, job_id: str, checkpoint_id: str, index: int) -> Path:
         """Where a registered shard's buffer is."""

@@ -14,6 +14,8 @@ from collections.abc import Iterable
 from dataclasses import dataclass
 from datetime import datetime
 from enum import Enum
+from pathlib import PurePath
+from typing import TypeVar
 
 from stride.runtime.errors import InvalidArgument
 
@@ -174,3 +176,21 @@ def merge_tiers(checkpoints: Iterable[CheckpointInfo]) -> list[CheckpointInfo]:
         if known is None or info.tier.value > known.tier.value:
             best[info.checkpoint_id] = info
     return newest_first(best.values())
+
+
+_P = TypeVar("_P", bound=PurePath)
+
+
+def checkpoint_directory(root: _P, job_id: str, checkpoint_id: str | None = None) -> _P:
+    """``root/job_id[/checkpoint_id]`` for a store, re-checking both names.
+
+    They are validated when a request arrives; checked again here because they become paths
+    (a store must never be talked into leaving its root).
+    """
+    if not JOB_ID_PATTERN.match(job_id):
+        raise ValueError(f"job_id {job_id!r} is not a safe directory name")
+    if checkpoint_id is None:
+        return root / job_id
+    if not CHECKPOINT_ID_PATTERN.match(checkpoint_id):
+        raise ValueError(f"checkpoint_id {checkpoint_id!r} is not a safe directory name")
+    return root / job_id / checkpoint_id
