@@ -95,7 +95,7 @@ class TiresiasPolicy:
         return bisect.bisect_right(self.thresholds, job.attained_gpu_seconds)
 
     def decide(self, view: DeadlineView) -> dict[str, int]:
-        """Highest queue first, FIFO within a queue; running jobs win ties (no churn)."""
+        """Highest queue (least attained service) first, FIFO by arrival within a queue."""
         ordered = sorted(
             view.jobs,
             key=lambda job: (self._queue(job), job.submission_time, job.job_id),
@@ -105,7 +105,11 @@ class TiresiasPolicy:
         return result
 
     def wakeup(self, view: DeadlineView, decision: dict[str, int]) -> float | None:
-        """When the next running job crosses a threshold, if someone waits to preempt it."""
+        """When the next running job crosses a threshold, if someone waits to preempt it.
+
+        A job that just (re)started is checked from the end of its restart pause, up to one
+        pause after its attained service (which counts the pause) crossed the threshold.
+        """
         if all(job.job_id in decision for job in view.jobs):
             return None
         soonest: float | None = None
