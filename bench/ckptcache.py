@@ -36,12 +36,11 @@ import time
 import uuid
 from pathlib import Path
 
-import grpc
 import numpy as np
-from grpc_health.v1 import health_pb2, health_pb2_grpc
 
 from stride.ckptclient import CheckpointClient
 from stride.runtime.embedded_nats import NatsServer
+from stride.runtime.healthcheck import check
 from stride.testing.processes import ServiceProcess
 
 MIB = 1024 * 1024
@@ -79,15 +78,8 @@ def median(values: list[float]) -> float:
 def wait_serving(address: str) -> None:
     deadline = time.monotonic() + 30
     while time.monotonic() < deadline:
-        with grpc.insecure_channel(address) as channel:
-            try:
-                reply = health_pb2_grpc.HealthStub(channel).Check(
-                    health_pb2.HealthCheckRequest(service=SERVICE), timeout=1
-                )
-                if reply.status == health_pb2.HealthCheckResponse.SERVING:
-                    return
-            except grpc.RpcError:
-                pass
+        if check(address, SERVICE, timeout=1)[0]:
+            return
         time.sleep(0.1)
     raise RuntimeError("the cache did not start")
 

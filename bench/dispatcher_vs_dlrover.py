@@ -44,9 +44,9 @@ from pathlib import Path
 
 import grpc
 import psycopg
-from grpc_health.v1 import health_pb2, health_pb2_grpc
 
 from stride.runtime.embedded_nats import NatsServer
+from stride.runtime.healthcheck import check
 from stride.testing.processes import ServiceProcess
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -151,17 +151,10 @@ def dlrover_version() -> str:
 
 def wait_serving(address: str, service: str) -> None:
     deadline = time.monotonic() + 60
-    with grpc.insecure_channel(address) as channel:
-        while time.monotonic() < deadline:
-            try:
-                reply = health_pb2_grpc.HealthStub(channel).Check(
-                    health_pb2.HealthCheckRequest(service=service), timeout=1
-                )
-                if reply.status == health_pb2.HealthCheckResponse.SERVING:
-                    return
-            except grpc.RpcError:
-                pass
-            time.sleep(0.2)
+    while time.monotonic() < deadline:
+        if check(address, service, timeout=1)[0]:
+            return
+        time.sleep(0.2)
     raise RuntimeError(f"{address} did not become healthy")
 
 

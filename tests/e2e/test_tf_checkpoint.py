@@ -18,11 +18,10 @@ from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
-import grpc
 import numpy as np
 import pytest
-from grpc_health.v1 import health_pb2, health_pb2_grpc
 
+from stride.runtime.healthcheck import check
 from stride.testing.eventually import assert_eventually
 from stride.testing.processes import ServiceProcess
 
@@ -53,14 +52,7 @@ def cache(nats_url: str, tmp_path: Path) -> Iterator[ServiceProcess]:
 
 
 def serving(address: str) -> bool:
-    with grpc.insecure_channel(address) as channel:
-        try:
-            reply = health_pb2_grpc.HealthStub(channel).Check(
-                health_pb2.HealthCheckRequest(service=SERVICE), timeout=1
-            )
-        except grpc.RpcError:
-            return False
-    return bool(reply.status == health_pb2.HealthCheckResponse.SERVING)
+    return check(address, SERVICE, timeout=1)[0]
 
 
 def events(log: Path) -> list[dict[str, Any]]:

@@ -19,13 +19,12 @@ import uuid
 from collections.abc import Iterator
 from pathlib import Path
 
-import grpc
 import numpy as np
 import pytest
-from grpc_health.v1 import health_pb2, health_pb2_grpc
 
 from stride.ckptclient import CheckpointClient
 from stride.events.v1 import checkpoint_pb2
+from stride.runtime.healthcheck import check
 from stride.testing.eventually import assert_eventually
 from stride.testing.processes import ServiceProcess
 
@@ -54,14 +53,7 @@ def cache_process(nats_url: str, tmp_path: Path, shm_dir: Path, **settings: str)
 
 
 def serving(address: str) -> bool:
-    with grpc.insecure_channel(address) as channel:
-        try:
-            reply = health_pb2_grpc.HealthStub(channel).Check(
-                health_pb2.HealthCheckRequest(service=SERVICE), timeout=1
-            )
-        except grpc.RpcError:
-            return False
-    return bool(reply.status == health_pb2.HealthCheckResponse.SERVING)
+    return check(address, SERVICE, timeout=1)[0]
 
 
 async def started(process: ServiceProcess) -> None:
