@@ -15,11 +15,17 @@ In one run, for 1, 8 and 32 concurrent clients, each system serves the same data
   master's memory only.
 - Stride: the real dispatcher process (``python -m stride.dispatcher``) with durable state:
   SQLite in WAL mode (the embedded default) and PostgreSQL, every call answered only after
-  its change committed (on SQLite concurrent calls share one transaction, group commit;
-  commits are not fsynced: they survive a SIGKILL of the dispatcher, see
-  ``DispatcherSettings.sync_commits``). "combined" reports the done shard in the next
-  GetShard (one RPC per pair, as the client library does); "separate" uses
-  ReportShardDone and GetShard (two RPCs per pair, like DLRover).
+  its change committed (concurrent calls share one transaction, group commit; commits are
+  not fsynced: they survive a SIGKILL of the dispatcher, see
+  ``DispatcherSettings.sync_commits``). Three ways to drive it:
+  - "unary": one GetShard RPC per pair that also reports the previous shard done
+    (``done_shard_id``), with the raw gRPC stub;
+  - "session": the client library (``stride.shardclient.ShardClient``) as a worker uses it:
+    the same combined call over its ShardSession stream, one call in flight;
+  - "prefetch": the client library with the next shard leased ahead
+    (``ShardClient.get_shard_async``, what ``ShardReader`` does while a shard trains): the
+    call for shard n+1 is in flight while shard n is taken, so a worker holds at most two
+    undone shards.
 
 Clients run in separate processes (up to 4, threads inside), the same harness for both
 systems; latency is per pair (get + report), pairs/s is the total over the window. The
@@ -82,13 +88,12 @@ DRIVER = textwrap.dedent(
                 local.append(time.perf_counter() - now)
             with lock:
                 latencies.extend(local)
-    else:
+    elif system.endswith("unary"):
         import grpc
         from stride.api.dispatcher.v1 import dispatcher_service_pb2 as pb
         from stride.api.dispatcher.v1 import dispatcher_service_pb2_grpc as pb_grpc
         channel = grpc.insecure_channel(address)
         stub = pb_grpc.DispatcherServiceStub(channel)
-        combined = system.endswith("combined")
 
         def worker(number):
             name = f"w{os.getpid()}-{number}"
@@ -100,25 +105,45 @@ DRIVER = textwrap.dedent(
             start.wait()
             end = time.perf_counter() + seconds
             while (now := time.perf_counter()) < end:
-                if combined:
-                    reply = stub.GetShard(pb.GetShardRequest(
-                        worker=ref, done_shard_id=reply.shard.shard_id, done_lease=reply.lease))
-                else:
-                    stub.ReportShardDone(pb.ReportShardDoneRequest(
-                        worker=ref, shard_id=reply.shard.shard_id, lease=reply.lease))
-                    reply = stub.GetShard(pb.GetShardRequest(worker=ref))
+                reply = stub.GetShard(pb.GetShardRequest(
+                    worker=ref, done_shard_id=reply.shard.shard_id, done_lease=reply.lease))
                 local.append(time.perf_counter() - now)
             with lock:
                 latencies.extend(local)
+    else:
+        from stride.shardclient import ShardClient
+        prefetch = system.endswith("prefetch")
+
+        def worker(number):
+            client = ShardClient(address, job, f"w{os.getpid()}-{number}")
+            shard = client.get_shard("d").shard
+            ahead = client.get_shard_async("d") if prefetch else None
+            local = []
+            start.wait()
+            end = time.perf_counter() + seconds
+            while (now := time.perf_counter()) < end:
+                if ahead is None:
+                    shard = client.get_shard("d", done=shard).shard
+                else:
+                    # Report the shard done and lease one more; meanwhile take the one
+                    # leased ahead. A worker holds at most two undone shards.
+                    following = client.get_shard_async("d", done=shard)
+                    shard = ahead.result().shard
+                    ahead = following
+                local.append(time.perf_counter() - now)
+            with lock:
+                latencies.extend(local)
+            client.close()
 
     workers = [threading.Thread(target=worker, args=(n,)) for n in range(threads)]
     for w in workers:
         w.start()
     start.wait()
-    began = time.perf_counter()
+    began, cpu = time.perf_counter(), time.process_time()
     for w in workers:
         w.join()
-    print(json.dumps({"latencies": latencies, "elapsed": time.perf_counter() - began}))
+    print(json.dumps({"latencies": latencies, "elapsed": time.perf_counter() - began,
+                      "cpu": time.process_time() - cpu}))
     """
 )
 
@@ -203,8 +228,17 @@ def create_dataset(system: str, address: str, job: str) -> None:
         )
 
 
-def run_load(system: str, address: str, job: str, clients: int, driver: Path) -> dict[str, float]:
+def process_cpu(pid: int) -> float:
+    """CPU seconds (user + system) a process has used so far."""
+    fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
+    return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
+
+
+def run_load(
+    system: str, address: str, job: str, clients: int, driver: Path, server_pid: int
+) -> dict[str, float]:
     processes = min(clients, 4)
+    server_cpu = process_cpu(server_pid)
     python = str(DLROVER_PYTHON) if system == "dlrover" else sys.executable
     env = {**os.environ, "PYTHONWARNINGS": "ignore"}
     running = [
@@ -217,7 +251,7 @@ def run_load(system: str, address: str, job: str, clients: int, driver: Path) ->
         for _ in range(processes)
     ]
     latencies: list[float] = []
-    elapsed = 0.0
+    elapsed = client_cpu = 0.0
     for process in running:
         out, _ = process.communicate(timeout=SECONDS * 20 + 60)
         if process.returncode != 0:
@@ -225,13 +259,23 @@ def run_load(system: str, address: str, job: str, clients: int, driver: Path) ->
         result = json.loads(out.decode().strip().splitlines()[-1])
         latencies.extend(result["latencies"])
         elapsed = max(elapsed, result["elapsed"])
+        client_cpu += result["cpu"]
+    # The server's CPU over the window plus the clients' setup (a few ms): an upper bound.
+    server_cpu = process_cpu(server_pid) - server_cpu
     latencies.sort()
     return {
+        "server_us": 1e6 * server_cpu / len(latencies),
+        "client_us": 1e6 * client_cpu / len(latencies),
         "pairs_per_second": len(latencies) / elapsed,
         "p50_ms": 1000 * statistics.median(latencies),
         "p99_ms": 1000 * latencies[min(len(latencies) - 1, int(len(latencies) * 0.99))],
         "pairs": float(len(latencies)),
     }
+
+
+def bound(result: dict[str, float]) -> float:
+    """Pairs/s the machine's cores allow at this CPU cost per pair (server + clients)."""
+    return (os.cpu_count() or 1) * 1e6 / (result["server_us"] + result["client_us"])
 
 
 def postgres_reachable() -> bool:
@@ -257,7 +301,7 @@ def main() -> int:
         lines.append(line)
 
     try:
-        systems: dict[str, str] = {}
+        systems: dict[str, tuple[str, int]] = {}
         backends = {"sqlite": f"sqlite:///{workdir}/dispatcher.db"}
         if postgres_reachable():
             backends["postgresql"] = POSTGRES_URL
@@ -271,9 +315,12 @@ def main() -> int:
             (workdir / backend).mkdir()
             services.append(service.start())
             wait_serving(service.address, "stride.api.dispatcher.v1.DispatcherService")
-            systems[f"stride-{backend}-combined"] = service.address
+            assert service.process is not None
+            served = (service.address, service.process.pid)
             if backend == "sqlite":
-                systems[f"stride-{backend}-separate"] = service.address
+                systems[f"stride-{backend}-unary"] = served
+            systems[f"stride-{backend}-session"] = served
+            systems[f"stride-{backend}-prefetch"] = served
         port = free_port()
         dlrover = subprocess.Popen(
             [
@@ -293,7 +340,7 @@ def main() -> int:
         )
         wait_port(port)
         time.sleep(2)  # the master starts its servicers after the port opens
-        systems = {"dlrover": f"127.0.0.1:{port}", **systems}
+        systems = {"dlrover": (f"127.0.0.1:{port}", dlrover.pid), **systems}
 
         say(
             f"# python {platform.python_version()}, dlrover {dlrover_version()}, "
@@ -308,17 +355,23 @@ def main() -> int:
             "group-committed; survives SIGKILL, commits not fsynced); dlrover: in memory"
         )
         say()
+        say(
+            "# cpu us/pair: CPU time per pair of the server process and of the client "
+            "processes (all threads); bound = pairs/s if both cores did nothing else"
+        )
+        say()
         header = f"{'clients':>7}  {'system':<26} {'pairs/s':>9} {'p50 ms':>8} {'p99 ms':>8}"
         header += f"  {'x pairs/s':>9} {'p99 / dlrover':>13}"
+        header += f" {'server us':>10} {'client us':>10} {'bound/s':>8}"
         say(header)
         run = 0
         for clients in CLIENTS:
             measured: dict[str, dict[str, float]] = {}
-            for system, address in systems.items():
+            for system, (address, pid) in systems.items():
                 run += 1
                 job = f"bench{run}-{os.getpid()}"
                 create_dataset(system, address, job)
-                measured[system] = run_load(system, address, job, clients, driver)
+                measured[system] = run_load(system, address, job, clients, driver, pid)
             base = measured["dlrover"]
             for system, result in measured.items():
                 ratio = result["pairs_per_second"] / base["pairs_per_second"]
@@ -326,7 +379,8 @@ def main() -> int:
                 say(
                     f"{clients:>7}  {system:<26} {result['pairs_per_second']:>9.0f} "
                     f"{result['p50_ms']:>8.2f} {result['p99_ms']:>8.2f}  {ratio:>8.2f}x "
-                    f"{p99:>12.2f}x"
+                    f"{p99:>12.2f}x {result['server_us']:>10.0f} {result['client_us']:>10.0f} "
+                    f"{bound(result):>8.0f}"
                 )
             say()
         say(f"# load average {os.getloadavg()[0]:.1f} at the end")

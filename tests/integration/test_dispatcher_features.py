@@ -8,6 +8,7 @@ import asyncio
 import os
 import subprocess
 import sys
+import time
 from collections.abc import AsyncIterator
 from datetime import UTC, datetime
 from typing import TYPE_CHECKING, Any
@@ -24,6 +25,7 @@ from stride.dispatcher.app import build
 from stride.dispatcher.settings import DispatcherSettings
 from stride.events.v1 import plan_pb2, pod_pb2, shard_pb2
 from stride.runtime.lifecycle import ServiceHost
+from stride.shardclient import Revoked, ShardClient
 from stride.shardclient.steps import StepOrderer
 from stride.testing.eventually import assert_eventually
 from stride.testing.inprocess import local_settings, running_service
@@ -534,3 +536,41 @@ async def test_data_worker_bad_input(stub: Stub) -> None:
         pb.FetchBatchesRequest(job_id=JOB, dataset="train", data_worker="d", max_batches=2)
     )
     assert [b.step_id for b in first.batches] == [0, 1] and first.consumed_step == -1
+
+
+@pytest.mark.parametrize("session", [True, False], ids=["session", "unary"])
+async def test_the_client_library_prefetches_and_reports_revocations(
+    stub: Stub, dispatcher: ServiceHost, session: bool
+) -> None:
+    await create(stub, epochs=1)
+    address = f"127.0.0.1:{dispatcher.server.port}"
+
+    def work() -> None:
+        with ShardClient(address, JOB, "w0", session=session, timeout=5.0) as client:
+            first = client.get_shard("train").shard
+            assert first is not None
+            # Sent ahead: completes `first` and leases the next in one call.
+            ahead = client.get_shard_async("train", done=first)
+            second = ahead.result().shard
+            assert second is not None and second.shard_id != first.shard_id
+            token = client.incarnation
+            # The lease (0.6 s) lapses: the shard is someone else's, the token still good.
+            time.sleep(1.2)
+            with pytest.raises(Revoked, match="lease"):
+                client.report_done(second)
+            assert client.incarnation == token
+            third = client.get_shard("train").shard
+            assert third is not None
+            # Marked lost: the token itself is fenced; the client registers again.
+            lost = pb_grpc.DispatcherServiceStub(client.channel).MarkWorkerLost(
+                pb.MarkWorkerLostRequest(job_id=JOB, worker="w0")
+            )
+            assert lost.requeued == 1
+            with pytest.raises(Revoked):
+                client.get_shard_async("train", done=third).result()
+            assert client.incarnation is not None and client.incarnation > (token or 0)
+            assert client.get_shard("train").shard is not None
+
+    await asyncio.to_thread(work)
+    counts = await state(stub)
+    assert (counts.done, counts.doing) == (1, 1)

@@ -458,3 +458,104 @@ async def test_concurrent_workers_never_share_a_shard(
     results = await asyncio.gather(*(drain(i) for i in range(4)))
     handed_out = [shard_id for got in results for shard_id in got]
     assert sorted(handed_out) == list(range(100))
+
+
+async def test_a_session_answers_every_call_in_order_and_refusals_keep_it_open(
+    stub: pb_grpc.DispatcherServiceAsyncStub,
+) -> None:
+    await stub.CreateDataset(
+        pb.CreateDatasetRequest(job_id=JOB, dataset="train", parameters=params(epochs=1))
+    )
+    token = await register(stub, "w0")
+    me = ref("w0", token)
+    session = stub.ShardSession()
+
+    async def ask(sequence: int, **call: object) -> pb.ShardSessionResponse:
+        await session.write(pb.ShardSessionRequest(sequence=sequence, **call))
+        reply = await session.read()
+        assert isinstance(reply, pb.ShardSessionResponse) and reply.sequence == sequence
+        return reply
+
+    first = (await ask(1, get_shard=pb.GetShardRequest(worker=me))).get_shard
+    assert first.HasField("shard") and first.lease == 1
+    shard_id = first.shard.shard_id
+    progress = await ask(
+        2, progress=pb.ReportProgressRequest(worker=me, shard_id=shard_id, offset=5)
+    )
+    assert progress.WhichOneof("result") == "progress"
+
+    # Refused calls: the status and message the unary call would have had; nothing changes.
+    refusals = [
+        (3, {}, grpc.StatusCode.INVALID_ARGUMENT, "call:"),
+        (4, {"get_shard": pb.GetShardRequest()}, grpc.StatusCode.INVALID_ARGUMENT, "worker:"),
+        (
+            5,
+            {"get_shard": pb.GetShardRequest(worker=ref("w0", token, "nope"))},
+            grpc.StatusCode.NOT_FOUND,
+            "",
+        ),
+        (
+            6,
+            {"progress": pb.ReportProgressRequest(worker=me, shard_id=shard_id, offset=10_000)},
+            grpc.StatusCode.INVALID_ARGUMENT,
+            "offset:",
+        ),
+        (
+            7,
+            {"done": pb.ReportShardDoneRequest(worker=ref("w0", token + 1), shard_id=shard_id)},
+            grpc.StatusCode.FAILED_PRECONDITION,
+            "",
+        ),
+        (
+            8,
+            {"done": pb.ReportShardDoneRequest(worker=me, shard_id=12345)},
+            grpc.StatusCode.NOT_FOUND,
+            "",
+        ),
+    ]
+    for sequence, call, code, starts_with in refusals:
+        reply = await ask(sequence, **call)
+        assert reply.WhichOneof("result") == "error", (sequence, reply)
+        assert reply.error.code == code.value[0], (sequence, reply.error)
+        assert reply.error.message.startswith(starts_with), reply.error.message
+    state = await stub.GetDatasetState(pb.GetDatasetStateRequest(job_id=JOB, dataset="train"))
+    assert (state.doing, state.done) == (1, 0)
+    assert state.workers[0].records_consumed == 5
+
+    # The session still works after the refusals: done piggy-backed on the next get.
+    done_and_next = await ask(
+        9, get_shard=pb.GetShardRequest(worker=me, done_shard_id=shard_id, done_lease=1)
+    )
+    assert done_and_next.get_shard.shard.shard_id != shard_id
+    failed = await ask(
+        10,
+        failed=pb.ReportShardFailedRequest(
+            worker=me, shard_id=done_and_next.get_shard.shard.shard_id, reason="test"
+        ),
+    )
+    assert failed.WhichOneof("result") == "failed"
+    await session.done_writing()
+    state = await stub.GetDatasetState(pb.GetDatasetStateRequest(job_id=JOB, dataset="train"))
+    assert (state.todo, state.doing, state.done) == (14, 0, 1)
+
+
+async def test_pipelined_session_calls_lease_distinct_shards(
+    stub: pb_grpc.DispatcherServiceAsyncStub,
+) -> None:
+    await stub.CreateDataset(
+        pb.CreateDatasetRequest(job_id=JOB, dataset="train", parameters=params(epochs=1))
+    )
+    me = ref("w0", await register(stub, "w0"))
+    session = stub.ShardSession()
+    # Several calls go out before any answer is read; each is answered once, in order.
+    for sequence in range(1, 6):
+        await session.write(
+            pb.ShardSessionRequest(sequence=sequence, get_shard=pb.GetShardRequest(worker=me))
+        )
+    replies = [await session.read() for _ in range(5)]
+    await session.done_writing()
+    assert [reply.sequence for reply in replies] == [1, 2, 3, 4, 5]
+    leased = {reply.get_shard.shard.shard_id for reply in replies}
+    assert len(leased) == 5
+    state = await stub.GetDatasetState(pb.GetDatasetStateRequest(job_id=JOB, dataset="train"))
+    assert state.doing == 5 and sorted(state.workers[0].shard_ids) == sorted(leased)

@@ -4,8 +4,12 @@ commit leaves the queue as it was and answers every call of the batch UNAVAILABL
 from __future__ import annotations
 
 import asyncio
+import shutil
 import sqlite3
+import threading
+import time
 from collections.abc import AsyncIterator
+from contextlib import closing
 from datetime import timedelta
 from pathlib import Path
 
@@ -14,6 +18,7 @@ import pytest
 from stride.db.engine import Database
 from stride.db.migrations import upgrade
 from stride.db.outbox import Outbox
+from stride.dispatcher.adapters import sqlite_fastpath
 from stride.dispatcher.adapters.sqlite_fastpath import SqliteFastPath
 from stride.dispatcher.app import MIGRATIONS
 from stride.dispatcher.db.tables import outbox as outbox_table
@@ -143,3 +148,87 @@ async def _outbox_rows(dispatcher: ShardDispatcher) -> int:
     async with dispatcher.database.sessions() as session:
         result = await session.execute(outbox_table.select())
         return len(result.all())
+
+
+def _hold_write_lock(path: str, seconds: float) -> threading.Thread:
+    """Another writer (a thread with its own connection) holds SQLite's write lock."""
+    locked = threading.Event()
+
+    def hold() -> None:
+        other = sqlite3.connect(path, isolation_level=None)
+        other.execute("BEGIN IMMEDIATE")
+        locked.set()
+        time.sleep(seconds)
+        other.execute("ROLLBACK")
+        other.close()
+
+    thread = threading.Thread(target=hold)
+    thread.start()
+    assert locked.wait(5)
+    return thread
+
+
+async def test_a_batch_waits_for_another_writer_without_blocking_the_loop(
+    dispatcher: ShardDispatcher,
+) -> None:
+    # The fast path runs on the event loop's thread; waiting inside SQLite there would stall
+    # the loop (and the general path's connection holding the lock): it must yield instead.
+    held = await _first_shards(dispatcher)
+    ref, grant = held[0]
+    assert grant.shard is not None
+    holder = _hold_write_lock(_fast(dispatcher).path, 0.3)
+    ticks = 0
+
+    async def tick() -> None:
+        nonlocal ticks
+        while holder.is_alive():
+            ticks += 1
+            await asyncio.sleep(0.01)
+
+    ticker = asyncio.create_task(tick())
+    started = time.monotonic()
+    granted = await dispatcher.get_shard(ref, grant.shard.shard_id, grant.shard.leases)
+    waited = time.monotonic() - started
+    holder.join()
+    await ticker
+    assert granted.shard is not None and waited >= 0.2
+    assert ticks >= 10  # the loop kept running while the batch waited for the lock
+    counts = (await dispatcher.dataset_state(JOB, DATASET)).counts
+    assert (counts.doing, counts.done) == (WORKERS, 1)
+
+
+async def test_a_lock_held_too_long_answers_unavailable_and_changes_nothing(
+    dispatcher: ShardDispatcher, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    held = await _first_shards(dispatcher)
+    ref, grant = held[0]
+    assert grant.shard is not None
+    before = await dispatcher.dataset_state(JOB, DATASET)
+    monkeypatch.setattr(sqlite_fastpath, "BUSY_TIMEOUT", 0.1)
+    holder = _hold_write_lock(_fast(dispatcher).path, 0.5)
+    with pytest.raises(Unavailable, match="still locked by another writer"):
+        await dispatcher.get_shard(ref, grant.shard.shard_id, grant.shard.leases)
+    holder.join()
+    assert await dispatcher.dataset_state(JOB, DATASET) == before
+
+
+def _doing_in_database_file(path: str, copy: Path) -> int:
+    """Shards in DOING as the database file alone says, without its WAL."""
+    shutil.copyfile(path, copy)
+    with closing(sqlite3.connect(copy)) as alone:
+        return int(alone.execute("SELECT count(*) FROM shards WHERE state = 'DOING'").fetchone()[0])
+
+
+async def test_the_hot_connection_never_checkpoints_the_background_task_does(
+    dispatcher: ShardDispatcher, tmp_path: Path
+) -> None:
+    fast = _fast(dispatcher)
+    await _first_shards(dispatcher)
+    # The leases are committed, but only to the WAL: the hot path did not checkpoint.
+    assert _doing_in_database_file(fast.path, tmp_path / "before.db") == 0
+    stop = asyncio.Event()
+    checkpoints = asyncio.create_task(fast.run_checkpoints(stop, interval=0.05))
+    await asyncio.sleep(0.3)
+    stop.set()
+    await checkpoints
+    assert _doing_in_database_file(fast.path, tmp_path / "after.db") == WORKERS

@@ -67,6 +67,8 @@ async def build(settings: DispatcherSettings) -> ServiceHost:
             return True
 
         host.add_dependency(Dependency("sqlite-fast-path", always, fast.close, closes_early=False))
+        checkpointer = fast
+        host.add_root_task("wal-checkpoints", lambda: checkpointer.run_checkpoints(host.stop))
     dispatcher_service_pb2_grpc.add_DispatcherServiceServicer_to_server(
         DispatcherApi(dispatcher, timedelta(seconds=settings.retry_after_seconds)),
         host.server.server,

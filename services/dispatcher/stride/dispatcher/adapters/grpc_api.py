@@ -2,11 +2,14 @@
 
 from __future__ import annotations
 
+from collections.abc import AsyncIterator
 from datetime import timedelta
 from typing import Any
 
 import grpc
+import structlog
 from google.protobuf.duration_pb2 import Duration
+from opentelemetry import trace
 
 from stride.api.dispatcher.v1 import dispatcher_service_pb2 as pb
 from stride.api.dispatcher.v1 import dispatcher_service_pb2_grpc as pb_grpc
@@ -17,9 +20,12 @@ from stride.dispatcher.adapters.convert import (
 )
 from stride.dispatcher.dispatching import ShardDispatcher, WorkerRef
 from stride.dispatcher.domain.queue import Grant
-from stride.runtime.errors import InvalidArgument
+from stride.runtime.errors import InvalidArgument, StrideError
+from stride.runtime.grpc_server import status_for
 
 Context = grpc.aio.ServicerContext[Any, Any]
+log = structlog.get_logger(__name__)
+_tracer = trace.get_tracer(__name__)
 
 
 def _worker_ref(request: Any) -> WorkerRef:
@@ -67,6 +73,63 @@ class DispatcherApi(pb_grpc.DispatcherServiceServicer):
         )
 
     async def GetShard(self, request: pb.GetShardRequest, context: Context) -> pb.GetShardResponse:
+        return await self._get_shard(request)
+
+    async def ReportProgress(
+        self, request: pb.ReportProgressRequest, context: Context
+    ) -> pb.ReportProgressResponse:
+        return await self._progress(request)
+
+    async def ReportShardDone(
+        self, request: pb.ReportShardDoneRequest, context: Context
+    ) -> pb.ReportShardDoneResponse:
+        return await self._done(request)
+
+    async def ReportShardFailed(
+        self, request: pb.ReportShardFailedRequest, context: Context
+    ) -> pb.ReportShardFailedResponse:
+        return await self._failed(request)
+
+    async def ShardSession(
+        self, requests: AsyncIterator[pb.ShardSessionRequest], context: Context
+    ) -> AsyncIterator[pb.ShardSessionResponse]:
+        """Answer each call in order; a refused call answers a SessionError, the stream
+        stays open. Anything else (a bug) ends the stream with INTERNAL via the interceptor."""
+        async for request in requests:
+            yield await self._session_answer(request)
+
+    async def _session_answer(self, request: pb.ShardSessionRequest) -> pb.ShardSessionResponse:
+        kind = request.WhichOneof("call")
+        with _tracer.start_as_current_span(f"ShardSession/{kind}") as span:
+            try:
+                if kind == "get_shard":
+                    granted = await self._get_shard(request.get_shard)
+                    return pb.ShardSessionResponse(sequence=request.sequence, get_shard=granted)
+                if kind == "done":
+                    return pb.ShardSessionResponse(
+                        sequence=request.sequence, done=await self._done(request.done)
+                    )
+                if kind == "progress":
+                    return pb.ShardSessionResponse(
+                        sequence=request.sequence, progress=await self._progress(request.progress)
+                    )
+                if kind == "failed":
+                    return pb.ShardSessionResponse(
+                        sequence=request.sequence, failed=await self._failed(request.failed)
+                    )
+                raise InvalidArgument(
+                    "call", "is required: one of get_shard, progress, done, failed"
+                )
+            except StrideError as error:
+                code = status_for(error)
+                span.set_attribute("rpc.grpc.status_code", code.value[0])
+                log.info("session call rejected", call=kind, code=code.name, error=error.message)
+                return pb.ShardSessionResponse(
+                    sequence=request.sequence,
+                    error=pb.SessionError(code=code.value[0], message=error.message),
+                )
+
+    async def _get_shard(self, request: pb.GetShardRequest) -> pb.GetShardResponse:
         done = request.done_shard_id if request.HasField("done_shard_id") else None
         grant = await self.dispatcher.get_shard(
             _worker_ref(request), done, _lease(request.done_lease)
@@ -81,25 +144,19 @@ class DispatcherApi(pb_grpc.DispatcherServiceServicer):
             return pb.GetShardResponse(end_of_data=True)
         return pb.GetShardResponse(retry_later=True, retry_after=_duration(self.retry_after))
 
-    async def ReportProgress(
-        self, request: pb.ReportProgressRequest, context: Context
-    ) -> pb.ReportProgressResponse:
+    async def _progress(self, request: pb.ReportProgressRequest) -> pb.ReportProgressResponse:
         await self.dispatcher.report_progress(
             _worker_ref(request), request.shard_id, request.offset, _lease(request.lease)
         )
         return pb.ReportProgressResponse()
 
-    async def ReportShardDone(
-        self, request: pb.ReportShardDoneRequest, context: Context
-    ) -> pb.ReportShardDoneResponse:
+    async def _done(self, request: pb.ReportShardDoneRequest) -> pb.ReportShardDoneResponse:
         await self.dispatcher.report_done(
             _worker_ref(request), request.shard_id, _lease(request.lease)
         )
         return pb.ReportShardDoneResponse()
 
-    async def ReportShardFailed(
-        self, request: pb.ReportShardFailedRequest, context: Context
-    ) -> pb.ReportShardFailedResponse:
+    async def _failed(self, request: pb.ReportShardFailedRequest) -> pb.ReportShardFailedResponse:
         await self.dispatcher.report_failed(
             _worker_ref(request), request.shard_id, request.reason, _lease(request.lease)
         )

@@ -6,6 +6,11 @@ row lock held until commit; on SQLite it takes the database write lock before an
 read (pysqlite begins the transaction at the first write, so reads before it would see a
 stale snapshot). Locks are always taken in the order dataset, worker, shard, so two calls
 never wait on each other in a cycle.
+
+The statements of the hot calls (a hand-out, a report) are built once, with bind
+parameters: building them per call (columns, an aliased subquery) cost about as much CPU
+as everything else in a PostgreSQL hand-out (py-spy, ``bench/dispatcher_vs_dlrover.py``).
+SQLAlchemy caches their compiled form.
 """
 
 from __future__ import annotations
@@ -15,7 +20,7 @@ from dataclasses import dataclass
 from datetime import UTC, datetime
 from typing import Any
 
-from sqlalchemy import delete, func, select, update
+from sqlalchemy import bindparam, delete, func, select, update
 from sqlalchemy.ext.asyncio import AsyncSession
 
 from stride.dispatcher.db.tables import datasets, shards, step_cursors, step_leases, workers
@@ -120,18 +125,21 @@ async def list_datasets(session: AsyncSession, job_id: str) -> list[StoredDatase
     return [_dataset(row) for row in rows]
 
 
+_LOCK_DATASET = (
+    update(datasets)
+    .where(datasets.c.job_id == bindparam("b_job_id"), datasets.c.dataset == bindparam("b_dataset"))
+    .values(version=datasets.c.version + 1)
+    .returning(*datasets.c)
+)
+
+
 async def lock_dataset(session: AsyncSession, job_id: str, dataset: str) -> StoredDataset | None:
     """Lock a dataset for the rest of the transaction and return it, or None if unknown.
 
     One statement: the UPDATE takes the lock and RETURNING reads the row under it.
     """
     row = (
-        await session.execute(
-            update(datasets)
-            .where(datasets.c.job_id == job_id, datasets.c.dataset == dataset)
-            .values(version=datasets.c.version + 1)
-            .returning(*datasets.c)
-        )
+        await session.execute(_LOCK_DATASET, {"b_job_id": job_id, "b_dataset": dataset})
     ).one_or_none()
     return None if row is None else _dataset(row)
 
@@ -199,6 +207,35 @@ async def insert_shards(
     )
 
 
+_TODO = shards.alias("todo")  # not correlated with the row being updated
+_LEASE_NEXT = (
+    update(shards)
+    .where(
+        shards.c.dataset_id == bindparam("b_dataset_id"),
+        shards.c.shard_id
+        == (
+            select(_TODO.c.shard_id)
+            .where(
+                _TODO.c.dataset_id == bindparam("b_dataset_id"),
+                _TODO.c.state == ShardState.TODO.value,
+            )
+            .order_by(_TODO.c.epoch, _TODO.c.position, _TODO.c.shard_id)
+            .limit(1)
+            .scalar_subquery()
+        ),
+    )
+    .values(
+        state=ShardState.DOING.value,
+        worker=bindparam("b_worker"),
+        incarnation=bindparam("b_incarnation"),
+        leases=shards.c.leases + 1,
+        lease_expires_at=bindparam("b_expires"),
+        updated_at=bindparam("b_at"),
+    )
+    .returning(*shards.c)
+)
+
+
 async def lease_next(
     session: AsyncSession, dataset_id: int, holder: Holder, expires: datetime, at: datetime
 ) -> ShardRecord | None:
@@ -206,28 +243,16 @@ async def lease_next(
 
     The caller holds the dataset lock, so no other hand-out races for the same row.
     """
-    # An alias, so the subquery is not correlated with the row being updated.
-    todo = shards.alias("todo")
-    following = (
-        select(todo.c.shard_id)
-        .where(todo.c.dataset_id == dataset_id, todo.c.state == ShardState.TODO.value)
-        .order_by(todo.c.epoch, todo.c.position, todo.c.shard_id)
-        .limit(1)
-        .scalar_subquery()
-    )
     row = (
         await session.execute(
-            update(shards)
-            .where(shards.c.dataset_id == dataset_id, shards.c.shard_id == following)
-            .values(
-                state=ShardState.DOING.value,
-                worker=holder.worker,
-                incarnation=holder.incarnation,
-                leases=shards.c.leases + 1,
-                lease_expires_at=expires,
-                updated_at=at,
-            )
-            .returning(*shards.c)
+            _LEASE_NEXT,
+            {
+                "b_dataset_id": dataset_id,
+                "b_worker": holder.worker,
+                "b_incarnation": holder.incarnation,
+                "b_expires": expires,
+                "b_at": at,
+            },
         )
     ).one_or_none()
     return None if row is None else _shard(row)
@@ -263,14 +288,37 @@ async def next_todo(session: AsyncSession, dataset_id: int) -> ShardRecord | Non
     return None if row is None else _shard(row)
 
 
+_GET_SHARD = (
+    select(shards)
+    .where(
+        shards.c.dataset_id == bindparam("b_dataset_id"),
+        shards.c.shard_id == bindparam("b_shard_id"),
+    )
+    .with_for_update()
+)
+_SAVE_SHARD = (
+    update(shards)
+    .where(
+        shards.c.dataset_id == bindparam("b_dataset_id"),
+        shards.c.shard_id == bindparam("b_shard_id"),
+    )
+    .values(
+        updated_at=bindparam("b_at"),
+        end_index=bindparam("b_end_index"),
+        consumed=bindparam("b_consumed"),
+        state=bindparam("b_state"),
+        worker=bindparam("b_worker"),
+        incarnation=bindparam("b_incarnation"),
+        leases=bindparam("b_leases"),
+        lease_expires_at=bindparam("b_lease_expires_at"),
+    )
+)
+
+
 async def get_shard(session: AsyncSession, dataset_id: int, shard_id: int) -> ShardRecord | None:
     """One shard, locked for update, or None."""
     row = (
-        await session.execute(
-            select(shards)
-            .where(shards.c.dataset_id == dataset_id, shards.c.shard_id == shard_id)
-            .with_for_update()
-        )
+        await session.execute(_GET_SHARD, {"b_dataset_id": dataset_id, "b_shard_id": shard_id})
     ).one_or_none()
     return None if row is None else _shard(row)
 
@@ -279,11 +327,23 @@ async def save_shard(
     session: AsyncSession, dataset_id: int, shard: ShardRecord, at: datetime
 ) -> None:
     """Write a shard's mutable fields."""
-    await session.execute(
-        update(shards)
-        .where(shards.c.dataset_id == dataset_id, shards.c.shard_id == shard.shard_id)
-        .values(updated_at=at, **_shard_values(shard))
+    values = {f"b_{key}": value for key, value in _shard_values(shard).items()}
+    values.update(b_dataset_id=dataset_id, b_shard_id=shard.shard_id, b_at=at)
+    await session.execute(_SAVE_SHARD, values)
+
+
+_TOUCH_WORKER = (
+    update(workers)
+    .where(workers.c.job_id == bindparam("b_job_id"), workers.c.worker == bindparam("b_worker"))
+    .values(last_seen_at=bindparam("b_at"))
+    .returning(
+        workers.c.incarnation,
+        workers.c.lost,
+        workers.c.straggler,
+        workers.c.rate,
+        workers.c.rate_at,
     )
+)
 
 
 async def touch_worker(
@@ -291,18 +351,7 @@ async def touch_worker(
 ) -> WorkerRate | None:
     """Lock a worker row, noting it was seen, and return it (None if never registered)."""
     row = (
-        await session.execute(
-            update(workers)
-            .where(workers.c.job_id == job_id, workers.c.worker == worker)
-            .values(last_seen_at=at)
-            .returning(
-                workers.c.incarnation,
-                workers.c.lost,
-                workers.c.straggler,
-                workers.c.rate,
-                workers.c.rate_at,
-            )
-        )
+        await session.execute(_TOUCH_WORKER, {"b_job_id": job_id, "b_worker": worker, "b_at": at})
     ).one_or_none()
     if row is None:
         return None
@@ -322,14 +371,19 @@ class WorkerRate:
     rate_at: datetime | None
 
 
+_SET_RATE = (
+    update(workers)
+    .where(workers.c.job_id == bindparam("b_job_id"), workers.c.worker == bindparam("b_worker"))
+    .values(rate=bindparam("b_rate"), rate_at=bindparam("b_at"))
+)
+
+
 async def set_rate(
     session: AsyncSession, job_id: str, worker: str, rate: float, at: datetime
 ) -> None:
     """Store a worker's new progress rate."""
     await session.execute(
-        update(workers)
-        .where(workers.c.job_id == job_id, workers.c.worker == worker)
-        .values(rate=rate, rate_at=at)
+        _SET_RATE, {"b_job_id": job_id, "b_worker": worker, "b_rate": rate, "b_at": at}
     )
 
 

@@ -457,6 +457,134 @@ class ReportShardFailedResponse(_message.Message):
 Global___ReportShardFailedResponse: _TypeAlias = ReportShardFailedResponse  # noqa: Y015
 
 @_typing.final
+class ShardSessionRequest(_message.Message):
+    """One call within a ShardSession."""
+
+    DESCRIPTOR: _descriptor.Descriptor
+
+    SEQUENCE_FIELD_NUMBER: _builtins.int
+    GET_SHARD_FIELD_NUMBER: _builtins.int
+    PROGRESS_FIELD_NUMBER: _builtins.int
+    DONE_FIELD_NUMBER: _builtins.int
+    FAILED_FIELD_NUMBER: _builtins.int
+    sequence: _builtins.int
+    """Chosen by the client and echoed in the response (any value; not checked for order)."""
+    @_builtins.property
+    def get_shard(self) -> Global___GetShardRequest:
+        """As the GetShard call."""
+
+    @_builtins.property
+    def progress(self) -> Global___ReportProgressRequest:
+        """As the ReportProgress call."""
+
+    @_builtins.property
+    def done(self) -> Global___ReportShardDoneRequest:
+        """As the ReportShardDone call."""
+
+    @_builtins.property
+    def failed(self) -> Global___ReportShardFailedRequest:
+        """As the ReportShardFailed call."""
+
+    def __init__(
+        self,
+        *,
+        sequence: _builtins.int = ...,
+        get_shard: Global___GetShardRequest | None = ...,
+        progress: Global___ReportProgressRequest | None = ...,
+        done: Global___ReportShardDoneRequest | None = ...,
+        failed: Global___ReportShardFailedRequest | None = ...,
+    ) -> None: ...
+    _HasFieldArgType: _TypeAlias = _typing.Literal["call", b"call", "done", b"done", "failed", b"failed", "get_shard", b"get_shard", "progress", b"progress"]  # noqa: Y015
+    def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["call", b"call", "done", b"done", "failed", b"failed", "get_shard", b"get_shard", "progress", b"progress", "sequence", b"sequence"]  # noqa: Y015
+    def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
+    _WhichOneofReturnType_call: _TypeAlias = _typing.Literal["get_shard", "progress", "done", "failed"]  # noqa: Y015
+    _WhichOneofArgType_call: _TypeAlias = _typing.Literal["call", b"call"]  # noqa: Y015
+    def WhichOneof(self, oneof_group: _WhichOneofArgType_call) -> _WhichOneofReturnType_call | None: ...
+
+Global___ShardSessionRequest: _TypeAlias = ShardSessionRequest  # noqa: Y015
+
+@_typing.final
+class SessionError(_message.Message):
+    """A refused call within a ShardSession: what the unary call's status would have been."""
+
+    DESCRIPTOR: _descriptor.Descriptor
+
+    CODE_FIELD_NUMBER: _builtins.int
+    MESSAGE_FIELD_NUMBER: _builtins.int
+    code: _builtins.int
+    """A google.rpc.Code / grpc.StatusCode value (INVALID_ARGUMENT = 3, NOT_FOUND = 5, ...)."""
+    message: _builtins.str
+    """What was wrong, naming the field or the state that refused the call."""
+    def __init__(
+        self,
+        *,
+        code: _builtins.int = ...,
+        message: _builtins.str = ...,
+    ) -> None: ...
+    _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
+    def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["code", b"code", "message", b"message"]  # noqa: Y015
+    def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
+    def WhichOneof(self, oneof_group: _Never) -> None: ...
+
+Global___SessionError: _TypeAlias = SessionError  # noqa: Y015
+
+@_typing.final
+class ShardSessionResponse(_message.Message):
+    """The answer to one ShardSessionRequest."""
+
+    DESCRIPTOR: _descriptor.Descriptor
+
+    SEQUENCE_FIELD_NUMBER: _builtins.int
+    GET_SHARD_FIELD_NUMBER: _builtins.int
+    PROGRESS_FIELD_NUMBER: _builtins.int
+    DONE_FIELD_NUMBER: _builtins.int
+    FAILED_FIELD_NUMBER: _builtins.int
+    ERROR_FIELD_NUMBER: _builtins.int
+    sequence: _builtins.int
+    """The request's sequence."""
+    @_builtins.property
+    def get_shard(self) -> Global___GetShardResponse:
+        """Answer to get_shard."""
+
+    @_builtins.property
+    def progress(self) -> Global___ReportProgressResponse:
+        """Answer to progress."""
+
+    @_builtins.property
+    def done(self) -> Global___ReportShardDoneResponse:
+        """Answer to done."""
+
+    @_builtins.property
+    def failed(self) -> Global___ReportShardFailedResponse:
+        """Answer to failed."""
+
+    @_builtins.property
+    def error(self) -> Global___SessionError:
+        """The call was refused; nothing changed."""
+
+    def __init__(
+        self,
+        *,
+        sequence: _builtins.int = ...,
+        get_shard: Global___GetShardResponse | None = ...,
+        progress: Global___ReportProgressResponse | None = ...,
+        done: Global___ReportShardDoneResponse | None = ...,
+        failed: Global___ReportShardFailedResponse | None = ...,
+        error: Global___SessionError | None = ...,
+    ) -> None: ...
+    _HasFieldArgType: _TypeAlias = _typing.Literal["done", b"done", "error", b"error", "failed", b"failed", "get_shard", b"get_shard", "progress", b"progress", "result", b"result"]  # noqa: Y015
+    def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["done", b"done", "error", b"error", "failed", b"failed", "get_shard", b"get_shard", "progress", b"progress", "result", b"result", "sequence", b"sequence"]  # noqa: Y015
+    def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
+    _WhichOneofReturnType_result: _TypeAlias = _typing.Literal["get_shard", "progress", "done", "failed", "error"]  # noqa: Y015
+    _WhichOneofArgType_result: _TypeAlias = _typing.Literal["result", b"result"]  # noqa: Y015
+    def WhichOneof(self, oneof_group: _WhichOneofArgType_result) -> _WhichOneofReturnType_result | None: ...
+
+Global___ShardSessionResponse: _TypeAlias = ShardSessionResponse  # noqa: Y015
+
+@_typing.final
 class GetDatasetStateRequest(_message.Message):
     """Request for GetDatasetState."""
 

@@ -55,6 +55,11 @@ class DispatcherServiceStub:
                 request_serializer=stride_dot_api_dot_dispatcher_dot_v1_dot_dispatcher__service__pb2.ReportProgressRequest.SerializeToString,
                 response_deserializer=stride_dot_api_dot_dispatcher_dot_v1_dot_dispatcher__service__pb2.ReportProgressResponse.FromString,
                 _registered_method=True)
+        self.ShardSession = channel.stream_stream(
+                '/stride.api.dispatcher.v1.DispatcherService/ShardSession',
+                request_serializer=stride_dot_api_dot_dispatcher_dot_v1_dot_dispatcher__service__pb2.ShardSessionRequest.SerializeToString,
+                response_deserializer=stride_dot_api_dot_dispatcher_dot_v1_dot_dispatcher__service__pb2.ShardSessionResponse.FromString,
+                _registered_method=True)
         self.ReportShardDone = channel.unary_unary(
                 '/stride.api.dispatcher.v1.DispatcherService/ReportShardDone',
                 request_serializer=stride_dot_api_dot_dispatcher_dot_v1_dot_dispatcher__service__pb2.ReportShardDoneRequest.SerializeToString,
@@ -133,6 +138,19 @@ class DispatcherServiceServicer:
 
     def ReportProgress(self, request, context):
         """ReportProgress records the offset reached within a shard and renews the lease.
+        """
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
+    def ShardSession(self, request_iterator, context):
+        """ShardSession carries a worker's GetShard, ReportProgress, ReportShardDone and
+        ReportShardFailed calls over one long-lived stream: the hot loop of a worker without a
+        new HTTP/2 stream, call setup and interceptor chain per call. Each request is answered
+        by exactly one response with the same sequence, in request order; a refused call gets
+        a SessionError with the status code and message the unary call would have had, and
+        the session stays open. Semantics (leases, fencing, durability: each answer is sent
+        only after its change committed) are those of the unary calls.
         """
         context.set_code(grpc.StatusCode.UNIMPLEMENTED)
         context.set_details('Method not implemented!')
@@ -228,6 +246,11 @@ def add_DispatcherServiceServicer_to_server(servicer, server):
                     servicer.ReportProgress,
                     request_deserializer=stride_dot_api_dot_dispatcher_dot_v1_dot_dispatcher__service__pb2.ReportProgressRequest.FromString,
                     response_serializer=stride_dot_api_dot_dispatcher_dot_v1_dot_dispatcher__service__pb2.ReportProgressResponse.SerializeToString,
+            ),
+            'ShardSession': grpc.stream_stream_rpc_method_handler(
+                    servicer.ShardSession,
+                    request_deserializer=stride_dot_api_dot_dispatcher_dot_v1_dot_dispatcher__service__pb2.ShardSessionRequest.FromString,
+                    response_serializer=stride_dot_api_dot_dispatcher_dot_v1_dot_dispatcher__service__pb2.ShardSessionResponse.SerializeToString,
             ),
             'ReportShardDone': grpc.unary_unary_rpc_method_handler(
                     servicer.ReportShardDone,
@@ -384,6 +407,33 @@ class DispatcherService:
             '/stride.api.dispatcher.v1.DispatcherService/ReportProgress',
             stride_dot_api_dot_dispatcher_dot_v1_dot_dispatcher__service__pb2.ReportProgressRequest.SerializeToString,
             stride_dot_api_dot_dispatcher_dot_v1_dot_dispatcher__service__pb2.ReportProgressResponse.FromString,
+            options,
+            channel_credentials,
+            insecure,
+            call_credentials,
+            compression,
+            wait_for_ready,
+            timeout,
+            metadata,
+            _registered_method=True)
+
+    @staticmethod
+    def ShardSession(request_iterator,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.stream_stream(
+            request_iterator,
+            target,
+            '/stride.api.dispatcher.v1.DispatcherService/ShardSession',
+            stride_dot_api_dot_dispatcher_dot_v1_dot_dispatcher__service__pb2.ShardSessionRequest.SerializeToString,
+            stride_dot_api_dot_dispatcher_dot_v1_dot_dispatcher__service__pb2.ShardSessionResponse.FromString,
             options,
             channel_credentials,
             insecure,

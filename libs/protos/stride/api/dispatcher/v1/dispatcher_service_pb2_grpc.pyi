@@ -51,6 +51,15 @@ class DispatcherServiceStub:
     """
     ReportProgress: _grpc.UnaryUnaryMultiCallable[_dispatcher_service_pb2.ReportProgressRequest, _dispatcher_service_pb2.ReportProgressResponse]
     """ReportProgress records the offset reached within a shard and renews the lease."""
+    ShardSession: _grpc.StreamStreamMultiCallable[_dispatcher_service_pb2.ShardSessionRequest, _dispatcher_service_pb2.ShardSessionResponse]
+    """ShardSession carries a worker's GetShard, ReportProgress, ReportShardDone and
+    ReportShardFailed calls over one long-lived stream: the hot loop of a worker without a
+    new HTTP/2 stream, call setup and interceptor chain per call. Each request is answered
+    by exactly one response with the same sequence, in request order; a refused call gets
+    a SessionError with the status code and message the unary call would have had, and
+    the session stays open. Semantics (leases, fencing, durability: each answer is sent
+    only after its change committed) are those of the unary calls.
+    """
     ReportShardDone: _grpc.UnaryUnaryMultiCallable[_dispatcher_service_pb2.ReportShardDoneRequest, _dispatcher_service_pb2.ReportShardDoneResponse]
     """ReportShardDone marks a shard consumed. Reporting it twice is harmless."""
     ReportShardFailed: _grpc.UnaryUnaryMultiCallable[_dispatcher_service_pb2.ReportShardFailedRequest, _dispatcher_service_pb2.ReportShardFailedResponse]
@@ -99,6 +108,15 @@ class DispatcherServiceAsyncStub(DispatcherServiceStub):
     """
     ReportProgress: _aio.UnaryUnaryMultiCallable[_dispatcher_service_pb2.ReportProgressRequest, _dispatcher_service_pb2.ReportProgressResponse]  # type: ignore[assignment]
     """ReportProgress records the offset reached within a shard and renews the lease."""
+    ShardSession: _aio.StreamStreamMultiCallable[_dispatcher_service_pb2.ShardSessionRequest, _dispatcher_service_pb2.ShardSessionResponse]  # type: ignore[assignment]
+    """ShardSession carries a worker's GetShard, ReportProgress, ReportShardDone and
+    ReportShardFailed calls over one long-lived stream: the hot loop of a worker without a
+    new HTTP/2 stream, call setup and interceptor chain per call. Each request is answered
+    by exactly one response with the same sequence, in request order; a refused call gets
+    a SessionError with the status code and message the unary call would have had, and
+    the session stays open. Semantics (leases, fencing, durability: each answer is sent
+    only after its change committed) are those of the unary calls.
+    """
     ReportShardDone: _aio.UnaryUnaryMultiCallable[_dispatcher_service_pb2.ReportShardDoneRequest, _dispatcher_service_pb2.ReportShardDoneResponse]  # type: ignore[assignment]
     """ReportShardDone marks a shard consumed. Reporting it twice is harmless."""
     ReportShardFailed: _aio.UnaryUnaryMultiCallable[_dispatcher_service_pb2.ReportShardFailedRequest, _dispatcher_service_pb2.ReportShardFailedResponse]  # type: ignore[assignment]
@@ -168,6 +186,21 @@ class DispatcherServiceServicer(metaclass=_abc_1.ABCMeta):
         context: _ServicerContext,
     ) -> _typing.Union[_dispatcher_service_pb2.ReportProgressResponse, _abc.Awaitable[_dispatcher_service_pb2.ReportProgressResponse]]:
         """ReportProgress records the offset reached within a shard and renews the lease."""
+
+    @_abc_1.abstractmethod
+    def ShardSession(
+        self,
+        request_iterator: _MaybeAsyncIterator[_dispatcher_service_pb2.ShardSessionRequest],
+        context: _ServicerContext,
+    ) -> _typing.Union[_abc.Iterator[_dispatcher_service_pb2.ShardSessionResponse], _abc.AsyncIterator[_dispatcher_service_pb2.ShardSessionResponse]]:
+        """ShardSession carries a worker's GetShard, ReportProgress, ReportShardDone and
+        ReportShardFailed calls over one long-lived stream: the hot loop of a worker without a
+        new HTTP/2 stream, call setup and interceptor chain per call. Each request is answered
+        by exactly one response with the same sequence, in request order; a refused call gets
+        a SessionError with the status code and message the unary call would have had, and
+        the session stays open. Semantics (leases, fencing, durability: each answer is sent
+        only after its change committed) are those of the unary calls.
+        """
 
     @_abc_1.abstractmethod
     def ReportShardDone(
