@@ -39,7 +39,7 @@ from sqlalchemy import update
 from stride.db.engine import Database
 from stride.db.migrations import upgrade
 from stride.db.outbox import Outbox
-from stride.dispatcher.adapters.sqlite_fastpath import SqliteFastPath
+from stride.dispatcher.adapters.fastpath import SqliteFastPath
 from stride.dispatcher.app import MIGRATIONS
 from stride.dispatcher.db.tables import outbox as outbox_table
 from stride.dispatcher.db.tables import shards, workers

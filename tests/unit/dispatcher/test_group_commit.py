@@ -18,8 +18,8 @@ import pytest
 from stride.db.engine import Database
 from stride.db.migrations import upgrade
 from stride.db.outbox import Outbox
-from stride.dispatcher.adapters import sqlite_fastpath
-from stride.dispatcher.adapters.sqlite_fastpath import SqliteFastPath
+from stride.dispatcher.adapters import fastpath
+from stride.dispatcher.adapters.fastpath import SqliteFastPath
 from stride.dispatcher.app import MIGRATIONS
 from stride.dispatcher.db.tables import outbox as outbox_table
 from stride.dispatcher.dispatching import ShardDispatcher, ShardGrant, WorkerRef
@@ -204,7 +204,7 @@ async def test_a_lock_held_too_long_answers_unavailable_and_changes_nothing(
     ref, grant = held[0]
     assert grant.shard is not None
     before = await dispatcher.dataset_state(JOB, DATASET)
-    monkeypatch.setattr(sqlite_fastpath, "BUSY_TIMEOUT", 0.1)
+    monkeypatch.setattr(fastpath, "BUSY_TIMEOUT", 0.1)
     holder = _hold_write_lock(_fast(dispatcher).path, 0.5)
     with pytest.raises(Unavailable, match="still locked by another writer"):
         await dispatcher.get_shard(ref, grant.shard.shard_id, grant.shard.leases)

@@ -12,8 +12,8 @@ from stride.api.dispatcher.v1 import dispatcher_service_pb2, dispatcher_service_
 from stride.db.engine import Database
 from stride.db.outbox import Outbox
 from stride.dispatcher.adapters.bus_handlers import PodEventHandler
+from stride.dispatcher.adapters.fastpath import PostgresFastPath, SqliteFastPath
 from stride.dispatcher.adapters.grpc_api import DispatcherApi
-from stride.dispatcher.adapters.sqlite_fastpath import SqliteFastPath
 from stride.dispatcher.db.tables import outbox as outbox_table
 from stride.dispatcher.dispatching import ShardDispatcher
 from stride.dispatcher.settings import DispatcherSettings
@@ -53,7 +53,7 @@ async def build(settings: DispatcherSettings) -> ServiceHost:
         database, outbox, settings.lease_duration, rate_window=settings.rate_window
     )
     dispatcher.batch_timeout = timedelta(seconds=settings.batch_timeout_seconds)
-    fast: SqliteFastPath | None = None
+    fast: SqliteFastPath
     if database.schema is None:  # SQLite
         fast = SqliteFastPath(
             str(make_url(database.url).database),
@@ -61,14 +61,23 @@ async def build(settings: DispatcherSettings) -> ServiceHost:
             settings.rate_window,
             settings.sync_commits,
         )
-        dispatcher.fast = fast
+        sqlite_fast = fast
+        host.add_root_task("wal-checkpoints", lambda: sqlite_fast.run_checkpoints(host.stop))
+    else:
+        libpq_url = make_url(database.url).set(drivername="postgresql")
+        fast = PostgresFastPath(
+            libpq_url.render_as_string(hide_password=False),
+            database.schema,
+            settings.lease_duration,
+            settings.rate_window,
+            settings.sync_commits,
+        )
+    dispatcher.fast = fast
 
-        async def always() -> bool:
-            return True
+    async def always() -> bool:
+        return True
 
-        host.add_dependency(Dependency("sqlite-fast-path", always, fast.close, closes_early=False))
-        checkpointer = fast
-        host.add_root_task("wal-checkpoints", lambda: checkpointer.run_checkpoints(host.stop))
+    host.add_dependency(Dependency("fast-path", always, fast.close, closes_early=False))
     dispatcher_service_pb2_grpc.add_DispatcherServiceServicer_to_server(
         DispatcherApi(dispatcher, timedelta(seconds=settings.retry_after_seconds)),
         host.server.server,
@@ -84,8 +93,8 @@ async def build(settings: DispatcherSettings) -> ServiceHost:
             # hand-outs, and a second's worth of done events at once set their p99.
             poll_seconds=0.2,
             batch=100,
-            delete_up_to=None if fast is None else fast.delete_outbox,
-            read_pending=None if fast is None else fast.pending_outbox,
+            delete_up_to=fast.delete_outbox,
+            read_pending=fast.pending_outbox,
         ),
     )
     host.add_root_task(

@@ -1,7 +1,7 @@
 """The dispatcher's use cases: create datasets, register workers, hand out and take back shards.
 
 Every call is one database transaction (on SQLite the hot calls share one with the calls
-queued beside them: group commit, see :mod:`stride.dispatcher.adapters.sqlite_fastpath`)
+queued beside them: group commit, see :mod:`stride.dispatcher.adapters.fastpath`)
 that applies the domain's transitions (:mod:`stride.dispatcher.domain.queue`) to the rows it
 locked, and queues the events the change causes in the outbox in that same transaction.
 A call is answered only after that transaction committed. Nothing lives only in memory, so a
@@ -32,8 +32,8 @@ from stride.dispatcher.adapters.convert import (
     shard_subject,
     straggler_detected,
 )
+from stride.dispatcher.adapters.fastpath import SqliteFastPath, _Slow
 from stride.dispatcher.adapters.repository import StoredDataset, WorkerRate, WorkerShards
-from stride.dispatcher.adapters.sqlite_fastpath import SqliteFastPath, _Slow
 from stride.dispatcher.domain import queue, steps
 from stride.dispatcher.domain.datasets import (
     SPLIT_ID_BASE,

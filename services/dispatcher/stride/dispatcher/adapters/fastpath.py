@@ -40,12 +40,15 @@ from __future__ import annotations
 import asyncio
 import json
 import sqlite3
-from collections.abc import Callable
+import threading
+from collections.abc import Callable, Iterable, Sequence
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 from datetime import UTC, datetime, timedelta
 from typing import Any, Final, TypeVar
 
+import psycopg
+import psycopg.sql
 import structlog
 
 from stride.bus.client import message_headers
@@ -65,6 +68,9 @@ from stride.dispatcher.domain.stragglers import decayed_rate
 from stride.runtime.errors import NotFound, Unavailable
 
 T = TypeVar("T")
+Connection = Any
+"""A DB-API connection in autocommit mode: ``Connection`` or :class:`_PgConnection`
+(``execute(sql, params)`` with ``?`` placeholders, ``executemany``, ``in_transaction``)."""
 log = structlog.get_logger(__name__)
 
 
@@ -92,10 +98,17 @@ def _stamp(moment: datetime) -> str:
     return moment.astimezone(UTC).strftime("%Y-%m-%d %H:%M:%S.%f")
 
 
-def _moment(value: str | None) -> datetime | None:
+def _moment(value: str | datetime | None) -> datetime | None:
     if value is None:
         return None
+    if isinstance(value, datetime):  # PostgreSQL (timestamptz)
+        return value if value.tzinfo is not None else value.replace(tzinfo=UTC)
     return datetime.fromisoformat(value).replace(tzinfo=UTC)
+
+
+def _headers(value: str | dict[str, str]) -> dict[str, str]:
+    # SQLite keeps JSON as text; psycopg hands it back parsed.
+    return value if isinstance(value, dict) else dict(json.loads(value))
 
 
 def _shard(row: tuple[Any, ...]) -> ShardRecord:
@@ -145,7 +158,18 @@ class FastGrant:
 
 
 class SqliteFastPath:
-    """GetShard, ReportShardDone and ReportProgress on one dedicated SQLite connection."""
+    """GetShard, ReportShardDone and ReportProgress on one dedicated SQLite connection.
+
+    :class:`PostgresFastPath` runs the same calls on PostgreSQL; the differences are the
+    hooks marked "dialect" below.
+    """
+
+    errors: tuple[type[Exception], ...] = (sqlite3.Error,)
+    """What the driver raises for a failed statement (dialect)."""
+    begin = "BEGIN IMMEDIATE"
+    """Starts a batch's transaction; on SQLite it takes the one write lock (dialect)."""
+    locks_rows = False
+    """Whether rows must be locked one by one (PostgreSQL) or BEGIN locked everything."""
 
     def __init__(
         self,
@@ -159,13 +183,14 @@ class SqliteFastPath:
         self.window = rate_window.total_seconds()
         self.sync_commits = sync_commits
         self._executor = ThreadPoolExecutor(max_workers=1, thread_name_prefix="sqlite-checkpoint")
-        self._connection: sqlite3.Connection | None = None
-        self._pending: list[tuple[Callable[[sqlite3.Connection], Any], asyncio.Future[Any]]] = []
+        self._connection: Connection | None = None
+        self._pending: list[tuple[Callable[[Connection], Any], asyncio.Future[Any]]] = []
         self._committer: asyncio.Task[None] | None = None
         self.commits = 0
         """Transactions committed so far (one per batch of calls)."""
 
-    def _connect(self) -> sqlite3.Connection:
+    def _connect(self) -> Connection:
+        """The dedicated connection, opened on first use (dialect)."""
         if self._connection is None:
             connection = sqlite3.connect(self.path, isolation_level=None)
             connection.execute("PRAGMA journal_mode=WAL")
@@ -195,7 +220,7 @@ class SqliteFastPath:
         or block a writer, and a hand-out never pays for one (see the module docstring).
         """
         loop = asyncio.get_running_loop()
-        holder: list[sqlite3.Connection] = []
+        holder: list[Connection] = []
 
         def checkpoint() -> None:
             if not holder:
@@ -216,7 +241,7 @@ class SqliteFastPath:
             if holder:
                 await loop.run_in_executor(self._executor, holder[0].close)
 
-    def _apply_batch(self, works: list[Callable[[sqlite3.Connection], Any]]) -> list[_Outcome]:
+    def _apply_batch(self, works: list[Callable[[Connection], Any]]) -> list[_Outcome]:
         """Run every queued call in ONE transaction (group commit), each in a savepoint.
 
         A call that raises (NotFound, FailedPrecondition, ...) or answers SLOW is rolled
@@ -229,13 +254,13 @@ class SqliteFastPath:
         try:
             if connection.in_transaction:  # left open by an earlier batch that died mid-way
                 connection.execute("ROLLBACK")
-            connection.execute("BEGIN IMMEDIATE")
+            connection.execute(self.begin)
         except sqlite3.OperationalError as error:
             if error.sqlite_errorcode == sqlite3.SQLITE_BUSY:
                 raise _Busy from error
             failure = Unavailable(f"database: cannot start a transaction ({error})")
             return [_Outcome(None, failure)] * len(works)
-        except sqlite3.Error as error:
+        except self.errors as error:
             failure = Unavailable(f"database: cannot start a transaction ({error})")
             return [_Outcome(None, failure)] * len(works)
         try:
@@ -253,7 +278,7 @@ class SqliteFastPath:
                 connection.execute("RELEASE call")
                 outcomes.append(_Outcome(result, None))
             self._commit(connection)
-        except sqlite3.Error as error:
+        except self.errors as error:
             if connection.in_transaction:
                 connection.execute("ROLLBACK")
             log.warning("group commit failed; calls answered UNAVAILABLE", error=str(error))
@@ -262,11 +287,11 @@ class SqliteFastPath:
         self.commits += 1
         return outcomes
 
-    def _commit(self, connection: sqlite3.Connection) -> None:
+    def _commit(self, connection: Connection) -> None:
         """COMMIT; a separate method so a test can make it fail."""
         connection.execute("COMMIT")
 
-    async def _run(self, work: Callable[[sqlite3.Connection], T]) -> T:
+    async def _run(self, work: Callable[[Connection], T]) -> T:
         # Calls queue up until the committer runs; it takes all of them at once, so with
         # many concurrent callers one commit serves many.
         loop = asyncio.get_running_loop()
@@ -295,9 +320,7 @@ class SqliteFastPath:
                 else:
                     future.set_result(outcome.result)
 
-    async def _apply_when_free(
-        self, works: list[Callable[[sqlite3.Connection], Any]]
-    ) -> list[_Outcome]:
+    async def _apply_when_free(self, works: list[Callable[[Connection], Any]]) -> list[_Outcome]:
         """Apply a batch; while another connection holds the write lock, yield and retry."""
         delay, waited = 0.0005, 0.0
         while True:
@@ -324,7 +347,7 @@ class SqliteFastPath:
     ) -> FastGrant | _Slow:
         """Complete ``done_shard_id`` (if given) and lease the next shard, or SLOW."""
 
-        def work(connection: sqlite3.Connection) -> FastGrant | _Slow:
+        def work(connection: Connection) -> FastGrant | _Slow:
             now = datetime.now(UTC)
             stored = self._lock_dataset(connection, job_id, dataset)
             current = self._touch(connection, job_id, worker, now)
@@ -367,7 +390,7 @@ class SqliteFastPath:
     ) -> bool:
         """ReportShardDone; True if it changed anything (an event was queued)."""
 
-        def work(connection: sqlite3.Connection) -> bool:
+        def work(connection: Connection) -> bool:
             now = datetime.now(UTC)
             current, holder, stored = self._fenced(
                 connection, job_id, dataset, worker, incarnation, now
@@ -391,7 +414,7 @@ class SqliteFastPath:
     ) -> None:
         """ReportProgress: keep the highest offset, renew the lease, update the rate."""
 
-        def work(connection: sqlite3.Connection) -> None:
+        def work(connection: Connection) -> None:
             now = datetime.now(UTC)
             current, holder, stored = self._fenced(
                 connection, job_id, dataset, worker, incarnation, now
@@ -413,7 +436,7 @@ class SqliteFastPath:
         growing steps (the tail latency); here it is one more statement of a batch.
         """
 
-        def work(connection: sqlite3.Connection) -> None:
+        def work(connection: Connection) -> None:
             connection.execute("DELETE FROM outbox WHERE seq <= ?", (last_seq,))
 
         await self._run(work)
@@ -421,19 +444,25 @@ class SqliteFastPath:
     async def pending_outbox(self, limit: int) -> list[PendingEvent]:
         """Up to ``limit`` outbox rows in order, read on this connection's thread."""
 
-        def work(connection: sqlite3.Connection) -> list[PendingEvent]:
+        def work(connection: Connection) -> list[PendingEvent]:
             rows = connection.execute(
                 "SELECT seq, subject, payload, message_id, headers FROM outbox "
                 "ORDER BY seq LIMIT ?",
                 (limit,),
             ).fetchall()
-            return [PendingEvent(r[0], r[1], r[2], r[3], json.loads(r[4])) for r in rows]
+            return [
+                # SQLite keeps JSON as text; psycopg hands it back parsed.
+                PendingEvent(
+                    r[0], r[1], r[2], r[3], r[4] if isinstance(r[4], dict) else json.loads(r[4])
+                )
+                for r in rows
+            ]
 
         return await self._run(work)
 
     def _fenced(
         self,
-        connection: sqlite3.Connection,
+        connection: Connection,
         job_id: str,
         dataset: str,
         worker: str,
@@ -470,12 +499,19 @@ class SqliteFastPath:
         "epochs_created"
     )
 
-    def _lock_dataset(self, connection: sqlite3.Connection, job_id: str, dataset: str) -> _Dataset:
+    def _lock_dataset(self, connection: Connection, job_id: str, dataset: str) -> _Dataset:
+        if self.locks_rows:  # the row lock the general path's lock_dataset takes
+            row = connection.execute(
+                "UPDATE datasets SET version = version + 1 WHERE job_id = ? AND dataset = ? "
+                f"RETURNING {self._DATASET_COLUMNS}",
+                (job_id, dataset),
+            ).fetchone()
+            return self._dataset(row, job_id, dataset)
         # The batch's BEGIN IMMEDIATE already holds SQLite's one write lock, so unlike the
         # general path's lock_dataset no row needs touching (one page fewer per commit).
         return self._find_dataset(connection, job_id, dataset)
 
-    def _find_dataset(self, connection: sqlite3.Connection, job_id: str, dataset: str) -> _Dataset:
+    def _find_dataset(self, connection: Connection, job_id: str, dataset: str) -> _Dataset:
         row = connection.execute(
             f"SELECT {self._DATASET_COLUMNS} FROM datasets WHERE job_id = ? AND dataset = ?",
             (job_id, dataset),
@@ -483,9 +519,7 @@ class SqliteFastPath:
         return self._dataset(row, job_id, dataset)
 
     @staticmethod
-    def _touch(
-        connection: sqlite3.Connection, job_id: str, worker: str, now: datetime
-    ) -> _Worker | None:
+    def _touch(connection: Connection, job_id: str, worker: str, now: datetime) -> _Worker | None:
         row = connection.execute(
             "UPDATE workers SET last_seen_at = ? WHERE job_id = ? AND worker = ? "
             "RETURNING incarnation, lost, straggler, rate, rate_at",
@@ -496,12 +530,12 @@ class SqliteFastPath:
         record = WorkerRecord(worker, row[0], bool(row[1]), bool(row[2]))
         return _Worker(record, row[3], _moment(row[4]))
 
-    @staticmethod
     def _shard(
-        connection: sqlite3.Connection, dataset_id: int, shard_id: int, field: str
+        self, connection: Connection, dataset_id: int, shard_id: int, field: str
     ) -> ShardRecord:
         row = connection.execute(
-            f"SELECT {SHARD_COLUMNS} FROM shards WHERE dataset_id = ? AND shard_id = ?",
+            f"SELECT {SHARD_COLUMNS} FROM shards WHERE dataset_id = ? AND shard_id = ?"
+            + (" FOR UPDATE" if self.locks_rows else ""),
             (dataset_id, shard_id),
         ).fetchone()
         if row is None:
@@ -509,9 +543,7 @@ class SqliteFastPath:
         return _shard(row)
 
     @staticmethod
-    def _save(
-        connection: sqlite3.Connection, dataset_id: int, shard: ShardRecord, now: datetime
-    ) -> None:
+    def _save(connection: Connection, dataset_id: int, shard: ShardRecord, now: datetime) -> None:
         connection.execute(
             "UPDATE shards SET end_index = ?, consumed = ?, state = ?, worker = ?, "
             "incarnation = ?, leases = ?, lease_expires_at = ?, updated_at = ? "
@@ -532,7 +564,7 @@ class SqliteFastPath:
 
     def _rate(
         self,
-        connection: sqlite3.Connection,
+        connection: Connection,
         job_id: str,
         worker: str,
         current: _Worker,
@@ -552,7 +584,7 @@ class SqliteFastPath:
 
     def _complete(
         self,
-        connection: sqlite3.Connection,
+        connection: Connection,
         job_id: str,
         dataset: str,
         stored: _Dataset,
@@ -583,7 +615,7 @@ class SqliteFastPath:
 
     @staticmethod
     def _cut_epoch(
-        connection: sqlite3.Connection, job_id: str, dataset: str, stored: _Dataset, now: datetime
+        connection: Connection, job_id: str, dataset: str, stored: _Dataset, now: datetime
     ) -> None:
         epoch = stored.epochs_created
         stamp = _stamp(now)
@@ -603,7 +635,7 @@ class SqliteFastPath:
         log.info("epoch started", job_id=job_id, dataset=dataset, epoch=epoch, shards=len(planned))
 
     def _lease_next(
-        self, connection: sqlite3.Connection, dataset_id: int, holder: Holder, now: datetime
+        self, connection: Connection, dataset_id: int, holder: Holder, now: datetime
     ) -> ShardRecord | None:
         row = connection.execute(
             "UPDATE shards SET state = 'DOING', worker = ?, incarnation = ?, leases = leases + 1, "
@@ -621,3 +653,97 @@ class SqliteFastPath:
             ),
         ).fetchone()
         return None if row is None else _shard(row)
+
+
+class _PgConnection:
+    """A psycopg connection (autocommit) with the ``sqlite3`` calls the fast path makes:
+    ``?`` placeholders become ``%s`` (once per statement text)."""
+
+    def __init__(self, connection: psycopg.Connection[Any]) -> None:
+        self.connection = connection
+        self._texts: dict[str, str] = {}
+
+    def _text(self, sql: str) -> str:
+        text = self._texts.get(sql)
+        if text is None:
+            text = self._texts[sql] = sql.replace("?", "%s")
+        return text
+
+    def execute(self, sql: str, parameters: Sequence[Any] = ()) -> psycopg.Cursor[Any]:
+        """Run one statement; the cursor has ``fetchone``/``fetchall``."""
+        return self.connection.execute(self._text(sql), parameters, prepare=bool(parameters))
+
+    def executemany(self, sql: str, rows: Iterable[Sequence[Any]]) -> None:
+        """Run one statement for every row."""
+        with self.connection.cursor() as cursor:
+            cursor.executemany(self._text(sql), rows)
+
+    @property
+    def in_transaction(self) -> bool:
+        """Whether a transaction is open (or failed and not yet rolled back)."""
+        return self.connection.info.transaction_status != psycopg.pq.TransactionStatus.IDLE
+
+    def close(self) -> None:
+        """Close the connection."""
+        self.connection.close()
+
+
+class PostgresFastPath(SqliteFastPath):
+    """The same calls on PostgreSQL, through psycopg directly, with group commit.
+
+    Through SQLAlchemy's asyncio adapter a PostgreSQL hand-out cost 5-6 ms of CPU (statement
+    handling and the greenlet bridge, about ten statements); here it is the same SQL as on
+    SQLite, prepared once per connection. Differences from SQLite: the network round trips
+    block, so batches run on one dedicated thread (the loop never waits on PostgreSQL);
+    ``BEGIN`` takes no lock, so rows are locked as the general path locks them (the dataset
+    row for a hand-out, the worker row, the shard row ``FOR UPDATE``), in the same order.
+    A batch holds its row locks until its COMMIT; if a general-path transaction (a
+    straggler's split, the lease sweeper) and a batch ever deadlock, PostgreSQL aborts one:
+    if it is the batch, its calls answer UNAVAILABLE and the clients retry them.
+    """
+
+    errors = (psycopg.Error,)
+    begin = "BEGIN"
+    locks_rows = True
+
+    def __init__(
+        self,
+        url: str,
+        schema: str,
+        lease_duration: timedelta,
+        rate_window: timedelta,
+        sync_commits: bool,
+    ) -> None:
+        super().__init__(url, lease_duration, rate_window, sync_commits)
+        self.schema = schema
+        self._thread: threading.Thread | None = None
+
+    def _connect(self) -> Connection:
+        if self._connection is None:
+            raw = psycopg.connect(self.path, autocommit=True)
+            raw.execute(
+                psycopg.sql.SQL("SET search_path TO {}").format(psycopg.sql.Identifier(self.schema))
+            )
+            raw.execute("SET TIME ZONE 'UTC'")  # timestamps are written as UTC text
+            if not self.sync_commits:
+                raw.execute("SET synchronous_commit TO off")
+            self._connection = _PgConnection(raw)
+        return self._connection
+
+    async def _apply_when_free(self, works: list[Callable[[Connection], Any]]) -> list[_Outcome]:
+        # Round trips to the server block: one hop to the dedicated thread per batch.
+        loop = asyncio.get_running_loop()
+        return await loop.run_in_executor(self._executor, self._apply_batch, works)
+
+    async def close(self) -> None:
+        """Let queued calls commit, then close the connection on its thread."""
+        if self._committer is not None:
+            await asyncio.gather(self._committer, return_exceptions=True)
+
+        def close() -> None:
+            if self._connection is not None:
+                self._connection.close()
+                self._connection = None
+
+        await asyncio.get_running_loop().run_in_executor(self._executor, close)
+        self._executor.shutdown(wait=True)
