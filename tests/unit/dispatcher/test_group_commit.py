@@ -20,7 +20,7 @@ from stride.db.migrations import upgrade
 from stride.db.outbox import Outbox
 from stride.dispatcher.adapters import fastpath
 from stride.dispatcher.adapters.fastpath import SqliteFastPath
-from stride.dispatcher.app import MIGRATIONS
+from stride.dispatcher.app import MIGRATIONS, open_fast_path
 from stride.dispatcher.db.tables import outbox as outbox_table
 from stride.dispatcher.dispatching import ShardDispatcher, ShardGrant, WorkerRef
 from stride.dispatcher.domain.datasets import DatasetParameters, ShardingKind
@@ -41,13 +41,11 @@ PARAMETERS = DatasetParameters(
 )
 
 
-@pytest.fixture
-async def dispatcher(tmp_path: Path) -> AsyncIterator[ShardDispatcher]:
-    path = tmp_path / "dispatcher.db"
-    upgrade(f"sqlite:///{path}", "dispatcher", MIGRATIONS)
-    database = Database(f"sqlite:///{path}", "dispatcher")
+async def _open(url: str) -> AsyncIterator[ShardDispatcher]:
+    upgrade(url, "dispatcher", MIGRATIONS)
+    database = Database(url, "dispatcher")
     dispatcher = ShardDispatcher(database, Outbox(outbox_table), LEASE)
-    fast = SqliteFastPath(str(path), LEASE, timedelta(seconds=30), sync_commits=False)
+    fast = open_fast_path(database, LEASE, timedelta(seconds=30), sync_commits=False)
     dispatcher.fast = fast
     await dispatcher.create_dataset(JOB, DATASET, PARAMETERS)
     try:
@@ -55,6 +53,20 @@ async def dispatcher(tmp_path: Path) -> AsyncIterator[ShardDispatcher]:
     finally:
         await fast.close()
         await database.dispose()
+
+
+@pytest.fixture
+async def dispatcher(database_url: str) -> AsyncIterator[ShardDispatcher]:
+    """The fast path on each dialect (PostgreSQL and SQLite)."""
+    async for opened in _open(database_url):
+        yield opened
+
+
+@pytest.fixture
+async def sqlite_dispatcher(tmp_path: Path) -> AsyncIterator[ShardDispatcher]:
+    """For what only SQLite has: one write lock for the whole database, and a WAL."""
+    async for opened in _open(f"sqlite:///{tmp_path / 'dispatcher.db'}"):
+        yield opened
 
 
 async def _first_shards(dispatcher: ShardDispatcher) -> list[tuple[WorkerRef, ShardGrant]]:
@@ -113,8 +125,8 @@ async def test_a_failed_commit_changes_nothing_and_answers_unavailable(
     before = await dispatcher.dataset_state(JOB, DATASET)
     outbox_before = await _outbox_rows(dispatcher)
 
-    def failing_commit(connection: sqlite3.Connection) -> None:
-        raise sqlite3.OperationalError("disk I/O error")
+    def failing_commit(connection: object) -> None:
+        raise _fast(dispatcher).errors[0]("disk I/O error")  # the dialect's driver error
 
     monkeypatch.setattr(_fast(dispatcher), "_commit", failing_commit)
     results = await asyncio.gather(
@@ -169,14 +181,14 @@ def _hold_write_lock(path: str, seconds: float) -> threading.Thread:
 
 
 async def test_a_batch_waits_for_another_writer_without_blocking_the_loop(
-    dispatcher: ShardDispatcher,
+    sqlite_dispatcher: ShardDispatcher,
 ) -> None:
     # The fast path runs on the event loop's thread; waiting inside SQLite there would stall
     # the loop (and the general path's connection holding the lock): it must yield instead.
-    held = await _first_shards(dispatcher)
+    held = await _first_shards(sqlite_dispatcher)
     ref, grant = held[0]
     assert grant.shard is not None
-    holder = _hold_write_lock(_fast(dispatcher).path, 0.3)
+    holder = _hold_write_lock(_fast(sqlite_dispatcher).path, 0.3)
     ticks = 0
 
     async def tick() -> None:
@@ -187,29 +199,29 @@ async def test_a_batch_waits_for_another_writer_without_blocking_the_loop(
 
     ticker = asyncio.create_task(tick())
     started = time.monotonic()
-    granted = await dispatcher.get_shard(ref, grant.shard.shard_id, grant.shard.leases)
+    granted = await sqlite_dispatcher.get_shard(ref, grant.shard.shard_id, grant.shard.leases)
     waited = time.monotonic() - started
     holder.join()
     await ticker
     assert granted.shard is not None and waited >= 0.2
     assert ticks >= 10  # the loop kept running while the batch waited for the lock
-    counts = (await dispatcher.dataset_state(JOB, DATASET)).counts
+    counts = (await sqlite_dispatcher.dataset_state(JOB, DATASET)).counts
     assert (counts.doing, counts.done) == (WORKERS, 1)
 
 
 async def test_a_lock_held_too_long_answers_unavailable_and_changes_nothing(
-    dispatcher: ShardDispatcher, monkeypatch: pytest.MonkeyPatch
+    sqlite_dispatcher: ShardDispatcher, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    held = await _first_shards(dispatcher)
+    held = await _first_shards(sqlite_dispatcher)
     ref, grant = held[0]
     assert grant.shard is not None
-    before = await dispatcher.dataset_state(JOB, DATASET)
+    before = await sqlite_dispatcher.dataset_state(JOB, DATASET)
     monkeypatch.setattr(fastpath, "BUSY_TIMEOUT", 0.1)
-    holder = _hold_write_lock(_fast(dispatcher).path, 0.5)
+    holder = _hold_write_lock(_fast(sqlite_dispatcher).path, 0.5)
     with pytest.raises(Unavailable, match="still locked by another writer"):
-        await dispatcher.get_shard(ref, grant.shard.shard_id, grant.shard.leases)
+        await sqlite_dispatcher.get_shard(ref, grant.shard.shard_id, grant.shard.leases)
     holder.join()
-    assert await dispatcher.dataset_state(JOB, DATASET) == before
+    assert await sqlite_dispatcher.dataset_state(JOB, DATASET) == before
 
 
 def _doing_in_database_file(path: str, copy: Path) -> int:
@@ -220,10 +232,10 @@ def _doing_in_database_file(path: str, copy: Path) -> int:
 
 
 async def test_the_hot_connection_never_checkpoints_the_background_task_does(
-    dispatcher: ShardDispatcher, tmp_path: Path
+    sqlite_dispatcher: ShardDispatcher, tmp_path: Path
 ) -> None:
-    fast = _fast(dispatcher)
-    await _first_shards(dispatcher)
+    fast = _fast(sqlite_dispatcher)
+    await _first_shards(sqlite_dispatcher)
     # The leases are committed, but only to the WAL: the hot path did not checkpoint.
     assert _doing_in_database_file(fast.path, tmp_path / "before.db") == 0
     stop = asyncio.Event()

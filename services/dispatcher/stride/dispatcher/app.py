@@ -41,6 +41,23 @@ async def relax_commit_sync(database: Database) -> None:
     await database.engine.dispose()  # pooled connections opened before this reconnect with it
 
 
+def open_fast_path(
+    database: Database, lease_duration: timedelta, rate_window: timedelta, sync_commits: bool
+) -> SqliteFastPath:
+    """The hot calls' own connection for the database's dialect (opened on first use)."""
+    if database.schema is None:  # SQLite
+        path = str(make_url(database.url).database)
+        return SqliteFastPath(path, lease_duration, rate_window, sync_commits)
+    libpq_url = make_url(database.url).set(drivername="postgresql")
+    return PostgresFastPath(
+        libpq_url.render_as_string(hide_password=False),
+        database.schema,
+        lease_duration,
+        rate_window,
+        sync_commits,
+    )
+
+
 async def build(settings: DispatcherSettings) -> ServiceHost:
     """Connect everything and return a host ready to run."""
     host = create_host(settings, [SERVICE_NAME])
@@ -53,25 +70,12 @@ async def build(settings: DispatcherSettings) -> ServiceHost:
         database, outbox, settings.lease_duration, rate_window=settings.rate_window
     )
     dispatcher.batch_timeout = timedelta(seconds=settings.batch_timeout_seconds)
-    fast: SqliteFastPath
-    if database.schema is None:  # SQLite
-        fast = SqliteFastPath(
-            str(make_url(database.url).database),
-            settings.lease_duration,
-            settings.rate_window,
-            settings.sync_commits,
-        )
+    fast = open_fast_path(
+        database, settings.lease_duration, settings.rate_window, settings.sync_commits
+    )
+    if not isinstance(fast, PostgresFastPath):  # SQLite: checkpoints off the hot path
         sqlite_fast = fast
         host.add_root_task("wal-checkpoints", lambda: sqlite_fast.run_checkpoints(host.stop))
-    else:
-        libpq_url = make_url(database.url).set(drivername="postgresql")
-        fast = PostgresFastPath(
-            libpq_url.render_as_string(hide_password=False),
-            database.schema,
-            settings.lease_duration,
-            settings.rate_window,
-            settings.sync_commits,
-        )
     dispatcher.fast = fast
 
     async def always() -> bool:
