@@ -257,6 +257,9 @@ async def test_the_flash_path_saves_through_shared_memory_and_restores_identical
         assert restored.transport == "shared-memory" and restored.step == 10
         assert same_tensors(restored.tensors, state)
         assert (restored.shard_snapshot_id, restored.shard_snapshot) == ("snap-10", b"queues")
+        # The restored arrays are views of the segment (which they pin): let them go, so
+        # the segment can return to the free pool below.
+        del restored
 
         # Once step 10 is durable and step 11 is in, step 10 leaves memory and its segment
         # goes to the free pool; step 12 reuses it instead of allocating.
@@ -281,6 +284,34 @@ async def test_the_flash_path_saves_through_shared_memory_and_restores_identical
             assert same_tensors((await asyncio.to_thread(client.restore)).tensors, tensors(4))
         finally:
             streaming.close()
+    finally:
+        client.close()
+
+
+async def test_restored_arrays_map_the_segment_and_a_later_save_never_overwrites_them(
+    cache: ServiceHost, shm_dir: Path
+) -> None:
+    client = CheckpointClient(address(cache), JOB)
+    try:
+        await asyncio.to_thread(client.save, 1, tensors(1))
+        restored = await asyncio.to_thread(client.restore)
+        assert restored.transport == "shared-memory"
+        some = next(iter(restored.tensors.values()))
+        assert not some.flags.writeable
+        with pytest.raises(ValueError, match="read-only"):
+            some[...] = 0
+        assert len(files_under(shm_dir / JOB / ".pinned")) == 1
+        # Step 1 leaves memory while its arrays are held: its segment is pinned, so it is
+        # unlinked instead of going to the free pool, and the saves that follow (same
+        # size) write to other segments.
+        for step in (2, 3, 4):
+            await asyncio.to_thread(client.save, step, tensors(step))
+            await asyncio.to_thread(client.wait_until_durable, f"step-{step}", 30)
+        await assert_eventually(lambda: not (shm_dir / JOB / "step-1").exists(), timeout=10)
+        assert same_tensors(restored.tensors, tensors(1))
+        # Dropping the arrays removes the pin.
+        del restored, some
+        assert files_under(shm_dir / JOB / ".pinned") == []
     finally:
         client.close()
 

@@ -174,3 +174,30 @@ def test_unsafe_names_never_become_paths(store: DirectoryStore) -> None:
     with pytest.raises(ValueError):
         store.job_dir("..")
     assert os.sep not in "job-1"
+
+
+def test_a_source_changed_since_it_was_saved_is_refused_and_leaves_nothing(
+    store: DirectoryStore, tmp_path: Path
+) -> None:
+    # Persisting checks each piece's checksum as it writes it: a shard damaged in memory
+    # after its save is never made durable.
+    contents = [b"a" * 20_000_000]
+    shards = sources(tmp_path, contents)
+    with shards[0].path.open("r+b") as handle:
+        handle.seek(12_345_678)
+        handle.write(b"b")
+    with pytest.raises(ValueError, match="no longer matches its checksum"):
+        store.persist(info("c1", contents), shards, no_throttle)
+    assert store.find("job-1", "c1") is None
+    assert list((store.root / ".staging").iterdir()) == []
+
+
+def test_a_large_shard_is_copied_whole_in_pieces(store: DirectoryStore, tmp_path: Path) -> None:
+    contents = [os.urandom(20_000_001), b""]
+    seen: list[int] = []
+    store.persist(info("c1", contents), sources(tmp_path, contents), seen.append)
+    with store.open_shard("job-1", "c1", 0) as handle:
+        assert handle.read() == contents[0]
+    with store.open_shard("job-1", "c1", 1) as handle:
+        assert handle.read() == b""
+    assert sum(seen) == 20_000_001 and len(seen) == 3

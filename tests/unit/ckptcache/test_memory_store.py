@@ -11,9 +11,11 @@ import pytest
 from stride.ckptcache.adapters.memory_store import (
     FREE,
     INCOMING,
+    PINNED,
     MemoryStore,
     SharedMemoryTooSmall,
 )
+from stride.ckptcache.domain.checksum import checksum
 from stride.runtime.errors import AlreadyExists, FailedPrecondition, InvalidArgument
 
 
@@ -113,3 +115,42 @@ def test_the_pool_keeps_the_newest_releases(store: MemoryStore) -> None:
     store.release("job-1", "c2")
     pooled = list((store.root / "job-1" / FREE).iterdir())
     assert [p.stat().st_size for p in pooled] == [11]
+
+
+def test_the_checksum_is_taken_over_a_mapping_and_sees_later_damage(store: MemoryStore) -> None:
+    data = os.urandom(3 * 4096 + 5)
+    client_segment(store, "c.seg", data)
+    path = store.adopt("job-1", "step-1", 0, "c.seg", len(data))
+    assert store.compute_checksum(path, len(data)) == checksum(data)
+    assert store.compute_checksum(path, 100) == checksum(data[:100])
+    # The mapping is kept for the next check, which still sees a byte changed in the file.
+    with path.open("r+b") as handle:
+        handle.seek(4096)
+        handle.write(bytes([data[4096] ^ 0xFF]))
+    assert store.compute_checksum(path, len(data)) != checksum(data)
+    # A shorter file than the header says cannot match.
+    os.truncate(path, 10)
+    assert store.compute_checksum(path, len(data)) != checksum(data)
+
+
+def test_a_pinned_segment_is_never_pooled_and_its_pin_is_swept_later(store: MemoryStore) -> None:
+    data = b"x" * 8192
+    client_segment(store, "p.seg", data)
+    path = store.adopt("job-1", "step-1", 0, "p.seg", len(data))
+    pins = store.root / "job-1" / PINNED
+    pins.mkdir()
+    pin = pins / "restore.pin"
+    os.link(path, pin)  # what a restoring client does before mapping the segment
+    assert store.remove_stale_pins() == 0  # still in its checkpoint: the pin protects it
+    store.release("job-1", "step-1")
+    assert list((store.root / "job-1" / FREE).iterdir()) == []  # unlinked, not pooled
+    assert pin.read_bytes() == data  # the restored view still reads the checkpoint
+    store.expire_free(older_than=0)  # the sweep: the pin is all that is left of it
+    assert not pin.exists()
+
+
+def test_an_unpinned_segment_goes_to_the_pool(store: MemoryStore) -> None:
+    client_segment(store, "q.seg", b"y" * 100)
+    store.adopt("job-1", "step-1", 0, "q.seg", 100)
+    store.release("job-1", "step-1")
+    assert [p.suffix for p in (store.root / "job-1" / FREE).iterdir()] == [".seg"]

@@ -30,7 +30,7 @@ import numpy as np
 from stride.api.ckptcache.v1 import ckptcache_service_pb2 as pb
 from stride.api.ckptcache.v1 import ckptcache_service_pb2_grpc as pb_grpc
 from stride.ckptclient.layout import TensorRecord, as_bytes, plan, views
-from stride.ckptclient.shared_memory import SegmentPool, read_segment, same_node
+from stride.ckptclient.shared_memory import SegmentPool, map_segment, same_node
 from stride.events.v1 import checkpoint_pb2
 
 JOB_METADATA_KEY = "stride-job-id"
@@ -71,8 +71,9 @@ class SavedCheckpoint:
 
 @dataclass(frozen=True)
 class RestoredCheckpoint:
-    """A restored shard: its tensors (arrays over one buffer, read-only when streamed) and
-    its facts."""
+    """A restored shard: its tensors (read-only arrays over one buffer: the cache's shared
+    memory on the same node, no copy; copy one with ``np.array`` to change it) and its
+    facts."""
 
     checkpoint_id: str
     step: int
@@ -277,10 +278,15 @@ class CheckpointClient:
             )
             assert isinstance(located, pb.LocateCheckpointResponse)
             if located.segment_path:
-                # The cache verified the segment's checksum when it located it; read_segment
-                # proves the copy is of that same, unreleased segment.
+                # The cache verified this segment's checksum when it located it (one CRC
+                # pass over its own mapping). The client neither copies nor checks it again:
+                # map_segment pins the segment (the pin proves it is the same, unreleased
+                # segment, and keeps the cache from reusing it) and returns read-only
+                # arrays over it, so a restore costs about half a memcpy, not two copies.
                 header = located.header
-                data = read_segment(pool.root / located.segment_path, header.size_bytes)
+                data = map_segment(
+                    pool.root, self.job_id, pool.root / located.segment_path, header.size_bytes
+                )
                 if data is not None:
                     return self._restored(header, data, located.tier, "shared-memory")
             # Pin the id so the stream returns the checkpoint just located.

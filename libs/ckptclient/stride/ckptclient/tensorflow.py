@@ -6,6 +6,16 @@ kernel``, the names tf.train.Checkpoint itself would use), so the same code that
 model in a new process finds every value again. A save copies each variable's value once
 into shared memory; a restore assigns the stored values back.
 
+A save reads the variables without copying them: on the CPU, ``np.asarray`` of a
+variable's read value is a view of the variable's own buffer (``variable.numpy()`` would
+copy it first, a second memcpy of the whole state in the blocking path). That view is a
+consistent snapshot: while it is alive, TensorFlow copies a variable's buffer before it
+updates it (copy-on-write in its resource-variable and optimizer kernels), so the snapshot
+never changes. :func:`save_in_background` uses that to return after the snapshot alone and
+copy into shared memory on a thread; the cost does not vanish, it moves: a training step
+that updates the variables while the copy runs pays the copy-on-write, about one memcpy of
+what it updates (bench/ckptcache.py measures both, side by side).
+
 A Keras optimizer creates its slot variables lazily: build it before restoring
 (``optimizer.build(model.trainable_variables)``) so its state has somewhere to go.
 """
@@ -13,6 +23,7 @@ A Keras optimizer creates its slot variables lazily: build it before restoring
 from __future__ import annotations
 
 from collections import deque
+from concurrent.futures import Future, ThreadPoolExecutor
 from typing import Any
 
 import keras
@@ -53,12 +64,46 @@ def variables_of(root: Any) -> dict[str, Any]:
     return found
 
 
-def save(client: CheckpointClient, root: Any, step: int, **options: Any) -> SavedCheckpoint:
-    """Save the variables of ``root`` at ``step`` (options as for CheckpointClient.save)."""
-    arrays: dict[str, np.ndarray] = {
-        name: np.asarray(variable.numpy()) for name, variable in variables_of(root).items()
+def snapshot(root: Any) -> dict[str, np.ndarray]:
+    """The current values of ``root``'s variables as read-only arrays, without a copy on
+    the CPU (a device variable is copied to the host); they stay as they are while the
+    variables go on being trained (TensorFlow copies a variable before updating it while
+    such a snapshot is alive)."""
+    return {
+        name: np.asarray(tf.convert_to_tensor(variable))
+        for name, variable in variables_of(root).items()
     }
-    return client.save(step, arrays, **options)
+
+
+def save(client: CheckpointClient, root: Any, step: int, **options: Any) -> SavedCheckpoint:
+    """Save the variables of ``root`` at ``step`` (options as for CheckpointClient.save):
+    one copy of their values, into shared memory (or the stream)."""
+    return client.save(step, snapshot(root), **options)
+
+
+_saver = ThreadPoolExecutor(max_workers=1, thread_name_prefix="stride-checkpoint")
+"""Background saves, one at a time and in order (a single worker runs them FIFO)."""
+
+
+def save_in_background(
+    client: CheckpointClient, root: Any, step: int, **options: Any
+) -> Future[SavedCheckpoint]:
+    """Snapshot the variables of ``root`` now and save the snapshot on a thread.
+
+    Returns at once with a future of the save; training may go on meanwhile, and each
+    variable it updates before the copy is done is copied by TensorFlow first (the cost of
+    the overlap: about one memcpy of the updated variables, paid by that step). Saves run
+    one at a time, in order; wait for the future before relying on the checkpoint.
+    """
+    arrays = snapshot(root)
+
+    def run() -> SavedCheckpoint:
+        try:
+            return client.save(step, arrays, **options)
+        finally:
+            arrays.clear()  # drop the snapshot: training stops paying copy-on-write
+
+    return _saver.submit(run)
 
 
 def restore(

@@ -750,7 +750,13 @@ class Checkpoints:
         problems = []
         if entry is not None and entry.complete:
             self._check_shard_index(shard_index, entry.shard_count)
-            if not verify or await self._memory_intact(entry):
+            # The memory copy is checked on every locate, also when asked for by id: a
+            # same-node client maps the segment and reads it without a checksum of its own
+            # (a trainer or anything else with the job's file permissions could have
+            # written to it since it was saved). The check is one CRC pass over the
+            # cache's mapping, about half a memcpy; the durable copy of a checkpoint asked
+            # for by id is checked by the stream that reads it.
+            if await self._memory_intact(entry, shard_index):
                 shard = entry.shards[shard_index]
                 tier = Tier.DURABLE if entry.state is PersistState.PERSISTED else Tier.MEMORY
                 return Located(entry.info(tier), shard.blob, shard.header, Tier.MEMORY, shard.path)
@@ -779,8 +785,9 @@ class Checkpoints:
                 "shard_index", f"the checkpoint has {shard_count} shard(s), got {shard_index}"
             )
 
-    async def _memory_intact(self, entry: MemoryCheckpoint) -> bool:
-        for shard in entry.ordered_shards():
+    async def _memory_intact(self, entry: MemoryCheckpoint, shard_index: int) -> bool:
+        """Whether the memory copy of the shard that will be read matches its checksum."""
+        for shard in [entry.shards[shard_index]]:
             assert shard.path is not None
             try:
                 crc = await asyncio.to_thread(
