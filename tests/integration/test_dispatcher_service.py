@@ -7,6 +7,7 @@ import asyncio
 import random
 from collections import Counter
 from collections.abc import AsyncIterator
+from typing import Any
 
 import grpc
 import pytest
@@ -460,6 +461,12 @@ async def test_concurrent_workers_never_share_a_shard(
     assert sorted(handed_out) == list(range(100))
 
 
+def open_session(stub: pb_grpc.DispatcherServiceAsyncStub) -> Any:
+    """A ShardSession driven with write()/read(): grpc.aio allows calling a stream-stream
+    method without a request iterator, its type stubs do not."""
+    return stub.ShardSession()  # type: ignore[call-arg]
+
+
 async def test_a_session_answers_every_call_in_order_and_refusals_keep_it_open(
     stub: pb_grpc.DispatcherServiceAsyncStub,
 ) -> None:
@@ -468,9 +475,9 @@ async def test_a_session_answers_every_call_in_order_and_refusals_keep_it_open(
     )
     token = await register(stub, "w0")
     me = ref("w0", token)
-    session = stub.ShardSession()
+    session = open_session(stub)
 
-    async def ask(sequence: int, **call: object) -> pb.ShardSessionResponse:
+    async def ask(sequence: int, **call: Any) -> pb.ShardSessionResponse:
         await session.write(pb.ShardSessionRequest(sequence=sequence, **call))
         reply = await session.read()
         assert isinstance(reply, pb.ShardSessionResponse) and reply.sequence == sequence
@@ -485,7 +492,7 @@ async def test_a_session_answers_every_call_in_order_and_refusals_keep_it_open(
     assert progress.WhichOneof("result") == "progress"
 
     # Refused calls: the status and message the unary call would have had; nothing changes.
-    refusals = [
+    refusals: list[tuple[int, dict[str, Any], grpc.StatusCode, str]] = [
         (3, {}, grpc.StatusCode.INVALID_ARGUMENT, "call:"),
         (4, {"get_shard": pb.GetShardRequest()}, grpc.StatusCode.INVALID_ARGUMENT, "worker:"),
         (
@@ -546,7 +553,7 @@ async def test_pipelined_session_calls_lease_distinct_shards(
         pb.CreateDatasetRequest(job_id=JOB, dataset="train", parameters=params(epochs=1))
     )
     me = ref("w0", await register(stub, "w0"))
-    session = stub.ShardSession()
+    session = open_session(stub)
     # Several calls go out before any answer is read; each is answered once, in order.
     for sequence in range(1, 6):
         await session.write(
