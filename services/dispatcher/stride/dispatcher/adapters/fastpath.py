@@ -1,4 +1,6 @@
-"""The hot calls on SQLite (the embedded default): group commit on one dedicated connection.
+"""The hot calls with group commit on one dedicated connection: SQLite (the embedded
+default, :class:`SqliteFastPath`) and PostgreSQL (:class:`PostgresFastPath`, whose
+differences its docstring gives; the rest of this text is about SQLite).
 
 Through SQLAlchemy's asyncio adapter every statement costs several hand-offs to the driver's
 thread (about 30 per GetShard), and on a busy machine each hand-off waits for a thread to
@@ -40,7 +42,6 @@ from __future__ import annotations
 import asyncio
 import json
 import sqlite3
-import threading
 from collections.abc import Callable, Iterable, Sequence
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
@@ -716,7 +717,6 @@ class PostgresFastPath(SqliteFastPath):
     ) -> None:
         super().__init__(url, lease_duration, rate_window, sync_commits)
         self.schema = schema
-        self._thread: threading.Thread | None = None
 
     def _connect(self) -> Connection:
         if self._connection is None:
