@@ -252,14 +252,20 @@ def run_load(
     ]
     latencies: list[float] = []
     elapsed = client_cpu = 0.0
-    for process in running:
-        out, _ = process.communicate(timeout=SECONDS * 20 + 60)
-        if process.returncode != 0:
-            raise RuntimeError(f"{system} driver failed ({process.returncode})")
-        result = json.loads(out.decode().strip().splitlines()[-1])
-        latencies.extend(result["latencies"])
-        elapsed = max(elapsed, result["elapsed"])
-        client_cpu += result["cpu"]
+    try:
+        for process in running:
+            out, _ = process.communicate(timeout=SECONDS * 20 + 60)
+            if process.returncode != 0:
+                raise RuntimeError(f"{system} driver failed ({process.returncode})")
+            result = json.loads(out.decode().strip().splitlines()[-1])
+            latencies.extend(result["latencies"])
+            elapsed = max(elapsed, result["elapsed"])
+            client_cpu += result["cpu"]
+    finally:  # a failed or hung run leaves no driver behind
+        for process in running:
+            if process.poll() is None:
+                process.kill()
+                process.wait()
     # The server's CPU over the window plus the clients' setup (a few ms): an upper bound.
     server_cpu = process_cpu(server_pid) - server_cpu
     latencies.sort()
