@@ -19,7 +19,7 @@ from stride.db.engine import Database
 from stride.db.migrations import upgrade
 from stride.db.outbox import Outbox
 from stride.dispatcher.adapters import fastpath
-from stride.dispatcher.adapters.fastpath import SqliteFastPath
+from stride.dispatcher.adapters.fastpath import FastPath, SqliteFastPath
 from stride.dispatcher.app import MIGRATIONS, open_fast_path
 from stride.dispatcher.db.tables import outbox as outbox_table
 from stride.dispatcher.dispatching import ShardDispatcher, ShardGrant, WorkerRef
@@ -78,9 +78,15 @@ async def _first_shards(dispatcher: ShardDispatcher) -> list[tuple[WorkerRef, Sh
     return held
 
 
-def _fast(dispatcher: ShardDispatcher) -> SqliteFastPath:
+def _fast(dispatcher: ShardDispatcher) -> FastPath:
     assert dispatcher.fast is not None
     return dispatcher.fast
+
+
+def _sqlite(dispatcher: ShardDispatcher) -> SqliteFastPath:
+    fast = _fast(dispatcher)
+    assert isinstance(fast, SqliteFastPath)
+    return fast
 
 
 async def test_concurrent_calls_share_one_commit(dispatcher: ShardDispatcher) -> None:
@@ -188,7 +194,7 @@ async def test_a_batch_waits_for_another_writer_without_blocking_the_loop(
     held = await _first_shards(sqlite_dispatcher)
     ref, grant = held[0]
     assert grant.shard is not None
-    holder = _hold_write_lock(_fast(sqlite_dispatcher).path, 0.3)
+    holder = _hold_write_lock(_sqlite(sqlite_dispatcher).path, 0.3)
     ticks = 0
 
     async def tick() -> None:
@@ -217,7 +223,7 @@ async def test_a_lock_held_too_long_answers_unavailable_and_changes_nothing(
     assert grant.shard is not None
     before = await sqlite_dispatcher.dataset_state(JOB, DATASET)
     monkeypatch.setattr(fastpath, "BUSY_TIMEOUT", 0.1)
-    holder = _hold_write_lock(_fast(sqlite_dispatcher).path, 0.5)
+    holder = _hold_write_lock(_sqlite(sqlite_dispatcher).path, 0.5)
     with pytest.raises(Unavailable, match="still locked by another writer"):
         await sqlite_dispatcher.get_shard(ref, grant.shard.shard_id, grant.shard.leases)
     holder.join()
@@ -234,7 +240,7 @@ def _doing_in_database_file(path: str, copy: Path) -> int:
 async def test_the_hot_connection_never_checkpoints_the_background_task_does(
     sqlite_dispatcher: ShardDispatcher, tmp_path: Path
 ) -> None:
-    fast = _fast(sqlite_dispatcher)
+    fast = _sqlite(sqlite_dispatcher)
     await _first_shards(sqlite_dispatcher)
     # The leases are committed, but only to the WAL: the hot path did not checkpoint.
     assert _doing_in_database_file(fast.path, tmp_path / "before.db") == 0

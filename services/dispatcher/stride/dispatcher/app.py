@@ -12,7 +12,7 @@ from stride.api.dispatcher.v1 import dispatcher_service_pb2, dispatcher_service_
 from stride.db.engine import Database
 from stride.db.outbox import Outbox
 from stride.dispatcher.adapters.bus_handlers import PodEventHandler
-from stride.dispatcher.adapters.fastpath import PostgresFastPath, SqliteFastPath
+from stride.dispatcher.adapters.fastpath import FastPath, PostgresFastPath, SqliteFastPath
 from stride.dispatcher.adapters.grpc_api import DispatcherApi
 from stride.dispatcher.db.tables import outbox as outbox_table
 from stride.dispatcher.dispatching import ShardDispatcher
@@ -43,7 +43,7 @@ async def relax_commit_sync(database: Database) -> None:
 
 def open_fast_path(
     database: Database, lease_duration: timedelta, rate_window: timedelta, sync_commits: bool
-) -> SqliteFastPath:
+) -> FastPath:
     """The hot calls' own connection for the database's dialect (opened on first use)."""
     if database.schema is None:  # SQLite
         path = str(make_url(database.url).database)
@@ -73,7 +73,7 @@ async def build(settings: DispatcherSettings) -> ServiceHost:
     fast = open_fast_path(
         database, settings.lease_duration, settings.rate_window, settings.sync_commits
     )
-    if not isinstance(fast, PostgresFastPath):  # SQLite: checkpoints off the hot path
+    if isinstance(fast, SqliteFastPath):  # checkpoints off the hot path
         sqlite_fast = fast
         host.add_root_task("wal-checkpoints", lambda: sqlite_fast.run_checkpoints(host.stop))
     dispatcher.fast = fast

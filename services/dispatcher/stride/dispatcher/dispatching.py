@@ -32,7 +32,7 @@ from stride.dispatcher.adapters.convert import (
     shard_subject,
     straggler_detected,
 )
-from stride.dispatcher.adapters.fastpath import SqliteFastPath, _Slow
+from stride.dispatcher.adapters.fastpath import FastPath, _Slow
 from stride.dispatcher.adapters.repository import StoredDataset, WorkerRate, WorkerShards
 from stride.dispatcher.domain import queue, steps
 from stride.dispatcher.domain.datasets import (
@@ -125,7 +125,7 @@ class ShardDispatcher:
         """Time constant of the progress rates, and how long a new worker is not judged."""
         self.batch_timeout = timedelta(seconds=30)
         """How long a data worker's batch may go unconsumed before it is dispatched again."""
-        self.fast: SqliteFastPath | None = None
+        self.fast: FastPath | None = None
         """The hot calls' single-hop path on SQLite (see its module); None elsewhere."""
 
     async def create_dataset(

@@ -46,6 +46,7 @@ from collections.abc import Callable, Iterable, Sequence
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 from datetime import UTC, datetime, timedelta
+from functools import partial
 from typing import Any, Final, TypeVar
 
 import psycopg
@@ -158,19 +159,17 @@ class FastGrant:
     completed: bool
 
 
-class SqliteFastPath:
-    """GetShard, ReportShardDone and ReportProgress on one dedicated SQLite connection.
+class FastPath:
+    """GetShard, ReportShardDone and ReportProgress on one dedicated connection, with group
+    commit: the SQL and the batching. :class:`SqliteFastPath` and :class:`PostgresFastPath`
+    give the dialect (the class attributes and the methods that say "dialect")."""
 
-    :class:`PostgresFastPath` runs the same calls on PostgreSQL; the differences are the
-    hooks marked "dialect" below.
-    """
-
-    errors: tuple[type[Exception], ...] = (sqlite3.Error,)
+    errors: tuple[type[Exception], ...] = ()
     """What the driver raises for a failed statement (dialect)."""
-    begin = "BEGIN IMMEDIATE"
-    """Starts a batch's transaction; on SQLite it takes the one write lock (dialect)."""
-    locks_rows = False
-    """Whether rows must be locked one by one (PostgreSQL) or BEGIN locked everything."""
+    begin = "BEGIN"
+    """Starts a batch's transaction (dialect)."""
+    locks_rows = True
+    """Whether rows must be locked one by one, or BEGIN already locked everything (dialect)."""
 
     def __init__(
         self,
@@ -183,7 +182,7 @@ class SqliteFastPath:
         self.lease_duration = lease_duration
         self.window = rate_window.total_seconds()
         self.sync_commits = sync_commits
-        self._executor = ThreadPoolExecutor(max_workers=1, thread_name_prefix="sqlite-checkpoint")
+        self._executor = ThreadPoolExecutor(max_workers=1, thread_name_prefix="fast-path")
         self._connection: Connection | None = None
         self._pending: list[tuple[Callable[[Connection], Any], asyncio.Future[Any]]] = []
         self._committer: asyncio.Task[None] | None = None
@@ -192,55 +191,32 @@ class SqliteFastPath:
 
     def _connect(self) -> Connection:
         """The dedicated connection, opened on first use (dialect)."""
-        if self._connection is None:
-            connection = sqlite3.connect(self.path, isolation_level=None)
-            connection.execute("PRAGMA journal_mode=WAL")
-            # Never wait inside SQLite: on the loop's thread that would stall the very
-            # coroutines (the general path's connections) that hold the lock. BUSY is
-            # retried by _commit_loop, yielding to the loop in between.
-            connection.execute("PRAGMA busy_timeout=0")
-            connection.execute("PRAGMA foreign_keys=ON")
-            connection.execute(f"PRAGMA synchronous={'FULL' if self.sync_commits else 'NORMAL'}")
-            connection.execute("PRAGMA wal_autocheckpoint=0")  # see run_checkpoints
-            self._connection = connection
-        return self._connection
+        raise NotImplementedError
+
+    def _is_busy(self, error: Exception) -> bool:
+        """Whether BEGIN failed only because another connection holds the lock (dialect)."""
+        return False
+
+    async def _apply_when_free(self, works: list[Callable[[Connection], Any]]) -> list[_Outcome]:
+        """Apply a batch where the connection lives (dialect)."""
+        raise NotImplementedError
+
+    async def _on_connection_thread(self, action: Callable[[], T]) -> T:
+        """Run ``action`` where the connection is used (dialect: here, the loop's thread)."""
+        return action()
 
     async def close(self) -> None:
         """Let queued calls commit, then close the connection and stop the thread."""
         if self._committer is not None:
             await asyncio.gather(self._committer, return_exceptions=True)
-        if self._connection is not None:
-            self._connection.close()
-            self._connection = None
+
+        def close() -> None:
+            if self._connection is not None:
+                self._connection.close()
+                self._connection = None
+
+        await self._on_connection_thread(close)
         self._executor.shutdown(wait=True)
-
-    async def run_checkpoints(self, stop: asyncio.Event, interval: float = 1.0) -> None:
-        """Copy the WAL into the database every ``interval`` seconds until ``stop``.
-
-        PASSIVE checkpoints on a connection of their own, in a thread: they never wait for
-        or block a writer, and a hand-out never pays for one (see the module docstring).
-        """
-        loop = asyncio.get_running_loop()
-        holder: list[Connection] = []
-
-        def checkpoint() -> None:
-            if not holder:
-                holder.append(sqlite3.connect(self.path, isolation_level=None))
-            holder[0].execute("PRAGMA wal_checkpoint(PASSIVE)").fetchall()
-
-        try:
-            while not stop.is_set():
-                try:
-                    await loop.run_in_executor(self._executor, checkpoint)
-                except sqlite3.Error as error:  # busy or a disk blip: try again next round
-                    log.warning("WAL checkpoint failed; retrying", error=str(error))
-                try:
-                    await asyncio.wait_for(stop.wait(), interval)
-                except TimeoutError:
-                    continue
-        finally:
-            if holder:
-                await loop.run_in_executor(self._executor, holder[0].close)
 
     def _apply_batch(self, works: list[Callable[[Connection], Any]]) -> list[_Outcome]:
         """Run every queued call in ONE transaction (group commit), each in a savepoint.
@@ -256,12 +232,9 @@ class SqliteFastPath:
             if connection.in_transaction:  # left open by an earlier batch that died mid-way
                 connection.execute("ROLLBACK")
             connection.execute(self.begin)
-        except sqlite3.OperationalError as error:
-            if error.sqlite_errorcode == sqlite3.SQLITE_BUSY:
-                raise _Busy from error
-            failure = Unavailable(f"database: cannot start a transaction ({error})")
-            return [_Outcome(None, failure)] * len(works)
         except self.errors as error:
+            if self._is_busy(error):
+                raise _Busy from error
             failure = Unavailable(f"database: cannot start a transaction ({error})")
             return [_Outcome(None, failure)] * len(works)
         try:
@@ -320,22 +293,6 @@ class SqliteFastPath:
                     future.set_exception(outcome.error)
                 else:
                     future.set_result(outcome.result)
-
-    async def _apply_when_free(self, works: list[Callable[[Connection], Any]]) -> list[_Outcome]:
-        """Apply a batch; while another connection holds the write lock, yield and retry."""
-        delay, waited = 0.0005, 0.0
-        while True:
-            try:
-                return self._apply_batch(works)
-            except _Busy:
-                if waited >= BUSY_TIMEOUT:
-                    failure = Unavailable(
-                        f"database: still locked by another writer after {BUSY_TIMEOUT:g} s"
-                    )
-                    return [_Outcome(None, failure)] * len(works)
-                await asyncio.sleep(delay)
-                waited += delay
-                delay = min(delay * 2, 0.01)
 
     async def get_shard(
         self,
@@ -656,6 +613,80 @@ class SqliteFastPath:
         return None if row is None else _shard(row)
 
 
+class SqliteFastPath(FastPath):
+    """The fast path on SQLite: on the loop's thread, checkpoints in the background (see the
+    module docstring)."""
+
+    errors = (sqlite3.Error,)
+    begin = "BEGIN IMMEDIATE"  # takes SQLite's one write lock: no row locks needed
+    locks_rows = False
+
+    def _connect(self) -> Connection:
+        """The dedicated connection, opened on first use (dialect)."""
+        if self._connection is None:
+            connection = sqlite3.connect(self.path, isolation_level=None)
+            connection.execute("PRAGMA journal_mode=WAL")
+            # Never wait inside SQLite: on the loop's thread that would stall the very
+            # coroutines (the general path's connections) that hold the lock. BUSY is
+            # retried by _commit_loop, yielding to the loop in between.
+            connection.execute("PRAGMA busy_timeout=0")
+            connection.execute("PRAGMA foreign_keys=ON")
+            connection.execute(f"PRAGMA synchronous={'FULL' if self.sync_commits else 'NORMAL'}")
+            connection.execute("PRAGMA wal_autocheckpoint=0")  # see run_checkpoints
+            self._connection = connection
+        return self._connection
+
+    def _is_busy(self, error: Exception) -> bool:
+        return (
+            isinstance(error, sqlite3.OperationalError)
+            and error.sqlite_errorcode == sqlite3.SQLITE_BUSY
+        )
+
+    async def _apply_when_free(self, works: list[Callable[[Connection], Any]]) -> list[_Outcome]:
+        """Apply a batch; while another connection holds the write lock, yield and retry."""
+        delay, waited = 0.0005, 0.0
+        while True:
+            try:
+                return self._apply_batch(works)
+            except _Busy:
+                if waited >= BUSY_TIMEOUT:
+                    failure = Unavailable(
+                        f"database: still locked by another writer after {BUSY_TIMEOUT:g} s"
+                    )
+                    return [_Outcome(None, failure)] * len(works)
+                await asyncio.sleep(delay)
+                waited += delay
+                delay = min(delay * 2, 0.01)
+
+    async def run_checkpoints(self, stop: asyncio.Event, interval: float = 1.0) -> None:
+        """Copy the WAL into the database every ``interval`` seconds until ``stop``.
+
+        PASSIVE checkpoints on a connection of their own, in a thread: they never wait for
+        or block a writer, and a hand-out never pays for one (see the module docstring).
+        """
+        loop = asyncio.get_running_loop()
+        holder: list[Connection] = []
+
+        def checkpoint() -> None:
+            if not holder:
+                holder.append(sqlite3.connect(self.path, isolation_level=None))
+            holder[0].execute("PRAGMA wal_checkpoint(PASSIVE)").fetchall()
+
+        try:
+            while not stop.is_set():
+                try:
+                    await loop.run_in_executor(self._executor, checkpoint)
+                except sqlite3.Error as error:  # busy or a disk blip: try again next round
+                    log.warning("WAL checkpoint failed; retrying", error=str(error))
+                try:
+                    await asyncio.wait_for(stop.wait(), interval)
+                except TimeoutError:
+                    continue
+        finally:
+            if holder:
+                await loop.run_in_executor(self._executor, holder[0].close)
+
+
 class _PgConnection:
     """A psycopg connection (autocommit) with the ``sqlite3`` calls the fast path makes:
     ``?`` placeholders become ``%s`` (once per statement text)."""
@@ -689,7 +720,7 @@ class _PgConnection:
         self.connection.close()
 
 
-class PostgresFastPath(SqliteFastPath):
+class PostgresFastPath(FastPath):
     """The same calls on PostgreSQL, through psycopg directly, with group commit.
 
     Through SQLAlchemy's asyncio adapter a PostgreSQL hand-out cost 5-6 ms of CPU (statement
@@ -704,8 +735,6 @@ class PostgresFastPath(SqliteFastPath):
     """
 
     errors = (psycopg.Error,)
-    begin = "BEGIN"
-    locks_rows = True
 
     def __init__(
         self,
@@ -732,18 +761,7 @@ class PostgresFastPath(SqliteFastPath):
 
     async def _apply_when_free(self, works: list[Callable[[Connection], Any]]) -> list[_Outcome]:
         # Round trips to the server block: one hop to the dedicated thread per batch.
-        loop = asyncio.get_running_loop()
-        return await loop.run_in_executor(self._executor, self._apply_batch, works)
+        return await self._on_connection_thread(partial(self._apply_batch, works))
 
-    async def close(self) -> None:
-        """Let queued calls commit, then close the connection on its thread."""
-        if self._committer is not None:
-            await asyncio.gather(self._committer, return_exceptions=True)
-
-        def close() -> None:
-            if self._connection is not None:
-                self._connection.close()
-                self._connection = None
-
-        await asyncio.get_running_loop().run_in_executor(self._executor, close)
-        self._executor.shutdown(wait=True)
+    async def _on_connection_thread(self, action: Callable[[], T]) -> T:
+        return await asyncio.get_running_loop().run_in_executor(self._executor, action)

@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Awaitable, Callable
 from datetime import timedelta
 from typing import Any
 
@@ -53,6 +53,12 @@ class DispatcherApi(pb_grpc.DispatcherServiceServicer):
     def __init__(self, dispatcher: ShardDispatcher, retry_after: timedelta) -> None:
         self.dispatcher = dispatcher
         self.retry_after = retry_after
+        self._session_calls: dict[str, Callable[[Any], Awaitable[Any]]] = {
+            "get_shard": self._get_shard,
+            "progress": self._progress,
+            "done": self._done,
+            "failed": self._failed,
+        }
 
     async def CreateDataset(
         self, request: pb.CreateDatasetRequest, context: Context
@@ -102,24 +108,13 @@ class DispatcherApi(pb_grpc.DispatcherServiceServicer):
         kind = request.WhichOneof("call")
         with _tracer.start_as_current_span(f"ShardSession/{kind}") as span:
             try:
-                if kind == "get_shard":
-                    granted = await self._get_shard(request.get_shard)
-                    return pb.ShardSessionResponse(sequence=request.sequence, get_shard=granted)
-                if kind == "done":
-                    return pb.ShardSessionResponse(
-                        sequence=request.sequence, done=await self._done(request.done)
+                if kind is None:
+                    raise InvalidArgument(
+                        "call", "is required: one of get_shard, progress, done, failed"
                     )
-                if kind == "progress":
-                    return pb.ShardSessionResponse(
-                        sequence=request.sequence, progress=await self._progress(request.progress)
-                    )
-                if kind == "failed":
-                    return pb.ShardSessionResponse(
-                        sequence=request.sequence, failed=await self._failed(request.failed)
-                    )
-                raise InvalidArgument(
-                    "call", "is required: one of get_shard, progress, done, failed"
-                )
+                # Each call's answer goes in the response field of the same name.
+                answer = await self._session_calls[kind](getattr(request, kind))
+                return pb.ShardSessionResponse(sequence=request.sequence, **{kind: answer})
             except StrideError as error:
                 code = status_for(error)
                 span.set_attribute("rpc.grpc.status_code", code.value[0])
