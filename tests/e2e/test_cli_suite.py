@@ -4,27 +4,18 @@ from __future__ import annotations
 
 import os
 import re
-import subprocess
-import sys
 from pathlib import Path
 
 import pytest
 
 from stride.cli.endpoints import SuiteState, pid_alive
+from stride.testing.processes import run_cli
 
 pytestmark = [pytest.mark.e2e, pytest.mark.timeout(240)]
 ROOT = Path(__file__).resolve().parents[2]
 
 
-def stride(*args: str, env: dict[str, str]) -> subprocess.CompletedProcess[str]:
-    return subprocess.run(
-        [sys.executable, "-m", "stride.cli", *args],
-        env=env,
-        capture_output=True,
-        text=True,
-        timeout=150,
-        check=False,
-    )
+stride = run_cli
 
 
 def test_up_submit_status_down_with_the_embedded_defaults(tmp_path: Path) -> None:

@@ -8,7 +8,6 @@ plan was published and that one OpenTelemetry trace spans every hop.
 from __future__ import annotations
 
 import json
-import os
 import re
 import subprocess
 import sys
@@ -26,11 +25,12 @@ from stride.api.optimizer.v1 import optimizer_service_pb2 as optimizer_pb
 from stride.api.optimizer.v1 import optimizer_service_pb2_grpc as optimizer_grpc
 from stride.api.podwatcher.v1 import podwatcher_service_pb2 as podwatcher_pb
 from stride.api.podwatcher.v1 import podwatcher_service_pb2_grpc as podwatcher_grpc
+from stride.bus import topics
 from stride.events.v1 import plan_pb2
-from stride.testing.databases import create_database, drop_database, postgres_unreachable_reason
+from stride.testing.databases import create_database, drop_database, optional_postgres_problem
 from stride.testing.eventually import assert_eventually
 from stride.testing.otlp_collector import OtlpCollector
-from stride.testing.processes import SERVICES, ServiceProcess
+from stride.testing.processes import SERVICES, ServiceProcess, run_cli
 
 pytestmark = [pytest.mark.e2e, pytest.mark.timeout(300)]
 
@@ -58,10 +58,7 @@ def collector() -> Iterator[OtlpCollector]:
 @pytest.fixture
 def shared_database() -> Iterator[str | None]:
     """A fresh PostgreSQL database; None (SQLite files) only where PostgreSQL is optional."""
-    problem = postgres_unreachable_reason()
-    if problem is not None:
-        if os.environ.get("STRIDE_TEST_REQUIRE_POSTGRES") == "1":
-            pytest.fail(problem)
+    if optional_postgres_problem() is not None:
         yield None
         return
     url = create_database()
@@ -132,17 +129,14 @@ async def wait_healthy(processes: dict[str, ServiceProcess]) -> None:
         )
 
 
-def cli(*args: str, env: dict[str, str]) -> subprocess.CompletedProcess[str]:
-    return subprocess.run(
-        [*STRIDE, *args], capture_output=True, text=True, env=env, timeout=60, check=False
-    )
+cli = run_cli
 
 
 async def plan_messages(nats_url: str, job_id: str) -> list[plan_pb2.ResourcePlan]:
     nc = await nats.connect(nats_url)
     try:
         subscription = await nc.jetstream().subscribe(
-            f"stride.plans.v1.{job_id}", ordered_consumer=True
+            topics.PLAN.subject(job_id), ordered_consumer=True
         )
         plans = []
         try:
@@ -244,7 +238,8 @@ async def test_submit_reaches_plan_exactly_once_across_an_optimizer_crash(
 
     # Spans buffered in the killed optimizer died with it, so follow the trace of a second
     # job submitted now that every process is up.
-    second = cli("submit", str(ROOT / "examples" / "wide-deep.yaml"), env=env)
+    # `--new`: the same spec again would otherwise be the same job (submit is idempotent).
+    second = cli("submit", str(ROOT / "examples" / "wide-deep.yaml"), "--new", env=env)
     assert second.returncode == 0, second.stderr
 
     def one_trace_spans_the_path() -> bool:

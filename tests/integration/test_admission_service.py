@@ -2,17 +2,20 @@
 
 from __future__ import annotations
 
+import asyncio
 from collections.abc import AsyncIterator
 from datetime import UTC, datetime, timedelta
 
 import grpc
 import pytest
 from google.protobuf.message import Message
+from google.protobuf.timestamp_pb2 import Timestamp
 
 from stride.admission.app import build
 from stride.admission.settings import AdmissionSettings
 from stride.api.admission.v1 import admission_service_pb2 as pb
 from stride.api.admission.v1 import admission_service_pb2_grpc as pb_grpc
+from stride.bus import topics
 from stride.events.v1 import job_pb2
 from stride.runtime.lifecycle import ServiceHost
 from stride.testing.eventually import assert_eventually
@@ -63,10 +66,10 @@ async def test_submit_stores_decides_and_publishes(
     assert job.decision.policy == "admit-all/1"
 
     submitted = await assert_eventually(
-        lambda: stream_messages(nats_url, f"stride.jobs.v1.submitted.{job.job_id}")
+        lambda: stream_messages(nats_url, topics.JOB_SUBMITTED.subject(job.job_id))
     )
     admitted = await assert_eventually(
-        lambda: stream_messages(nats_url, f"stride.jobs.v1.admitted.{job.job_id}")
+        lambda: stream_messages(nats_url, topics.JOB_ADMITTED.subject(job.job_id))
     )
     assert len(submitted) == 1 and len(admitted) == 1
     event = job_pb2.AdmissionDecision.FromString(admitted[0].data)
@@ -104,7 +107,7 @@ async def test_invalid_spec_is_rejected_and_nothing_is_stored(
     assert raised.value.code() == grpc.StatusCode.INVALID_ARGUMENT
     assert (raised.value.details() or "").startswith(f"{field}:")
     assert (await stub.ListJobs(pb.ListJobsRequest())).jobs == []
-    assert await stream_messages(nats_url, "stride.jobs.v1.>") == []
+    assert await stream_messages(nats_url, topics.JOBS.subjects[0]) == []
 
 
 async def test_deadline_in_the_past_is_rejected(stub: pb_grpc.AdmissionServiceAsyncStub) -> None:
@@ -130,6 +133,43 @@ async def test_cancel_publishes_finished_once(
     assert cancelled.state == pb.JOB_STATE_CANCELLED
     await stub.CancelJob(pb.CancelJobRequest(job_id=job.job_id))
     finished = await assert_eventually(
-        lambda: stream_messages(nats_url, f"stride.jobs.v1.finished.{job.job_id}")
+        lambda: stream_messages(nats_url, topics.JOB_FINISHED.subject(job.job_id))
     )
     assert len(finished) == 1
+
+
+async def test_a_request_id_names_one_spec_and_retries_race_to_one_job(
+    stub: pb_grpc.AdmissionServiceAsyncStub, nats_url: str
+) -> None:
+    # Concurrent retries of one submission (a client that timed out and tried again while
+    # the first call was still running) end in one job.
+    replies = await asyncio.gather(
+        *(
+            stub.SubmitJob(pb.SubmitJobRequest(spec=valid_spec(), request_id="r-race"))
+            for _ in range(6)
+        )
+    )
+    assert len({reply.job.job_id for reply in replies}) == 1
+    # The same key with another spec is refused, not answered with the first job.
+    with pytest.raises(grpc.aio.AioRpcError) as raised:
+        await stub.SubmitJob(
+            pb.SubmitJobRequest(spec=valid_spec(batch_size=256), request_id="r-race")
+        )
+    assert raised.value.code() == grpc.StatusCode.ALREADY_EXISTS
+    assert "another spec" in (raised.value.details() or "")
+    listed = await stub.ListJobs(pb.ListJobsRequest(user="alice"))
+    assert len(listed.jobs) == 1
+    submitted = await stream_messages(nats_url, topics.JOB_SUBMITTED.pattern())
+    assert len(submitted) == 1
+
+
+async def test_a_retry_gets_its_job_back_after_its_deadline_passed(
+    stub: pb_grpc.AdmissionServiceAsyncStub,
+) -> None:
+    soon = Timestamp()
+    soon.FromDatetime(datetime.now(UTC) + timedelta(seconds=2))
+    spec = valid_spec(deadline=soon)
+    first = await stub.SubmitJob(pb.SubmitJobRequest(spec=spec, request_id="r-late"))
+    await asyncio.sleep(2.5)
+    again = await stub.SubmitJob(pb.SubmitJobRequest(spec=spec, request_id="r-late"))
+    assert again.job.job_id == first.job.job_id

@@ -23,6 +23,7 @@ from stride.api.ckptcache.v1 import ckptcache_service_pb2 as ckpt_pb
 from stride.api.ckptcache.v1 import ckptcache_service_pb2_grpc as ckpt_grpc
 from stride.api.dispatcher.v1 import dispatcher_service_pb2 as disp_pb
 from stride.api.dispatcher.v1 import dispatcher_service_pb2_grpc as disp_grpc
+from stride.bus import topics
 from stride.ckptcache.app import build as build_ckptcache
 from stride.ckptcache.domain.checksum import checksum
 from stride.ckptcache.settings import CheckpointCacheSettings
@@ -250,7 +251,7 @@ async def test_checkpoints_stream_through_the_agent(stack: Stack, nats_url: str)
     )
     assert [c.checkpoint_id for c in listed.checkpoints] == ["step-40"]
     events = await assert_eventually(
-        lambda: stream_messages(nats_url, f"stride.checkpoints.v1.{JOB}.persisted")
+        lambda: stream_messages(nats_url, topics.CHECKPOINT_PERSISTED.subject(JOB))
     )
     assert len(events) == 1
 
@@ -258,8 +259,13 @@ async def test_checkpoints_stream_through_the_agent(stack: Stack, nats_url: str)
     foreign = ckpt_pb.CheckpointHeader(
         job_id="job-other", checkpoint_id="x", size_bytes=len(data), crc32c=checksum(data)
     )
-    await expect_error(save(stack, save_requests(foreign, data)), invalid, "chunk.header.job_id:")
-    await expect_error(save(stack, save_requests(header, data)[1:]), invalid, "chunk.header:")
+    # Refused streams are kept to two messages: when the server ends a call while the client
+    # is still writing, grpc-aio's client reports its own INTERNAL ("Failed execute_batch")
+    # instead of the server's status, a race of the client, not of the agent.
+    await expect_error(
+        save(stack, save_requests(foreign, data)[:2]), invalid, "chunk.header.job_id:"
+    )
+    await expect_error(save(stack, save_requests(header, data)[1:3]), invalid, "chunk.header:")
     await expect_error(save(stack, []), invalid, "chunk.header:")
     wrong_crc = ckpt_pb.CheckpointHeader(
         checkpoint_id="step-41", step=41, size_bytes=len(data), crc32c=checksum(data) ^ 1
@@ -284,7 +290,7 @@ async def test_step_reports_land_on_the_metrics_stream_once(stack: Stack, nats_u
     )
 
     async def two() -> list[Msg]:
-        found = await stream_messages(nats_url, f"stride.metrics.v1.{JOB}.steps")
+        found = await stream_messages(nats_url, topics.STEP_METRICS.subject(JOB))
         assert len(found) >= 2
         return found
 

@@ -21,7 +21,8 @@ from nats.aio.msg import Msg
 
 from stride.api.ckptcache.v1 import ckptcache_service_pb2 as pb
 from stride.api.ckptcache.v1 import ckptcache_service_pb2_grpc as pb_grpc
-from stride.ckptcache.adapters.directory_store import DirectoryStore
+from stride.bus import topics
+from stride.ckptcache.adapters.outbound.directory_store import DirectoryStore
 from stride.ckptcache.app import SERVICE_NAME, build
 from stride.ckptcache.domain.checkpoints import CheckpointInfo, Tier
 from stride.ckptcache.domain.checksum import checksum
@@ -177,7 +178,7 @@ async def expect_error(call: object, code: grpc.StatusCode, starts_with: str = "
 
 
 async def persisted_events(nats_url: str, count: int) -> list[Msg]:
-    found = await stream_messages(nats_url, f"stride.checkpoints.v1.{JOB}.persisted")
+    found = await stream_messages(nats_url, topics.CHECKPOINT_PERSISTED.subject(JOB))
     assert len(found) >= count, f"{len(found)} of {count} events"
     return found
 
@@ -231,7 +232,7 @@ async def test_a_streamed_save_lands_in_memory_then_persists_and_is_announced(
     assert event.shard_snapshot_id == "snap-100"  # the data position travels with it
     headers = events[0].headers or {}
     assert headers["Nats-Msg-Id"] == f"{JOB}.step-100.persisted.{checksum(data):08x}"
-    saved_events = await stream_messages(nats_url, f"stride.checkpoints.v1.{JOB}.saved")
+    saved_events = await stream_messages(nats_url, topics.CHECKPOINT_SAVED.subject(JOB))
     assert len(saved_events) == 1
 
     # A retried save of the same checkpoint succeeds and changes nothing.
@@ -406,7 +407,7 @@ async def test_bad_saves_name_the_field_and_leave_nothing(
     assert files_under(store_dir) == []
     assert [f for f in files_under(shm_dir) if f != "node-id"] == []
     assert await listed(stub) == []
-    assert await stream_messages(nats_url, "stride.checkpoints.v1.>") == []
+    assert await stream_messages(nats_url, topics.CHECKPOINTS.subjects[0]) == []
 
 
 async def test_an_abandoned_upload_leaves_nothing_visible(

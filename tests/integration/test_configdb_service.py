@@ -14,6 +14,7 @@ from nats.aio.msg import Msg
 
 from stride.api.configdb.v1 import configdb_service_pb2 as pb
 from stride.api.configdb.v1 import configdb_service_pb2_grpc as pb_grpc
+from stride.bus import topics
 from stride.bus.client import Bus
 from stride.configdb.app import build
 from stride.configdb.settings import ConfigDbSettings
@@ -139,16 +140,10 @@ async def finished_job(
     plans: int = 1,
 ) -> None:
     """Publish a whole job's history and wait until configdb has all of it."""
-    await bus.publish(
-        f"stride.jobs.v1.submitted.{job_id}", submitted(job_id, spec), f"{job_id}.submitted"
-    )
+    await bus.publish(topics.JOB_SUBMITTED, job_id, submitted(job_id, spec), f"{job_id}.submitted")
     for version in range(1, plans + 1):
-        await bus.publish(
-            f"stride.plans.v1.{job_id}", plan(job_id, version), f"{job_id}.plan.{version}"
-        )
-    await bus.publish(
-        f"stride.jobs.v1.finished.{job_id}", finished(job_id, outcome), f"{job_id}.finished"
-    )
+        await bus.publish(topics.PLAN, job_id, plan(job_id, version), f"{job_id}.plan.{version}")
+    await bus.publish(topics.JOB_FINISHED, job_id, finished(job_id, outcome), f"{job_id}.finished")
     await record_when(
         stub,
         job_id,
@@ -159,10 +154,10 @@ async def finished_job(
 async def test_job_history_is_recorded_and_served(stub: Stub, bus: Bus) -> None:
     submitted_at = datetime.now(UTC) - timedelta(minutes=5)
     await bus.publish(
-        "stride.jobs.v1.submitted.job-a", submitted("job-a", at=submitted_at), "job-a.submitted"
+        topics.JOB_SUBMITTED, "job-a", submitted("job-a", at=submitted_at), "job-a.submitted"
     )
-    await bus.publish("stride.plans.v1.job-a", plan("job-a", 1), "job-a.plan.1")
-    await bus.publish("stride.plans.v1.job-a", plan("job-a", 2, workers=4), "job-a.plan.2")
+    await bus.publish(topics.PLAN, "job-a", plan("job-a", 1), "job-a.plan.1")
+    await bus.publish(topics.PLAN, "job-a", plan("job-a", 2, workers=4), "job-a.plan.2")
 
     record = await record_when(stub, "job-a", lambda r: r.HasField("spec") and len(r.plans) == 2)
     assert record.spec == valid_spec()
@@ -171,7 +166,7 @@ async def test_job_history_is_recorded_and_served(stub: Stub, bus: Bus) -> None:
     assert not record.HasField("finished_at")
     assert record.recorded_at.ToDatetime(tzinfo=UTC) == submitted_at
 
-    await bus.publish("stride.jobs.v1.finished.job-a", finished("job-a"), "job-a.finished")
+    await bus.publish(topics.JOB_FINISHED, "job-a", finished("job-a"), "job-a.finished")
     record = await record_when(stub, "job-a", lambda r: r.HasField("finished_at"))
     assert record.outcome == SUCCEEDED
 
@@ -186,9 +181,7 @@ async def test_records_are_listed_newest_first(stub: Stub, bus: Bus) -> None:
     now = datetime.now(UTC)
     for index, job_id in enumerate(["job-old", "job-new", "job-mid"]):
         at = now - timedelta(minutes={"job-old": 30, "job-new": 1, "job-mid": 10}[job_id])
-        await bus.publish(
-            f"stride.jobs.v1.submitted.{job_id}", submitted(job_id, at=at), str(index)
-        )
+        await bus.publish(topics.JOB_SUBMITTED, job_id, submitted(job_id, at=at), str(index))
     await record_when(stub, "job-mid")
     listed = await stub.ListJobRecords(pb.ListJobRecordsRequest())
     assert [r.job_id for r in listed.records] == ["job-new", "job-mid", "job-old"]
@@ -199,14 +192,14 @@ async def test_records_are_listed_newest_first(stub: Stub, bus: Bus) -> None:
 async def test_redelivered_and_duplicate_events_change_nothing(stub: Stub, bus: Bus) -> None:
     # Distinct message ids get past JetStream's de-duplication, as a redelivery would.
     for attempt in range(3):
-        await bus.publish("stride.jobs.v1.submitted.job-d", submitted("job-d"), f"sub-{attempt}")
-        await bus.publish("stride.plans.v1.job-d", plan("job-d", 1), f"plan-{attempt}")
-        await bus.publish("stride.jobs.v1.finished.job-d", finished("job-d"), f"fin-{attempt}")
+        await bus.publish(topics.JOB_SUBMITTED, "job-d", submitted("job-d"), f"sub-{attempt}")
+        await bus.publish(topics.PLAN, "job-d", plan("job-d", 1), f"plan-{attempt}")
+        await bus.publish(topics.JOB_FINISHED, "job-d", finished("job-d"), f"fin-{attempt}")
     # A later, different outcome does not overwrite the first one.
     await bus.publish(
-        "stride.jobs.v1.finished.job-d", finished("job-d", job_pb2.JOB_OUTCOME_FAILED), "fin-late"
+        topics.JOB_FINISHED, "job-d", finished("job-d", job_pb2.JOB_OUTCOME_FAILED), "fin-late"
     )
-    await bus.publish("stride.plans.v1.job-d", plan("job-d", 2), "plan-v2")
+    await bus.publish(topics.PLAN, "job-d", plan("job-d", 2), "plan-v2")
 
     record = await record_when(
         stub, "job-d", lambda r: r.HasField("finished_at") and len(r.plans) == 2
@@ -219,9 +212,9 @@ async def test_redelivered_and_duplicate_events_change_nothing(stub: Stub, bus: 
 
 
 async def test_plans_and_finish_before_submitted_are_kept(stub: Stub, bus: Bus) -> None:
-    await bus.publish("stride.plans.v1.job-o", plan("job-o", 2, workers=3), "job-o.plan.2")
-    await bus.publish("stride.plans.v1.job-o", plan("job-o", 1), "job-o.plan.1")
-    await bus.publish("stride.jobs.v1.finished.job-o", finished("job-o"), "job-o.finished")
+    await bus.publish(topics.PLAN, "job-o", plan("job-o", 2, workers=3), "job-o.plan.2")
+    await bus.publish(topics.PLAN, "job-o", plan("job-o", 1), "job-o.plan.1")
+    await bus.publish(topics.JOB_FINISHED, "job-o", finished("job-o"), "job-o.finished")
 
     record = await record_when(
         stub, "job-o", lambda r: len(r.plans) == 2 and r.HasField("finished_at")
@@ -231,7 +224,7 @@ async def test_plans_and_finish_before_submitted_are_kept(stub: Stub, bus: Bus) 
     similar = await stub.FindSimilarJobs(pb.FindSimilarJobsRequest(spec=valid_spec(), k=5))
     assert list(similar.jobs) == []
 
-    await bus.publish("stride.jobs.v1.submitted.job-o", submitted("job-o"), "job-o.submitted")
+    await bus.publish(topics.JOB_SUBMITTED, "job-o", submitted("job-o"), "job-o.submitted")
     record = await record_when(stub, "job-o", lambda r: r.HasField("spec"))
     assert [p.version for p in record.plans] == [1, 2]
     assert record.outcome == SUCCEEDED
@@ -249,8 +242,8 @@ async def test_similar_jobs_are_ranked_among_succeeded_jobs_only(stub: Stub, bus
     await finished_job(bus, stub, "job-other-model", valid_spec(model=other_model))
     await finished_job(bus, stub, "job-failed", spec, outcome=job_pb2.JOB_OUTCOME_FAILED)
     await finished_job(bus, stub, "job-no-plan", spec, plans=0)
-    await bus.publish("stride.jobs.v1.submitted.job-running", submitted("job-running"), "run-s")
-    await bus.publish("stride.plans.v1.job-running", plan("job-running", 1), "run-p")
+    await bus.publish(topics.JOB_SUBMITTED, "job-running", submitted("job-running"), "run-s")
+    await bus.publish(topics.PLAN, "job-running", plan("job-running", 1), "run-p")
     await record_when(stub, "job-running", lambda r: len(r.plans) == 1 and r.HasField("spec"))
 
     similar = await stub.FindSimilarJobs(pb.FindSimilarJobsRequest(spec=spec, k=10))
@@ -266,11 +259,11 @@ async def test_similar_jobs_are_ranked_among_succeeded_jobs_only(stub: Stub, bus
 async def test_conflicting_plan_version_is_dead_lettered(
     stub: Stub, bus: Bus, nats_url: str
 ) -> None:
-    await bus.publish("stride.plans.v1.job-c", plan("job-c", 1, workers=2), "c-1")
+    await bus.publish(topics.PLAN, "job-c", plan("job-c", 1, workers=2), "c-1")
     await record_when(stub, "job-c", lambda r: len(r.plans) == 1)
-    await bus.publish("stride.plans.v1.job-c", plan("job-c", 1, workers=9), "c-1-other")
+    await bus.publish(topics.PLAN, "job-c", plan("job-c", 1, workers=9), "c-1-other")
     dead = await assert_eventually(
-        lambda: stream_messages(nats_url, "stride.deadletter.configdb-plans")
+        lambda: stream_messages(nats_url, topics.dead_letter_subject("configdb-plans"))
     )
     reason = dead[0].headers["Stride-Dead-Letter-Reason"] if dead[0].headers else ""
     assert "already recorded with different contents" in reason
@@ -280,27 +273,27 @@ async def test_conflicting_plan_version_is_dead_lettered(
 
 MALFORMED: list[tuple[str, str, bytes, dict[str, str]]] = [
     # (subject, durable, payload, headers): undecodable, wrong type, and invalid content.
-    ("stride.jobs.v1.submitted.job-bad1", "configdb-submitted", b"not protobuf", {}),
+    (topics.JOB_SUBMITTED.subject("job-bad1"), "configdb-submitted", b"not protobuf", {}),
     (
-        "stride.plans.v1.job-bad2",
+        topics.PLAN.subject("job-bad2"),
         "configdb-plans",
         b'{"job_id": "job-bad2", "version": 1}',
         {"Stride-Type": "application/json"},
     ),
     (
-        "stride.plans.v1.job-bad3",
+        topics.PLAN.subject("job-bad3"),
         "configdb-plans",
         plan_pb2.ResourcePlan(job_id="job-bad3", version=0).SerializeToString(),
         {"Stride-Type": "stride.events.v1.ResourcePlan"},
     ),
     (
-        "stride.jobs.v1.finished.job-bad4",
+        topics.JOB_FINISHED.subject("job-bad4"),
         "configdb-finished",
         job_pb2.JobFinished(job_id="job-bad4").SerializeToString(),
         {"Stride-Type": "stride.events.v1.JobFinished"},
     ),
     (
-        "stride.jobs.v1.submitted.job-bad5",
+        topics.JOB_SUBMITTED.subject("job-bad5"),
         "configdb-submitted",
         job_pb2.JobSubmitted(job_id="job-bad5").SerializeToString(),
         {"Stride-Type": "stride.events.v1.JobSubmitted"},
@@ -313,9 +306,9 @@ async def test_malformed_messages_are_dead_lettered_and_later_ones_processed(
 ) -> None:
     for index, (subject, _, payload, headers) in enumerate(MALFORMED):
         await bus.js.publish(subject, payload, headers={**headers, "Nats-Msg-Id": f"bad-{index}"})
-    await bus.publish("stride.jobs.v1.submitted.job-good", submitted("job-good"), "good-sub")
-    await bus.publish("stride.plans.v1.job-good", plan("job-good", 1), "good-plan")
-    await bus.publish("stride.jobs.v1.finished.job-good", finished("job-good"), "good-fin")
+    await bus.publish(topics.JOB_SUBMITTED, "job-good", submitted("job-good"), "good-sub")
+    await bus.publish(topics.PLAN, "job-good", plan("job-good", 1), "good-plan")
+    await bus.publish(topics.JOB_FINISHED, "job-good", finished("job-good"), "good-fin")
 
     await record_when(
         stub,
@@ -326,7 +319,7 @@ async def test_malformed_messages_are_dead_lettered_and_later_ones_processed(
         expected = [(subject, payload) for subject, d, payload, _ in MALFORMED if d == durable]
 
         async def parked(durable: str = durable, count: int = len(expected)) -> list[Msg]:
-            dead = await stream_messages(nats_url, f"stride.deadletter.{durable}")
+            dead = await stream_messages(nats_url, topics.dead_letter_subject(durable))
             assert len(dead) == count, dead
             return dead
 

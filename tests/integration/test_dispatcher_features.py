@@ -19,7 +19,7 @@ from google.protobuf.timestamp_pb2 import Timestamp
 
 from stride.api.dispatcher.v1 import dispatcher_service_pb2 as pb
 from stride.api.dispatcher.v1 import dispatcher_service_pb2_grpc as pb_grpc
-from stride.bus import subjects
+from stride.bus import topics
 from stride.bus.client import Bus
 from stride.dispatcher.app import build
 from stride.dispatcher.settings import DispatcherSettings
@@ -150,7 +150,7 @@ async def test_a_lapsed_lease_comes_back_and_its_late_reports_are_fenced(
         )
     )
     events = await assert_eventually(
-        lambda: stream_messages(nats_url, f"stride.shards.v1.{JOB}.requeued")
+        lambda: stream_messages(nats_url, topics.SHARD_REQUEUED.subject(JOB))
     )
     assert shard_pb2.ShardProgress.FromString(events[0].data).offset == 7
 
@@ -164,12 +164,13 @@ async def test_a_failed_pod_event_marks_its_worker_lost(stub: Stub, nats_url: st
     try:
         occurred = Timestamp()
         occurred.FromDatetime(datetime.now(UTC))
-        for phase, event in (
-            (pod_pb2.POD_PHASE_RUNNING, "started"),
-            (pod_pb2.POD_PHASE_DELETED, "deleted"),
+        for phase, topic in (
+            (pod_pb2.POD_PHASE_RUNNING, topics.POD_STARTED),
+            (pod_pb2.POD_PHASE_DELETED, topics.POD_DELETED),
         ):
             await bus.publish(
-                subjects.pod_event(JOB, event),
+                topic,
+                JOB,
                 pod_pb2.PodEvent(
                     job_id=JOB,
                     pod_name="pod-a",
@@ -177,7 +178,7 @@ async def test_a_failed_pod_event_marks_its_worker_lost(stub: Stub, nats_url: st
                     phase=phase,
                     occurred_at=occurred,
                 ),
-                message_id=f"{JOB}.pod-a.{event}",
+                message_id=f"{JOB}.pod-a.{topic.suffix}",
             )
     finally:
         await bus.close()
@@ -399,7 +400,7 @@ async def test_a_slow_worker_is_flagged_gets_smaller_shards_and_is_published(
     assert smaller.straggler
     assert smaller.shard.end - smaller.shard.start - smaller.shard.offset <= 20  # half of 40
     events = await assert_eventually(
-        lambda: stream_messages(nats_url, f"stride.shards.v1.{JOB}.straggler")
+        lambda: stream_messages(nats_url, topics.STRAGGLER_DETECTED.subject(JOB))
     )
     signal = shard_pb2.StragglerDetected.FromString(events[0].data)
     assert (signal.job_id, signal.worker) == (JOB, "slow")

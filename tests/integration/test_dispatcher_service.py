@@ -16,6 +16,7 @@ from nats.aio.msg import Msg
 
 from stride.api.dispatcher.v1 import dispatcher_service_pb2 as pb
 from stride.api.dispatcher.v1 import dispatcher_service_pb2_grpc as pb_grpc
+from stride.bus import topics
 from stride.dispatcher.app import SERVICE_NAME, build
 from stride.dispatcher.settings import DispatcherSettings
 from stride.events.v1 import shard_pb2
@@ -191,7 +192,7 @@ async def test_every_index_is_handed_out_once_through_failures_and_lost_workers(
     )
     assert sorted(w.worker for w in state.workers) == ["w0", "w1", "w2"]
 
-    done = await assert_eventually(lambda: at_least(nats_url, f"stride.shards.v1.{JOB}.done", 30))
+    done = await assert_eventually(lambda: at_least(nats_url, topics.SHARD_DONE.subject(JOB), 30))
     assert len(done) == 2 * shards_per_epoch
     events = [shard_pb2.ShardProgress.FromString(m.data) for m in done]
     assert {e.shard_id for e in events} == set(range(2 * shards_per_epoch))
@@ -234,9 +235,9 @@ async def test_reports_keep_offsets_and_duplicates_are_harmless(
     )
 
     failed = await assert_eventually(
-        lambda: at_least(nats_url, f"stride.shards.v1.{JOB}.failed", 1)
+        lambda: at_least(nats_url, topics.SHARD_FAILED.subject(JOB), 1)
     )
-    done = await assert_eventually(lambda: at_least(nats_url, f"stride.shards.v1.{JOB}.done", 1))
+    done = await assert_eventually(lambda: at_least(nats_url, topics.SHARD_DONE.subject(JOB), 1))
     assert len(failed) == 1 and len(done) == 1
     assert shard_pb2.ShardProgress.FromString(failed[0].data).offset == 30
     state = await stub.GetDatasetState(pb.GetDatasetStateRequest(job_id=JOB, dataset="train"))

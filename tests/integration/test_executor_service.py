@@ -14,7 +14,7 @@ from opentelemetry.sdk.trace.export.in_memory_span_exporter import InMemorySpanE
 
 from stride.api.executor.v1 import executor_service_pb2 as pb
 from stride.api.executor.v1 import executor_service_pb2_grpc as pb_grpc
-from stride.bus import subjects
+from stride.bus import topics
 from stride.bus.client import Bus
 from stride.events.v1 import optimization_pb2 as events
 from stride.executor.adapters.convert import dict_to_struct, struct_to_dict
@@ -89,7 +89,7 @@ async def stub(executors: list[ServiceHost]) -> AsyncIterator[Stub]:
 
 
 async def run_over_nats(bus: Bus, message: events.AlgorithmRequest) -> events.AlgorithmReply:
-    payload = await bus.request(subjects.executor_run(message.algorithm or "x"), message, timeout=5)
+    payload = await bus.request(topics.EXECUTOR_RUN, message.algorithm or "x", message, timeout=5)
     return events.AlgorithmReply.FromString(payload)
 
 
@@ -130,7 +130,7 @@ async def test_unknown_algorithm_and_bad_arguments_over_nats(bus: Bus) -> None:
 
 
 async def test_undecodable_requests_get_a_reply_and_do_not_stop_the_pool(bus: Bus) -> None:
-    subject = subjects.executor_run("cold-start-plan")
+    subject = topics.EXECUTOR_RUN.subject("cold-start-plan")
     for payload, headers in [
         (b"not protobuf", None),
         (b'{"algorithm": "cold-start-plan"}', {"Stride-Type": "stride.events.v1.AlgorithmRequest"}),

@@ -17,15 +17,16 @@ from opentelemetry.sdk.trace.export.in_memory_span_exporter import InMemorySpanE
 
 from stride.api.optimizer.v1 import optimizer_service_pb2 as pb
 from stride.api.optimizer.v1 import optimizer_service_pb2_grpc as pb_grpc
-from stride.bus import subjects
+from stride.bus import topics
 from stride.bus.client import Bus
 from stride.db.engine import Database
 from stride.db.outbox import Outbox
+from stride.decisions import build_decisions
 from stride.events.v1 import job_pb2, optimization_pb2, plan_pb2
 from stride.optimizer.app import SERVICE_NAME, build
 from stride.optimizer.db.tables import outbox as outbox_table
-from stride.optimizer.planning import Planning
 from stride.optimizer.settings import OptimizerSettings
+from stride.optimizer.usecases import Planning
 from stride.runtime.lifecycle import ServiceHost
 from stride.testing.eventually import assert_eventually
 from stride.testing.inprocess import running_service
@@ -77,7 +78,8 @@ async def publish_admission(bus: Bus, decision: job_pb2.AdmissionDecision) -> No
     # A fresh message id each time: JetStream would drop a repeated one, and these tests
     # want the optimizer itself to see the duplicate, as it would after a redelivery.
     await bus.publish(
-        subjects.job_decision("admitted", decision.job_id),
+        topics.JOB_ADMITTED,
+        decision.job_id,
         decision,
         f"{decision.job_id}.test.{next(_message_ids)}",
     )
@@ -85,7 +87,7 @@ async def publish_admission(bus: Bus, decision: job_pb2.AdmissionDecision) -> No
 
 async def publish_finished(bus: Bus, job_id: str) -> None:
     event = job_pb2.JobFinished(job_id=job_id, outcome=job_pb2.JOB_OUTCOME_CANCELLED)
-    await bus.publish(subjects.job_finished(job_id), event, f"{job_id}.test.{next(_message_ids)}")
+    await bus.publish(topics.JOB_FINISHED, job_id, event, f"{job_id}.test.{next(_message_ids)}")
 
 
 async def at_least(nats_url: str, subject: str, count: int) -> list[Msg]:
@@ -112,7 +114,7 @@ async def published_plans(nats_url: str, job_id: str, count: int = 1) -> list[Ms
     """The plan messages of a job, once at least ``count`` are on the stream."""
 
     async def probe() -> list[Msg]:
-        found = await stream_messages(nats_url, subjects.plan(job_id))
+        found = await stream_messages(nats_url, topics.PLAN.subject(job_id))
         assert len(found) >= count, f"{len(found)} plan messages"
         return found
 
@@ -185,8 +187,8 @@ async def test_admitted_job_gets_one_cold_start_plan_in_the_same_trace(
 
     def traced() -> bool:
         finished = {span.name: span for span in spans.get_finished_spans()}
-        consume = finished.get(f"consume stride.jobs.v1.admitted.{job_id}")
-        publish = finished.get(f"publish stride.plans.v1.{job_id}")
+        consume = finished.get(f"consume {topics.JOB_ADMITTED.subject(job_id)}")
+        publish = finished.get(f"publish {topics.PLAN.subject(job_id)}")
         assert consume is not None and publish is not None, sorted(finished)
         assert consume.context is not None and publish.context is not None
         assert consume.context.trace_id == trace_id
@@ -250,7 +252,7 @@ async def test_admission_arriving_after_the_end_starts_nothing(
     assert raised.value.code() == grpc.StatusCode.NOT_FOUND
     assert "has no plan" in (raised.value.details() or "")
     assert (await stub.ListPlans(pb.ListPlansRequest(job_id=job_id))).plans == []
-    assert await stream_messages(nats_url, subjects.plan(job_id)) == []
+    assert await stream_messages(nats_url, topics.PLAN.subject(job_id)) == []
 
 
 async def test_bad_and_unknown_job_ids_over_grpc(stub: Stub) -> None:
@@ -276,35 +278,37 @@ async def test_malformed_messages_are_dead_lettered_and_do_not_block(
     stub: Stub, bus: Bus, nats_url: str
 ) -> None:
     await bus.js.publish(
-        "stride.jobs.v1.admitted.job-raw", b"not protobuf", headers={"Nats-Msg-Id": "raw-1"}
+        topics.JOB_ADMITTED.subject("job-raw"), b"not protobuf", headers={"Nats-Msg-Id": "raw-1"}
     )
     await bus.js.publish(
-        "stride.jobs.v1.admitted.job-json",
+        topics.JOB_ADMITTED.subject("job-json"),
         b'{"job_id": "job-json"}',
         headers={"Nats-Msg-Id": "json-1", "Stride-Type": "stride.events.v1.AdmissionDecision"},
     )
     await bus.js.publish(
-        "stride.jobs.v1.finished.job-raw", b"not protobuf", headers={"Nats-Msg-Id": "raw-2"}
+        topics.JOB_FINISHED.subject("job-raw"), b"not protobuf", headers={"Nats-Msg-Id": "raw-2"}
     )
     await publish_admission(bus, admission("job-bad-spec", batch_size=0))
     wrong_subject = admission("job-other")
-    await bus.publish("stride.jobs.v1.admitted.job-elsewhere", wrong_subject, "wrong-subject-1")
+    await bus.publish(topics.JOB_ADMITTED, "job-elsewhere", wrong_subject, "wrong-subject-1")
     await publish_admission(bus, admission("job-good"))
 
     await assert_eventually(lambda: newest_plan(stub, "job-good"))
     dead = await assert_eventually(
-        lambda: at_least(nats_url, "stride.deadletter.optimizer-admitted", 4)
+        lambda: at_least(nats_url, topics.dead_letter_subject("optimizer-admitted"), 4)
     )
     reasons = {
         m.headers["Stride-Original-Subject"]: m.headers["Stride-Dead-Letter-Reason"]
         for m in dead
         if m.headers
     }
-    assert "undecodable" in reasons["stride.jobs.v1.admitted.job-raw"]
-    assert "spec.batch_size" in reasons["stride.jobs.v1.admitted.job-bad-spec"]
-    assert "does not match subject" in reasons["stride.jobs.v1.admitted.job-elsewhere"]
-    assert "stride.jobs.v1.admitted.job-json" in reasons
-    await assert_eventually(lambda: at_least(nats_url, "stride.deadletter.optimizer-finished", 1))
+    assert "undecodable" in reasons[topics.JOB_ADMITTED.subject("job-raw")]
+    assert "spec.batch_size" in reasons[topics.JOB_ADMITTED.subject("job-bad-spec")]
+    assert "does not match subject" in reasons[topics.JOB_ADMITTED.subject("job-elsewhere")]
+    assert topics.JOB_ADMITTED.subject("job-json") in reasons
+    await assert_eventually(
+        lambda: at_least(nats_url, topics.dead_letter_subject("optimizer-finished"), 1)
+    )
     for job_id in ("job-raw", "job-bad-spec", "job-other", "job-elsewhere"):
         with pytest.raises(grpc.aio.AioRpcError) as raised:
             await stub.ListPlans(pb.ListPlansRequest(job_id=job_id))
@@ -332,10 +336,11 @@ async def test_exactly_one_plan_across_crash_and_restarts(nats_url: str, databas
     await publish_admission(bus, decision)
     database = Database(database_url, "optimizer")
     try:
-        await Planning(database, Outbox(outbox_table)).admitted(decision)
+        adjust = build_decisions({}, None).adjust
+        await Planning(database, Outbox(outbox_table), adjust).admitted(decision)
     finally:
         await database.dispose()
-    assert await stream_messages(nats_url, subjects.plan("job-crash")) == []
+    assert await stream_messages(nats_url, topics.PLAN.subject("job-crash")) == []
 
     # Restart: the redelivered admission changes nothing, the relay publishes the plan once.
     async with running_service(build, settings) as host:
@@ -348,7 +353,7 @@ async def test_exactly_one_plan_across_crash_and_restarts(nats_url: str, databas
                 plans = (await stub.ListPlans(pb.ListPlansRequest(job_id=job_id))).plans
                 assert [p.version for p in plans] == [1]
                 assert len(await published_plans(nats_url, job_id)) == 1
-        info = await bus.js.consumer_info("STRIDE_JOBS", "optimizer-admitted")
+        info = await bus.js.consumer_info(topics.JOBS.name, "optimizer-admitted")
         assert info.num_pending == 0 and info.num_ack_pending == 0
     await bus.close()
 
@@ -394,7 +399,7 @@ async def test_sigkill_at_any_point_leaves_exactly_one_plan(
         jobs = [f"job-killed-{number}" for number in range(6)]
         for job_id in jobs[:3]:
             await publish_admission(bus, admission(job_id))
-        await assert_eventually(lambda: at_least(nats_url, subjects.plan(jobs[0]), 1))
+        await assert_eventually(lambda: at_least(nats_url, topics.PLAN.subject(jobs[0]), 1))
         for job_id in jobs[3:]:
             await publish_admission(bus, admission(job_id))
         process.kill()
@@ -407,7 +412,7 @@ async def test_sigkill_at_any_point_leaves_exactly_one_plan(
                 plans = (await stub.ListPlans(pb.ListPlansRequest(job_id=job_id))).plans
                 assert [p.version for p in plans] == [1]
         messages = await assert_eventually(
-            lambda: at_least(nats_url, "stride.plans.v1.>", len(jobs))
+            lambda: at_least(nats_url, topics.PLANS.subjects[0], len(jobs))
         )
         ids = sorted(m.headers["Nats-Msg-Id"] for m in messages if m.headers)
         assert ids == sorted(f"{job_id}.plan.1" for job_id in jobs)

@@ -12,6 +12,7 @@ from nats.aio.msg import Msg
 
 from stride.api.podwatcher.v1 import podwatcher_service_pb2 as pb
 from stride.api.podwatcher.v1 import podwatcher_service_pb2_grpc as pb_grpc
+from stride.bus import topics
 from stride.bus.client import Bus
 from stride.events.v1 import plan_pb2
 from stride.podwatcher.app import build
@@ -86,12 +87,12 @@ async def newest_version_becomes(stub: Stub, job_id: str, version: int) -> pb.Ge
 async def processed_up_to_here(bus: Bus, stub: Stub, marker: str) -> None:
     """Publish a plan for a marker job and wait for it: the single, ordered consumer has
     then handled everything published before it (how to see that something was ignored)."""
-    await bus.publish(f"stride.plans.v1.{marker}", plan(marker, 1), f"{marker}.1")
+    await bus.publish(topics.PLAN, marker, plan(marker, 1), f"{marker}.1")
     await newest_version_becomes(stub, marker, 1)
 
 
 async def test_plans_are_recorded_and_the_newest_is_served(stub: Stub, bus: Bus) -> None:
-    await bus.publish("stride.plans.v1.job-a", plan("job-a", 1), "job-a.plan.1")
+    await bus.publish(topics.PLAN, "job-a", plan("job-a", 1), "job-a.plan.1")
     reply = await newest_version_becomes(stub, "job-a", 1)
     assert reply.plan.plan == plan("job-a", 1)
     assert reply.plan.state == pb.PLAN_STATE_RECORDED
@@ -100,33 +101,33 @@ async def test_plans_are_recorded_and_the_newest_is_served(stub: Stub, bus: Bus)
     # The local backend creates no pods yet (the backend issue adds them).
     assert list(reply.pods) == []
 
-    await bus.publish("stride.plans.v1.job-a", plan("job-a", 2, workers=5), "job-a.plan.2")
+    await bus.publish(topics.PLAN, "job-a", plan("job-a", 2, workers=5), "job-a.plan.2")
     reply = await newest_version_becomes(stub, "job-a", 2)
     assert reply.plan.plan.roles[1].count == 5
     assert reply.plan.state == pb.PLAN_STATE_RECORDED
 
 
 async def test_redelivered_plan_changes_nothing(stub: Stub, bus: Bus) -> None:
-    await bus.publish("stride.plans.v1.job-d", plan("job-d", 1), "first")
+    await bus.publish(topics.PLAN, "job-d", plan("job-d", 1), "first")
     first = await newest_version_becomes(stub, "job-d", 1)
     # Distinct message ids get past JetStream's de-duplication, as a redelivery would.
     for attempt in range(3):
-        await bus.publish("stride.plans.v1.job-d", plan("job-d", 1), f"again-{attempt}")
+        await bus.publish(topics.PLAN, "job-d", plan("job-d", 1), f"again-{attempt}")
     await processed_up_to_here(bus, stub, "job-marker")
     again = await newest_version_becomes(stub, "job-d", 1)
     assert again.plan == first.plan
 
 
 async def test_stale_and_out_of_order_plans_are_ignored(stub: Stub, bus: Bus) -> None:
-    await bus.publish("stride.plans.v1.job-o", plan("job-o", 3, workers=7), "o-3")
+    await bus.publish(topics.PLAN, "job-o", plan("job-o", 3, workers=7), "o-3")
     await newest_version_becomes(stub, "job-o", 3)
-    await bus.publish("stride.plans.v1.job-o", plan("job-o", 1, workers=1), "o-1")
-    await bus.publish("stride.plans.v1.job-o", plan("job-o", 2, workers=2), "o-2")
+    await bus.publish(topics.PLAN, "job-o", plan("job-o", 1, workers=1), "o-1")
+    await bus.publish(topics.PLAN, "job-o", plan("job-o", 2, workers=2), "o-2")
     await processed_up_to_here(bus, stub, "job-marker")
     reply = await newest_version_becomes(stub, "job-o", 3)
     assert reply.plan.plan.roles[1].count == 7
 
-    await bus.publish("stride.plans.v1.job-o", plan("job-o", 4, workers=4), "o-4")
+    await bus.publish(topics.PLAN, "job-o", plan("job-o", 4, workers=4), "o-4")
     reply = await newest_version_becomes(stub, "job-o", 4)
     assert reply.plan.plan.roles[1].count == 4
 
@@ -139,33 +140,33 @@ def invalid_plans() -> list[tuple[str, bytes, dict[str, str]]]:
     no_memory = plan("job-bad5", 1)
     no_memory.roles[1].memory_bytes = 0
     return [
-        ("stride.plans.v1.job-bad1", b"not protobuf", {}),
+        (topics.PLAN.subject("job-bad1"), b"not protobuf", {}),
         (
-            "stride.plans.v1.job-bad2",
+            topics.PLAN.subject("job-bad2"),
             b'{"job_id": "job-bad2"}',
             {"Stride-Type": "application/json"},
         ),
-        ("stride.plans.v1.job-bad3", plan("job-bad3", 0).SerializeToString(), typed),
-        ("stride.plans.v1.job-bad4", unspecified_role.SerializeToString(), typed),
-        ("stride.plans.v1.job-bad5", no_memory.SerializeToString(), typed),
-        ("stride.plans.v1.job-bad6", plan("job-bad6", 1, cpu=0.0).SerializeToString(), typed),
-        ("stride.plans.v1.job-good", plan("job-good", 2, cpu=-1.0).SerializeToString(), typed),
+        (topics.PLAN.subject("job-bad3"), plan("job-bad3", 0).SerializeToString(), typed),
+        (topics.PLAN.subject("job-bad4"), unspecified_role.SerializeToString(), typed),
+        (topics.PLAN.subject("job-bad5"), no_memory.SerializeToString(), typed),
+        (topics.PLAN.subject("job-bad6"), plan("job-bad6", 1, cpu=0.0).SerializeToString(), typed),
+        (topics.PLAN.subject("job-good"), plan("job-good", 2, cpu=-1.0).SerializeToString(), typed),
     ]
 
 
 async def test_invalid_plans_are_dead_lettered_and_later_ones_processed(
     stub: Stub, bus: Bus, nats_url: str
 ) -> None:
-    await bus.publish("stride.plans.v1.job-good", plan("job-good", 1), "good-1")
+    await bus.publish(topics.PLAN, "job-good", plan("job-good", 1), "good-1")
     await newest_version_becomes(stub, "job-good", 1)
     bad = invalid_plans()
     for index, (subject, payload, headers) in enumerate(bad):
         await bus.js.publish(subject, payload, headers={**headers, "Nats-Msg-Id": f"bad-{index}"})
-    await bus.publish("stride.plans.v1.job-good", plan("job-good", 3), "good-3")
+    await bus.publish(topics.PLAN, "job-good", plan("job-good", 3), "good-3")
     await newest_version_becomes(stub, "job-good", 3)
 
     async def parked() -> list[Msg]:
-        dead = await stream_messages(nats_url, "stride.deadletter.podwatcher-plans")
+        dead = await stream_messages(nats_url, topics.dead_letter_subject("podwatcher-plans"))
         assert len(dead) == len(bad), dead
         return dead
 

@@ -10,7 +10,7 @@ from nats.aio.msg import Msg
 from opentelemetry import trace
 from opentelemetry.sdk.trace.export.in_memory_span_exporter import InMemorySpanExporter
 
-from stride.bus import subjects
+from stride.bus import topics
 from stride.bus.client import Bus, Delivery, Handler, PermanentError
 from stride.events.v1 import job_pb2
 from stride.testing.eventually import assert_eventually
@@ -36,10 +36,8 @@ async def run_consumer(
 ) -> asyncio.Task[None]:
     return asyncio.create_task(
         bus.consume(
-            stream="STRIDE_JOBS",
+            topics.JOB_FINISHED,
             durable="test-consumer",
-            filter_subject="stride.jobs.v1.finished.*",
-            message_type=job_pb2.JobFinished,
             handler=handler,
             stop=stop,
             max_deliver=max_deliver,
@@ -49,10 +47,10 @@ async def run_consumer(
 
 async def test_streams_are_idempotent_and_duplicates_are_dropped(bus: Bus) -> None:
     await bus.ensure_streams()
-    first = await bus.publish(subjects.job_finished("j1"), finished("j1"), "j1.finished")
-    again = await bus.publish(subjects.job_finished("j1"), finished("j1"), "j1.finished")
+    first = await bus.publish(topics.JOB_FINISHED, "j1", finished("j1"), "j1.finished")
+    again = await bus.publish(topics.JOB_FINISHED, "j1", finished("j1"), "j1.finished")
     assert again.duplicate and not first.duplicate
-    info = await bus.js.stream_info("STRIDE_JOBS")
+    info = await bus.js.stream_info(topics.JOBS.name)
     assert info.state.messages == 1
 
 
@@ -65,9 +63,9 @@ async def test_handler_sees_messages_in_order_and_acks(bus: Bus) -> None:
 
     task = await run_consumer(bus, handler, stop)
     for index in range(5):
-        await bus.publish(subjects.job_finished(f"j{index}"), finished(f"j{index}"), f"j{index}.f")
+        await bus.publish(topics.JOB_FINISHED, f"j{index}", finished(f"j{index}"), f"j{index}.f")
     await assert_eventually(lambda: seen == [f"j{i}" for i in range(5)])
-    info = await bus.js.consumer_info("STRIDE_JOBS", "test-consumer")
+    info = await bus.js.consumer_info(topics.JOBS.name, "test-consumer")
     await assert_eventually(lambda: info.num_ack_pending == 0)
     stop.set()
     await task
@@ -83,11 +81,15 @@ async def test_malformed_and_mistyped_messages_are_dead_lettered_not_retried(
         seen.append(message.job_id)
 
     task = await run_consumer(bus, handler, stop)
-    await bus.js.publish("stride.jobs.v1.finished.bad", b'{"job_id": "json is not protobuf"}')
-    await bus.publish(
-        "stride.jobs.v1.finished.wrong", job_pb2.JobSubmitted(job_id="x"), "wrong-type"
+    await bus.js.publish(topics.JOB_FINISHED.subject("bad"), b'{"job_id": "json is not protobuf"}')
+    wrong = job_pb2.JobSubmitted(job_id="x")
+    await bus.publish_raw(
+        topics.JOB_FINISHED.subject("wrong"),
+        wrong.SerializeToString(),
+        "wrong-type",
+        topics.message_headers(wrong),
     )
-    await bus.publish(subjects.job_finished("good"), finished("good"), "good.f")
+    await bus.publish(topics.JOB_FINISHED, "good", finished("good"), "good.f")
     await assert_eventually(lambda: seen == ["good"])
     parked = await assert_eventually(lambda: dead_letters(nats_url, "test-consumer"))
     reasons = sorted((m.headers or {})["Stride-Dead-Letter-Reason"] for m in parked)
@@ -112,12 +114,12 @@ async def test_failures_retry_then_dead_letter_after_max_deliver(bus: Bus, nats_
             raise RuntimeError("first try fails")
 
     task = await run_consumer(bus, flaky, stop, max_deliver=3)
-    await bus.publish(subjects.job_finished("once"), finished("once"), "once.f")
+    await bus.publish(topics.JOB_FINISHED, "once", finished("once"), "once.f")
     await assert_eventually(lambda: attempts[:2] == [1, 2], timeout=10)
     attempts.clear()
-    await bus.publish(subjects.job_finished("never"), finished("never"), "never.f")
+    await bus.publish(topics.JOB_FINISHED, "never", finished("never"), "never.f")
     await assert_eventually(lambda: attempts == [1, 2, 3], timeout=15)
-    await bus.publish(subjects.job_finished("reject"), finished("reject"), "reject.f")
+    await bus.publish(topics.JOB_FINISHED, "reject", finished("reject"), "reject.f")
     parked = await assert_eventually(lambda: _two(nats_url), timeout=10)
     reasons = sorted((m.headers or {})["Stride-Dead-Letter-Reason"] for m in parked)
     assert reasons[0].startswith("failed 3 times, last: RuntimeError: database down")
@@ -140,7 +142,7 @@ async def test_trace_context_crosses_the_bus(bus: Bus, spans: InMemorySpanExport
 
     task = await run_consumer(bus, handler, stop)
     with trace.get_tracer("test").start_as_current_span("origin") as origin:
-        await bus.publish(subjects.job_finished("t"), finished("t"), "t.f")
+        await bus.publish(topics.JOB_FINISHED, "t", finished("t"), "t.f")
     await assert_eventually(lambda: consumed)
     assert consumed == [format(origin.get_span_context().trace_id, "032x")]
     stop.set()

@@ -7,21 +7,22 @@ import json
 import signal
 import time
 import urllib.request
-from collections.abc import Awaitable
 from pathlib import Path
 
 import grpc
 import nats
 import pytest
-from grpc_health.v1 import health_pb2, health_pb2_grpc
+from grpc_health.v1 import health_pb2
 
 from stride.admission.app import build
 from stride.admission.settings import AdmissionSettings
 from stride.api.admission.v1 import admission_service_pb2 as pb
 from stride.api.admission.v1 import admission_service_pb2_grpc as pb_grpc
+from stride.bus import topics
 from stride.events.v1 import job_pb2
 from stride.runtime.embedded_nats import NatsServer, free_port
 from stride.testing.eventually import assert_eventually
+from stride.testing.health import equals, health
 from stride.testing.inprocess import running_service
 from stride.testing.processes import ServiceProcess
 
@@ -40,23 +41,11 @@ def spec() -> job_pb2.JobSpec:
     )
 
 
-async def health(port: int, service: str) -> int:
-    """The health status, or -1 while the server does not answer."""
-    async with grpc.aio.insecure_channel(f"127.0.0.1:{port}") as channel:
-        try:
-            reply = await health_pb2_grpc.HealthStub(channel).Check(
-                health_pb2.HealthCheckRequest(service=service), timeout=2
-            )
-        except grpc.aio.AioRpcError:
-            return -1
-    return int(reply.status)
-
-
 async def count_job_events(url: str) -> int:
     """Messages on the jobs stream (a submitted and an admitted event per job)."""
     nc = await nats.connect(url)
     try:
-        info = await nc.jetstream().stream_info("STRIDE_JOBS")
+        info = await nc.jetstream().stream_info(topics.JOBS.name)
         return int(info.state.messages)
     finally:
         await nc.close()
@@ -78,9 +67,9 @@ async def test_health_follows_nats_and_the_outbox_catches_up(tmp_path: Path) -> 
     try:
         async with running_service(build, settings) as host:
             port = host.server.port
-            await assert_eventually(lambda: _is(health(port, SERVICE), serving))
+            await assert_eventually(lambda: equals(health(port, SERVICE), serving))
             server.kill()
-            await assert_eventually(lambda: _is(health(port, SERVICE), not_serving), timeout=10)
+            await assert_eventually(lambda: equals(health(port, SERVICE), not_serving), timeout=10)
             assert await health(port, "") == serving  # liveness: the process is fine
 
             async with grpc.aio.insecure_channel(f"127.0.0.1:{port}") as channel:
@@ -90,14 +79,10 @@ async def test_health_follows_nats_and_the_outbox_catches_up(tmp_path: Path) -> 
             assert reply.job.state == pb.JOB_STATE_ADMITTED  # stored; events wait in the outbox
 
             server = NatsServer(store_dir=tmp_path / "nats", port=server.port).start()
-            await assert_eventually(lambda: _is(health(port, SERVICE), serving), timeout=20)
-            await assert_eventually(lambda: _is(count_job_events(server.url), 2), timeout=20)
+            await assert_eventually(lambda: equals(health(port, SERVICE), serving), timeout=20)
+            await assert_eventually(lambda: equals(count_job_events(server.url), 2), timeout=20)
     finally:
         server.stop()
-
-
-async def _is(probe: Awaitable[int], expected: int) -> bool:
-    return (await probe) == expected
 
 
 async def test_metrics_logs_and_sigterm(nats_url: str, tmp_path: Path) -> None:
@@ -113,7 +98,7 @@ async def test_metrics_logs_and_sigterm(nats_url: str, tmp_path: Path) -> None:
     ).start()
     try:
         await assert_eventually(
-            lambda: _is(health(process.port, SERVICE), health_pb2.HealthCheckResponse.SERVING),
+            lambda: equals(health(process.port, SERVICE), health_pb2.HealthCheckResponse.SERVING),
             timeout=30,
             interval=0.2,
         )

@@ -1,4 +1,5 @@
-"""Job spec rules: every invalid spec names its field; valid specs pass."""
+"""Admission's edge of the job spec rules: every invalid spec is an InvalidArgument that
+names its field (the rules themselves are tested in tests/unit/test_jobspec_rules.py)."""
 
 from __future__ import annotations
 
@@ -7,32 +8,30 @@ from datetime import UTC, datetime, timedelta
 
 import pytest
 
-from stride.admission.domain.jobs import JobSpec, Priority, validate
-from stride.admission.domain.policy import AdmitAll, Outcome
+from stride.admission.domain.jobs import JobSpec, Priority, check_request_id, validate
+from stride.admission.domain.policy import Outcome, decision_from_admit_all
+from stride.policy.admit_all import ADMIT_ALL, AdmitAllRequest
 from stride.runtime.errors import InvalidArgument
+from stride.vocabulary.jobspec import DatasetSpec, Deadline, ModelReference, Termination
 
 NOW = datetime(2026, 11, 21, 12, 0, tzinfo=UTC)
 VALID = JobSpec(
     name="wide-deep",
     user="alice",
-    model_name="wide-and-deep",
-    image="",
-    entrypoint="pkg.mod:train",
-    dataset_name="criteo",
-    record_count=1000,
+    model=ModelReference(name="wide-and-deep", entrypoint="pkg.mod:train"),
+    dataset=DatasetSpec(name="criteo", record_count=1000),
     batch_size=100,
-    max_steps=0,
-    max_epochs=3,
-    deadline=NOW + timedelta(hours=1),
-    priority=Priority.NORMAL,
+    termination=Termination(max_epochs=3),
+    deadline=Deadline.of(NOW + timedelta(hours=1)),
 )
 
 
 def test_valid_spec_passes_and_counts_steps() -> None:
     validate(VALID, NOW)
+    assert VALID.priority_level is Priority.NORMAL
     assert VALID.total_steps == 30
-    assert replace(VALID, max_steps=7, max_epochs=0).total_steps == 7
-    assert replace(VALID, record_count=1001).total_steps == 33
+    assert replace(VALID, termination=Termination(max_steps=7)).total_steps == 7
+    assert replace(VALID, dataset=DatasetSpec(name="c", record_count=1001)).total_steps == 33
 
 
 @pytest.mark.parametrize(
@@ -41,21 +40,29 @@ def test_valid_spec_passes_and_counts_steps() -> None:
         ({"name": ""}, "spec.name"),
         ({"name": "has space"}, "spec.name"),
         ({"user": ""}, "spec.user"),
-        ({"model_name": ""}, "spec.model.name"),
-        ({"entrypoint": ""}, "spec.model"),
-        ({"image": "img"}, "spec.model"),
-        ({"entrypoint": "not an entrypoint"}, "spec.model.entrypoint"),
-        ({"dataset_name": ""}, "spec.dataset.name"),
-        ({"record_count": 0}, "spec.dataset.record_count"),
+        ({"model": ModelReference(entrypoint="a:b")}, "spec.model.name"),
+        ({"model": ModelReference(name="m")}, "spec.model"),
+        ({"model": ModelReference(name="m", image="i", entrypoint="a:b")}, "spec.model"),
+        ({"model": ModelReference(name="m", entrypoint="not one")}, "spec.model.entrypoint"),
+        (
+            {"model": ModelReference(name="m", entrypoint="a:b", embedding_dim=-7)},
+            "spec.model.embedding_dim",
+        ),
+        ({"dataset": DatasetSpec(record_count=10)}, "spec.dataset.name"),
+        ({"dataset": DatasetSpec(name="d")}, "spec.dataset.record_count"),
         ({"batch_size": -1}, "spec.batch_size"),
         ({"batch_size": 5000}, "spec.batch_size"),
-        ({"max_epochs": -2}, "spec.termination.max_epochs"),
-        ({"max_steps": -2}, "spec.termination.max_steps"),
-        ({"max_steps": 10}, "spec.termination"),
-        ({"max_epochs": 0}, "spec.termination"),
-        ({"deadline": NOW}, "spec.deadline"),
-        ({"deadline": NOW - timedelta(seconds=1)}, "spec.deadline"),
+        ({"termination": Termination(max_epochs=-2)}, "spec.termination.max_epochs"),
+        ({"termination": Termination(max_steps=-2)}, "spec.termination.max_steps"),
+        ({"termination": Termination(max_steps=10, max_epochs=1)}, "spec.termination"),
+        ({"termination": Termination()}, "spec.termination"),
+        ({"deadline": Deadline.of(NOW)}, "spec.deadline"),
+        ({"deadline": Deadline.of(NOW - timedelta(seconds=1))}, "spec.deadline"),
+        ({"deadline": Deadline(253402300799)}, "spec.deadline"),
+        ({"deadline": Deadline(NOW.second, nanos=-5)}, "spec.deadline"),
         ({"hyperparameters": {"": "x"}}, "spec.hyperparameters"),
+        ({"priority": 9}, "spec.priority"),
+        ({"serialized_size": 2 * 1024 * 1024}, "spec"),
     ],
 )
 def test_invalid_field_is_named(changes: dict[str, object], field: str) -> None:
@@ -69,8 +76,22 @@ def test_no_deadline_is_best_effort_and_valid() -> None:
     validate(replace(VALID, deadline=None), NOW)
 
 
+@pytest.mark.parametrize("request_id", ["\x00", "a\x00b", "r" * 201, "a\nb"])
+def test_a_request_id_postgresql_cannot_store_is_an_invalid_argument(request_id: str) -> None:
+    with pytest.raises(InvalidArgument) as raised:
+        check_request_id(request_id)
+    assert raised.value.field == "request_id"
+
+
+@pytest.mark.parametrize("request_id", ["", "r-1", "spec-" + "f" * 40, "r" * 200])
+def test_usual_request_ids_pass(request_id: str) -> None:
+    check_request_id(request_id)
+
+
 def test_admit_all_is_the_marked_temporary_policy() -> None:
-    decision = AdmitAll().decide(VALID, NOW)
+    reply = ADMIT_ALL.run_typed(AdmitAllRequest(job_name=VALID.name, has_deadline=True))
+    assert "NOT guaranteed" in reply.reason
+    decision = decision_from_admit_all(reply, ADMIT_ALL.qualified_name)
     assert decision.outcome is Outcome.ADMITTED
     assert decision.policy == "admit-all/1"
     assert decision.minimum_share is not None and decision.minimum_share.workers == 1

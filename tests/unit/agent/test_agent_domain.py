@@ -8,11 +8,11 @@ import math
 import pytest
 
 from stride.agent.app import build
-from stride.agent.control import ControlChannel
 from stride.agent.domain.control import ControlAction, ControlCommand
 from stride.agent.domain.identity import Role, parse_role
 from stride.agent.domain.steps import StepWindow, validate
 from stride.agent.settings import AgentSettings
+from stride.agent.usecases import ControlChannel
 from stride.runtime.errors import InvalidArgument, StartupError
 from stride.runtime.lifecycle import EXIT_STARTUP_FAILED, run_service
 from stride.runtime.settings import load_settings
@@ -33,7 +33,7 @@ def test_roles_parse_in_either_spelling(text: str, role: Role) -> None:
 
 
 def test_unknown_role_lists_the_choices() -> None:
-    with pytest.raises(ValueError, match="ps, worker, data-worker, chief"):
+    with pytest.raises(ValueError, match="ps, worker, data_worker, chief"):
         parse_role("boss")
 
 

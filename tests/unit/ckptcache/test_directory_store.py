@@ -10,7 +10,7 @@ from typing import Any
 
 import pytest
 
-from stride.ckptcache.adapters.directory_store import DirectoryStore
+from stride.ckptcache.adapters.outbound.directory_store import DirectoryStore
 from stride.ckptcache.domain.checkpoints import CheckpointInfo, Tier
 from stride.ckptcache.domain.checksum import checksum, combined
 from stride.ckptcache.domain.tiers import ShardSource

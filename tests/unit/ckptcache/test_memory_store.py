@@ -8,7 +8,7 @@ from pathlib import Path
 
 import pytest
 
-from stride.ckptcache.adapters.memory_store import (
+from stride.ckptcache.adapters.outbound.memory_store import (
     FREE,
     INCOMING,
     PINNED,

@@ -39,13 +39,13 @@ from sqlalchemy import update
 from stride.db.engine import Database
 from stride.db.migrations import upgrade
 from stride.db.outbox import Outbox
-from stride.dispatcher.adapters.fastpath import SqliteFastPath
+from stride.dispatcher.adapters.outbound.fastpath import SqliteFastPath
 from stride.dispatcher.app import MIGRATIONS
 from stride.dispatcher.db.tables import outbox as outbox_table
 from stride.dispatcher.db.tables import shards, workers
-from stride.dispatcher.dispatching import ShardDispatcher, Snapshot, WorkerRef
 from stride.dispatcher.domain.datasets import DatasetParameters, ShardingKind
 from stride.dispatcher.domain.queue import Grant
+from stride.dispatcher.usecases import ShardDispatcher, Snapshot, WorkerRef
 from stride.runtime.errors import FailedPrecondition, NotFound
 
 T = TypeVar("T")
@@ -126,11 +126,12 @@ class DispatcherMachine(RuleBasedStateMachine):
 
     def _open(self) -> None:
         self.database = Database(f"sqlite:///{self.path}", "dispatcher")
-        self.dispatcher = ShardDispatcher(self.database, Outbox(outbox_table), LEASE)
-        if self.fast:
-            self.dispatcher.fast = SqliteFastPath(
-                str(self.path), LEASE, timedelta(seconds=30), False
-            )
+        fast = (
+            SqliteFastPath(str(self.path), LEASE, timedelta(seconds=30), False)
+            if self.fast
+            else None
+        )
+        self.dispatcher = ShardDispatcher(self.database, Outbox(outbox_table), LEASE, fast=fast)
 
     def _close(self) -> None:
         if self.dispatcher.fast is not None:

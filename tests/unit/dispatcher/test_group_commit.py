@@ -18,12 +18,12 @@ import pytest
 from stride.db.engine import Database
 from stride.db.migrations import upgrade
 from stride.db.outbox import Outbox
-from stride.dispatcher.adapters import fastpath
-from stride.dispatcher.adapters.fastpath import FastPath, SqliteFastPath
+from stride.dispatcher.adapters.outbound import fastpath
+from stride.dispatcher.adapters.outbound.fastpath import FastPath, SqliteFastPath
 from stride.dispatcher.app import MIGRATIONS, open_fast_path
 from stride.dispatcher.db.tables import outbox as outbox_table
-from stride.dispatcher.dispatching import ShardDispatcher, ShardGrant, WorkerRef
 from stride.dispatcher.domain.datasets import DatasetParameters, ShardingKind
+from stride.dispatcher.usecases import ShardDispatcher, ShardGrant, WorkerRef
 from stride.runtime.errors import FailedPrecondition, Unavailable
 
 JOB, DATASET = "job-group", "train"
@@ -44,9 +44,8 @@ PARAMETERS = DatasetParameters(
 async def _open(url: str) -> AsyncIterator[ShardDispatcher]:
     upgrade(url, "dispatcher", MIGRATIONS)
     database = Database(url, "dispatcher")
-    dispatcher = ShardDispatcher(database, Outbox(outbox_table), LEASE)
     fast = open_fast_path(database, LEASE, timedelta(seconds=30), sync_commits=False)
-    dispatcher.fast = fast
+    dispatcher = ShardDispatcher(database, Outbox(outbox_table), LEASE, fast=fast)
     await dispatcher.create_dataset(JOB, DATASET, PARAMETERS)
     try:
         yield dispatcher

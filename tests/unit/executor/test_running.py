@@ -11,7 +11,7 @@ from google.protobuf.struct_pb2 import Struct
 from stride.events.v1 import optimization_pb2 as events
 from stride.events.v1 import plan_pb2
 from stride.executor.adapters.convert import dict_to_struct, struct_to_dict
-from stride.executor.running import AlgorithmFailed, AlgorithmRunner
+from stride.executor.usecases import AlgorithmFailed, AlgorithmRunner
 from stride.policy.cold_start import ColdStartReply
 from stride.policy.registry import AlgorithmSpec, Registry, default_registry, from_dict
 from stride.runtime.errors import InvalidArgument, NotFound

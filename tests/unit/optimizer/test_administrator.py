@@ -16,16 +16,17 @@ from stride.optimizer.domain.administrator import (
     on_admitted,
     on_finished,
 )
-from stride.policy.cold_start import JobFeatures
+from stride.policy.cold_start import JobFeatures, cold_start_plan
 from stride.policy.plans import Role
 from stride.runtime.errors import InvalidArgument
 
 NOW = datetime(2026, 1, 2, 3, 4, 5, tzinfo=UTC)
 FEATURES = JobFeatures(model_name="wdl", record_count=10_000, batch_size=100, max_epochs=1)
+COLD_START = cold_start_plan(FEATURES)
 
 
 def test_admission_creates_a_cold_start_administrator_with_plan_one() -> None:
-    step = on_admitted(None, "job-1", FEATURES, NOW)
+    step = on_admitted(None, "job-1", COLD_START, NOW)
     assert step.changed
     assert step.after == Administrator("job-1", JobStage.COLD_START, plan_version=1)
     (event,) = step.events
@@ -40,7 +41,7 @@ def test_admission_creates_a_cold_start_administrator_with_plan_one() -> None:
 
 
 def test_cold_start_plan_is_clamped_to_the_configured_pod_size() -> None:
-    step = on_admitted(None, "job-1", FEATURES, NOW, max_pod_cpu=2.0)
+    step = on_admitted(None, "job-1", cold_start_plan(FEATURES, max_pod_cpu=2.0), NOW)
     worker = step.plans[0].plan.role(Role.WORKER)
     assert worker is not None and worker.cpu == 2.0
 
@@ -50,7 +51,7 @@ def test_cold_start_plan_is_clamped_to_the_configured_pod_size() -> None:
     [Administrator("job-1", JobStage.COLD_START, 1), Administrator("job-1", JobStage.FINISHED, 0)],
 )
 def test_admission_seen_before_or_after_the_end_changes_nothing(existing: Administrator) -> None:
-    step = on_admitted(existing, "job-1", FEATURES, NOW)
+    step = on_admitted(existing, "job-1", COLD_START, NOW)
     assert not step.changed and step.events == () and step.plans == ()
 
 
@@ -80,7 +81,7 @@ def test_stage_machine_allows_only_listed_moves() -> None:
 
 def test_plans_are_numbered_one_up_and_never_after_the_end() -> None:
     administrator, first = Administrator("job-1", JobStage.COLD_START).publish(
-        on_admitted(None, "job-1", FEATURES, NOW).plans[0].plan, NOW
+        on_admitted(None, "job-1", COLD_START, NOW).plans[0].plan, NOW
     )
     administrator, second = administrator.publish(first.plan, NOW)
     assert (first.version, second.version, administrator.plan_version) == (1, 2, 2)

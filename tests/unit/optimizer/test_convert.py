@@ -9,7 +9,7 @@ import pytest
 from stride.events.v1 import job_pb2, optimization_pb2, plan_pb2
 from stride.optimizer.adapters.convert import event_to_proto, features_from_spec, plan_to_proto
 from stride.optimizer.domain.administrator import VersionedPlan, on_admitted
-from stride.policy.cold_start import JobFeatures
+from stride.policy.cold_start import JobFeatures, cold_start_plan
 from stride.policy.plans import Plan, PodOverride, Role, RoleResources
 from stride.runtime.errors import InvalidArgument
 
@@ -43,7 +43,13 @@ def test_features_come_from_the_spec() -> None:
 def test_feature_errors_name_the_spec_field() -> None:
     with pytest.raises(InvalidArgument) as raised:
         features_from_spec(spec(max_epochs=0))
-    assert raised.value.field == "spec.termination.max_steps"
+    # The shared rules name the pair, as admission does at submit.
+    assert raised.value.field == "spec.termination"
+    negative = spec()
+    negative.model.embedding_dim = -7
+    with pytest.raises(InvalidArgument) as raised:
+        features_from_spec(negative)
+    assert raised.value.field == "spec.model.embedding_dim"
     broken = spec()
     broken.batch_size = 0
     with pytest.raises(InvalidArgument) as raised:
@@ -81,7 +87,7 @@ def test_plans_and_events_convert_field_by_field() -> None:
         ],
     )
     assert message.created_at.ToDatetime(tzinfo=UTC) == NOW
-    step = on_admitted(None, "job-1", features_from_spec(spec()), NOW)
+    step = on_admitted(None, "job-1", cold_start_plan(features_from_spec(spec())), NOW)
     event = event_to_proto(step.events[0])
     assert event.stage == optimization_pb2.JOB_STAGE_COLD_START
     assert event.root_cause == optimization_pb2.ROOT_CAUSE_COLD_START

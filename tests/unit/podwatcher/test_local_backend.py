@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import os
 
-from stride.podwatcher.adapters.backends.local import (
+from stride.podwatcher.adapters.outbound.backends.local import (
     LocalBackend,
     detect_local_node,
     parse_meminfo_total,

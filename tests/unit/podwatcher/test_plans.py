@@ -14,13 +14,13 @@ from stride.podwatcher.domain.plans import (
     Arrival,
     Plan,
     PodOverride,
-    Role,
     RoleResources,
     classify_arrival,
     newest_after,
     validate_plan,
 )
 from stride.runtime.errors import InvalidArgument
+from stride.vocabulary import MAX_PODS_PER_ROLE, Role
 
 GIB = 1024**3
 PS = RoleResources(Role.PS, count=1, cpu=4.0, memory_bytes=8 * GIB)
@@ -44,11 +44,13 @@ def test_a_valid_plan_passes() -> None:
     [
         (replace(VALID, job_id=""), "job_id"),
         (replace(VALID, job_id="j" * 65), "job_id"),
+        (replace(VALID, job_id="job.1"), "job_id"),
+        (replace(VALID, job_id="job-1\n"), "job_id"),
         (replace(VALID, version=0), "version"),
         (replace(VALID, version=-3), "version"),
-        (with_workers(role=Role.UNSPECIFIED), "roles[1].role"),
         (replace(VALID, roles=(PS, PS)), "roles[1].role"),
         (with_workers(count=-1), "roles[1].count"),
+        (with_workers(count=MAX_PODS_PER_ROLE + 1), "roles[1].count"),
         (with_workers(cpu=0.0), "roles[1].cpu"),
         (with_workers(cpu=-1.0), "roles[1].cpu"),
         (with_workers(cpu=math.nan), "roles[1].cpu"),
@@ -60,6 +62,7 @@ def test_a_valid_plan_passes() -> None:
             "roles[1].overrides[1].index",
         ),
         (with_workers(overrides=(PodOverride(0, -1.0, GIB),)), "roles[1].overrides[0].cpu"),
+        (with_workers(overrides=(PodOverride(0, math.nan, GIB),)), "roles[1].overrides[0].cpu"),
         (with_workers(overrides=(PodOverride(0, 1.0, -1),)), "roles[1].overrides[0].memory_bytes"),
     ],
 )

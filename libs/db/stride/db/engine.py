@@ -9,7 +9,7 @@ from typing import Any
 
 from sqlalchemy import event, make_url, text
 from sqlalchemy.engine import URL
-from sqlalchemy.exc import DBAPIError, SQLAlchemyError
+from sqlalchemy.exc import DBAPIError, IntegrityError, SQLAlchemyError
 from sqlalchemy.ext.asyncio import (
     AsyncEngine,
     AsyncSession,
@@ -60,6 +60,17 @@ def _sqlite_pragmas(dbapi_connection: Any, _record: Any) -> None:
     cursor.close()
 
 
+Session = AsyncSession
+"""The unit of work a use case opens with :meth:`Database.transaction` and hands to its
+repository functions. Use cases name this, not SQLAlchemy, so the storage library stays an
+adapter's concern."""
+
+
+class ConflictingWrite(Exception):
+    """A transaction broke a uniqueness or integrity constraint: typically a concurrent
+    writer inserted the same row first. Retrying, or reading the winner's row, resolves it."""
+
+
 class Database:
     """A service's database: engine, session factory, health ping and disposal."""
 
@@ -86,8 +97,11 @@ class Database:
     @asynccontextmanager
     async def transaction(self) -> AsyncIterator[AsyncSession]:
         """A session in a transaction that commits on success and rolls back on error."""
-        async with self.sessions() as session, session.begin():
-            yield session
+        try:
+            async with self.sessions() as session, session.begin():
+                yield session
+        except IntegrityError as error:
+            raise ConflictingWrite(str(error.orig)) from error
 
     async def ping(self, timeout: float = 2.0) -> bool:
         """True if a trivial query succeeds within ``timeout`` seconds."""

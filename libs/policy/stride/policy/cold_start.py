@@ -207,3 +207,5 @@ def _specs() -> tuple[AlgorithmSpec[Any, Any], ...]:
 
 
 ALGORITHMS = _specs()
+COLD_START = ALGORITHMS[0]
+"""The cold-start plan algorithm, as the adjust port takes it."""

@@ -1,6 +1,7 @@
 """The errors a policy raises for bad input, each naming the field at fault.
 
-They are plain ``ValueError`` subclasses (the library depends on nothing of Stride's), and
+They are plain ``ValueError`` subclasses (the library depends only on the pure
+``stride.vocabulary``), and
 services map them to their own error types at the edge: the executor to an
 INVALID_ARGUMENT reply, the optimizer to a dead-lettered message.
 """

@@ -7,56 +7,45 @@ itself when built, so an algorithm cannot hand out a plan a pod backend would ch
 
 from __future__ import annotations
 
-import math
+from collections.abc import Iterator
+from contextlib import contextmanager
 from dataclasses import dataclass
-from enum import Enum
 
 from stride.policy.errors import InvalidPlan
+from stride.vocabulary import (
+    MAX_MEMORY_BYTES,
+    MAX_PODS_PER_ROLE,
+    InvalidWord,
+    Role,
+    check_cpu,
+    check_memory_bytes,
+    check_pod_count,
+)
 
-MAX_PODS_PER_ROLE = 100_000
-"""Far beyond any cluster a job runs on, and well inside the 32-bit count of the wire form;
-a larger count is an algorithm's bug, caught here rather than by a pod backend."""
-MAX_MEMORY_BYTES = 2**53
-"""8 PiB per pod. The largest integer a JSON number (and a protobuf Struct) holds exactly,
-so a plan survives the trip through the executor unchanged."""
-
-
-class Role(Enum):
-    """The role a pod plays in a training job."""
-
-    PS = "ps"
-    """Parameter server: holds a partition of the model parameters (DLRover sec. 2)."""
-    WORKER = "worker"
-    """Training worker: computes gradients."""
-    DATA_WORKER = "data_worker"
-    """Data worker: preprocesses samples for training workers (GoldMiner sec. 3)."""
-    CHIEF = "chief"
-    """Coordinates training (TensorFlow's ParameterServerStrategy needs one)."""
+# Role and the limits are the vocabulary's, defined once for every service; re-exported
+# here because the algorithms and ``stride sim`` import them with the plan types.
+__all__ = [
+    "MAX_MEMORY_BYTES",
+    "MAX_PODS_PER_ROLE",
+    "Plan",
+    "PodOverride",
+    "Role",
+    "RoleResources",
+]
 
 
 def _is_integer(value: object) -> bool:
     return isinstance(value, int) and not isinstance(value, bool)
 
 
-def _check_cpu(field_name: str, value: object, role: Role) -> None:
-    if (
-        isinstance(value, bool)
-        or not isinstance(value, int | float)
-        or not math.isfinite(value)
-        or value <= 0
-    ):
-        raise InvalidPlan(
-            field_name, f"must be a positive, finite number of cores, got {value!r} ({role.value})"
-        )
-
-
-def _check_memory(field_name: str, value: object, role: Role) -> None:
-    if not _is_integer(value) or not 0 < value <= MAX_MEMORY_BYTES:  # type: ignore[operator]
-        raise InvalidPlan(
-            field_name,
-            f"must be a whole number of bytes in 1..{MAX_MEMORY_BYTES}, "
-            f"got {value!r} ({role.value})",
-        )
+@contextmanager
+def _sizing(role: Role) -> Iterator[None]:
+    """Reports the vocabulary's refusal of an amount as :class:`InvalidPlan`, naming the
+    role the pods belong to."""
+    try:
+        yield
+    except InvalidWord as error:
+        raise InvalidPlan(error.field, f"{error.problem} ({role.value})") from None
 
 
 @dataclass(frozen=True)
@@ -90,14 +79,10 @@ class RoleResources:
         if not isinstance(self.role, Role):
             allowed = ", ".join(r.value for r in Role)
             raise InvalidPlan("role", f"must be one of {allowed}, got {self.role!r}")
-        if not _is_integer(self.count) or not 0 <= self.count <= MAX_PODS_PER_ROLE:
-            raise InvalidPlan(
-                "count",
-                f"must be a whole number in 0..{MAX_PODS_PER_ROLE}, got {self.count!r} "
-                f"({self.role.value})",
-            )
-        _check_cpu("cpu", self.cpu, self.role)
-        _check_memory("memory_bytes", self.memory_bytes, self.role)
+        with _sizing(self.role):
+            check_pod_count(self.count)
+            check_cpu(self.cpu, positive=True)
+            check_memory_bytes(self.memory_bytes, positive=True)
         object.__setattr__(self, "overrides", tuple(self.overrides))
         seen: set[int] = set()
         for position, override in enumerate(self.overrides):
@@ -113,8 +98,9 @@ class RoleResources:
             if override.index in seen:
                 raise InvalidPlan(f"{path}.index", f"pod {override.index} is overridden twice")
             seen.add(override.index)
-            _check_cpu(f"{path}.cpu", override.cpu, self.role)
-            _check_memory(f"{path}.memory_bytes", override.memory_bytes, self.role)
+            with _sizing(self.role):
+                check_cpu(override.cpu, f"{path}.cpu", positive=True)
+                check_memory_bytes(override.memory_bytes, f"{path}.memory_bytes", positive=True)
 
     def pod_sizes(self) -> list[tuple[float, int]]:
         """``(cpu, memory_bytes)`` of every pod of the role, in index order."""

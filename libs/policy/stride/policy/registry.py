@@ -133,6 +133,7 @@ class Registry:
 
 
 PLUGIN_MODULES: tuple[str, ...] = (
+    "stride.policy.admit_all",
     "stride.policy.cold_start",
     "stride.policy.throughput",
     "stride.policy.fitting",

@@ -40,8 +40,9 @@ from typing import Any
 
 from stride.policy.cold_start import CHIEF_CPU, CHIEF_MEMORY_BYTES, JobFeatures
 from stride.policy.errors import PolicyError
-from stride.policy.plans import MAX_MEMORY_BYTES, MAX_PODS_PER_ROLE, Plan, Role, RoleResources
+from stride.policy.plans import Plan, Role, RoleResources
 from stride.policy.registry import AlgorithmSpec
+from stride.vocabulary import check_cpu, check_memory_bytes, check_pod_count
 
 ALGORITHM_NAME = "dlrover-warm-start"
 """Registered name of the algorithm."""
@@ -107,22 +108,16 @@ class ResourceConfiguration:
     """Memory per PS in bytes; positive."""
 
     def __post_init__(self) -> None:
-        for name, low in (("worker_count", 1), ("ps_count", 0)):
-            value = getattr(self, name)
-            if not _is_integer(value) or not low <= value <= MAX_PODS_PER_ROLE:
-                raise InvalidHistory(
-                    name, f"must be a whole number in {low}..{MAX_PODS_PER_ROLE}, got {value!r}"
-                )
-        for name in ("worker_cpu", "ps_cpu"):
-            value = getattr(self, name)
-            if not _is_number(value) or not math.isfinite(value) or value <= 0:
-                raise InvalidHistory(name, f"must be a positive, finite number, got {value!r}")
-        for name in ("worker_memory_bytes", "ps_memory_bytes"):
-            value = getattr(self, name)
-            if not _is_integer(value) or not 0 < value <= MAX_MEMORY_BYTES:
-                raise InvalidHistory(
-                    name, f"must be a whole number of bytes in 1..{MAX_MEMORY_BYTES}, got {value!r}"
-                )
+        check_pod_count(self.worker_count, "worker_count", minimum=1, raise_as=InvalidHistory)
+        check_pod_count(self.ps_count, "ps_count", raise_as=InvalidHistory)
+        check_cpu(self.worker_cpu, "worker_cpu", positive=True, raise_as=InvalidHistory)
+        check_cpu(self.ps_cpu, "ps_cpu", positive=True, raise_as=InvalidHistory)
+        check_memory_bytes(
+            self.worker_memory_bytes, "worker_memory_bytes", positive=True, raise_as=InvalidHistory
+        )
+        check_memory_bytes(
+            self.ps_memory_bytes, "ps_memory_bytes", positive=True, raise_as=InvalidHistory
+        )
 
     def as_vector(self) -> tuple[float, ...]:
         """The six components, in field order, as floats (for smoothing)."""

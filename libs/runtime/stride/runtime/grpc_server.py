@@ -3,6 +3,20 @@ the mapping from domain errors to status codes.
 
 Handlers raise :mod:`stride.runtime.errors`; the interceptor here turns them into a status
 whose message names the bad field, so no servicer hand-writes ``context.abort`` for them.
+
+Requests that do not decode as the method's request type never reach a servicer: grpc would
+answer them with a bare INTERNAL ("Exception deserializing request!"), which reads as a
+server bug. The interceptor gives every handler a deserializer that cannot fail, and the
+handler answers such a request INVALID_ARGUMENT naming the method and the expected type.
+
+A status message is cut to :data:`MAX_STATUS_MESSAGE_BYTES`: it travels in a trailer, and
+one over the client's metadata limit (16 KiB by default) replaces the status with a bare
+RESOURCE_EXHAUSTED, losing the code and the field it named. Messages should not repeat a
+huge value in the first place (:func:`stride.vocabulary.echo`); this is the backstop.
+
+The server's message size limits are set on purpose per service
+(:attr:`~stride.runtime.settings.ServiceSettings.grpc_max_receive_message_bytes` and
+``grpc_max_send_message_bytes``); grpc itself answers RESOURCE_EXHAUSTED past them.
 """
 
 from __future__ import annotations
@@ -21,6 +35,14 @@ from stride.runtime import errors
 
 log = structlog.get_logger(__name__)
 
+DEFAULT_MAX_MESSAGE_BYTES = 4 * 1024 * 1024
+"""gRPC's own default receive limit, which every client also applies to what it receives."""
+
+MAX_STATUS_MESSAGE_BYTES = 1024
+"""Longest status message sent, in UTF-8 bytes. gRPC percent-encodes every non-ASCII byte,
+so even then the trailer stays far below a client's 8 KiB soft metadata limit, and 1 KiB is
+plenty for a field path and what is wrong with it."""
+
 _STATUS_BY_ERROR: dict[type[errors.StrideError], grpc.StatusCode] = {
     errors.InvalidArgument: grpc.StatusCode.INVALID_ARGUMENT,
     errors.NotFound: grpc.StatusCode.NOT_FOUND,
@@ -38,18 +60,103 @@ def status_for(error: errors.StrideError) -> grpc.StatusCode:
     return grpc.StatusCode.UNKNOWN
 
 
+def bounded_message(message: str) -> str:
+    """``message``, cut to :data:`MAX_STATUS_MESSAGE_BYTES` with a note of how much was cut;
+    the start, which names the field, is kept."""
+    encoded = message.encode()
+    if len(encoded) <= MAX_STATUS_MESSAGE_BYTES:
+        return message
+    kept = encoded[: MAX_STATUS_MESSAGE_BYTES - 40].decode(errors="ignore")
+    return f"{kept}… ({len(message) - len(kept):,} characters cut)"
+
+
 async def _abort(
     context: grpc.aio.ServicerContext[Any, Any], error: Exception, method: str
 ) -> None:
     if isinstance(error, errors.StrideError):
-        log.info("rpc rejected", method=method, code=status_for(error).name, error=error.message)
-        await context.abort(status_for(error), error.message)
+        message = bounded_message(error.message)
+        log.info("rpc rejected", method=method, code=status_for(error).name, error=message)
+        await context.abort(status_for(error), message)
     log.exception("rpc failed", method=method)
     await context.abort(grpc.StatusCode.INTERNAL, f"internal error in {method}; see the server log")
 
 
+class UndecodableRequest:
+    """Stands in for a request whose bytes did not decode; the handler refuses it.
+
+    grpc calls the deserializer before any handler code runs and turns its exception into
+    INTERNAL with no way to choose the status, so the deserializer returns this instead and
+    the intercepted handler aborts with INVALID_ARGUMENT.
+    """
+
+    def __init__(self, method: str, type_name: str, error: Exception) -> None:
+        self.method = method
+        self.type_name = type_name
+        self.error = error
+
+    @property
+    def message(self) -> str:
+        """The status message: the method, that its request could not be decoded, and why."""
+        reason = str(self.error).strip() or type(self.error).__name__
+        return bounded_message(
+            f"{self.method}: the request could not be decoded as {self.type_name} ({reason}); "
+            "is the client built from the same proto?"
+        )
+
+
+def _request_type_name(deserializer: Callable[[bytes], Any]) -> str:
+    # Generated handlers register ``<Request>.FromString``, a classmethod bound to the type.
+    message_type = getattr(deserializer, "__self__", None)
+    descriptor = getattr(message_type, "DESCRIPTOR", None)
+    full_name = getattr(descriptor, "full_name", None)
+    return full_name if isinstance(full_name, str) else "the method's request type"
+
+
+def tolerant_deserializer(
+    deserializer: Callable[[bytes], Any] | None, method: str
+) -> Callable[[bytes], Any] | None:
+    """``deserializer``, returning :class:`UndecodableRequest` where it would raise.
+
+    Any exception counts: whatever a deserializer raises means the bytes are not a request
+    of its type (protobuf raises DecodeError for bad wire data and invalid UTF-8 alike).
+    """
+    if deserializer is None:
+        return None
+    type_name = _request_type_name(deserializer)
+    decode = deserializer
+
+    def deserialize(data: bytes) -> Any:
+        try:
+            return decode(data)
+        except Exception as error:
+            return UndecodableRequest(method, type_name, error)
+
+    return deserialize
+
+
+async def _refuse_undecodable(
+    context: grpc.aio.ServicerContext[Any, Any], request: UndecodableRequest
+) -> None:
+    log.info("rpc rejected", method=request.method, code="INVALID_ARGUMENT", error=request.message)
+    await context.abort(grpc.StatusCode.INVALID_ARGUMENT, request.message)
+
+
+async def _decoded(
+    requests: AsyncIterator[Any], context: grpc.aio.ServicerContext[Any, Any]
+) -> AsyncIterator[Any]:
+    """A request stream that aborts the call at the first message that did not decode."""
+    async for request in requests:
+        if isinstance(request, UndecodableRequest):
+            await _refuse_undecodable(context, request)
+        yield request
+
+
 class ErrorMappingInterceptor(grpc.aio.ServerInterceptor):  # type: ignore[type-arg]
-    """Maps :class:`~stride.runtime.errors.StrideError` to a status; anything else is INTERNAL."""
+    """Maps :class:`~stride.runtime.errors.StrideError` to a status; anything else is INTERNAL.
+
+    A request that does not decode is INVALID_ARGUMENT naming the method
+    (:class:`UndecodableRequest`); for a request stream, at the message that does not.
+    """
 
     async def intercept_service(
         self,
@@ -62,11 +169,14 @@ class ErrorMappingInterceptor(grpc.aio.ServerInterceptor):  # type: ignore[type-
         if handler is None:
             return handler
         method = handler_call_details.method
+        deserializer = tolerant_deserializer(handler.request_deserializer, method)
 
         if handler.unary_unary:
             inner_uu: Any = handler.unary_unary
 
             async def unary_unary(request: Any, context: grpc.aio.ServicerContext[Any, Any]) -> Any:
+                if isinstance(request, UndecodableRequest):
+                    await _refuse_undecodable(context, request)
                 try:
                     return await inner_uu(request, context)
                 except (grpc.aio.AbortError, grpc.aio.UsageError):
@@ -75,7 +185,7 @@ class ErrorMappingInterceptor(grpc.aio.ServerInterceptor):  # type: ignore[type-
                     await _abort(context, error, method)
 
             return grpc.unary_unary_rpc_method_handler(
-                unary_unary, handler.request_deserializer, handler.response_serializer
+                unary_unary, deserializer, handler.response_serializer
             )
         if handler.stream_unary:
             inner_su: Any = handler.stream_unary
@@ -84,20 +194,25 @@ class ErrorMappingInterceptor(grpc.aio.ServerInterceptor):  # type: ignore[type-
                 requests: Any, context: grpc.aio.ServicerContext[Any, Any]
             ) -> Any:
                 try:
-                    return await inner_su(requests, context)
+                    return await inner_su(_decoded(requests, context), context)
                 except (grpc.aio.AbortError, grpc.aio.UsageError):
                     raise
                 except Exception as error:
                     await _abort(context, error, method)
 
             return grpc.stream_unary_rpc_method_handler(
-                stream_unary, handler.request_deserializer, handler.response_serializer
+                stream_unary, deserializer, handler.response_serializer
             )
         inner_stream: Any = handler.unary_stream or handler.stream_stream
+        streams_requests = handler.stream_stream is not None
 
         async def streaming(
             request: Any, context: grpc.aio.ServicerContext[Any, Any]
         ) -> AsyncIterator[Any]:
+            if isinstance(request, UndecodableRequest):
+                await _refuse_undecodable(context, request)
+            if streams_requests:
+                request = _decoded(request, context)
             try:
                 async for response in inner_stream(request, context):
                     yield response
@@ -108,10 +223,10 @@ class ErrorMappingInterceptor(grpc.aio.ServerInterceptor):  # type: ignore[type-
 
         if handler.unary_stream:
             return grpc.unary_stream_rpc_method_handler(
-                streaming, handler.request_deserializer, handler.response_serializer
+                streaming, deserializer, handler.response_serializer
             )
         return grpc.stream_stream_rpc_method_handler(
-            streaming, handler.request_deserializer, handler.response_serializer
+            streaming, deserializer, handler.response_serializer
         )
 
 
@@ -124,16 +239,30 @@ class GrpcServer:
     a pod that is only waiting for NATS to come back.
     """
 
-    def __init__(self, service_names: Sequence[str], host: str, port: int) -> None:
+    def __init__(
+        self,
+        service_names: Sequence[str],
+        host: str,
+        port: int,
+        *,
+        max_receive_message_bytes: int = DEFAULT_MAX_MESSAGE_BYTES,
+        max_send_message_bytes: int = DEFAULT_MAX_MESSAGE_BYTES,
+    ) -> None:
         self.service_names = list(service_names)
         self.address = f"{host}:{port}"
+        self.max_receive_message_bytes = max_receive_message_bytes
+        self.max_send_message_bytes = max_send_message_bytes
         not_health = filters.negate(filters.service_name("grpc.health.v1.Health"))
         self.server = grpc.aio.server(
             interceptors=[
                 aio_server_interceptor(filter_=not_health),  # type: ignore[no-untyped-call]
                 ErrorMappingInterceptor(),
             ],
-            options=[("grpc.so_reuseport", 0)],
+            options=[
+                ("grpc.so_reuseport", 0),
+                ("grpc.max_receive_message_length", max_receive_message_bytes),
+                ("grpc.max_send_message_length", max_send_message_bytes),
+            ],
         )
         self.health = HealthServicer()
         health_pb2_grpc.add_HealthServicer_to_server(self.health, self.server)
@@ -166,6 +295,16 @@ class GrpcServer:
         )
         for name in self.service_names:
             await self.health.set(name, status)
+
+    async def set_health(self, name: str, serving: bool) -> None:
+        """Report SERVING or NOT_SERVING for ``name``, a health name of its own beside the
+        service names (the outbox's, :meth:`ServiceHost.add_health_check`)."""
+        status = (
+            health_pb2.HealthCheckResponse.SERVING
+            if serving
+            else health_pb2.HealthCheckResponse.NOT_SERVING
+        )
+        await self.health.set(name, status)
 
     async def stop(self, grace: float) -> None:
         """Stop accepting RPCs and give in-flight ones ``grace`` seconds."""

@@ -4,6 +4,11 @@ Signal handlers only set the stop event. Root tasks are supervised: when one end
 crashes, all stop. Shutdown goes health NOT_SERVING, then the gRPC server's grace period
 and the bus drain, then the root tasks are cancelled with a bounded wait, then storage is
 disposed and telemetry flushed. A hard-exit watchdog ends the process if any of that hangs.
+
+Health: the service names report readiness (their dependencies reachable). A host may also
+report health names of its own (:meth:`ServiceHost.add_health_check`), for conditions an
+operator must be alerted to that do not make the service unready, such as parked outbox
+events; they are checked on the same beat.
 """
 
 from __future__ import annotations
@@ -61,10 +66,23 @@ class ServiceHost:
         self.dependencies: list[Dependency] = []
         self._root_factories: dict[str, Callable[[], Coroutine[Any, Any, None]]] = {}
         self._serving = False
+        self._health_checks: dict[str, Callable[[], Awaitable[bool]]] = {}
+        self._health_reported: dict[str, bool] = {}
 
     def add_dependency(self, dependency: Dependency) -> None:
         """Track a dependency for health and shutdown."""
         self.dependencies.append(dependency)
+
+    def add_health_check(self, name: str, healthy: Callable[[], Awaitable[bool]]) -> None:
+        """Report ``name`` as a gRPC health name of its own: SERVING while ``healthy()`` is
+        True, NOT_SERVING otherwise (also if it raises), checked with the dependencies.
+
+        For what an operator must see but that does not make the service unready (parked
+        outbox events): the service names' readiness does not depend on it.
+        """
+        if name in self._health_checks or name in self.server.service_names:
+            raise ValueError(f"health name {name!r} added twice")
+        self._health_checks[name] = healthy
 
     def add_root_task(self, name: str, factory: Callable[[], Coroutine[Any, Any, None]]) -> None:
         """Run ``factory()`` as a supervised root task; it should return when ``stop`` is set."""
@@ -84,7 +102,23 @@ class ServiceHost:
             log.info("health changed", serving=serving, unhealthy=unhealthy)
             await self.server.set_serving(serving)
             self._serving = serving
+        await self._check_own_health_names()
         return serving
+
+    async def _check_own_health_names(self) -> None:
+        names = list(self._health_checks)
+        results = await asyncio.gather(
+            *(self._health_checks[name]() for name in names), return_exceptions=True
+        )
+        for name, result in zip(names, results, strict=True):
+            healthy = result is True
+            if self._health_reported.get(name) == healthy:
+                continue
+            if isinstance(result, BaseException):
+                log.warning("health check failed", health_name=name, error=str(result))
+            log.info("health changed", health_name=name, serving=healthy)
+            await self.server.set_health(name, healthy)
+            self._health_reported[name] = healthy
 
     async def _health_monitor(self) -> None:
         while not self.stop.is_set():

@@ -21,6 +21,14 @@ from pydantic_settings import (
 
 from stride.runtime.errors import StartupError
 
+KIB = 1024
+MIB = 1024 * KIB
+GRPC_MESSAGE_LIMIT_MIN = 64 * KIB
+"""Smallest message limit a setting may ask for: health, reflection and any error status
+must still fit."""
+GRPC_MESSAGE_LIMIT_MAX = 2**31 - 1
+"""gRPC keeps message limits in a signed 32-bit integer."""
+
 SHARED_FIELDS = frozenset({"nats_url", "database_url", "otlp_endpoint", "log_level", "log_json"})
 
 
@@ -48,6 +56,20 @@ class ServiceSettings(BaseSettings):
     probes and peers arrive on the pod's address; `stride up` binds 127.0.0.1."""
     grpc_port: int = Field(default=0, ge=0, le=65535)
     """gRPC port. Each service's subclass sets its well-known default; 0 picks a free port."""
+    grpc_max_receive_message_bytes: int = Field(
+        default=4 * MIB, ge=GRPC_MESSAGE_LIMIT_MIN, le=GRPC_MESSAGE_LIMIT_MAX
+    )
+    """Largest request message the gRPC server accepts; a bigger one is refused with
+    RESOURCE_EXHAUSTED before it is decoded. It bounds the memory one call can make the
+    server hold. 4 MiB is gRPC's own default; each service's subclass sets its default from
+    its largest legitimate request."""
+    grpc_max_send_message_bytes: int = Field(
+        default=4 * MIB, ge=GRPC_MESSAGE_LIMIT_MIN, le=GRPC_MESSAGE_LIMIT_MAX
+    )
+    """Largest response message the gRPC server sends; a call whose answer is bigger ends
+    with RESOURCE_EXHAUSTED instead (gRPC itself has no send limit). 4 MiB is what a client
+    with gRPC's defaults accepts, so anything bigger would fail at the client anyway; each
+    service's subclass sets its default from its largest response."""
     metrics_port: int = Field(default=0, ge=0, le=65535)
     """Prometheus port. Off (0) by default because several services on one host would
     collide on any fixed default; compose and Helm set 9464 per container."""

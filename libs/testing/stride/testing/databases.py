@@ -2,9 +2,11 @@
 
 from __future__ import annotations
 
+import functools
 import os
 import uuid
 
+import pytest
 from sqlalchemy import create_engine, make_url, text
 from sqlalchemy.engine import URL
 
@@ -59,3 +61,24 @@ def drop_database(url: str) -> None:
             connection.execute(text(f'DROP DATABASE IF EXISTS "{name}" WITH (FORCE)'))
     finally:
         engine.dispose()
+
+
+REQUIRE_POSTGRES_ENV = "STRIDE_TEST_REQUIRE_POSTGRES"
+"""Set to 1 (CI does) to make a missing PostgreSQL fail the run instead of being skipped."""
+
+
+@functools.cache
+def optional_postgres_problem() -> str | None:
+    """Why PostgreSQL is unreachable, or None; fails the test instead where
+    :data:`REQUIRE_POSTGRES_ENV` forbids going without it. Asked once per test run."""
+    problem = postgres_unreachable_reason()
+    if problem is not None and os.environ.get(REQUIRE_POSTGRES_ENV) == "1":
+        pytest.fail(f"{problem}; {REQUIRE_POSTGRES_ENV}=1 forbids skipping")
+    return problem
+
+
+def require_postgres() -> None:
+    """Skip the calling test, saying why, when PostgreSQL is unreachable and optional."""
+    problem = optional_postgres_problem()
+    if problem is not None:
+        pytest.skip(f"{problem}: set STRIDE_TEST_DATABASE_URL to run the PostgreSQL cases")

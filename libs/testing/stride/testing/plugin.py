@@ -11,8 +11,6 @@ runs there on SQLite; ``STRIDE_TEST_REQUIRE_POSTGRES=1`` (set by CI) turns that 
 
 from __future__ import annotations
 
-import functools
-import os
 from collections.abc import Iterator
 from pathlib import Path
 
@@ -22,7 +20,7 @@ from opentelemetry.sdk.trace.export.in_memory_span_exporter import InMemorySpanE
 
 from stride.obs.tracing import configure_tracing
 from stride.runtime.embedded_nats import NatsServer
-from stride.testing.databases import create_database, drop_database, postgres_unreachable_reason
+from stride.testing.databases import create_database, drop_database, require_postgres
 
 
 @pytest.fixture
@@ -41,24 +39,10 @@ def nats_url(nats_server: NatsServer) -> str:
     return nats_server.url
 
 
-@functools.cache
-def _postgres_problem() -> str | None:
-    return postgres_unreachable_reason()
-
-
-def _require_postgres() -> None:
-    problem = _postgres_problem()
-    if problem is None:
-        return
-    if os.environ.get("STRIDE_TEST_REQUIRE_POSTGRES") == "1":
-        pytest.fail(f"{problem}; STRIDE_TEST_REQUIRE_POSTGRES=1 forbids skipping")
-    pytest.skip(f"{problem}: set STRIDE_TEST_DATABASE_URL to run the PostgreSQL cases")
-
-
 @pytest.fixture
 def postgres_url() -> Iterator[str]:
     """A fresh, empty PostgreSQL database (STRIDE_TEST_DATABASE_URL, else 127.0.0.1:5432)."""
-    _require_postgres()
+    require_postgres()
     url = create_database()
     try:
         yield url
@@ -72,7 +56,7 @@ def database_url(request: pytest.FixtureRequest, tmp_path: Path) -> Iterator[str
     if request.param == "sqlite":
         yield f"sqlite:///{tmp_path / 'test.db'}"
         return
-    _require_postgres()
+    require_postgres()
     url = create_database()
     try:
         yield url

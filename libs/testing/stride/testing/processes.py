@@ -78,3 +78,17 @@ class ServiceProcess:
     def log_text(self) -> str:
         """Everything it logged so far."""
         return self.log_path.read_text() if self.log_path.exists() else ""
+
+
+def run_cli(
+    *args: str, env: Mapping[str, str], timeout: float = 150.0
+) -> subprocess.CompletedProcess[str]:
+    """Run ``stride <args>`` as a user would, in its own process, and capture its output."""
+    return subprocess.run(
+        [sys.executable, "-m", "stride.cli", *args],
+        env=dict(env),
+        capture_output=True,
+        text=True,
+        timeout=timeout,
+        check=False,
+    )

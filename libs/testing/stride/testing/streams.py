@@ -5,7 +5,7 @@ from __future__ import annotations
 import nats
 from nats.aio.msg import Msg
 
-from stride.bus import subjects
+from stride.bus.topics import dead_letter_subject
 
 
 async def stream_messages(nats_url: str, subject: str, idle: float = 0.3) -> list[Msg]:
@@ -28,4 +28,4 @@ async def stream_messages(nats_url: str, subject: str, idle: float = 0.3) -> lis
 
 async def dead_letters(nats_url: str, durable: str) -> list[Msg]:
     """Messages the consumer ``durable`` parked on the dead-letter stream."""
-    return await stream_messages(nats_url, subjects.dead_letter(durable))
+    return await stream_messages(nats_url, dead_letter_subject(durable))

@@ -17,7 +17,8 @@ from typing import TYPE_CHECKING, TypeVar
 
 from google.protobuf.message import Message
 
-from stride.bus.client import Bus, Handler
+from stride.bus.client import ACK_WAIT_SECONDS, Bus, Handler
+from stride.bus.topics import Topic
 from stride.runtime.grpc_server import GrpcServer
 from stride.runtime.lifecycle import Dependency, ServiceHost
 from stride.runtime.settings import ServiceSettings
@@ -30,8 +31,15 @@ if TYPE_CHECKING:
 
 
 def create_host(settings: ServiceSettings, service_names: Sequence[str]) -> ServiceHost:
-    """A host with a gRPC server (health, reflection, error mapping) for ``service_names``."""
-    server = GrpcServer(service_names, settings.grpc_host, settings.grpc_port)
+    """A host with a gRPC server (health, reflection, error mapping, the service's message
+    size limits) for ``service_names``."""
+    server = GrpcServer(
+        service_names,
+        settings.grpc_host,
+        settings.grpc_port,
+        max_receive_message_bytes=settings.grpc_max_receive_message_bytes,
+        max_send_message_bytes=settings.grpc_max_send_message_bytes,
+    )
     return ServiceHost(settings, server)
 
 
@@ -69,11 +77,40 @@ async def open_database(
     return database
 
 
-def relay_outbox(host: ServiceHost, outbox: Outbox, database: Database, bus: Bus) -> None:
-    """Run the outbox relay as a root task."""
+def relay_outbox(
+    host: ServiceHost,
+    outbox: Outbox,
+    database: Database,
+    bus: Bus,
+    *,
+    poll_seconds: float = 1.0,
+    batch: int = 100,
+) -> None:
+    """Run the outbox relay as a root task, and report parked events on the health name
+    ``stride.outbox`` (:data:`stride.db.outbox.HEALTH_NAME`).
+
+    The relay knows the server's ``max_payload`` (from its INFO), so an event over it is
+    parked unsent. The outbox's own :class:`~stride.db.outbox.RelayHooks`, if it has them,
+    carry its reads and writes (the dispatcher's fast path). ``stride.outbox`` is NOT_SERVING
+    while any event is parked; the service's own health name is not affected by it.
+    """
+    from stride.db.outbox import HEALTH_NAME
+
+    def max_payload() -> int:
+        return int(bus.nc.max_payload)
+
     host.add_root_task(
-        "outbox-relay", lambda: outbox.run_relay(database, bus.publish_raw, host.stop)
+        "outbox-relay",
+        lambda: outbox.run_relay(
+            database,
+            bus.publish_raw,
+            host.stop,
+            poll_seconds=poll_seconds,
+            batch=batch,
+            max_payload=max_payload,
+        ),
     )
+    host.add_health_check(HEALTH_NAME, lambda: outbox.nothing_parked(database))
 
 
 def migrate_command(script_location: Path) -> Callable[[ServiceSettings], None]:
@@ -90,25 +127,17 @@ def migrate_command(script_location: Path) -> Callable[[ServiceSettings], None]:
 def consume(
     host: ServiceHost,
     bus: Bus,
-    name: str,
+    topic: Topic[M],
     *,
-    stream: str,
     durable: str,
-    filter_subject: str,
-    message_type: type[M],
     handler: Handler[M],
-    ack_wait: float = 30.0,
+    ack_wait: float = ACK_WAIT_SECONDS,
 ) -> None:
-    """Run a durable pull consumer as the root task ``name``, stopping with the host."""
+    """Run a durable pull consumer of ``topic`` as a root task named after ``durable``,
+    stopping with the host."""
     host.add_root_task(
-        name,
+        f"consume-{durable}",
         lambda: bus.consume(
-            stream=stream,
-            durable=durable,
-            filter_subject=filter_subject,
-            message_type=message_type,
-            handler=handler,
-            ack_wait=ack_wait,
-            stop=host.stop,
+            topic, durable=durable, handler=handler, ack_wait=ack_wait, stop=host.stop
         ),
     )

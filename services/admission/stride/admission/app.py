@@ -4,15 +4,15 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from stride.admission.adapters.bus_handlers import FinishedHandler
-from stride.admission.adapters.grpc_api import AdmissionApi
+from stride.admission.adapters.inbound.bus_handlers import FinishedHandler
+from stride.admission.adapters.inbound.grpc_api import AdmissionApi
 from stride.admission.db.tables import outbox as outbox_table
-from stride.admission.domain.policy import AdmitAll
 from stride.admission.settings import AdmissionSettings
-from stride.admission.submissions import Submissions
+from stride.admission.usecases import Submissions
 from stride.api.admission.v1 import admission_service_pb2, admission_service_pb2_grpc
+from stride.bus import topics
 from stride.db.outbox import Outbox
-from stride.events.v1 import job_pb2
+from stride.decisions import build_decisions
 from stride.runtime.lifecycle import ServiceHost
 from stride.wiring import connect_bus, consume, create_host, open_database, relay_outbox
 
@@ -26,8 +26,8 @@ async def build(settings: AdmissionSettings) -> ServiceHost:
     bus = await connect_bus(settings, host)
     database = await open_database(settings, host, MIGRATIONS)
     outbox = Outbox(outbox_table)
-    # TEMPORARY policy: the admission issue replaces AdmitAll with progressive filling.
-    submissions = Submissions(database, outbox, AdmitAll())
+    decisions = build_decisions(settings.decisions, bus, settings.decision_timeout_seconds)
+    submissions = Submissions(database, outbox, decisions.admit)
     admission_service_pb2_grpc.add_AdmissionServiceServicer_to_server(
         AdmissionApi(submissions), host.server.server
     )
@@ -36,11 +36,8 @@ async def build(settings: AdmissionSettings) -> ServiceHost:
     consume(
         host,
         bus,
-        "consume-finished",
-        stream="STRIDE_JOBS",
+        topics.JOB_FINISHED,
         durable="admission-finished",
-        filter_subject="stride.jobs.v1.finished.*",
-        message_type=job_pb2.JobFinished,
         handler=FinishedHandler(submissions),
     )
     return host

@@ -11,12 +11,12 @@ from __future__ import annotations
 
 import grpc
 
-from stride.agent.adapters.checkpoints import CheckpointClient
-from stride.agent.adapters.grpc_api import AgentApi
-from stride.agent.adapters.shards import ShardClient
-from stride.agent.adapters.steps import StepReporter
-from stride.agent.control import ControlChannel
+from stride.agent.adapters.inbound.grpc_api import AgentApi
+from stride.agent.adapters.outbound.checkpoints import CheckpointClient
+from stride.agent.adapters.outbound.shards import ShardClient
+from stride.agent.adapters.outbound.steps import StepReporter
 from stride.agent.settings import AgentSettings
+from stride.agent.usecases import ControlChannel, PodAgent
 from stride.api.agent.v1 import agent_service_pb2, agent_service_pb2_grpc
 from stride.runtime.lifecycle import Dependency, ServiceHost
 from stride.wiring import connect_bus, create_host
@@ -47,7 +47,7 @@ async def build(settings: AgentSettings) -> ServiceHost:
     # Closed after the server stopped, so RPCs finishing in the grace period still forward.
     host.add_dependency(Dependency("upstream channels", always_ready, close_channels, False))
     control = ControlChannel()
-    api = AgentApi(
+    agent = PodAgent(
         settings.job_id,
         ShardClient(
             dispatcher,
@@ -60,7 +60,7 @@ async def build(settings: AgentSettings) -> ServiceHost:
         StepReporter(bus, settings.job_id, settings.pod_name),
         control,
     )
-    agent_service_pb2_grpc.add_AgentServiceServicer_to_server(api, host.server.server)
+    agent_service_pb2_grpc.add_AgentServiceServicer_to_server(AgentApi(agent), host.server.server)
 
     async def stop_watchers() -> None:
         # Ends every WatchControl stream with STOP as shutdown begins, so the server's

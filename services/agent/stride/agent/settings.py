@@ -13,7 +13,7 @@ from pydantic import Field, field_validator
 from pydantic_settings import SettingsConfigDict
 
 from stride.agent.domain.identity import JOB_ID_PATTERN, POD_NAME_PATTERN, Role, parse_role
-from stride.runtime.settings import ServiceSettings
+from stride.runtime.settings import MIB, ServiceSettings
 
 
 def _check_address(value: str) -> str:
@@ -46,6 +46,12 @@ class AgentSettings(ServiceSettings):
     only: nothing outside the pod can pull its shards or stop its training."""
     grpc_port: int = Field(default=50058, ge=0, le=65535)
     """The trainer-facing API's well-known port inside the pod."""
+    grpc_max_receive_message_bytes: int = Field(default=16 * MIB, ge=64 * 1024, le=2**31 - 1)
+    """The agent forwards a trainer's checkpoint chunks to the cache unchanged, so it
+    accepts what the cache accepts (16 MiB, also its upstream channels' limit); every other
+    request is a few numbers."""
+    grpc_max_send_message_bytes: int = Field(default=16 * MIB, ge=64 * 1024, le=2**31 - 1)
+    """Load chunks and headers come from the cache unchanged: the cache's 16 MiB."""
     upstream_timeout_seconds: float = Field(default=30.0, gt=0, le=600)
     """Deadline of each unary call to the dispatcher. The dispatcher answers in
     milliseconds; thirty seconds rides out its restart without hanging a trainer forever.

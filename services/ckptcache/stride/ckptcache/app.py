@@ -10,13 +10,13 @@ import asyncio
 
 from stride.api.ckptcache.v1 import ckptcache_service_pb2, ckptcache_service_pb2_grpc
 from stride.ckptcache.adapters.convert import parse_header, with_checksum
-from stride.ckptcache.adapters.directory_store import DirectoryStore
-from stride.ckptcache.adapters.events import BusCheckpointEvents
-from stride.ckptcache.adapters.grpc_api import CheckpointCacheApi
-from stride.ckptcache.adapters.memory_store import MemoryStore, SharedMemoryTooSmall
-from stride.ckptcache.checkpoints import CacheLimits, Checkpoints
+from stride.ckptcache.adapters.inbound.grpc_api import CheckpointCacheApi
+from stride.ckptcache.adapters.outbound.directory_store import DirectoryStore
+from stride.ckptcache.adapters.outbound.events import BusCheckpointEvents
+from stride.ckptcache.adapters.outbound.memory_store import MemoryStore, SharedMemoryTooSmall
 from stride.ckptcache.domain.retention import RetentionPolicy
 from stride.ckptcache.settings import CheckpointCacheSettings
+from stride.ckptcache.usecases import CacheLimits, Checkpoints
 from stride.runtime.errors import StartupError
 from stride.runtime.lifecycle import Dependency, ServiceHost
 from stride.wiring import connect_bus, create_host
@@ -68,7 +68,7 @@ async def build(settings: CheckpointCacheSettings) -> ServiceHost:
     )
     await checkpoints.recover()
     ckptcache_service_pb2_grpc.add_CheckpointCacheServiceServicer_to_server(
-        CheckpointCacheApi(checkpoints, memory), host.server.server
+        CheckpointCacheApi(checkpoints), host.server.server
     )
     host.add_root_task("persist", lambda: checkpoints.run_persister(host.stop))
     sweep_every = min(60.0, settings.memory_ttl_seconds / 2)

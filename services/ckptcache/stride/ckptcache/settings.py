@@ -38,6 +38,15 @@ class CheckpointCacheSettings(ServiceSettings):
 
     grpc_port: int = Field(default=50056, ge=0, le=65535)
     """The checkpoint API's well-known port (agents dial it)."""
+    grpc_max_receive_message_bytes: int = Field(default=16 * MIB, ge=64 * 1024, le=2**31 - 1)
+    """A save streams the checkpoint in chunks (the client library sends 1 MiB, at most
+    ``chunk_bytes``' 3 MiB); the one big message is the header, with one entry per tensor
+    and the dispatcher's shard snapshot (up to its 16 MiB). 16 MiB holds that, and is the
+    limit of the agent's channel to the cache, so whatever an agent forwards is accepted;
+    the checkpoint's size is bounded by ``max_checkpoint_bytes``, not by this."""
+    grpc_max_send_message_bytes: int = Field(default=16 * MIB, ge=64 * 1024, le=2**31 - 1)
+    """A load streams ``chunk_bytes`` chunks after the header as saved, so the same 16 MiB
+    as a save's header may be."""
     store_dir: Path = Field(default_factory=default_store_dir)
     """The durable tier's directory. It defaults to the user's XDG state directory, so a
     one-machine run keeps checkpoints across restarts without any setup. Compose and Helm

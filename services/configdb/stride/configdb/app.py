@@ -5,12 +5,16 @@ from __future__ import annotations
 from pathlib import Path
 
 from stride.api.configdb.v1 import configdb_service_pb2, configdb_service_pb2_grpc
+from stride.bus import topics
 from stride.bus.client import Bus
-from stride.configdb.adapters.bus_handlers import FinishedHandler, PlanHandler, SubmittedHandler
-from stride.configdb.adapters.grpc_api import ConfigDbApi
-from stride.configdb.history import JobHistory
+from stride.configdb.adapters.inbound.bus_handlers import (
+    FinishedHandler,
+    PlanHandler,
+    SubmittedHandler,
+)
+from stride.configdb.adapters.inbound.grpc_api import ConfigDbApi
 from stride.configdb.settings import ConfigDbSettings
-from stride.events.v1 import job_pb2, plan_pb2
+from stride.configdb.usecases import JobHistory
 from stride.runtime.lifecycle import ServiceHost
 from stride.wiring import connect_bus, consume, create_host, open_database
 
@@ -22,31 +26,16 @@ def _add_consumers(host: ServiceHost, bus: Bus, history: JobHistory) -> None:
     consume(
         host,
         bus,
-        "consume-submitted",
-        stream="STRIDE_JOBS",
+        topics.JOB_SUBMITTED,
         durable="configdb-submitted",
-        filter_subject="stride.jobs.v1.submitted.*",
-        message_type=job_pb2.JobSubmitted,
         handler=SubmittedHandler(history),
     )
+    consume(host, bus, topics.PLAN, durable="configdb-plans", handler=PlanHandler(history))
     consume(
         host,
         bus,
-        "consume-plans",
-        stream="STRIDE_PLANS",
-        durable="configdb-plans",
-        filter_subject="stride.plans.v1.*",
-        message_type=plan_pb2.ResourcePlan,
-        handler=PlanHandler(history),
-    )
-    consume(
-        host,
-        bus,
-        "consume-finished",
-        stream="STRIDE_JOBS",
+        topics.JOB_FINISHED,
         durable="configdb-finished",
-        filter_subject="stride.jobs.v1.finished.*",
-        message_type=job_pb2.JobFinished,
         handler=FinishedHandler(history),
     )
 

@@ -9,17 +9,17 @@ from typing import Any
 from sqlalchemy import event, make_url
 
 from stride.api.dispatcher.v1 import dispatcher_service_pb2, dispatcher_service_pb2_grpc
+from stride.bus import topics
 from stride.db.engine import Database
 from stride.db.outbox import Outbox
-from stride.dispatcher.adapters.bus_handlers import PodEventHandler
-from stride.dispatcher.adapters.fastpath import FastPath, PostgresFastPath, SqliteFastPath
-from stride.dispatcher.adapters.grpc_api import DispatcherApi
+from stride.dispatcher.adapters.inbound.bus_handlers import PodEventHandler
+from stride.dispatcher.adapters.inbound.grpc_api import DispatcherApi
+from stride.dispatcher.adapters.outbound.fastpath import FastPath, PostgresFastPath, SqliteFastPath
 from stride.dispatcher.db.tables import outbox as outbox_table
-from stride.dispatcher.dispatching import ShardDispatcher
 from stride.dispatcher.settings import DispatcherSettings
-from stride.events.v1 import pod_pb2
+from stride.dispatcher.usecases import ShardDispatcher
 from stride.runtime.lifecycle import Dependency, ServiceHost
-from stride.wiring import connect_bus, consume, create_host, open_database
+from stride.wiring import connect_bus, consume, create_host, open_database, relay_outbox
 
 MIGRATIONS = Path(__file__).parent / "db" / "migrations"
 SERVICE_NAME = dispatcher_service_pb2.DESCRIPTOR.services_by_name["DispatcherService"].full_name
@@ -65,18 +65,23 @@ async def build(settings: DispatcherSettings) -> ServiceHost:
     database = await open_database(settings, host, MIGRATIONS)
     if not settings.sync_commits:
         await relax_commit_sync(database)
-    outbox = Outbox(outbox_table)
-    dispatcher = ShardDispatcher(
-        database, outbox, settings.lease_duration, rate_window=settings.rate_window
-    )
-    dispatcher.batch_timeout = timedelta(seconds=settings.batch_timeout_seconds)
     fast = open_fast_path(
         database, settings.lease_duration, settings.rate_window, settings.sync_commits
     )
+    # The relay reads, deletes and parks through the fast path's group commit, so it never
+    # waits for SQLite's write lock behind the hand-outs.
+    outbox = Outbox(outbox_table, hooks=fast.relay_hooks())
     if isinstance(fast, SqliteFastPath):  # checkpoints off the hot path
         sqlite_fast = fast
         host.add_root_task("wal-checkpoints", lambda: sqlite_fast.run_checkpoints(host.stop))
-    dispatcher.fast = fast
+    dispatcher = ShardDispatcher(
+        database,
+        outbox,
+        settings.lease_duration,
+        rate_window=settings.rate_window,
+        batch_timeout=timedelta(seconds=settings.batch_timeout_seconds),
+        fast=fast,
+    )
 
     async def always() -> bool:
         return True
@@ -86,35 +91,15 @@ async def build(settings: DispatcherSettings) -> ServiceHost:
         DispatcherApi(dispatcher, timedelta(seconds=settings.retry_after_seconds)),
         host.server.server,
     )
-    # Shard events (done, failed, requeued, straggler) leave through the outbox.
-    host.add_root_task(
-        "outbox-relay",
-        lambda: outbox.run_relay(
-            database,
-            bus.publish_raw,
-            host.stop,
-            # Small, frequent rounds: the relay's bursts share the event loop with the
-            # hand-outs, and a second's worth of done events at once set their p99.
-            poll_seconds=0.2,
-            batch=100,
-            delete_up_to=fast.delete_outbox,
-            read_pending=fast.pending_outbox,
-        ),
-    )
+    # Shard events (done, failed, requeued, straggler) leave through the outbox. Small,
+    # frequent rounds: the relay's bursts share the event loop with the hand-outs, and a
+    # second's worth of done events at once set their p99.
+    relay_outbox(host, outbox, database, bus, poll_seconds=0.2, batch=100)
     host.add_root_task(
         "lease-sweeper",
         lambda: dispatcher.run_sweeper(host.stop, settings.sweep_interval_seconds),
     )
     handler = PodEventHandler(dispatcher)
-    for pod_event in ("failed", "deleted"):
-        consume(
-            host,
-            bus,
-            f"consume-pods-{pod_event}",
-            stream="STRIDE_PODS",
-            durable=f"dispatcher-pods-{pod_event}",
-            filter_subject=f"stride.pods.v1.*.{pod_event}",
-            message_type=pod_pb2.PodEvent,
-            handler=handler,
-        )
+    for topic in (topics.POD_FAILED, topics.POD_DELETED):
+        consume(host, bus, topic, durable=f"dispatcher-pods-{topic.suffix}", handler=handler)
     return host

@@ -8,7 +8,7 @@ from typing import ClassVar
 from pydantic import Field
 from pydantic_settings import SettingsConfigDict
 
-from stride.runtime.settings import ServiceSettings
+from stride.runtime.settings import MIB, ServiceSettings
 
 
 class DispatcherSettings(ServiceSettings):
@@ -19,6 +19,16 @@ class DispatcherSettings(ServiceSettings):
 
     grpc_port: int = Field(default=50055, ge=0, le=65535)
     """The shard API's well-known port (agents dial it)."""
+    grpc_max_receive_message_bytes: int = Field(default=16 * MIB, ge=64 * 1024, le=2**31 - 1)
+    """The limit is per server, so it is set by the largest request, RestoreShards' snapshot,
+    not by the hot path: a ShardSession message or a report is tens of bytes. A snapshot
+    records every touched shard in about 30 bytes, so 16 MiB holds about half a million,
+    many epochs of a billion-record dataset; the checkpoint cache, which stores snapshots in
+    checkpoint headers, accepts the same."""
+    grpc_max_send_message_bytes: int = Field(default=16 * MIB, ge=64 * 1024, le=2**31 - 1)
+    """The largest answers are SnapshotShards' snapshot (the same 16 MiB as a restore
+    accepts, so every snapshot taken can be restored) and FetchBatches' index batches;
+    a client that asks for those raises its receive limit to match."""
     lease_seconds: float = Field(default=60.0, gt=0, le=3600)
     """How long a shard lease lasts without a progress report; RegisterWorker tells workers.
     A minute is four missed heartbeats at the agent's 15 s cadence: long enough not to take

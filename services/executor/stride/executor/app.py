@@ -8,17 +8,16 @@ replica can answer any request.
 from __future__ import annotations
 
 from stride.api.executor.v1 import executor_service_pb2, executor_service_pb2_grpc
-from stride.bus import subjects
-from stride.executor.adapters.bus_handlers import RequestHandler
-from stride.executor.adapters.grpc_api import ExecutorApi
-from stride.executor.running import AlgorithmRunner
+from stride.bus import topics
+from stride.executor.adapters.inbound.bus_handlers import RequestHandler
+from stride.executor.adapters.inbound.grpc_api import ExecutorApi
 from stride.executor.settings import ExecutorSettings
+from stride.executor.usecases import AlgorithmRunner
 from stride.policy.registry import default_registry
 from stride.runtime.lifecycle import ServiceHost
 from stride.wiring import connect_bus, create_host
 
 SERVICE_NAME = executor_service_pb2.DESCRIPTOR.services_by_name["ExecutorService"].full_name
-REQUEST_SUBJECT = subjects.executor_run(">")
 
 
 async def build(settings: ExecutorSettings) -> ServiceHost:
@@ -33,8 +32,6 @@ async def build(settings: ExecutorSettings) -> ServiceHost:
     for slot in range(settings.request_concurrency):
         host.add_root_task(
             f"serve-requests-{slot}",
-            lambda: bus.serve_requests(
-                REQUEST_SUBJECT, subjects.EXECUTOR_QUEUE_GROUP, handler, host.stop
-            ),
+            lambda: bus.serve_requests(topics.EXECUTOR_RUN, handler, host.stop),
         )
     return host

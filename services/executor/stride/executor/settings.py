@@ -8,7 +8,7 @@ from typing import ClassVar
 from pydantic import Field
 from pydantic_settings import SettingsConfigDict
 
-from stride.runtime.settings import ServiceSettings
+from stride.runtime.settings import MIB, ServiceSettings
 
 
 class ExecutorSettings(ServiceSettings):
@@ -20,6 +20,14 @@ class ExecutorSettings(ServiceSettings):
 
     grpc_port: int = Field(default=50053, ge=0, le=65535)
     """The direct API's well-known port (admission 50051, optimizer 50052)."""
+    grpc_max_receive_message_bytes: int = Field(default=4 * MIB, ge=64 * 1024, le=2**31 - 1)
+    """RunAlgorithm carries an algorithm's arguments: throughput samples, a cluster's nodes,
+    a population of jobs; hundreds of kilobytes at the scales the policies are evaluated
+    at. 4 MiB (gRPC's default) holds that with room; the pool's other entry point, NATS,
+    is bounded tighter still by the server's 1 MB default payload."""
+    grpc_max_send_message_bytes: int = Field(default=4 * MIB, ge=64 * 1024, le=2**31 - 1)
+    """A reply is a result and its proposed plans (a Pareto front at most); 4 MiB is what a
+    client with gRPC's defaults accepts."""
     replica_name: str = Field(default_factory=socket.gethostname, min_length=1, max_length=128)
     """Which replica ran a request, in logs and spans. The host name by default: the pod
     name on Kubernetes, so a slow or failing run can be traced to its pod."""

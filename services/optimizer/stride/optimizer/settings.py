@@ -7,10 +7,11 @@ from typing import ClassVar
 from pydantic import Field
 from pydantic_settings import SettingsConfigDict
 
-from stride.runtime.settings import ServiceSettings
+from stride.decisions.settings import DecisionSettings
+from stride.runtime.settings import MIB, ServiceSettings
 
 
-class OptimizerSettings(ServiceSettings):
+class OptimizerSettings(ServiceSettings, DecisionSettings):
     """Settings of the optimizer (the Brain)."""
 
     model_config = SettingsConfigDict(env_prefix="STRIDE_OPTIMIZER_", extra="ignore")
@@ -18,13 +19,21 @@ class OptimizerSettings(ServiceSettings):
 
     grpc_port: int = Field(default=50052, ge=0, le=65535)
     """The plan API's well-known port (admission has 50051, the executor 50053)."""
+    grpc_max_receive_message_bytes: int = Field(default=1 * MIB, ge=64 * 1024, le=2**31 - 1)
+    """Every request of the plan API names only a job id (and reflection's are as small),
+    so 1 MiB is far above any real one while a flood of oversized calls is refused before
+    it is decoded."""
+    grpc_max_send_message_bytes: int = Field(default=4 * MIB, ge=64 * 1024, le=2**31 - 1)
+    """The largest answers are a long job's every plan version (ListPlans) or optimization
+    event; 4 MiB (what a client with gRPC's defaults accepts) is thousands of them."""
     max_pod_cpu: float | None = Field(default=None, gt=0, allow_inf_nan=False)
     """Most cores one pod can get in this cluster (its biggest node's allocatable CPU).
     Cold-start plans are clamped to it so they can be placed. Unset keeps the documented
     defaults of ``stride.policy.cold_start`` (8 cores for the sampling worker), which a
     cluster of laptops or small VMs should lower."""
-    ack_wait_seconds: float = Field(default=30.0, gt=0, le=600)
+    ack_wait_seconds: float = Field(default=5.0, gt=0, le=600)
     """How long a lifecycle message handed to a replica may stay unacknowledged before
     JetStream gives it to another (or the restarted) replica. It is the delay a crash adds
-    to a job's first plan; 30 s leaves handlers, which take milliseconds, ample room on a
-    slow database while a crashed replica's messages are retried well inside a minute."""
+    to a job's first plan, so it is short; a handler that takes longer (a decision in the
+    executor pool) is not redelivered under it, because the consumer reports progress every
+    third of it."""

@@ -5,13 +5,13 @@ from __future__ import annotations
 from pathlib import Path
 
 from stride.api.podwatcher.v1 import podwatcher_service_pb2, podwatcher_service_pb2_grpc
-from stride.events.v1 import plan_pb2
-from stride.podwatcher.adapters.backends.base import Backend
-from stride.podwatcher.adapters.backends.local import LocalBackend, detect_local_node
-from stride.podwatcher.adapters.bus_handlers import PlanHandler
-from stride.podwatcher.adapters.grpc_api import PodWatcherApi
-from stride.podwatcher.plan_records import PlanRecords
+from stride.bus import topics
+from stride.podwatcher.adapters.inbound.bus_handlers import PlanHandler
+from stride.podwatcher.adapters.inbound.grpc_api import PodWatcherApi
+from stride.podwatcher.adapters.outbound.backends.base import Backend
+from stride.podwatcher.adapters.outbound.backends.local import LocalBackend, detect_local_node
 from stride.podwatcher.settings import PodWatcherSettings
+from stride.podwatcher.usecases import PlanRecords
 from stride.runtime.errors import StartupError
 from stride.runtime.lifecycle import ServiceHost
 from stride.wiring import connect_bus, consume, create_host, open_database
@@ -41,14 +41,5 @@ async def build(settings: PodWatcherSettings) -> ServiceHost:
     podwatcher_service_pb2_grpc.add_PodWatcherServiceServicer_to_server(
         PodWatcherApi(records), host.server.server
     )
-    consume(
-        host,
-        bus,
-        "consume-plans",
-        stream="STRIDE_PLANS",
-        durable="podwatcher-plans",
-        filter_subject="stride.plans.v1.*",
-        message_type=plan_pb2.ResourcePlan,
-        handler=PlanHandler(records),
-    )
+    consume(host, bus, topics.PLAN, durable="podwatcher-plans", handler=PlanHandler(records))
     return host

@@ -2,23 +2,16 @@
 
 from __future__ import annotations
 
-from datetime import UTC, datetime
+from datetime import datetime
 
 from google.protobuf.message import Message
 from google.protobuf.timestamp_pb2 import Timestamp
 from google.protobuf.unknown_fields import UnknownFieldSet
 
-from stride.admission.domain.jobs import JobSpec, Priority
+from stride.admission.domain.jobs import JobSpec
 from stride.admission.domain.policy import Decision, Outcome
 from stride.events.v1 import job_pb2
 from stride.runtime.errors import InvalidArgument
-
-_PRIORITY = {
-    job_pb2.PRIORITY_UNSPECIFIED: Priority.NORMAL,
-    job_pb2.PRIORITY_LOW: Priority.LOW,
-    job_pb2.PRIORITY_NORMAL: Priority.NORMAL,
-    job_pb2.PRIORITY_HIGH: Priority.HIGH,
-}
 
 OUTCOME_TO_PROTO = {
     Outcome.ADMITTED: job_pb2.ADMISSION_OUTCOME_ADMITTED,
@@ -46,26 +39,14 @@ def _reject_unknown_fields(message: Message, path: str) -> None:
 
 
 def spec_from_proto(spec: job_pb2.JobSpec) -> JobSpec:
-    """The domain view of a submitted spec (validation is the domain's job)."""
+    """The domain view of a submitted spec; validation is the domain's job.
+
+    Only what the view cannot see is refused here: fields of a newer schema. Everything
+    else, out-of-range numbers, enums and timestamps included, is copied as sent, so the
+    shared rules judge it and name the field (never a conversion error here).
+    """
     _reject_unknown_fields(spec, "spec")
-    if spec.priority not in _PRIORITY:
-        raise InvalidArgument("spec.priority", f"unknown priority {spec.priority}")
-    deadline = spec.deadline.ToDatetime(tzinfo=UTC) if spec.HasField("deadline") else None
-    return JobSpec(
-        name=spec.name,
-        user=spec.user,
-        model_name=spec.model.name,
-        image=spec.model.image,
-        entrypoint=spec.model.entrypoint,
-        dataset_name=spec.dataset.name,
-        record_count=spec.dataset.record_count,
-        batch_size=spec.batch_size,
-        max_steps=spec.termination.max_steps,
-        max_epochs=spec.termination.max_epochs,
-        deadline=deadline,
-        priority=_PRIORITY[spec.priority],
-        hyperparameters=dict(spec.hyperparameters),
-    )
+    return JobSpec.from_message(spec)
 
 
 def timestamp(moment: datetime) -> Timestamp:

@@ -1,10 +1,10 @@
-"""Admission's tables: jobs, their decisions, and the outbox."""
+"""Admission's tables: jobs, their decisions, the outbox and its dead-letter table."""
 
 from __future__ import annotations
 
 from sqlalchemy import Column, DateTime, ForeignKey, Integer, LargeBinary, MetaData, String, Table
 
-from stride.db.outbox import outbox_table
+from stride.db.outbox import outbox_dead_letter_table, outbox_table
 
 metadata = MetaData()
 
@@ -32,3 +32,4 @@ decisions = Table(
 )
 
 outbox = outbox_table(metadata)
+outbox_dead_letter = outbox_dead_letter_table(metadata)

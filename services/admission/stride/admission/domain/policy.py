@@ -1,18 +1,17 @@
-"""Admission policies: given a valid job, admit, reject or queue it.
+"""What admission decides about a job: admit, reject or queue it, and why.
 
-``AdmitAll`` is TEMPORARY. It is the foundation's stand-in until the admission issue
+The decision itself is taken through the admit port (``stride.decisions``), in-process or
+by the executor pool. Today's algorithm is the TEMPORARY ``admit-all``; the admission issue
 replaces it with Minimum Satisfactory Share by progressive filling (ElasticFlow sec. 4.1),
-quotas and priorities. The seam is :class:`AdmissionPolicy`.
+quotas and priorities, through the same port.
 """
 
 from __future__ import annotations
 
 from dataclasses import dataclass
-from datetime import datetime
 from enum import Enum
-from typing import Protocol
 
-from stride.admission.domain.jobs import JobSpec
+from stride.policy.admit_all import AdmitAllReply
 
 
 class Outcome(Enum):
@@ -42,30 +41,19 @@ class Decision:
     minimum_share: Share | None
 
 
-class AdmissionPolicy(Protocol):
-    """Decides on one valid job."""
+def decision_from_admit_all(reply: AdmitAllReply, policy: str) -> Decision:
+    """The decision the TEMPORARY admit-all algorithm (``stride.policy.admit_all``) made.
 
-    name: str
-
-    def decide(self, spec: JobSpec, now: datetime) -> Decision:
-        """Admit, reject or queue ``spec``."""
-        ...
-
-
-class AdmitAll:
-    """TEMPORARY: admits every valid job with a one-worker minimum share.
-
-    Replaced by the admission issue's progressive-filling policy; kept only so the job path
-    runs end to end meanwhile.
+    Replaced by the admission issue's progressive-filling policy, which comes through the
+    same admit port.
     """
-
-    name = "admit-all/1"
-
-    def decide(self, spec: JobSpec, now: datetime) -> Decision:
-        """Admit ``spec`` unconditionally."""
-        return Decision(
-            outcome=Outcome.ADMITTED,
-            reason="every valid job is admitted (temporary policy)",
-            policy=self.name,
-            minimum_share=Share(workers=1, cpu=1.0, memory_bytes=2 * 1024**3),
-        )
+    return Decision(
+        outcome=Outcome(reply.outcome),
+        reason=reply.reason,
+        policy=policy,
+        minimum_share=Share(
+            workers=reply.minimum_workers,
+            cpu=reply.minimum_cpu,
+            memory_bytes=reply.minimum_memory_bytes,
+        ),
+    )

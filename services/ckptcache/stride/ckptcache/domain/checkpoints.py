@@ -9,7 +9,6 @@ invisible. Validation names the first bad field by its request path (``header.st
 
 from __future__ import annotations
 
-import re
 from collections.abc import Iterable
 from dataclasses import dataclass
 from datetime import datetime
@@ -17,13 +16,12 @@ from enum import Enum
 from pathlib import PurePath
 from typing import TypeVar
 
+from stride import vocabulary
 from stride.runtime.errors import InvalidArgument
 
-JOB_ID_PATTERN = re.compile(r"^[A-Za-z0-9][A-Za-z0-9_-]{0,63}$")
-"""Job ids are NATS subject tokens (``stride.checkpoints.v1.<job_id>.persisted``) and
-directory names, so no dots and no leading punctuation."""
-CHECKPOINT_ID_PATTERN = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._-]{0,127}$")
-"""Checkpoint ids are directory names: letters, digits, '.', '_', '-', never '.' or '..'."""
+CHECKPOINT_ID_PATTERN = vocabulary.NAME_PATTERN
+"""A checkpoint id is a vocabulary name, so a safe directory name (never '.' or '..');
+kept under this name for the stores, which match the directories they find against it."""
 MAX_SHARDS = 1024
 """More shards than any parameter-server count the optimizer would plan."""
 
@@ -98,25 +96,14 @@ class CheckpointInfo:
 
 
 def check_job_id(value: str, field: str = "job_id") -> None:
-    """Raise InvalidArgument unless ``value`` is a valid job id."""
-    if not value:
-        raise InvalidArgument(field, "is required")
-    if not JOB_ID_PATTERN.match(value):
-        raise InvalidArgument(
-            field, f"{value!r} is not a valid job id (1-64 letters, digits, '_' or '-')"
-        )
+    """Raise InvalidArgument unless ``value`` is a job id
+    (:func:`stride.vocabulary.check_job_id`)."""
+    vocabulary.check_job_id(value, field, raise_as=InvalidArgument)
 
 
 def check_checkpoint_id(value: str, field: str = "checkpoint_id") -> None:
-    """Raise InvalidArgument unless ``value`` is a valid checkpoint id."""
-    if not value:
-        raise InvalidArgument(field, "is required")
-    if not CHECKPOINT_ID_PATTERN.match(value):
-        raise InvalidArgument(
-            field,
-            f"{value!r} is not a valid checkpoint id "
-            "(1-128 letters, digits, '.', '_' or '-', starting with a letter or digit)",
-        )
+    """Raise InvalidArgument unless ``value`` is a checkpoint id (a vocabulary name)."""
+    vocabulary.check_name(value, field, raise_as=InvalidArgument)
 
 
 def validate_header(header: CheckpointHeader, max_size_bytes: int, path: str = "header") -> None:
@@ -187,7 +174,7 @@ def checkpoint_directory(root: _P, job_id: str, checkpoint_id: str | None = None
     They are validated when a request arrives; checked again here because they become paths
     (a store must never be talked into leaving its root).
     """
-    if not JOB_ID_PATTERN.match(job_id):
+    if not vocabulary.JOB_ID_PATTERN.match(job_id):
         raise ValueError(f"job_id {job_id!r} is not a safe directory name")
     if checkpoint_id is None:
         return root / job_id

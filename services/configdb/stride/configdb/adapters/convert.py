@@ -7,10 +7,13 @@ from datetime import UTC, datetime
 from google.protobuf.timestamp_pb2 import Timestamp
 
 from stride.api.configdb.v1 import configdb_service_pb2 as pb
-from stride.configdb.adapters.repository import StoredRecord
+from stride.configdb.adapters.outbound.repository import StoredRecord
 from stride.configdb.domain.features import JobFeatures, extract_features
 from stride.configdb.domain.similarity import Outcome
 from stride.events.v1 import job_pb2
+from stride.runtime.errors import InvalidArgument
+from stride.vocabulary import InvalidWord
+from stride.vocabulary.jobspec import JobSpec, validate_values
 
 OUTCOME_FROM_PROTO = {
     job_pb2.JOB_OUTCOME_SUCCEEDED: Outcome.SUCCEEDED,
@@ -19,29 +22,29 @@ OUTCOME_FROM_PROTO = {
 }
 OUTCOME_TO_PROTO = {outcome: value for value, outcome in OUTCOME_FROM_PROTO.items()}
 
-_FORMAT_PREFIX = "DATASET_FORMAT_"
-
-
-def _dataset_format(value: int) -> str:
-    # An unknown or unset format is an unknown feature, not a reason to drop the job.
-    if value == job_pb2.DATASET_FORMAT_UNSPECIFIED or value not in job_pb2.DatasetFormat.values():
-        return ""
-    return job_pb2.DatasetFormat.Name(job_pb2.DatasetFormat.ValueType(value)).removeprefix(
-        _FORMAT_PREFIX
-    )
-
 
 def features_from_spec(spec: job_pb2.JobSpec) -> JobFeatures:
-    """The warm-start features of a job spec."""
+    """The warm-start features of a job spec; InvalidArgument names a bad field.
+
+    Every value given is judged by the rules admission applies at submit
+    (:func:`stride.vocabulary.jobspec.validate_values`), so a spec admission accepted is
+    always recorded. Missing fields are allowed: a similarity query names only some.
+    """
+    view = JobSpec.from_message(spec)
+    try:
+        validate_values(view)
+    except InvalidWord as error:
+        raise InvalidArgument(error.field, error.problem) from None
+    dataset_format = view.dataset_format
     return extract_features(
-        model_name=spec.model.name,
-        model_family=spec.model.family,
-        dataset_name=spec.dataset.name,
-        dataset_format=_dataset_format(spec.dataset.format),
-        record_count=spec.dataset.record_count,
-        batch_size=spec.batch_size,
-        embedding_dim=spec.model.embedding_dim,
-        parameter_count=spec.model.parameter_count,
+        model_name=view.model.name,
+        model_family=view.model.family,
+        dataset_name=view.dataset.name,
+        dataset_format=dataset_format.value if dataset_format is not None else "",
+        record_count=view.dataset.record_count,
+        batch_size=view.batch_size,
+        embedding_dim=view.model.embedding_dim,
+        parameter_count=view.model.parameter_count,
     )
 
 

@@ -22,15 +22,6 @@ _KIND = {
     shard_pb2.SHARDING_KIND_STREAM: ShardingKind.STREAM,
 }
 
-SHARD_EVENTS = frozenset({"progress", "done", "failed", "requeued", "straggler", "epoch"})
-
-
-def shard_subject(job_id: str, event: str) -> str:
-    """``stride.shards.v1.<job_id>.<event>`` (the bus contract in shard.proto)."""
-    if event not in SHARD_EVENTS:
-        raise ValueError(f"event: {event!r} is not one of {sorted(SHARD_EVENTS)}")
-    return f"stride.shards.v1.{job_id}.{event}"
-
 
 def timestamp(moment: datetime) -> Timestamp:
     """A protobuf Timestamp of an aware datetime."""

@@ -1,4 +1,5 @@
-"""The dispatcher's tables: datasets, their shards, registered workers, and the outbox.
+"""The dispatcher's tables: datasets, their shards, registered workers, the outbox
+and its dead-letter table.
 
 All queue state lives here, not in memory, so a restarted dispatcher carries on exactly
 where the last committed call left it (DLRover sec. 5.3 checkpoints the TODO and DOING
@@ -23,7 +24,7 @@ from sqlalchemy import (
     false,
 )
 
-from stride.db.outbox import outbox_table
+from stride.db.outbox import outbox_dead_letter_table, outbox_table
 
 metadata = MetaData()
 
@@ -112,3 +113,4 @@ step_leases = Table(
 )
 
 outbox = outbox_table(metadata)
+outbox_dead_letter = outbox_dead_letter_table(metadata)

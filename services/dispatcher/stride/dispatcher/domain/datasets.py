@@ -8,17 +8,11 @@ at the exact thing to fix.
 
 from __future__ import annotations
 
-import re
 from dataclasses import dataclass
 from enum import Enum
 
+from stride import vocabulary
 from stride.runtime.errors import InvalidArgument
-
-JOB_ID_PATTERN = re.compile(r"^[A-Za-z0-9][A-Za-z0-9_-]{0,63}$")
-"""Job ids are NATS subject tokens (``stride.shards.v1.<job_id>.done``), so no dots."""
-DATASET_PATTERN = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._-]{0,127}$")
-WORKER_PATTERN = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._-]{0,252}$")
-"""Workers are named after their pods; Kubernetes allows 253-character pod names."""
 
 MAX_SHARDS_PER_EPOCH = 1_000_000
 """Every shard of an epoch is a row written when the epoch starts. A million rows is a few
@@ -91,29 +85,22 @@ class DatasetParameters:
         return self.record_count * self.partition_count
 
 
-def check_name(value: str, field: str, pattern: re.Pattern[str], what: str) -> None:
-    """Raise :class:`InvalidArgument` for ``field`` unless ``value`` is a valid name."""
-    if not value:
-        raise InvalidArgument(field, "is required")
-    if not pattern.match(value):
-        raise InvalidArgument(field, f"{value!r} is not a valid {what}")
-
-
 def check_job_id(value: str, field: str = "job_id") -> None:
-    """A job id: 1-64 letters, digits, '_' or '-', starting with a letter or digit."""
-    check_name(value, field, JOB_ID_PATTERN, "job id (1-64 letters, digits, '_' or '-')")
+    """Raise :class:`InvalidArgument` unless ``value`` is a job id
+    (:func:`stride.vocabulary.check_job_id`)."""
+    vocabulary.check_job_id(value, field, raise_as=InvalidArgument)
 
 
 def check_dataset(value: str, field: str = "dataset") -> None:
-    """A dataset name: 1-128 letters, digits, '.', '_' or '-'."""
-    check_name(
-        value, field, DATASET_PATTERN, "dataset name (1-128 letters, digits, '.', '_' or '-')"
-    )
+    """Raise :class:`InvalidArgument` unless ``value`` is a dataset name (a vocabulary
+    name: :func:`stride.vocabulary.check_name`)."""
+    vocabulary.check_name(value, field, raise_as=InvalidArgument)
 
 
 def check_worker(value: str, field: str = "worker") -> None:
-    """A worker (pod) name: 1-253 letters, digits, '.', '_' or '-'."""
-    check_name(value, field, WORKER_PATTERN, "worker name (1-253 letters, digits, '.', '_' or '-')")
+    """Raise :class:`InvalidArgument` unless ``value`` is a worker name. Workers are named
+    after their pods (:func:`stride.vocabulary.check_pod_name`)."""
+    vocabulary.check_pod_name(value, field, raise_as=InvalidArgument)
 
 
 def validate(parameters: DatasetParameters, path: str = "parameters") -> None:

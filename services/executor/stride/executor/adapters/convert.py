@@ -4,13 +4,18 @@ from __future__ import annotations
 
 import dataclasses
 from collections.abc import Iterator
-from typing import Any
 
-from google.protobuf import json_format
-from google.protobuf.struct_pb2 import Struct
-
+from stride.decisions import dict_to_struct, struct_to_dict
 from stride.events.v1 import plan_pb2
 from stride.policy.plans import Plan, Role
+
+__all__ = [
+    "ROLE_TO_PROTO",
+    "dict_to_struct",
+    "plan_to_proto",
+    "proposed_plans",
+    "struct_to_dict",
+]
 
 ROLE_TO_PROTO = {
     Role.PS: plan_pb2.ROLE_PS,
@@ -18,18 +23,6 @@ ROLE_TO_PROTO = {
     Role.DATA_WORKER: plan_pb2.ROLE_DATA_WORKER,
     Role.CHIEF: plan_pb2.ROLE_CHIEF,
 }
-
-
-def struct_to_dict(struct: Struct) -> dict[str, Any]:
-    """A Struct as a plain dict. Numbers come back as floats; the registry restores ints."""
-    return dict(json_format.MessageToDict(struct))
-
-
-def dict_to_struct(values: dict[str, Any]) -> Struct:
-    """A plain dict of JSON-compatible values as a Struct."""
-    struct = Struct()
-    struct.update(values)
-    return struct
 
 
 def proposed_plans(reply: object) -> Iterator[Plan]:

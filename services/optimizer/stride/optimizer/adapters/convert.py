@@ -17,6 +17,8 @@ from stride.policy.cold_start import JobFeatures
 from stride.policy.errors import InvalidFeatures
 from stride.policy.plans import Role
 from stride.runtime.errors import InvalidArgument
+from stride.vocabulary import InvalidWord
+from stride.vocabulary.jobspec import JobSpec, validate
 
 STAGE_TO_PROTO = {
     JobStage.COLD_START: optimization_pb2.JOB_STAGE_COLD_START,
@@ -64,7 +66,16 @@ def timestamp(moment: datetime) -> Timestamp:
 
 
 def features_from_spec(spec: job_pb2.JobSpec) -> JobFeatures:
-    """The static features of an admitted spec; InvalidArgument names the spec's field."""
+    """The static features of an admitted spec; InvalidArgument names the spec's field.
+
+    The spec is judged by the same rules admission applied at submit
+    (:func:`stride.vocabulary.jobspec.validate`, without the clock: a deadline may pass
+    while a job waits), so a spec admission accepted is always planned.
+    """
+    try:
+        validate(JobSpec.from_message(spec), None)
+    except InvalidWord as error:
+        raise InvalidArgument(error.field, error.problem) from None
     try:
         return JobFeatures(
             model_name=spec.model.name,

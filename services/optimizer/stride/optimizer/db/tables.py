@@ -1,10 +1,11 @@
-"""The optimizer's tables: job administrators, optimization events, plans, and the outbox."""
+"""The optimizer's tables: job administrators, optimization events, plans, the outbox and
+its dead-letter table."""
 
 from __future__ import annotations
 
 from sqlalchemy import Column, DateTime, ForeignKey, Integer, LargeBinary, MetaData, String, Table
 
-from stride.db.outbox import outbox_table
+from stride.db.outbox import outbox_dead_letter_table, outbox_table
 
 metadata = MetaData()
 
@@ -42,3 +43,4 @@ plans = Table(
 )
 
 outbox = outbox_table(metadata)
+outbox_dead_letter = outbox_dead_letter_table(metadata)

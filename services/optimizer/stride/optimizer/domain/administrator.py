@@ -19,17 +19,13 @@ will use, so adding one is adding a function, not reshaping the state.
 
 from __future__ import annotations
 
-import re
 from dataclasses import dataclass, replace
 from datetime import datetime
 from enum import Enum
 
-from stride.policy.cold_start import JobFeatures, cold_start_plan
+from stride import vocabulary
 from stride.policy.plans import Plan
 from stride.runtime.errors import InvalidArgument
-
-JOB_ID_PATTERN = re.compile(r"^[A-Za-z0-9][A-Za-z0-9_-]{0,63}$")
-"""A job id is one NATS subject token and part of pod names: no dots, wildcards or spaces."""
 
 
 class JobStage(Enum):
@@ -77,15 +73,9 @@ class StageError(Exception):
 
 
 def check_job_id(job_id: str, field: str = "job_id") -> str:
-    """Return ``job_id`` if it is well formed, else raise InvalidArgument naming ``field``."""
-    if not job_id:
-        raise InvalidArgument(field, "is required")
-    if not JOB_ID_PATTERN.match(job_id):
-        raise InvalidArgument(
-            field,
-            f"{job_id[:80]!r} must be 1-64 letters, digits, '_' or '-', starting alphanumeric",
-        )
-    return job_id
+    """Return ``job_id`` if it is a job id (:func:`stride.vocabulary.check_job_id`), else
+    raise InvalidArgument naming ``field``."""
+    return vocabulary.check_job_id(job_id, field, raise_as=InvalidArgument)
 
 
 @dataclass(frozen=True)
@@ -166,13 +156,10 @@ def admitted_event_id(job_id: str) -> str:
 
 
 def on_admitted(
-    existing: Administrator | None,
-    job_id: str,
-    features: JobFeatures,
-    now: datetime,
-    max_pod_cpu: float | None = None,
+    existing: Administrator | None, job_id: str, cold_start: Plan, now: datetime
 ) -> Step:
-    """A job was admitted: create its administrator and publish the cold-start plan (v1).
+    """A job was admitted: create its administrator and publish ``cold_start`` as plan v1
+    (the plan the adjust port's cold-start algorithm proposed).
 
     If the job already has an administrator, the admission was seen before (redelivery), or
     the job finished before its admission arrived (the two come through different consumers,
@@ -189,7 +176,7 @@ def on_admitted(
         detail="admitted with no history: cold-start sampling plan",
         created_at=now,
     )
-    administrator, plan = administrator.publish(cold_start_plan(features, max_pod_cpu), now)
+    administrator, plan = administrator.publish(cold_start, now)
     return Step(None, administrator, (event,), (plan,))
 
 

@@ -8,17 +8,17 @@ from google.protobuf.timestamp_pb2 import Timestamp
 
 from stride.api.podwatcher.v1 import podwatcher_service_pb2 as pb
 from stride.events.v1 import plan_pb2, pod_pb2
-from stride.podwatcher.adapters.repository import StoredPlan
+from stride.podwatcher.adapters.outbound.repository import StoredPlan
 from stride.podwatcher.domain.cluster import Node, PlanState, Pod, PodPhase
-from stride.podwatcher.domain.plans import Plan, PodOverride, Role, RoleResources
+from stride.podwatcher.domain.plans import Plan, PodOverride, RoleResources
+from stride.runtime.errors import InvalidArgument
+from stride.vocabulary import Role
 
-_ROLE_FROM_PROTO = {
-    plan_pb2.ROLE_PS: Role.PS,
-    plan_pb2.ROLE_WORKER: Role.WORKER,
-    plan_pb2.ROLE_DATA_WORKER: Role.DATA_WORKER,
-    plan_pb2.ROLE_CHIEF: Role.CHIEF,
-}
-_ROLE_TO_PROTO = {role: value for value, role in _ROLE_FROM_PROTO.items()}
+_ROLE_TO_PROTO = {role: plan_pb2.Role.Value(f"ROLE_{role.name}") for role in Role}
+"""Every vocabulary role has its ``ROLE_<NAME>`` on the wire (a role without one fails here,
+at import, rather than in the middle of a plan)."""
+_ROLE_FROM_PROTO = {value: role for role, value in _ROLE_TO_PROTO.items()}
+_ROLE_NAMES = ", ".join(role.name for role in Role)
 _PHASE_TO_PROTO = {
     PodPhase.PENDING: pod_pb2.POD_PHASE_PENDING,
     PodPhase.RUNNING: pod_pb2.POD_PHASE_RUNNING,
@@ -34,8 +34,18 @@ _STATE_TO_PROTO = {
 }
 
 
+def role_from_proto(value: plan_pb2.Role.ValueType, field: str) -> Role:
+    """The vocabulary's role for a wire role; ROLE_UNSPECIFIED (a sender that forgot to set
+    it) or a number this build does not know is an :class:`InvalidArgument` naming ``field``."""
+    role = _ROLE_FROM_PROTO.get(value)
+    if role is None:
+        raise InvalidArgument(field, f"must be one of {_ROLE_NAMES}")
+    return role
+
+
 def plan_from_proto(plan: plan_pb2.ResourcePlan) -> Plan:
-    """The domain view of a plan; an unknown role number becomes UNSPECIFIED (invalid)."""
+    """The domain view of a plan; raises :class:`InvalidArgument` for a role that is not
+    one (the rest is checked by :func:`~stride.podwatcher.domain.plans.validate_plan`)."""
     return Plan(
         job_id=plan.job_id,
         version=plan.version,
@@ -43,7 +53,7 @@ def plan_from_proto(plan: plan_pb2.ResourcePlan) -> Plan:
         algorithm=plan.algorithm,
         roles=tuple(
             RoleResources(
-                role=_ROLE_FROM_PROTO.get(resources.role, Role.UNSPECIFIED),
+                role=role_from_proto(resources.role, f"roles[{position}].role"),
                 count=resources.count,
                 cpu=resources.cpu,
                 memory_bytes=resources.memory_bytes,
@@ -51,7 +61,7 @@ def plan_from_proto(plan: plan_pb2.ResourcePlan) -> Plan:
                     PodOverride(o.index, o.cpu, o.memory_bytes) for o in resources.overrides
                 ),
             )
-            for resources in plan.roles
+            for position, resources in enumerate(plan.roles)
         ),
     )
 
@@ -77,7 +87,7 @@ def pod_to_proto(pod: Pod) -> pb.Pod:
     """The API form of a pod."""
     return pb.Pod(
         name=pod.name,
-        role=_ROLE_TO_PROTO.get(pod.role, plan_pb2.ROLE_UNSPECIFIED),
+        role=_ROLE_TO_PROTO[pod.role],
         index=pod.index,
         phase=_PHASE_TO_PROTO[pod.phase],
         cpu=pod.cpu,

@@ -5,7 +5,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from enum import Enum
 
-from stride.podwatcher.domain.plans import Role
+from stride.vocabulary import Role
 
 
 class PlanState(Enum):

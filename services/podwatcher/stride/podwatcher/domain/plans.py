@@ -10,25 +10,12 @@ recorded is their maximum (:func:`newest_after`).
 
 from __future__ import annotations
 
-import math
 from collections.abc import Iterable
 from dataclasses import dataclass, field
 from enum import Enum
 
 from stride.runtime.errors import InvalidArgument
-
-MAX_JOB_ID_LENGTH = 64
-"""Job ids name pods and subjects; admission makes them far shorter than this."""
-
-
-class Role(Enum):
-    """The role a pod plays in a job; ``UNSPECIFIED`` is never valid in a plan."""
-
-    UNSPECIFIED = "UNSPECIFIED"
-    PS = "PS"
-    WORKER = "WORKER"
-    DATA_WORKER = "DATA_WORKER"
-    CHIEF = "CHIEF"
+from stride.vocabulary import Role, check_cpu, check_job_id, check_memory_bytes, check_pod_count
 
 
 @dataclass(frozen=True)
@@ -65,31 +52,18 @@ class Plan:
     algorithm: str = ""
 
 
-def _positive(value: float) -> bool:
-    return math.isfinite(value) and value > 0
-
-
 def _validate_role(position: int, resources: RoleResources, seen: set[Role]) -> None:
     path = f"roles[{position}]"
-    if resources.role is Role.UNSPECIFIED:
-        known = ", ".join(role.value for role in Role if role is not Role.UNSPECIFIED)
-        raise InvalidArgument(f"{path}.role", f"must be one of {known}")
     if resources.role in seen:
         raise InvalidArgument(f"{path}.role", f"{resources.role.value} is listed twice")
     seen.add(resources.role)
-    if resources.count < 0:
-        raise InvalidArgument(f"{path}.count", f"must not be negative, got {resources.count}")
+    check_pod_count(resources.count, f"{path}.count", raise_as=InvalidArgument)
     if resources.count == 0:
         return
-    if not _positive(resources.cpu):
-        raise InvalidArgument(
-            f"{path}.cpu", f"must be positive when count > 0, got {resources.cpu}"
-        )
-    if resources.memory_bytes <= 0:
-        raise InvalidArgument(
-            f"{path}.memory_bytes",
-            f"must be positive when count > 0, got {resources.memory_bytes}",
-        )
+    check_cpu(resources.cpu, f"{path}.cpu", positive=True, raise_as=InvalidArgument)
+    check_memory_bytes(
+        resources.memory_bytes, f"{path}.memory_bytes", positive=True, raise_as=InvalidArgument
+    )
     indexes: set[int] = set()
     for number, override in enumerate(resources.overrides):
         where = f"{path}.overrides[{number}]"
@@ -100,25 +74,21 @@ def _validate_role(position: int, resources: RoleResources, seen: set[Role]) -> 
         if override.index in indexes:
             raise InvalidArgument(f"{where}.index", f"pod {override.index} is overridden twice")
         indexes.add(override.index)
-        if not (math.isfinite(override.cpu) and override.cpu >= 0):
-            raise InvalidArgument(f"{where}.cpu", f"must not be negative, got {override.cpu}")
-        if override.memory_bytes < 0:
-            raise InvalidArgument(
-                f"{where}.memory_bytes", f"must not be negative, got {override.memory_bytes}"
-            )
+        # Zero keeps the role's size, so an override's amounts need not be positive.
+        check_cpu(override.cpu, f"{where}.cpu", raise_as=InvalidArgument)
+        check_memory_bytes(override.memory_bytes, f"{where}.memory_bytes", raise_as=InvalidArgument)
 
 
 def validate_plan(plan: Plan) -> None:
     """Raise :class:`InvalidArgument` naming the first bad field of ``plan``.
 
-    A plan needs a job id and a version of at least 1. Every role is specified and listed
-    once, its count is not negative, and a role with pods has positive, finite CPU and
-    positive memory. Overrides name a pod of the role once and are not negative.
+    A plan needs a valid job id (:func:`stride.vocabulary.check_job_id`) and a version of at
+    least 1. Every role is listed once (the adapter has already refused an unspecified
+    one), its pod count is within the vocabulary's bounds, and a role with pods has a
+    positive amount of CPU and memory. Overrides name a pod of the role once and their
+    amounts are not negative.
     """
-    if not plan.job_id:
-        raise InvalidArgument("job_id", "is required")
-    if len(plan.job_id) > MAX_JOB_ID_LENGTH:
-        raise InvalidArgument("job_id", f"must be at most {MAX_JOB_ID_LENGTH} characters")
+    check_job_id(plan.job_id, raise_as=InvalidArgument)
     if plan.version < 1:
         raise InvalidArgument("version", f"must be at least 1, got {plan.version}")
     seen: set[Role] = set()

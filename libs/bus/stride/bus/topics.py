@@ -1,0 +1,329 @@
+"""The bus contract, typed: every event type is one :class:`Topic`, spelled only here.
+
+A topic knows its JetStream stream, how to build the subject of one job's event, the
+pattern a consumer subscribes to, and the protobuf type of its payload. Producers build
+what they publish through a topic (:meth:`Topic.outgoing`), and consumers subscribe through
+one (``Bus.consume(topic, ...)``), so a producer and its consumers cannot disagree on a
+subject, a stream or a type. ``tests/unit/test_bus_contract.py`` fails if a subject or
+stream name is written anywhere else.
+
+Subjects mirror the proto packages: ``stride.<area>.v1.<...>``; each ``proto/stride/events``
+file names its subjects in its header comment.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from dataclasses import dataclass, field
+from datetime import timedelta
+from typing import Any, Generic, TypeVar
+
+from google.protobuf.message import Message
+
+from stride.events.v1 import (
+    checkpoint_pb2,
+    job_pb2,
+    metrics_pb2,
+    optimization_pb2,
+    plan_pb2,
+    pod_pb2,
+    shard_pb2,
+)
+from stride.obs.tracing import inject_headers
+
+M = TypeVar("M", bound=Message)
+
+TYPE_HEADER = "Stride-Type"
+"""Full protobuf name of the payload, checked by consumers before decoding."""
+
+DUPLICATE_WINDOW = timedelta(minutes=10)
+"""JetStream drops a message whose Nats-Msg-Id it saw within this window. Ten minutes covers
+a service restart plus its outbox retry, which is what makes a re-publish harmless."""
+
+
+@dataclass(frozen=True)
+class Stream:
+    """A JetStream stream: its name, the subjects it holds and how long it keeps them."""
+
+    name: str
+    subjects: tuple[str, ...]
+    max_age: timedelta
+    description: str
+
+
+JOBS = Stream("STRIDE_JOBS", ("stride.jobs.v1.>",), timedelta(days=7), "job lifecycle facts")
+PLANS = Stream("STRIDE_PLANS", ("stride.plans.v1.>",), timedelta(days=7), "versioned plans")
+PODS = Stream("STRIDE_PODS", ("stride.pods.v1.>",), timedelta(days=2), "pod lifecycle and usage")
+SHARDS = Stream("STRIDE_SHARDS", ("stride.shards.v1.>",), timedelta(days=2), "shard progress")
+METRICS = Stream("STRIDE_METRICS", ("stride.metrics.v1.>",), timedelta(days=2), "training metrics")
+CHECKPOINTS = Stream(
+    "STRIDE_CHECKPOINTS", ("stride.checkpoints.v1.>",), timedelta(days=7), "checkpoint facts"
+)
+DEAD_LETTERS = Stream(
+    "STRIDE_DEADLETTER", ("stride.deadletter.>",), timedelta(days=14), "undeliverable messages"
+)
+
+STREAMS: tuple[Stream, ...] = (JOBS, PLANS, PODS, SHARDS, METRICS, CHECKPOINTS, DEAD_LETTERS)
+"""Every stream of the contract; each service declares them all at start (idempotent)."""
+
+ANY = "*"
+"""The key of a consumer pattern: every job (one subject token)."""
+
+
+class BadKey(ValueError):
+    """A subject key (a job id, a consumer name) that is not one NATS subject token."""
+
+
+def check_token(key: str, what: str) -> str:
+    """``key`` if it is one non-empty subject token without wildcards, dots or spaces."""
+    if not key or any(c in key for c in ".*> \t\r\n") or len(key) > 255:
+        raise BadKey(f"{what}: {key[:40]!r} is not a subject token (no dots, wildcards, spaces)")
+    return key
+
+
+@dataclass(frozen=True)
+class Outgoing:
+    """An event ready to publish or to put in an outbox: subject, bytes, id and headers."""
+
+    subject: str
+    payload: bytes
+    message_id: str
+    headers: Mapping[str, str]
+
+
+@dataclass(frozen=True)
+class Topic(Generic[M]):
+    """One event type: ``<prefix>.<key>[.<suffix>]`` in ``stream``, carrying ``message_type``.
+
+    The key is the job id for every job-scoped event, so a consumer subscribes to all jobs
+    with :meth:`pattern` and a handler checks a message's job against its subject with
+    :meth:`key_of`.
+    """
+
+    name: str
+    """A short name for logs and durable consumer names, e.g. ``job-admitted``."""
+    stream: Stream
+    prefix: str
+    message_type: type[M]
+    suffix: str = ""
+    description: str = field(default="", compare=False)
+
+    def subject(self, key: str) -> str:
+        """The subject of one event; ``key`` (a job id) must be one subject token."""
+        return self._build(check_token(key, f"{self.name} key"))
+
+    def pattern(self) -> str:
+        """The subject a consumer of every job's events subscribes to."""
+        return self._build(ANY)
+
+    def _build(self, key: str) -> str:
+        tail = f".{self.suffix}" if self.suffix else ""
+        return f"{self.prefix}.{key}{tail}"
+
+    def key_of(self, subject: str) -> str | None:
+        """The key (job id) in ``subject`` if it is one of this topic's subjects, else None."""
+        head = f"{self.prefix}."
+        tail = f".{self.suffix}" if self.suffix else ""
+        if not subject.startswith(head) or not subject.endswith(tail):
+            return None
+        key = subject[len(head) : len(subject) - len(tail)]
+        try:
+            return check_token(key, self.name)
+        except BadKey:
+            return None
+
+    def outgoing(
+        self,
+        key: str,
+        message: M,
+        message_id: str,
+        headers: Mapping[str, str] | None = None,
+    ) -> Outgoing:
+        """The event for ``key``, with the payload type and trace context in its headers.
+
+        Raises TypeError if ``message`` is not this topic's type: a producer cannot put a
+        plan on the jobs stream by mistake.
+        """
+        if not isinstance(message, self.message_type):
+            raise TypeError(
+                f"{self.name} carries {self.message_type.DESCRIPTOR.full_name}, "
+                f"not {message.DESCRIPTOR.full_name}"
+            )
+        return Outgoing(
+            self.subject(key),
+            message.SerializeToString(),
+            message_id,
+            {**(headers or {}), **message_headers(message)},
+        )
+
+
+def message_headers(message: Message) -> dict[str, str]:
+    """Headers for publishing ``message`` (now or later from an outbox): payload type and
+    trace context."""
+    headers = {TYPE_HEADER: message.DESCRIPTOR.full_name}
+    inject_headers(headers)
+    return headers
+
+
+# --- jobs (admission publishes; the optimizer, configdb and admission consume) -----------
+JOB_SUBMITTED = Topic(
+    "job-submitted",
+    JOBS,
+    "stride.jobs.v1.submitted",
+    job_pb2.JobSubmitted,
+    description="admission stored a valid job",
+)
+JOB_ADMITTED = Topic(
+    "job-admitted",
+    JOBS,
+    "stride.jobs.v1.admitted",
+    job_pb2.AdmissionDecision,
+    description="admission admitted a job, with its minimum share",
+)
+JOB_REJECTED = Topic(
+    "job-rejected",
+    JOBS,
+    "stride.jobs.v1.rejected",
+    job_pb2.AdmissionDecision,
+    description="admission rejected a job, with the reason",
+)
+JOB_QUEUED = Topic(
+    "job-queued",
+    JOBS,
+    "stride.jobs.v1.queued",
+    job_pb2.AdmissionDecision,
+    description="admission queued a job for capacity",
+)
+JOB_FINISHED = Topic(
+    "job-finished",
+    JOBS,
+    "stride.jobs.v1.finished",
+    job_pb2.JobFinished,
+    description="a job ended: succeeded, failed or cancelled",
+)
+
+DECISION_TOPICS: Mapping[str, Topic[job_pb2.AdmissionDecision]] = {
+    "admitted": JOB_ADMITTED,
+    "rejected": JOB_REJECTED,
+    "queued": JOB_QUEUED,
+}
+"""The decision topic of each admission outcome."""
+
+# --- plans (the optimizer publishes; the pod watcher and configdb consume) ---------------
+PLAN = Topic(
+    "plan",
+    PLANS,
+    "stride.plans.v1",
+    plan_pb2.ResourcePlan,
+    description="a new plan version for a job; the highest version wins",
+)
+
+# --- pods (the pod watcher publishes; the dispatcher and the optimizer consume) ----------
+POD_STARTED = Topic("pod-started", PODS, "stride.pods.v1", pod_pb2.PodEvent, "started")
+POD_FAILED = Topic("pod-failed", PODS, "stride.pods.v1", pod_pb2.PodEvent, "failed")
+POD_DELETED = Topic("pod-deleted", PODS, "stride.pods.v1", pod_pb2.PodEvent, "deleted")
+POD_SUCCEEDED = Topic("pod-succeeded", PODS, "stride.pods.v1", pod_pb2.PodEvent, "succeeded")
+POD_USAGE = Topic("pod-usage", PODS, "stride.pods.v1", pod_pb2.UsageSample, "usage")
+
+# --- shards (the dispatcher publishes) ----------------------------------------------------
+SHARD_PROGRESS = Topic(
+    "shard-progress", SHARDS, "stride.shards.v1", shard_pb2.ShardProgress, "progress"
+)
+SHARD_DONE = Topic("shard-done", SHARDS, "stride.shards.v1", shard_pb2.ShardProgress, "done")
+SHARD_FAILED = Topic("shard-failed", SHARDS, "stride.shards.v1", shard_pb2.ShardProgress, "failed")
+SHARD_REQUEUED = Topic(
+    "shard-requeued", SHARDS, "stride.shards.v1", shard_pb2.ShardProgress, "requeued"
+)
+SHARD_EPOCH = Topic("shard-epoch", SHARDS, "stride.shards.v1", shard_pb2.ShardProgress, "epoch")
+STRAGGLER_DETECTED = Topic(
+    "straggler-detected", SHARDS, "stride.shards.v1", shard_pb2.StragglerDetected, "straggler"
+)
+
+SHARD_TOPICS: Mapping[str, Topic[shard_pb2.ShardProgress]] = {
+    "progress": SHARD_PROGRESS,
+    "done": SHARD_DONE,
+    "failed": SHARD_FAILED,
+    "requeued": SHARD_REQUEUED,
+    "epoch": SHARD_EPOCH,
+}
+"""The topic of each shard event that carries a :class:`ShardProgress`."""
+
+# --- metrics (agents publish) -------------------------------------------------------------
+STEP_METRICS = Topic("step-metrics", METRICS, "stride.metrics.v1", metrics_pb2.StepMetrics, "steps")
+
+# --- checkpoints (the checkpoint cache publishes) -----------------------------------------
+CHECKPOINT_SAVED = Topic(
+    "checkpoint-saved",
+    CHECKPOINTS,
+    "stride.checkpoints.v1",
+    checkpoint_pb2.CheckpointStored,
+    "saved",
+)
+CHECKPOINT_PERSISTED = Topic(
+    "checkpoint-persisted",
+    CHECKPOINTS,
+    "stride.checkpoints.v1",
+    checkpoint_pb2.CheckpointStored,
+    "persisted",
+)
+
+TOPICS: tuple[Topic[Any], ...] = (
+    JOB_SUBMITTED,
+    JOB_ADMITTED,
+    JOB_REJECTED,
+    JOB_QUEUED,
+    JOB_FINISHED,
+    PLAN,
+    POD_STARTED,
+    POD_FAILED,
+    POD_DELETED,
+    POD_SUCCEEDED,
+    POD_USAGE,
+    SHARD_PROGRESS,
+    SHARD_DONE,
+    SHARD_FAILED,
+    SHARD_REQUEUED,
+    SHARD_EPOCH,
+    STRAGGLER_DETECTED,
+    STEP_METRICS,
+    CHECKPOINT_SAVED,
+    CHECKPOINT_PERSISTED,
+)
+"""Every durable event type of the contract."""
+
+
+# --- dead letters (any consumer parks what it can never process) --------------------------
+DEAD_LETTER_PREFIX = "stride.deadletter"
+
+
+def dead_letter_subject(consumer: str) -> str:
+    """Where the durable consumer ``consumer`` parks messages it can never process."""
+    return f"{DEAD_LETTER_PREFIX}.{check_token(consumer, 'consumer')}"
+
+
+# --- executor work (core NATS request/reply, not a stream) --------------------------------
+@dataclass(frozen=True)
+class RequestTopic:
+    """Core NATS request/reply served by a queue group: one subject per algorithm."""
+
+    prefix: str
+    queue_group: str
+    request_type: type[optimization_pb2.AlgorithmRequest]
+    reply_type: type[optimization_pb2.AlgorithmReply]
+
+    def subject(self, algorithm: str) -> str:
+        """The request subject of ``algorithm``."""
+        return f"{self.prefix}.{check_token(algorithm, 'algorithm')}"
+
+    def pattern(self) -> str:
+        """What a replica subscribes to: every algorithm."""
+        return f"{self.prefix}.>"
+
+
+EXECUTOR_RUN = RequestTopic(
+    "stride.executor.v1.run",
+    "executors",
+    optimization_pb2.AlgorithmRequest,
+    optimization_pb2.AlgorithmReply,
+)
+"""Algorithm requests to the executor pool; any replica in the queue group answers."""

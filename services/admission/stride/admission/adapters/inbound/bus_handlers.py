@@ -1,0 +1,17 @@
+"""Admission's bus consumers: it learns here that jobs finished."""
+
+from __future__ import annotations
+
+from stride.admission.usecases import Submissions
+from stride.bus.client import Delivery
+from stride.events.v1 import job_pb2
+
+
+class FinishedHandler:
+    """Moves a job to its terminal state when ``stride.jobs.v1.finished.<job>`` arrives."""
+
+    def __init__(self, submissions: Submissions) -> None:
+        self.submissions = submissions
+
+    async def __call__(self, event: job_pb2.JobFinished, delivery: Delivery) -> None:
+        await self.submissions.finished(event)

@@ -1,0 +1,77 @@
+"""The job API (``stride.api.admission.v1.AdmissionService``) over :class:`Submissions`."""
+
+from __future__ import annotations
+
+import unicodedata
+from typing import Any
+
+import grpc
+
+from stride.admission.adapters.convert import timestamp
+from stride.admission.usecases import StoredJob, Submissions
+from stride.api.admission.v1 import admission_service_pb2 as pb
+from stride.api.admission.v1 import admission_service_pb2_grpc as pb_grpc
+from stride.runtime.errors import InvalidArgument
+from stride.vocabulary import InvalidWord, check_job_id, check_name, echo
+
+Context = grpc.aio.ServicerContext[Any, Any]
+
+
+def job_to_proto(job: StoredJob) -> pb.Job:
+    """The API form of a stored job."""
+    message = pb.Job(
+        job_id=job.job_id,
+        spec=job.spec,
+        state=pb.JobState.Value(f"JOB_STATE_{job.state}"),
+        submitted_at=timestamp(job.submitted_at),
+    )
+    if job.decision is not None:
+        message.decision.CopyFrom(job.decision)
+    return message
+
+
+def _user(value: str) -> str | None:
+    """The ListJobs filter: empty for everyone, else a user name by the job spec's rule."""
+    if not value:
+        return None
+    try:
+        return check_name(value, "user")
+    except InvalidWord as error:
+        raise InvalidArgument(error.field, error.problem) from None
+
+
+def _request_id(value: str) -> str:
+    """An idempotency key is opaque, but it is stored: no control characters (a NUL cannot
+    be stored in PostgreSQL text), as for the spec's own text fields."""
+    if any(unicodedata.category(character) == "Cc" for character in value):
+        raise InvalidArgument("request_id", f"{echo(value)} contains a control character")
+    return value
+
+
+class AdmissionApi(pb_grpc.AdmissionServiceServicer):
+    """gRPC servicer; errors are raised as domain errors and mapped by the server."""
+
+    def __init__(self, submissions: Submissions) -> None:
+        self.submissions = submissions
+
+    async def SubmitJob(
+        self, request: pb.SubmitJobRequest, context: Context
+    ) -> pb.SubmitJobResponse:
+        if not request.HasField("spec"):
+            raise InvalidArgument("spec", "is required")
+        job = await self.submissions.submit(request.spec, _request_id(request.request_id))
+        return pb.SubmitJobResponse(job=job_to_proto(job))
+
+    async def GetJob(self, request: pb.GetJobRequest, context: Context) -> pb.GetJobResponse:
+        job = await self.submissions.get(check_job_id(request.job_id, raise_as=InvalidArgument))
+        return pb.GetJobResponse(job=job_to_proto(job))
+
+    async def ListJobs(self, request: pb.ListJobsRequest, context: Context) -> pb.ListJobsResponse:
+        jobs = await self.submissions.list(_user(request.user) or "", request.page_size)
+        return pb.ListJobsResponse(jobs=[job_to_proto(job) for job in jobs])
+
+    async def CancelJob(
+        self, request: pb.CancelJobRequest, context: Context
+    ) -> pb.CancelJobResponse:
+        job = await self.submissions.cancel(check_job_id(request.job_id, raise_as=InvalidArgument))
+        return pb.CancelJobResponse(job=job_to_proto(job))

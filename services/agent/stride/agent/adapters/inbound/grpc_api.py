@@ -1,0 +1,146 @@
+"""The trainer-facing API (``stride.api.agent.v1.AgentService``).
+
+Each method checks what the agent itself knows (field names in errors are the agent
+request's own), then forwards. Refusals from the dispatcher or the cache reach the trainer
+with their original status code.
+"""
+
+from __future__ import annotations
+
+from collections.abc import AsyncIterator
+from typing import Any
+
+import grpc
+
+from stride.agent.domain.control import ControlAction
+from stride.agent.domain.steps import StepWindow
+from stride.agent.usecases import PodAgent, UpstreamError
+from stride.api.agent.v1 import agent_service_pb2 as pb
+from stride.api.agent.v1 import agent_service_pb2_grpc as pb_grpc
+from stride.api.ckptcache.v1 import ckptcache_service_pb2 as ckpt_pb
+from stride.runtime.errors import InvalidArgument
+
+Context = grpc.aio.ServicerContext[Any, Any]
+
+ACTION_TO_PROTO = {
+    ControlAction.PAUSE: pb.CONTROL_ACTION_PAUSE,
+    ControlAction.RESUME: pb.CONTROL_ACTION_RESUME,
+    ControlAction.STOP: pb.CONTROL_ACTION_STOP,
+}
+
+
+def _check_dataset(dataset: str) -> None:
+    if not dataset:
+        raise InvalidArgument("dataset", "is required")
+
+
+async def relay(context: Context, error: UpstreamError) -> None:
+    """End the trainer's call with the upstream's status (raises AbortError)."""
+    await context.abort(error.code, error.details)
+
+
+class AgentApi(pb_grpc.AgentServiceServicer):
+    """gRPC servicer for the trainer in the same pod."""
+
+    def __init__(self, agent: PodAgent) -> None:
+        self.job_id = agent.job_id
+        self.shards = agent.shards
+        self.checkpoints = agent.checkpoints
+        self.steps = agent.steps
+        self.control = agent.control
+
+    async def NextShard(
+        self, request: pb.NextShardRequest, context: Context
+    ) -> pb.NextShardResponse:
+        _check_dataset(request.dataset)
+        try:
+            shard, end_of_data = await self.shards.next_shard(request.dataset)
+        except UpstreamError as error:
+            await relay(context, error)
+            raise
+        if shard is None:
+            return pb.NextShardResponse(end_of_data=end_of_data)
+        return pb.NextShardResponse(shard=shard, end_of_data=end_of_data)
+
+    async def ReportProgress(
+        self, request: pb.ReportProgressRequest, context: Context
+    ) -> pb.ReportProgressResponse:
+        _check_dataset(request.dataset)
+        try:
+            await self.shards.report(
+                request.dataset, request.shard_id, request.offset, request.done
+            )
+        except UpstreamError as error:
+            await relay(context, error)
+            raise
+        return pb.ReportProgressResponse()
+
+    async def ReportSteps(
+        self, request: pb.ReportStepsRequest, context: Context
+    ) -> pb.ReportStepsResponse:
+        await self.steps.report(
+            StepWindow(
+                global_step=request.global_step,
+                steps=request.steps,
+                step_seconds=request.step_seconds,
+                samples_per_second=request.samples_per_second,
+            )
+        )
+        return pb.ReportStepsResponse()
+
+    async def SaveCheckpoint(
+        self, request_iterator: AsyncIterator[pb.SaveCheckpointRequest], context: Context
+    ) -> pb.SaveCheckpointResponse:
+        requests = aiter(request_iterator)
+        first = await anext(requests, None)
+        if first is None:
+            raise InvalidArgument("chunk.header", "is required: the stream was empty")
+        if first.chunk.WhichOneof("chunk") != "header":
+            raise InvalidArgument("chunk.header", "must be the first message of the stream")
+        header = ckpt_pb.CheckpointHeader()
+        header.CopyFrom(first.chunk.header)
+        if header.job_id and header.job_id != self.job_id:
+            raise InvalidArgument(
+                "chunk.header.job_id",
+                f"{header.job_id!r} is not this pod's job {self.job_id!r}; leave it empty",
+            )
+        header.job_id = self.job_id
+
+        async def upstream() -> AsyncIterator[ckpt_pb.SaveCheckpointRequest]:
+            yield ckpt_pb.SaveCheckpointRequest(header=header)
+            async for request in requests:
+                yield request.chunk
+
+        try:
+            reply = await self.checkpoints.save(upstream(), context.time_remaining())
+        except UpstreamError as error:
+            await relay(context, error)
+            raise
+        return pb.SaveCheckpointResponse(tier=reply.tier)
+
+    async def LoadCheckpoint(
+        self, request: pb.LoadCheckpointRequest, context: Context
+    ) -> AsyncIterator[pb.LoadCheckpointResponse]:
+        try:
+            async for chunk in self.checkpoints.load(
+                request.checkpoint_id, context.time_remaining()
+            ):
+                yield pb.LoadCheckpointResponse(chunk=chunk)
+        except UpstreamError as error:
+            await relay(context, error)
+
+    async def WatchControl(
+        self, request: pb.WatchControlRequest, context: Context
+    ) -> AsyncIterator[pb.WatchControlResponse]:
+        async with self.control.subscribe() as queue:
+            # Initial metadata tells the client the watch is in place before any command.
+            await context.send_initial_metadata(())
+            while True:
+                command = await queue.get()
+                yield pb.WatchControlResponse(
+                    action=ACTION_TO_PROTO[command.action],
+                    reason=command.reason,
+                    plan_version=command.plan_version,
+                )
+                if command.action is ControlAction.STOP:
+                    return

@@ -1,0 +1,37 @@
+"""Configdb's bus consumers: it hears of jobs being submitted, planned and finished."""
+
+from __future__ import annotations
+
+from stride.bus.client import Delivery
+from stride.configdb.usecases import JobHistory
+from stride.events.v1 import job_pb2, plan_pb2
+
+
+class SubmittedHandler:
+    """Creates (or completes) a job's record on ``stride.jobs.v1.submitted.<job>``."""
+
+    def __init__(self, history: JobHistory) -> None:
+        self.history = history
+
+    async def __call__(self, event: job_pb2.JobSubmitted, delivery: Delivery) -> None:
+        await self.history.submitted(event)
+
+
+class PlanHandler:
+    """Appends a plan version to the job's record on ``stride.plans.v1.<job>``."""
+
+    def __init__(self, history: JobHistory) -> None:
+        self.history = history
+
+    async def __call__(self, plan: plan_pb2.ResourcePlan, delivery: Delivery) -> None:
+        await self.history.plan_made(plan)
+
+
+class FinishedHandler:
+    """Records the outcome on ``stride.jobs.v1.finished.<job>``."""
+
+    def __init__(self, history: JobHistory) -> None:
+        self.history = history
+
+    async def __call__(self, event: job_pb2.JobFinished, delivery: Delivery) -> None:
+        await self.history.finished(event)

@@ -1,0 +1,152 @@
+"""Configdb's use cases: record what happens to jobs, and answer questions about them.
+
+Jobs are heard of through three independent durable consumers (submitted, plans,
+finished), so their events arrive in any order. Whichever comes first creates the job's
+record; a plan or finish that beats the submitted event leaves a placeholder without a
+spec, which the submitted event completes. Each handler is idempotent: a redelivered or
+duplicated event finds its effect already stored and changes nothing.
+"""
+
+from __future__ import annotations
+
+import asyncio
+from datetime import UTC, datetime
+
+import structlog
+
+from stride.bus.client import PermanentError
+from stride.configdb.adapters.convert import OUTCOME_FROM_PROTO, features_from_spec, moment
+from stride.configdb.adapters.outbound import repository
+from stride.configdb.adapters.outbound.repository import StoredRecord
+from stride.configdb.domain.similarity import rank_similar
+from stride.db.engine import Database
+from stride.events.v1 import job_pb2, plan_pb2
+from stride.runtime.errors import InvalidArgument, NotFound
+from stride.vocabulary import check_job_id
+
+log = structlog.get_logger(__name__)
+
+
+def _check_job_id(job_id: str) -> None:
+    check_job_id(job_id, raise_as=InvalidArgument)
+
+
+class JobHistory:
+    """Records jobs' specs, plans and outcomes, and finds similar past jobs."""
+
+    def __init__(self, database: Database, warm_start_candidates: int) -> None:
+        self.database = database
+        self.warm_start_candidates = warm_start_candidates
+
+    async def submitted(self, event: job_pb2.JobSubmitted) -> None:
+        """Record a submitted job's spec and features (completing a placeholder if any)."""
+        _check_job_id(event.job_id)
+        if not event.HasField("spec"):
+            raise InvalidArgument("spec", "is required")
+        now = datetime.now(UTC)
+        features = features_from_spec(event.spec)
+        async with self.database.transaction() as session:
+            created = await repository.ensure_record(session, event.job_id, now)
+            existing = await repository.stored_spec(session, event.job_id)
+            if existing is not None:
+                if existing != event.spec:
+                    log.warning(
+                        "conflicting submitted event ignored; first spec kept", job_id=event.job_id
+                    )
+                return
+            # Submission time orders the history; without it the record keeps the time
+            # configdb first heard of the job.
+            recorded_at = moment(event.submitted_at) if event.HasField("submitted_at") else None
+            await repository.complete_record(
+                session,
+                job_id=event.job_id,
+                spec=event.spec,
+                features=features,
+                recorded_at=recorded_at,
+                now=now,
+            )
+        log.info(
+            "job recorded",
+            job_id=event.job_id,
+            model=features.model_name,
+            completed_placeholder=not created,
+        )
+
+    async def plan_made(self, plan: plan_pb2.ResourcePlan) -> None:
+        """Append a plan version to the job's record; the same version twice is stored once."""
+        _check_job_id(plan.job_id)
+        if plan.version < 1:
+            raise InvalidArgument("version", f"must be at least 1, got {plan.version}")
+        now = datetime.now(UTC)
+        async with self.database.transaction() as session:
+            created = await repository.ensure_record(session, plan.job_id, now)
+            held = await repository.insert_plan(session, plan, now)
+            if held is not None and held != plan:
+                # A producer reused a version for a different plan: keep the history
+                # truthful and make the conflict visible on the dead-letter stream.
+                raise PermanentError(
+                    f"plan version {plan.version} of job {plan.job_id} is already recorded "
+                    "with different contents"
+                )
+        if held is None:
+            log.info("plan recorded", job_id=plan.job_id, version=plan.version, placeholder=created)
+
+    async def finished(self, event: job_pb2.JobFinished) -> None:
+        """Record how and when a job ended; the first outcome sticks."""
+        _check_job_id(event.job_id)
+        outcome = OUTCOME_FROM_PROTO.get(event.outcome)
+        if outcome is None:
+            raise InvalidArgument("outcome", f"unknown job outcome {event.outcome}")
+        now = datetime.now(UTC)
+        finished_at = moment(event.finished_at) if event.HasField("finished_at") else now
+        async with self.database.transaction() as session:
+            await repository.ensure_record(session, event.job_id, now)
+            existing = await repository.stored_outcome(session, event.job_id)
+            if existing is not None:
+                if existing is not outcome:
+                    log.warning(
+                        "conflicting finished event ignored; first outcome kept",
+                        job_id=event.job_id,
+                        kept=existing.value,
+                        got=outcome.value,
+                    )
+                return
+            await repository.record_outcome(session, event.job_id, outcome, finished_at, now)
+        log.info("job outcome recorded", job_id=event.job_id, outcome=outcome.value)
+
+    async def get(self, job_id: str) -> StoredRecord:
+        """One job's record, or NotFound."""
+        _check_job_id(job_id)
+        async with self.database.sessions() as session:
+            record = await repository.get_record(session, job_id)
+        if record is None:
+            raise NotFound(f"job {job_id!r} not found")
+        return record
+
+    async def recent(self, page_size: int) -> list[StoredRecord]:
+        """Records newest first; ``page_size`` 0 means 100."""
+        if page_size < 0 or page_size > 1000:
+            raise InvalidArgument("page_size", f"must be between 0 and 1000, got {page_size}")
+        async with self.database.sessions() as session:
+            return await repository.list_records(session, page_size or 100)
+
+    async def find_similar(self, spec: job_pb2.JobSpec, k: int) -> list[tuple[StoredRecord, float]]:
+        """The ``k`` finished, succeeded jobs most similar to ``spec``, most similar first."""
+        if k < 1 or k > 100:
+            raise InvalidArgument("k", f"must be between 1 and 100, got {k}")
+        query = features_from_spec(spec)  # the job-spec rules, on the values given
+        if query.is_empty:
+            raise InvalidArgument(
+                "spec", "has no features to compare; set model.name, dataset or batch_size"
+            )
+        async with self.database.sessions() as session:
+            history = await repository.warm_start_history(session, self.warm_start_candidates)
+        # Ranking is CPU work over up to the whole candidate window: keep it off the loop.
+        matches = await asyncio.to_thread(rank_similar, query, history, k)
+        async with self.database.sessions() as session:
+            records = await repository.get_records(session, [match.job_id for match in matches])
+        return [
+            (records[match.job_id], match.similarity)
+            for match in matches
+            if match.job_id in records
+        ]

@@ -1,0 +1,727 @@
+"""The dispatcher's use cases: create datasets, register workers, hand out and take back shards.
+
+Every call is one database transaction (on SQLite the hot calls share one with the calls
+queued beside them: group commit, see :mod:`stride.dispatcher.adapters.outbound.fastpath`)
+that applies the domain's transitions (:mod:`stride.dispatcher.domain.queue`) to the rows it
+locked, and queues the events the change causes in the outbox in that same transaction.
+A call is answered only after that transaction committed. Nothing lives only in memory, so a
+dispatcher killed at any point restarts into a consistent queue: a shard handed out in a
+committed call stays DOING for its worker, and one whose call did not commit is still TODO.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import hashlib
+import statistics
+from dataclasses import dataclass, replace
+from datetime import UTC, datetime, timedelta
+
+import structlog
+
+from stride.bus import topics
+from stride.db.engine import ConflictingWrite, Database, Session
+from stride.db.outbox import Outbox
+from stride.dispatcher.adapters.convert import (
+    decode_snapshot,
+    encode_snapshot,
+    shard_progress,
+    straggler_detected,
+)
+from stride.dispatcher.adapters.outbound import repository
+from stride.dispatcher.adapters.outbound.fastpath import FastPath, SlowPath
+from stride.dispatcher.adapters.outbound.repository import StoredDataset, WorkerRate, WorkerShards
+from stride.dispatcher.domain import queue, steps
+from stride.dispatcher.domain.datasets import (
+    SPLIT_ID_BASE,
+    DatasetParameters,
+    check_dataset,
+    check_job_id,
+    check_worker,
+    validate,
+)
+from stride.dispatcher.domain.queue import Grant, Holder, QueueCounts, ShardRecord, ShardState
+from stride.dispatcher.domain.sharding import plan_epoch
+from stride.dispatcher.domain.stragglers import decayed_rate, judge, straggler_shard_records
+from stride.runtime.errors import AlreadyExists, FailedPrecondition, InvalidArgument, NotFound
+
+log = structlog.get_logger(__name__)
+
+
+@dataclass(frozen=True)
+class WorkerRef:
+    """Who calls: a worker incarnation working on one dataset of a job."""
+
+    job_id: str
+    dataset: str
+    worker: str
+    incarnation: int
+
+    def validate(self, path: str = "worker") -> None:
+        """Raise InvalidArgument naming the first bad field."""
+        check_job_id(self.job_id, f"{path}.job_id")
+        check_dataset(self.dataset, f"{path}.dataset")
+        check_worker(self.worker, f"{path}.worker")
+        if self.incarnation <= 0:
+            raise InvalidArgument(
+                f"{path}.incarnation", "is required: the token RegisterWorker returned"
+            )
+
+
+@dataclass(frozen=True)
+class ShardGrant:
+    """GetShard's answer: a leased shard, or why there is none."""
+
+    shard: ShardRecord | None
+    parameters: DatasetParameters
+    why_none: Grant | None = None
+    straggler: bool = False
+
+
+@dataclass(frozen=True)
+class Snapshot:
+    """A serialized shard snapshot and what it holds."""
+
+    data: bytes
+    snapshot_id: str
+    done: int
+    doing: int
+
+
+@dataclass(frozen=True)
+class DatasetState:
+    """Queue sizes and per-worker progress of one dataset."""
+
+    counts: QueueCounts
+    workers: list[WorkerShards]
+
+
+def _check_shard_id(shard_id: int, field: str = "shard_id") -> None:
+    if shard_id < 0:
+        raise InvalidArgument(field, f"must not be negative, got {shard_id}")
+
+
+def _snapshot_id(data: bytes) -> str:
+    return "sha256:" + hashlib.sha256(data).hexdigest()
+
+
+class ShardDispatcher:
+    """Dataset and shard-queue operations against the database and outbox."""
+
+    def __init__(
+        self,
+        database: Database,
+        outbox: Outbox,
+        lease_duration: timedelta,
+        rate_window: timedelta = timedelta(seconds=30),
+        batch_timeout: timedelta = timedelta(seconds=30),
+        fast: FastPath | None = None,
+    ) -> None:
+        self.database = database
+        self.outbox = outbox
+        self.lease_duration = lease_duration
+        self.rate_window = rate_window
+        """Time constant of the progress rates, and how long a new worker is not judged."""
+        self.batch_timeout = batch_timeout
+        """How long a data worker's batch may go unconsumed before it is dispatched again."""
+        self.fast = fast
+        """The hot calls' single-hop path (see its module); None runs everything through the
+        general path (tests of the general path alone)."""
+
+    async def create_dataset(
+        self, job_id: str, dataset: str, parameters: DatasetParameters
+    ) -> bool:
+        """Store a dataset; True if created, False if it already exists identically."""
+        check_job_id(job_id)
+        check_dataset(dataset)
+        validate(parameters)
+        try:
+            async with self.database.transaction() as session:
+                existing = await repository.find_dataset(session, job_id, dataset)
+                if existing is None:
+                    await repository.insert_dataset(
+                        session, job_id, dataset, parameters, datetime.now(UTC)
+                    )
+        except ConflictingWrite:
+            # A concurrent create of the same dataset won the insert; compare with it.
+            async with self.database.sessions() as session:
+                existing = await repository.find_dataset(session, job_id, dataset)
+            if existing is None:
+                raise
+        if existing is None:
+            log.info(
+                "dataset created",
+                job_id=job_id,
+                dataset=dataset,
+                shards_per_epoch=parameters.shards_per_epoch,
+                epochs=parameters.epochs,
+            )
+            return True
+        if existing.parameters != parameters:
+            raise AlreadyExists(
+                f"dataset {dataset!r} of job {job_id!r} exists with different parameters "
+                f"({_describe(existing.parameters)})"
+            )
+        return False
+
+    async def register_worker(self, job_id: str, worker: str) -> int:
+        """A new incarnation token for ``worker``; shards its older incarnation held go back
+        to TODO, because the process that held them is gone."""
+        check_job_id(job_id)
+        check_worker(worker)
+        try:
+            incarnation, requeued = await self._register_once(job_id, worker)
+        except ConflictingWrite:
+            # Two first registrations raced on the insert; this one now finds the row.
+            incarnation, requeued = await self._register_once(job_id, worker)
+        if requeued:
+            self.outbox.notify()
+        log.info(
+            "worker registered",
+            job_id=job_id,
+            worker=worker,
+            incarnation=incarnation,
+            requeued=requeued,
+        )
+        return incarnation
+
+    async def _register_once(self, job_id: str, worker: str) -> tuple[int, int]:
+        async with self.database.transaction() as session:
+            now = datetime.now(UTC)
+            incarnation = await repository.bump_incarnation(session, job_id, worker, now)
+            if incarnation is None:
+                await repository.insert_worker(session, job_id, worker, now)
+                incarnation = 1
+            requeued = await self._release_held(session, job_id, worker, now, "requeued")
+        return incarnation, requeued
+
+    async def mark_worker_lost(self, job_id: str, worker: str) -> int:
+        """Fence the worker's token and return every shard it holds to TODO."""
+        check_job_id(job_id)
+        check_worker(worker)
+        async with self.database.transaction() as session:
+            now = datetime.now(UTC)
+            if not await repository.mark_lost(session, job_id, worker, now):
+                raise NotFound(f"worker {worker!r} of job {job_id!r} is not registered")
+            requeued = await self._release_held(session, job_id, worker, now, "requeued")
+        if requeued:
+            self.outbox.notify()
+        log.info("worker marked lost", job_id=job_id, worker=worker, requeued=requeued)
+        return requeued
+
+    async def _release_held(
+        self, session: Session, job_id: str, worker: str, now: datetime, event: str
+    ) -> int:
+        held = await repository.held_shards(session, job_id, worker)
+        for item in held:
+            released = queue.release(item.shard)
+            await repository.save_shard(session, item.dataset_id, released, now)
+            await self._add_event(session, job_id, item.dataset, item.shard, event, now)
+        return len(held)
+
+    async def get_shard(
+        self, ref: WorkerRef, done_shard_id: int | None = None, done_lease: int | None = None
+    ) -> ShardGrant:
+        """Lease the next shard to the caller, first completing ``done_shard_id`` if given.
+
+        With no shard free the answer is END_OF_DATA only when every shard of the last
+        epoch is DONE. While others still hold shards it is RETRY_LATER: a held shard comes
+        back to TODO if its worker is lost or its lease lapses, and someone must be left to
+        take it (exactly once needs every shard DONE, not merely handed out).
+        """
+        ref.validate()
+        if done_shard_id is not None:
+            _check_shard_id(done_shard_id, "done_shard_id")
+        if self.fast is not None:
+            fast = await self.fast.get_shard(
+                ref.job_id, ref.dataset, ref.worker, ref.incarnation, done_shard_id, done_lease
+            )
+            if not isinstance(fast, SlowPath):
+                return ShardGrant(fast.shard, fast.parameters, fast.why_none)
+        async with self.database.transaction() as session:
+            now = datetime.now(UTC)
+            dataset = await self._lock_dataset(session, ref.job_id, ref.dataset)
+            worker = await self._touch(session, ref, now)
+            holder = queue.fence(worker.record, ref.worker, ref.incarnation)
+            if done_shard_id is not None:
+                shard = await repository.get_shard(session, dataset.id, done_shard_id)
+                if shard is None:
+                    raise NotFound(
+                        f"done_shard_id: shard {done_shard_id} of dataset {ref.dataset!r} not found"
+                    )
+                await self._complete(session, ref, dataset, holder, worker, shard, now, done_lease)
+            straggler = worker.record.straggler
+            leased = await self._lease(session, ref, dataset, holder, straggler, now)
+            why_none = None
+            if leased is None:
+                doing = await repository.any_doing(session, dataset.id)
+                why_none = Grant.RETRY_LATER if doing else Grant.END_OF_DATA
+        return ShardGrant(leased, dataset.parameters, why_none, straggler and leased is not None)
+
+    async def _lease(
+        self,
+        session: Session,
+        ref: WorkerRef,
+        dataset: StoredDataset,
+        holder: Holder,
+        straggler: bool,
+        now: datetime,
+    ) -> ShardRecord | None:
+        expires = now + self.lease_duration
+        if not straggler:
+            leased = await repository.lease_next(session, dataset.id, holder, expires, now)
+            if leased is not None or dataset.epochs_created >= dataset.parameters.epochs:
+                return leased
+            await self._cut_epoch(session, ref, dataset, now)
+            return await repository.lease_next(session, dataset.id, holder, expires, now)
+        # A straggler's shard is cut down first (DLRover-RM sec. 5.1): read, split, lease.
+        shard = await repository.next_todo(session, dataset.id)
+        if shard is None and dataset.epochs_created < dataset.parameters.epochs:
+            await self._cut_epoch(session, ref, dataset, now)
+            shard = await repository.next_todo(session, dataset.id)
+        if shard is None:
+            return None
+        parts = queue.split(
+            shard,
+            straggler_shard_records(dataset.parameters),
+            SPLIT_ID_BASE + dataset.splits,
+        )
+        if parts is not None:
+            shard, tail = parts
+            await repository.insert_shards(session, dataset.id, [tail], now)
+            await repository.set_splits(session, dataset.id, dataset.splits + 1)
+        leased = queue.lease(shard, holder, now, self.lease_duration)
+        await repository.save_shard(session, dataset.id, leased, now)
+        return leased
+
+    async def _cut_epoch(
+        self, session: Session, ref: WorkerRef, dataset: StoredDataset, now: datetime
+    ) -> None:
+        # Cut the next epoch lazily, when the TODO queue runs dry (DLRover sec. 5.2).
+        epoch = dataset.epochs_created
+        planned = [ShardRecord.planned(p) for p in plan_epoch(dataset.parameters, epoch)]
+        await repository.add_epoch(session, dataset.id, epoch, planned, now)
+        log.info(
+            "epoch started",
+            job_id=ref.job_id,
+            dataset=ref.dataset,
+            epoch=epoch,
+            shards=len(planned),
+        )
+
+    async def report_progress(
+        self, ref: WorkerRef, shard_id: int, offset: int, lease: int | None = None
+    ) -> None:
+        """A heartbeat: the offset reached in a shard; renews the lease."""
+        ref.validate()
+        _check_shard_id(shard_id)
+        if self.fast is not None:
+            await self.fast.report_progress(
+                ref.job_id, ref.dataset, ref.worker, ref.incarnation, shard_id, offset, lease
+            )
+            return
+        async with self.database.transaction() as session:
+            now = datetime.now(UTC)
+            worker, dataset, holder, shard = await self._locked_shard(session, ref, shard_id, now)
+            updated = queue.record_progress(shard, holder, offset, now, self.lease_duration, lease)
+            if updated != shard:
+                await repository.save_shard(session, dataset.id, updated, now)
+                await self._update_rate(session, ref, worker, updated.offset - shard.offset, now)
+
+    async def report_done(self, ref: WorkerRef, shard_id: int, lease: int | None = None) -> None:
+        """The shard was consumed to its end; duplicates are harmless."""
+        ref.validate()
+        _check_shard_id(shard_id)
+        if self.fast is not None:
+            await self.fast.report_done(
+                ref.job_id, ref.dataset, ref.worker, ref.incarnation, shard_id, lease
+            )
+            return
+        async with self.database.transaction() as session:
+            now = datetime.now(UTC)
+            worker, dataset, holder, shard = await self._locked_shard(session, ref, shard_id, now)
+            await self._complete(session, ref, dataset, holder, worker, shard, now, lease)
+
+    # "done" events are not pushed to the relay: its poll (every 0.2 s) picks them up in
+    # batches, which keeps the busiest call cheap. Rarer events (failed, requeued, straggler)
+    # wake the relay at once.
+    async def _complete(
+        self,
+        session: Session,
+        ref: WorkerRef,
+        dataset: StoredDataset,
+        holder: Holder,
+        worker: WorkerRate,
+        shard: ShardRecord,
+        now: datetime,
+        lease: int | None = None,
+    ) -> bool:
+        done = queue.complete(shard, holder, lease)
+        if done == shard:
+            return False
+        await repository.save_shard(session, dataset.id, done, now)
+        await self._update_rate(session, ref, worker, done.offset - shard.offset, now)
+        await self._add_event(session, ref.job_id, ref.dataset, done, "done", now)
+        return True
+
+    async def _update_rate(
+        self, session: Session, ref: WorkerRef, worker: WorkerRate, records: int, now: datetime
+    ) -> None:
+        if records <= 0:
+            return
+        window = self.rate_window.total_seconds()
+        since = worker.rate_at
+        # The first report measures from registration: no earlier progress to compare with.
+        elapsed = window if since is None else (now - since).total_seconds()
+        rate = decayed_rate(worker.rate, records, elapsed, window)
+        await repository.set_rate(session, ref.job_id, ref.worker, rate, now)
+
+    async def report_failed(
+        self, ref: WorkerRef, shard_id: int, reason: str, lease: int | None = None
+    ) -> None:
+        """The worker gave the shard up; back to TODO at its last reported offset."""
+        ref.validate()
+        _check_shard_id(shard_id)
+        if len(reason) > 1000:
+            raise InvalidArgument("reason", "must be at most 1000 characters")
+        async with self.database.transaction() as session:
+            now = datetime.now(UTC)
+            _, dataset, holder, shard = await self._locked_shard(session, ref, shard_id, now)
+            failed = queue.fail(shard, holder, lease)
+            if failed == shard:
+                return
+            await repository.save_shard(session, dataset.id, failed, now)
+            await self._add_event(session, ref.job_id, ref.dataset, shard, "failed", now)
+        self.outbox.notify()
+        log.info(
+            "shard failed",
+            job_id=ref.job_id,
+            dataset=ref.dataset,
+            shard_id=shard_id,
+            worker=ref.worker,
+            offset=failed.offset,
+            reason=reason,
+        )
+
+    async def list_datasets(self, job_id: str) -> list[StoredDataset]:
+        """A job's datasets (empty for a job with none)."""
+        check_job_id(job_id)
+        async with self.database.sessions() as session:
+            return await repository.list_datasets(session, job_id)
+
+    async def dataset_state(self, job_id: str, dataset: str) -> DatasetState:
+        """Queue sizes, the epoch, and per-worker progress."""
+        check_job_id(job_id)
+        check_dataset(dataset)
+        async with self.database.sessions() as session:
+            stored = await repository.find_dataset(session, job_id, dataset)
+            if stored is None:
+                raise NotFound(f"dataset {dataset!r} of job {job_id!r} not found")
+            epoch = queue.current_epoch(stored.epochs_created)
+            counts = await repository.state_counts(session, stored.id, epoch)
+            workers = await repository.worker_shards(session, job_id, stored.id, epoch)
+        finished = queue.is_finished(stored.parameters, stored.epochs_created, counts.unfinished)
+        return DatasetState(
+            QueueCounts(epoch, counts.todo, counts.doing, counts.done_in_epoch, finished), workers
+        )
+
+    async def _lock_dataset(self, session: Session, job_id: str, dataset: str) -> StoredDataset:
+        stored = await repository.lock_dataset(session, job_id, dataset)
+        if stored is None:
+            raise NotFound(f"dataset {dataset!r} of job {job_id!r} not found")
+        return stored
+
+    async def _touch(self, session: Session, ref: WorkerRef, now: datetime) -> WorkerRate:
+        worker = await repository.touch_worker(session, ref.job_id, ref.worker, now)
+        if worker is None:
+            queue.fence(None, ref.worker, ref.incarnation)  # raises: not registered
+            raise AssertionError("fence raises for an unknown worker")  # pragma: no cover
+        return worker
+
+    async def _locked_shard(
+        self, session: Session, ref: WorkerRef, shard_id: int, now: datetime
+    ) -> tuple[WorkerRate, StoredDataset, Holder, ShardRecord]:
+        # Reports lock the worker, not the dataset, so heartbeats of different workers do
+        # not queue behind each other; the shard's own row lock orders the rest.
+        worker = await self._touch(session, ref, now)
+        holder = queue.fence(worker.record, ref.worker, ref.incarnation)
+        dataset = await repository.find_dataset(session, ref.job_id, ref.dataset)
+        if dataset is None:
+            raise NotFound(f"dataset {ref.dataset!r} of job {ref.job_id!r} not found")
+        shard = await repository.get_shard(session, dataset.id, shard_id)
+        if shard is None:
+            raise NotFound(f"shard_id: shard {shard_id} of dataset {ref.dataset!r} not found")
+        return worker, dataset, holder, shard
+
+    async def expire_leases(self, limit: int = 500) -> int:
+        """Return every shard whose lease lapsed to TODO (the lease sweeper); how many."""
+        released = 0
+        async with self.database.transaction() as session:
+            now = datetime.now(UTC)
+            candidates = await repository.expired_leases(session, now, limit)
+            if not candidates:
+                return 0
+            names = await repository.dataset_names(session, {c.dataset_id for c in candidates})
+            for candidate in candidates:
+                if not await repository.release_if_expired(
+                    session, candidate.dataset_id, candidate.shard, now
+                ):
+                    continue
+                released += 1
+                job_id, dataset = names[candidate.dataset_id]
+                shard = queue.release(candidate.shard)
+                await self._add_event(session, job_id, dataset, shard, "requeued", now)
+                log.warning(
+                    "lease expired; shard back to TODO",
+                    job_id=job_id,
+                    dataset=dataset,
+                    shard_id=shard.shard_id,
+                    worker=None if shard.holder is None else shard.holder.worker,
+                    offset=shard.offset,
+                )
+        if released:
+            self.outbox.notify()
+        return released
+
+    async def judge_stragglers(self) -> list[tuple[str, str]]:
+        """Re-judge every job's workers by their rates; returns the newly flagged ones.
+
+        A new verdict is stored with the worker (its next GetShard gets a smaller shard) and,
+        when a worker becomes a straggler, a StragglerDetected event for the optimizer leaves
+        through the outbox in the same transaction.
+        """
+        flagged: list[tuple[str, str]] = []
+        async with self.database.transaction() as session:
+            now = datetime.now(UTC)
+            rated = await repository.rated_workers(session, now - self.rate_window)
+            by_job: dict[str, list[repository.RatedWorker]] = {}
+            for worker in rated:
+                by_job.setdefault(worker.job_id, []).append(worker)
+            for job_id, members in by_job.items():
+                rates = {w.worker: w.rate for w in members}
+                stragglers = judge(rates, {w.worker for w in members if w.straggler})
+                for worker in members:
+                    verdict = worker.worker in stragglers
+                    if verdict == worker.straggler:
+                        continue
+                    if not await repository.set_straggler(
+                        session, job_id, worker.worker, worker.incarnation, verdict
+                    ):
+                        continue
+                    median = statistics.median(r for w, r in rates.items() if w != worker.worker)
+                    log.warning(
+                        "straggler detected" if verdict else "straggler recovered",
+                        job_id=job_id,
+                        worker=worker.worker,
+                        rate=round(worker.rate, 3),
+                        peer_median_rate=round(median, 3),
+                    )
+                    if not verdict:
+                        continue
+                    flagged.append((job_id, worker.worker))
+                    message = straggler_detected(job_id, worker.worker, worker.rate, median, now)
+                    await self.outbox.add_event(
+                        session,
+                        topics.STRAGGLER_DETECTED.outgoing(
+                            job_id,
+                            message,
+                            f"{job_id}.{worker.worker}.straggler.{worker.incarnation}."
+                            f"{int(now.timestamp() * 1000)}",
+                        ),
+                    )
+        if flagged:
+            self.outbox.notify()
+        return flagged
+
+    async def pod_gone(self, job_id: str, pod_name: str, occurred_at: datetime) -> int | None:
+        """A pod failed or was deleted: mark its worker lost, unless it registered again after.
+
+        Returns the shards requeued, or None when there was nothing to do (not a registered
+        worker, or an event older than the current incarnation, e.g. a redelivery).
+        """
+        check_job_id(job_id)
+        check_worker(pod_name, "pod_name")
+        async with self.database.transaction() as session:
+            now = datetime.now(UTC)
+            # One conditional UPDATE, so a registration racing with the event is never fenced.
+            if not await repository.mark_lost(
+                session, job_id, pod_name, now, registered_by=occurred_at
+            ):
+                return None
+            requeued = await self._release_held(session, job_id, pod_name, now, "requeued")
+        if requeued:
+            self.outbox.notify()
+        log.info("worker marked lost", job_id=job_id, worker=pod_name, requeued=requeued)
+        return requeued
+
+    async def run_sweeper(self, stop: asyncio.Event, interval: float) -> None:
+        """Expire lapsed leases and judge stragglers every ``interval`` seconds until ``stop``."""
+        while not stop.is_set():
+            try:
+                await self.expire_leases()
+                await self.judge_stragglers()
+            except Exception as error:  # a database blip must not end the service
+                log.warning("sweep failed; retrying", error=f"{type(error).__name__}: {error}")
+            try:
+                await asyncio.wait_for(stop.wait(), interval)
+            except TimeoutError:
+                continue
+
+    async def fetch_batches(
+        self, job_id: str, dataset: str, data_worker: str, max_batches: int
+    ) -> tuple[list[steps.StepBatch], bool, int]:
+        """Index batches for a data worker: timed-out steps first, then new ones.
+
+        Returns the batches, whether every step is dispatched and consumed, and the last
+        consumed step id (GoldMiner sec. 4; see :mod:`stride.dispatcher.domain.steps`).
+        """
+        check_job_id(job_id)
+        check_dataset(dataset)
+        check_worker(data_worker, "data_worker")
+        if not 1 <= max_batches <= 1024:
+            raise InvalidArgument("max_batches", f"must be between 1 and 1024, got {max_batches}")
+        async with self.database.transaction() as session:
+            now = datetime.now(UTC)
+            stored = await self._lock_dataset(session, job_id, dataset)
+            steps.check_stepped(stored.parameters, dataset)
+            cursor = await repository.step_cursor(session, stored.id)
+            deadline = now + self.batch_timeout
+            again = await repository.take_timed_out_steps(
+                session, stored.id, cursor.consumed_step, now, max_batches, data_worker, deadline
+            )
+            total = steps.total_steps(stored.parameters)
+            fresh = steps.new_steps(
+                cursor.next_step, cursor.consumed_step, total, max_batches - len(again)
+            )
+            await repository.lease_steps(session, stored.id, fresh, data_worker, deadline)
+            if fresh:
+                cursor = repository.StepCursor(fresh.stop, cursor.consumed_step)
+                await repository.save_step_cursor(session, stored.id, cursor)
+        if again:
+            log.warning(
+                "batches timed out; dispatched again",
+                job_id=job_id,
+                dataset=dataset,
+                data_worker=data_worker,
+                steps=again,
+            )
+        batches = [steps.batch_of(stored.parameters, step) for step in [*again, *fresh]]
+        return batches, cursor.consumed_step == total - 1, cursor.consumed_step
+
+    async def report_consumed(self, job_id: str, dataset: str, step_id: int) -> int:
+        """The training side consumed every step up to ``step_id``; returns the last consumed."""
+        check_job_id(job_id)
+        check_dataset(dataset)
+        if step_id < 0:
+            raise InvalidArgument("step_id", f"must not be negative, got {step_id}")
+        async with self.database.transaction() as session:
+            stored = await self._lock_dataset(session, job_id, dataset)
+            steps.check_stepped(stored.parameters, dataset)
+            cursor = await repository.step_cursor(session, stored.id)
+            if step_id >= cursor.next_step:
+                raise FailedPrecondition(
+                    f"step_id: step {step_id} was never dispatched (next is {cursor.next_step})"
+                )
+            if step_id <= cursor.consumed_step:
+                return cursor.consumed_step  # a duplicate or late report
+            cursor = repository.StepCursor(cursor.next_step, step_id)
+            await repository.save_step_cursor(session, stored.id, cursor)
+            await repository.forget_consumed_steps(session, stored.id, step_id)
+        return step_id
+
+    async def snapshot(self, job_id: str, dataset: str) -> Snapshot:
+        """Exactly which data of the dataset is done, and how far each started shard got."""
+        check_job_id(job_id)
+        check_dataset(dataset)
+        async with self.database.transaction() as session:
+            # Locking the dataset makes the snapshot consistent with hand-outs.
+            stored = await self._lock_dataset(session, job_id, dataset)
+            touched = await repository.snapshot_shards(session, stored.id)
+        data = encode_snapshot(
+            job_id, dataset, stored.parameters, stored.epochs_created, stored.splits, touched
+        )
+        return Snapshot(
+            data,
+            _snapshot_id(data),
+            done=sum(1 for s in touched if s.state is ShardState.DONE),
+            doing=sum(1 for s in touched if s.state is ShardState.DOING),
+        )
+
+    async def restore(self, job_id: str, dataset: str, data: bytes) -> tuple[str, int]:
+        """Put the dataset's shards back to a snapshot; returns its id and the leases revoked.
+
+        Shards in progress at snapshot time come back as TODO at the offset they had then
+        (their holders are gone, or at least not the ones the checkpoint knows). Every
+        lease held now is revoked, so current holders' reports are refused.
+        """
+        check_job_id(job_id)
+        check_dataset(dataset)
+        if not data:
+            raise InvalidArgument("snapshot", "is required: bytes from SnapshotShards")
+        content = decode_snapshot(data)
+        if (content.job_id, content.dataset) != (job_id, dataset):
+            raise FailedPrecondition(
+                f"snapshot: it is of dataset {content.dataset!r} of job {content.job_id!r}, "
+                f"not {dataset!r} of {job_id!r}"
+            )
+        async with self.database.transaction() as session:
+            now = datetime.now(UTC)
+            stored = await self._lock_dataset(session, job_id, dataset)
+            if stored.parameters != content.parameters:
+                raise FailedPrecondition(
+                    "snapshot: taken with other dataset parameters "
+                    f"({_describe(content.parameters)}); the dataset has "
+                    f"({_describe(stored.parameters)})"
+                )
+            leases = await repository.lease_counts(session, stored.id)
+            by_id: dict[int, ShardRecord] = {}
+            for epoch in range(content.epochs_created):
+                for planned in plan_epoch(stored.parameters, epoch):
+                    by_id[planned.shard_id] = ShardRecord.planned(planned)
+            for shard in content.shards:
+                by_id[shard.shard_id] = shard
+            restored = [
+                replace(
+                    queue.release(shard),
+                    leases=max(leases.get(shard.shard_id, 0), shard.leases),
+                )
+                for shard in by_id.values()
+            ]
+            revoked = await repository.replace_shards(
+                session, stored.id, restored, content.epochs_created, content.splits, now
+            )
+        snapshot_id = _snapshot_id(data)
+        log.info(
+            "shards restored",
+            job_id=job_id,
+            dataset=dataset,
+            snapshot_id=snapshot_id,
+            revoked=revoked,
+            epochs_created=content.epochs_created,
+        )
+        return snapshot_id, revoked
+
+    async def _add_event(
+        self,
+        session: Session,
+        job_id: str,
+        dataset: str,
+        shard: ShardRecord,
+        event: str,
+        now: datetime,
+    ) -> None:
+        """Queue a shard event; its id names the lease it ends, so re-publishes de-duplicate."""
+        message = shard_progress(job_id, dataset, shard, now)
+        message_id = f"{job_id}.{dataset}.{shard.shard_id}.{event}.{shard.leases}"
+        await self.outbox.add_event(
+            session, topics.SHARD_TOPICS[event].outgoing(job_id, message, message_id)
+        )
+
+
+def _describe(parameters: DatasetParameters) -> str:
+    kind = parameters.kind.value if parameters.kind else "unspecified"
+    return (
+        f"kind={kind} record_count={parameters.record_count} batch_size={parameters.batch_size} "
+        f"shard_batches={parameters.shard_batches} epochs={parameters.epochs} "
+        f"shuffle={parameters.shuffle} seed={parameters.seed} partitions={parameters.partitions}"
+    )

@@ -1,0 +1,30 @@
+"""The optimizer's bus consumers: jobs admitted (first plan) and jobs finished.
+
+The bus has already checked that each payload's job id is its subject's (see ``Bus.consume``).
+"""
+
+from __future__ import annotations
+
+from stride.bus.client import Delivery
+from stride.events.v1 import job_pb2
+from stride.optimizer.usecases import Planning
+
+
+class AdmittedHandler:
+    """Creates the job's administrator and plan 1 when a job is admitted."""
+
+    def __init__(self, planning: Planning) -> None:
+        self.planning = planning
+
+    async def __call__(self, decision: job_pb2.AdmissionDecision, delivery: Delivery) -> None:
+        await self.planning.admitted(decision)
+
+
+class FinishedHandler:
+    """Moves the job's administrator to FINISHED when a job ends."""
+
+    def __init__(self, planning: Planning) -> None:
+        self.planning = planning
+
+    async def __call__(self, event: job_pb2.JobFinished, delivery: Delivery) -> None:
+        await self.planning.finished(event)

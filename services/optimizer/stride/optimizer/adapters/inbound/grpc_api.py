@@ -1,0 +1,36 @@
+"""The plan API (``stride.api.optimizer.v1.OptimizerService``) over :class:`Planning`."""
+
+from __future__ import annotations
+
+from typing import Any
+
+import grpc
+
+from stride.api.optimizer.v1 import optimizer_service_pb2 as pb
+from stride.api.optimizer.v1 import optimizer_service_pb2_grpc as pb_grpc
+from stride.optimizer.adapters.convert import STAGE_TO_PROTO
+from stride.optimizer.usecases import Planning
+
+Context = grpc.aio.ServicerContext[Any, Any]
+
+
+class OptimizerApi(pb_grpc.OptimizerServiceServicer):
+    """gRPC servicer; errors are raised as domain errors and mapped by the server."""
+
+    def __init__(self, planning: Planning) -> None:
+        self.planning = planning
+
+    async def GetPlan(self, request: pb.GetPlanRequest, context: Context) -> pb.GetPlanResponse:
+        plan, stage = await self.planning.newest_plan(request.job_id)
+        return pb.GetPlanResponse(plan=plan, stage=STAGE_TO_PROTO[stage])
+
+    async def ListPlans(
+        self, request: pb.ListPlansRequest, context: Context
+    ) -> pb.ListPlansResponse:
+        return pb.ListPlansResponse(plans=await self.planning.plans(request.job_id))
+
+    async def ListOptimizationEvents(
+        self, request: pb.ListOptimizationEventsRequest, context: Context
+    ) -> pb.ListOptimizationEventsResponse:
+        events = await self.planning.events(request.job_id)
+        return pb.ListOptimizationEventsResponse(events=events)

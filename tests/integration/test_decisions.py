@@ -1,0 +1,152 @@
+"""The policy ports on real NATS: the executor pool decides exactly what the service would
+decide in-process, a missing pool is a retryable failure, and a service routed to the pool
+takes its decisions there."""
+
+from __future__ import annotations
+
+import asyncio
+import itertools
+from collections.abc import AsyncIterator
+from contextlib import asynccontextmanager
+
+import numpy as np
+import pytest
+from opentelemetry.sdk.trace.export.in_memory_span_exporter import InMemorySpanExporter
+
+from stride.bus import topics
+from stride.bus.client import Bus
+from stride.decisions import EXECUTOR, DecisionFailed, build_decisions
+from stride.events.v1 import job_pb2
+from stride.executor.app import build as build_executor
+from stride.executor.settings import ExecutorSettings
+from stride.optimizer.app import build as build_optimizer
+from stride.optimizer.settings import OptimizerSettings
+from stride.policy.admit_all import ADMIT_ALL, AdmitAllRequest
+from stride.policy.cold_start import COLD_START, ColdStartRequest, JobFeatures
+from stride.policy.fitting import ALGORITHMS as FIT_ALGORITHMS
+from stride.policy.fitting import FitRequest
+from stride.policy.throughput import PAPER_PARAMETERS, Configuration, throughput
+from stride.runtime.lifecycle import ServiceHost
+from stride.testing.eventually import assert_eventually
+from stride.testing.inprocess import local_settings, running_service
+from stride.testing.streams import stream_messages
+
+pytestmark = [pytest.mark.integration, pytest.mark.timeout(120)]
+
+FEATURES = JobFeatures(
+    model_name="wide-and-deep", record_count=100_000, batch_size=512, max_epochs=2, embedding_dim=8
+)
+(FIT,) = FIT_ALGORITHMS
+_ids = itertools.count(1)
+
+
+def fit_request() -> FitRequest:
+    rng = np.random.default_rng(3)
+    configs = [
+        Configuration(
+            workers=int(rng.integers(1, 17)),
+            parameter_servers=int(rng.integers(1, 5)),
+            worker_cpu=float(rng.uniform(1, 16)),
+            ps_cpu=float(rng.uniform(1, 8)),
+            batch_size=int(rng.integers(32, 512)),
+            embedding_dim=8,
+            model_bytes=5e7,
+        )
+        for _ in range(12)
+    ]
+    return FitRequest(tuple(configs), tuple(throughput(PAPER_PARAMETERS, c) for c in configs))
+
+
+@asynccontextmanager
+async def executor(nats_url: str, replica: str = "replica-a") -> AsyncIterator[ServiceHost]:
+    settings = local_settings(
+        ExecutorSettings, nats_url=nats_url, replica_name=replica, shutdown_grace_seconds=2
+    )
+    async with running_service(build_executor, settings) as host:
+        yield host
+
+
+@pytest.fixture
+async def bus(nats_url: str) -> AsyncIterator[Bus]:
+    connected = await Bus.connect(nats_url, name="test-decisions")
+    await connected.ensure_streams()
+    try:
+        yield connected
+    finally:
+        await connected.close()
+
+
+async def test_the_pool_decides_exactly_what_in_process_decides(nats_url: str, bus: Bus) -> None:
+    local = build_decisions({}, bus=None)
+    pooled = build_decisions({"adjust": EXECUTOR, "admit": EXECUTOR}, bus=bus)
+    async with executor(nats_url):
+        cold_request = ColdStartRequest(FEATURES, 4.0)
+        assert await pooled.adjust.decide(COLD_START, cold_request, "job-1") == (
+            await local.adjust.decide(COLD_START, cold_request, "job-1")
+        )
+        admit_request = AdmitAllRequest("wide-deep", has_deadline=True)
+        assert await pooled.admit.decide(ADMIT_ALL, admit_request) == (
+            await local.admit.decide(ADMIT_ALL, admit_request)
+        )
+        # The fit is heavy: by default it goes to the pool even with no routes at all.
+        default = build_decisions({}, bus=bus)
+        assert default.adjust.implementation_for(FIT.name) == EXECUTOR
+        everything_local = build_decisions({FIT.name: "inprocess"}, bus=None)
+        request = fit_request()
+        assert await default.adjust.decide(FIT, request) == (
+            await everything_local.adjust.decide(FIT, request)
+        )
+
+
+async def test_no_replica_is_a_retryable_failure(bus: Bus) -> None:
+    pooled = build_decisions({"adjust": EXECUTOR}, bus=bus, timeout=2.0)
+    with pytest.raises(DecisionFailed, match="cold-start-plan") as raised:
+        await pooled.adjust.decide(COLD_START, ColdStartRequest(FEATURES))
+    assert raised.value.retryable
+
+
+def admitted(job_id: str) -> job_pb2.AdmissionDecision:
+    spec = job_pb2.JobSpec(
+        name="wide-deep",
+        user="alice",
+        model=job_pb2.ModelReference(
+            name="wide-and-deep", entrypoint="trainers.wide_deep:main", embedding_dim=8
+        ),
+        dataset=job_pb2.DatasetSpec(name="criteo-mini", record_count=100_000),
+        batch_size=512,
+        termination=job_pb2.Termination(max_epochs=2),
+    )
+    return job_pb2.AdmissionDecision(
+        job_id=job_id, outcome=job_pb2.ADMISSION_OUTCOME_ADMITTED, policy="admit-all/1", spec=spec
+    )
+
+
+async def test_an_optimizer_routed_to_the_pool_plans_there(
+    nats_url: str, database_url: str, bus: Bus, spans: InMemorySpanExporter
+) -> None:
+    settings = local_settings(
+        OptimizerSettings,
+        nats_url=nats_url,
+        database_url=database_url,
+        shutdown_grace_seconds=2,
+        decisions={"adjust": EXECUTOR},
+        decision_timeout_seconds=1.0,
+    )
+    async with running_service(build_optimizer, settings):
+        await bus.publish(
+            topics.JOB_ADMITTED, "job-pooled", admitted("job-pooled"), f"t.{next(_ids)}"
+        )
+        # No replica yet: the decision cannot be made, so no plan, and the fact waits.
+        await asyncio.sleep(2.5)
+        assert await stream_messages(nats_url, topics.PLAN.subject("job-pooled")) == []
+        async with executor(nats_url, replica="late-replica"):
+
+            async def planned() -> int:
+                found = await stream_messages(nats_url, topics.PLAN.subject("job-pooled"))
+                assert len(found) == 1
+                return len(found)
+
+            await assert_eventually(planned, timeout=20)
+    runs = [span for span in spans.get_finished_spans() if span.name == "run cold-start-plan/1"]
+    assert runs, "the cold-start plan was not run by the executor pool"
+    assert (runs[0].attributes or {})["stride.executor.replica"] == "late-replica"
