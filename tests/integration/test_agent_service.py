@@ -29,7 +29,7 @@ from stride.ckptcache.domain.checksum import checksum
 from stride.ckptcache.settings import CheckpointCacheSettings
 from stride.dispatcher.app import build as build_dispatcher
 from stride.dispatcher.settings import DispatcherSettings
-from stride.events.v1 import checkpoint_pb2, metrics_pb2, shard_pb2
+from stride.events.v1 import checkpoint_pb2, control_pb2, metrics_pb2, shard_pb2
 from stride.runtime.lifecycle import ServiceHost
 from stride.testing.eventually import assert_eventually
 from stride.testing.inprocess import running_service
@@ -313,7 +313,7 @@ async def test_watchers_get_stop_when_the_agent_shuts_down(stack: Stack) -> None
     stack.agent_host.stop.set()
     command = await call.read()
     assert isinstance(command, pb.WatchControlResponse)
-    assert command.action == pb.CONTROL_ACTION_STOP and "shutting down" in command.reason
+    assert command.action == control_pb2.CONTROL_ACTION_STOP and "shutting down" in command.reason
     assert await call.read() == grpc.aio.EOF  # type: ignore[attr-defined]
 
 

@@ -22,6 +22,7 @@ from google.protobuf.message import Message
 
 from stride.events.v1 import (
     checkpoint_pb2,
+    control_pb2,
     job_pb2,
     metrics_pb2,
     optimization_pb2,
@@ -59,11 +60,26 @@ METRICS = Stream("STRIDE_METRICS", ("stride.metrics.v1.>",), timedelta(days=2), 
 CHECKPOINTS = Stream(
     "STRIDE_CHECKPOINTS", ("stride.checkpoints.v1.>",), timedelta(days=7), "checkpoint facts"
 )
+CONTROL = Stream(
+    "STRIDE_CONTROL",
+    ("stride.control.v1.>",),
+    timedelta(hours=6),
+    "commands to a job's pods and their answers",
+)
 DEAD_LETTERS = Stream(
     "STRIDE_DEADLETTER", ("stride.deadletter.>",), timedelta(days=14), "undeliverable messages"
 )
 
-STREAMS: tuple[Stream, ...] = (JOBS, PLANS, PODS, SHARDS, METRICS, CHECKPOINTS, DEAD_LETTERS)
+STREAMS: tuple[Stream, ...] = (
+    JOBS,
+    PLANS,
+    PODS,
+    SHARDS,
+    METRICS,
+    CHECKPOINTS,
+    CONTROL,
+    DEAD_LETTERS,
+)
 """Every stream of the contract; each service declares them all at start (idempotent)."""
 
 ANY = "*"
@@ -267,6 +283,16 @@ CHECKPOINT_PERSISTED = Topic(
     "persisted",
 )
 
+# --- control (the podwatcher commands a job's pods; their agents answer) ------------------
+CONTROL_COMMAND = Topic(
+    "control-command",
+    CONTROL,
+    "stride.control.v1",
+    control_pb2.ControlCommand,
+    "command",
+)
+CONTROL_ACK = Topic("control-ack", CONTROL, "stride.control.v1", control_pb2.ControlAck, "ack")
+
 TOPICS: tuple[Topic[Any], ...] = (
     JOB_SUBMITTED,
     JOB_ADMITTED,
@@ -288,6 +314,8 @@ TOPICS: tuple[Topic[Any], ...] = (
     STEP_METRICS,
     CHECKPOINT_SAVED,
     CHECKPOINT_PERSISTED,
+    CONTROL_COMMAND,
+    CONTROL_ACK,
 )
 """Every durable event type of the contract."""
 

@@ -7,9 +7,10 @@ the dispatcher, the checkpoint cache and the bus on the trainer's behalf.
 
 from google.protobuf import descriptor as _descriptor
 from google.protobuf import message as _message
-from google.protobuf.internal import enum_type_wrapper as _enum_type_wrapper
 from stride.api.ckptcache.v1 import ckptcache_service_pb2 as _ckptcache_service_pb2
+from stride.api.dispatcher.v1 import dispatcher_service_pb2 as _dispatcher_service_pb2
 from stride.events.v1 import checkpoint_pb2 as _checkpoint_pb2
+from stride.events.v1 import control_pb2 as _control_pb2
 from stride.events.v1 import shard_pb2 as _shard_pb2
 import builtins as _builtins
 import sys
@@ -21,34 +22,6 @@ else:
     from typing_extensions import TypeAlias as _TypeAlias, Never as _Never
 
 DESCRIPTOR: _descriptor.FileDescriptor
-
-class _ControlAction:
-    ValueType = _typing.NewType("ValueType", _builtins.int)
-    V: _TypeAlias = ValueType  # noqa: Y015
-
-class _ControlActionEnumTypeWrapper(_enum_type_wrapper._EnumTypeWrapper[_ControlAction.ValueType], _builtins.type):
-    DESCRIPTOR: _descriptor.EnumDescriptor
-    CONTROL_ACTION_UNSPECIFIED: _ControlAction.ValueType  # 0
-    """Not set; rejected where a value is required."""
-    CONTROL_ACTION_PAUSE: _ControlAction.ValueType  # 1
-    """Save a checkpoint and pause (migration begins)."""
-    CONTROL_ACTION_RESUME: _ControlAction.ValueType  # 2
-    """Restore and continue (migration done)."""
-    CONTROL_ACTION_STOP: _ControlAction.ValueType  # 3
-    """Stop training (job finished or cancelled)."""
-
-class ControlAction(_ControlAction, metaclass=_ControlActionEnumTypeWrapper):
-    """What the trainer must do."""
-
-CONTROL_ACTION_UNSPECIFIED: ControlAction.ValueType  # 0
-"""Not set; rejected where a value is required."""
-CONTROL_ACTION_PAUSE: ControlAction.ValueType  # 1
-"""Save a checkpoint and pause (migration begins)."""
-CONTROL_ACTION_RESUME: ControlAction.ValueType  # 2
-"""Restore and continue (migration done)."""
-CONTROL_ACTION_STOP: ControlAction.ValueType  # 3
-"""Stop training (job finished or cancelled)."""
-Global___ControlAction: _TypeAlias = ControlAction  # noqa: Y015
 
 @_typing.final
 class NextShardRequest(_message.Message):
@@ -320,23 +293,182 @@ class WatchControlResponse(_message.Message):
     ACTION_FIELD_NUMBER: _builtins.int
     REASON_FIELD_NUMBER: _builtins.int
     PLAN_VERSION_FIELD_NUMBER: _builtins.int
-    action: Global___ControlAction.ValueType
+    CLUSTER_JSON_FIELD_NUMBER: _builtins.int
+    action: _control_pb2.ControlAction.ValueType
     """The action."""
     reason: _builtins.str
     """Why."""
     plan_version: _builtins.int
     """Plan version that caused it."""
+    cluster_json: _builtins.str
+    """For RECONFIGURE: the new cluster as JSON (see stride.events.v1.ControlCommand)."""
     def __init__(
         self,
         *,
-        action: Global___ControlAction.ValueType = ...,
+        action: _control_pb2.ControlAction.ValueType = ...,
         reason: _builtins.str = ...,
         plan_version: _builtins.int = ...,
+        cluster_json: _builtins.str = ...,
     ) -> None: ...
     _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
     def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
-    _ClearFieldArgType: _TypeAlias = _typing.Literal["action", b"action", "plan_version", b"plan_version", "reason", b"reason"]  # noqa: Y015
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["action", b"action", "cluster_json", b"cluster_json", "plan_version", b"plan_version", "reason", b"reason"]  # noqa: Y015
     def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
     def WhichOneof(self, oneof_group: _Never) -> None: ...
 
 Global___WatchControlResponse: _TypeAlias = WatchControlResponse  # noqa: Y015
+
+@_typing.final
+class CreateDatasetRequest(_message.Message):
+    """Create the pod's job's dataset at the dispatcher."""
+
+    DESCRIPTOR: _descriptor.Descriptor
+
+    DATASET_FIELD_NUMBER: _builtins.int
+    PARAMETERS_FIELD_NUMBER: _builtins.int
+    dataset: _builtins.str
+    """The dataset's name within the job."""
+    @_builtins.property
+    def parameters(self) -> _dispatcher_service_pb2.DatasetParameters:
+        """How to shard it."""
+
+    def __init__(
+        self,
+        *,
+        dataset: _builtins.str = ...,
+        parameters: _dispatcher_service_pb2.DatasetParameters | None = ...,
+    ) -> None: ...
+    _HasFieldArgType: _TypeAlias = _typing.Literal["parameters", b"parameters"]  # noqa: Y015
+    def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["dataset", b"dataset", "parameters", b"parameters"]  # noqa: Y015
+    def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
+    def WhichOneof(self, oneof_group: _Never) -> None: ...
+
+Global___CreateDatasetRequest: _TypeAlias = CreateDatasetRequest  # noqa: Y015
+
+@_typing.final
+class CreateDatasetResponse(_message.Message):
+    """Whether the dataset was created by this call."""
+
+    DESCRIPTOR: _descriptor.Descriptor
+
+    CREATED_FIELD_NUMBER: _builtins.int
+    created: _builtins.bool
+    """False if it existed already with the same parameters."""
+    def __init__(
+        self,
+        *,
+        created: _builtins.bool = ...,
+    ) -> None: ...
+    _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
+    def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["created", b"created"]  # noqa: Y015
+    def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
+    def WhichOneof(self, oneof_group: _Never) -> None: ...
+
+Global___CreateDatasetResponse: _TypeAlias = CreateDatasetResponse  # noqa: Y015
+
+@_typing.final
+class GetDatasetStateRequest(_message.Message):
+    """Ask for a dataset's progress."""
+
+    DESCRIPTOR: _descriptor.Descriptor
+
+    DATASET_FIELD_NUMBER: _builtins.int
+    dataset: _builtins.str
+    """The dataset's name within the job."""
+    def __init__(
+        self,
+        *,
+        dataset: _builtins.str = ...,
+    ) -> None: ...
+    _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
+    def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["dataset", b"dataset"]  # noqa: Y015
+    def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
+    def WhichOneof(self, oneof_group: _Never) -> None: ...
+
+Global___GetDatasetStateRequest: _TypeAlias = GetDatasetStateRequest  # noqa: Y015
+
+@_typing.final
+class GetDatasetStateResponse(_message.Message):
+    """A dataset's progress."""
+
+    DESCRIPTOR: _descriptor.Descriptor
+
+    STATE_FIELD_NUMBER: _builtins.int
+    @_builtins.property
+    def state(self) -> _dispatcher_service_pb2.GetDatasetStateResponse:
+        """The dispatcher's answer, unchanged."""
+
+    def __init__(
+        self,
+        *,
+        state: _dispatcher_service_pb2.GetDatasetStateResponse | None = ...,
+    ) -> None: ...
+    _HasFieldArgType: _TypeAlias = _typing.Literal["state", b"state"]  # noqa: Y015
+    def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["state", b"state"]  # noqa: Y015
+    def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
+    def WhichOneof(self, oneof_group: _Never) -> None: ...
+
+Global___GetDatasetStateResponse: _TypeAlias = GetDatasetStateResponse  # noqa: Y015
+
+@_typing.final
+class AckControlRequest(_message.Message):
+    """The trainer's answer to a control command."""
+
+    DESCRIPTOR: _descriptor.Descriptor
+
+    ACTION_FIELD_NUMBER: _builtins.int
+    PLAN_VERSION_FIELD_NUMBER: _builtins.int
+    OK_FIELD_NUMBER: _builtins.int
+    MESSAGE_FIELD_NUMBER: _builtins.int
+    CHECKPOINT_ID_FIELD_NUMBER: _builtins.int
+    PAUSED_SECONDS_FIELD_NUMBER: _builtins.int
+    action: _control_pb2.ControlAction.ValueType
+    """The command's action."""
+    plan_version: _builtins.int
+    """The command's plan version."""
+    ok: _builtins.bool
+    """Whether the trainer did it."""
+    message: _builtins.str
+    """Why not, or details."""
+    checkpoint_id: _builtins.str
+    """The checkpoint saved for it, if any."""
+    paused_seconds: _builtins.float
+    """How long training paused for it, in seconds."""
+    def __init__(
+        self,
+        *,
+        action: _control_pb2.ControlAction.ValueType = ...,
+        plan_version: _builtins.int = ...,
+        ok: _builtins.bool = ...,
+        message: _builtins.str = ...,
+        checkpoint_id: _builtins.str = ...,
+        paused_seconds: _builtins.float = ...,
+    ) -> None: ...
+    _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
+    def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["action", b"action", "checkpoint_id", b"checkpoint_id", "message", b"message", "ok", b"ok", "paused_seconds", b"paused_seconds", "plan_version", b"plan_version"]  # noqa: Y015
+    def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
+    def WhichOneof(self, oneof_group: _Never) -> None: ...
+
+Global___AckControlRequest: _TypeAlias = AckControlRequest  # noqa: Y015
+
+@_typing.final
+class AckControlResponse(_message.Message):
+    """The answer was published."""
+
+    DESCRIPTOR: _descriptor.Descriptor
+
+    def __init__(
+        self,
+    ) -> None: ...
+    _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
+    def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
+    _ClearFieldArgType: _TypeAlias = _Never  # noqa: Y015
+    def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
+    def WhichOneof(self, oneof_group: _Never) -> None: ...
+
+Global___AckControlResponse: _TypeAlias = AckControlResponse  # noqa: Y015

@@ -65,6 +65,21 @@ class AgentServiceStub:
                 request_serializer=stride_dot_api_dot_agent_dot_v1_dot_agent__service__pb2.WatchControlRequest.SerializeToString,
                 response_deserializer=stride_dot_api_dot_agent_dot_v1_dot_agent__service__pb2.WatchControlResponse.FromString,
                 _registered_method=True)
+        self.CreateDataset = channel.unary_unary(
+                '/stride.api.agent.v1.AgentService/CreateDataset',
+                request_serializer=stride_dot_api_dot_agent_dot_v1_dot_agent__service__pb2.CreateDatasetRequest.SerializeToString,
+                response_deserializer=stride_dot_api_dot_agent_dot_v1_dot_agent__service__pb2.CreateDatasetResponse.FromString,
+                _registered_method=True)
+        self.GetDatasetState = channel.unary_unary(
+                '/stride.api.agent.v1.AgentService/GetDatasetState',
+                request_serializer=stride_dot_api_dot_agent_dot_v1_dot_agent__service__pb2.GetDatasetStateRequest.SerializeToString,
+                response_deserializer=stride_dot_api_dot_agent_dot_v1_dot_agent__service__pb2.GetDatasetStateResponse.FromString,
+                _registered_method=True)
+        self.AckControl = channel.unary_unary(
+                '/stride.api.agent.v1.AgentService/AckControl',
+                request_serializer=stride_dot_api_dot_agent_dot_v1_dot_agent__service__pb2.AckControlRequest.SerializeToString,
+                response_deserializer=stride_dot_api_dot_agent_dot_v1_dot_agent__service__pb2.AckControlResponse.FromString,
+                _registered_method=True)
 
 
 class AgentServiceServicer:
@@ -113,6 +128,28 @@ class AgentServiceServicer:
         context.set_details('Method not implemented!')
         raise NotImplementedError('Method not implemented!')
 
+    def CreateDataset(self, request, context):
+        """Creates the job's dataset at the dispatcher (idempotent: the same parameters again
+        answer created = false). The agent fills in the job.
+        """
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
+    def GetDatasetState(self, request, context):
+        """The dataset's progress at the dispatcher (epochs, shards to do, done).
+        """
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
+    def AckControl(self, request, context):
+        """What the trainer did with a control command; published on the bus for the podwatcher.
+        """
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
 
 def add_AgentServiceServicer_to_server(servicer, server):
     rpc_method_handlers = {
@@ -145,6 +182,21 @@ def add_AgentServiceServicer_to_server(servicer, server):
                     servicer.WatchControl,
                     request_deserializer=stride_dot_api_dot_agent_dot_v1_dot_agent__service__pb2.WatchControlRequest.FromString,
                     response_serializer=stride_dot_api_dot_agent_dot_v1_dot_agent__service__pb2.WatchControlResponse.SerializeToString,
+            ),
+            'CreateDataset': grpc.unary_unary_rpc_method_handler(
+                    servicer.CreateDataset,
+                    request_deserializer=stride_dot_api_dot_agent_dot_v1_dot_agent__service__pb2.CreateDatasetRequest.FromString,
+                    response_serializer=stride_dot_api_dot_agent_dot_v1_dot_agent__service__pb2.CreateDatasetResponse.SerializeToString,
+            ),
+            'GetDatasetState': grpc.unary_unary_rpc_method_handler(
+                    servicer.GetDatasetState,
+                    request_deserializer=stride_dot_api_dot_agent_dot_v1_dot_agent__service__pb2.GetDatasetStateRequest.FromString,
+                    response_serializer=stride_dot_api_dot_agent_dot_v1_dot_agent__service__pb2.GetDatasetStateResponse.SerializeToString,
+            ),
+            'AckControl': grpc.unary_unary_rpc_method_handler(
+                    servicer.AckControl,
+                    request_deserializer=stride_dot_api_dot_agent_dot_v1_dot_agent__service__pb2.AckControlRequest.FromString,
+                    response_serializer=stride_dot_api_dot_agent_dot_v1_dot_agent__service__pb2.AckControlResponse.SerializeToString,
             ),
     }
     generic_handler = grpc.method_handlers_generic_handler(
@@ -310,6 +362,87 @@ class AgentService:
             '/stride.api.agent.v1.AgentService/WatchControl',
             stride_dot_api_dot_agent_dot_v1_dot_agent__service__pb2.WatchControlRequest.SerializeToString,
             stride_dot_api_dot_agent_dot_v1_dot_agent__service__pb2.WatchControlResponse.FromString,
+            options,
+            channel_credentials,
+            insecure,
+            call_credentials,
+            compression,
+            wait_for_ready,
+            timeout,
+            metadata,
+            _registered_method=True)
+
+    @staticmethod
+    def CreateDataset(request,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.unary_unary(
+            request,
+            target,
+            '/stride.api.agent.v1.AgentService/CreateDataset',
+            stride_dot_api_dot_agent_dot_v1_dot_agent__service__pb2.CreateDatasetRequest.SerializeToString,
+            stride_dot_api_dot_agent_dot_v1_dot_agent__service__pb2.CreateDatasetResponse.FromString,
+            options,
+            channel_credentials,
+            insecure,
+            call_credentials,
+            compression,
+            wait_for_ready,
+            timeout,
+            metadata,
+            _registered_method=True)
+
+    @staticmethod
+    def GetDatasetState(request,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.unary_unary(
+            request,
+            target,
+            '/stride.api.agent.v1.AgentService/GetDatasetState',
+            stride_dot_api_dot_agent_dot_v1_dot_agent__service__pb2.GetDatasetStateRequest.SerializeToString,
+            stride_dot_api_dot_agent_dot_v1_dot_agent__service__pb2.GetDatasetStateResponse.FromString,
+            options,
+            channel_credentials,
+            insecure,
+            call_credentials,
+            compression,
+            wait_for_ready,
+            timeout,
+            metadata,
+            _registered_method=True)
+
+    @staticmethod
+    def AckControl(request,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.unary_unary(
+            request,
+            target,
+            '/stride.api.agent.v1.AgentService/AckControl',
+            stride_dot_api_dot_agent_dot_v1_dot_agent__service__pb2.AckControlRequest.SerializeToString,
+            stride_dot_api_dot_agent_dot_v1_dot_agent__service__pb2.AckControlResponse.FromString,
             options,
             channel_credentials,
             insecure,

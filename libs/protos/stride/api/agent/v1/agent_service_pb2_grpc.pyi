@@ -47,6 +47,14 @@ class AgentServiceStub:
     """LoadCheckpoint loads trainer state (same stream format as the cache)."""
     WatchControl: _grpc.UnaryStreamMultiCallable[_agent_service_pb2.WatchControlRequest, _agent_service_pb2.WatchControlResponse]
     """WatchControl streams control commands (pause for migration, resume, stop)."""
+    CreateDataset: _grpc.UnaryUnaryMultiCallable[_agent_service_pb2.CreateDatasetRequest, _agent_service_pb2.CreateDatasetResponse]
+    """Creates the job's dataset at the dispatcher (idempotent: the same parameters again
+    answer created = false). The agent fills in the job.
+    """
+    GetDatasetState: _grpc.UnaryUnaryMultiCallable[_agent_service_pb2.GetDatasetStateRequest, _agent_service_pb2.GetDatasetStateResponse]
+    """The dataset's progress at the dispatcher (epochs, shards to do, done)."""
+    AckControl: _grpc.UnaryUnaryMultiCallable[_agent_service_pb2.AckControlRequest, _agent_service_pb2.AckControlResponse]
+    """What the trainer did with a control command; published on the bus for the podwatcher."""
 
 @_typing.type_check_only
 class AgentServiceAsyncStub(AgentServiceStub):
@@ -65,6 +73,14 @@ class AgentServiceAsyncStub(AgentServiceStub):
     """LoadCheckpoint loads trainer state (same stream format as the cache)."""
     WatchControl: _aio.UnaryStreamMultiCallable[_agent_service_pb2.WatchControlRequest, _agent_service_pb2.WatchControlResponse]  # type: ignore[assignment]
     """WatchControl streams control commands (pause for migration, resume, stop)."""
+    CreateDataset: _aio.UnaryUnaryMultiCallable[_agent_service_pb2.CreateDatasetRequest, _agent_service_pb2.CreateDatasetResponse]  # type: ignore[assignment]
+    """Creates the job's dataset at the dispatcher (idempotent: the same parameters again
+    answer created = false). The agent fills in the job.
+    """
+    GetDatasetState: _aio.UnaryUnaryMultiCallable[_agent_service_pb2.GetDatasetStateRequest, _agent_service_pb2.GetDatasetStateResponse]  # type: ignore[assignment]
+    """The dataset's progress at the dispatcher (epochs, shards to do, done)."""
+    AckControl: _aio.UnaryUnaryMultiCallable[_agent_service_pb2.AckControlRequest, _agent_service_pb2.AckControlResponse]  # type: ignore[assignment]
+    """What the trainer did with a control command; published on the bus for the podwatcher."""
 
 class AgentServiceServicer(metaclass=_abc_1.ABCMeta):
     """AgentService is the trainer's single point of contact."""
@@ -116,5 +132,31 @@ class AgentServiceServicer(metaclass=_abc_1.ABCMeta):
         context: _ServicerContext,
     ) -> _typing.Union[_abc.Iterator[_agent_service_pb2.WatchControlResponse], _abc.AsyncIterator[_agent_service_pb2.WatchControlResponse]]:
         """WatchControl streams control commands (pause for migration, resume, stop)."""
+
+    @_abc_1.abstractmethod
+    def CreateDataset(
+        self,
+        request: _agent_service_pb2.CreateDatasetRequest,
+        context: _ServicerContext,
+    ) -> _typing.Union[_agent_service_pb2.CreateDatasetResponse, _abc.Awaitable[_agent_service_pb2.CreateDatasetResponse]]:
+        """Creates the job's dataset at the dispatcher (idempotent: the same parameters again
+        answer created = false). The agent fills in the job.
+        """
+
+    @_abc_1.abstractmethod
+    def GetDatasetState(
+        self,
+        request: _agent_service_pb2.GetDatasetStateRequest,
+        context: _ServicerContext,
+    ) -> _typing.Union[_agent_service_pb2.GetDatasetStateResponse, _abc.Awaitable[_agent_service_pb2.GetDatasetStateResponse]]:
+        """The dataset's progress at the dispatcher (epochs, shards to do, done)."""
+
+    @_abc_1.abstractmethod
+    def AckControl(
+        self,
+        request: _agent_service_pb2.AckControlRequest,
+        context: _ServicerContext,
+    ) -> _typing.Union[_agent_service_pb2.AckControlResponse, _abc.Awaitable[_agent_service_pb2.AckControlResponse]]:
+        """What the trainer did with a control command; published on the bus for the podwatcher."""
 
 def add_AgentServiceServicer_to_server(servicer: AgentServiceServicer, server: _typing.Union[_grpc.Server, _aio.Server]) -> None: ...

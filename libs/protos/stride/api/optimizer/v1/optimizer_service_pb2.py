@@ -26,7 +26,7 @@ from stride.events.v1 import optimization_pb2 as stride_dot_events_dot_v1_dot_op
 from stride.events.v1 import plan_pb2 as stride_dot_events_dot_v1_dot_plan__pb2
 
 
-DESCRIPTOR = _descriptor_pool.Default().AddSerializedFile(b'\n/stride/api/optimizer/v1/optimizer_service.proto\x12\x17stride.api.optimizer.v1\x1a#stride/events/v1/optimization.proto\x1a\x1bstride/events/v1/plan.proto\" \n\x0eGetPlanRequest\x12\x0e\n\x06job_id\x18\x01 \x01(\t\"j\n\x0fGetPlanResponse\x12,\n\x04plan\x18\x01 \x01(\x0b\x32\x1e.stride.events.v1.ResourcePlan\x12)\n\x05stage\x18\x02 \x01(\x0e\x32\x1a.stride.events.v1.JobStage\"\"\n\x10ListPlansRequest\x12\x0e\n\x06job_id\x18\x01 \x01(\t\"B\n\x11ListPlansResponse\x12-\n\x05plans\x18\x01 \x03(\x0b\x32\x1e.stride.events.v1.ResourcePlan\"/\n\x1dListOptimizationEventsRequest\x12\x0e\n\x06job_id\x18\x01 \x01(\t\"U\n\x1eListOptimizationEventsResponse\x12\x33\n\x06\x65vents\x18\x01 \x03(\x0b\x32#.stride.events.v1.OptimizationEvent2\xe0\x02\n\x10OptimizerService\x12\\\n\x07GetPlan\x12\'.stride.api.optimizer.v1.GetPlanRequest\x1a(.stride.api.optimizer.v1.GetPlanResponse\x12\x62\n\tListPlans\x12).stride.api.optimizer.v1.ListPlansRequest\x1a*.stride.api.optimizer.v1.ListPlansResponse\x12\x89\x01\n\x16ListOptimizationEvents\x12\x36.stride.api.optimizer.v1.ListOptimizationEventsRequest\x1a\x37.stride.api.optimizer.v1.ListOptimizationEventsResponseb\x06proto3')
+DESCRIPTOR = _descriptor_pool.Default().AddSerializedFile(b'\n/stride/api/optimizer/v1/optimizer_service.proto\x12\x17stride.api.optimizer.v1\x1a#stride/events/v1/optimization.proto\x1a\x1bstride/events/v1/plan.proto\" \n\x0eGetPlanRequest\x12\x0e\n\x06job_id\x18\x01 \x01(\t\"j\n\x0fGetPlanResponse\x12,\n\x04plan\x18\x01 \x01(\x0b\x32\x1e.stride.events.v1.ResourcePlan\x12)\n\x05stage\x18\x02 \x01(\x0e\x32\x1a.stride.events.v1.JobStage\"\"\n\x10ListPlansRequest\x12\x0e\n\x06job_id\x18\x01 \x01(\t\"B\n\x11ListPlansResponse\x12-\n\x05plans\x18\x01 \x03(\x0b\x32\x1e.stride.events.v1.ResourcePlan\"/\n\x1dListOptimizationEventsRequest\x12\x0e\n\x06job_id\x18\x01 \x01(\t\"U\n\x1eListOptimizationEventsResponse\x12\x33\n\x06\x65vents\x18\x01 \x03(\x0b\x32#.stride.events.v1.OptimizationEvent\"N\n\x0fScaleJobRequest\x12\x0e\n\x06job_id\x18\x01 \x01(\t\x12\x0f\n\x07workers\x18\x02 \x01(\x05\x12\n\n\x02ps\x18\x03 \x01(\x05\x12\x0e\n\x06reason\x18\x04 \x01(\t\"@\n\x10ScaleJobResponse\x12,\n\x04plan\x18\x01 \x01(\x0b\x32\x1e.stride.events.v1.ResourcePlan2\xc1\x03\n\x10OptimizerService\x12\\\n\x07GetPlan\x12\'.stride.api.optimizer.v1.GetPlanRequest\x1a(.stride.api.optimizer.v1.GetPlanResponse\x12\x62\n\tListPlans\x12).stride.api.optimizer.v1.ListPlansRequest\x1a*.stride.api.optimizer.v1.ListPlansResponse\x12\x89\x01\n\x16ListOptimizationEvents\x12\x36.stride.api.optimizer.v1.ListOptimizationEventsRequest\x1a\x37.stride.api.optimizer.v1.ListOptimizationEventsResponse\x12_\n\x08ScaleJob\x12(.stride.api.optimizer.v1.ScaleJobRequest\x1a).stride.api.optimizer.v1.ScaleJobResponseb\x06proto3')
 
 _globals = globals()
 _builder.BuildMessageAndEnumDescriptors(DESCRIPTOR, _globals)
@@ -45,6 +45,10 @@ if not _descriptor._USE_C_DESCRIPTORS:
   _globals['_LISTOPTIMIZATIONEVENTSREQUEST']._serialized_end=435
   _globals['_LISTOPTIMIZATIONEVENTSRESPONSE']._serialized_start=437
   _globals['_LISTOPTIMIZATIONEVENTSRESPONSE']._serialized_end=522
-  _globals['_OPTIMIZERSERVICE']._serialized_start=525
-  _globals['_OPTIMIZERSERVICE']._serialized_end=877
+  _globals['_SCALEJOBREQUEST']._serialized_start=524
+  _globals['_SCALEJOBREQUEST']._serialized_end=602
+  _globals['_SCALEJOBRESPONSE']._serialized_start=604
+  _globals['_SCALEJOBRESPONSE']._serialized_end=668
+  _globals['_OPTIMIZERSERVICE']._serialized_start=671
+  _globals['_OPTIMIZERSERVICE']._serialized_end=1120
 # @@protoc_insertion_point(module_scope)

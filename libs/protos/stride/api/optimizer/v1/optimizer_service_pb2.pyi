@@ -161,3 +161,61 @@ class ListOptimizationEventsResponse(_message.Message):
     def WhichOneof(self, oneof_group: _Never) -> None: ...
 
 Global___ListOptimizationEventsResponse: _TypeAlias = ListOptimizationEventsResponse  # noqa: Y015
+
+@_typing.final
+class ScaleJobRequest(_message.Message):
+    """An operator's manual scale of a job."""
+
+    DESCRIPTOR: _descriptor.Descriptor
+
+    JOB_ID_FIELD_NUMBER: _builtins.int
+    WORKERS_FIELD_NUMBER: _builtins.int
+    PS_FIELD_NUMBER: _builtins.int
+    REASON_FIELD_NUMBER: _builtins.int
+    job_id: _builtins.str
+    """The job."""
+    workers: _builtins.int
+    """Workers wanted (1..limit)."""
+    ps: _builtins.int
+    """Parameter servers wanted; 0 keeps the current count."""
+    reason: _builtins.str
+    """Why, recorded with the plan."""
+    def __init__(
+        self,
+        *,
+        job_id: _builtins.str = ...,
+        workers: _builtins.int = ...,
+        ps: _builtins.int = ...,
+        reason: _builtins.str = ...,
+    ) -> None: ...
+    _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
+    def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["job_id", b"job_id", "ps", b"ps", "reason", b"reason", "workers", b"workers"]  # noqa: Y015
+    def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
+    def WhichOneof(self, oneof_group: _Never) -> None: ...
+
+Global___ScaleJobRequest: _TypeAlias = ScaleJobRequest  # noqa: Y015
+
+@_typing.final
+class ScaleJobResponse(_message.Message):
+    """The plan the manual scale published."""
+
+    DESCRIPTOR: _descriptor.Descriptor
+
+    PLAN_FIELD_NUMBER: _builtins.int
+    @_builtins.property
+    def plan(self) -> _plan_pb2.ResourcePlan:
+        """The plan published."""
+
+    def __init__(
+        self,
+        *,
+        plan: _plan_pb2.ResourcePlan | None = ...,
+    ) -> None: ...
+    _HasFieldArgType: _TypeAlias = _typing.Literal["plan", b"plan"]  # noqa: Y015
+    def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["plan", b"plan"]  # noqa: Y015
+    def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
+    def WhichOneof(self, oneof_group: _Never) -> None: ...
+
+Global___ScaleJobResponse: _TypeAlias = ScaleJobResponse  # noqa: Y015

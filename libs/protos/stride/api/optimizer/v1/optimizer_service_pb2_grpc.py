@@ -50,6 +50,11 @@ class OptimizerServiceStub:
                 request_serializer=stride_dot_api_dot_optimizer_dot_v1_dot_optimizer__service__pb2.ListOptimizationEventsRequest.SerializeToString,
                 response_deserializer=stride_dot_api_dot_optimizer_dot_v1_dot_optimizer__service__pb2.ListOptimizationEventsResponse.FromString,
                 _registered_method=True)
+        self.ScaleJob = channel.unary_unary(
+                '/stride.api.optimizer.v1.OptimizerService/ScaleJob',
+                request_serializer=stride_dot_api_dot_optimizer_dot_v1_dot_optimizer__service__pb2.ScaleJobRequest.SerializeToString,
+                response_deserializer=stride_dot_api_dot_optimizer_dot_v1_dot_optimizer__service__pb2.ScaleJobResponse.FromString,
+                _registered_method=True)
 
 
 class OptimizerServiceServicer:
@@ -77,6 +82,14 @@ class OptimizerServiceServicer:
         context.set_details('Method not implemented!')
         raise NotImplementedError('Method not implemented!')
 
+    def ScaleJob(self, request, context):
+        """An operator's manual plan: the job's newest plan with these counts, published as the
+        next version and recorded as an override (DLRover's ScalePlan).
+        """
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
 
 def add_OptimizerServiceServicer_to_server(servicer, server):
     rpc_method_handlers = {
@@ -94,6 +107,11 @@ def add_OptimizerServiceServicer_to_server(servicer, server):
                     servicer.ListOptimizationEvents,
                     request_deserializer=stride_dot_api_dot_optimizer_dot_v1_dot_optimizer__service__pb2.ListOptimizationEventsRequest.FromString,
                     response_serializer=stride_dot_api_dot_optimizer_dot_v1_dot_optimizer__service__pb2.ListOptimizationEventsResponse.SerializeToString,
+            ),
+            'ScaleJob': grpc.unary_unary_rpc_method_handler(
+                    servicer.ScaleJob,
+                    request_deserializer=stride_dot_api_dot_optimizer_dot_v1_dot_optimizer__service__pb2.ScaleJobRequest.FromString,
+                    response_serializer=stride_dot_api_dot_optimizer_dot_v1_dot_optimizer__service__pb2.ScaleJobResponse.SerializeToString,
             ),
     }
     generic_handler = grpc.method_handlers_generic_handler(
@@ -178,6 +196,33 @@ class OptimizerService:
             '/stride.api.optimizer.v1.OptimizerService/ListOptimizationEvents',
             stride_dot_api_dot_optimizer_dot_v1_dot_optimizer__service__pb2.ListOptimizationEventsRequest.SerializeToString,
             stride_dot_api_dot_optimizer_dot_v1_dot_optimizer__service__pb2.ListOptimizationEventsResponse.FromString,
+            options,
+            channel_credentials,
+            insecure,
+            call_credentials,
+            compression,
+            wait_for_ready,
+            timeout,
+            metadata,
+            _registered_method=True)
+
+    @staticmethod
+    def ScaleJob(request,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.unary_unary(
+            request,
+            target,
+            '/stride.api.optimizer.v1.OptimizerService/ScaleJob',
+            stride_dot_api_dot_optimizer_dot_v1_dot_optimizer__service__pb2.ScaleJobRequest.SerializeToString,
+            stride_dot_api_dot_optimizer_dot_v1_dot_optimizer__service__pb2.ScaleJobResponse.FromString,
             options,
             channel_credentials,
             insecure,

@@ -39,6 +39,10 @@ class OptimizerServiceStub:
     """ListPlans returns every version of a job's plan, oldest first."""
     ListOptimizationEvents: _grpc.UnaryUnaryMultiCallable[_optimizer_service_pb2.ListOptimizationEventsRequest, _optimizer_service_pb2.ListOptimizationEventsResponse]
     """ListOptimizationEvents returns the events the optimizer acted on for a job, oldest first."""
+    ScaleJob: _grpc.UnaryUnaryMultiCallable[_optimizer_service_pb2.ScaleJobRequest, _optimizer_service_pb2.ScaleJobResponse]
+    """An operator's manual plan: the job's newest plan with these counts, published as the
+    next version and recorded as an override (DLRover's ScalePlan).
+    """
 
 @_typing.type_check_only
 class OptimizerServiceAsyncStub(OptimizerServiceStub):
@@ -51,6 +55,10 @@ class OptimizerServiceAsyncStub(OptimizerServiceStub):
     """ListPlans returns every version of a job's plan, oldest first."""
     ListOptimizationEvents: _aio.UnaryUnaryMultiCallable[_optimizer_service_pb2.ListOptimizationEventsRequest, _optimizer_service_pb2.ListOptimizationEventsResponse]  # type: ignore[assignment]
     """ListOptimizationEvents returns the events the optimizer acted on for a job, oldest first."""
+    ScaleJob: _aio.UnaryUnaryMultiCallable[_optimizer_service_pb2.ScaleJobRequest, _optimizer_service_pb2.ScaleJobResponse]  # type: ignore[assignment]
+    """An operator's manual plan: the job's newest plan with these counts, published as the
+    next version and recorded as an override (DLRover's ScalePlan).
+    """
 
 class OptimizerServiceServicer(metaclass=_abc_1.ABCMeta):
     """OptimizerService exposes each job's plans and optimization history."""
@@ -78,5 +86,15 @@ class OptimizerServiceServicer(metaclass=_abc_1.ABCMeta):
         context: _ServicerContext,
     ) -> _typing.Union[_optimizer_service_pb2.ListOptimizationEventsResponse, _abc.Awaitable[_optimizer_service_pb2.ListOptimizationEventsResponse]]:
         """ListOptimizationEvents returns the events the optimizer acted on for a job, oldest first."""
+
+    @_abc_1.abstractmethod
+    def ScaleJob(
+        self,
+        request: _optimizer_service_pb2.ScaleJobRequest,
+        context: _ServicerContext,
+    ) -> _typing.Union[_optimizer_service_pb2.ScaleJobResponse, _abc.Awaitable[_optimizer_service_pb2.ScaleJobResponse]]:
+        """An operator's manual plan: the job's newest plan with these counts, published as the
+        next version and recorded as an override (DLRover's ScalePlan).
+        """
 
 def add_OptimizerServiceServicer_to_server(servicer: OptimizerServiceServicer, server: _typing.Union[_grpc.Server, _aio.Server]) -> None: ...

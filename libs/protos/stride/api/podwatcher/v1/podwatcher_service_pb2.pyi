@@ -106,6 +106,12 @@ class Pod(_message.Message):
     MEMORY_BYTES_FIELD_NUMBER: _builtins.int
     NODE_FIELD_NUMBER: _builtins.int
     PLAN_VERSION_FIELD_NUMBER: _builtins.int
+    RESTARTS_FIELD_NUMBER: _builtins.int
+    LAST_FAILURE_FIELD_NUMBER: _builtins.int
+    LAST_MESSAGE_FIELD_NUMBER: _builtins.int
+    CPU_USED_FIELD_NUMBER: _builtins.int
+    MEMORY_USED_BYTES_FIELD_NUMBER: _builtins.int
+    ADDRESS_FIELD_NUMBER: _builtins.int
     name: _builtins.str
     """Pod name."""
     role: _plan_pb2.Role.ValueType
@@ -122,6 +128,18 @@ class Pod(_message.Message):
     """Node it runs on."""
     plan_version: _builtins.int
     """Plan version it was created for."""
+    restarts: _builtins.int
+    """How many times the pod was relaunched after a failure."""
+    last_failure: _pod_pb2.PodFailureReason.ValueType
+    """Why it last stopped (OOMKilled, Evicted, Error), if it did."""
+    last_message: _builtins.str
+    """The last failure's details: exit code and the last lines of its log."""
+    cpu_used: _builtins.float
+    """The CPU (cores) it used at the last sample."""
+    memory_used_bytes: _builtins.int
+    """The memory it used at the last sample."""
+    address: _builtins.str
+    """The address its trainer serves on (host:port), for PS and worker pods."""
     def __init__(
         self,
         *,
@@ -133,10 +151,16 @@ class Pod(_message.Message):
         memory_bytes: _builtins.int = ...,
         node: _builtins.str = ...,
         plan_version: _builtins.int = ...,
+        restarts: _builtins.int = ...,
+        last_failure: _pod_pb2.PodFailureReason.ValueType = ...,
+        last_message: _builtins.str = ...,
+        cpu_used: _builtins.float = ...,
+        memory_used_bytes: _builtins.int = ...,
+        address: _builtins.str = ...,
     ) -> None: ...
     _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
     def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
-    _ClearFieldArgType: _TypeAlias = _typing.Literal["cpu", b"cpu", "index", b"index", "memory_bytes", b"memory_bytes", "name", b"name", "node", b"node", "phase", b"phase", "plan_version", b"plan_version", "role", b"role"]  # noqa: Y015
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["address", b"address", "cpu", b"cpu", "cpu_used", b"cpu_used", "index", b"index", "last_failure", b"last_failure", "last_message", b"last_message", "memory_bytes", b"memory_bytes", "memory_used_bytes", b"memory_used_bytes", "name", b"name", "node", b"node", "phase", b"phase", "plan_version", b"plan_version", "restarts", b"restarts", "role", b"role"]  # noqa: Y015
     def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
     def WhichOneof(self, oneof_group: _Never) -> None: ...
 
@@ -221,6 +245,9 @@ class Node(_message.Message):
     CPU_FIELD_NUMBER: _builtins.int
     MEMORY_BYTES_FIELD_NUMBER: _builtins.int
     DEVICES_FIELD_NUMBER: _builtins.int
+    ENFORCEMENT_FIELD_NUMBER: _builtins.int
+    CPU_ALLOCATED_FIELD_NUMBER: _builtins.int
+    MEMORY_ALLOCATED_BYTES_FIELD_NUMBER: _builtins.int
     name: _builtins.str
     """Node name."""
     cpu: _builtins.float
@@ -229,6 +256,14 @@ class Node(_message.Message):
     """Memory bytes."""
     devices: _builtins.int
     """Accelerator devices."""
+    enforcement: _builtins.str
+    """How its limits are enforced: cgroup-v2, cgroup-v1, or rlimit (no cgroup could be
+    written: memory by RLIMIT_AS and usage sampling, no CPU quota).
+    """
+    cpu_allocated: _builtins.float
+    """The CPU (cores) pods on it have been given."""
+    memory_allocated_bytes: _builtins.int
+    """The memory pods on it have been given."""
     def __init__(
         self,
         *,
@@ -236,10 +271,13 @@ class Node(_message.Message):
         cpu: _builtins.float = ...,
         memory_bytes: _builtins.int = ...,
         devices: _builtins.int = ...,
+        enforcement: _builtins.str = ...,
+        cpu_allocated: _builtins.float = ...,
+        memory_allocated_bytes: _builtins.int = ...,
     ) -> None: ...
     _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
     def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
-    _ClearFieldArgType: _TypeAlias = _typing.Literal["cpu", b"cpu", "devices", b"devices", "memory_bytes", b"memory_bytes", "name", b"name"]  # noqa: Y015
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["cpu", b"cpu", "cpu_allocated", b"cpu_allocated", "devices", b"devices", "enforcement", b"enforcement", "memory_allocated_bytes", b"memory_allocated_bytes", "memory_bytes", b"memory_bytes", "name", b"name"]  # noqa: Y015
     def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
     def WhichOneof(self, oneof_group: _Never) -> None: ...
 
@@ -268,3 +306,65 @@ class ListNodesResponse(_message.Message):
     def WhichOneof(self, oneof_group: _Never) -> None: ...
 
 Global___ListNodesResponse: _TypeAlias = ListNodesResponse  # noqa: Y015
+
+@_typing.final
+class GetPodLogsRequest(_message.Message):
+    """Which pod logs to send, and whether to follow them."""
+
+    DESCRIPTOR: _descriptor.Descriptor
+
+    JOB_ID_FIELD_NUMBER: _builtins.int
+    POD_NAME_FIELD_NUMBER: _builtins.int
+    FOLLOW_FIELD_NUMBER: _builtins.int
+    TAIL_LINES_FIELD_NUMBER: _builtins.int
+    job_id: _builtins.str
+    """The job."""
+    pod_name: _builtins.str
+    """The pod; empty: every pod of the job."""
+    follow: _builtins.bool
+    """Keep streaming new lines until the pods end."""
+    tail_lines: _builtins.int
+    """How many of the last lines to send first (0: 100)."""
+    def __init__(
+        self,
+        *,
+        job_id: _builtins.str = ...,
+        pod_name: _builtins.str = ...,
+        follow: _builtins.bool = ...,
+        tail_lines: _builtins.int = ...,
+    ) -> None: ...
+    _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
+    def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["follow", b"follow", "job_id", b"job_id", "pod_name", b"pod_name", "tail_lines", b"tail_lines"]  # noqa: Y015
+    def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
+    def WhichOneof(self, oneof_group: _Never) -> None: ...
+
+Global___GetPodLogsRequest: _TypeAlias = GetPodLogsRequest  # noqa: Y015
+
+@_typing.final
+class GetPodLogsResponse(_message.Message):
+    """A batch of log lines from one pod."""
+
+    DESCRIPTOR: _descriptor.Descriptor
+
+    POD_NAME_FIELD_NUMBER: _builtins.int
+    LINES_FIELD_NUMBER: _builtins.int
+    pod_name: _builtins.str
+    """The pod the lines come from."""
+    @_builtins.property
+    def lines(self) -> _containers.RepeatedScalarFieldContainer[_builtins.str]:
+        """Lines, without their newline, each "<process>| <text>"."""
+
+    def __init__(
+        self,
+        *,
+        pod_name: _builtins.str = ...,
+        lines: _abc.Iterable[_builtins.str] | None = ...,
+    ) -> None: ...
+    _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
+    def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["lines", b"lines", "pod_name", b"pod_name"]  # noqa: Y015
+    def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
+    def WhichOneof(self, oneof_group: _Never) -> None: ...
+
+Global___GetPodLogsResponse: _TypeAlias = GetPodLogsResponse  # noqa: Y015

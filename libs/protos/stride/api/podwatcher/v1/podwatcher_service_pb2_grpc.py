@@ -45,6 +45,11 @@ class PodWatcherServiceStub:
                 request_serializer=stride_dot_api_dot_podwatcher_dot_v1_dot_podwatcher__service__pb2.ListNodesRequest.SerializeToString,
                 response_deserializer=stride_dot_api_dot_podwatcher_dot_v1_dot_podwatcher__service__pb2.ListNodesResponse.FromString,
                 _registered_method=True)
+        self.GetPodLogs = channel.unary_stream(
+                '/stride.api.podwatcher.v1.PodWatcherService/GetPodLogs',
+                request_serializer=stride_dot_api_dot_podwatcher_dot_v1_dot_podwatcher__service__pb2.GetPodLogsRequest.SerializeToString,
+                response_deserializer=stride_dot_api_dot_podwatcher_dot_v1_dot_podwatcher__service__pb2.GetPodLogsResponse.FromString,
+                _registered_method=True)
 
 
 class PodWatcherServiceServicer:
@@ -65,6 +70,15 @@ class PodWatcherServiceServicer:
         context.set_details('Method not implemented!')
         raise NotImplementedError('Method not implemented!')
 
+    def GetPodLogs(self, request, context):
+        """The last lines of a pod's log, then (with follow) new lines as they are written until
+        the pod ends or the caller hangs up. Lines of every process of the pod (the trainer and
+        its agent sidecar), each prefixed with the process name.
+        """
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
 
 def add_PodWatcherServiceServicer_to_server(servicer, server):
     rpc_method_handlers = {
@@ -77,6 +91,11 @@ def add_PodWatcherServiceServicer_to_server(servicer, server):
                     servicer.ListNodes,
                     request_deserializer=stride_dot_api_dot_podwatcher_dot_v1_dot_podwatcher__service__pb2.ListNodesRequest.FromString,
                     response_serializer=stride_dot_api_dot_podwatcher_dot_v1_dot_podwatcher__service__pb2.ListNodesResponse.SerializeToString,
+            ),
+            'GetPodLogs': grpc.unary_stream_rpc_method_handler(
+                    servicer.GetPodLogs,
+                    request_deserializer=stride_dot_api_dot_podwatcher_dot_v1_dot_podwatcher__service__pb2.GetPodLogsRequest.FromString,
+                    response_serializer=stride_dot_api_dot_podwatcher_dot_v1_dot_podwatcher__service__pb2.GetPodLogsResponse.SerializeToString,
             ),
     }
     generic_handler = grpc.method_handlers_generic_handler(
@@ -134,6 +153,33 @@ class PodWatcherService:
             '/stride.api.podwatcher.v1.PodWatcherService/ListNodes',
             stride_dot_api_dot_podwatcher_dot_v1_dot_podwatcher__service__pb2.ListNodesRequest.SerializeToString,
             stride_dot_api_dot_podwatcher_dot_v1_dot_podwatcher__service__pb2.ListNodesResponse.FromString,
+            options,
+            channel_credentials,
+            insecure,
+            call_credentials,
+            compression,
+            wait_for_ready,
+            timeout,
+            metadata,
+            _registered_method=True)
+
+    @staticmethod
+    def GetPodLogs(request,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.unary_stream(
+            request,
+            target,
+            '/stride.api.podwatcher.v1.PodWatcherService/GetPodLogs',
+            stride_dot_api_dot_podwatcher_dot_v1_dot_podwatcher__service__pb2.GetPodLogsRequest.SerializeToString,
+            stride_dot_api_dot_podwatcher_dot_v1_dot_podwatcher__service__pb2.GetPodLogsResponse.FromString,
             options,
             channel_credentials,
             insecure,

@@ -37,6 +37,11 @@ class PodWatcherServiceStub:
     """GetJobPods returns a job's recorded plan and its pods. NOT_FOUND if the job is unknown."""
     ListNodes: _grpc.UnaryUnaryMultiCallable[_podwatcher_service_pb2.ListNodesRequest, _podwatcher_service_pb2.ListNodesResponse]
     """ListNodes returns the node inventory the backend manages."""
+    GetPodLogs: _grpc.UnaryStreamMultiCallable[_podwatcher_service_pb2.GetPodLogsRequest, _podwatcher_service_pb2.GetPodLogsResponse]
+    """The last lines of a pod's log, then (with follow) new lines as they are written until
+    the pod ends or the caller hangs up. Lines of every process of the pod (the trainer and
+    its agent sidecar), each prefixed with the process name.
+    """
 
 @_typing.type_check_only
 class PodWatcherServiceAsyncStub(PodWatcherServiceStub):
@@ -47,6 +52,11 @@ class PodWatcherServiceAsyncStub(PodWatcherServiceStub):
     """GetJobPods returns a job's recorded plan and its pods. NOT_FOUND if the job is unknown."""
     ListNodes: _aio.UnaryUnaryMultiCallable[_podwatcher_service_pb2.ListNodesRequest, _podwatcher_service_pb2.ListNodesResponse]  # type: ignore[assignment]
     """ListNodes returns the node inventory the backend manages."""
+    GetPodLogs: _aio.UnaryStreamMultiCallable[_podwatcher_service_pb2.GetPodLogsRequest, _podwatcher_service_pb2.GetPodLogsResponse]  # type: ignore[assignment]
+    """The last lines of a pod's log, then (with follow) new lines as they are written until
+    the pod ends or the caller hangs up. Lines of every process of the pod (the trainer and
+    its agent sidecar), each prefixed with the process name.
+    """
 
 class PodWatcherServiceServicer(metaclass=_abc_1.ABCMeta):
     """PodWatcherService shows the pods of each job and the plan being applied."""
@@ -66,5 +76,16 @@ class PodWatcherServiceServicer(metaclass=_abc_1.ABCMeta):
         context: _ServicerContext,
     ) -> _typing.Union[_podwatcher_service_pb2.ListNodesResponse, _abc.Awaitable[_podwatcher_service_pb2.ListNodesResponse]]:
         """ListNodes returns the node inventory the backend manages."""
+
+    @_abc_1.abstractmethod
+    def GetPodLogs(
+        self,
+        request: _podwatcher_service_pb2.GetPodLogsRequest,
+        context: _ServicerContext,
+    ) -> _typing.Union[_abc.Iterator[_podwatcher_service_pb2.GetPodLogsResponse], _abc.AsyncIterator[_podwatcher_service_pb2.GetPodLogsResponse]]:
+        """The last lines of a pod's log, then (with follow) new lines as they are written until
+        the pod ends or the caller hangs up. Lines of every process of the pod (the trainer and
+        its agent sidecar), each prefixed with the process name.
+        """
 
 def add_PodWatcherServiceServicer_to_server(servicer: PodWatcherServiceServicer, server: _typing.Union[_grpc.Server, _aio.Server]) -> None: ...

@@ -18,14 +18,15 @@ from stride.agent.usecases import PodAgent, UpstreamError
 from stride.api.agent.v1 import agent_service_pb2 as pb
 from stride.api.agent.v1 import agent_service_pb2_grpc as pb_grpc
 from stride.api.ckptcache.v1 import ckptcache_service_pb2 as ckpt_pb
+from stride.events.v1 import control_pb2
 from stride.runtime.errors import InvalidArgument
 
 Context = grpc.aio.ServicerContext[Any, Any]
 
 ACTION_TO_PROTO = {
-    ControlAction.PAUSE: pb.CONTROL_ACTION_PAUSE,
-    ControlAction.RESUME: pb.CONTROL_ACTION_RESUME,
-    ControlAction.STOP: pb.CONTROL_ACTION_STOP,
+    ControlAction.PAUSE: control_pb2.CONTROL_ACTION_PAUSE,
+    ControlAction.RESUME: control_pb2.CONTROL_ACTION_RESUME,
+    ControlAction.STOP: control_pb2.CONTROL_ACTION_STOP,
 }
 
 
