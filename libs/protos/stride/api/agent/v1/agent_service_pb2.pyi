@@ -472,3 +472,99 @@ class AckControlResponse(_message.Message):
     def WhichOneof(self, oneof_group: _Never) -> None: ...
 
 Global___AckControlResponse: _TypeAlias = AckControlResponse  # noqa: Y015
+
+@_typing.final
+class SnapshotShardsRequest(_message.Message):
+    """Snapshot a dataset's shard state."""
+
+    DESCRIPTOR: _descriptor.Descriptor
+
+    DATASET_FIELD_NUMBER: _builtins.int
+    dataset: _builtins.str
+    """The dataset's name within the job."""
+    def __init__(
+        self,
+        *,
+        dataset: _builtins.str = ...,
+    ) -> None: ...
+    _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
+    def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["dataset", b"dataset"]  # noqa: Y015
+    def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
+    def WhichOneof(self, oneof_group: _Never) -> None: ...
+
+Global___SnapshotShardsRequest: _TypeAlias = SnapshotShardsRequest  # noqa: Y015
+
+@_typing.final
+class SnapshotShardsResponse(_message.Message):
+    """A dataset's shard state, as the dispatcher answered."""
+
+    DESCRIPTOR: _descriptor.Descriptor
+
+    SNAPSHOT_FIELD_NUMBER: _builtins.int
+    @_builtins.property
+    def snapshot(self) -> _dispatcher_service_pb2.SnapshotShardsResponse:
+        """The dispatcher's answer, unchanged."""
+
+    def __init__(
+        self,
+        *,
+        snapshot: _dispatcher_service_pb2.SnapshotShardsResponse | None = ...,
+    ) -> None: ...
+    _HasFieldArgType: _TypeAlias = _typing.Literal["snapshot", b"snapshot"]  # noqa: Y015
+    def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["snapshot", b"snapshot"]  # noqa: Y015
+    def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
+    def WhichOneof(self, oneof_group: _Never) -> None: ...
+
+Global___SnapshotShardsResponse: _TypeAlias = SnapshotShardsResponse  # noqa: Y015
+
+@_typing.final
+class RestoreShardsRequest(_message.Message):
+    """Restore a dataset's shards to a snapshot."""
+
+    DESCRIPTOR: _descriptor.Descriptor
+
+    DATASET_FIELD_NUMBER: _builtins.int
+    SNAPSHOT_FIELD_NUMBER: _builtins.int
+    dataset: _builtins.str
+    """The dataset's name within the job."""
+    snapshot: _builtins.bytes
+    """A snapshot from SnapshotShards."""
+    def __init__(
+        self,
+        *,
+        dataset: _builtins.str = ...,
+        snapshot: _builtins.bytes = ...,
+    ) -> None: ...
+    _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
+    def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["dataset", b"dataset", "snapshot", b"snapshot"]  # noqa: Y015
+    def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
+    def WhichOneof(self, oneof_group: _Never) -> None: ...
+
+Global___RestoreShardsRequest: _TypeAlias = RestoreShardsRequest  # noqa: Y015
+
+@_typing.final
+class RestoreShardsResponse(_message.Message):
+    """The dataset's shards were restored."""
+
+    DESCRIPTOR: _descriptor.Descriptor
+
+    RESTORED_FIELD_NUMBER: _builtins.int
+    @_builtins.property
+    def restored(self) -> _dispatcher_service_pb2.RestoreShardsResponse:
+        """The dispatcher's answer, unchanged."""
+
+    def __init__(
+        self,
+        *,
+        restored: _dispatcher_service_pb2.RestoreShardsResponse | None = ...,
+    ) -> None: ...
+    _HasFieldArgType: _TypeAlias = _typing.Literal["restored", b"restored"]  # noqa: Y015
+    def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["restored", b"restored"]  # noqa: Y015
+    def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
+    def WhichOneof(self, oneof_group: _Never) -> None: ...
+
+Global___RestoreShardsResponse: _TypeAlias = RestoreShardsResponse  # noqa: Y015

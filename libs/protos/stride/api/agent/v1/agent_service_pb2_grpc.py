@@ -80,6 +80,16 @@ class AgentServiceStub:
                 request_serializer=stride_dot_api_dot_agent_dot_v1_dot_agent__service__pb2.AckControlRequest.SerializeToString,
                 response_deserializer=stride_dot_api_dot_agent_dot_v1_dot_agent__service__pb2.AckControlResponse.FromString,
                 _registered_method=True)
+        self.SnapshotShards = channel.unary_unary(
+                '/stride.api.agent.v1.AgentService/SnapshotShards',
+                request_serializer=stride_dot_api_dot_agent_dot_v1_dot_agent__service__pb2.SnapshotShardsRequest.SerializeToString,
+                response_deserializer=stride_dot_api_dot_agent_dot_v1_dot_agent__service__pb2.SnapshotShardsResponse.FromString,
+                _registered_method=True)
+        self.RestoreShards = channel.unary_unary(
+                '/stride.api.agent.v1.AgentService/RestoreShards',
+                request_serializer=stride_dot_api_dot_agent_dot_v1_dot_agent__service__pb2.RestoreShardsRequest.SerializeToString,
+                response_deserializer=stride_dot_api_dot_agent_dot_v1_dot_agent__service__pb2.RestoreShardsResponse.FromString,
+                _registered_method=True)
 
 
 class AgentServiceServicer:
@@ -150,6 +160,20 @@ class AgentServiceServicer:
         context.set_details('Method not implemented!')
         raise NotImplementedError('Method not implemented!')
 
+    def SnapshotShards(self, request, context):
+        """The dataset's shard state, to store with a checkpoint (DLRover sec. 5.3).
+        """
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
+    def RestoreShards(self, request, context):
+        """Puts the dataset's shards back to a snapshot, on restore from a checkpoint.
+        """
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
 
 def add_AgentServiceServicer_to_server(servicer, server):
     rpc_method_handlers = {
@@ -197,6 +221,16 @@ def add_AgentServiceServicer_to_server(servicer, server):
                     servicer.AckControl,
                     request_deserializer=stride_dot_api_dot_agent_dot_v1_dot_agent__service__pb2.AckControlRequest.FromString,
                     response_serializer=stride_dot_api_dot_agent_dot_v1_dot_agent__service__pb2.AckControlResponse.SerializeToString,
+            ),
+            'SnapshotShards': grpc.unary_unary_rpc_method_handler(
+                    servicer.SnapshotShards,
+                    request_deserializer=stride_dot_api_dot_agent_dot_v1_dot_agent__service__pb2.SnapshotShardsRequest.FromString,
+                    response_serializer=stride_dot_api_dot_agent_dot_v1_dot_agent__service__pb2.SnapshotShardsResponse.SerializeToString,
+            ),
+            'RestoreShards': grpc.unary_unary_rpc_method_handler(
+                    servicer.RestoreShards,
+                    request_deserializer=stride_dot_api_dot_agent_dot_v1_dot_agent__service__pb2.RestoreShardsRequest.FromString,
+                    response_serializer=stride_dot_api_dot_agent_dot_v1_dot_agent__service__pb2.RestoreShardsResponse.SerializeToString,
             ),
     }
     generic_handler = grpc.method_handlers_generic_handler(
@@ -443,6 +477,60 @@ class AgentService:
             '/stride.api.agent.v1.AgentService/AckControl',
             stride_dot_api_dot_agent_dot_v1_dot_agent__service__pb2.AckControlRequest.SerializeToString,
             stride_dot_api_dot_agent_dot_v1_dot_agent__service__pb2.AckControlResponse.FromString,
+            options,
+            channel_credentials,
+            insecure,
+            call_credentials,
+            compression,
+            wait_for_ready,
+            timeout,
+            metadata,
+            _registered_method=True)
+
+    @staticmethod
+    def SnapshotShards(request,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.unary_unary(
+            request,
+            target,
+            '/stride.api.agent.v1.AgentService/SnapshotShards',
+            stride_dot_api_dot_agent_dot_v1_dot_agent__service__pb2.SnapshotShardsRequest.SerializeToString,
+            stride_dot_api_dot_agent_dot_v1_dot_agent__service__pb2.SnapshotShardsResponse.FromString,
+            options,
+            channel_credentials,
+            insecure,
+            call_credentials,
+            compression,
+            wait_for_ready,
+            timeout,
+            metadata,
+            _registered_method=True)
+
+    @staticmethod
+    def RestoreShards(request,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.unary_unary(
+            request,
+            target,
+            '/stride.api.agent.v1.AgentService/RestoreShards',
+            stride_dot_api_dot_agent_dot_v1_dot_agent__service__pb2.RestoreShardsRequest.SerializeToString,
+            stride_dot_api_dot_agent_dot_v1_dot_agent__service__pb2.RestoreShardsResponse.FromString,
             options,
             channel_credentials,
             insecure,

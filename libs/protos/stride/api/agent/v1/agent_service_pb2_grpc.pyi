@@ -55,6 +55,10 @@ class AgentServiceStub:
     """The dataset's progress at the dispatcher (epochs, shards to do, done)."""
     AckControl: _grpc.UnaryUnaryMultiCallable[_agent_service_pb2.AckControlRequest, _agent_service_pb2.AckControlResponse]
     """What the trainer did with a control command; published on the bus for the podwatcher."""
+    SnapshotShards: _grpc.UnaryUnaryMultiCallable[_agent_service_pb2.SnapshotShardsRequest, _agent_service_pb2.SnapshotShardsResponse]
+    """The dataset's shard state, to store with a checkpoint (DLRover sec. 5.3)."""
+    RestoreShards: _grpc.UnaryUnaryMultiCallable[_agent_service_pb2.RestoreShardsRequest, _agent_service_pb2.RestoreShardsResponse]
+    """Puts the dataset's shards back to a snapshot, on restore from a checkpoint."""
 
 @_typing.type_check_only
 class AgentServiceAsyncStub(AgentServiceStub):
@@ -81,6 +85,10 @@ class AgentServiceAsyncStub(AgentServiceStub):
     """The dataset's progress at the dispatcher (epochs, shards to do, done)."""
     AckControl: _aio.UnaryUnaryMultiCallable[_agent_service_pb2.AckControlRequest, _agent_service_pb2.AckControlResponse]  # type: ignore[assignment]
     """What the trainer did with a control command; published on the bus for the podwatcher."""
+    SnapshotShards: _aio.UnaryUnaryMultiCallable[_agent_service_pb2.SnapshotShardsRequest, _agent_service_pb2.SnapshotShardsResponse]  # type: ignore[assignment]
+    """The dataset's shard state, to store with a checkpoint (DLRover sec. 5.3)."""
+    RestoreShards: _aio.UnaryUnaryMultiCallable[_agent_service_pb2.RestoreShardsRequest, _agent_service_pb2.RestoreShardsResponse]  # type: ignore[assignment]
+    """Puts the dataset's shards back to a snapshot, on restore from a checkpoint."""
 
 class AgentServiceServicer(metaclass=_abc_1.ABCMeta):
     """AgentService is the trainer's single point of contact."""
@@ -158,5 +166,21 @@ class AgentServiceServicer(metaclass=_abc_1.ABCMeta):
         context: _ServicerContext,
     ) -> _typing.Union[_agent_service_pb2.AckControlResponse, _abc.Awaitable[_agent_service_pb2.AckControlResponse]]:
         """What the trainer did with a control command; published on the bus for the podwatcher."""
+
+    @_abc_1.abstractmethod
+    def SnapshotShards(
+        self,
+        request: _agent_service_pb2.SnapshotShardsRequest,
+        context: _ServicerContext,
+    ) -> _typing.Union[_agent_service_pb2.SnapshotShardsResponse, _abc.Awaitable[_agent_service_pb2.SnapshotShardsResponse]]:
+        """The dataset's shard state, to store with a checkpoint (DLRover sec. 5.3)."""
+
+    @_abc_1.abstractmethod
+    def RestoreShards(
+        self,
+        request: _agent_service_pb2.RestoreShardsRequest,
+        context: _ServicerContext,
+    ) -> _typing.Union[_agent_service_pb2.RestoreShardsResponse, _abc.Awaitable[_agent_service_pb2.RestoreShardsResponse]]:
+        """Puts the dataset's shards back to a snapshot, on restore from a checkpoint."""
 
 def add_AgentServiceServicer_to_server(servicer: AgentServiceServicer, server: _typing.Union[_grpc.Server, _aio.Server]) -> None: ...
