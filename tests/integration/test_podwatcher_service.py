@@ -1,9 +1,14 @@
-"""The podwatcher on real NATS and a real database: accept plans, newest wins, bad input."""
+"""The podwatcher on real NATS and a real database: accept plans, newest wins, bad input.
+
+The plans here ask for more than this machine's single node has (a 4-core PS), so they are
+recorded and then FAILED as unplaceable without starting a pod: these tests are about the
+plan rules. Pods that really run are in ``test_podwatcher_pods.py``.
+"""
 
 from __future__ import annotations
 
-import os
 from collections.abc import AsyncIterator, Awaitable
+from pathlib import Path
 from typing import TypeAlias
 
 import grpc
@@ -14,7 +19,7 @@ from stride.api.podwatcher.v1 import podwatcher_service_pb2 as pb
 from stride.api.podwatcher.v1 import podwatcher_service_pb2_grpc as pb_grpc
 from stride.bus import topics
 from stride.bus.client import Bus
-from stride.events.v1 import plan_pb2
+from stride.events.v1 import job_pb2, plan_pb2
 from stride.podwatcher.app import build
 from stride.podwatcher.settings import PodWatcherSettings
 from stride.runtime.lifecycle import ServiceHost
@@ -44,8 +49,16 @@ def plan(job_id: str, version: int, workers: int = 2, cpu: float = 2.0) -> plan_
 
 
 @pytest.fixture
-async def podwatcher(nats_url: str, database_url: str) -> AsyncIterator[ServiceHost]:
-    settings = local_settings(PodWatcherSettings, nats_url=nats_url, database_url=database_url)
+async def podwatcher(
+    nats_url: str, database_url: str, tmp_path: Path
+) -> AsyncIterator[ServiceHost]:
+    settings = local_settings(
+        PodWatcherSettings,
+        nats_url=nats_url,
+        database_url=database_url,
+        local_state_dir=tmp_path / "pods",
+        local_nodes="1x(cpu=2,memory=16Gi)",
+    )
     async with running_service(build, settings) as host:
         yield host
 
@@ -64,6 +77,17 @@ async def bus(podwatcher: ServiceHost, nats_url: str) -> AsyncIterator[Bus]:
         yield producer
     finally:
         await producer.close()
+
+
+async def admit(bus: Bus, *job_ids: str) -> None:
+    """Admission's event for each job: the podwatcher runs pods only for admitted jobs."""
+    for job_id in job_ids:
+        decision = job_pb2.AdmissionDecision(
+            job_id=job_id,
+            outcome=job_pb2.ADMISSION_OUTCOME_ADMITTED,
+            spec=job_pb2.JobSpec(name=job_id, user="tester"),
+        )
+        await bus.publish(topics.JOB_ADMITTED, job_id, decision, f"{job_id}.admitted")
 
 
 async def job_pods(stub: Stub, job_id: str) -> pb.GetJobPodsResponse | None:
@@ -87,27 +111,34 @@ async def newest_version_becomes(stub: Stub, job_id: str, version: int) -> pb.Ge
 async def processed_up_to_here(bus: Bus, stub: Stub, marker: str) -> None:
     """Publish a plan for a marker job and wait for it: the single, ordered consumer has
     then handled everything published before it (how to see that something was ignored)."""
+    await admit(bus, marker)
     await bus.publish(topics.PLAN, marker, plan(marker, 1), f"{marker}.1")
     await newest_version_becomes(stub, marker, 1)
 
 
 async def test_plans_are_recorded_and_the_newest_is_served(stub: Stub, bus: Bus) -> None:
+    await admit(bus, "job-a")
     await bus.publish(topics.PLAN, "job-a", plan("job-a", 1), "job-a.plan.1")
     reply = await newest_version_becomes(stub, "job-a", 1)
     assert reply.plan.plan == plan("job-a", 1)
-    assert reply.plan.state == pb.PLAN_STATE_RECORDED
-    assert reply.plan.message == ""
     assert reply.plan.HasField("recorded_at")
-    # The local backend creates no pods yet (the backend issue adds them).
+
+    async def failed() -> pb.GetJobPodsResponse:
+        reply = await newest_version_becomes(stub, "job-a", 1)
+        assert reply.plan.state == pb.PLAN_STATE_FAILED, reply.plan
+        return reply
+
+    reply = await assert_eventually(failed)
+    assert "no node has room for pod job-a-ps-0 (4 cpu, 8.00 GiB)" in reply.plan.message
     assert list(reply.pods) == []
 
     await bus.publish(topics.PLAN, "job-a", plan("job-a", 2, workers=5), "job-a.plan.2")
     reply = await newest_version_becomes(stub, "job-a", 2)
     assert reply.plan.plan.roles[1].count == 5
-    assert reply.plan.state == pb.PLAN_STATE_RECORDED
 
 
 async def test_redelivered_plan_changes_nothing(stub: Stub, bus: Bus) -> None:
+    await admit(bus, "job-d")
     await bus.publish(topics.PLAN, "job-d", plan("job-d", 1), "first")
     first = await newest_version_becomes(stub, "job-d", 1)
     # Distinct message ids get past JetStream's de-duplication, as a redelivery would.
@@ -119,6 +150,7 @@ async def test_redelivered_plan_changes_nothing(stub: Stub, bus: Bus) -> None:
 
 
 async def test_stale_and_out_of_order_plans_are_ignored(stub: Stub, bus: Bus) -> None:
+    await admit(bus, "job-o")
     await bus.publish(topics.PLAN, "job-o", plan("job-o", 3, workers=7), "o-3")
     await newest_version_becomes(stub, "job-o", 3)
     await bus.publish(topics.PLAN, "job-o", plan("job-o", 1, workers=1), "o-1")
@@ -157,6 +189,7 @@ def invalid_plans() -> list[tuple[str, bytes, dict[str, str]]]:
 async def test_invalid_plans_are_dead_lettered_and_later_ones_processed(
     stub: Stub, bus: Bus, nats_url: str
 ) -> None:
+    await admit(bus, "job-good")
     await bus.publish(topics.PLAN, "job-good", plan("job-good", 1), "good-1")
     await newest_version_becomes(stub, "job-good", 1)
     bad = invalid_plans()
@@ -183,13 +216,10 @@ async def test_invalid_plans_are_dead_lettered_and_later_ones_processed(
         assert await job_pods(stub, f"job-bad{index}") is None
 
 
-async def test_nodes_are_this_machine(stub: Stub) -> None:
+async def test_nodes_are_the_virtual_nodes_with_their_enforcement(stub: Stub) -> None:
     reply = await stub.ListNodes(pb.ListNodesRequest())
-    assert len(reply.nodes) == 1
-    node = reply.nodes[0]
-    assert node.name
-    assert node.cpu == float(os.cpu_count() or 1)
-    assert node.memory_bytes > 0
+    assert [(n.name, n.cpu, n.memory_bytes) for n in reply.nodes] == [("node-0", 2.0, 16 * GIB)]
+    assert reply.nodes[0].enforcement in ("cgroup-v1", "cgroup-v2", "rlimit")
 
 
 async def expect_error(call: Awaitable[object], code: grpc.StatusCode, starts: str) -> None:
@@ -203,3 +233,24 @@ async def test_bad_requests(stub: Stub) -> None:
     invalid, missing = grpc.StatusCode.INVALID_ARGUMENT, grpc.StatusCode.NOT_FOUND
     await expect_error(stub.GetJobPods(pb.GetJobPodsRequest()), invalid, "job_id:")
     await expect_error(stub.GetJobPods(pb.GetJobPodsRequest(job_id="job-none")), missing, "no plan")
+
+
+async def test_a_plan_for_a_job_never_admitted_is_dead_lettered(
+    stub: Stub, bus: Bus, nats_url: str
+) -> None:
+    await bus.publish(topics.PLAN, "job-ghost", plan("job-ghost", 1), "ghost-1")
+
+    async def parked() -> Msg:
+        dead = await stream_messages(nats_url, topics.dead_letter_subject("podwatcher-plans"))
+        ghosts = [
+            m
+            for m in dead
+            if (m.headers or {}).get("Stride-Original-Subject", "").endswith("job-ghost")
+        ]
+        assert ghosts, dead
+        return ghosts[0]
+
+    # Admission's event may trail the plan, so the plan is retried a few times first.
+    ghost = await assert_eventually(parked, timeout=30)
+    assert "no admitted job 'job-ghost'" in (ghost.headers or {})["Stride-Dead-Letter-Reason"]
+    assert await job_pods(stub, "job-ghost") is None

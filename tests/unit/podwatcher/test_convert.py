@@ -6,7 +6,9 @@ import pytest
 
 from stride.events.v1 import plan_pb2
 from stride.podwatcher.adapters.convert import plan_from_proto, pod_to_proto
-from stride.podwatcher.domain.cluster import Pod, PodPhase
+from stride.podwatcher.adapters.outbound.repository import StoredPod
+from stride.podwatcher.domain.cluster import PodPhase
+from stride.podwatcher.domain.reconcile import PodRecord
 from stride.runtime.errors import InvalidArgument
 from stride.vocabulary import Role
 
@@ -56,5 +58,7 @@ def test_an_unspecified_or_unknown_role_is_an_invalid_argument(role: int) -> Non
     ],
 )
 def test_pods_carry_their_role_onto_the_wire(role: Role, wire: int) -> None:
-    pod = Pod("job-1-pod-0", role, 0, PodPhase.RUNNING, 1.0, GIB, "here", 1)
-    assert pod_to_proto(pod).role == wire
+    record = PodRecord("job-1-pod-0", "job-1", role, 0, 0, 1.0, GIB, "here", PodPhase.RUNNING)
+    wire_pod = pod_to_proto(StoredPod(record, 4000, 4001, 1), None, "127.0.0.1:4000")
+    assert wire_pod.role == wire
+    assert wire_pod.address == "127.0.0.1:4000"

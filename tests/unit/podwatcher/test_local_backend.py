@@ -1,16 +1,24 @@
-"""The local backend: this machine as the one node; plans stay RECORDED, no pods yet."""
+"""The local backend: this machine as a node, and what a pod's processes are told."""
 
 from __future__ import annotations
 
 import os
+from pathlib import Path
 
+from stride.podwatcher.adapters.outbound.backends.base import PodStart
 from stride.podwatcher.adapters.outbound.backends.local import (
     LocalBackend,
+    PodEnvironment,
     detect_local_node,
     parse_meminfo_total,
 )
-from stride.podwatcher.domain.cluster import Node, PlanState
-from stride.podwatcher.domain.plans import Plan
+from stride.podwatcher.adapters.outbound.backends.localpods import Enforcement, LocalPods
+from stride.podwatcher.domain.cluster import PodPhase
+from stride.podwatcher.domain.nodes import NodeSpec
+from stride.podwatcher.domain.reconcile import PodRecord
+from stride.vocabulary import Role
+
+GIB = 1024**3
 
 MEMINFO = """MemTotal:       16314344 kB
 MemFree:         1036544 kB
@@ -33,13 +41,38 @@ def test_the_local_node_is_this_machine() -> None:
     assert node.name
     assert node.cpu == float(os.cpu_count() or 1)
     assert node.memory_bytes > 0
-    assert node.devices == 0
 
 
-async def test_local_backend_records_plans_without_pods() -> None:
-    node = Node("here", cpu=8.0, memory_bytes=32 * 1024**3)
-    backend = LocalBackend(node)
-    application = await backend.apply(Plan(job_id="job-1", version=1))
-    assert application.state is PlanState.RECORDED
-    assert await backend.list_pods("job-1") == []
-    assert await backend.nodes() == [node]
+def test_a_pod_runs_its_trainer_and_agent_with_its_identity_and_nothing_of_ours(
+    tmp_path: Path,
+) -> None:
+    environment = PodEnvironment(
+        nats_url="nats://127.0.0.1:4222",
+        dispatcher_address="127.0.0.1:1",
+        ckptcache_address="127.0.0.1:2",
+        checkpoint_every_steps=7,
+        jobs_dir=tmp_path / "jobs",
+    )
+    backend = LocalBackend(
+        LocalPods(tmp_path / "pods", enforcement=Enforcement.RLIMIT),
+        (NodeSpec("node-0", 2.0, GIB),),
+        environment,
+        base_environment={"PATH": "/bin", "STRIDE_PODWATCHER_DATABASE_URL": "secret"},
+    )
+    record = PodRecord(
+        "job-1-chief-0", "job-1", Role.CHIEF, 0, 0, 0.5, GIB, "node-0", PodPhase.PENDING
+    )
+    launch = backend.launch(PodStart(record, 4000, 4001, 3, "{}", '{"chief": ["127.0.0.1:4000"]}'))
+    processes = {p.name: p for p in launch.processes}
+    assert launch.main == "trainer" and launch.limits.memory_bytes == GIB
+    trainer, agent = processes["trainer"], processes["agent"]
+    assert trainer.argv[1:] == ("-m", "stride.trainer")
+    assert agent.argv[1:] == ("-m", "stride.agent")
+    assert agent.env["STRIDE_AGENT_POD_NAME"] == "job-1-chief-0"
+    assert agent.env["STRIDE_AGENT_GRPC_PORT"] == "4001"
+    assert trainer.env["STRIDE_TRAINER_AGENT_ADDRESS"] == "127.0.0.1:4001"
+    assert trainer.env["STRIDE_TRAINER_CHECKPOINT_EVERY_STEPS"] == "7"
+    assert trainer.env["STRIDE_TRAINER_CONSUMED_LOG"].endswith("jobs/job-1/consumed.jsonl")
+    for process in launch.processes:
+        assert "STRIDE_PODWATCHER_DATABASE_URL" not in process.env
+        assert process.env["PATH"] == "/bin"

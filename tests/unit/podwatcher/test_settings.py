@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+from pathlib import Path
+
 import pydantic
 import pytest
 
@@ -31,7 +33,26 @@ def test_unknown_backend_is_rejected() -> None:
         PodWatcherSettings(backend="slurm")  # type: ignore[arg-type]
 
 
-def test_local_backend_is_the_default_and_kubernetes_is_not_built_yet() -> None:
-    assert isinstance(make_backend(PodWatcherSettings()), LocalBackend)
+def test_local_backend_is_the_default_and_kubernetes_is_not_built_yet(tmp_path: Path) -> None:
+    settings = PodWatcherSettings(
+        nats_url="nats://127.0.0.1:4222",
+        local_state_dir=tmp_path,
+        local_nodes="3x(cpu=1,memory=1Gi)",
+    )
+    backend = make_backend(settings)
+    assert isinstance(backend, LocalBackend)
+    assert [node.name for node in backend.nodes()] == ["node-0", "node-1", "node-2"]
+    assert backend.enforcement in ("cgroup-v1", "cgroup-v2", "rlimit")
     with pytest.raises(StartupError, match="kubernetes backend is not implemented yet"):
         make_backend(PodWatcherSettings(backend="kubernetes"))
+
+
+def test_virtual_nodes_that_do_not_parse_are_refused_naming_the_setting() -> None:
+    with pytest.raises(pydantic.ValidationError, match="local_nodes") as raised:
+        PodWatcherSettings(local_nodes="4x(cpu=two,memory=4Gi)")
+    assert "two" in str(raised.value)
+
+
+def test_pod_service_addresses_must_be_host_port() -> None:
+    with pytest.raises(pydantic.ValidationError, match="dispatcher_address"):
+        PodWatcherSettings(dispatcher_address="nowhere")

@@ -231,6 +231,18 @@ class Child:
             self.process.wait()
 
 
+def default_local_nodes() -> str:
+    """Four virtual nodes, each with every core of this machine (CPU is time-shared; each
+    pod's quota still caps it) and a quarter of its memory, so placement and packing have
+    a cluster to work with on one machine (``STRIDE_PODWATCHER_LOCAL_NODES`` overrides)."""
+    cores = os.cpu_count() or 1
+    try:
+        memory = os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES")
+    except (ValueError, OSError):
+        memory = 8 * 1024**3
+    return f"4x(cpu={cores},memory={max(memory // 4 // 1024**2, 512)}Mi)"
+
+
 class Supervisor:
     """Starts, watches, restarts and stops the suite."""
 
@@ -249,7 +261,9 @@ class Supervisor:
             supervisor_pid=os.getpid(), nats_url="", embedded_nats=False, database=""
         )
 
-    def _environment(self, service: str, nats_url: str, port: int) -> dict[str, str]:
+    def _environment(
+        self, service: str, nats_url: str, port: int, ports: dict[str, int]
+    ) -> dict[str, str]:
         prefix = f"STRIDE_{service.upper()}_"
         env = {
             **os.environ,
@@ -260,6 +274,15 @@ class Supervisor:
         if not os.environ.get("STRIDE_DATABASE_URL"):
             env[f"{prefix}DATABASE_URL"] = f"sqlite:///{self.state_dir / 'db' / service}.db"
         env.setdefault("STRIDE_CKPTCACHE_STORE_DIR", str(self.state_dir / "checkpoints"))
+        if service == "optimizer":
+            # Plans must fit the virtual nodes the podwatcher places pods on.
+            env.setdefault(f"{prefix}MAX_POD_CPU", str(float(os.cpu_count() or 1)))
+        if service == "podwatcher":
+            # Pods live beside the suite's state and reach its dispatcher and cache.
+            env.setdefault("STRIDE_PODWATCHER_LOCAL_STATE_DIR", str(self.state_dir / "pods"))
+            env.setdefault("STRIDE_PODWATCHER_LOCAL_NODES", default_local_nodes())
+            env[f"{prefix}DISPATCHER_ADDRESS"] = f"127.0.0.1:{ports['dispatcher']}"
+            env[f"{prefix}CKPTCACHE_ADDRESS"] = f"127.0.0.1:{ports['ckptcache']}"
         return env
 
     def run(self) -> int:
@@ -293,12 +316,13 @@ class Supervisor:
                     started_at=time.time(),
                 )
                 _log(f"embedded NATS with JetStream at {nats_url} (pid {self.nats.pid})")
+            ports = {service: free_port() for service in SUITE}
             for service in SUITE:
-                port = free_port()
+                port = ports[service]
                 child = Child(
                     service,
                     port,
-                    self._environment(service, nats_url, port),
+                    self._environment(service, nats_url, port, ports),
                     self.state_dir / "logs" / f"{service}.log",
                 )
                 child.start()

@@ -2,32 +2,86 @@
 
 from __future__ import annotations
 
+import asyncio
+import contextlib
 from pathlib import Path
+
+import structlog
 
 from stride.api.podwatcher.v1 import podwatcher_service_pb2, podwatcher_service_pb2_grpc
 from stride.bus import topics
-from stride.podwatcher.adapters.inbound.bus_handlers import PlanHandler
+from stride.db.outbox import Outbox
+from stride.podwatcher.adapters.inbound.bus_handlers import (
+    AckHandler,
+    AdmittedHandler,
+    FinishedHandler,
+    PlanHandler,
+)
 from stride.podwatcher.adapters.inbound.grpc_api import PodWatcherApi
 from stride.podwatcher.adapters.outbound.backends.base import Backend
-from stride.podwatcher.adapters.outbound.backends.local import LocalBackend, detect_local_node
+from stride.podwatcher.adapters.outbound.backends.local import (
+    LocalBackend,
+    PodEnvironment,
+    detect_local_node,
+)
+from stride.podwatcher.adapters.outbound.backends.localpods import Enforcement, LocalPods
+from stride.podwatcher.db.tables import outbox as outbox_table
+from stride.podwatcher.domain.nodes import parse_nodes
 from stride.podwatcher.settings import PodWatcherSettings
-from stride.podwatcher.usecases import PlanRecords
+from stride.podwatcher.usecases import PodWatcher, Timing
 from stride.runtime.errors import StartupError
-from stride.runtime.lifecycle import ServiceHost
-from stride.wiring import connect_bus, consume, create_host, open_database
+from stride.runtime.lifecycle import Dependency, ServiceHost
+from stride.wiring import connect_bus, consume, create_host, open_database, relay_outbox
+
+log = structlog.get_logger(__name__)
 
 MIGRATIONS = Path(__file__).parent / "db" / "migrations"
 SERVICE_NAME = podwatcher_service_pb2.DESCRIPTOR.services_by_name["PodWatcherService"].full_name
+SWEEP_DELAY_SECONDS = 3.0
+"""After start-up, how long pod ends kept while the podwatcher was down get to be recorded
+before rows still saying RUNNING without a pod are declared lost."""
+RECONFIGURE_CHECK_SECONDS = 5.0
 
 
 def make_backend(settings: PodWatcherSettings) -> Backend:
-    """The backend the settings name; fails startup clearly for one not built yet."""
-    if settings.backend == "local":
-        return LocalBackend(detect_local_node())
-    raise StartupError(
-        f"the {settings.backend} backend is not implemented yet; "
-        "set STRIDE_PODWATCHER_BACKEND=local"
+    """The backend the settings name; fails start-up clearly for one not built yet."""
+    if settings.backend != "local":
+        raise StartupError(
+            f"the {settings.backend} backend is not implemented yet; "
+            "set STRIDE_PODWATCHER_BACKEND=local"
+        )
+    nodes = (
+        parse_nodes(settings.local_nodes)
+        if settings.local_nodes.strip()
+        else (detect_local_node(),)
     )
+    state_dir = settings.local_state_dir.resolve()
+    enforcement = (
+        None if settings.local_enforcement == "auto" else Enforcement(settings.local_enforcement)
+    )
+    runtime = LocalPods(
+        state_dir,
+        enforcement=enforcement,
+        eviction_threshold_bytes=settings.eviction_threshold_bytes,
+    )
+    environment = PodEnvironment(
+        nats_url=settings.require_nats_url(),
+        dispatcher_address=settings.dispatcher_address,
+        ckptcache_address=settings.ckptcache_address,
+        checkpoint_every_steps=settings.checkpoint_every_steps,
+        jobs_dir=state_dir / "jobs",
+        log_level=settings.log_level,
+        trainer_module=settings.trainer_module,
+    )
+    backend = LocalBackend(runtime, tuple(nodes), environment)
+    log.info(
+        "local pod backend",
+        nodes=len(nodes),
+        enforcement=backend.enforcement,
+        note=backend.enforcement_note,
+        state_dir=str(state_dir),
+    )
+    return backend
 
 
 async def build(settings: PodWatcherSettings) -> ServiceHost:
@@ -36,10 +90,79 @@ async def build(settings: PodWatcherSettings) -> ServiceHost:
     host = create_host(settings, [SERVICE_NAME])
     bus = await connect_bus(settings, host)
     database = await open_database(settings, host, MIGRATIONS)
-    # No outbox yet: nothing is published until the backends report pod events.
-    records = PlanRecords(database, backend)
-    podwatcher_service_pb2_grpc.add_PodWatcherServiceServicer_to_server(
-        PodWatcherApi(records), host.server.server
+    outbox = Outbox(outbox_table)
+    timing = Timing(
+        relaunch_budget=settings.relaunch_budget,
+        oom_replan_seconds=settings.oom_replan_seconds,
+        reconfigure_timeout_seconds=settings.reconfigure_timeout_seconds,
+        usage_interval_seconds=settings.usage_interval_seconds,
     )
-    consume(host, bus, topics.PLAN, durable="podwatcher-plans", handler=PlanHandler(records))
+    pods = PodWatcher(database, outbox, backend, bus, timing)
+
+    async def backend_ready() -> bool:
+        return True
+
+    host.add_dependency(Dependency("pod backend", backend_ready, backend.close, False))
+    podwatcher_service_pb2_grpc.add_PodWatcherServiceServicer_to_server(
+        PodWatcherApi(pods, backend.enforcement), host.server.server
+    )
+    relay_outbox(host, outbox, database, bus)
+    await pods.startup()
+
+    async def record_ends() -> None:
+        ends = backend.ended()
+        while not host.stop.is_set():
+            next_end = asyncio.ensure_future(anext(ends))
+            stop = asyncio.ensure_future(host.stop.wait())
+            done, _ = await asyncio.wait({next_end, stop}, return_when=asyncio.FIRST_COMPLETED)
+            if next_end not in done:
+                next_end.cancel()
+                with contextlib.suppress(asyncio.CancelledError, StopAsyncIteration):
+                    await next_end
+                return
+            stop.cancel()
+            try:
+                await pods.pod_ended(next_end.result())
+            except StopAsyncIteration:
+                return
+            except Exception:  # one bad end must not stop the others being recorded
+                log.exception("recording a pod's end failed; it is reported again on restart")
+
+    async def every(seconds: float, work: object, first_delay: float = 0.0) -> None:
+        with contextlib.suppress(TimeoutError):
+            await asyncio.wait_for(host.stop.wait(), first_delay)
+            return
+        while not host.stop.is_set():
+            try:
+                await work()  # type: ignore[operator]
+            except Exception:
+                log.exception("periodic podwatcher work failed", work=getattr(work, "__name__", ""))
+            with contextlib.suppress(TimeoutError):
+                await asyncio.wait_for(host.stop.wait(), seconds)
+
+    async def sweep_once() -> None:
+        with contextlib.suppress(TimeoutError):
+            await asyncio.wait_for(host.stop.wait(), SWEEP_DELAY_SECONDS)
+            return
+        await pods.sweep_lost()
+        await host.stop.wait()  # a root task that ends would stop the service
+
+    host.add_root_task("pod-ends", record_ends)
+    host.add_root_task(
+        "usage", lambda: every(settings.usage_interval_seconds, pods.sample_usage, 1.0)
+    )
+    host.add_root_task(
+        "reconfigures", lambda: every(RECONFIGURE_CHECK_SECONDS, pods.check_reconfigures, 5.0)
+    )
+    host.add_root_task("sweep-lost", sweep_once)
+    consume(
+        host, bus, topics.JOB_ADMITTED, durable="podwatcher-admitted", handler=AdmittedHandler(pods)
+    )
+    consume(host, bus, topics.PLAN, durable="podwatcher-plans", handler=PlanHandler(pods))
+    consume(
+        host, bus, topics.JOB_FINISHED, durable="podwatcher-finished", handler=FinishedHandler(pods)
+    )
+    consume(
+        host, bus, topics.CONTROL_ACK, durable="podwatcher-control-acks", handler=AckHandler(pods)
+    )
     return host

@@ -2,11 +2,14 @@
 
 from __future__ import annotations
 
+from pathlib import Path
 from typing import ClassVar, Literal
 
-from pydantic import Field
+from pydantic import Field, field_validator
 from pydantic_settings import SettingsConfigDict
 
+from stride.podwatcher.domain.nodes import parse_nodes
+from stride.runtime.errors import InvalidArgument
 from stride.runtime.settings import MIB, ServiceSettings
 
 
@@ -25,10 +28,63 @@ class PodWatcherSettings(ServiceSettings):
     """The largest answers are a job's pods or the node inventory: kilobytes per hundred
     pods or nodes; 4 MiB is what a client with gRPC's defaults accepts."""
     backend: Literal["local", "kubernetes"] = "local"
-    """What runs the pods. ``local`` (default: a one-machine run needs no cluster) treats
-    this machine as the only node and will run pods as local processes; ``kubernetes``
-    creates pods in ``namespace``. For now only ``local`` exists, and it records plans
-    without creating pods; the backend issues add pod management to both."""
+    """What runs the pods. ``local`` (default: a one-machine run needs no cluster) runs
+    each pod as a supervised group of processes (trainer and agent sidecar) on this machine,
+    with kernel-enforced limits; ``kubernetes`` will create pods in ``namespace`` (not
+    built yet: it fails at start-up saying so)."""
+    local_nodes: str = ""
+    """Split this machine into virtual nodes for placement, e.g. ``4x(cpu=2,memory=4Gi)``.
+    Empty: one node with this machine's cores and memory."""
+    local_state_dir: Path = Path("stride-pods")
+    """Where the local backend keeps each pod's state and logs (``stride up`` puts it in
+    its state directory). Pods outlive a podwatcher restart, which re-adopts them from
+    here."""
+    local_enforcement: Literal["auto", "cgroup-v2", "cgroup-v1", "rlimit"] = "auto"
+    """How the local backend enforces limits: ``auto`` takes cgroup v2, else v1, else the
+    rlimit fallback (memory by sampling, no CPU quota), and says which at start-up."""
+    eviction_threshold_bytes: int = Field(default=256 * MIB, ge=0)
+    """The local backend evicts a pod when the machine's available memory falls below this,
+    as the kubelet does under memory pressure (0: never)."""
+    dispatcher_address: str = "127.0.0.1:50055"
+    """host:port of the shard dispatcher, given to every pod's agent."""
+    ckptcache_address: str = "127.0.0.1:50056"
+    """host:port of the checkpoint cache, given to every pod's agent and trainer."""
+    relaunch_budget: int = Field(default=3, ge=0, le=100)
+    """How many times one pod is relaunched after failures before its job fails (DLRover's
+    default relaunch count is 3)."""
+    oom_replan_seconds: float = Field(default=30.0, ge=0, le=3600)
+    """How long an OOM-killed pod waits for the optimizer's next plan (more memory by the
+    policy's OOM rule) before it is relaunched as it was."""
+    reconfigure_timeout_seconds: float = Field(default=180.0, gt=0, le=3600)
+    """How long the podwatcher waits for the chief to confirm a new cluster before it
+    removes the old pods anyway and marks the plan FAILED."""
+    usage_interval_seconds: float = Field(default=5.0, gt=0, le=600)
+    """How often pods' CPU and memory use is sampled and published."""
+    trainer_module: str = Field(default="stride.trainer", pattern=r"^[A-Za-z_][A-Za-z0-9_.]*$")
+    """The Python module each pod runs as its trainer (``python -m <module>``). The default
+    runs the job's entrypoint under TensorFlow; another module suits a custom runtime."""
+    checkpoint_every_steps: int = Field(default=50, ge=1, le=10**9)
+    """The trainer's flash-checkpoint interval in steps (also how much a restore repeats
+    at most)."""
+
+    @field_validator("local_nodes")
+    @classmethod
+    def _check_nodes(cls, value: str) -> str:
+        if value.strip():
+            try:
+                parse_nodes(value)
+            except (ValueError, InvalidArgument) as error:
+                raise ValueError(str(error)) from None
+        return value
+
+    @field_validator("dispatcher_address", "ckptcache_address")
+    @classmethod
+    def _check_address(cls, value: str) -> str:
+        host, separator, port = value.rpartition(":")
+        if not separator or not host or not port.isdigit() or not 0 < int(port) < 65536:
+            raise ValueError(f"{value!r} is not a host:port address")
+        return value
+
     agent_image: str = Field(default="stride/agent:latest", min_length=1)
     """Image of the agent sidecar the kubernetes backend adds to training pods. ``latest``
     suits a local build; Helm pins it to the release's tag."""

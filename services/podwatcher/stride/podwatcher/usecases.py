@@ -1,52 +1,188 @@
-"""The podwatcher's use cases: accept plans, hand the newest to the backend, show pods.
+"""The podwatcher's use cases: run each admitted job's pods as its newest plan says, report
+how they end, relaunch them within a budget, and end the job.
 
-A plan is validated, then stored as RECORDED only if its version is above the newest one
-the job has ("newer version wins", :mod:`stride.podwatcher.domain.plans`); the check and
-the insert share one transaction, so a redelivered or stale plan changes nothing. After
-the commit the backend is asked to apply it, and its answer (or its error, as FAILED) is
-stored. A crash between the commit and the answer leaves the plan RECORDED; re-applying
-such plans on start belongs to the backend issues, which make ``apply`` do something.
+The life of a job here (DLRover sec. 5.1, DLRover-RM sec. 5.2):
+
+1. ``admitted`` stores the job's spec; a plan on the bus is recorded if it is the job's
+   newest (a stale or duplicate version changes nothing, whatever order they arrive in).
+2. ``apply`` reconciles the pods with the newest plan (:func:`~stride.podwatcher.domain.
+   reconcile.reconcile`): new pods are written PENDING, then started, then RUNNING with a
+   ``started`` event through the outbox. Resizes happen in place. When the TensorFlow
+   cluster changes (scale out or in, a migrated PS), the chief is sent a RECONFIGURE
+   command with the new cluster; the pods it no longer needs are removed only once it
+   confirms (its agent's ack), so a scale-in or migration never pulls a PS or worker from
+   under a running step. New pods start before the chief pauses: the pause is only the
+   checkpoint and restore.
+3. ``pod_ended`` records how a pod ended, publishes ``failed``/``succeeded``/``deleted``
+   with the reason (OOMKilled read from the cgroup, Evicted, Error with the exit code and
+   log tail), and then:
+   - the chief succeeded: every shard of the last epoch is done, so the job SUCCEEDED,
+     its other pods are removed and ``finished`` is published;
+   - a pod failed within the relaunch budget: it is relaunched under its own name and
+     address (a PS or worker is found again where it was). An OOM-killed pod first waits
+     (``oom_replan_seconds``) for the optimizer's next plan, which gives it more memory by
+     the policy's OOM rule; without one it is relaunched as it was;
+   - over budget: the job FAILED with the reason, its pods are removed, ``finished``.
+4. ``job_finished`` (a cancel from admission) removes the job's pods; checkpoints stay in
+   the cache.
+
+Each job is handled under its own lock, so a plan, a pod's end and an ack never interleave
+for one job. Every step is idempotent: the database says what was done, and running it
+again after a crash or a redelivery does nothing twice.
 """
 
 from __future__ import annotations
 
-from datetime import UTC, datetime
+import asyncio
+import json
+import socket
+from collections import defaultdict
+from collections.abc import AsyncIterator, Callable, Coroutine
+from dataclasses import dataclass, replace
+from datetime import UTC, datetime, timedelta
+from typing import Any
 
 import structlog
+from google.protobuf import json_format
 
-from stride.db.engine import Database
-from stride.events.v1 import plan_pb2
-from stride.podwatcher.adapters.convert import plan_from_proto
+from stride.bus import topics
+from stride.bus.client import Bus
+from stride.db.engine import Database, Session
+from stride.db.outbox import Outbox
+from stride.events.v1 import control_pb2, job_pb2, plan_pb2, pod_pb2
+from stride.podwatcher.adapters.convert import (
+    ROLE_TO_PROTO,
+    plan_from_proto,
+    timestamp,
+)
 from stride.podwatcher.adapters.outbound import repository
-from stride.podwatcher.adapters.outbound.backends.base import Backend
-from stride.podwatcher.adapters.outbound.repository import StoredPlan
-from stride.podwatcher.domain.cluster import Application, Node, PlanState, Pod
+from stride.podwatcher.adapters.outbound.backends.base import (
+    Backend,
+    PodEnded,
+    PodStart,
+    PodUsage,
+    ResizeRefused,
+)
+from stride.podwatcher.adapters.outbound.repository import StoredJob, StoredPlan, StoredPod
+from stride.podwatcher.domain.cluster import PlanState, PodPhase
+from stride.podwatcher.domain.nodes import NodeSpec
 from stride.podwatcher.domain.plans import Arrival, classify_arrival, validate_plan
-from stride.runtime.errors import InvalidArgument, NotFound
+from stride.podwatcher.domain.reconcile import (
+    CLUSTER_ROLES,
+    PodRecord,
+    PodWant,
+    Reconciliation,
+    Unplaceable,
+    reconcile,
+)
+from stride.runtime.errors import FailedPrecondition, InvalidArgument, NotFound
+from stride.vocabulary import Role
 
 log = structlog.get_logger(__name__)
 
+FAILURE_REASONS = {
+    "OOMKilled": pod_pb2.POD_FAILURE_REASON_OOM_KILLED,
+    "Evicted": pod_pb2.POD_FAILURE_REASON_EVICTED,
+    "Error": pod_pb2.POD_FAILURE_REASON_ERROR,
+}
+JOB_STATES = {
+    job_pb2.JOB_OUTCOME_SUCCEEDED: "SUCCEEDED",
+    job_pb2.JOB_OUTCOME_FAILED: "FAILED",
+    job_pb2.JOB_OUTCOME_CANCELLED: "CANCELLED",
+}
 
-class PlanRecords:
-    """Accepts plans against the database and applies the newest through a backend."""
 
-    def __init__(self, database: Database, backend: Backend) -> None:
+class JobNotAdmitted(Exception):
+    """A plan for a job whose admission the podwatcher has not seen (yet).
+
+    Retried by the bus: admission's event usually arrives a moment later. A plan for a job
+    that is never admitted ends in the dead-letter stream with this message.
+    """
+
+
+@dataclass(frozen=True)
+class Timing:
+    """How patient the podwatcher is; see the settings of the same names."""
+
+    relaunch_budget: int = 3
+    oom_replan_seconds: float = 30.0
+    reconfigure_timeout_seconds: float = 180.0
+    usage_interval_seconds: float = 5.0
+
+
+@dataclass(frozen=True)
+class PodView:
+    """A pod as the API shows it: its row and its last usage sample."""
+
+    pod: StoredPod
+    usage: PodUsage | None
+    address: str
+
+
+@dataclass(frozen=True)
+class NodeView:
+    """A node and what its pods were given."""
+
+    node: NodeSpec
+    cpu_allocated: float
+    memory_allocated_bytes: int
+
+
+def free_port() -> int:
+    """A TCP port free on this host right now (the pod binds it a moment later)."""
+    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as probe:
+        probe.bind(("127.0.0.1", 0))
+        return int(probe.getsockname()[1])
+
+
+def now_utc() -> datetime:
+    return datetime.now(UTC)
+
+
+class PodWatcher:
+    """Runs jobs' pods through a backend, as their newest plans say."""
+
+    def __init__(
+        self,
+        database: Database,
+        outbox: Outbox,
+        backend: Backend,
+        bus: Bus,
+        timing: Timing = Timing(),
+        ports: Callable[[], int] = free_port,
+    ) -> None:
         self.database = database
+        self.outbox = outbox
         self.backend = backend
+        self.bus = bus
+        self.timing = timing
+        self.ports = ports
+        self._locks: defaultdict[str, asyncio.Lock] = defaultdict(asyncio.Lock)
+        self._usage: dict[str, PodUsage] = {}
+        self._timers: dict[str, asyncio.Task[None]] = {}
+
+    # --- plans and admissions -------------------------------------------------------
 
     async def receive(self, message: plan_pb2.ResourcePlan) -> Arrival:
-        """Validate and record a plan if it is the job's newest; returns what it was.
+        """Validate and record a plan if it is the job's newest, then apply it.
 
-        Raises :class:`InvalidArgument` (dead-lettered on the bus) for an invalid plan.
+        Raises :class:`InvalidArgument` (dead-lettered) for an invalid plan and
+        :class:`JobNotAdmitted` (retried, then dead-lettered) for a job not admitted.
         """
         plan = plan_from_proto(message)
         validate_plan(plan)
-        now = datetime.now(UTC)
+        now = now_utc()
         async with self.database.transaction() as session:
+            job = await repository.get_job(session, plan.job_id)
+            if job is None:
+                raise JobNotAdmitted(f"no admitted job {plan.job_id!r}: plan v{plan.version}")
             newest = await repository.newest_version(session, plan.job_id)
             arrival = classify_arrival(plan.version, newest)
-            if arrival is Arrival.NEWER:
+            if arrival is Arrival.NEWER and job.state == "RUNNING":
                 await repository.insert_plan(session, message, PlanState.RECORDED, now)
+        if job.state != "RUNNING":
+            log.info("plan for an ended job ignored", job_id=plan.job_id, state=job.state)
+            return arrival
         if arrival is Arrival.STALE:
             log.warning(
                 "stale plan ignored", job_id=plan.job_id, version=plan.version, newest=newest
@@ -56,33 +192,724 @@ class PlanRecords:
             log.info("plan already recorded", job_id=plan.job_id, version=plan.version)
             return arrival
         log.info("plan recorded", job_id=plan.job_id, version=plan.version, reason=plan.reason)
-        try:
-            application = await self.backend.apply(plan)
-        except Exception as error:
-            log.exception("backend failed to apply plan", job_id=plan.job_id, version=plan.version)
-            application = Application(PlanState.FAILED, f"{type(error).__name__}: {error}")
-        if application.state is not PlanState.RECORDED or application.message:
-            async with self.database.transaction() as session:
-                await repository.set_state(
-                    session,
-                    plan.job_id,
-                    plan.version,
-                    application.state,
-                    application.message[:2000],
-                    datetime.now(UTC),
-                )
+        await self.apply(plan.job_id)
         return arrival
 
-    async def job_pods(self, job_id: str) -> tuple[StoredPlan, list[Pod]]:
-        """The job's newest plan and its pods, or NotFound if it has no plan."""
+    async def admitted(self, decision: job_pb2.AdmissionDecision) -> None:
+        """Store an admitted job's spec (idempotent) and apply a plan already waiting."""
+        if not decision.HasField("spec"):
+            raise InvalidArgument("spec", "an admitted job's decision must carry its spec")
+        async with self.database.transaction() as session:
+            created = await repository.insert_job(
+                session, decision.job_id, decision.spec, now_utc()
+            )
+        if created:
+            log.info("job admitted", job_id=decision.job_id)
+        await self.apply(decision.job_id)
+
+    # --- applying ---------------------------------------------------------------------
+
+    async def apply(self, job_id: str) -> None:
+        """Make the job's pods match its newest plan (see the module docstring)."""
+        async with self._locks[job_id]:
+            await self._apply(job_id)
+
+    async def _apply(self, job_id: str) -> None:
+        async with self.database.sessions() as session:
+            job = await repository.get_job(session, job_id)
+            stored = await repository.newest_plan(session, job_id)
+            rows = await repository.job_pods(session, job_id)
+            others = [p for p in await repository.live_pods(session) if p.record.job_id != job_id]
+        if job is None or stored is None or job.state != "RUNNING":
+            return
+        plan = plan_from_proto(stored.plan)
+        now = now_utc()
+        waiting = {
+            row.record.name for row in rows if self._waits_for_oom_plan(row, plan.version, now)
+        }
+        try:
+            recon = reconcile(
+                plan,
+                [row.record for row in rows],
+                self.backend.nodes(),
+                [row.record for row in others],
+            )
+        except Unplaceable as error:
+            log.warning(
+                "plan cannot be placed", job_id=job_id, version=plan.version, why=str(error)
+            )
+            await self._set_plan_state(job_id, plan.version, PlanState.FAILED, str(error))
+            return
+        relaunch = tuple(want for want in recon.relaunch if want.name not in waiting)
+        recon = replace(recon, relaunch=relaunch)
+        if recon.empty:
+            if (
+                job.reconfigure_version == 0
+                and stored.state is not PlanState.APPLIED
+                and not waiting
+            ):
+                await self._set_plan_state(job_id, plan.version, PlanState.APPLIED, "")
+            return
+        log.info(
+            "applying plan",
+            job_id=job_id,
+            version=plan.version,
+            create=[w.name for w in recon.create],
+            relaunch=[w.name for w in recon.relaunch],
+            resize=[r.pod.name for r in recon.resize],
+            migrate=[m.old.name for m in recon.migrate],
+            delete=[p.name for p in recon.delete],
+        )
+        by_name = {row.record.name: row for row in rows}
+        starts = await self._record_starts(job, plan.version, recon, by_name)
+        chief = next(
+            (
+                row
+                for row in rows
+                if row.record.role is Role.CHIEF
+                and row.record.phase is PodPhase.RUNNING
+                and row.retire_after is None
+            ),
+            None,
+        )
+        retiring = [*recon.delete, *(m.old for m in recon.migrate)]
+        reconfigure = recon.membership_changed and chief is not None and retiring_or_new(recon)
+        await self._mark_retiring(job_id, retiring, plan.version if reconfigure else None)
+        problems: list[str] = []
+        for start in starts:
+            try:
+                await self.backend.start(start)
+            except Exception as error:  # the backend's words go into the plan's message
+                log.exception("pod failed to start", pod=start.record.name)
+                problems.append(f"{start.record.name}: {type(error).__name__}: {error}")
+                await self._record_end(
+                    PodEnded(start.record.name, job_id, "Error", None, f"failed to start: {error}")
+                )
+                continue
+            await self._record_started(start)
+        for resize in recon.resize:
+            problems.extend(
+                await self._resize(
+                    job, plan.version, resize.pod, resize.cpu, resize.memory_bytes, by_name
+                )
+            )
+        if reconfigure and chief is not None:
+            await self._reconfigure(
+                job_id, chief.record.name, plan.version, self._cluster_json(recon, starts, by_name)
+            )
+        else:
+            for pod in retiring:
+                await self._delete(pod.name)
+        state = (
+            PlanState.FAILED
+            if problems
+            else PlanState.APPLYING
+            if reconfigure
+            else PlanState.APPLIED
+        )
+        await self._set_plan_state(job_id, plan.version, state, "; ".join(problems))
+
+    def _waits_for_oom_plan(self, row: StoredPod, version: int, now: datetime) -> bool:
+        """An OOM-killed pod waits a while for a plan newer than the one it ran under."""
+        if row.record.phase is not PodPhase.FAILED or row.last_failure != "OOMKilled":
+            return False
+        if version > row.plan_version or row.failed_at is None:
+            return False
+        return now - row.failed_at < timedelta(seconds=self.timing.oom_replan_seconds)
+
+    async def _record_starts(
+        self,
+        job: StoredJob,
+        version: int,
+        recon: Reconciliation,
+        by_name: dict[str, StoredPod],
+    ) -> list[PodStart]:
+        """Write every pod to start as PENDING (ports chosen, kept on relaunch)."""
+        wants = [*recon.create, *(m.replacement for m in recon.migrate)]
+        rows: list[StoredPod] = []
+        for want in wants:
+            rows.append(self._new_row(job.job_id, want, version, self.ports(), self.ports()))
+        for want in recon.relaunch:
+            old = by_name[want.name]
+            record = replace(
+                old.record,
+                cpu=want.cpu,
+                memory_bytes=want.memory_bytes,
+                node=want.node,
+                phase=PodPhase.PENDING,
+                restarts=old.record.restarts + 1,
+            )
+            rows.append(replace(old, record=record, plan_version=version))
+        now = now_utc()
+        async with self.database.transaction() as session:
+            for row in rows:
+                await repository.upsert_pod(session, row, now)
+        known = {**by_name, **{row.record.name: row for row in rows}}
+        cluster_json = self._cluster_json(recon, [], known)
+        spec_json = json_format.MessageToJson(job.spec, indent=None)
+        return [
+            PodStart(row.record, row.port, row.agent_port, version, spec_json, cluster_json)
+            for row in rows
+        ]
+
+    @staticmethod
+    def _new_row(job_id: str, want: PodWant, version: int, port: int, agent_port: int) -> StoredPod:
+        return StoredPod(
+            record=PodRecord(
+                name=want.name,
+                job_id=job_id,
+                role=want.role,
+                index=want.index,
+                generation=want.generation,
+                cpu=want.cpu,
+                memory_bytes=want.memory_bytes,
+                node=want.node,
+                phase=PodPhase.PENDING,
+            ),
+            port=port,
+            agent_port=agent_port,
+            plan_version=version,
+        )
+
+    def _cluster_json(
+        self, recon: Reconciliation, starts: list[PodStart], by_name: dict[str, StoredPod]
+    ) -> str:
+        ports = {name: row.port for name, row in by_name.items()}
+        ports.update({start.record.name: start.port for start in starts})
+        host = self.backend.host()
+        cluster = {
+            role.value: [
+                f"{host}:{ports[name]}" for name in recon.cluster.get(role, ()) if name in ports
+            ]
+            for role in CLUSTER_ROLES
+        }
+        return json.dumps(cluster, sort_keys=True)
+
+    async def _mark_retiring(self, job_id: str, pods: list[PodRecord], version: int | None) -> None:
+        if not pods or version is None:
+            return
+        async with self.database.transaction() as session:
+            for pod in pods:
+                row = await repository.get_pod(session, pod.name)
+                if row is not None:
+                    await repository.upsert_pod(
+                        session, replace(row, retire_after=version), now_utc()
+                    )
+
+    async def _record_started(self, start: PodStart) -> None:
+        record = replace(start.record, phase=PodPhase.RUNNING)
+        async with self.database.transaction() as session:
+            row = await repository.get_pod(session, record.name)
+            if row is None:
+                return
+            await repository.upsert_pod(session, replace(row, record=record), now_utc())
+            await self._event(
+                session,
+                topics.POD_STARTED,
+                row,
+                pod_pb2.POD_PHASE_RUNNING,
+                "",
+                None,
+                "started",
+                f"{row.record.restarts}",
+            )
+        log.info(
+            "pod started",
+            pod=record.name,
+            node=record.node,
+            cpu=record.cpu,
+            memory_bytes=record.memory_bytes,
+        )
+
+    async def _resize(
+        self,
+        job: StoredJob,
+        version: int,
+        pod: PodRecord,
+        cpu: float,
+        memory_bytes: int,
+        by_name: dict[str, StoredPod],
+    ) -> list[str]:
+        """Resize in place. Where the kernel refuses a memory change (it cannot reclaim
+        enough below the new limit), the pod is restarted under its own name at the new
+        size instead: a departure from DLRover-RM sec. 5.2's migration for this one case,
+        because a replacement would need room the node may not have; the chief restores
+        from the flash checkpoint as after any PS or worker restart."""
+        try:
+            await self.backend.resize(pod.name, cpu, memory_bytes)
+        except ResizeRefused as error:
+            log.warning(
+                "in-place resize refused; restarting the pod at its new size",
+                pod=pod.name,
+                why=str(error),
+            )
+            row = by_name[pod.name]
+            async with self.database.transaction() as session:
+                await repository.upsert_pod(
+                    session,
+                    replace(
+                        row,
+                        record=replace(
+                            pod, cpu=cpu, memory_bytes=memory_bytes, phase=PodPhase.FAILED
+                        ),
+                        plan_version=version,
+                        last_failure="",
+                        last_message=f"resize refused: {error}",
+                    ),
+                    now_utc(),
+                )
+            await self.backend.delete(pod.name)
+            return []
+        async with self.database.transaction() as session:
+            current = await repository.get_pod(session, pod.name)
+            if current is not None:
+                row = current
+                await repository.upsert_pod(
+                    session,
+                    replace(
+                        row,
+                        record=replace(row.record, cpu=cpu, memory_bytes=memory_bytes),
+                        plan_version=version,
+                    ),
+                    now_utc(),
+                )
+        log.info("pod resized in place", pod=pod.name, cpu=cpu, memory_bytes=memory_bytes)
+        return []
+
+    async def _reconfigure(self, job_id: str, chief: str, version: int, cluster_json: str) -> None:
+        now = now_utc()
+        async with self.database.transaction() as session:
+            await repository.set_reconfigure(session, job_id, version, now, now)
+        command = control_pb2.ControlCommand(
+            job_id=job_id,
+            pod_name=chief,
+            action=control_pb2.CONTROL_ACTION_RECONFIGURE,
+            plan_version=version,
+            cluster_json=cluster_json,
+            reason=f"plan v{version} changed the cluster",
+            issued_at=timestamp(now),
+        )
+        await self.bus.publish(
+            topics.CONTROL_COMMAND, job_id, command, f"{job_id}.reconfigure.{version}"
+        )
+        log.info(
+            "chief told to move to a new cluster",
+            job_id=job_id,
+            version=version,
+            cluster=cluster_json,
+        )
+
+    async def _delete(self, name: str) -> None:
+        try:
+            await self.backend.delete(name)
+        except Exception:
+            log.exception("pod delete failed", pod=name)
+
+    async def _set_plan_state(
+        self, job_id: str, version: int, state: PlanState, message: str
+    ) -> None:
+        async with self.database.transaction() as session:
+            await repository.set_state(session, job_id, version, state, message[:2000], now_utc())
+
+    # --- control acks -----------------------------------------------------------------
+
+    async def acked(self, ack: control_pb2.ControlAck) -> None:
+        """The chief answered a RECONFIGURE: remove the pods it no longer uses."""
+        if ack.action != control_pb2.CONTROL_ACTION_RECONFIGURE:
+            return
+        async with self._locks[ack.job_id]:
+            async with self.database.sessions() as session:
+                job = await repository.get_job(session, ack.job_id)
+            if (
+                job is None
+                or job.reconfigure_version == 0
+                or ack.plan_version < job.reconfigure_version
+            ):
+                return
+            log.info(
+                "chief confirmed the new cluster",
+                job_id=ack.job_id,
+                version=ack.plan_version,
+                ok=ack.ok,
+                paused_seconds=round(ack.paused_seconds, 3),
+            )
+            message = (
+                "" if ack.ok else f"the chief could not move to the new cluster: {ack.message}"
+            )
+            await self._finish_reconfigure(
+                job, PlanState.APPLIED if ack.ok else PlanState.FAILED, message
+            )
+
+    async def _finish_reconfigure(self, job: StoredJob, state: PlanState, message: str) -> None:
+        async with self.database.transaction() as session:
+            rows = await repository.job_pods(session, job.job_id)
+            await repository.set_reconfigure(session, job.job_id, 0, None, now_utc())
+        for row in rows:
+            if (
+                row.retire_after is not None
+                and row.retire_after <= job.reconfigure_version
+                and row.record.live
+            ):
+                await self._delete(row.record.name)
+        await self._set_plan_state(job.job_id, job.reconfigure_version, state, message)
+
+    async def check_reconfigures(self) -> None:
+        """Give up waiting for a chief that does not confirm its new cluster in time."""
+        async with self.database.sessions() as session:
+            pending = await repository.pending_reconfigures(session)
+        limit = timedelta(seconds=self.timing.reconfigure_timeout_seconds)
+        for job in pending:
+            if job.reconfigure_since is not None and now_utc() - job.reconfigure_since > limit:
+                async with self._locks[job.job_id]:
+                    log.warning(
+                        "the chief did not confirm its new cluster in time", job_id=job.job_id
+                    )
+                    await self._finish_reconfigure(
+                        job,
+                        PlanState.FAILED,
+                        f"the chief did not confirm the cluster of plan "
+                        f"v{job.reconfigure_version} within "
+                        f"{self.timing.reconfigure_timeout_seconds:g} s; its old pods were removed",
+                    )
+
+    # --- pod ends ---------------------------------------------------------------------
+
+    async def pod_ended(self, ended: PodEnded) -> None:
+        """Record how a pod ended and act on it (see the module docstring)."""
+        async with self._locks[ended.job_id]:
+            follow_up = await self._record_end(ended)
+        await self.backend.acknowledge(ended.name)
+        self._usage.pop(ended.name, None)
+        if follow_up == "apply":
+            await self.apply(ended.job_id)
+        elif follow_up == "oom-wait":
+            self._apply_later(ended.job_id, self.timing.oom_replan_seconds + 0.5)
+
+    async def _record_end(self, ended: PodEnded) -> str:
+        now = now_utc()
+        async with self.database.transaction() as session:
+            row = await repository.get_pod(session, ended.name)
+            job = await repository.get_job(session, ended.job_id, for_update=True)
+            if (
+                row is None
+                or job is None
+                or row.record.phase in (PodPhase.DELETED, PodPhase.SUCCEEDED)
+            ):
+                return ""
+            if row.record.phase is PodPhase.FAILED and ended.reason == "Deleted":
+                return ""  # a failed pod restarted at a new size: its end is already recorded
+            pod = row.record
+            # A pod the plan dropped or replaced was going anyway: however it ended, it is gone.
+            if ended.reason == "Deleted" or row.retire_after is not None:
+                await repository.upsert_pod(
+                    session, replace(row, record=replace(pod, phase=PodPhase.DELETED)), now
+                )
+                await self._event(
+                    session,
+                    topics.POD_DELETED,
+                    row,
+                    pod_pb2.POD_PHASE_DELETED,
+                    ended.message,
+                    ended.exit_code,
+                    "deleted",
+                    "",
+                )
+                log.info("pod deleted", pod=pod.name)
+                return ""
+            if ended.reason == "Succeeded" and pod.role is Role.CHIEF:
+                await repository.upsert_pod(
+                    session, replace(row, record=replace(pod, phase=PodPhase.SUCCEEDED)), now
+                )
+                await self._event(
+                    session,
+                    topics.POD_SUCCEEDED,
+                    row,
+                    pod_pb2.POD_PHASE_SUCCEEDED,
+                    "",
+                    0,
+                    "succeeded",
+                    "",
+                )
+                if job.state == "RUNNING":
+                    await self._end_job(
+                        session,
+                        job,
+                        job_pb2.JOB_OUTCOME_SUCCEEDED,
+                        "every shard of the last epoch is done",
+                    )
+                log.info("job succeeded", job_id=job.job_id)
+                return "cleanup"
+            reason = ended.reason if ended.reason in FAILURE_REASONS else "Error"
+            message = (
+                ended.message
+                if ended.reason != "Succeeded"
+                else "exited with code 0 before the job ended"
+            )
+            failed = replace(
+                row,
+                record=replace(pod, phase=PodPhase.FAILED),
+                last_failure=reason,
+                last_message=message,
+                failed_at=now,
+            )
+            await repository.upsert_pod(session, failed, now)
+            await self._event(
+                session,
+                topics.POD_FAILED,
+                row,
+                pod_pb2.POD_PHASE_FAILED,
+                message,
+                ended.exit_code,
+                "failed",
+                f"{pod.restarts}",
+                FAILURE_REASONS[reason],
+            )
+            log.warning(
+                "pod failed",
+                pod=pod.name,
+                reason=reason,
+                message=message[:300],
+                restarts=pod.restarts,
+            )
+            if job.state != "RUNNING":
+                return ""
+            if pod.restarts >= self.timing.relaunch_budget:
+                why = (
+                    f"pod {pod.name} failed {pod.restarts + 1} times (relaunch budget "
+                    f"{self.timing.relaunch_budget}); last: {reason}: {message}"
+                )
+                await self._end_job(session, job, job_pb2.JOB_OUTCOME_FAILED, why)
+                return "cleanup"
+        if reason == "OOMKilled":
+            return "oom-wait"
+        return "apply"
+
+    async def _end_job(
+        self, session: Session, job: StoredJob, outcome: job_pb2.JobOutcome.ValueType, message: str
+    ) -> None:
+        now = now_utc()
+        await repository.set_job_state(session, job.job_id, JOB_STATES[outcome], message, now)
+        event = job_pb2.JobFinished(
+            job_id=job.job_id, outcome=outcome, message=message[:4000], finished_at=timestamp(now)
+        )
+        await self.outbox.add_event(
+            session, topics.JOB_FINISHED.outgoing(job.job_id, event, f"{job.job_id}.finished")
+        )
+        self._after_commit_cleanup(job.job_id)
+
+    def _after_commit_cleanup(self, job_id: str) -> None:
+        self.outbox.notify()
+        self._spawn(job_id, self._remove_pods(job_id))
+
+    def _spawn(self, key: str, work: Coroutine[Any, Any, None]) -> None:
+        task = asyncio.get_running_loop().create_task(work)
+        self._timers[f"{key}:{id(task)}"] = task
+        task.add_done_callback(lambda t: self._timers.pop(f"{key}:{id(t)}", None))
+
+    def _apply_later(self, job_id: str, delay: float) -> None:
+        async def later() -> None:
+            await asyncio.sleep(delay)
+            await self.apply(job_id)
+
+        self._spawn(job_id, later())
+
+    async def _remove_pods(self, job_id: str) -> None:
+        async with self._locks[job_id], self.database.sessions() as session:
+            rows = await repository.job_pods(session, job_id)
+        for row in rows:
+            if row.record.phase in (PodPhase.PENDING, PodPhase.RUNNING):
+                await self._delete(row.record.name)
+            elif row.record.phase is PodPhase.FAILED:
+                async with self.database.transaction() as session:
+                    await repository.upsert_pod(
+                        session,
+                        replace(row, record=replace(row.record, phase=PodPhase.DELETED)),
+                        now_utc(),
+                    )
+
+    async def job_finished(self, event: job_pb2.JobFinished) -> None:
+        """A job ended elsewhere (cancelled): remove its pods; its checkpoints stay."""
+        state = JOB_STATES.get(event.outcome)
+        if state is None:
+            raise InvalidArgument("outcome", f"unknown job outcome {event.outcome}")
+        async with self._locks[event.job_id], self.database.transaction() as session:
+            job = await repository.get_job(session, event.job_id, for_update=True)
+            if job is None or job.state != "RUNNING":
+                return
+            await repository.set_job_state(session, event.job_id, state, event.message, now_utc())
+        log.info("job ended; removing its pods", job_id=event.job_id, state=state)
+        await self._remove_pods(event.job_id)
+
+    async def _event(
+        self,
+        session: Session,
+        topic: topics.Topic[pod_pb2.PodEvent],
+        row: StoredPod,
+        phase: pod_pb2.PodPhase.ValueType,
+        message: str,
+        exit_code: int | None,
+        kind: str,
+        attempt: str,
+        reason: pod_pb2.PodFailureReason.ValueType = pod_pb2.POD_FAILURE_REASON_UNSPECIFIED,
+    ) -> None:
+        pod = row.record
+        event = pod_pb2.PodEvent(
+            job_id=pod.job_id,
+            pod_name=pod.name,
+            role=ROLE_TO_PROTO[pod.role],
+            index=pod.index,
+            phase=phase,
+            reason=reason,
+            message=message[:4000],
+            exit_code=exit_code or 0,
+            plan_version=row.plan_version,
+            node=pod.node,
+            occurred_at=timestamp(now_utc()),
+        )
+        message_id = f"{pod.name}.{kind}.{pod.restarts}{'.' + attempt if attempt else ''}"
+        await self.outbox.add_event(session, topic.outgoing(pod.job_id, event, message_id))
+        self.outbox.notify()
+
+    # --- start-up, usage, views ---------------------------------------------------------
+
+    async def startup(self) -> None:
+        """Re-adopt the pods an earlier run left running and remove orphans (pods with no
+        live row: started just before a crash that lost their row, or already ended)."""
+        adopted = set(self.backend.adopt())
+        async with self.database.sessions() as session:
+            live = await repository.live_pods(session)
+        known = {row.record.name for row in live if row.record.phase is not PodPhase.FAILED}
+        for name in sorted(adopted - known):
+            log.warning("orphan pod removed: no live row for it", pod=name)
+            await self._delete(name)
+        log.info("pods re-adopted", count=len(adopted & known), orphans=len(adopted - known))
+
+    async def sweep_lost(self) -> None:
+        """Rows that say RUNNING for pods the backend does not run (they vanished while the
+        podwatcher was down, and no end was recorded) fail as Error and are relaunched;
+        then every running job's newest plan is applied again (a crash may have cut one
+        short). Run once, shortly after start-up, when the ends the backend kept have been
+        recorded."""
+        async with self.database.sessions() as session:
+            live = await repository.live_pods(session)
+            jobs = await repository.running_jobs(session)
+        present = set(self.backend.running())
+        for row in live:
+            if row.record.phase is PodPhase.RUNNING and row.record.name not in present:
+                await self.pod_ended(
+                    PodEnded(
+                        row.record.name,
+                        row.record.job_id,
+                        "Error",
+                        None,
+                        "lost: not running after the podwatcher restarted",
+                    )
+                )
+        for job_id in jobs:
+            await self.apply(job_id)
+
+    async def sample_usage(self) -> None:
+        """Sample every running pod's usage and publish it."""
+        async with self.database.sessions() as session:
+            live = await repository.live_pods(session)
+        for row in live:
+            if row.record.phase is not PodPhase.RUNNING:
+                continue
+            usage = self.backend.usage(row.record.name)
+            if usage is None:
+                continue
+            self._usage[row.record.name] = usage
+            moment = now_utc()
+            sample = pod_pb2.UsageSample(
+                job_id=row.record.job_id,
+                pod_name=row.record.name,
+                role=ROLE_TO_PROTO[row.record.role],
+                cpu_used=usage.cpu_cores,
+                memory_used_bytes=usage.memory_bytes,
+                cpu_limit=row.record.cpu,
+                memory_limit_bytes=row.record.memory_bytes,
+                sampled_at=timestamp(moment),
+            )
+            try:
+                await self.bus.publish(
+                    topics.POD_USAGE,
+                    row.record.job_id,
+                    sample,
+                    f"{row.record.name}.usage.{int(moment.timestamp() * 1000)}",
+                )
+            except Exception:
+                log.warning("usage sample not published", pod=row.record.name, exc_info=True)
+
+    async def job_pods(self, job_id: str) -> tuple[StoredPlan, list[PodView]]:
+        """The job's newest plan and its pods (newest generation first), or NotFound."""
         if not job_id:
             raise InvalidArgument("job_id", "is required")
         async with self.database.sessions() as session:
             stored = await repository.newest_plan(session, job_id)
+            rows = await repository.job_pods(session, job_id)
         if stored is None:
             raise NotFound(f"no plan recorded for job {job_id!r}")
-        return stored, await self.backend.list_pods(job_id)
+        host = self.backend.host()
+        views = [
+            PodView(row, self._usage.get(row.record.name), f"{host}:{row.port}")
+            for row in rows
+            if row.record.phase is not PodPhase.DELETED
+        ]
+        return stored, views
 
-    async def nodes(self) -> list[Node]:
-        """The backend's nodes."""
-        return await self.backend.nodes()
+    async def nodes(self) -> list[NodeView]:
+        """The nodes and what live pods were given on each."""
+        async with self.database.sessions() as session:
+            live = await repository.live_pods(session)
+        views = []
+        for node in self.backend.nodes():
+            on = [row.record for row in live if row.record.node == node.name]
+            views.append(NodeView(node, sum(p.cpu for p in on), sum(p.memory_bytes for p in on)))
+        return views
+
+    async def logs(
+        self, job_id: str, pod_name: str, tail: int, follow: bool
+    ) -> AsyncIterator[tuple[str, list[str]]]:
+        """The last ``tail`` lines of the pod's (or every pod's) log, then new ones."""
+        async with self.database.sessions() as session:
+            rows = await repository.job_pods(session, job_id)
+        if not rows:
+            raise NotFound(f"no pods recorded for job {job_id!r}")
+        names = [row.record.name for row in rows]
+        if pod_name:
+            if pod_name not in names:
+                raise NotFound(f"job {job_id!r} has no pod {pod_name!r}; it has {', '.join(names)}")
+            names = [pod_name]
+        for name in names:
+            yield name, self.backend.log_tail(name, tail)
+        if not follow:
+            return
+        queue: asyncio.Queue[tuple[str, list[str]] | None] = asyncio.Queue()
+
+        async def pump(name: str) -> None:
+            try:
+                async for lines in self.backend.follow_logs(name):
+                    await queue.put((name, lines))
+            finally:
+                await queue.put(None)
+
+        tasks = [asyncio.create_task(pump(name)) for name in names]
+        try:
+            remaining = len(tasks)
+            while remaining:
+                item = await queue.get()
+                if item is None:
+                    remaining -= 1
+                    continue
+                yield item
+        finally:
+            for task in tasks:
+                task.cancel()
+
+
+def retiring_or_new(recon: Reconciliation) -> bool:
+    """Whether the chief has anything to move to or away from."""
+    return bool(recon.create or recon.migrate or recon.delete)
+
+
+__all__ = ["FailedPrecondition", "JobNotAdmitted", "PodWatcher", "Timing"]

@@ -8,16 +8,18 @@ from google.protobuf.timestamp_pb2 import Timestamp
 
 from stride.api.podwatcher.v1 import podwatcher_service_pb2 as pb
 from stride.events.v1 import plan_pb2, pod_pb2
-from stride.podwatcher.adapters.outbound.repository import StoredPlan
-from stride.podwatcher.domain.cluster import Node, PlanState, Pod, PodPhase
+from stride.podwatcher.adapters.outbound.backends.base import PodUsage
+from stride.podwatcher.adapters.outbound.repository import StoredPlan, StoredPod
+from stride.podwatcher.domain.cluster import PlanState, PodPhase
+from stride.podwatcher.domain.nodes import NodeSpec
 from stride.podwatcher.domain.plans import Plan, PodOverride, RoleResources
 from stride.runtime.errors import InvalidArgument
 from stride.vocabulary import Role
 
-_ROLE_TO_PROTO = {role: plan_pb2.Role.Value(f"ROLE_{role.name}") for role in Role}
+ROLE_TO_PROTO = {role: plan_pb2.Role.Value(f"ROLE_{role.name}") for role in Role}
 """Every vocabulary role has its ``ROLE_<NAME>`` on the wire (a role without one fails here,
 at import, rather than in the middle of a plan)."""
-_ROLE_FROM_PROTO = {value: role for role, value in _ROLE_TO_PROTO.items()}
+_ROLE_FROM_PROTO = {value: role for role, value in ROLE_TO_PROTO.items()}
 _ROLE_NAMES = ", ".join(role.name for role in Role)
 _PHASE_TO_PROTO = {
     PodPhase.PENDING: pod_pb2.POD_PHASE_PENDING,
@@ -83,22 +85,45 @@ def recorded_plan_to_proto(stored: StoredPlan) -> pb.RecordedPlan:
     )
 
 
-def pod_to_proto(pod: Pod) -> pb.Pod:
-    """The API form of a pod."""
+_FAILURE_TO_PROTO = {
+    "OOMKilled": pod_pb2.POD_FAILURE_REASON_OOM_KILLED,
+    "Evicted": pod_pb2.POD_FAILURE_REASON_EVICTED,
+    "Error": pod_pb2.POD_FAILURE_REASON_ERROR,
+}
+
+
+def pod_to_proto(pod: StoredPod, usage: PodUsage | None, address: str) -> pb.Pod:
+    """The API form of a pod, with its last usage sample."""
+    record = pod.record
     return pb.Pod(
-        name=pod.name,
-        role=_ROLE_TO_PROTO[pod.role],
-        index=pod.index,
-        phase=_PHASE_TO_PROTO[pod.phase],
-        cpu=pod.cpu,
-        memory_bytes=pod.memory_bytes,
-        node=pod.node,
+        name=record.name,
+        role=ROLE_TO_PROTO[record.role],
+        index=record.index,
+        phase=_PHASE_TO_PROTO[record.phase],
+        cpu=record.cpu,
+        memory_bytes=record.memory_bytes,
+        node=record.node,
         plan_version=pod.plan_version,
+        restarts=record.restarts,
+        last_failure=_FAILURE_TO_PROTO.get(
+            pod.last_failure, pod_pb2.POD_FAILURE_REASON_UNSPECIFIED
+        ),
+        last_message=pod.last_message,
+        cpu_used=0.0 if usage is None else usage.cpu_cores,
+        memory_used_bytes=0 if usage is None else usage.memory_bytes,
+        address=address,
     )
 
 
-def node_to_proto(node: Node) -> pb.Node:
+def node_to_proto(
+    node: NodeSpec, enforcement: str, cpu_allocated: float, memory_allocated_bytes: int
+) -> pb.Node:
     """The API form of a node."""
     return pb.Node(
-        name=node.name, cpu=node.cpu, memory_bytes=node.memory_bytes, devices=node.devices
+        name=node.name,
+        cpu=node.cpu,
+        memory_bytes=node.memory_bytes,
+        enforcement=enforcement,
+        cpu_allocated=cpu_allocated,
+        memory_allocated_bytes=memory_allocated_bytes,
     )

@@ -1,11 +1,8 @@
-"""Pods, nodes and how far a plan has been applied: what backends report in domain terms."""
+"""How far a plan has been applied, and the phases of a pod."""
 
 from __future__ import annotations
 
-from dataclasses import dataclass
 from enum import Enum
-
-from stride.vocabulary import Role
 
 
 class PlanState(Enum):
@@ -29,35 +26,3 @@ class PodPhase(Enum):
     SUCCEEDED = "SUCCEEDED"
     FAILED = "FAILED"
     DELETED = "DELETED"
-
-
-@dataclass(frozen=True)
-class Pod:
-    """One pod of a job as the backend sees it."""
-
-    name: str
-    role: Role
-    index: int
-    phase: PodPhase
-    cpu: float
-    memory_bytes: int
-    node: str
-    plan_version: int
-
-
-@dataclass(frozen=True)
-class Node:
-    """A machine the backend can place pods on."""
-
-    name: str
-    cpu: float
-    memory_bytes: int
-    devices: int = 0
-
-
-@dataclass(frozen=True)
-class Application:
-    """What a backend did with a plan: the plan's new state, and why if it failed."""
-
-    state: PlanState
-    message: str = ""

@@ -1,17 +1,49 @@
-"""The podwatcher's bus consumers: it learns here of new resource plans."""
+"""The podwatcher's bus consumers: admitted jobs, resource plans, jobs that ended
+elsewhere (a cancel), and the chief's answers to control commands."""
 
 from __future__ import annotations
 
 from stride.bus.client import Delivery
-from stride.events.v1 import plan_pb2
-from stride.podwatcher.usecases import PlanRecords
+from stride.events.v1 import control_pb2, job_pb2, plan_pb2
+from stride.podwatcher.usecases import PodWatcher
+
+
+class AdmittedHandler:
+    """Stores an admitted job's spec on ``stride.jobs.v1.admitted.<job>``."""
+
+    def __init__(self, pods: PodWatcher) -> None:
+        self.pods = pods
+
+    async def __call__(self, decision: job_pb2.AdmissionDecision, delivery: Delivery) -> None:
+        await self.pods.admitted(decision)
 
 
 class PlanHandler:
-    """Records (and applies) a plan on ``stride.plans.v1.<job>``; invalid plans dead-letter."""
+    """Records and applies a plan on ``stride.plans.v1.<job>``; invalid plans dead-letter,
+    plans for a job not admitted (yet) are retried, then dead-lettered."""
 
-    def __init__(self, records: PlanRecords) -> None:
-        self.records = records
+    def __init__(self, pods: PodWatcher) -> None:
+        self.pods = pods
 
     async def __call__(self, plan: plan_pb2.ResourcePlan, delivery: Delivery) -> None:
-        await self.records.receive(plan)
+        await self.pods.receive(plan)
+
+
+class FinishedHandler:
+    """Removes the pods of a job that ended (``stride.jobs.v1.finished.<job>``)."""
+
+    def __init__(self, pods: PodWatcher) -> None:
+        self.pods = pods
+
+    async def __call__(self, event: job_pb2.JobFinished, delivery: Delivery) -> None:
+        await self.pods.job_finished(event)
+
+
+class AckHandler:
+    """Finishes a cluster change once the chief confirms it (``stride.control.v1.<job>.ack``)."""
+
+    def __init__(self, pods: PodWatcher) -> None:
+        self.pods = pods
+
+    async def __call__(self, ack: control_pb2.ControlAck, delivery: Delivery) -> None:
+        await self.pods.acked(ack)

@@ -1,7 +1,8 @@
-"""The pod API (``stride.api.podwatcher.v1.PodWatcherService``) over :class:`PlanRecords`."""
+"""The pod API (``stride.api.podwatcher.v1.PodWatcherService``) over :class:`PodWatcher`."""
 
 from __future__ import annotations
 
+from collections.abc import AsyncIterator
 from typing import Any
 
 import grpc
@@ -10,33 +11,62 @@ from typing_extensions import override
 from stride.api.podwatcher.v1 import podwatcher_service_pb2 as pb
 from stride.api.podwatcher.v1 import podwatcher_service_pb2_grpc as pb_grpc
 from stride.podwatcher.adapters.convert import node_to_proto, pod_to_proto, recorded_plan_to_proto
-from stride.podwatcher.usecases import PlanRecords
+from stride.podwatcher.usecases import PodWatcher
 from stride.runtime.errors import InvalidArgument
-from stride.vocabulary import check_job_id
+from stride.vocabulary import check_job_id, check_pod_name
 
 Context = grpc.aio.ServicerContext[Any, Any]
+
+MAX_TAIL_LINES = 10_000
+"""The most lines one GetPodLogs call sends first; more is a bulk export, not a look."""
+DEFAULT_TAIL_LINES = 100
 
 
 class PodWatcherApi(pb_grpc.PodWatcherServiceServicer):
     """gRPC servicer; errors are raised as domain errors and mapped by the server."""
 
-    def __init__(self, records: PlanRecords) -> None:
-        self.records = records
+    def __init__(self, pods: PodWatcher, enforcement: str) -> None:
+        self.pods = pods
+        self.enforcement = enforcement
 
     @override
     async def GetJobPods(
         self, request: pb.GetJobPodsRequest, context: Context
     ) -> pb.GetJobPodsResponse:
-        stored, pods = await self.records.job_pods(
+        stored, views = await self.pods.job_pods(
             check_job_id(request.job_id, raise_as=InvalidArgument)
         )
         return pb.GetJobPodsResponse(
-            plan=recorded_plan_to_proto(stored), pods=[pod_to_proto(pod) for pod in pods]
+            plan=recorded_plan_to_proto(stored),
+            pods=[pod_to_proto(view.pod, view.usage, view.address) for view in views],
         )
 
     @override
     async def ListNodes(
         self, request: pb.ListNodesRequest, context: Context
     ) -> pb.ListNodesResponse:
-        nodes = await self.records.nodes()
-        return pb.ListNodesResponse(nodes=[node_to_proto(node) for node in nodes])
+        views = await self.pods.nodes()
+        return pb.ListNodesResponse(
+            nodes=[
+                node_to_proto(
+                    view.node, self.enforcement, view.cpu_allocated, view.memory_allocated_bytes
+                )
+                for view in views
+            ]
+        )
+
+    @override
+    async def GetPodLogs(
+        self, request: pb.GetPodLogsRequest, context: Context
+    ) -> AsyncIterator[pb.GetPodLogsResponse]:
+        job_id = check_job_id(request.job_id, raise_as=InvalidArgument)
+        if request.pod_name:
+            check_pod_name(request.pod_name, "pod_name", raise_as=InvalidArgument)
+        if not 0 <= request.tail_lines <= MAX_TAIL_LINES:
+            raise InvalidArgument(
+                "tail_lines", f"must be between 0 and {MAX_TAIL_LINES}, got {request.tail_lines}"
+            )
+        tail = request.tail_lines or DEFAULT_TAIL_LINES
+        async for pod_name, lines in self.pods.logs(job_id, request.pod_name, tail, request.follow):
+            if lines:
+                yield pb.GetPodLogsResponse(pod_name=pod_name, lines=lines)

@@ -1,37 +1,120 @@
 """The seam between the podwatcher and whatever runs pods (DLRover sec. 5.1, DLRover-RM 5.2).
 
-The podwatcher records plans and asks a :class:`Backend` to apply them; the backend owns
-the pods. The local backend runs pods as supervised processes on this machine, the
-Kubernetes backend as pods with an agent sidecar. Both speak only domain types, so the
-plan rules, the API and the tests do not change with the backend.
+The podwatcher's use cases decide which pods a plan needs (:mod:`stride.podwatcher.domain.
+reconcile`), and a :class:`Backend` runs them: the local backend as supervised process
+groups under cgroups on this machine, the Kubernetes backend as pods with an agent sidecar.
+Both get the same calls in the same order, so the plan rules, the relaunch budget, the
+migrations and the tests do not change with the backend.
 """
 
 from __future__ import annotations
 
+from collections.abc import AsyncIterator
+from dataclasses import dataclass
 from typing import Protocol
 
-from stride.podwatcher.domain.cluster import Application, Node, Pod
-from stride.podwatcher.domain.plans import Plan
+from stride.podwatcher.domain.nodes import NodeSpec
+from stride.podwatcher.domain.reconcile import PodRecord
+
+
+@dataclass(frozen=True)
+class PodStart:
+    """Everything a backend needs to start (or relaunch) one pod."""
+
+    record: PodRecord
+    port: int
+    """The trainer's port: its TensorFlow server (PS, worker) or coordinator (chief)."""
+    agent_port: int
+    """The agent sidecar's port, for the trainer in the same pod."""
+    plan_version: int
+    spec_json: str
+    """The job's spec (protobuf JSON of ``stride.events.v1.JobSpec``)."""
+    cluster_json: str
+    """The TensorFlow cluster the pod belongs to, ``{"chief": [...], "ps": [...], ...}``."""
+
+
+@dataclass(frozen=True)
+class PodEnded:
+    """A pod stopped: how (``Succeeded``, ``OOMKilled``, ``Evicted``, ``Error``,
+    ``Deleted``), its exit code, and a message with the last lines of its log."""
+
+    name: str
+    job_id: str
+    reason: str
+    exit_code: int | None
+    message: str
+
+
+@dataclass(frozen=True)
+class PodUsage:
+    """What a pod used at its last sample."""
+
+    cpu_cores: float
+    memory_bytes: int
+
+
+class ResizeRefused(Exception):
+    """The backend cannot resize the pod in place; the message says why."""
 
 
 class Backend(Protocol):
-    """Applies plans and reports pods and nodes."""
+    """Runs pods and reports how they end."""
 
     name: str
     """Short name for logs and settings (``local``, ``kubernetes``)."""
+    enforcement: str
+    """How limits are enforced (``cgroup-v1``, ``cgroup-v2``, ``rlimit``, ``kubelet``)."""
+    enforcement_note: str
+    """One line on the enforcement mode, for ``stride up`` and the node inventory."""
 
-    async def apply(self, plan: Plan) -> Application:
-        """Make the job's pods match ``plan`` (the newest recorded) and say how far it got.
-
-        Called once per accepted plan, after it is stored as RECORDED. An exception is
-        recorded as FAILED with its message.
-        """
+    def nodes(self) -> list[NodeSpec]:
+        """The nodes pods can be placed on."""
         ...
 
-    async def list_pods(self, job_id: str) -> list[Pod]:
-        """The job's pods, in role then index order."""
+    def host(self) -> str:
+        """The address other pods reach a pod's trainer at (host part)."""
         ...
 
-    async def nodes(self) -> list[Node]:
-        """The machines pods can be placed on."""
+    async def start(self, pod: PodStart) -> None:
+        """Start the pod; a pod of that name already running is left as it is."""
+        ...
+
+    async def resize(self, name: str, cpu: float, memory_bytes: int) -> None:
+        """Resize in place, or raise :class:`ResizeRefused`."""
+        ...
+
+    async def delete(self, name: str) -> None:
+        """Stop and remove the pod (its end is reported through :meth:`ended`)."""
+        ...
+
+    def adopt(self) -> list[str]:
+        """At start: the names of pods an earlier run started that still run."""
+        ...
+
+    def running(self) -> list[str]:
+        """The names of the pods running now."""
+        ...
+
+    def ended(self) -> AsyncIterator[PodEnded]:
+        """Every pod end not yet acknowledged, at least once (again after a restart)."""
+        ...
+
+    async def acknowledge(self, name: str) -> None:
+        """The end of ``name`` was recorded; forget it."""
+        ...
+
+    def usage(self, name: str) -> PodUsage | None:
+        """The pod's usage since its previous sample, or None if it is not running."""
+        ...
+
+    def log_tail(self, name: str, lines: int) -> list[str]:
+        """The last lines of the pod's log."""
+        ...
+
+    def follow_logs(self, name: str) -> AsyncIterator[list[str]]:
+        """New log lines as they are written, until the pod has ended."""
+        ...
+
+    async def close(self) -> None:
+        """Stop watching; running pods keep running."""
         ...

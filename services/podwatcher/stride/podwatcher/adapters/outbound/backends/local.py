@@ -1,26 +1,50 @@
-"""The local backend: this machine is the one node, and pods will be local processes.
+"""The local backend: pods are supervised process groups on this machine.
 
-THIS ISSUE'S SCOPE: only :meth:`LocalBackend.nodes` is real. :meth:`LocalBackend.apply`
-leaves a plan RECORDED and creates no pods, and :meth:`LocalBackend.list_pods` reports
-none, rather than pretending. The local-processes issue extends this class: it starts one
-supervised process per pod (trainer plus agent) with the plan's memory limit, resizes and
-migrates them on a newer plan, and reports their phases.
+Each pod is the trainer (``python -m stride.trainer``) and its agent sidecar (``python -m
+stride.agent``), started by :mod:`.localpods` under kernel limits (cgroup v2 or v1; the
+rlimit fallback where neither can be written) and split over virtual nodes, so placement,
+admission and packing have a cluster to work with on one machine. Pods outlive the
+podwatcher: a restarted podwatcher re-adopts them from the state directory.
+
+The environment of a pod is built here: the pod's identity (job, pod name, role), the
+addresses of the dispatcher, the checkpoint cache and its own agent, the job's spec and
+the TensorFlow cluster. Nothing of the podwatcher's own configuration (its database URL,
+say) reaches a pod: every ``STRIDE_`` variable of this process is dropped first.
 """
 
 from __future__ import annotations
 
 import os
 import socket
+import sys
+from collections.abc import AsyncIterator, Mapping
+from dataclasses import dataclass
 from pathlib import Path
 
 import structlog
 
-from stride.podwatcher.domain.cluster import Application, Node, PlanState, Pod
-from stride.podwatcher.domain.plans import Plan
+from stride.podwatcher.adapters.outbound.backends.base import (
+    PodEnded,
+    PodStart,
+    PodUsage,
+    ResizeRefused,
+)
+from stride.podwatcher.adapters.outbound.backends.localpods import (
+    Limits,
+    LocalPods,
+    PodLaunch,
+    ProcessSpec,
+)
+from stride.podwatcher.adapters.outbound.backends.localpods import (
+    ResizeRefused as RuntimeResizeRefused,
+)
+from stride.podwatcher.domain.nodes import NodeSpec
+from stride.vocabulary import Role
 
 log = structlog.get_logger(__name__)
 
 MEMINFO = Path("/proc/meminfo")
+LOOPBACK = "127.0.0.1"
 
 
 def parse_meminfo_total(text: str) -> int | None:
@@ -52,36 +76,161 @@ def total_memory_bytes() -> int:
         return 0
 
 
-def detect_local_node() -> Node:
-    """This machine as a node: its host name, CPU count and total memory."""
-    return Node(
+def detect_local_node() -> NodeSpec:
+    """This machine as one node: its host name, CPU count and total memory."""
+    return NodeSpec(
         name=socket.gethostname() or "localhost",
         cpu=float(os.cpu_count() or 1),
         memory_bytes=total_memory_bytes(),
     )
 
 
+@dataclass(frozen=True)
+class PodEnvironment:
+    """What every pod is told about the services around it."""
+
+    nats_url: str
+    dispatcher_address: str
+    ckptcache_address: str
+    checkpoint_every_steps: int
+    jobs_dir: Path
+    """Per-job files the trainer writes next to its pods (the chief's consumed-sample log)."""
+    log_level: str = "INFO"
+    python: str = sys.executable
+    trainer_module: str = "stride.trainer"
+
+
+def _base_environment(source: Mapping[str, str]) -> dict[str, str]:
+    return {key: value for key, value in source.items() if not key.startswith("STRIDE_")}
+
+
 class LocalBackend:
-    """Pods as local processes on one node (pod creation comes with a later issue)."""
+    """Runs pods as local process groups through :class:`LocalPods`."""
 
     name = "local"
 
-    def __init__(self, node: Node) -> None:
-        self.node = node
+    def __init__(
+        self,
+        runtime: LocalPods,
+        nodes: tuple[NodeSpec, ...],
+        environment: PodEnvironment,
+        base_environment: Mapping[str, str] | None = None,
+    ) -> None:
+        self.runtime = runtime
+        self._nodes = nodes
+        self.environment = environment
+        self.base = _base_environment(os.environ if base_environment is None else base_environment)
+        self.enforcement = runtime.enforcement.value
+        self.enforcement_note = runtime.enforcement_note
 
-    async def apply(self, plan: Plan) -> Application:
-        """Leave the plan RECORDED: this backend does not create pods yet."""
-        log.info(
-            "plan recorded; the local backend creates no pods yet",
-            job_id=plan.job_id,
-            version=plan.version,
+    def nodes(self) -> list[NodeSpec]:
+        """The virtual nodes."""
+        return list(self._nodes)
+
+    def host(self) -> str:
+        """Pods of this backend reach each other on loopback."""
+        return LOOPBACK
+
+    def launch(self, pod: PodStart) -> PodLaunch:
+        """The processes of ``pod`` and their environments."""
+        record = pod.record
+        env = self.environment
+        common = {
+            **self.base,
+            "PYTHONUNBUFFERED": "1",
+            "TF_CPP_MIN_LOG_LEVEL": self.base.get("TF_CPP_MIN_LOG_LEVEL", "2"),
+        }
+        agent = {
+            **common,
+            "STRIDE_AGENT_JOB_ID": record.job_id,
+            "STRIDE_AGENT_POD_NAME": record.name,
+            "STRIDE_AGENT_ROLE": record.role.value,
+            "STRIDE_AGENT_GRPC_HOST": LOOPBACK,
+            "STRIDE_AGENT_GRPC_PORT": str(pod.agent_port),
+            "STRIDE_AGENT_NATS_URL": env.nats_url,
+            "STRIDE_AGENT_DISPATCHER_ADDRESS": env.dispatcher_address,
+            "STRIDE_AGENT_CKPTCACHE_ADDRESS": env.ckptcache_address,
+            "STRIDE_AGENT_LOG_LEVEL": env.log_level,
+            "STRIDE_AGENT_LOG_JSON": "false",
+        }
+        trainer = {
+            **common,
+            "STRIDE_TRAINER_ROLE": record.role.value,
+            "STRIDE_TRAINER_INDEX": str(record.index),
+            "STRIDE_TRAINER_JOB_ID": record.job_id,
+            "STRIDE_TRAINER_POD_NAME": record.name,
+            "STRIDE_TRAINER_CLUSTER_JSON": pod.cluster_json,
+            "STRIDE_TRAINER_AGENT_ADDRESS": f"{LOOPBACK}:{pod.agent_port}",
+            "STRIDE_TRAINER_CKPTCACHE_ADDRESS": env.ckptcache_address,
+            "STRIDE_TRAINER_SPEC_JSON": pod.spec_json,
+            "STRIDE_TRAINER_CHECKPOINT_EVERY_STEPS": str(env.checkpoint_every_steps),
+        }
+        if record.role is Role.CHIEF:
+            job_dir = env.jobs_dir / record.job_id
+            job_dir.mkdir(parents=True, exist_ok=True)
+            trainer["STRIDE_TRAINER_CONSUMED_LOG"] = str(job_dir / "consumed.jsonl")
+        return PodLaunch(
+            pod=record.name,
+            job_id=record.job_id,
+            role=record.role.value,
+            index=record.index,
+            node=record.node,
+            plan_version=pod.plan_version,
+            limits=Limits(cpu=record.cpu, memory_bytes=record.memory_bytes),
+            processes=(
+                ProcessSpec("trainer", (env.python, "-m", env.trainer_module), trainer),
+                ProcessSpec("agent", (env.python, "-m", "stride.agent"), agent),
+            ),
+            main="trainer",
+            labels={"port": str(pod.port), "agent_port": str(pod.agent_port)},
         )
-        return Application(PlanState.RECORDED)
 
-    async def list_pods(self, job_id: str) -> list[Pod]:
-        """No pods: none are created yet."""
-        return []
+    async def start(self, pod: PodStart) -> None:
+        """Start the pod's processes (idempotent for a running pod)."""
+        await self.runtime.start(self.launch(pod))
 
-    async def nodes(self) -> list[Node]:
-        """This machine."""
-        return [self.node]
+    async def resize(self, name: str, cpu: float, memory_bytes: int) -> None:
+        """Resize in place through the pod's cgroup."""
+        try:
+            await self.runtime.resize(name, Limits(cpu=cpu, memory_bytes=memory_bytes))
+        except RuntimeResizeRefused as error:
+            raise ResizeRefused(str(error)) from error
+
+    async def delete(self, name: str) -> None:
+        """Stop the pod and remove its cgroup (its end comes through :meth:`ended`)."""
+        if name in self.running():
+            await self.runtime.delete(name)
+
+    def adopt(self) -> list[str]:
+        """Pods an earlier podwatcher started that still run."""
+        return [status.launch.pod for status in self.runtime.adopt()]
+
+    def running(self) -> list[str]:
+        """The pods running now."""
+        return [status.launch.pod for status in self.runtime.pods()]
+
+    async def ended(self) -> AsyncIterator[PodEnded]:
+        """Pod ends, as the runtime reports them."""
+        async for end in self.runtime.exits():
+            yield PodEnded(end.pod, end.job_id, end.reason.value, end.exit_code, end.message)
+
+    async def acknowledge(self, name: str) -> None:
+        """Forget a recorded end."""
+        await self.runtime.acknowledge(name)
+
+    def usage(self, name: str) -> PodUsage | None:
+        """CPU and memory use from the pod's cgroup (or process tree)."""
+        sample = self.runtime.usage(name)
+        return None if sample is None else PodUsage(sample.cpu_cores, sample.memory_bytes)
+
+    def log_tail(self, name: str, lines: int) -> list[str]:
+        """The last lines of the pod's processes' logs."""
+        return self.runtime.log_tail(name, lines)
+
+    def follow_logs(self, name: str) -> AsyncIterator[list[str]]:
+        """New log lines until the pod has ended."""
+        return self.runtime.follow_logs(name)
+
+    async def close(self) -> None:
+        """Stop watching; the pods keep running."""
+        await self.runtime.close()

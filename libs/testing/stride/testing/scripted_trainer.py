@@ -1,0 +1,81 @@
+"""A trainer that follows a script instead of training: pod lifecycle tests run it in real
+pods (``STRIDE_PODWATCHER_TRAINER_MODULE=stride.testing.scripted_trainer``) so they test
+the podwatcher, the cgroups and the events in seconds, without TensorFlow.
+
+The script is in the job spec's hyperparameters (``script_<role>``, else ``script``):
+
+- ``run``: wait for SIGTERM, then exit 0 (a PS or worker server);
+- ``exit:N``: exit with code N at once;
+- ``exit-after:S:N``: run for S seconds, then exit with code N;
+- ``oom``: allocate memory until the kernel (or the sampler) kills the pod;
+- ``finish-on-file``: run until ``<consumed log's directory>/finish`` exists, then exit 0
+  (a chief whose job ends when the test says so).
+
+Every run appends a line to ``<consumed log's directory>/starts.log`` when it has a
+consumed log (chiefs), and prints one line per second so log tests see output.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import sys
+import time
+from pathlib import Path
+from types import FrameType
+
+
+def _script() -> str:
+    spec = json.loads(os.environ.get("STRIDE_TRAINER_SPEC_JSON", "{}") or "{}")
+    hyperparameters = spec.get("hyperparameters", {})
+    role = os.environ.get("STRIDE_TRAINER_ROLE", "worker")
+    return str(hyperparameters.get(f"script_{role}", hyperparameters.get("script", "run")))
+
+
+def main() -> int:
+    """Follow the script; returns the exit code."""
+    stop = False
+
+    def on_term(signum: int, frame: FrameType | None) -> None:
+        nonlocal stop
+        stop = True
+
+    signal.signal(signal.SIGTERM, on_term)
+    script = _script()
+    pod = os.environ.get("STRIDE_TRAINER_POD_NAME", "?")
+    consumed = os.environ.get("STRIDE_TRAINER_CONSUMED_LOG", "")
+    job_dir = Path(consumed).parent if consumed else None
+    if job_dir is not None:
+        with (job_dir / "starts.log").open("a") as starts:
+            starts.write(f"{pod} {os.environ.get('STRIDE_TRAINER_CLUSTER_JSON', '')}\n")
+    print(f"scripted trainer {pod}: {script}", flush=True)
+    if script.startswith("exit:"):
+        print("failing on purpose", file=sys.stderr, flush=True)
+        return int(script.split(":", 1)[1])
+    if script == "oom":
+        hoard = []
+        while True:
+            hoard.append(bytearray(16 * 1024 * 1024))
+            for page in range(0, len(hoard[-1]), 4096):
+                hoard[-1][page] = 1
+    deadline = None
+    code = 0
+    if script.startswith("exit-after:"):
+        _, seconds, exit_code = script.split(":")
+        deadline = time.monotonic() + float(seconds)
+        code = int(exit_code)
+    started = time.monotonic()
+    while not stop:
+        if deadline is not None and time.monotonic() >= deadline:
+            return code
+        if script == "finish-on-file" and job_dir is not None and (job_dir / "finish").exists():
+            print("finished", flush=True)
+            return 0
+        print(f"step {int(time.monotonic() - started)}", flush=True)
+        time.sleep(0.2)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,128 @@
+"""Virtual nodes and whom to evict (pure).
+
+The local backend splits one machine into virtual nodes so placement, admission and
+packing have a cluster to work with (``STRIDE_PODWATCHER_LOCAL_NODES``). The grammar is a
+list of groups joined by ``+`` or ``;``, each ``N x(cpu=C,memory=M)`` or ``(cpu=C,memory=M)``:
+``4x(cpu=2,memory=4Gi)``, ``2x(cpu=1,memory=2Gi)+1x(cpu=4,memory=8Gi)``. CPU is cores
+(``1.5``) or millicores (``500m``); memory is bytes or has a unit: ``Ki Mi Gi Ti`` (powers of
+1024) or ``K M G T`` (powers of 1000), as Kubernetes writes quantities.
+
+Under memory pressure the kubelet evicts the pod whose use most exceeds its request first;
+:func:`choose_eviction` does the same for the local backend.
+"""
+
+from __future__ import annotations
+
+import re
+from collections.abc import Sequence
+from dataclasses import dataclass
+
+from stride.runtime.errors import InvalidArgument
+
+SETTING = "STRIDE_PODWATCHER_LOCAL_NODES"
+MAX_NODES = 256
+_UNITS = {
+    "": 1,
+    "Ki": 1024,
+    "Mi": 1024**2,
+    "Gi": 1024**3,
+    "Ti": 1024**4,
+    "K": 1000,
+    "M": 1000**2,
+    "G": 1000**3,
+    "T": 1000**4,
+}
+_GROUP = re.compile(r"^\s*(?:(\d+)\s*x\s*)?\((.*)\)\s*\Z")
+_QUANTITY = re.compile(r"^(\d+(?:\.\d+)?)([A-Za-z]*)\Z")
+
+
+@dataclass(frozen=True)
+class NodeSpec:
+    """A (virtual) node: its name, cores and memory."""
+
+    name: str
+    cpu: float
+    memory_bytes: int
+
+
+def _fail(part: str, problem: str) -> InvalidArgument:
+    return InvalidArgument(SETTING, f"{part.strip()!r}: {problem}")
+
+
+def _cpu(part: str, text: str) -> float:
+    value = text.strip()
+    try:
+        cores = int(value[:-1]) / 1000 if value.endswith("m") else float(value)
+    except ValueError:
+        raise _fail(part, f'cpu "{value}" is not a number of cores (2, 0.5 or 500m)') from None
+    if not 0 < cores <= 1_000_000:  # also refuses nan
+        raise _fail(part, f'cpu "{value}" must be a positive number of cores')
+    return cores
+
+
+def _memory(part: str, text: str) -> int:
+    value = text.strip()
+    match = _QUANTITY.match(value)
+    if match is None or match.group(2) not in _UNITS:
+        raise _fail(
+            part,
+            f'memory "{value}" is not a quantity (bytes, or a number with Ki Mi Gi Ti K M G T)',
+        )
+    amount = int(float(match.group(1)) * _UNITS[match.group(2)])
+    if amount <= 0 or amount > 2**53:
+        raise _fail(part, f'memory "{value}" must be positive and at most 8 PiB')
+    return amount
+
+
+def parse_nodes(text: str, *, prefix: str = "node") -> tuple[NodeSpec, ...]:
+    """The nodes ``text`` describes, named ``<prefix>-0`` onwards; raises InvalidArgument
+    quoting the part that does not parse and what was expected."""
+    nodes: list[NodeSpec] = []
+    parts = [part for part in re.split(r"[+;]", text)]
+    if not text.strip():
+        raise InvalidArgument(SETTING, "is empty; write e.g. 4x(cpu=2,memory=4Gi)")
+    for part in parts:
+        match = _GROUP.match(part)
+        if match is None:
+            raise _fail(part, "expected Nx(cpu=C,memory=M), e.g. 4x(cpu=2,memory=4Gi)")
+        count = int(match.group(1)) if match.group(1) else 1
+        if count < 1:
+            raise _fail(part, "the node count must be at least 1")
+        fields: dict[str, str] = {}
+        for item in match.group(2).split(","):
+            key, equals, value = item.partition("=")
+            key = key.strip()
+            if not equals or not key:
+                raise _fail(part, f"{item.strip()!r} is not key=value")
+            if key not in ("cpu", "memory"):
+                raise _fail(part, f'unknown key "{key}"; use cpu and memory')
+            if key in fields:
+                raise _fail(part, f'"{key}" is given twice')
+            fields[key] = value
+        missing = [key for key in ("cpu", "memory") if key not in fields]
+        if missing:
+            raise _fail(part, f"{' and '.join(missing)} missing")
+        cpu, memory = _cpu(part, fields["cpu"]), _memory(part, fields["memory"])
+        if len(nodes) + count > MAX_NODES:
+            raise InvalidArgument(SETTING, f"more than {MAX_NODES} nodes")
+        first = len(nodes)
+        nodes.extend(NodeSpec(f"{prefix}-{first + n}", cpu, memory) for n in range(count))
+    return tuple(nodes)
+
+
+@dataclass(frozen=True)
+class PodUsage:
+    """A pod's memory request (its limit here) and what it uses."""
+
+    pod: str
+    memory_request: int
+    memory_used: int
+
+
+def choose_eviction(pods: Sequence[PodUsage]) -> str | None:
+    """The pod to evict first: the one whose use most exceeds its request, then the
+    largest user (the kubelet's order for pods of equal priority); None if no pods."""
+    if not pods:
+        return None
+    victim = max(pods, key=lambda p: (p.memory_used - p.memory_request, p.memory_used, p.pod))
+    return victim.pod

@@ -1,0 +1,377 @@
+"""The podwatcher runs real pods: scripted trainers with real agent sidecars, under the
+kernel's limits, on real NATS and PostgreSQL.
+
+The trainer here is :mod:`stride.testing.scripted_trainer` (it follows a script from the
+job's hyperparameters instead of training), so these tests check the pod lifecycle in
+seconds: plans applied (scale out and in through the chief's confirmation), events with
+their reasons (a real cgroup OOM kill, an exit code and its log), relaunches within the
+budget, the job's end, cancel, and re-adoption after the podwatcher is SIGKILLed.
+Training for real is in ``tests/e2e/test_training.py``.
+"""
+
+from __future__ import annotations
+
+import json
+import uuid
+from collections.abc import AsyncIterator
+from pathlib import Path
+from typing import Any
+
+import grpc
+import pytest
+from nats.aio.msg import Msg
+
+from stride.api.podwatcher.v1 import podwatcher_service_pb2 as pb
+from stride.api.podwatcher.v1 import podwatcher_service_pb2_grpc as pb_grpc
+from stride.bus import topics
+from stride.bus.client import Bus
+from stride.events.v1 import control_pb2, job_pb2, plan_pb2, pod_pb2
+from stride.podwatcher.adapters.outbound.backends.localpods import LocalPods
+from stride.testing.eventually import assert_eventually
+from stride.testing.processes import ServiceProcess
+from stride.testing.streams import stream_messages
+
+pytestmark = pytest.mark.integration
+
+MIB = 1024**2
+GIB = 1024**3
+SCRIPTED = "stride.testing.scripted_trainer"
+Stub = Any
+
+
+def new_job() -> str:
+    return f"job-{uuid.uuid4().hex[:10]}"
+
+
+def plan(
+    job_id: str,
+    version: int,
+    workers: int = 1,
+    ps: int = 1,
+    worker_memory: int = 256 * MIB,
+) -> plan_pb2.ResourcePlan:
+    return plan_pb2.ResourcePlan(
+        job_id=job_id,
+        version=version,
+        reason=f"test plan {version}",
+        algorithm="test/1",
+        roles=[
+            plan_pb2.RoleResources(
+                role=plan_pb2.ROLE_CHIEF, count=1, cpu=0.5, memory_bytes=256 * MIB
+            ),
+            plan_pb2.RoleResources(
+                role=plan_pb2.ROLE_PS, count=ps, cpu=0.5, memory_bytes=256 * MIB
+            ),
+            plan_pb2.RoleResources(
+                role=plan_pb2.ROLE_WORKER, count=workers, cpu=0.5, memory_bytes=worker_memory
+            ),
+        ],
+    )
+
+
+async def admit(bus: Bus, job_id: str, **script: str) -> None:
+    spec = job_pb2.JobSpec(name=job_id, user="tester", hyperparameters=script)
+    decision = job_pb2.AdmissionDecision(
+        job_id=job_id, outcome=job_pb2.ADMISSION_OUTCOME_ADMITTED, spec=spec
+    )
+    await bus.publish(topics.JOB_ADMITTED, job_id, decision, f"{job_id}.admitted")
+
+
+class Podwatcher:
+    """The podwatcher as a real process, restartable and killable."""
+
+    def __init__(self, nats_url: str, database_url: str, state: Path, **extra: str) -> None:
+        self.state = state
+        env = {
+            "STRIDE_PODWATCHER_NATS_URL": nats_url,
+            "STRIDE_PODWATCHER_DATABASE_URL": database_url,
+            "STRIDE_PODWATCHER_GRPC_HOST": "127.0.0.1",
+            "STRIDE_PODWATCHER_LOCAL_STATE_DIR": str(state / "pods"),
+            "STRIDE_PODWATCHER_LOCAL_NODES": "2x(cpu=2,memory=2Gi)",
+            "STRIDE_PODWATCHER_TRAINER_MODULE": SCRIPTED,
+            "STRIDE_PODWATCHER_USAGE_INTERVAL_SECONDS": "0.5",
+            "STRIDE_PODWATCHER_OOM_REPLAN_SECONDS": "60",
+            "STRIDE_PODWATCHER_RELAUNCH_BUDGET": "2",
+            "STRIDE_PODWATCHER_HEALTH_INTERVAL_SECONDS": "0.2",
+            **extra,
+        }
+        (state / "logs").mkdir(parents=True, exist_ok=True)
+        self.process = ServiceProcess("podwatcher", env, state / "logs")
+
+    @property
+    def address(self) -> str:
+        return self.process.address
+
+
+async def serving(stub: Stub) -> None:
+    async def probe() -> bool:
+        try:
+            await stub.ListNodes(pb.ListNodesRequest(), timeout=2)
+        except grpc.aio.AioRpcError as error:
+            raise AssertionError(f"not serving yet: {error.code()}") from None
+        return True
+
+    await assert_eventually(probe, timeout=30)
+
+
+@pytest.fixture
+async def harness(
+    nats_url: str, postgres_url: str, tmp_path: Path
+) -> AsyncIterator[tuple[Podwatcher, Stub, Bus]]:
+    podwatcher = Podwatcher(nats_url, postgres_url, tmp_path)
+    podwatcher.process.start()
+    bus = await Bus.connect(nats_url, name="test")
+    channel = grpc.aio.insecure_channel(podwatcher.address)
+    try:
+        stub = pb_grpc.PodWatcherServiceStub(channel)
+        await serving(stub)
+        yield podwatcher, stub, bus
+    finally:
+        await channel.close()
+        await bus.close()
+        podwatcher.process.terminate()
+        # Pods outlive the podwatcher by design: remove what this test left.
+        leftovers = LocalPods(tmp_path / "pods")
+        for status in leftovers.adopt():
+            await leftovers.delete(status.launch.pod, grace_seconds=2)
+        await leftovers.close()
+
+
+async def pods_of(stub: Stub, job_id: str) -> dict[str, pb.Pod]:
+    try:
+        reply = await stub.GetJobPods(pb.GetJobPodsRequest(job_id=job_id))
+    except grpc.aio.AioRpcError as error:
+        if error.code() == grpc.StatusCode.NOT_FOUND:
+            return {}
+        raise
+    return {pod.name: pod for pod in reply.pods}
+
+
+async def running(stub: Stub, job_id: str, *names: str) -> dict[str, pb.Pod]:
+    async def probe() -> tuple[dict[str, pb.Pod]]:
+        pods = await pods_of(stub, job_id)
+        live = {n for n, p in pods.items() if p.phase == pod_pb2.POD_PHASE_RUNNING}
+        assert live == set(names), pods
+        return (pods,)  # truthy even when no pod runs
+
+    return (await assert_eventually(probe, timeout=30))[0]
+
+
+async def events(nats_url: str, topic: topics.Topic[Any], job_id: str) -> list[Any]:
+    messages: list[Msg] = await stream_messages(nats_url, topic.subject(job_id))
+    return [topic.message_type.FromString(m.data) for m in messages]
+
+
+async def test_a_job_runs_scales_out_and_in_and_succeeds(
+    harness: tuple[Podwatcher, Stub, Bus], nats_url: str
+) -> None:
+    podwatcher, stub, bus = harness
+    job = new_job()
+    chief, ps, w0, w1 = (f"{job}-chief-0", f"{job}-ps-0", f"{job}-worker-0", f"{job}-worker-1")
+    await admit(bus, job, script_chief="finish-on-file", script="run")
+    await bus.publish(topics.PLAN, job, plan(job, 1), f"{job}.plan.1")
+    pods = await running(stub, job, chief, ps, w0)
+    assert pods[w0].cpu == 0.5 and pods[w0].memory_bytes == 256 * MIB
+    assert {p.node for p in pods.values()} <= {"node-0", "node-1"}
+    started = await events(nats_url, topics.POD_STARTED, job)
+    assert sorted(e.pod_name for e in started) == sorted([chief, ps, w0])
+
+    async def sampled() -> bool:
+        pods = await pods_of(stub, job)
+        assert pods[w0].memory_used_bytes > 0, pods[w0]
+        usage = await events(nats_url, topics.POD_USAGE, job)
+        return any(u.pod_name == w0 and u.memory_limit_bytes == 256 * MIB for u in usage)
+
+    await assert_eventually(sampled, timeout=20)
+    nodes = (await stub.ListNodes(pb.ListNodesRequest())).nodes
+    assert sum(n.memory_allocated_bytes for n in nodes) == 3 * 256 * MIB
+
+    # Scale out: the new worker starts first, then the chief is told the new cluster.
+    await bus.publish(topics.PLAN, job, plan(job, 2, workers=2), f"{job}.plan.2")
+    await running(stub, job, chief, ps, w0, w1)
+
+    async def reconfigure(version: int) -> control_pb2.ControlCommand:
+        commands = await events(nats_url, topics.CONTROL_COMMAND, job)
+        mine = [c for c in commands if c.plan_version == version]
+        assert mine, commands
+        return mine[0]
+
+    command = await assert_eventually(lambda: reconfigure(2), timeout=20)
+    assert command.pod_name == chief
+    assert command.action == control_pb2.CONTROL_ACTION_RECONFIGURE
+    cluster = json.loads(command.cluster_json)
+    assert len(cluster["worker"]) == 2 and len(cluster["ps"]) == 1 and len(cluster["chief"]) == 1
+    await bus.publish(
+        topics.CONTROL_ACK,
+        job,
+        control_pb2.ControlAck(
+            job_id=job,
+            pod_name=chief,
+            action=control_pb2.CONTROL_ACTION_RECONFIGURE,
+            plan_version=2,
+            ok=True,
+        ),
+        f"{job}.ack.2",
+    )
+
+    async def applied(version: int) -> bool:
+        reply = await stub.GetJobPods(pb.GetJobPodsRequest(job_id=job))
+        assert reply.plan.plan.version == version and reply.plan.state == pb.PLAN_STATE_APPLIED, (
+            reply.plan
+        )
+        return True
+
+    await assert_eventually(lambda: applied(2), timeout=20)
+
+    # Scale in: worker-1 stays until the chief confirms it no longer uses it.
+    await bus.publish(topics.PLAN, job, plan(job, 3, workers=1), f"{job}.plan.3")
+    command = await assert_eventually(lambda: reconfigure(3), timeout=20)
+    assert len(json.loads(command.cluster_json)["worker"]) == 1
+    assert w1 in await running(stub, job, chief, ps, w0, w1)
+    await bus.publish(
+        topics.CONTROL_ACK,
+        job,
+        control_pb2.ControlAck(
+            job_id=job,
+            pod_name=chief,
+            action=control_pb2.CONTROL_ACTION_RECONFIGURE,
+            plan_version=3,
+            ok=True,
+        ),
+        f"{job}.ack.3",
+    )
+    await running(stub, job, chief, ps, w0)
+    deleted = await events(nats_url, topics.POD_DELETED, job)
+    assert [e.pod_name for e in deleted] == [w1]
+    # A stale plan changes nothing.
+    await bus.publish(topics.PLAN, job, plan(job, 2, workers=2), f"{job}.plan.2-again")
+    await assert_eventually(lambda: applied(3), timeout=20)
+
+    # The chief finishes: the job succeeded, and every pod goes.
+    (podwatcher.state / "pods" / "jobs" / job / "finish").touch()
+
+    async def finished() -> job_pb2.JobFinished:
+        ends = await events(nats_url, topics.JOB_FINISHED, job)
+        assert ends, "no finished event"
+        return ends[0]
+
+    end = await assert_eventually(finished, timeout=20)
+    assert end.outcome == job_pb2.JOB_OUTCOME_SUCCEEDED
+    await running(stub, job)
+    succeeded = await events(nats_url, topics.POD_SUCCEEDED, job)
+    assert [e.pod_name for e in succeeded] == [chief]
+    starts = (podwatcher.state / "pods" / "jobs" / job / "starts.log").read_text().splitlines()
+    assert len(starts) == 1, starts  # the chief was never restarted
+
+
+async def test_failures_are_relaunched_within_the_budget_then_the_job_fails(
+    harness: tuple[Podwatcher, Stub, Bus], nats_url: str
+) -> None:
+    _, stub, bus = harness
+    job = new_job()
+    await admit(bus, job, script_worker="exit:3", script_chief="run", script="run")
+    await bus.publish(topics.PLAN, job, plan(job, 1), f"{job}.plan.1")
+
+    async def failed_job() -> job_pb2.JobFinished:
+        ends = await events(nats_url, topics.JOB_FINISHED, job)
+        assert ends
+        return ends[0]
+
+    end = await assert_eventually(failed_job, timeout=60)
+    assert end.outcome == job_pb2.JOB_OUTCOME_FAILED
+    assert f"pod {job}-worker-0 failed 3 times (relaunch budget 2)" in end.message
+    failures = await events(nats_url, topics.POD_FAILED, job)
+    assert len(failures) == 3
+    for failure in failures:
+        assert failure.reason == pod_pb2.POD_FAILURE_REASON_ERROR
+        assert failure.exit_code == 3
+        assert "exit code 3" in failure.message and "failing on purpose" in failure.message
+    await running(stub, job)  # every pod removed
+
+
+async def test_a_kernel_oom_kill_is_reported_and_a_bigger_plan_relaunches_the_pod(
+    harness: tuple[Podwatcher, Stub, Bus], nats_url: str
+) -> None:
+    _, stub, bus = harness
+    job = new_job()
+    await admit(bus, job, script_worker="oom", script="run")
+    await bus.publish(topics.PLAN, job, plan(job, 1, worker_memory=96 * MIB), f"{job}.plan.1")
+
+    async def oom() -> pod_pb2.PodEvent:
+        failures = await events(nats_url, topics.POD_FAILED, job)
+        assert failures
+        return failures[0]
+
+    failure = await assert_eventually(oom, timeout=30)
+    assert failure.pod_name == f"{job}-worker-0"
+    assert failure.reason == pod_pb2.POD_FAILURE_REASON_OOM_KILLED, failure
+    # It waits for the optimizer's next plan rather than relaunching at the same size.
+    pods = await pods_of(stub, job)
+    assert pods[f"{job}-worker-0"].phase == pod_pb2.POD_PHASE_FAILED
+    assert pods[f"{job}-worker-0"].last_failure == pod_pb2.POD_FAILURE_REASON_OOM_KILLED
+    await bus.publish(topics.PLAN, job, plan(job, 2, worker_memory=192 * MIB), f"{job}.plan.2")
+
+    async def relaunched() -> bool:
+        pods = await pods_of(stub, job)
+        worker = pods[f"{job}-worker-0"]
+        assert worker.restarts >= 1 and worker.memory_bytes == 192 * MIB, worker
+        return True
+
+    await assert_eventually(relaunched, timeout=30)
+
+
+async def test_cancel_removes_the_pods(
+    harness: tuple[Podwatcher, Stub, Bus], nats_url: str
+) -> None:
+    _, stub, bus = harness
+    job = new_job()
+    await admit(bus, job, script="run")
+    await bus.publish(topics.PLAN, job, plan(job, 1), f"{job}.plan.1")
+    await running(stub, job, f"{job}-chief-0", f"{job}-ps-0", f"{job}-worker-0")
+    cancelled = job_pb2.JobFinished(
+        job_id=job, outcome=job_pb2.JOB_OUTCOME_CANCELLED, message="cancelled by user"
+    )
+    await bus.publish(topics.JOB_FINISHED, job, cancelled, f"{job}.finished")
+    await running(stub, job)
+    deleted = await events(nats_url, topics.POD_DELETED, job)
+    assert len(deleted) == 3
+
+
+async def test_a_sigkilled_podwatcher_readopts_its_pods(
+    harness: tuple[Podwatcher, Stub, Bus], nats_url: str
+) -> None:
+    podwatcher, stub, bus = harness
+    job = new_job()
+    await admit(bus, job, script_chief="finish-on-file", script="run")
+    await bus.publish(topics.PLAN, job, plan(job, 1), f"{job}.plan.1")
+    names = (f"{job}-chief-0", f"{job}-ps-0", f"{job}-worker-0")
+    before = await running(stub, job, *names)
+    podwatcher.process.kill()
+    podwatcher.process.start()
+    await serving(stub)
+    after = await running(stub, job, *names)
+    assert {n: p.restarts for n, p in after.items()} == {n: p.restarts for n, p in before.items()}
+    log = podwatcher.process.log_text()
+    assert "pods re-adopted" in log
+    # No duplicate: each pod was started once, and nothing was relaunched.
+    started = await events(nats_url, topics.POD_STARTED, job)
+    assert sorted(e.pod_name for e in started) == sorted(names)
+    assert not await events(nats_url, topics.POD_FAILED, job)
+    (podwatcher.state / "pods" / "jobs" / job / "finish").touch()
+    await running(stub, job)
+    starts = (podwatcher.state / "pods" / "jobs" / job / "starts.log").read_text().splitlines()
+    assert len(starts) == 1, starts
+
+
+async def test_a_bad_virtual_node_spec_stops_start_up_naming_it(
+    nats_url: str, postgres_url: str, tmp_path: Path
+) -> None:
+    podwatcher = Podwatcher(
+        nats_url, postgres_url, tmp_path, STRIDE_PODWATCHER_LOCAL_NODES="4x(cpu=two,memory=4Gi)"
+    )
+    podwatcher.process.start()
+    assert podwatcher.process.process is not None
+    code = podwatcher.process.process.wait(timeout=60)  # it stops by itself
+    assert code != 0
+    log = podwatcher.process.log_text()
+    assert "local_nodes" in log.lower() and "two" in log, log[-2000:]
