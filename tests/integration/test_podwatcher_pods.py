@@ -15,10 +15,11 @@ import json
 import uuid
 from collections.abc import AsyncIterator
 from pathlib import Path
-from typing import Any
+from typing import Any, TypeVar
 
 import grpc
 import pytest
+from google.protobuf.message import Message
 from nats.aio.msg import Msg
 
 from stride.api.podwatcher.v1 import podwatcher_service_pb2 as pb
@@ -127,7 +128,7 @@ async def harness(
         await serving(stub)
         yield podwatcher, stub, bus
     finally:
-        await channel.close()
+        await channel.close(None)
         await bus.close()
         podwatcher.process.terminate()
         # Pods outlive the podwatcher by design: remove what this test left.
@@ -157,7 +158,10 @@ async def running(stub: Stub, job_id: str, *names: str) -> dict[str, pb.Pod]:
     return (await assert_eventually(probe, timeout=30))[0]
 
 
-async def events(nats_url: str, topic: topics.Topic[Any], job_id: str) -> list[Any]:
+M = TypeVar("M", bound=Message)
+
+
+async def events(nats_url: str, topic: topics.Topic[M], job_id: str) -> list[M]:
     messages: list[Msg] = await stream_messages(nats_url, topic.subject(job_id))
     return [topic.message_type.FromString(m.data) for m in messages]
 

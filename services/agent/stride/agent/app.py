@@ -11,13 +11,15 @@ from __future__ import annotations
 
 import grpc
 
-from stride.agent.adapters.inbound.grpc_api import AgentApi
+from stride.agent.adapters.inbound.grpc_api import AgentApi, command_from_proto
 from stride.agent.adapters.outbound.checkpoints import CheckpointClient
+from stride.agent.adapters.outbound.control import AckPublisher, subscribe_commands
 from stride.agent.adapters.outbound.shards import ShardClient
 from stride.agent.adapters.outbound.steps import StepReporter
 from stride.agent.settings import AgentSettings
 from stride.agent.usecases import ControlChannel, PodAgent
 from stride.api.agent.v1 import agent_service_pb2, agent_service_pb2_grpc
+from stride.events.v1 import control_pb2
 from stride.runtime.lifecycle import Dependency, ServiceHost
 from stride.wiring import connect_bus, create_host
 
@@ -46,7 +48,7 @@ async def build(settings: AgentSettings) -> ServiceHost:
 
     # Closed after the server stopped, so RPCs finishing in the grace period still forward.
     host.add_dependency(Dependency("upstream channels", always_ready, close_channels, False))
-    control = ControlChannel()
+    control = ControlChannel(settings.pod_name)
     agent = PodAgent(
         settings.job_id,
         ShardClient(
@@ -59,7 +61,19 @@ async def build(settings: AgentSettings) -> ServiceHost:
         CheckpointClient(ckptcache, settings.ckptcache_address, settings.job_id),
         StepReporter(bus, settings.job_id, settings.pod_name),
         control,
+        AckPublisher(bus, settings.job_id, settings.pod_name),
     )
+
+    async def receive(command: control_pb2.ControlCommand) -> None:
+        control.deliver(command_from_proto(command), command.pod_name)
+
+    unsubscribe = await subscribe_commands(bus, settings.job_id, receive)
+
+    async def end_subscription() -> None:
+        await host.stop.wait()
+        await unsubscribe()
+
+    host.add_root_task("control-commands", end_subscription)
     agent_service_pb2_grpc.add_AgentServiceServicer_to_server(AgentApi(agent), host.server.server)
 
     async def stop_watchers() -> None:

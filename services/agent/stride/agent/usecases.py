@@ -14,11 +14,16 @@ from collections.abc import AsyncIterator
 from contextlib import asynccontextmanager
 from dataclasses import dataclass
 
+import structlog
+
 from stride.agent.adapters.outbound.checkpoints import CheckpointClient
+from stride.agent.adapters.outbound.control import AckPublisher
 from stride.agent.adapters.outbound.shards import ShardClient
 from stride.agent.adapters.outbound.steps import StepReporter
 from stride.agent.adapters.outbound.upstream import UpstreamError
 from stride.agent.domain.control import ControlAction, ControlCommand
+
+log = structlog.get_logger(__name__)
 
 __all__ = ["ControlChannel", "PodAgent", "UpstreamError"]
 
@@ -36,14 +41,43 @@ class PodAgent:
     checkpoints: CheckpointClient
     steps: StepReporter
     control: ControlChannel
+    acks: AckPublisher
 
 
 class ControlChannel:
-    """Fans control commands out to every current watcher."""
+    """Fans control commands out to every current watcher.
 
-    def __init__(self) -> None:
+    Commands come from the podwatcher over the bus (:meth:`deliver`): one addressed to
+    another pod is not ours, and one older than a plan version already passed on is stale
+    (redelivered or overtaken) and dropped. A command that arrives while no trainer watches
+    (it is starting, or restarting after a re-exec) is kept, the newest only, and given to
+    the next watcher."""
+
+    def __init__(self, pod_name: str = "") -> None:
+        self.pod_name = pod_name
         self._watchers: set[asyncio.Queue[ControlCommand]] = set()
         self._final: ControlCommand | None = None
+        self._newest_version = 0
+        self._kept: ControlCommand | None = None
+
+    def deliver(self, command: ControlCommand, pod_name: str) -> bool:
+        """Pass on a command from the podwatcher if it is for this pod and not stale."""
+        if pod_name and self.pod_name and pod_name != self.pod_name:
+            return False
+        if command.plan_version and command.plan_version < self._newest_version:
+            log.info(
+                "stale control command dropped",
+                action=command.action.value,
+                version=command.plan_version,
+                newest=self._newest_version,
+            )
+            return False
+        self._newest_version = max(self._newest_version, command.plan_version)
+        if not self._watchers:
+            self._kept = command
+            return True
+        self.send(command)
+        return True
 
     @property
     def watchers(self) -> int:
@@ -66,6 +100,9 @@ class ControlChannel:
     async def subscribe(self) -> AsyncIterator[asyncio.Queue[ControlCommand]]:
         """A queue receiving every command from now on (STOP at once if already closed)."""
         queue: asyncio.Queue[ControlCommand] = asyncio.Queue()
+        if self._kept is not None and self._final is None:
+            queue.put_nowait(self._kept)
+            self._kept = None
         if self._final is not None:
             queue.put_nowait(self._final)
         self._watchers.add(queue)

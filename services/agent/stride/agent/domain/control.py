@@ -20,6 +20,9 @@ class ControlAction(Enum):
     """Restore and continue (the migration is done)."""
     STOP = "stop"
     """Stop training (the job ended, or this pod is going away)."""
+    RECONFIGURE = "reconfigure"
+    """The job's cluster changed: pause, save, rebuild on the new cluster, restore, resume
+    (DLRover-RM sec. 5.2)."""
 
 
 @dataclass(frozen=True)
@@ -29,3 +32,5 @@ class ControlCommand:
     action: ControlAction
     reason: str
     plan_version: int = 0
+    cluster_json: str = ""
+    """For RECONFIGURE: the new cluster, ``{"chief": [...], "ps": [...], "worker": [...]}``."""

@@ -7,12 +7,13 @@ with their original status code.
 
 from __future__ import annotations
 
+import math
 from collections.abc import AsyncIterator
 from typing import Any
 
 import grpc
 
-from stride.agent.domain.control import ControlAction
+from stride.agent.domain.control import ControlAction, ControlCommand
 from stride.agent.domain.steps import StepWindow
 from stride.agent.usecases import PodAgent, UpstreamError
 from stride.api.agent.v1 import agent_service_pb2 as pb
@@ -27,7 +28,17 @@ ACTION_TO_PROTO = {
     ControlAction.PAUSE: control_pb2.CONTROL_ACTION_PAUSE,
     ControlAction.RESUME: control_pb2.CONTROL_ACTION_RESUME,
     ControlAction.STOP: control_pb2.CONTROL_ACTION_STOP,
+    ControlAction.RECONFIGURE: control_pb2.CONTROL_ACTION_RECONFIGURE,
 }
+ACTION_FROM_PROTO = {value: action for action, value in ACTION_TO_PROTO.items()}
+
+
+def command_from_proto(command: control_pb2.ControlCommand) -> ControlCommand:
+    """A command from the bus in domain terms; InvalidArgument for an unspecified action."""
+    action = ACTION_FROM_PROTO.get(command.action)
+    if action is None:
+        raise InvalidArgument("action", f"unknown control action {command.action}")
+    return ControlCommand(action, command.reason, command.plan_version, command.cluster_json)
 
 
 def _check_dataset(dataset: str) -> None:
@@ -49,6 +60,7 @@ class AgentApi(pb_grpc.AgentServiceServicer):
         self.checkpoints = agent.checkpoints
         self.steps = agent.steps
         self.control = agent.control
+        self.acks = agent.acks
 
     async def NextShard(
         self, request: pb.NextShardRequest, context: Context
@@ -142,6 +154,79 @@ class AgentApi(pb_grpc.AgentServiceServicer):
                     action=ACTION_TO_PROTO[command.action],
                     reason=command.reason,
                     plan_version=command.plan_version,
+                    cluster_json=command.cluster_json,
                 )
                 if command.action is ControlAction.STOP:
                     return
+
+    async def CreateDataset(
+        self, request: pb.CreateDatasetRequest, context: Context
+    ) -> pb.CreateDatasetResponse:
+        _check_dataset(request.dataset)
+        try:
+            created = await self.shards.create_dataset(request.dataset, request.parameters)
+        except UpstreamError as error:
+            await relay(context, error)
+            raise
+        return pb.CreateDatasetResponse(created=created)
+
+    async def GetDatasetState(
+        self, request: pb.GetDatasetStateRequest, context: Context
+    ) -> pb.GetDatasetStateResponse:
+        _check_dataset(request.dataset)
+        try:
+            state = await self.shards.dataset_state(request.dataset)
+        except UpstreamError as error:
+            await relay(context, error)
+            raise
+        return pb.GetDatasetStateResponse(state=state)
+
+    async def SnapshotShards(
+        self, request: pb.SnapshotShardsRequest, context: Context
+    ) -> pb.SnapshotShardsResponse:
+        _check_dataset(request.dataset)
+        try:
+            snapshot = await self.shards.snapshot(request.dataset)
+        except UpstreamError as error:
+            await relay(context, error)
+            raise
+        return pb.SnapshotShardsResponse(snapshot=snapshot)
+
+    async def RestoreShards(
+        self, request: pb.RestoreShardsRequest, context: Context
+    ) -> pb.RestoreShardsResponse:
+        _check_dataset(request.dataset)
+        if not request.snapshot:
+            raise InvalidArgument("snapshot", "is required: a snapshot from SnapshotShards")
+        try:
+            restored = await self.shards.restore(request.dataset, request.snapshot)
+        except UpstreamError as error:
+            await relay(context, error)
+            raise
+        return pb.RestoreShardsResponse(restored=restored)
+
+    async def AckControl(
+        self, request: pb.AckControlRequest, context: Context
+    ) -> pb.AckControlResponse:
+        if request.action not in ACTION_FROM_PROTO:
+            raise InvalidArgument("action", "must be PAUSE, RESUME, STOP or RECONFIGURE")
+        if request.plan_version < 0:
+            raise InvalidArgument(
+                "plan_version", f"must not be negative, got {request.plan_version}"
+            )
+        if not math.isfinite(request.paused_seconds) or request.paused_seconds < 0:
+            raise InvalidArgument(
+                "paused_seconds",
+                f"must be a finite, non-negative number, got {request.paused_seconds}",
+            )
+        await self.acks.publish(
+            control_pb2.ControlAck(
+                action=request.action,
+                plan_version=request.plan_version,
+                ok=request.ok,
+                message=request.message[:4000],
+                checkpoint_id=request.checkpoint_id,
+                paused_seconds=request.paused_seconds,
+            )
+        )
+        return pb.AckControlResponse()

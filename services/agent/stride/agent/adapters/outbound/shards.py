@@ -118,3 +118,47 @@ class ShardClient:
                 )
         except grpc.aio.AioRpcError as error:
             raise UpstreamError.wrap(UPSTREAM, self.address, error) from None
+
+    async def create_dataset(self, dataset: str, parameters: pb.DatasetParameters) -> bool:
+        """Create the job's dataset (False: it existed with these parameters)."""
+        try:
+            reply = await self.stub.CreateDataset(
+                pb.CreateDatasetRequest(job_id=self.job_id, dataset=dataset, parameters=parameters),
+                timeout=self.timeout,
+            )
+        except grpc.aio.AioRpcError as error:
+            raise UpstreamError.wrap(UPSTREAM, self.address, error) from None
+        return bool(reply.created)
+
+    async def dataset_state(self, dataset: str) -> pb.GetDatasetStateResponse:
+        """The dataset's progress."""
+        try:
+            reply: pb.GetDatasetStateResponse = await self.stub.GetDatasetState(
+                pb.GetDatasetStateRequest(job_id=self.job_id, dataset=dataset),
+                timeout=self.timeout,
+            )
+        except grpc.aio.AioRpcError as error:
+            raise UpstreamError.wrap(UPSTREAM, self.address, error) from None
+        return reply
+
+    async def snapshot(self, dataset: str) -> pb.SnapshotShardsResponse:
+        """The dataset's shard state, to keep with a checkpoint."""
+        try:
+            reply: pb.SnapshotShardsResponse = await self.stub.SnapshotShards(
+                pb.SnapshotShardsRequest(job_id=self.job_id, dataset=dataset),
+                timeout=self.timeout,
+            )
+        except grpc.aio.AioRpcError as error:
+            raise UpstreamError.wrap(UPSTREAM, self.address, error) from None
+        return reply
+
+    async def restore(self, dataset: str, snapshot: bytes) -> pb.RestoreShardsResponse:
+        """Put the dataset's shards back to ``snapshot``."""
+        try:
+            reply: pb.RestoreShardsResponse = await self.stub.RestoreShards(
+                pb.RestoreShardsRequest(job_id=self.job_id, dataset=dataset, snapshot=snapshot),
+                timeout=self.timeout,
+            )
+        except grpc.aio.AioRpcError as error:
+            raise UpstreamError.wrap(UPSTREAM, self.address, error) from None
+        return reply
