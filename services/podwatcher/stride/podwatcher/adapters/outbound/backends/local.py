@@ -151,7 +151,7 @@ class LocalBackend:
             "STRIDE_AGENT_DISPATCHER_ADDRESS": env.dispatcher_address,
             "STRIDE_AGENT_CKPTCACHE_ADDRESS": env.ckptcache_address,
             "STRIDE_AGENT_LOG_LEVEL": env.log_level,
-            "STRIDE_AGENT_LOG_JSON": "false",
+            "STRIDE_AGENT_LOG_JSON": "true",
         }
         trainer = {
             **common,

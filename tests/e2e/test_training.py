@@ -1,0 +1,302 @@
+"""Jobs that really train: Wide & Deep under TensorFlow's ParameterServerStrategy, in pods
+the podwatcher runs (trainer plus agent sidecar, under cgroup limits), fed by the shard
+dispatcher and checkpointed into the checkpoint cache, on real NATS and PostgreSQL.
+
+The plans are published by the test (as the optimizer would), so each test controls the
+cluster: completion with exactly-once data, scale out and in and a PS added mid-epoch
+through the chief's RECONFIGURE, and recovery from a SIGKILLed worker and PS.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import shutil
+import signal
+import uuid
+from collections import Counter
+from collections.abc import AsyncIterator
+from pathlib import Path
+from typing import Any
+
+import grpc
+import pytest
+
+from stride.api.dispatcher.v1 import dispatcher_service_pb2 as dispatcher_pb
+from stride.api.dispatcher.v1 import dispatcher_service_pb2_grpc as dispatcher_grpc
+from stride.api.podwatcher.v1 import podwatcher_service_pb2 as pb
+from stride.api.podwatcher.v1 import podwatcher_service_pb2_grpc as pb_grpc
+from stride.bus import topics
+from stride.bus.client import Bus
+from stride.events.v1 import job_pb2, plan_pb2, pod_pb2
+from stride.testing.eventually import assert_eventually
+from stride.testing.processes import ServiceProcess
+from stride.testing.streams import stream_messages
+
+pytestmark = [pytest.mark.e2e, pytest.mark.timeout(600)]
+
+MIB = 1024**2
+RECORDS = 12_000
+BATCH = 256
+EPOCHS = 2
+
+
+def new_job() -> str:
+    return f"job-{uuid.uuid4().hex[:10]}"
+
+
+def plan(job_id: str, version: int, workers: int = 1, ps: int = 1) -> plan_pb2.ResourcePlan:
+    return plan_pb2.ResourcePlan(
+        job_id=job_id,
+        version=version,
+        reason=f"test plan {version}",
+        algorithm="test/1",
+        roles=[
+            plan_pb2.RoleResources(role=plan_pb2.ROLE_CHIEF, count=1, cpu=1.0, memory_bytes=1536 * MIB),
+            plan_pb2.RoleResources(role=plan_pb2.ROLE_PS, count=ps, cpu=1.0, memory_bytes=1024 * MIB),
+            plan_pb2.RoleResources(
+                role=plan_pb2.ROLE_WORKER, count=workers, cpu=1.0, memory_bytes=1024 * MIB
+            ),
+        ],
+    )
+
+
+def spec(job_id: str, records: int = RECORDS) -> job_pb2.JobSpec:
+    return job_pb2.JobSpec(
+        name=job_id,
+        user="tester",
+        model=job_pb2.ModelReference(
+            name="wide-and-deep", entrypoint="stride_examples.wide_deep:train"
+        ),
+        dataset=job_pb2.DatasetSpec(name="criteo-synthetic", record_count=records),
+        batch_size=BATCH,
+        hyperparameters={"learning_rate": "0.01", "embedding_dim": "8"},
+        termination=job_pb2.Termination(max_epochs=EPOCHS),
+    )
+
+
+class Suite:
+    """The dispatcher, the checkpoint cache and the podwatcher as real processes."""
+
+    def __init__(self, nats_url: str, database_url: str, root: Path, **podwatcher: str) -> None:
+        self.root = root
+        self.nats_url = nats_url
+        logs = root / "logs"
+        logs.mkdir(parents=True)
+        self.shm = Path("/dev/shm") / f"stride-e2e-{uuid.uuid4().hex[:10]}"
+        common = {"STRIDE_NATS_URL": nats_url, "STRIDE_DATABASE_URL": database_url}
+        self.dispatcher = ServiceProcess(
+            "dispatcher", {**common, "STRIDE_DISPATCHER_HEALTH_INTERVAL_SECONDS": "0.2"}, logs
+        )
+        self.ckptcache = ServiceProcess(
+            "ckptcache",
+            {
+                **common,
+                "STRIDE_CKPTCACHE_STORE_DIR": str(root / "store"),
+                "STRIDE_CKPTCACHE_SHM_DIR": str(self.shm),
+            },
+            logs,
+        )
+        self.podwatcher = ServiceProcess(
+            "podwatcher",
+            {
+                **common,
+                "STRIDE_PODWATCHER_LOCAL_STATE_DIR": str(root / "pods"),
+                "STRIDE_PODWATCHER_LOCAL_NODES": "4x(cpu=2,memory=3Gi)",
+                "STRIDE_PODWATCHER_DISPATCHER_ADDRESS": self.dispatcher.address,
+                "STRIDE_PODWATCHER_CKPTCACHE_ADDRESS": self.ckptcache.address,
+                "STRIDE_PODWATCHER_CHECKPOINT_EVERY_STEPS": "20",
+                "STRIDE_PODWATCHER_USAGE_INTERVAL_SECONDS": "1",
+                "STRIDE_PODWATCHER_OOM_REPLAN_SECONDS": "5",
+                **podwatcher,
+            },
+            logs,
+        )
+
+    def start(self) -> None:
+        for process in (self.dispatcher, self.ckptcache, self.podwatcher):
+            process.start()
+
+    def stop(self) -> None:
+        for process in (self.podwatcher, self.ckptcache, self.dispatcher):
+            process.terminate()
+        shutil.rmtree(self.shm, ignore_errors=True)
+
+    def pod_dir(self, pod: str) -> Path:
+        return self.root / "pods" / "pods" / pod
+
+    def consumed(self, job_id: str) -> list[dict[str, Any]]:
+        path = self.root / "pods" / "jobs" / job_id / "consumed.jsonl"
+        if not path.exists():
+            return []
+        return [json.loads(line) for line in path.read_text().splitlines() if line.strip()]
+
+    def chief_events(self, job_id: str) -> list[dict[str, Any]]:
+        path = self.pod_dir(f"{job_id}-chief-0") / "trainer.log"
+        found = []
+        for line in path.read_text().splitlines() if path.exists() else []:
+            if line.startswith("{"):
+                try:
+                    found.append(json.loads(line))
+                except json.JSONDecodeError:
+                    continue
+        return found
+
+
+@pytest.fixture
+async def suite(nats_url: str, postgres_url: str, tmp_path: Path) -> AsyncIterator[Suite]:
+    running = Suite(nats_url, postgres_url, tmp_path)
+    running.start()
+    try:
+        yield running
+    finally:
+        running.stop()
+        from stride.podwatcher.adapters.outbound.backends.localpods import LocalPods
+
+        leftovers = LocalPods(tmp_path / "pods")
+        for status in leftovers.adopt():
+            await leftovers.delete(status.launch.pod, grace_seconds=2)
+        await leftovers.close()
+
+
+async def submit(suite: Suite, job_id: str, workers: int = 1, ps: int = 1) -> Bus:
+    bus = await Bus.connect(suite.nats_url, name="test")
+    await bus.ensure_streams()
+    decision = job_pb2.AdmissionDecision(
+        job_id=job_id, outcome=job_pb2.ADMISSION_OUTCOME_ADMITTED, spec=spec(job_id)
+    )
+    await bus.publish(topics.JOB_ADMITTED, job_id, decision, f"{job_id}.admitted")
+    await bus.publish(topics.PLAN, job_id, plan(job_id, 1, workers, ps), f"{job_id}.plan.1")
+    return bus
+
+
+async def finished(suite: Suite, job_id: str, timeout: float = 300) -> job_pb2.JobFinished:
+    async def probe() -> job_pb2.JobFinished:
+        messages = await stream_messages(suite.nats_url, topics.JOB_FINISHED.subject(job_id))
+        assert messages, "not finished yet"
+        return job_pb2.JobFinished.FromString(messages[0].data)
+
+    end: job_pb2.JobFinished = await assert_eventually(probe, timeout=timeout, interval=1.0)
+    return end
+
+
+async def trained_steps(suite: Suite, job_id: str, at_least: int, timeout: float = 240) -> None:
+    async def probe() -> bool:
+        steps = [e["step"] for e in suite.chief_events(job_id) if e.get("event") == "steps"]
+        assert steps and steps[-1] >= at_least, steps[-3:]
+        return True
+
+    await assert_eventually(probe, timeout=timeout, interval=0.5)
+
+
+def check_exactly_once(consumed: list[dict[str, Any]]) -> None:
+    counts = Counter((entry["epoch"], index) for entry in consumed for index in entry["indices"])
+    expected = {(epoch, index) for epoch in range(EPOCHS) for index in range(RECORDS)}
+    assert set(counts) == expected, f"{len(expected - set(counts))} samples never trained on"
+    assert set(counts.values()) == {1}, counts.most_common(3)
+
+
+def dataset_state(suite: Suite, job_id: str) -> dispatcher_pb.GetDatasetStateResponse:
+    with grpc.insecure_channel(suite.dispatcher.address) as channel:
+        reply: dispatcher_pb.GetDatasetStateResponse = dispatcher_grpc.DispatcherServiceStub(
+            channel
+        ).GetDatasetState(dispatcher_pb.GetDatasetStateRequest(job_id=job_id, dataset="train"))
+    return reply
+
+
+async def test_wide_and_deep_trains_to_completion_on_every_sample_once(suite: Suite) -> None:
+    job = new_job()
+    bus = await submit(suite, job, workers=2)
+    try:
+        end = await finished(suite, job)
+    finally:
+        await bus.close()
+    assert end.outcome == job_pb2.JOB_OUTCOME_SUCCEEDED, end.message
+    check_exactly_once(suite.consumed(job))
+    state = dataset_state(suite, job)
+    assert state.finished and (state.todo, state.doing) == (0, 0), state
+    losses = [e["loss"] for e in suite.chief_events(job) if e.get("event") == "steps"]
+    assert len(losses) >= 3 and losses[-1] < losses[0], losses
+
+    def only_the_chief_is_left() -> bool:
+        with grpc.insecure_channel(suite.podwatcher.address) as channel:
+            pods = pb_grpc.PodWatcherServiceStub(channel).GetJobPods(
+                pb.GetJobPodsRequest(job_id=job)
+            ).pods
+        phases = {p.name: p.phase for p in pods}
+        assert phases == {f"{job}-chief-0": pod_pb2.POD_PHASE_SUCCEEDED}, phases
+        return True
+
+    await assert_eventually(only_the_chief_is_left, timeout=30)
+
+
+async def test_scale_out_and_in_and_a_second_ps_while_training(suite: Suite) -> None:
+    job = new_job()
+    bus = await submit(suite, job, workers=1)
+    try:
+        await trained_steps(suite, job, 10)
+        await bus.publish(topics.PLAN, job, plan(job, 2, workers=3), f"{job}.plan.2")
+        await assert_eventually(
+            lambda: any(
+                e.get("event") == "reconfigured" and e["version"] == 2
+                for e in suite.chief_events(job)
+            ),
+            timeout=180,
+            interval=0.5,
+        )
+        await bus.publish(topics.PLAN, job, plan(job, 3, workers=1, ps=2), f"{job}.plan.3")
+        end = await finished(suite, job)
+    finally:
+        await bus.close()
+    assert end.outcome == job_pb2.JOB_OUTCOME_SUCCEEDED, end.message
+    events = suite.chief_events(job)
+    versions = [e["version"] for e in events if e.get("event") == "reconfigured"]
+    assert versions == [2, 3], versions
+    restored = [e for e in events if e.get("event") == "restored"]
+    assert len(restored) == 2  # each move restored the flash checkpoint it made
+    # At most one checkpoint interval of samples is repeated per move, none is lost.
+    consumed = suite.consumed(job)
+    counts = Counter((entry["epoch"], index) for entry in consumed for index in entry["indices"])
+    expected = {(epoch, index) for epoch in range(EPOCHS) for index in range(RECORDS)}
+    assert set(counts) == expected
+    assert max(counts.values()) == 1  # a move checkpoints after the shards it finished
+
+
+async def test_a_sigkilled_worker_and_ps_are_relaunched_and_the_job_completes(
+    suite: Suite,
+) -> None:
+    job = new_job()
+    bus = await submit(suite, job, workers=2)
+    try:
+        await trained_steps(suite, job, 20)
+        worker_pids = json.loads((suite.pod_dir(f"{job}-worker-1") / "pids.json").read_text())
+        os.kill(worker_pids["trainer"], signal.SIGKILL)
+
+        async def failed(pod: str) -> pod_pb2.PodEvent:
+            messages = await stream_messages(suite.nats_url, topics.POD_FAILED.subject(job))
+            found = [pod_pb2.PodEvent.FromString(m.data) for m in messages]
+            mine = [e for e in found if e.pod_name == pod]
+            assert mine, found
+            return mine[0]
+
+        failure = await assert_eventually(lambda: failed(f"{job}-worker-1"), timeout=30)
+        assert failure.reason == pod_pb2.POD_FAILURE_REASON_ERROR
+        assert "SIGKILL" in failure.message
+        await trained_steps(suite, job, 40)
+        ps_pids = json.loads((suite.pod_dir(f"{job}-ps-0") / "pids.json").read_text())
+        os.kill(ps_pids["trainer"], signal.SIGKILL)
+        await assert_eventually(lambda: failed(f"{job}-ps-0"), timeout=30)
+        end = await finished(suite, job)
+    finally:
+        await bus.close()
+    assert end.outcome == job_pb2.JOB_OUTCOME_SUCCEEDED, end.message
+    events = suite.chief_events(job)
+    assert any(e.get("event") == "cluster failure" for e in events)
+    assert any(e.get("event") == "restored" for e in events)
+    counts = Counter(
+        (entry["epoch"], index) for entry in suite.consumed(job) for index in entry["indices"]
+    )
+    expected = {(epoch, index) for epoch in range(EPOCHS) for index in range(RECORDS)}
+    assert set(counts) == expected  # nothing lost
+    repeated = sum(count - 1 for count in counts.values())
+    assert repeated <= 20 * BATCH  # at most one checkpoint interval (20 steps) repeated
