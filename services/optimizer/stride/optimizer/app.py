@@ -8,7 +8,11 @@ from stride.api.optimizer.v1 import optimizer_service_pb2, optimizer_service_pb2
 from stride.bus import topics
 from stride.db.outbox import Outbox
 from stride.decisions import build_decisions
-from stride.optimizer.adapters.inbound.bus_handlers import AdmittedHandler, FinishedHandler
+from stride.optimizer.adapters.inbound.bus_handlers import (
+    AdmittedHandler,
+    FinishedHandler,
+    PodFailedHandler,
+)
 from stride.optimizer.adapters.inbound.grpc_api import OptimizerApi
 from stride.optimizer.db.tables import outbox as outbox_table
 from stride.optimizer.settings import OptimizerSettings
@@ -20,6 +24,7 @@ MIGRATIONS = Path(__file__).parent / "db" / "migrations"
 SERVICE_NAME = optimizer_service_pb2.DESCRIPTOR.services_by_name["OptimizerService"].full_name
 ADMITTED_DURABLE = "optimizer-admitted"
 FINISHED_DURABLE = "optimizer-finished"
+POD_FAILED_DURABLE = "optimizer-pod-failed"
 
 
 async def build(settings: OptimizerSettings) -> ServiceHost:
@@ -48,6 +53,14 @@ async def build(settings: OptimizerSettings) -> ServiceHost:
         topics.JOB_FINISHED,
         durable=FINISHED_DURABLE,
         handler=FinishedHandler(planning),
+        ack_wait=settings.ack_wait_seconds,
+    )
+    consume(
+        host,
+        bus,
+        topics.POD_FAILED,
+        durable=POD_FAILED_DURABLE,
+        handler=PodFailedHandler(planning),
         ack_wait=settings.ack_wait_seconds,
     )
     return host

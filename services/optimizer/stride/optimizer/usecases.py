@@ -15,6 +15,7 @@ plan version exactly once in the database and once on the stream:
 
 from __future__ import annotations
 
+from dataclasses import replace
 from datetime import UTC, datetime
 from typing import TypeVar
 
@@ -24,22 +25,36 @@ from stride.bus import topics
 from stride.db.engine import Database, Session
 from stride.db.outbox import Outbox
 from stride.decisions import DecisionFailed, DecisionPort
-from stride.events.v1 import job_pb2, optimization_pb2, plan_pb2
-from stride.optimizer.adapters.convert import event_to_proto, features_from_spec, plan_to_proto
+from stride.events.v1 import job_pb2, optimization_pb2, plan_pb2, pod_pb2
+from stride.optimizer.adapters.convert import (
+    event_to_proto,
+    features_from_spec,
+    plan_from_proto,
+    plan_to_proto,
+)
 from stride.optimizer.adapters.outbound import repository
 from stride.optimizer.domain.administrator import (
     JobStage,
+    StageError,
     Step,
     check_job_id,
     on_admitted,
     on_finished,
+    on_manual_scale,
+    on_pod_failure,
 )
+from stride.policy import dlrover
 from stride.policy.cold_start import COLD_START, ColdStartRequest
+from stride.policy.plans import Plan, Role
 from stride.policy.registry import AlgorithmSpec
-from stride.runtime.errors import InvalidArgument, NotFound, Unavailable
+from stride.runtime.errors import FailedPrecondition, InvalidArgument, NotFound, Unavailable
+from stride.vocabulary import check_pod_count
 
 log = structlog.get_logger(__name__)
 
+DLROVER_ADJUST = next(spec for spec in dlrover.ALGORITHMS if spec.name == dlrover.ADJUST_NAME)
+"""DLRover's stage step, whose first rules are the OOM rules Stride's simulator applies too:
+a worker OOM doubles the workers' memory, a PS OOM doubles the PS count (sec. 4.2)."""
 RequestT = TypeVar("RequestT")
 ReplyT = TypeVar("ReplyT")
 
@@ -163,3 +178,120 @@ class Planning:
             if await repository.get_administrator(session, job_id) is None:
                 raise NotFound(f"job {job_id!r} not found")
             return await repository.list_events(session, job_id)
+
+    async def scale(self, job_id: str, workers: int, ps: int, reason: str) -> plan_pb2.ResourcePlan:
+        """An operator's manual plan: the newest plan with these counts, as the next
+        version, recorded as an override (DLRover's ScalePlan)."""
+        check_job_id(job_id)
+        check_pod_count(workers, "workers", raise_as=InvalidArgument)
+        if workers < 1:
+            raise InvalidArgument("workers", f"must be at least 1, got {workers}")
+        check_pod_count(ps, "ps", raise_as=InvalidArgument)
+        if len(reason) > 500:
+            raise InvalidArgument("reason", f"must be at most 500 characters, got {len(reason)}")
+        now = datetime.now(UTC)
+        async with self.database.transaction() as session:
+            administrator = await repository.get_administrator(session, job_id, for_update=True)
+            if administrator is None:
+                raise NotFound(f"job {job_id!r} not found")
+            newest = await repository.newest_plan(session, job_id)
+            if newest is None:
+                raise FailedPrecondition(f"job {job_id!r} has no plan to scale yet")
+            plan = _with_counts(plan_from_proto(newest), workers, ps, reason)
+            try:
+                step = on_manual_scale(
+                    administrator,
+                    job_id,
+                    plan,
+                    str(administrator.plan_version + 1),
+                    f"manual scale by operator to {workers} workers"
+                    + (f" and {ps} PS" if ps else "")
+                    + (f": {reason}" if reason else ""),
+                    now,
+                )
+            except StageError as error:
+                raise FailedPrecondition(str(error)) from None
+            await self._store(session, step, None, now)
+        self.outbox.notify()
+        log.info("manual scale published", job_id=job_id, version=step.plans[0].version)
+        return plan_to_proto(step.plans[0])
+
+    async def pod_failed(self, event: pod_pb2.PodEvent, event_id: str) -> None:
+        """An OOM-killed pod gets the policy's OOM rule as the next plan, once per failure.
+
+        Other failures change no plan: the podwatcher relaunches the pod as it was.
+        """
+        job_id = check_job_id(event.job_id)
+        if event.reason != pod_pb2.POD_FAILURE_REASON_OOM_KILLED:
+            log.info("pod failure noted; no new plan", job_id=job_id, pod=event.pod_name)
+            return
+        async with self.database.sessions() as session:
+            administrator = await repository.get_administrator(session, job_id)
+            newest = await repository.newest_plan(session, job_id)
+            seen = await repository.has_event(session, event_id)
+        if administrator is None or newest is None:
+            raise InvalidArgument("job_id", f"no job {job_id!r} with a plan is known here")
+        if seen or administrator.stage is JobStage.FINISHED:
+            return
+        role = _ROLE_BY_EVENT.get(event.role)
+        current = plan_from_proto(newest)
+        if role is None or current.role(Role.PS) is None or current.role(Role.WORKER) is None:
+            log.warning("OOM of a pod the OOM rule does not cover", pod=event.pod_name)
+            return
+        request = _oom_request(current, role, event.index)
+        reply = await self._decide(DLROVER_ADJUST, request, job_id)
+        now = datetime.now(UTC)
+        async with self.database.transaction() as session:
+            existing = await repository.get_administrator(session, job_id, for_update=True)
+            if await repository.has_event(session, event_id):
+                return
+            step = on_pod_failure(
+                existing,
+                job_id,
+                reply.plan,
+                event_id,
+                f"{event.pod_name} was OOM-killed: {reply.plan.reason if reply.plan else ''}",
+                now,
+            )
+            if not step.changed:
+                return
+            await self._store(session, step, None, now)
+        self.outbox.notify()
+        log.info("OOM relaunch plan published", job_id=job_id, pod=event.pod_name)
+
+
+_ROLE_BY_EVENT = {plan_pb2.ROLE_WORKER: Role.WORKER, plan_pb2.ROLE_PS: Role.PS}
+
+
+def _oom_request(plan: Plan, role: Role, index: int) -> dlrover.AdjustRequest:
+    """DLRover's step request for an OOM kill of pod ``index`` of ``role``."""
+    observations = {}
+    for each in (Role.WORKER, Role.PS):
+        resources = plan.role(each)
+        count = 0 if resources is None else resources.count
+        observations[each] = tuple(
+            dlrover.PodObservation(i, 0.0, 0, oom_killed=(each is role and i == index))
+            for i in range(count)
+        )
+    return dlrover.AdjustRequest(
+        dlrover.Stage.SAMPLE, plan, observations[Role.WORKER], observations[Role.PS]
+    )
+
+
+def _with_counts(plan: Plan, workers: int, ps: int, reason: str) -> Plan:
+    roles = []
+    for resources in plan.roles:
+        count = resources.count
+        if resources.role is Role.WORKER:
+            count = workers
+        elif resources.role is Role.PS and ps:
+            count = ps
+        overrides = tuple(o for o in resources.overrides if o.index < count)
+        roles.append(replace(resources, count=count, overrides=overrides))
+    if all(r.role is not Role.WORKER for r in roles):
+        raise FailedPrecondition("the job's plan has no worker role to scale")
+    return Plan(
+        roles=tuple(roles),
+        reason="manual scale by operator" + (f": {reason}" if reason else ""),
+        algorithm="manual",
+    )

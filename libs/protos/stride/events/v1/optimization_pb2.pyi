@@ -85,6 +85,8 @@ class _RootCauseEnumTypeWrapper(_enum_type_wrapper._EnumTypeWrapper[_RootCause.V
     """A pod was killed, or is predicted to be killed, for memory."""
     ROOT_CAUSE_POD_FAILURE: _RootCause.ValueType  # 8
     """A pod failed or was evicted."""
+    ROOT_CAUSE_OVERRIDE: _RootCause.ValueType  # 9
+    """An operator's manual plan (stride scale), recorded as an override."""
 
 class RootCause(_RootCause, metaclass=_RootCauseEnumTypeWrapper):
     """Why the optimizer acted."""
@@ -107,6 +109,8 @@ ROOT_CAUSE_OOM: RootCause.ValueType  # 7
 """A pod was killed, or is predicted to be killed, for memory."""
 ROOT_CAUSE_POD_FAILURE: RootCause.ValueType  # 8
 """A pod failed or was evicted."""
+ROOT_CAUSE_OVERRIDE: RootCause.ValueType  # 9
+"""An operator's manual plan (stride scale), recorded as an override."""
 Global___RootCause: _TypeAlias = RootCause  # noqa: Y015
 
 class _AlgorithmStatus:

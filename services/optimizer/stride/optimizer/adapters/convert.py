@@ -15,7 +15,7 @@ from stride.optimizer.domain.administrator import (
 )
 from stride.policy.cold_start import JobFeatures
 from stride.policy.errors import InvalidFeatures
-from stride.policy.plans import Role
+from stride.policy.plans import Plan, PodOverride, Role, RoleResources
 from stride.runtime.errors import InvalidArgument
 from stride.vocabulary import InvalidWord
 from stride.vocabulary.jobspec import JobSpec, validate
@@ -37,6 +37,7 @@ ROOT_CAUSE_TO_PROTO = {
     RootCause.IDLE_PS: optimization_pb2.ROOT_CAUSE_IDLE_PS,
     RootCause.OOM: optimization_pb2.ROOT_CAUSE_OOM,
     RootCause.POD_FAILURE: optimization_pb2.ROOT_CAUSE_POD_FAILURE,
+    RootCause.OVERRIDE: optimization_pb2.ROOT_CAUSE_OVERRIDE,
 }
 
 ROLE_TO_PROTO = {
@@ -126,4 +127,27 @@ def event_to_proto(event: OptimizationEvent) -> optimization_pb2.OptimizationEve
         root_cause=ROOT_CAUSE_TO_PROTO[event.root_cause],
         detail=event.detail,
         created_at=timestamp(event.created_at),
+    )
+
+
+ROLE_FROM_PROTO = {value: role for role, value in ROLE_TO_PROTO.items()}
+
+
+def plan_from_proto(message: plan_pb2.ResourcePlan) -> Plan:
+    """A published plan back in policy terms (for the next decision about it)."""
+    return Plan(
+        roles=tuple(
+            RoleResources(
+                role=ROLE_FROM_PROTO[resources.role],
+                count=resources.count,
+                cpu=resources.cpu,
+                memory_bytes=resources.memory_bytes,
+                overrides=tuple(
+                    PodOverride(o.index, o.cpu, o.memory_bytes) for o in resources.overrides
+                ),
+            )
+            for resources in message.roles
+        ),
+        reason=message.reason,
+        algorithm=message.algorithm,
     )

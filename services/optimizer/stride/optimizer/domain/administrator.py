@@ -54,6 +54,7 @@ class RootCause(Enum):
     IDLE_PS = "idle_ps"
     OOM = "oom"
     POD_FAILURE = "pod_failure"
+    OVERRIDE = "override"
 
 
 NEXT_STAGES: dict[JobStage, frozenset[JobStage]] = {
@@ -189,3 +190,54 @@ def on_finished(existing: Administrator | None, job_id: str) -> Step:
     if existing is None:
         return Step(None, Administrator(job_id, JobStage.FINISHED))
     return Step(existing, existing.advance(JobStage.FINISHED))
+
+
+def on_manual_scale(
+    existing: Administrator | None,
+    job_id: str,
+    plan: Plan,
+    request_id: str,
+    detail: str,
+    now: datetime,
+) -> Step:
+    """An operator's manual plan (``stride scale``, DLRover's ScalePlan): published as the
+    job's next version and recorded as an override. Raises StageError for a finished job."""
+    if existing is None:
+        raise StageError(f"job {job_id} has no administrator")
+    if existing.stage is JobStage.FINISHED:
+        raise StageError(f"job {job_id} has finished; it gets no more plans")
+    event = OptimizationEvent(
+        event_id=f"{job_id}.override.{request_id}",
+        job_id=job_id,
+        stage=existing.stage,
+        root_cause=RootCause.OVERRIDE,
+        detail=detail,
+        created_at=now,
+    )
+    administrator, versioned = existing.publish(plan, now)
+    return Step(existing, administrator, (event,), (versioned,))
+
+
+def on_pod_failure(
+    existing: Administrator | None,
+    job_id: str,
+    plan: Plan | None,
+    event_id: str,
+    detail: str,
+    now: datetime,
+) -> Step:
+    """A pod was OOM-killed: ``plan`` (the policy's OOM rule, or None if it changes nothing)
+    becomes the next version. ``event_id`` is derived from the failure, so a redelivered
+    failure finds its event and changes nothing (the caller checks that first)."""
+    if existing is None or existing.stage is JobStage.FINISHED or plan is None:
+        return Step(existing, existing)
+    event = OptimizationEvent(
+        event_id=event_id,
+        job_id=job_id,
+        stage=existing.stage,
+        root_cause=RootCause.OOM,
+        detail=detail,
+        created_at=now,
+    )
+    administrator, versioned = existing.publish(plan, now)
+    return Step(existing, administrator, (event,), (versioned,))

@@ -6,7 +6,7 @@ The bus has already checked that each payload's job id is its subject's (see ``B
 from __future__ import annotations
 
 from stride.bus.client import Delivery
-from stride.events.v1 import job_pb2
+from stride.events.v1 import job_pb2, pod_pb2
 from stride.optimizer.usecases import Planning
 
 
@@ -28,3 +28,14 @@ class FinishedHandler:
 
     async def __call__(self, event: job_pb2.JobFinished, delivery: Delivery) -> None:
         await self.planning.finished(event)
+
+
+class PodFailedHandler:
+    """Turns an OOM kill into the policy's OOM relaunch plan, once per failure event."""
+
+    def __init__(self, planning: Planning) -> None:
+        self.planning = planning
+
+    async def __call__(self, event: pod_pb2.PodEvent, delivery: Delivery) -> None:
+        # The failure's bus id (pod, kind, restart count) names it: a redelivery is the same.
+        await self.planning.pod_failed(event, f"{event.job_id}.oom.{delivery.message_id}")

@@ -34,3 +34,9 @@ class OptimizerApi(pb_grpc.OptimizerServiceServicer):
     ) -> pb.ListOptimizationEventsResponse:
         events = await self.planning.events(request.job_id)
         return pb.ListOptimizationEventsResponse(events=events)
+
+    async def ScaleJob(self, request: pb.ScaleJobRequest, context: Context) -> pb.ScaleJobResponse:
+        plan = await self.planning.scale(
+            request.job_id, request.workers, request.ps, request.reason
+        )
+        return pb.ScaleJobResponse(plan=plan)

@@ -121,3 +121,11 @@ async def list_events(
         .order_by(optimization_events.c.seq)
     )
     return [optimization_pb2.OptimizationEvent.FromString(payload) for payload in rows]
+
+
+async def has_event(session: AsyncSession, event_id: str) -> bool:
+    """Whether an optimization event with this id was recorded."""
+    found = await session.scalar(
+        select(optimization_events.c.event_id).where(optimization_events.c.event_id == event_id)
+    )
+    return found is not None
