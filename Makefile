@@ -53,17 +53,25 @@ test-unit: install  ## Only the fast unit tests
 bench: install  ## Run every benchmark; each prints its ratio to a reference and rewrites bench/results/
 	@for script in bench/*.py; do echo "== $$script"; $(PY) $$script || exit 1; done
 
-demo: install  ## Bring the suite up, submit a valid and an invalid job, show status, shut down
+demo: install  ## A job that trains: submit, pods start, loss falls, a live plan change, done
 	@rm -rf $(DEMO_STATE); trap '$(STRIDE) down --state-dir $(DEMO_STATE)' EXIT; \
-	set -e; \
-	$(STRIDE) up --state-dir $(DEMO_STATE); \
+	set -e; S="--state-dir $(DEMO_STATE)"; \
+	$(STRIDE) up $$S; \
 	echo; echo '$$ stride submit examples/wide-deep.yaml --wait'; \
-	$(STRIDE) submit examples/wide-deep.yaml --wait --state-dir $(DEMO_STATE); \
+	JOB=$$($(STRIDE) submit examples/wide-deep.yaml --wait $$S | tee /dev/stderr | awk '/^job-/ {print $$1; exit}'); \
+	test -n "$$JOB" || { echo "error: no job id in the submit output"; exit 1; }; \
+	echo; echo "waiting for $$JOB to train..."; \
+	for i in $$(seq 90); do $(STRIDE) logs $$JOB $$JOB-chief-0 --tail 200 $$S 2>/dev/null | grep -q '"event": "steps"' && break; sleep 2; done; \
+	echo; echo '$$ stride top --once'; $(STRIDE) top --once $$S; \
+	echo; echo "$$ stride scale $$JOB --workers 2   # a live plan change"; \
+	$(STRIDE) scale $$JOB --workers 2 --reason "make demo" $$S; \
+	echo; echo "$$ stride wait $$JOB"; $(STRIDE) wait $$JOB --timeout 900 $$S; \
+	echo; echo "$$ stride logs $$JOB $$JOB-chief-0 | grep -E 'steps|reconfigured|finished'"; \
+	$(STRIDE) logs $$JOB $$JOB-chief-0 --tail 2000 $$S | grep -E '"event": "(steps|reconfigured|finished)"' | sed -n '1,3p;$$p'; \
+	echo; echo "$$ stride plans $$JOB"; $(STRIDE) plans $$JOB $$S; \
 	echo; echo '$$ stride submit examples/invalid-job.yaml   # refused on purpose'; \
-	if $(STRIDE) submit examples/invalid-job.yaml --state-dir $(DEMO_STATE); then \
-	  echo "error: the invalid job was accepted"; exit 1; fi; \
-	echo; echo '$$ stride status'; \
-	$(STRIDE) status --state-dir $(DEMO_STATE)
+	if $(STRIDE) submit examples/invalid-job.yaml $$S; then \
+	  echo "error: the invalid job was accepted"; exit 1; fi
 
 up: install  ## Start the suite in the background (embedded NATS and SQLite unless URLs are set)
 	$(STRIDE) up

@@ -21,7 +21,7 @@ from stride_examples import criteo
 def build_model(ctx: TrainingContext) -> Any:
     """The Wide & Deep model: a linear part over the ids and an MLP over embeddings and
     dense features, summed into one logit."""
-    dimension = int(ctx.hyperparameters.get("embedding_dim", 8))
+    dimension = int(ctx.spec.model.embedding_dim or ctx.hyperparameters.get("embedding_dim", 8))
     ids_total = criteo.CATEGORICAL * criteo.VOCABULARY
     dense_in = keras.Input((criteo.DENSE,), name="dense_features")
     ids_in = keras.Input((criteo.CATEGORICAL,), dtype="int32", name="categorical_ids")

@@ -30,6 +30,7 @@ from stride.api.podwatcher.v1 import podwatcher_service_pb2 as podwatcher_pb
 from stride.api.podwatcher.v1 import podwatcher_service_pb2_grpc as podwatcher_grpc
 from stride.cli.endpoints import NoSuite, Phase, ProcessState, SuiteState, address, pid_alive
 from stride.cli.jobspec import SpecError, load_submission
+from stride.cli.running import register as register_running
 from stride.cli.shards import register as register_shards
 from stride.events.v1 import job_pb2, optimization_pb2, plan_pb2
 
@@ -54,6 +55,7 @@ T = TypeVar("T")
 DEFAULT_STATE_DIR = Path.home() / ".local" / "state" / "stride"
 RPC_TIMEOUT_SECONDS = 10.0
 register_shards(app, DEFAULT_STATE_DIR, console, errors)  # `stride shards <job>`
+register_running(app, DEFAULT_STATE_DIR, console, errors)  # top, logs, scale, wait
 
 
 class CliError(Exception):
@@ -410,6 +412,7 @@ def cancel(job_id: str, state_dir: StateDir = DEFAULT_STATE_DIR) -> None:
         fail(str(error))
         return
     console.print(f"{job.job_id} {_state_name(job.state)}")
+    console.print("its pods are being removed; its checkpoints are kept", highlight=False)
 
 
 @app.command()
@@ -526,7 +529,38 @@ def up(
         table.add_row(service, target, _phase_text(state.processes.get(service)))
     console.print(table)
     console.print(f"database: {state.database}; logs: {state_dir / 'logs'}", highlight=False)
+    _report_nodes(state_dir)
     _report_suite_problems(state_dir)
+
+
+def _report_nodes(state_dir: Path) -> None:
+    """The podwatcher's nodes and how their limits are enforced."""
+    try:
+        nodes = call(
+            "podwatcher",
+            state_dir,
+            lambda ch: (
+                podwatcher_grpc.PodWatcherServiceStub(ch)
+                .ListNodes(podwatcher_pb.ListNodesRequest(), timeout=RPC_TIMEOUT_SECONDS)
+                .nodes
+            ),
+        )
+    except (CliError, NoSuite):
+        console.print("nodes: the podwatcher is not answering yet", highlight=False)
+        return
+    sizes: dict[tuple[float, int], int] = {}
+    for node in nodes:
+        sizes[(node.cpu, node.memory_bytes)] = sizes.get((node.cpu, node.memory_bytes), 0) + 1
+    described = " + ".join(
+        f"{count} x ({cpu:g} cpu, {_gib(memory)})" for (cpu, memory), count in sizes.items()
+    )
+    enforcement = nodes[0].enforcement if nodes else "unknown"
+    meaning = {
+        "cgroup-v1": "memory and CPU limits enforced by the kernel (cgroup v1)",
+        "cgroup-v2": "memory and CPU limits enforced by the kernel (cgroup v2)",
+        "rlimit": "no cgroup here: memory enforced by sampling, no CPU quota",
+    }.get(enforcement, enforcement)
+    console.print(f"nodes: {described}; limits: {meaning}", highlight=False)
 
 
 def _phase_text(process: ProcessState | None) -> str:

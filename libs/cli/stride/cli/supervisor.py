@@ -32,6 +32,8 @@ one step for each and records what it saw in the suite state (``endpoints.json``
 from __future__ import annotations
 
 import argparse
+import contextlib
+import json
 import os
 import signal
 import subprocess
@@ -231,6 +233,46 @@ class Child:
             self.process.wait()
 
 
+POD_STOP_SECONDS = 15.0
+
+
+def _pid_start_time(pid: int) -> int | None:
+    try:
+        with open(f"/proc/{pid}/stat") as stat:
+            return int(stat.read().rsplit(")", 1)[1].split()[19])
+    except (OSError, IndexError, ValueError):
+        return None
+
+
+def stop_local_pods(pods_dir: Path) -> int:
+    """Stop the local pods of the suite (``stride down``): pods outlive a podwatcher restart
+    by design, so the suite's end stops them itself. Each pod's shim (``<pod>/shim.pid``,
+    checked against its start time so a reused pid is left alone) gets SIGTERM, which stops
+    the pod's processes; returns how many were stopped."""
+    shims = []
+    for record in sorted((pods_dir / "pods").glob("*/shim.pid")):
+        if (record.parent / "exit.json").exists():
+            continue
+        try:
+            found = json.loads(record.read_text())
+            pid = int(found["pid"])
+        except (OSError, ValueError, KeyError, TypeError):
+            continue
+        if _pid_start_time(pid) != found.get("start_time"):
+            continue
+        (record.parent / "stop-reason").write_text("Deleted the suite was stopped")
+        with contextlib.suppress(ProcessLookupError):
+            os.kill(pid, signal.SIGTERM)
+            shims.append(pid)
+    deadline = time.monotonic() + POD_STOP_SECONDS
+    while shims and time.monotonic() < deadline:
+        shims = [pid for pid in shims if _pid_start_time(pid) is not None]
+        time.sleep(0.1)
+    if shims:
+        _log(f"{len(shims)} pods did not stop in {POD_STOP_SECONDS:g} s")
+    return len(shims)
+
+
 def default_local_nodes() -> str:
     """Four virtual nodes, each with every core of this machine (CPU is time-shared; each
     pod's quota still caps it) and a quarter of its memory, so placement and packing have
@@ -275,8 +317,9 @@ class Supervisor:
             env[f"{prefix}DATABASE_URL"] = f"sqlite:///{self.state_dir / 'db' / service}.db"
         env.setdefault("STRIDE_CKPTCACHE_STORE_DIR", str(self.state_dir / "checkpoints"))
         if service == "optimizer":
-            # Plans must fit the virtual nodes the podwatcher places pods on.
-            env.setdefault(f"{prefix}MAX_POD_CPU", str(float(os.cpu_count() or 1)))
+            # Plans must fit the virtual nodes the podwatcher places pods on: pods of half a
+            # node's cores let a node hold two (a PS and the chief, say).
+            env.setdefault(f"{prefix}MAX_POD_CPU", str(float(max((os.cpu_count() or 1) // 2, 1))))
         if service == "podwatcher":
             # Pods live beside the suite's state and reach its dispatcher and cache.
             env.setdefault("STRIDE_PODWATCHER_LOCAL_STATE_DIR", str(self.state_dir / "pods"))
@@ -504,6 +547,7 @@ class Supervisor:
         self.stop_requested.set()
         for child in reversed(self.children):
             child.stop()
+        stop_local_pods(self.state_dir / "pods")
         if self.nats is not None:
             self.nats.stop()
         if not self.failed:

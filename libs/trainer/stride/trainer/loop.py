@@ -277,10 +277,23 @@ class TrainingContext:
                 revoked = self.agent.restore_shards(settings.dataset, restored.shard_snapshot)
                 say("restored", checkpoint=restored.checkpoint_id, step=step, revoked=revoked)
 
+        saved_at: dict[int, str] = {}
+
         def saver(why: str) -> str:
             coordinator.join()
+            if step in saved_at:  # nothing trained since: that checkpoint is this state
+                return saved_at[step]
             snapshot = self.agent.snapshot_shards(settings.dataset)
-            saved = save(cache, root, step, shard_snapshot=snapshot)
+            try:
+                saved = save(cache, root, step, shard_snapshot=snapshot)
+            except CheckpointCacheError as error:
+                if "ALREADY_EXISTS" not in str(error):
+                    raise
+                # Saved at this step by this job before (a restored chief that has not
+                # trained yet): the same state, so that checkpoint stands.
+                saved_at[step] = f"step-{step}"
+                return saved_at[step]
+            saved_at[step] = saved.checkpoint_id
             say(
                 "checkpoint",
                 id=saved.checkpoint_id,
