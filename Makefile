@@ -55,7 +55,7 @@ bench: install  ## Run every benchmark; each prints its ratio to a reference and
 
 demo: install  ## A job that trains: submit, pods start, loss falls, a live plan change, done
 	@rm -rf $(DEMO_STATE); trap '$(STRIDE) down --state-dir $(DEMO_STATE)' EXIT; \
-	set -e; S="--state-dir $(DEMO_STATE)"; \
+	set -e; S="--state-dir $(DEMO_STATE)"; export COLUMNS=$${COLUMNS:-140}; \
 	$(STRIDE) up $$S; \
 	echo; echo '$$ stride submit examples/wide-deep.yaml --wait'; \
 	JOB=$$($(STRIDE) submit examples/wide-deep.yaml --wait $$S | tee /dev/stderr | awk '/^job-/ {print $$1; exit}'); \
@@ -67,7 +67,9 @@ demo: install  ## A job that trains: submit, pods start, loss falls, a live plan
 	$(STRIDE) scale $$JOB --workers 2 --reason "make demo" $$S; \
 	echo; echo "$$ stride wait $$JOB"; $(STRIDE) wait $$JOB --timeout 900 $$S; \
 	echo; echo "$$ stride logs $$JOB $$JOB-chief-0 | grep -E 'steps|reconfigured|finished'"; \
-	$(STRIDE) logs $$JOB $$JOB-chief-0 --tail 2000 $$S | grep -E '"event": "(steps|reconfigured|finished)"' | sed -n '1,3p;$$p'; \
+	$(STRIDE) logs $$JOB $$JOB-chief-0 --tail 5000 $$S > $(DEMO_STATE)/chief.log; \
+	grep -E '"event": "steps"' $(DEMO_STATE)/chief.log | sed -n '1,2p'; \
+	grep -E '"event": "(command|reconfigured|finished)"' $(DEMO_STATE)/chief.log; \
 	echo; echo "$$ stride plans $$JOB"; $(STRIDE) plans $$JOB $$S; \
 	echo; echo '$$ stride submit examples/invalid-job.yaml   # refused on purpose'; \
 	if $(STRIDE) submit examples/invalid-job.yaml $$S; then \
