@@ -308,3 +308,61 @@ async def test_a_sigkilled_worker_and_ps_are_relaunched_and_the_job_completes(
     assert set(counts) == expected  # nothing lost
     repeated = sum(count - 1 for count in counts.values())
     assert repeated <= 20 * BATCH  # at most one checkpoint interval (20 steps) repeated
+
+
+async def test_a_worker_under_its_need_is_oom_killed_and_the_oom_rule_relaunches_it(
+    suite: Suite,
+) -> None:
+    from stride.policy import dlrover
+    from stride.policy.plans import Plan, Role, RoleResources
+
+    job = new_job()
+    bus = await Bus.connect(suite.nats_url, name="test")
+    await bus.ensure_streams()
+    try:
+        decision = job_pb2.AdmissionDecision(
+            job_id=job, outcome=job_pb2.ADMISSION_OUTCOME_ADMITTED, spec=spec(job)
+        )
+        await bus.publish(topics.JOB_ADMITTED, job, decision, f"{job}.admitted")
+        starved = plan(job, 1)
+        starved.roles[2].memory_bytes = 200 * MIB  # a TensorFlow worker and its agent need more
+        await bus.publish(topics.PLAN, job, starved, f"{job}.plan.1")
+
+        async def oom() -> pod_pb2.PodEvent:
+            messages = await stream_messages(suite.nats_url, topics.POD_FAILED.subject(job))
+            found = [pod_pb2.PodEvent.FromString(m.data) for m in messages]
+            assert found, "no failure yet"
+            return found[0]
+
+        failure = await assert_eventually(oom, timeout=120, interval=0.5)
+        assert failure.pod_name == f"{job}-worker-0"
+        assert failure.reason == pod_pb2.POD_FAILURE_REASON_OOM_KILLED, failure.message
+        assert "oom_kill counter" in failure.message
+        # The optimizer's OOM rule (DLRover sec. 4.2, what `stride sim` applies and the live
+        # optimizer runs on this event: tests/integration/test_optimizer_scale_and_oom.py),
+        # decided here by the same policy function: double the workers' memory.
+        roles = tuple(
+            RoleResources(Role.parse(plan_pb2.Role.Name(r.role)), r.count, r.cpu, r.memory_bytes)
+            for r in starved.roles
+        )
+        reply = dlrover.adjust(
+            dlrover.AdjustRequest(
+                dlrover.Stage.SAMPLE,
+                Plan(roles=roles, reason="", algorithm="test/1"),
+                (dlrover.PodObservation(0, 0.0, 0, oom_killed=True),),
+                (dlrover.PodObservation(0, 0.0, 0),),
+            )
+        )
+        assert reply.plan is not None
+        grown = reply.plan.role(Role.WORKER)
+        assert grown is not None and grown.memory_bytes == 400 * MIB
+        relaunch = plan(job, 2)
+        relaunch.roles[2].memory_bytes = grown.memory_bytes
+        await bus.publish(topics.PLAN, job, relaunch, f"{job}.plan.2")
+        end = await finished(suite, job)
+    finally:
+        await bus.close()
+    assert end.outcome == job_pb2.JOB_OUTCOME_SUCCEEDED, end.message
+    with grpc.insecure_channel(suite.podwatcher.address) as channel:
+        pods = pb_grpc.PodWatcherServiceStub(channel).GetJobPods(pb.GetJobPodsRequest(job_id=job))
+    assert pods.plan.plan.version == 2

@@ -1,0 +1,116 @@
+"""The trainer's pure parts: synthetic data, entrypoints, settings."""
+
+from __future__ import annotations
+
+import subprocess
+import sys
+
+import numpy as np
+import pytest
+from pydantic import ValidationError
+from stride_examples import criteo
+
+from stride.trainer.entrypoint import EntrypointError, load
+from stride.trainer.settings import TrainerSettings, parse_cluster
+
+CLUSTER = '{"chief": ["127.0.0.1:1"], "ps": ["127.0.0.1:2"], "worker": ["127.0.0.1:3"]}'
+
+
+def test_a_sample_depends_on_its_index_alone() -> None:
+    dense, ids, labels = criteo.make_batch(np.arange(100, 164))
+    assert dense.shape == (64, criteo.DENSE) and dense.dtype == np.float32
+    assert ids.shape == (64, criteo.CATEGORICAL) and ids.dtype == np.int32
+    assert labels.shape == (64, 1) and set(np.unique(labels)) <= {0.0, 1.0}
+    assert ids.min() >= 0 and ids.max() < criteo.VOCABULARY
+    again = criteo.make_batch(np.array([130, 101]))
+    np.testing.assert_array_equal(again[0], dense[[30, 1]])
+    np.testing.assert_array_equal(again[1], ids[[30, 1]])
+
+
+def test_labels_come_from_a_model_that_can_be_learned() -> None:
+    dense, _, labels = criteo.make_batch(np.arange(40_000))
+    y = labels.ravel()
+    assert 0.2 < y.mean() < 0.8
+    # The hidden model's logit separates the classes far better than chance.
+    logit = dense @ criteo._DENSE_WEIGHTS
+    high = y[logit > np.quantile(logit, 0.8)].mean()
+    low = y[logit < np.quantile(logit, 0.2)].mean()
+    assert high - low > 0.3
+
+
+def test_entrypoints_load_or_name_the_problem() -> None:
+    assert load("stride_examples.criteo:make_batch") is criteo.make_batch
+    with pytest.raises(EntrypointError, match=r"not package\.module:function"):
+        load("no colon")
+    with pytest.raises(EntrypointError, match=r"module 'no_such_pkg\.mod' does not import"):
+        load("no_such_pkg.mod:train")
+    with pytest.raises(EntrypointError, match="has no function 'missing'"):
+        load("stride_examples.criteo:missing")
+
+
+@pytest.mark.parametrize(
+    ("cluster", "problem"),
+    [
+        ("{", "is not JSON"),
+        ("[]", "must be an object"),
+        ('{"chief": ["a:1"], "ps": ["b:2"], "worker": ["c:3"], "boss": []}', "unknown role"),
+        ('{"chief": ["a:1"], "ps": ["b"], "worker": ["c:3"]}', "is not host:port"),
+        ('{"chief": [], "ps": ["b:2"], "worker": ["c:3"]}', "exactly one chief"),
+        ('{"chief": ["a:1"], "ps": [], "worker": ["c:3"]}', "at least one ps"),
+    ],
+)
+def test_bad_clusters_are_refused(cluster: str, problem: str) -> None:
+    with pytest.raises(ValueError, match=problem):
+        parse_cluster(cluster)
+
+
+def test_settings_need_the_pods_identity(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setenv("STRIDE_TRAINER_ROLE", "chief")
+    monkeypatch.setenv("STRIDE_TRAINER_JOB_ID", "job-1")
+    monkeypatch.setenv("STRIDE_TRAINER_POD_NAME", "job-1-chief-0")
+    monkeypatch.setenv("STRIDE_TRAINER_CLUSTER_JSON", CLUSTER)
+    settings = TrainerSettings()  # type: ignore[call-arg]
+    assert settings.cluster["worker"] == ["127.0.0.1:3"]
+    monkeypatch.setenv("STRIDE_TRAINER_ROLE", "boss")
+    with pytest.raises(ValidationError, match="role"):
+        TrainerSettings()  # type: ignore[call-arg]
+
+
+def test_a_chief_whose_entrypoint_does_not_import_exits_2_with_one_line() -> None:
+    env = {
+        "PATH": "/usr/bin:/bin",
+        "STRIDE_TRAINER_ROLE": "chief",
+        "STRIDE_TRAINER_JOB_ID": "job-1",
+        "STRIDE_TRAINER_POD_NAME": "job-1-chief-0",
+        "STRIDE_TRAINER_CLUSTER_JSON": CLUSTER,
+        "STRIDE_TRAINER_SPEC_JSON": '{"model": {"entrypoint": "nowhere_at_all:train"}}',
+    }
+    done = subprocess.run(
+        [sys.executable, "-m", "stride.trainer"],
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=60,
+        check=False,
+    )
+    assert done.returncode == 2, done.stderr
+    assert (
+        done.stderr.strip()
+        .splitlines()[-1]
+        .startswith(
+            "error: entrypoint nowhere_at_all:train: module 'nowhere_at_all' does not import"
+        )
+    )
+
+
+def test_missing_settings_exit_2_naming_the_variable() -> None:
+    done = subprocess.run(
+        [sys.executable, "-m", "stride.trainer"],
+        env={"PATH": "/usr/bin:/bin"},
+        capture_output=True,
+        text=True,
+        timeout=60,
+        check=False,
+    )
+    assert done.returncode == 2
+    assert "STRIDE_TRAINER_ROLE" in done.stderr and "STRIDE_TRAINER_CLUSTER_JSON" in done.stderr
