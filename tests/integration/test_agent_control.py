@@ -99,6 +99,11 @@ async def command(bus: Bus, pod: str, version: int, cluster: str = "{}") -> None
     await bus.publish(topics.CONTROL_COMMAND, JOB, message, f"{JOB}.{pod}.{version}")
 
 
+async def read(stream: Any) -> pb.WatchControlResponse:
+    reply: pb.WatchControlResponse = await asyncio.wait_for(stream.read(), 10)
+    return reply
+
+
 async def test_commands_reach_the_trainer_for_this_pod_only_and_newest_first(
     stack: Stack, nats_url: str
 ) -> None:
@@ -108,18 +113,18 @@ async def test_commands_reach_the_trainer_for_this_pod_only_and_newest_first(
         await command(bus, POD, 2, '{"worker": ["a:1", "b:2"]}')
         await asyncio.sleep(0.3)
         stream = stack.agent.WatchControl(pb.WatchControlRequest())
-        first: pb.WatchControlResponse = await asyncio.wait_for(stream.read(), 10)
+        first = await read(stream)
         assert first.action == control_pb2.CONTROL_ACTION_RECONFIGURE
         assert (first.plan_version, first.cluster_json) == (2, '{"worker": ["a:1", "b:2"]}')
         await command(bus, "job-agent01-worker-9", 3)  # another pod's
         await command(bus, POD, 1)  # older than one already passed on
         await command(bus, "", 4)  # every pod's
-        following: pb.WatchControlResponse = await asyncio.wait_for(stream.read(), 10)
+        following = await read(stream)
         assert following.plan_version == 4
         # Garbage on the subject does not stop the agent.
         await bus.nc.publish(topics.CONTROL_COMMAND.subject(JOB), b"\xff not protobuf")
         await command(bus, POD, 5)
-        last: pb.WatchControlResponse = await asyncio.wait_for(stream.read(), 10)
+        last = await read(stream)
         assert last.plan_version == 5
         stream.cancel()
     finally:
