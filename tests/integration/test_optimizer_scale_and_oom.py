@@ -112,7 +112,7 @@ async def test_scale_refuses_bad_input_and_changes_nothing(stub: Stub, bus: Bus)
         assert field in str(raised.value.details())
 
 
-def oom_event(job_id: str, pod_role: int, index: int) -> pod_pb2.PodEvent:
+def oom_event(job_id: str, pod_role: plan_pb2.Role.ValueType, index: int) -> pod_pb2.PodEvent:
     return pod_pb2.PodEvent(
         job_id=job_id,
         pod_name=f"{job_id}-pod-{index}",
@@ -148,10 +148,10 @@ async def test_a_worker_oom_doubles_worker_memory_once_under_redelivery(
     )
     # A non-OOM failure makes no plan either; then a marker proves both were handled.
     error = pod_pb2.PodEvent(
-        **{
-            **{"job_id": "job-oom", "pod_name": "job-oom-pod-1", "index": 1},
-            "reason": pod_pb2.POD_FAILURE_REASON_ERROR,
-        }
+        job_id="job-oom",
+        pod_name="job-oom-pod-1",
+        index=1,
+        reason=pod_pb2.POD_FAILURE_REASON_ERROR,
     )
     await bus.publish(topics.POD_FAILED, "job-oom", error, "job-oom-pod-1.failed.0")
     ps_event = oom_event("job-oom", plan_pb2.ROLE_PS, 0)

@@ -38,9 +38,13 @@ def _mix(values: np.ndarray) -> np.ndarray:
     return x
 
 
-def make_batch(indices: np.ndarray, seed: int = 0) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
-    """Dense features (float32, n x 13), categorical ids (int32, n x 26) and labels
-    (float32, n x 1) of the samples ``indices``."""
+def make_batch(
+    indices: np.ndarray, seed: int = 0, vocabulary: int = VOCABULARY
+) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    """Dense features (float32, n x 13), categorical ids (int32, n x 26, each below
+    ``vocabulary``) and labels (float32, n x 1) of the samples ``indices``. The labels
+    depend on ``id % VOCABULARY`` only, so a larger vocabulary makes a bigger model of the
+    same task."""
     index = np.asarray(indices, dtype=np.uint64).reshape(-1, 1) + np.uint64(seed) * np.uint64(
         1_000_003
     )
@@ -50,7 +54,8 @@ def make_batch(indices: np.ndarray, seed: int = 0) -> tuple[np.ndarray, np.ndarr
     uniform = (bits >> np.uint64(11)).astype(np.float64) / float(1 << 53)
     # Dense: roughly normal (sum of two uniforms, centred and scaled).
     dense = ((uniform[:, :DENSE] + uniform[:, 1 : DENSE + 1] - 1.0) * 2.4).astype(np.float32)
-    ids = (bits[:, DENSE : DENSE + CATEGORICAL] % np.uint64(VOCABULARY)).astype(np.int32)
-    logit = dense @ _DENSE_WEIGHTS + _ID_WEIGHTS[np.arange(CATEGORICAL), ids].sum(axis=1) * 0.5
+    ids = (bits[:, DENSE : DENSE + CATEGORICAL] % np.uint64(vocabulary)).astype(np.int32)
+    hidden = ids % VOCABULARY
+    logit = dense @ _DENSE_WEIGHTS + _ID_WEIGHTS[np.arange(CATEGORICAL), hidden].sum(axis=1) * 0.5
     labels = (uniform[:, -1] < 1.0 / (1.0 + np.exp(-logit))).astype(np.float32).reshape(-1, 1)
     return dense, ids, labels

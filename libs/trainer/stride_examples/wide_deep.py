@@ -20,12 +20,14 @@ from stride_examples import criteo
 
 def build_model(ctx: TrainingContext) -> Any:
     """The Wide & Deep model: a linear part over the ids and an MLP over embeddings and
-    dense features, summed into one logit."""
+    dense features, summed into one logit. ``vocabulary`` (hyperparameter) sets the ids per
+    feature, so the same job can carry a large state (the migration benchmark's 1 GiB)."""
     dimension = int(ctx.spec.model.embedding_dim or ctx.hyperparameters.get("embedding_dim", 8))
-    ids_total = criteo.CATEGORICAL * criteo.VOCABULARY
+    vocabulary = int(ctx.hyperparameters.get("vocabulary", criteo.VOCABULARY))
+    ids_total = criteo.CATEGORICAL * vocabulary
     dense_in = keras.Input((criteo.DENSE,), name="dense_features")
     ids_in = keras.Input((criteo.CATEGORICAL,), dtype="int32", name="categorical_ids")
-    offsets = tf.constant(np.arange(criteo.CATEGORICAL) * criteo.VOCABULARY, dtype=tf.int32)
+    offsets = tf.constant(np.arange(criteo.CATEGORICAL) * vocabulary, dtype=tf.int32)
     shifted = keras.layers.Lambda(
         lambda ids: ids + offsets, output_shape=(criteo.CATEGORICAL,), name="feature_offsets"
     )(ids_in)
@@ -47,7 +49,9 @@ def build_model(ctx: TrainingContext) -> Any:
 def train(ctx: TrainingContext) -> None:
     """The job's entrypoint."""
 
+    vocabulary = int(ctx.hyperparameters.get("vocabulary", criteo.VOCABULARY))
+
     def make_batch(indices: np.ndarray) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
-        return criteo.make_batch(indices)
+        return criteo.make_batch(indices, vocabulary=vocabulary)
 
     ctx.fit(build_model, make_batch)

@@ -55,7 +55,7 @@ MakeBatch = Callable[[np.ndarray], Sequence[np.ndarray]]
 
 def say(event: str, **fields: Any) -> None:
     """One JSON line on stdout: the pod's log, which ``stride logs`` shows."""
-    print(json.dumps({"event": event, **fields}), flush=True)
+    print(json.dumps({"event": event, "time": round(time.time(), 3), **fields}), flush=True)
 
 
 def shard_indices(shard: shard_pb2.Shard) -> np.ndarray:
