@@ -266,6 +266,9 @@ async def test_scale_out_and_in_and_a_second_ps_while_training(suite: Suite) -> 
     assert versions == [2, 3], versions
     restored = [e for e in events if e.get("event") == "restored"]
     assert len(restored) == 2  # each move restored the flash checkpoint it made
+    saved = {e["id"]: e["digest"] for e in events if e.get("why") == "reconfigure"}
+    for event in restored:  # bit-identical: the same digest over every variable's bytes
+        assert event["digest"] == saved[event["checkpoint"]], (event, saved)
     # A move checkpoints after the shards it finished, so nothing is lost or repeated.
     check_exactly_once(suite.consumed(job), LONG)
 

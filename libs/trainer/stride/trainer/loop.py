@@ -33,6 +33,7 @@ import queue
 import socket
 import sys
 import time
+import zlib
 from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass
 from typing import Any
@@ -248,7 +249,7 @@ class TrainingContext:
         import tensorflow as tf
 
         from stride.ckptclient.client import CheckpointCacheError, CheckpointClient
-        from stride.ckptclient.tensorflow import restore, save
+        from stride.ckptclient.tensorflow import restore, save, snapshot
 
         settings = self.settings
         self.agent.watch_control()
@@ -273,9 +274,18 @@ class TrainingContext:
             say("fresh start", why="no checkpoint of this job yet")
         else:
             step = restored.step
+            revoked = 0
             if restored.shard_snapshot:
                 revoked = self.agent.restore_shards(settings.dataset, restored.shard_snapshot)
-                say("restored", checkpoint=restored.checkpoint_id, step=step, revoked=revoked)
+            # The values now in the variables, read back from the PS: equal to the saved
+            # ones bit for bit (the tests compare this digest with the save's).
+            say(
+                "restored",
+                checkpoint=restored.checkpoint_id,
+                step=step,
+                revoked=revoked,
+                digest=digest(snapshot(root)),
+            )
 
         saved_at: dict[int, str] = {}
 
@@ -283,9 +293,9 @@ class TrainingContext:
             coordinator.join()
             if step in saved_at:  # nothing trained since: that checkpoint is this state
                 return saved_at[step]
-            snapshot = self.agent.snapshot_shards(settings.dataset)
+            shard_state = self.agent.snapshot_shards(settings.dataset)
             try:
-                saved = save(cache, root, step, shard_snapshot=snapshot)
+                saved = save(cache, root, step, shard_snapshot=shard_state)
             except CheckpointCacheError as error:
                 if "ALREADY_EXISTS" not in str(error):
                     raise
@@ -294,6 +304,7 @@ class TrainingContext:
                 saved_at[step] = f"step-{step}"
                 return saved_at[step]
             saved_at[step] = saved.checkpoint_id
+            moving = why in ("reconfigure", "pause", "stop")
             say(
                 "checkpoint",
                 id=saved.checkpoint_id,
@@ -301,6 +312,9 @@ class TrainingContext:
                 why=why,
                 seconds=round(saved.blocking_seconds, 4),
                 bytes=saved.size_bytes,
+                # Before a move, the digest of what was saved (training is stopped, so the
+                # variables are what the save copied); the restore logs its own.
+                **({"digest": digest(snapshot(root))} if moving else {}),
             )
             return saved.checkpoint_id
 
@@ -393,6 +407,16 @@ class TrainingContext:
                 consumed.close()
         saver("end of data")
         say("finished", step=step, loss=round(float(np.mean(losses)), 5) if losses else None)
+
+
+def digest(arrays: dict[str, np.ndarray]) -> str:
+    """A CRC-32 over every tensor's name, dtype, shape and bytes, in name order."""
+    total = 0
+    for name in sorted(arrays):
+        value = np.ascontiguousarray(arrays[name])
+        header = f"{name}|{value.dtype.str}|{value.shape}".encode()
+        total = zlib.crc32(value.tobytes(), zlib.crc32(header, total))
+    return f"{total:08x}"
 
 
 def _is_cluster_failure(error: BaseException) -> bool:

@@ -42,7 +42,16 @@ async def build(settings: AgentSettings) -> ServiceHost:
     async def always_ready() -> bool:
         return True
 
+    shards = ShardClient(
+        dispatcher,
+        settings.dispatcher_address,
+        settings.job_id,
+        settings.pod_name,
+        settings.upstream_timeout_seconds,
+    )
+
     async def close_channels() -> None:
+        shards.close()
         await dispatcher.close(None)
         await ckptcache.close(None)
 
@@ -51,13 +60,7 @@ async def build(settings: AgentSettings) -> ServiceHost:
     control = ControlChannel(settings.pod_name)
     agent = PodAgent(
         settings.job_id,
-        ShardClient(
-            dispatcher,
-            settings.dispatcher_address,
-            settings.job_id,
-            settings.pod_name,
-            settings.upstream_timeout_seconds,
-        ),
+        shards,
         CheckpointClient(ckptcache, settings.ckptcache_address, settings.job_id),
         StepReporter(bus, settings.job_id, settings.pod_name),
         control,

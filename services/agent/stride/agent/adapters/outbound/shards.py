@@ -1,10 +1,12 @@
-"""The agent's client of the shard dispatcher: registration, shards and progress.
+"""The agent's client of the shard dispatcher: shards, progress and dataset calls.
 
-The agent registers its pod once and sends the incarnation token on every call. If the
-dispatcher fences the token (the pod was declared lost, or the dispatcher lost its
-registration), the next NextShard registers again. A new token releases every shard the old
-one held, which is right: the trainer's current shard is void once the dispatcher has
-re-issued it.
+Shards are leased through :mod:`stride.shardclient` (the dispatcher's session stream, with
+the registration token and each shard's lease number): the agent remembers the lease of
+every shard it handed to its trainer, so a report on a shard the dispatcher has since
+handed to someone else is refused as stale instead of counted. If the dispatcher fences
+the token (the pod was declared lost, or the dispatcher lost its registration), the client
+registers again; every shard the old token held is void, which is right: the trainer's
+current shard has been handed out again. The blocking client runs on worker threads.
 """
 
 from __future__ import annotations
@@ -18,10 +20,24 @@ from stride.agent.adapters.outbound.upstream import UpstreamError
 from stride.api.dispatcher.v1 import dispatcher_service_pb2 as pb
 from stride.api.dispatcher.v1 import dispatcher_service_pb2_grpc as pb_grpc
 from stride.events.v1 import shard_pb2
+from stride.shardclient import LeasedShard, RetryPolicy, Revoked
+from stride.shardclient import ShardClient as SessionClient
 
 log = structlog.get_logger(__name__)
 
 UPSTREAM = "dispatcher"
+
+
+def _to_proto(shard: LeasedShard) -> shard_pb2.Shard:
+    return shard_pb2.Shard(
+        shard_id=shard.shard_id,
+        epoch=shard.epoch,
+        start=shard.start,
+        end=shard.end,
+        indices=shard.indices,
+        partition=shard.partition,
+        offset=shard.offset,
+    )
 
 
 class ShardClient:
@@ -35,31 +51,19 @@ class ShardClient:
         self.job_id = job_id
         self.worker = worker
         self.timeout = timeout
-        self.incarnation: int | None = None
-        self._registering = asyncio.Lock()
-
-    async def _register(self, stale: int | None) -> int:
-        async with self._registering:
-            # Another call may have registered while this one waited for the lock.
-            if self.incarnation is not None and self.incarnation != stale:
-                return self.incarnation
-            try:
-                reply = await self.stub.RegisterWorker(
-                    pb.RegisterWorkerRequest(job_id=self.job_id, worker=self.worker),
-                    timeout=self.timeout,
-                )
-            except grpc.aio.AioRpcError as error:
-                raise UpstreamError.wrap(UPSTREAM, self.address, error) from None
-            self.incarnation = int(reply.incarnation)
-            log.info(
-                "registered with the dispatcher", worker=self.worker, incarnation=self.incarnation
-            )
-            return self.incarnation
-
-    def _ref(self, dataset: str, incarnation: int) -> pb.WorkerRef:
-        return pb.WorkerRef(
-            job_id=self.job_id, dataset=dataset, worker=self.worker, incarnation=incarnation
+        # The session client retries an unreachable dispatcher for up to ``timeout`` (a
+        # restart rides through), then the trainer hears UNAVAILABLE naming it.
+        self.sessions = SessionClient(
+            address, job_id, worker, timeout=timeout, retry=RetryPolicy(give_up_after=timeout)
         )
+        self.leased: dict[tuple[str, int], LeasedShard] = {}
+
+    def close(self) -> None:
+        """Close the session stream and its channel."""
+        self.sessions.close()
+
+    def _wrap(self, error: grpc.RpcError) -> UpstreamError:
+        return UpstreamError(UPSTREAM, self.address, error.code(), error.details() or "")
 
     async def next_shard(self, dataset: str) -> tuple[shard_pb2.Shard | None, bool]:
         """The next shard of ``dataset`` and whether the data has ended.
@@ -68,56 +72,50 @@ class ShardClient:
         (one of them may come back); wait here, so the trainer sees a shard or the end.
         """
         while True:
-            shard, end_of_data, retry_after = await self._next_shard(dataset)
-            if shard is not None or end_of_data or retry_after is None:
-                return shard, end_of_data
-            await asyncio.sleep(retry_after)
-
-    async def _next_shard(self, dataset: str) -> tuple[shard_pb2.Shard | None, bool, float | None]:
-        incarnation = self.incarnation or await self._register(None)
-        try:
-            reply = await self._get(dataset, incarnation)
-        except grpc.aio.AioRpcError as error:
-            if error.code() != grpc.StatusCode.FAILED_PRECONDITION:
-                raise UpstreamError.wrap(UPSTREAM, self.address, error) from None
-            log.warning(
-                "dispatcher refused the token; registering again",
-                incarnation=incarnation,
-                reason=error.details(),
-            )
-            incarnation = await self._register(incarnation)
             try:
-                reply = await self._get(dataset, incarnation)
-            except grpc.aio.AioRpcError as retry_error:
-                raise UpstreamError.wrap(UPSTREAM, self.address, retry_error) from None
-        retry_after = (
-            max(reply.retry_after.ToTimedelta().total_seconds(), 0.05)
-            if reply.retry_later
-            else None
-        )
-        return (reply.shard if reply.HasField("shard") else None), reply.end_of_data, retry_after
+                reply = await asyncio.to_thread(self.sessions.get_shard, dataset)
+            except Revoked as revoked:
+                # The token was fenced and the client registered again: ask once more.
+                log.warning("dispatcher refused the token; registered again", reason=str(revoked))
+                self._forget(dataset)
+                continue
+            except grpc.RpcError as error:
+                raise self._wrap(error) from None
+            if reply.shard is not None:
+                self.leased[(dataset, reply.shard.shard_id)] = reply.shard
+                return _to_proto(reply.shard), False
+            if reply.end_of_data:
+                return None, True
+            await asyncio.sleep(max(reply.retry_after, 0.05))
 
-    async def _get(self, dataset: str, incarnation: int) -> pb.GetShardResponse:
-        return await self.stub.GetShard(
-            pb.GetShardRequest(worker=self._ref(dataset, incarnation)), timeout=self.timeout
-        )
+    def _forget(self, dataset: str) -> None:
+        for key in [key for key in self.leased if key[0] == dataset]:
+            del self.leased[key]
 
     async def report(self, dataset: str, shard_id: int, offset: int, done: bool) -> None:
-        """A heartbeat with the offset reached, or the shard's completion."""
-        incarnation = self.incarnation or await self._register(None)
-        ref = self._ref(dataset, incarnation)
+        """A heartbeat with the offset reached, or the shard's completion, under its lease."""
+        shard = self.leased.get((dataset, shard_id))
+        if shard is None:
+            raise UpstreamError(
+                UPSTREAM,
+                self.address,
+                grpc.StatusCode.FAILED_PRECONDITION,
+                f"shard {shard_id} of {dataset!r} is not leased to pod {self.worker!r} "
+                "(never handed to it, already done, or taken back); ask for the next shard",
+            )
         try:
             if done:
-                await self.stub.ReportShardDone(
-                    pb.ReportShardDoneRequest(worker=ref, shard_id=shard_id), timeout=self.timeout
-                )
+                await asyncio.to_thread(self.sessions.report_done, shard)
+                del self.leased[(dataset, shard_id)]
             else:
-                await self.stub.ReportProgress(
-                    pb.ReportProgressRequest(worker=ref, shard_id=shard_id, offset=offset),
-                    timeout=self.timeout,
-                )
-        except grpc.aio.AioRpcError as error:
-            raise UpstreamError.wrap(UPSTREAM, self.address, error) from None
+                await asyncio.to_thread(self.sessions.report_progress, shard, offset)
+        except Revoked as revoked:
+            self.leased.pop((dataset, shard_id), None)
+            raise UpstreamError(
+                UPSTREAM, self.address, grpc.StatusCode.FAILED_PRECONDITION, str(revoked)
+            ) from None
+        except grpc.RpcError as error:
+            raise self._wrap(error) from None
 
     async def create_dataset(self, dataset: str, parameters: pb.DatasetParameters) -> bool:
         """Create the job's dataset (False: it existed with these parameters)."""

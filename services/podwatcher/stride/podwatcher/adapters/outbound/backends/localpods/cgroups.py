@@ -25,6 +25,8 @@ from dataclasses import dataclass
 from enum import StrEnum
 from pathlib import Path
 
+from stride.podwatcher.adapters.outbound.backends.localpods.shim import read_oom_kills
+
 CGROUP_ROOT = Path("/sys/fs/cgroup")
 PERIOD_US = 100_000
 GROUP_DIR = "stride"
@@ -86,21 +88,6 @@ class PodGroup:
         if self.memory is None:
             return ""
         return str(self.memory / ("memory.events" if self.v2 else "memory.oom_control"))
-
-
-def read_oom_kills(path: str) -> int:
-    """The ``oom_kill`` count in a memory.events / memory.oom_control file (0 if unreadable)."""
-    if not path:
-        return 0
-    try:
-        text = Path(path).read_text()
-    except OSError:
-        return 0
-    for line in text.splitlines():
-        key, _, value = line.partition(" ")
-        if key == "oom_kill" and value.strip().isdigit():
-            return int(value.strip())
-    return 0
 
 
 def _write(path: Path, value: str) -> None:
