@@ -20,6 +20,7 @@ from __future__ import annotations
 import json
 import os
 import signal
+import socket
 import sys
 import time
 from pathlib import Path
@@ -33,6 +34,23 @@ def _script() -> str:
     return str(hyperparameters.get(f"script_{role}", hyperparameters.get("script", "run")))
 
 
+def _listen() -> socket.socket | None:
+    """Listen on this pod's address in its cluster, as a TensorFlow server would, so the
+    podwatcher sees the pod ready."""
+    try:
+        cluster = json.loads(os.environ.get("STRIDE_TRAINER_CLUSTER_JSON", "{}") or "{}")
+        role = os.environ.get("STRIDE_TRAINER_ROLE", "worker")
+        address = cluster[role][int(os.environ.get("STRIDE_TRAINER_INDEX", "0"))]
+    except (ValueError, KeyError, IndexError, TypeError):
+        return None
+    host, _, port = address.rpartition(":")
+    server = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
+    server.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+    server.bind((host, int(port)))
+    server.listen()
+    return server
+
+
 def main() -> int:
     """Follow the script; returns the exit code."""
     stop = False
@@ -43,13 +61,14 @@ def main() -> int:
 
     signal.signal(signal.SIGTERM, on_term)
     script = _script()
+    listening = _listen()
     pod = os.environ.get("STRIDE_TRAINER_POD_NAME", "?")
     consumed = os.environ.get("STRIDE_TRAINER_CONSUMED_LOG", "")
     job_dir = Path(consumed).parent if consumed else None
     if job_dir is not None:
         with (job_dir / "starts.log").open("a") as starts:
             starts.write(f"{pod} {os.environ.get('STRIDE_TRAINER_CLUSTER_JSON', '')}\n")
-    print(f"scripted trainer {pod}: {script}", flush=True)
+    print(f"scripted trainer {pod}: {script} (listening: {listening is not None})", flush=True)
     if script.startswith("exit:"):
         print("failing on purpose", file=sys.stderr, flush=True)
         return int(script.split(":", 1)[1])

@@ -294,8 +294,22 @@ class PodWatcher:
                 )
             )
         if reconfigure and chief is not None:
-            await self._reconfigure(
-                job_id, chief.record.name, plan.version, self._cluster_json(recon, starts, by_name)
+            # DLRover-RM sec. 5.2: the new pods first, and the pause only once they can
+            # serve, so the chief does not wait for their start-up while paused. Recorded
+            # now, so a newer plan or a restart sees the change pending.
+            now = now_utc()
+            async with self.database.transaction() as session:
+                await repository.set_reconfigure(session, job_id, plan.version, now, now)
+            host = self.backend.host()
+            self._spawn(
+                job_id,
+                self._reconfigure_when_ready(
+                    job_id,
+                    chief.record.name,
+                    plan.version,
+                    self._cluster_json(recon, starts, by_name),
+                    [f"{host}:{start.port}" for start in starts],
+                ),
             )
         else:
             for pod in retiring:
@@ -475,6 +489,22 @@ class PodWatcher:
                 )
         log.info("pod resized in place", pod=pod.name, cpu=cpu, memory_bytes=memory_bytes)
         return []
+
+    async def _reconfigure_when_ready(
+        self, job_id: str, chief: str, version: int, cluster_json: str, new: list[str]
+    ) -> None:
+        """Send RECONFIGURE once the new pods' trainers accept connections (or after
+        ``reconfigure_timeout_seconds / 2``: the chief then waits for them itself), unless a
+        newer plan has come meanwhile (it sends its own)."""
+        ready = await self.backend.wait_ready(new, self.timing.reconfigure_timeout_seconds / 2)
+        if not ready:
+            log.warning("new pods not serving yet; telling the chief anyway", job_id=job_id)
+        async with self._locks[job_id]:
+            async with self.database.sessions() as session:
+                job = await repository.get_job(session, job_id)
+            if job is None or job.state != "RUNNING" or job.reconfigure_version != version:
+                return
+            await self._reconfigure(job_id, chief, version, cluster_json)
 
     async def _reconfigure(self, job_id: str, chief: str, version: int, cluster_json: str) -> None:
         now = now_utc()

@@ -79,6 +79,11 @@ class Backend(Protocol):
         """Start the pod; a pod of that name already running is left as it is."""
         ...
 
+    async def wait_ready(self, addresses: list[str], timeout: float) -> bool:
+        """Wait until every ``host:port`` (pods' trainers) accepts a connection; False if
+        ``timeout`` passed first."""
+        ...
+
     async def resize(self, name: str, cpu: float, memory_bytes: int) -> None:
         """Resize in place, or raise :class:`ResizeRefused`."""
         ...

@@ -14,6 +14,7 @@ say) reaches a pod: every ``STRIDE_`` variable of this process is dropped first.
 
 from __future__ import annotations
 
+import asyncio
 import os
 import socket
 import sys
@@ -188,6 +189,24 @@ class LocalBackend:
     async def start(self, pod: PodStart) -> None:
         """Start the pod's processes (idempotent for a running pod)."""
         await self.runtime.start(self.launch(pod))
+
+    async def wait_ready(self, addresses: list[str], timeout: float) -> bool:
+        """Until every trainer's port accepts a TCP connection (its TensorFlow server is up)."""
+        deadline = asyncio.get_running_loop().time() + timeout
+        for address in addresses:
+            host, _, port = address.rpartition(":")
+            while True:
+                try:
+                    _, writer = await asyncio.open_connection(host, int(port))
+                except OSError:
+                    if asyncio.get_running_loop().time() > deadline:
+                        return False
+                    await asyncio.sleep(0.2)
+                    continue
+                writer.close()
+                await writer.wait_closed()
+                break
+        return True
 
     async def resize(self, name: str, cpu: float, memory_bytes: int) -> None:
         """Resize in place through the pod's cgroup."""
