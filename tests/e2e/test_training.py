@@ -354,7 +354,7 @@ async def test_a_worker_under_its_need_is_oom_killed_and_the_oom_rule_relaunches
         reply = dlrover.adjust(
             dlrover.AdjustRequest(
                 dlrover.Stage.SAMPLE,
-                Plan(roles=roles, reason="", algorithm="test/1"),
+                Plan(roles=roles, reason="the test's starved plan", algorithm="test/1"),
                 (dlrover.PodObservation(0, 0.0, 0, oom_killed=True),),
                 (dlrover.PodObservation(0, 0.0, 0),),
             )

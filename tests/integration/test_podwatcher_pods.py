@@ -166,6 +166,19 @@ async def events(nats_url: str, topic: topics.Topic[M], job_id: str) -> list[M]:
     return [topic.message_type.FromString(m.data) for m in messages]
 
 
+async def at_least(nats_url: str, topic: topics.Topic[M], job_id: str, count: int) -> list[M]:
+    """The job's events on ``topic`` once there are ``count`` (the outbox relays them a
+    moment after the change it records)."""
+
+    async def probe() -> list[M]:
+        found = await events(nats_url, topic, job_id)
+        assert len(found) >= count, found
+        return found
+
+    result: list[M] = await assert_eventually(probe, timeout=20)
+    return result
+
+
 async def test_a_job_runs_scales_out_and_in_and_succeeds(
     harness: tuple[Podwatcher, Stub, Bus], nats_url: str
 ) -> None:
@@ -177,8 +190,13 @@ async def test_a_job_runs_scales_out_and_in_and_succeeds(
     pods = await running(stub, job, chief, ps, w0)
     assert pods[w0].cpu == 0.5 and pods[w0].memory_bytes == 256 * MIB
     assert {p.node for p in pods.values()} <= {"node-0", "node-1"}
-    started = await events(nats_url, topics.POD_STARTED, job)
-    assert sorted(e.pod_name for e in started) == sorted([chief, ps, w0])
+
+    async def all_started() -> bool:
+        started = await events(nats_url, topics.POD_STARTED, job)
+        assert sorted(e.pod_name for e in started) == sorted([chief, ps, w0])
+        return True
+
+    await assert_eventually(all_started, timeout=20)  # the outbox relays a moment later
 
     async def sampled() -> bool:
         pods = await pods_of(stub, job)
@@ -245,8 +263,13 @@ async def test_a_job_runs_scales_out_and_in_and_succeeds(
         f"{job}.ack.3",
     )
     await running(stub, job, chief, ps, w0)
-    deleted = await events(nats_url, topics.POD_DELETED, job)
-    assert [e.pod_name for e in deleted] == [w1]
+
+    async def w1_deleted() -> bool:
+        deleted = await events(nats_url, topics.POD_DELETED, job)
+        assert [e.pod_name for e in deleted] == [w1]
+        return True
+
+    await assert_eventually(w1_deleted, timeout=20)
     # A stale plan changes nothing.
     await bus.publish(topics.PLAN, job, plan(job, 2, workers=2), f"{job}.plan.2-again")
     await assert_eventually(lambda: applied(3), timeout=20)
@@ -262,7 +285,7 @@ async def test_a_job_runs_scales_out_and_in_and_succeeds(
     end = await assert_eventually(finished, timeout=20)
     assert end.outcome == job_pb2.JOB_OUTCOME_SUCCEEDED
     await running(stub, job)
-    succeeded = await events(nats_url, topics.POD_SUCCEEDED, job)
+    succeeded = await at_least(nats_url, topics.POD_SUCCEEDED, job, 1)
     assert [e.pod_name for e in succeeded] == [chief]
     starts = (podwatcher.state / "pods" / "jobs" / job / "starts.log").read_text().splitlines()
     assert len(starts) == 1, starts  # the chief was never restarted
@@ -284,7 +307,7 @@ async def test_failures_are_relaunched_within_the_budget_then_the_job_fails(
     end = await assert_eventually(failed_job, timeout=60)
     assert end.outcome == job_pb2.JOB_OUTCOME_FAILED
     assert f"pod {job}-worker-0 failed 3 times (relaunch budget 2)" in end.message
-    failures = await events(nats_url, topics.POD_FAILED, job)
+    failures = await at_least(nats_url, topics.POD_FAILED, job, 3)
     assert len(failures) == 3
     for failure in failures:
         assert failure.reason == pod_pb2.POD_FAILURE_REASON_ERROR
@@ -337,7 +360,7 @@ async def test_cancel_removes_the_pods(
     )
     await bus.publish(topics.JOB_FINISHED, job, cancelled, f"{job}.finished")
     await running(stub, job)
-    deleted = await events(nats_url, topics.POD_DELETED, job)
+    deleted = await at_least(nats_url, topics.POD_DELETED, job, 3)
     assert len(deleted) == 3
 
 

@@ -46,9 +46,17 @@ def _check_dataset(dataset: str) -> None:
         raise InvalidArgument("dataset", "is required")
 
 
+MAX_DETAILS = 1024
+"""Status messages are cut to this, as the server's interceptor cuts its own: an upstream's
+message may echo a huge request field, and gRPC refuses metadata over 16 KiB."""
+
+
 async def relay(context: Context, error: UpstreamError) -> None:
     """End the trainer's call with the upstream's status (raises AbortError)."""
-    await context.abort(error.code, error.details)
+    details = error.details
+    if len(details) > MAX_DETAILS:
+        details = details[: MAX_DETAILS - 3] + "..."
+    await context.abort(error.code, details)
 
 
 class AgentApi(pb_grpc.AgentServiceServicer):

@@ -22,6 +22,7 @@ from stride.api.dispatcher.v1 import dispatcher_service_pb2_grpc as pb_grpc
 from stride.events.v1 import shard_pb2
 from stride.shardclient import LeasedShard, RetryPolicy, Revoked
 from stride.shardclient import ShardClient as SessionClient
+from stride.vocabulary import echo
 
 log = structlog.get_logger(__name__)
 
@@ -100,7 +101,7 @@ class ShardClient:
                 UPSTREAM,
                 self.address,
                 grpc.StatusCode.FAILED_PRECONDITION,
-                f"shard {shard_id} of {dataset!r} is not leased to pod {self.worker!r} "
+                f"shard {shard_id} of {echo(dataset)} is not leased to pod {self.worker!r} "
                 "(never handed to it, already done, or taken back); ask for the next shard",
             )
         try:
