@@ -8,8 +8,9 @@ samples, in one run, alternating three times:
 
 - **agent**: shards come from a real dispatcher through a real agent sidecar (NextShard,
   ReportProgress per shard, step reports), as in every Stride pod;
-- **file**: the reference. The same shards (the dispatcher's shuffled index lists, dumped
-  to a local file first) are read from that file, and nothing is reported.
+- **file**: the reference. The same loop, with an agent stand-in that reads the same shards
+  (the dispatcher's shuffled index lists, dumped to a local file first) from that file and
+  reports nothing.
 
 Checkpoints are off in both (they are measured by ``bench/ckptcache.py``). The goal is the
 agent's loop at most 5 % slower than the file's (steps/s).
@@ -26,13 +27,25 @@ import sys
 import tempfile
 import time
 import uuid
-from collections.abc import Iterator
 from pathlib import Path
 
 RESULTS = Path(__file__).parent / "results" / "agent_overhead.txt"
 RECORDS = 160_000
 BATCH = 256
 ROUNDS = 3
+
+
+def shard_batches() -> int:
+    """Batches per shard: ``--shard-batches N``, else the trainer's default."""
+    if "--shard-batches" in sys.argv:
+        return int(sys.argv[sys.argv.index("--shard-batches") + 1])
+    from stride.trainer.settings import TrainerSettings
+
+    default = TrainerSettings.model_fields["shard_batches"].default
+    return int(default)
+
+
+SHARD_BATCHES = shard_batches()
 
 
 def free_port() -> int:
@@ -88,6 +101,17 @@ def child(variant: str) -> None:
             def create_dataset(self, *_: object) -> bool:
                 return False
 
+            def next_shard(self, *_: object, **__: object) -> tuple[object, bool]:
+                from stride.events.v1 import shard_pb2
+
+                if not shards:
+                    return None, True
+                entry = shards.pop(0)
+                shard = shard_pb2.Shard(
+                    shard_id=entry["shard_id"], epoch=0, indices=entry["indices"]
+                )
+                return shard, False
+
             def report(self, *_: object, **__: object) -> None: ...
             def report_steps(self, *_: object) -> None: ...
             def snapshot_shards(self, *_: object) -> bytes:
@@ -98,26 +122,24 @@ def child(variant: str) -> None:
 
             def close(self) -> None: ...
 
-        class FileContext(TrainingContext):
-            def shards(self) -> Iterator[object]:  # type: ignore[override]
-                from stride.events.v1 import shard_pb2
-
-                for entry in shards:
-                    yield shard_pb2.Shard(
-                        shard_id=entry["shard_id"], epoch=0, indices=entry["indices"]
-                    )
-
-        context: TrainingContext = FileContext(settings, FileAgent())  # type: ignore[arg-type]
+        context: TrainingContext = TrainingContext(settings, FileAgent())  # type: ignore[arg-type]
     else:
         context = TrainingContext(settings)
     # Warm the strategy before the clock starts: connecting is not the data path.
     context.coordinator  # noqa: B018
+    print("BEGIN", flush=True)  # the parent starts counting the helpers' CPU here
     begin = time.perf_counter()
     wide_deep.train(context)
     elapsed = time.perf_counter() - begin
     steps = int(np.ceil(RECORDS / BATCH))
     print(json.dumps({"variant": variant, "steps_per_second": steps / elapsed}), flush=True)
     os._exit(0)
+
+
+def process_cpu(pid: int) -> float:
+    """CPU seconds (user + system) a process has used so far."""
+    fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
+    return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
 
 
 def main() -> str:
@@ -175,12 +197,12 @@ def main() -> str:
                 )
             )
     results: dict[str, list[float]] = {"agent": [], "file": []}
+    cpu: list[dict[str, float]] = []
     try:
         time.sleep(3)
         for round_number in range(ROUNDS):
             for variant in ("agent", "file"):
                 job = f"job-bench-{uuid.uuid4().hex[:6]}"
-                agent_port = free_port()
                 agent = ServiceProcess(
                     "agent",
                     {
@@ -188,8 +210,8 @@ def main() -> str:
                         "STRIDE_AGENT_JOB_ID": job,
                         "STRIDE_AGENT_POD_NAME": f"{job}-chief-0",
                         "STRIDE_AGENT_ROLE": "chief",
-                        "STRIDE_AGENT_GRPC_PORT": str(agent_port),
                         "STRIDE_AGENT_DISPATCHER_ADDRESS": dispatcher.address,
+                        "STRIDE_AGENT_CKPTCACHE_ADDRESS": ckptcache.address,
                     },
                     logs,
                 ).start()
@@ -207,7 +229,7 @@ def main() -> str:
                                 parameters=pb.DatasetParameters(
                                     record_count=RECORDS,
                                     batch_size=BATCH,
-                                    shard_batches=4,
+                                    shard_batches=SHARD_BATCHES,
                                     epochs=1,
                                     shuffle=True,
                                     seed=7,
@@ -249,21 +271,40 @@ def main() -> str:
                     "STRIDE_TRAINER_JOB_ID": job,
                     "STRIDE_TRAINER_POD_NAME": f"{job}-chief-0",
                     "STRIDE_TRAINER_CLUSTER_JSON": json.dumps(cluster),
-                    "STRIDE_TRAINER_AGENT_ADDRESS": f"127.0.0.1:{agent_port}",
+                    # ServiceProcess chose the agent's port (its GRPC_PORT is set for it).
+                    "STRIDE_TRAINER_AGENT_ADDRESS": agent.address,
                     "STRIDE_TRAINER_CKPTCACHE_ADDRESS": ckptcache.address,
                     "STRIDE_TRAINER_SPEC_JSON": spec_json(job),
                     "STRIDE_TRAINER_CHECKPOINT_EVERY_STEPS": "1000000000",
                     "STRIDE_TRAINER_REPORT_EVERY_STEPS": "10",
+                    "STRIDE_TRAINER_SHARD_BATCHES": str(SHARD_BATCHES),
                     "BENCH_SHARDS": str(shards_file),
                 }
-                done = subprocess.run(
+                helpers = {"agent": agent, "dispatcher": dispatcher}
+                pids = {name: service.process.pid for name, service in helpers.items()}  # type: ignore[union-attr]
+                pids["nats"] = nats.pid
+                child_process = subprocess.Popen(
                     [sys.executable, __file__, "--child", variant],
                     env=env,
-                    capture_output=True,
+                    stdout=subprocess.PIPE,
+                    stderr=subprocess.PIPE,
                     text=True,
-                    timeout=900,
-                    check=False,
                 )
+                assert child_process.stdout is not None
+                output: list[str] = []
+                # The helpers' CPU is counted over the timed loop only (not their start-up).
+                for line in child_process.stdout:
+                    output.append(line)
+                    if line.startswith("BEGIN"):
+                        break
+                before = {name: process_cpu(pid) for name, pid in pids.items()}
+                rest, errors = child_process.communicate(timeout=900)
+                used = {name: process_cpu(pid) - before[name] for name, pid in pids.items()}
+                done = subprocess.CompletedProcess(
+                    child_process.args, child_process.returncode, "".join(output) + rest, errors
+                )
+                if variant == "agent":
+                    cpu.append(used)
                 agent.terminate()
                 lines = [line for line in done.stdout.splitlines() if line.startswith('{"variant"')]
                 if not lines:
@@ -286,10 +327,20 @@ def main() -> str:
     agent_rate = sorted(results["agent"])[len(results["agent"]) // 2]
     file_rate = sorted(results["file"])[len(results["file"]) // 2]
     slower = 1.0 - agent_rate / file_rate
+    shards = -(-RECORDS // (BATCH * SHARD_BATCHES))
+    steps = -(-RECORDS // BATCH)
+    per_shard = {
+        name: 1000 * sorted(run[name] for run in cpu)[len(cpu) // 2] / shards
+        for name in ("agent", "dispatcher", "nats")
+    }
+    command = "$ .venv/bin/python bench/agent_overhead.py" + (
+        f" --shard-batches {SHARD_BATCHES}" if "--shard-batches" in sys.argv else ""
+    )
     lines = [
-        "$ .venv/bin/python bench/agent_overhead.py",
+        command,
         f"machine: {os.cpu_count()} cores; 1 PS + 2 workers + chief, {RECORDS:,} samples, "
-        f"batch {BATCH}, shards of 4 batches; median of {ROUNDS} alternating rounds",
+        f"batch {BATCH}, shards of {SHARD_BATCHES} batches ({shards} shards, {steps} steps); "
+        f"median of {ROUNDS} alternating rounds",
         "",
         f"agent + dispatcher: {agent_rate:8.1f} steps/s   (rounds: "
         + ", ".join(f"{r:.1f}" for r in results["agent"])
@@ -297,15 +348,19 @@ def main() -> str:
         f"local file (ref.):  {file_rate:8.1f} steps/s   (rounds: "
         + ", ".join(f"{r:.1f}" for r in results["file"])
         + ")",
+        "CPU per shard on the shared cores: "
+        + ", ".join(f"{name} {ms:.1f} ms" for name, ms in per_shard.items())
+        + f" ({sum(per_shard.values()) * shards / steps:.1f} ms per step)",
         f"agent is {slower:+.1%} slower; goal <= 5%: {'PASS' if slower <= 0.05 else 'FAIL'}",
     ]
     return "\n".join(lines) + "\n"
 
 
 if __name__ == "__main__":
-    if len(sys.argv) == 3 and sys.argv[1] == "--child":
+    if len(sys.argv) >= 3 and sys.argv[1] == "--child":
         child(sys.argv[2])
     else:
         report = main()
-        RESULTS.write_text(report)
+        suffix = f"-shards{SHARD_BATCHES}" if "--shard-batches" in sys.argv else ""
+        RESULTS.with_name(f"agent_overhead{suffix}.txt").write_text(report)
         print(report)

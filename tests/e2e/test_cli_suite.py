@@ -1,9 +1,12 @@
-"""`stride up` / `stride down` on a machine with nothing configured: embedded NATS, SQLite."""
+"""`stride up` / `stride down` on a machine with nothing configured: embedded NATS, SQLite,
+and a small job that trains to the end through every live service, as a user runs it."""
 
 from __future__ import annotations
 
 import os
 import re
+import time
+from collections.abc import Callable
 from pathlib import Path
 
 import pytest
@@ -11,11 +14,23 @@ import pytest
 from stride.cli.endpoints import SuiteState, pid_alive
 from stride.testing.processes import run_cli
 
-pytestmark = [pytest.mark.e2e, pytest.mark.timeout(240)]
+pytestmark = [pytest.mark.e2e, pytest.mark.timeout(420)]
 ROOT = Path(__file__).resolve().parents[2]
 
 
 stride = run_cli
+
+
+def profiled_eventually(probe: Callable[[], str], timeout: float = 30.0) -> str:
+    """``probe()`` once it stops failing: configdb hears the last metrics a moment later."""
+    deadline = time.monotonic() + timeout
+    while True:
+        try:
+            return probe()
+        except AssertionError:
+            if time.monotonic() > deadline:
+                raise
+            time.sleep(1.0)
 
 
 def test_up_submit_status_down_with_the_embedded_defaults(tmp_path: Path) -> None:
@@ -44,6 +59,35 @@ def test_up_submit_status_down_with_the_embedded_defaults(tmp_path: Path) -> Non
         listed = stride("status", env=env)
         assert job_id.group(0) in listed.stdout and "admitted" in listed.stdout
         assert (tmp_path / "state" / "db" / "admission.db").exists()
+        assert stride("cancel", job_id.group(0), env=env).returncode == 0
+
+        # A small job, end to end: admitted, planned, pods started, trained, succeeded, and
+        # configdb holds what it measured under its plan.
+        small = tmp_path / "small.yaml"
+        small.write_text(
+            (ROOT / "examples" / "wide-deep.yaml")
+            .read_text()
+            .replace("record_count: 200000", "record_count: 20000")
+            .replace("max_epochs: 2", "max_epochs: 1")
+            .replace("name: wide-deep-ctr", "name: wide-deep-small")
+        )
+        submitted = stride("submit", str(small), "--wait", env=env)
+        assert submitted.returncode == 0, submitted.stderr
+        small_job = re.search(r"job-[0-9a-f]{12}", submitted.stdout)
+        assert small_job is not None
+        waited = stride("wait", small_job.group(0), "--timeout", "300", env=env, timeout=330)
+        assert waited.returncode == 0, waited.stdout + waited.stderr
+        assert "succeeded" in waited.stdout
+
+        def profiled() -> str:
+            status = stride("status", small_job.group(0), env=env)
+            assert "measured (runtime profile)" in status.stdout, status.stdout
+            return status.stdout
+
+        shown = profiled_eventually(profiled)
+        # The plan's throughput and step time, and each role's usage (rich draws the table).
+        first = next(line for line in shown.splitlines() if line.lstrip("│ ").startswith("v1 "))
+        assert re.search(r"[\d,]+ .* \d+ ms .* chief", first), shown
     finally:
         down = stride("down", env=env)
     assert down.returncode == 0, down.stderr

@@ -280,13 +280,22 @@ async def test_step_reports_land_on_the_metrics_stream_once(stack: Stack, nats_u
     for step in (100, 200, 200):
         await stack.agent.ReportSteps(
             pb.ReportStepsRequest(
-                global_step=step, steps=100, step_seconds=0.05, samples_per_second=10_240.0
+                global_step=step,
+                steps=100,
+                step_seconds=0.05,
+                samples_per_second=10_240.0,
+                plan_version=3,
             )
         )
     await expect_error(
         stack.agent.ReportSteps(pb.ReportStepsRequest(global_step=5, steps=0)),
         grpc.StatusCode.INVALID_ARGUMENT,
         "steps:",
+    )
+    await expect_error(
+        stack.agent.ReportSteps(pb.ReportStepsRequest(global_step=5, steps=1, plan_version=-1)),
+        grpc.StatusCode.INVALID_ARGUMENT,
+        "plan_version:",
     )
 
     async def two() -> list[Msg]:
@@ -296,14 +305,18 @@ async def test_step_reports_land_on_the_metrics_stream_once(stack: Stack, nats_u
 
     messages = await assert_eventually(two)
     assert len(messages) == 2
-    assert [(m.headers or {}).get("Nats-Msg-Id") for m in messages] == [f"{POD}.100", f"{POD}.200"]
+    assert [(m.headers or {}).get("Nats-Msg-Id") for m in messages] == [
+        f"{POD}.3.100",
+        f"{POD}.3.200",
+    ]
     metrics = metrics_pb2.StepMetrics.FromString(messages[1].data)
-    assert (metrics.job_id, metrics.pod_name, metrics.global_step, metrics.steps) == (
-        JOB,
-        POD,
-        200,
-        100,
-    )
+    assert (
+        metrics.job_id,
+        metrics.pod_name,
+        metrics.global_step,
+        metrics.steps,
+        metrics.plan_version,
+    ) == (JOB, POD, 200, 100, 3)
     assert metrics.samples_per_second == 10_240.0 and metrics.reported_at.seconds > 0
 
 
@@ -342,3 +355,48 @@ async def test_an_unreachable_upstream_is_named(nats_url: str) -> None:
             await stub.LoadCheckpoint(pb.LoadCheckpointRequest()).read()
         assert raised.value.code() == grpc.StatusCode.UNAVAILABLE
         assert (raised.value.details() or "").startswith("checkpoint cache at")
+
+
+async def test_one_call_reports_a_shard_done_and_leases_the_next(stack: Stack) -> None:
+    await create_dataset(stack, epochs=1)
+    held = []
+    while True:
+        # Asked ahead while shards are held: "none now" instead of a wait on them.
+        reply = await stack.agent.NextShard(pb.NextShardRequest(dataset="train", no_wait=True))
+        if not reply.HasField("shard"):
+            assert not reply.end_of_data
+            break
+        held.append(reply.shard)
+    assert len(held) > 2
+    covered = {index for shard in held for index in range(shard.start, shard.end)}
+    assert covered == set(range(500))
+    # Each call reports one shard done; with shards still held, the answer stays "none now".
+    for shard in held[:-1]:
+        reply = await stack.agent.NextShard(
+            pb.NextShardRequest(dataset="train", done_shard_id=shard.shard_id, no_wait=True)
+        )
+        assert not reply.HasField("shard") and not reply.end_of_data
+    state = await stack.dispatcher.GetDatasetState(
+        disp_pb.GetDatasetStateRequest(job_id=JOB, dataset="train")
+    )
+    assert (state.todo, state.doing, state.done) == (0, 1, len(held) - 1), state
+    # A done report on a shard not leased to the pod is refused and changes nothing.
+    await expect_error(
+        stack.agent.NextShard(pb.NextShardRequest(dataset="train", done_shard_id=held[0].shard_id)),
+        grpc.StatusCode.FAILED_PRECONDITION,
+        f"shard {held[0].shard_id} of 'train' is not leased",
+    )
+    await expect_error(
+        stack.agent.NextShard(pb.NextShardRequest(dataset="train", done_shard_id=-1)),
+        grpc.StatusCode.INVALID_ARGUMENT,
+        "done_shard_id:",
+    )
+    # The last done report ends the data in the same call.
+    reply = await stack.agent.NextShard(
+        pb.NextShardRequest(dataset="train", done_shard_id=held[-1].shard_id)
+    )
+    assert reply.end_of_data and not reply.HasField("shard")
+    state = await stack.dispatcher.GetDatasetState(
+        disp_pb.GetDatasetStateRequest(job_id=JOB, dataset="train")
+    )
+    assert state.finished, state

@@ -18,7 +18,7 @@ from stride.bus import topics
 from stride.bus.client import Bus
 from stride.configdb.app import build
 from stride.configdb.settings import ConfigDbSettings
-from stride.events.v1 import job_pb2, plan_pb2
+from stride.events.v1 import job_pb2, metrics_pb2, plan_pb2, pod_pb2
 from stride.runtime.lifecycle import ServiceHost
 from stride.testing.eventually import assert_eventually
 from stride.testing.inprocess import local_settings, running_service
@@ -355,3 +355,104 @@ async def test_bad_requests_name_the_field(stub: Stub) -> None:
         await stub.GetJobRecord(pb.GetJobRecordRequest(job_id="job-missing"))
     assert missing.value.code() == grpc.StatusCode.NOT_FOUND
     assert (await stub.ListJobRecords(pb.ListJobRecordsRequest(page_size=0))).records == []
+
+
+def steps(
+    job_id: str, pod: str, version: int, global_step: int, count: int, seconds: float, rate: float
+) -> metrics_pb2.StepMetrics:
+    return metrics_pb2.StepMetrics(
+        job_id=job_id,
+        pod_name=pod,
+        plan_version=version,
+        global_step=global_step,
+        steps=count,
+        step_seconds=seconds,
+        samples_per_second=rate,
+        reported_at=stamp(datetime.now(UTC)),
+    )
+
+
+def used(
+    job_id: str, pod: str, role: int, version: int, cpu: float, memory: int, at: datetime
+) -> pod_pb2.UsageSample:
+    return pod_pb2.UsageSample(
+        job_id=job_id,
+        pod_name=pod,
+        role=role,  # type: ignore[arg-type]
+        plan_version=version,
+        cpu_used=cpu,
+        memory_used_bytes=memory,
+        cpu_limit=1.0,
+        memory_limit_bytes=GIB,
+        sampled_at=stamp(at),
+    )
+
+
+async def test_the_runtime_profile_is_built_from_step_windows_and_usage(
+    stub: Stub, bus: Bus, nats_url: str
+) -> None:
+    job = "job-profiled"
+    await bus.publish(topics.JOB_SUBMITTED, job, submitted(job), f"{job}.sub")
+    for version in (1, 2):
+        await bus.publish(topics.PLAN, job, plan(job, version), f"{job}.plan.{version}")
+    chief = f"{job}-chief-0"
+    windows = [
+        # v1: 1000 samples in 1 s, then 9000 in 3 s: 2500/s over 40 steps of 0.1 s.
+        steps(job, chief, 1, 10, 10, 0.1, 1000.0),
+        steps(job, chief, 1, 40, 30, 0.1, 3000.0),
+        # v2, after a move that repeated steps 31-40 from its checkpoint: measured anew.
+        steps(job, chief, 2, 40, 10, 0.05, 4000.0),
+    ]
+    for index, window in enumerate(windows):
+        await bus.publish(topics.STEP_METRICS, job, window, f"w{index}")
+    # A redelivery under another message id (the de-duplication window passed) counts once.
+    await bus.publish(topics.STEP_METRICS, job, windows[0], "w0-again")
+    start, later = datetime.now(UTC), timedelta(seconds=10)
+    samples = [
+        used(job, f"{job}-ps-0", plan_pb2.ROLE_PS, 1, 0.2, 300 << 20, start),
+        used(job, f"{job}-ps-0", plan_pb2.ROLE_PS, 1, 0.6, 500 << 20, start + timedelta(seconds=5)),
+        used(job, f"{job}-worker-0", plan_pb2.ROLE_WORKER, 1, 0.9, 200 << 20, start),
+        used(job, f"{job}-worker-1", plan_pb2.ROLE_WORKER, 2, 0.7, 250 << 20, start),
+        used(job, f"{job}-worker-0", plan_pb2.ROLE_WORKER, 2, 0.5, 210 << 20, start + later),
+    ]
+    for index, sample in enumerate(samples):
+        await bus.publish(topics.POD_USAGE, job, sample, f"u{index}")
+    await bus.publish(topics.POD_USAGE, job, samples[1], "u1-again")
+    # Measurements that cannot be ones go to the dead-letter stream and count for nothing.
+    await bus.publish(topics.STEP_METRICS, job, steps(job, chief, 1, 50, 0, 0.1, 1.0), "bad-w")
+    bad_sample = used(job, f"{job}-ps-0", plan_pb2.ROLE_PS, 1, -1.0, 0, start)
+    await bus.publish(topics.POD_USAGE, job, bad_sample, "bad-u")
+
+    def complete(record: pb.JobRecord) -> bool:
+        counts = (
+            [p.windows for p in record.profiles],
+            sum(u.samples for p in record.profiles for u in p.roles),
+        )
+        assert counts == ([2, 1], 5), counts
+        return True
+
+    record = await record_when(stub, job, complete)
+    first, second = record.profiles
+    assert first.plan_version == 1 and first.steps == 40
+    assert first.samples_per_second == pytest.approx(2500.0)
+    assert first.step_seconds == pytest.approx(0.1)
+    ps, workers = first.roles
+    assert ps.role == plan_pb2.ROLE_PS and (ps.pods, ps.samples) == (1, 2)
+    assert ps.cpu_used_mean == pytest.approx(0.4) and ps.cpu_used_max == pytest.approx(0.6)
+    assert ps.memory_used_max_bytes == 500 << 20 and ps.memory_limit_bytes == GIB
+    assert workers.role == plan_pb2.ROLE_WORKER and workers.pods == 1
+    assert second.samples_per_second == pytest.approx(4000.0)
+    assert [(u.role, u.pods, u.samples) for u in second.roles] == [(plan_pb2.ROLE_WORKER, 2, 2)]
+    assert second.roles[0].cpu_used_mean == pytest.approx(0.6)
+    for durable in ("configdb-step-metrics", "configdb-usage"):
+
+        async def parked(durable: str = durable) -> list[Msg]:
+            dead = await stream_messages(nats_url, topics.dead_letter_subject(durable))
+            assert len(dead) == 1, dead
+            return dead
+
+        await assert_eventually(parked)
+    # The profile is the job's, recorded beside its outcome.
+    await bus.publish(topics.JOB_FINISHED, job, finished(job), f"{job}.fin")
+    record = await record_when(stub, job, lambda r: r.HasField("finished_at"))
+    assert len(record.profiles) == 2

@@ -12,6 +12,8 @@ Training for real is in ``tests/e2e/test_training.py``.
 from __future__ import annotations
 
 import json
+import os
+import signal
 import uuid
 from collections.abc import AsyncIterator
 from pathlib import Path
@@ -402,3 +404,212 @@ async def test_a_bad_virtual_node_spec_stops_start_up_naming_it(
     assert code != 0
     log = podwatcher.process.log_text()
     assert "local_nodes" in log.lower() and "two" in log, log[-2000:]
+
+
+def chief_moving_plan(job_id: str) -> plan_pb2.ResourcePlan:
+    """Plan v2: the chief needs more memory than its node has left (the three 256 MiB pods
+    of plan v1 share node-0 of 2 GiB), so it moves to node-1."""
+    moved = plan(job_id, 2)
+    moved.roles[0].memory_bytes = 1792 * MIB
+    return moved
+
+
+async def command_for(nats_url: str, job_id: str, version: int, action: int) -> Any:
+    async def probe() -> control_pb2.ControlCommand:
+        commands = await events(nats_url, topics.CONTROL_COMMAND, job_id)
+        mine = [c for c in commands if c.plan_version == version and c.action == action]
+        assert mine, commands
+        return mine[0]
+
+    return await assert_eventually(probe, timeout=30)
+
+
+async def test_a_moved_chief_hands_over_to_its_standby_pod(
+    harness: tuple[Podwatcher, Stub, Bus], nats_url: str
+) -> None:
+    podwatcher, stub, bus = harness
+    job = new_job()
+    chief, moved, ps, w0 = (
+        f"{job}-chief-0",
+        f"{job}-chief-0-g1",
+        f"{job}-ps-0",
+        f"{job}-worker-0",
+    )
+    await admit(bus, job, script="run")
+    await bus.publish(topics.PLAN, job, plan(job, 1), f"{job}.plan.1")
+    pods = await running(stub, job, chief, ps, w0)
+    assert pods[chief].node == "node-0"
+    await bus.publish(topics.PLAN, job, chief_moving_plan(job), f"{job}.plan.2")
+    # The new chief pod starts first, on the other node, as a standby.
+    pods = await running(stub, job, chief, moved, ps, w0)
+    assert pods[moved].node == "node-1" and pods[moved].memory_bytes == 1792 * MIB
+
+    def started_as_standby() -> bool:
+        log = podwatcher.state / "pods" / "jobs" / job / "starts.log"
+        starts = log.read_text().splitlines()
+        assert [line.split()[:2] for line in starts] == [
+            [chief, "standby=false"],
+            [moved, "standby=true"],
+        ], starts
+        return True
+
+    await assert_eventually(started_as_standby, timeout=20)
+    # Then the old chief is told the new cluster, whose chief is the new pod.
+    command = await command_for(nats_url, job, 2, control_pb2.CONTROL_ACTION_RECONFIGURE)
+    assert command.pod_name == chief
+    new_chief = json.loads(command.cluster_json)["chief"]
+    assert new_chief == [pods[moved].address], (new_chief, pods[moved].address)
+    # The old chief checkpoints and hands over.
+    handed = control_pb2.ControlAck(
+        job_id=job,
+        pod_name=chief,
+        action=control_pb2.CONTROL_ACTION_RECONFIGURE,
+        plan_version=2,
+        ok=True,
+        checkpoint_id="step-70",
+        paused_seconds=0.25,
+    )
+    handed.acked_at.GetCurrentTime()
+    await bus.publish(topics.CONTROL_ACK, job, handed, f"{job}.ack.2")
+    # The standby is told to take over from that checkpoint, with the pause's start.
+    resume = await command_for(nats_url, job, 2, control_pb2.CONTROL_ACTION_RESUME)
+    assert resume.pod_name == moved and resume.checkpoint_id == "step-70"
+    assert json.loads(resume.cluster_json) == json.loads(command.cluster_json)
+    began = resume.paused_at.ToMicroseconds() - handed.acked_at.ToMicroseconds()
+    assert abs(began + 250_000) < 1_000, began
+    # And the old chief goes.
+    await running(stub, job, moved, ps, w0)
+
+    async def applied() -> bool:
+        reply = await stub.GetJobPods(pb.GetJobPodsRequest(job_id=job))
+        assert reply.plan.state == pb.PLAN_STATE_APPLIED, reply.plan
+        return True
+
+    await assert_eventually(applied, timeout=20)
+
+
+async def test_a_chief_that_ends_before_handing_over_leaves_the_job_to_its_standby(
+    harness: tuple[Podwatcher, Stub, Bus], nats_url: str
+) -> None:
+    podwatcher, stub, bus = harness
+    job = new_job()
+    chief, moved, ps, w0 = (
+        f"{job}-chief-0",
+        f"{job}-chief-0-g1",
+        f"{job}-ps-0",
+        f"{job}-worker-0",
+    )
+    await admit(bus, job, script="run")
+    await bus.publish(topics.PLAN, job, plan(job, 1), f"{job}.plan.1")
+    await running(stub, job, chief, ps, w0)
+    await bus.publish(topics.PLAN, job, chief_moving_plan(job), f"{job}.plan.2")
+    await command_for(nats_url, job, 2, control_pb2.CONTROL_ACTION_RECONFIGURE)
+    # The old chief dies instead of answering.
+    pids = json.loads((podwatcher.state / "pods" / "pods" / chief / "pids.json").read_text())
+    os.kill(pids["trainer"], signal.SIGKILL)
+    resume = await command_for(nats_url, job, 2, control_pb2.CONTROL_ACTION_RESUME)
+    assert resume.pod_name == moved and resume.checkpoint_id == ""  # the newest
+    await running(stub, job, moved, ps, w0)
+
+    async def applied() -> bool:
+        reply = await stub.GetJobPods(pb.GetJobPodsRequest(job_id=job))
+        assert reply.plan.state == pb.PLAN_STATE_APPLIED, reply.plan
+        assert "ended before it handed over" in reply.plan.message
+        return True
+
+    await assert_eventually(applied, timeout=20)
+    # It was going anyway: deleted, not failed, and not relaunched.
+    assert not [e for e in await events(nats_url, topics.POD_FAILED, job) if e.pod_name == chief]
+
+
+async def test_a_plan_that_fits_only_once_another_job_ends_waits_for_room(
+    harness: tuple[Podwatcher, Stub, Bus], nats_url: str
+) -> None:
+    _, stub, bus = harness
+    first, second = new_job(), new_job()
+    await admit(bus, first, script="run")
+    await admit(bus, second, script="run")
+    # The first job takes 1.5 GiB of each 2 GiB node; the second needs 1 GiB pods.
+    big = plan(first, 1, workers=1, worker_memory=1536 * MIB)
+    big.roles[1].memory_bytes = 1536 * MIB  # its PS too
+    await bus.publish(topics.PLAN, first, big, f"{first}.plan.1")
+    await running(stub, first, f"{first}-chief-0", f"{first}-ps-0", f"{first}-worker-0")
+    wanted = plan(second, 1, worker_memory=1024 * MIB)
+    await bus.publish(topics.PLAN, second, wanted, f"{second}.plan.1")
+
+    async def waiting() -> bool:
+        try:
+            reply = await stub.GetJobPods(pb.GetJobPodsRequest(job_id=second))
+        except grpc.aio.AioRpcError as error:
+            raise AssertionError(f"not recorded yet: {error.code()}") from None
+        assert reply.plan.state == pb.PLAN_STATE_RECORDED, reply.plan
+        assert reply.plan.message.startswith("waiting for room: no node has room"), reply.plan
+        assert not reply.pods
+        return True
+
+    await assert_eventually(waiting, timeout=20)
+    # The first job ends: its pods go, and the second job's start in the room they leave.
+    cancelled = job_pb2.JobFinished(job_id=first, outcome=job_pb2.JOB_OUTCOME_CANCELLED)
+    await bus.publish(topics.JOB_FINISHED, first, cancelled, f"{first}.finished")
+    await running(stub, second, f"{second}-chief-0", f"{second}-ps-0", f"{second}-worker-0")
+
+    async def applied() -> bool:
+        reply = await stub.GetJobPods(pb.GetJobPodsRequest(job_id=second))
+        assert reply.plan.state == pb.PLAN_STATE_APPLIED, reply.plan
+        return True
+
+    await assert_eventually(applied, timeout=20)
+
+
+async def test_a_plan_no_node_could_ever_hold_fails_naming_the_pod(
+    harness: tuple[Podwatcher, Stub, Bus],
+) -> None:
+    _, stub, bus = harness
+    job = new_job()
+    await admit(bus, job, script="run")
+    await bus.publish(topics.PLAN, job, plan(job, 1, worker_memory=3 * GIB), f"{job}.plan.1")
+
+    async def failed() -> bool:
+        try:
+            reply = await stub.GetJobPods(pb.GetJobPodsRequest(job_id=job))
+        except grpc.aio.AioRpcError as error:
+            raise AssertionError(f"not recorded yet: {error.code()}") from None
+        assert reply.plan.state == pb.PLAN_STATE_FAILED, reply.plan
+        assert f"no node has room for pod {job}-worker-0 (0.5 cpu, 3.00 GiB)" in reply.plan.message
+        return True
+
+    await assert_eventually(failed, timeout=20)
+
+
+async def test_a_chief_that_dies_during_a_move_comes_back_on_the_new_cluster(
+    harness: tuple[Podwatcher, Stub, Bus], nats_url: str
+) -> None:
+    podwatcher, stub, bus = harness
+    job = new_job()
+    chief, ps, w0, w1 = (f"{job}-chief-0", f"{job}-ps-0", f"{job}-worker-0", f"{job}-worker-1")
+    await admit(bus, job, script="run")
+    await bus.publish(topics.PLAN, job, plan(job, 1), f"{job}.plan.1")
+    await running(stub, job, chief, ps, w0)
+    await bus.publish(topics.PLAN, job, plan(job, 2, workers=2), f"{job}.plan.2")
+    command = await command_for(nats_url, job, 2, control_pb2.CONTROL_ACTION_RECONFIGURE)
+    # The chief dies instead of answering; relaunched, it starts on plan v2's cluster.
+    pids = json.loads((podwatcher.state / "pods" / "pods" / chief / "pids.json").read_text())
+    os.kill(pids["trainer"], signal.SIGKILL)
+
+    async def moved() -> bool:
+        reply = await stub.GetJobPods(pb.GetJobPodsRequest(job_id=job))
+        assert reply.plan.state == pb.PLAN_STATE_APPLIED, reply.plan
+        assert reply.plan.message == "the chief restarted on the new cluster", reply.plan
+        return True
+
+    await assert_eventually(moved, timeout=30)
+
+    def relaunched_on_the_new_cluster() -> bool:
+        log = podwatcher.state / "pods" / "jobs" / job / "starts.log"
+        starts = log.read_text().splitlines()
+        assert len(starts) == 2, starts
+        assert json.loads(starts[-1].split(" ", 2)[2]) == json.loads(command.cluster_json)
+        return True
+
+    await assert_eventually(relaunched_on_the_new_cluster, timeout=20)
+    await running(stub, job, chief, ps, w0, w1)

@@ -14,7 +14,7 @@ import keras
 import numpy as np
 import tensorflow as tf
 
-from stride.trainer.loop import TrainingContext
+from stride.trainer.loop import TrainingContext, say
 from stride_examples import criteo
 
 
@@ -55,3 +55,44 @@ def train(ctx: TrainingContext) -> None:
         return criteo.make_batch(indices, vocabulary=vocabulary)
 
     ctx.fit(build_model, make_batch)
+
+
+def train_own_loop(ctx: TrainingContext) -> None:
+    """The same model in a loop of one's own (``model.entrypoint:
+    stride_examples.wide_deep:train_own_loop``): what an entrypoint gets besides
+    :meth:`~stride.trainer.loop.TrainingContext.fit` is the strategy, its coordinator and a
+    ``tf.data`` dataset of the job's sample indices from the dispatcher. (Such a loop moves
+    to a new cluster by re-execution, and checkpoints are its own to make.)"""
+    vocabulary = int(ctx.hyperparameters.get("vocabulary", criteo.VOCABULARY))
+    strategy, coordinator = ctx.strategy, ctx.coordinator
+    ctx.agent.watch_control()
+    ctx.create_dataset()
+    with strategy.scope():
+        model = build_model(ctx)
+        optimizer = keras.optimizers.Adam(float(ctx.hyperparameters.get("learning_rate", 0.001)))
+        optimizer.build(model.trainable_variables)
+
+    @tf.function  # type: ignore[untyped-decorator]
+    def step(dense: Any, ids: Any, labels: Any) -> Any:
+        def replica(dense: Any, ids: Any, labels: Any) -> Any:
+            with tf.GradientTape() as tape:
+                logits = model([dense, ids], training=True)
+                loss = tf.reduce_mean(
+                    tf.nn.sigmoid_cross_entropy_with_logits(labels=labels, logits=logits)
+                )
+            gradients = tape.gradient(loss, model.trainable_variables)
+            optimizer.apply_gradients(zip(gradients, model.trainable_variables, strict=True))
+            return loss
+
+        return strategy.run(replica, args=(dense, ids, labels))
+
+    losses = []
+    for number, indices in enumerate(ctx.index_dataset().as_numpy_iterator(), start=1):
+        result = coordinator.schedule(
+            step, args=criteo.make_batch(np.asarray(indices), vocabulary=vocabulary)
+        )
+        if number % 10 == 0:
+            coordinator.join()
+            losses.append(float(result.fetch()))
+            say("own loop", step=number, loss=round(losses[-1], 5))
+    coordinator.join()

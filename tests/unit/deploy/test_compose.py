@@ -151,11 +151,29 @@ def test_ckptcache_has_shared_memory_and_a_store_volume(services: dict[str, Serv
 def test_podwatcher_runs_pods_locally_with_the_agent_image(
     services: dict[str, Service],
 ) -> None:
-    environment = _environment(services["podwatcher"])
+    podwatcher = services["podwatcher"]
+    environment = _environment(podwatcher)
     assert environment["STRIDE_PODWATCHER_BACKEND"] == "local"
     assert environment["STRIDE_PODWATCHER_NAMESPACE"]
     agent_image = environment["STRIDE_PODWATCHER_AGENT_IMAGE"]
     assert agent_image is not None and "agent" in agent_image
+    # The pods run in its container, so its image is the one with the trainer and agent.
+    assert podwatcher["build"]["target"] == "podwatcher-local"
+    # They call the dispatcher and the cache by their compose names, once those are up.
+    for name, port in (("dispatcher", 50055), ("ckptcache", 50056)):
+        assert environment[f"STRIDE_PODWATCHER_{name.upper()}_ADDRESS"] == f"{name}:{port}"
+        assert podwatcher["depends_on"][name]["condition"] == "service_healthy"
+    # Pods outlive a podwatcher restart: their state is on a volume.
+    state_dir = environment["STRIDE_PODWATCHER_LOCAL_STATE_DIR"]
+    assert state_dir in {volume.split(":")[1] for volume in podwatcher["volumes"]}
+    nodes = environment["STRIDE_PODWATCHER_LOCAL_NODES"]
+    assert nodes is not None and "x(cpu=" in nodes
+
+
+def test_the_local_podwatcher_image_carries_the_trainer_and_the_agent() -> None:
+    text = (REPO_ROOT / "deploy" / "docker" / "Dockerfile").read_text()
+    install = text.split("FROM source AS install-podwatcher-local", 1)[1].split("FROM", 1)[0]
+    assert ".[podwatcher,agent,tensorflow]" in install
 
 
 def test_admission_api_is_published(services: dict[str, Service]) -> None:

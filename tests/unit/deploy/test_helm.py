@@ -270,6 +270,11 @@ def test_podwatcher_has_rbac_for_training_pods(release: Release) -> None:
     assert env["STRIDE_PODWATCHER_NAMESPACE"] == pod_namespace
     server_image = _container(deployment)["image"]
     assert env["STRIDE_PODWATCHER_AGENT_IMAGE"] == server_image.replace("/podwatcher:", "/agent:")
+    # The pods reach the dispatcher and the checkpoint cache through their Services.
+    for name, port in (("dispatcher", 50055), ("ckptcache", 50056)):
+        service = release.get("Service", name)
+        address = env[f"STRIDE_PODWATCHER_{name.upper()}_ADDRESS"]
+        assert address == f"{service['metadata']['name']}:{port}", address
 
 
 def test_only_the_podwatcher_gets_an_api_token(release: Release) -> None:

@@ -10,7 +10,9 @@ import pytest
 from pydantic import ValidationError
 from stride_examples import criteo
 
+from stride.trainer.cluster import ClusterChange, classify
 from stride.trainer.entrypoint import EntrypointError, load
+from stride.trainer.loop import PendingAck
 from stride.trainer.settings import TrainerSettings, parse_cluster
 
 CLUSTER = '{"chief": ["127.0.0.1:1"], "ps": ["127.0.0.1:2"], "worker": ["127.0.0.1:3"]}'
@@ -114,3 +116,47 @@ def test_missing_settings_exit_2_naming_the_variable() -> None:
     )
     assert done.returncode == 2
     assert "STRIDE_TRAINER_ROLE" in done.stderr and "STRIDE_TRAINER_CLUSTER_JSON" in done.stderr
+
+
+def _cluster(
+    chief: str = "h:1", ps: tuple[str, ...] = ("h:2",), workers: tuple[str, ...] = ("h:3",)
+) -> dict[str, list[str]]:
+    return {"chief": [chief], "ps": list(ps), "worker": list(workers)}
+
+
+@pytest.mark.parametrize(
+    ("new", "change"),
+    [
+        (_cluster(), ClusterChange.NONE),
+        (_cluster(workers=("h:3", "h:4", "h:5")), ClusterChange.WORKERS),  # scale out
+        (_cluster(workers=("h:6",)), ClusterChange.WORKERS),  # the worker moved
+        (_cluster(ps=("h:2", "h:7")), ClusterChange.PARAMETER_SERVERS),  # a second PS
+        (_cluster(ps=("h:8",)), ClusterChange.PARAMETER_SERVERS),  # the PS moved
+        (_cluster(chief="h:9"), ClusterChange.CHIEF_MOVED),
+        (_cluster(chief="h:9", ps=("h:2", "h:7")), ClusterChange.CHIEF_MOVED),
+        # The old PS's server would have to become a worker: a context cannot change task.
+        (_cluster(ps=("h:7",), workers=("h:2",)), ClusterChange.INCOMPATIBLE),
+    ],
+)
+def test_a_new_cluster_is_followed_the_cheapest_way_it_allows(
+    new: dict[str, list[str]], change: ClusterChange
+) -> None:
+    assert classify(_cluster(), new) is change
+
+
+def test_scale_in_keeps_the_workers_that_stay_at_their_index() -> None:
+    three = _cluster(workers=("h:3", "h:4", "h:5"))
+    assert classify(three, _cluster()) is ClusterChange.WORKERS
+    # Worker h:5 taking index 1 would rename a task in place.
+    shifted = _cluster(workers=("h:3", "h:5"))
+    assert classify(three, shifted) is ClusterChange.INCOMPATIBLE
+
+
+def test_a_pending_ack_survives_re_execution() -> None:
+    pending = PendingAck("reconfigure", 7, 1700000000.25, "step-120")
+    again = PendingAck.decode(pending.encode())
+    assert (again.plan_version, again.paused_at, again.checkpoint_id) == (
+        7,
+        1700000000.25,
+        "step-120",
+    )

@@ -152,6 +152,11 @@ url
   value: {{ include "stride.podwatcherNamespace" $root | quote }}
 - name: STRIDE_PODWATCHER_AGENT_IMAGE
   value: {{ include "stride.image" (list $root "agent") | quote }}
+{{- /* What the training pods' agents and trainers call: the in-cluster Services. */}}
+- name: STRIDE_PODWATCHER_DISPATCHER_ADDRESS
+  value: {{ printf "%s:50055" (include "stride.componentName" (list $root "dispatcher")) | quote }}
+- name: STRIDE_PODWATCHER_CKPTCACHE_ADDRESS
+  value: {{ printf "%s:50056" (include "stride.componentName" (list $root "ckptcache")) | quote }}
 {{- end }}
 {{- end }}
 

@@ -9,7 +9,7 @@ import subprocess
 import sys
 import time
 import uuid
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from datetime import UTC, datetime, timedelta
 from pathlib import Path
 from typing import Annotated, NoReturn, TypeVar
@@ -335,6 +335,8 @@ def status(
     console.print(summary)
     if plan_reply is not None:
         console.print(_plan_table(plan_reply.plan))
+    if record is not None and record.record.profiles:
+        console.print(_profile_table(record.record.profiles))
 
 
 def _plan_table(plan: plan_pb2.ResourcePlan) -> Table:
@@ -347,6 +349,37 @@ def _plan_table(plan: plan_pb2.ResourcePlan) -> Table:
         table.add_row(
             _role_name(role.role), str(role.count), f"{role.cpu:g}", _gib(role.memory_bytes)
         )
+    return table
+
+
+def _profile_table(profiles: Sequence[configdb_pb.RuntimeProfile]) -> Table:
+    """What the job measured under each plan (configdb's runtime profile)."""
+    table = Table(title="measured (runtime profile)", title_justify="left")
+    for column in ("plan", "samples/s", "step", "role", "pods", "cpu mean/max/limit", "memory"):
+        table.add_column(column, justify="left" if column in ("plan", "role") else "right")
+    for profile in profiles:
+        throughput = (
+            (f"{profile.samples_per_second:,.0f}", f"{profile.step_seconds * 1000:.0f} ms")
+            if profile.windows
+            else ("-", "-")
+        )
+        rows = profile.roles or [configdb_pb.RoleUsage()]
+        for index, usage in enumerate(rows):
+            first = index == 0
+            table.add_row(
+                f"v{profile.plan_version}" if first else "",
+                throughput[0] if first else "",
+                throughput[1] if first else "",
+                _role_name(usage.role) if usage.samples else "-",
+                str(usage.pods) if usage.samples else "-",
+                f"{usage.cpu_used_mean:.2f}/{usage.cpu_used_max:.2f}/{usage.cpu_limit:g}"
+                if usage.samples
+                else "-",
+                f"{usage.memory_used_max_bytes / 1024**2:,.0f} of "
+                f"{usage.memory_limit_bytes / 1024**2:,.0f} MiB"
+                if usage.samples
+                else "-",
+            )
     return table
 
 

@@ -12,7 +12,8 @@ The script is in the job spec's hyperparameters (``script_<role>``, else ``scrip
   (a chief whose job ends when the test says so).
 
 Every run appends a line to ``<consumed log's directory>/starts.log`` when it has a
-consumed log (chiefs), and prints one line per second so log tests see output.
+consumed log (chiefs): ``<pod> standby=<true|false> <cluster JSON>``, and prints one line
+per second so log tests see output.
 """
 
 from __future__ import annotations
@@ -67,7 +68,9 @@ def main() -> int:
     job_dir = Path(consumed).parent if consumed else None
     if job_dir is not None:
         with (job_dir / "starts.log").open("a") as starts:
-            starts.write(f"{pod} {os.environ.get('STRIDE_TRAINER_CLUSTER_JSON', '')}\n")
+            standby = os.environ.get("STRIDE_TRAINER_STANDBY", "false")
+            cluster = os.environ.get("STRIDE_TRAINER_CLUSTER_JSON", "")
+            starts.write(f"{pod} standby={standby} {cluster}\n")
     print(f"scripted trainer {pod}: {script} (listening: {listening is not None})", flush=True)
     if script.startswith("exit:"):
         print("failing on purpose", file=sys.stderr, flush=True)

@@ -34,6 +34,10 @@ class Command:
     plan_version: int
     cluster_json: str
     reason: str
+    paused_at: float = 0.0
+    """For ``resume`` after a handover: when training paused (Unix time)."""
+    checkpoint_id: str = ""
+    """For ``resume`` after a handover: the checkpoint the old chief saved."""
 
 
 _ACTIONS = {
@@ -101,11 +105,16 @@ class AgentClient:
         )
         return reply.state
 
-    def next_shard(self, dataset: str) -> tuple[shard_pb2.Shard | None, bool]:
-        """The next shard, and whether the data has ended."""
-        reply = self._call(
-            lambda: self.stub.NextShard(pb.NextShardRequest(dataset=dataset), timeout=self.timeout)
-        )
+    def next_shard(
+        self, dataset: str, done: int | None = None, wait: bool = True
+    ) -> tuple[shard_pb2.Shard | None, bool]:
+        """The next shard, and whether the data has ended; ``done`` (a finished shard's id)
+        is reported done in the same call. Without ``wait``, (None, False) means "none free
+        now, others still held"."""
+        request = pb.NextShardRequest(dataset=dataset, no_wait=not wait)
+        if done is not None:
+            request.done_shard_id = done
+        reply = self._call(lambda: self.stub.NextShard(request, timeout=self.timeout))
         return (reply.shard if reply.HasField("shard") else None), reply.end_of_data
 
     def report(self, dataset: str, shard_id: int, offset: int, done: bool) -> None:
@@ -120,7 +129,12 @@ class AgentClient:
         )
 
     def report_steps(
-        self, global_step: int, steps: int, step_seconds: float, samples_per_second: float
+        self,
+        global_step: int,
+        steps: int,
+        step_seconds: float,
+        samples_per_second: float,
+        plan_version: int = 0,
     ) -> None:
         """A window of steps: the samples the optimizer fits its throughput model to."""
         self._call(
@@ -130,6 +144,7 @@ class AgentClient:
                     steps=steps,
                     step_seconds=step_seconds,
                     samples_per_second=samples_per_second,
+                    plan_version=plan_version,
                 ),
                 timeout=self.timeout,
             )
@@ -190,7 +205,12 @@ class AgentClient:
                         if action is not None:
                             self.commands.put(
                                 Command(
-                                    action, reply.plan_version, reply.cluster_json, reply.reason
+                                    action,
+                                    reply.plan_version,
+                                    reply.cluster_json,
+                                    reply.reason,
+                                    reply.paused_at,
+                                    reply.checkpoint_id,
                                 )
                             )
                 except grpc.RpcError:

@@ -12,17 +12,25 @@ What a job's entrypoint gets is a :class:`TrainingContext`. The built-in loop,
 3. Shards come from the agent; each shard's sample indices become batches
    (``make_batch(indices)``), each batch a step scheduled on whichever worker is free. When
    every step of a shard has finished, the shard is reported done and logged.
-4. Every ``report_every_steps`` steps a step window goes to the agent (and a JSON line with
-   the loss to stdout); every ``checkpoint_every_steps`` steps a flash checkpoint is saved.
+4. A step window goes to the agent once it has ``report_every_steps`` steps and spans
+   ``report_interval_seconds`` (and a JSON line with the loss to stdout). A flash
+   checkpoint is saved between shards, before the next one would take the job more than
+   ``checkpoint_every_steps`` past the last checkpoint.
 5. Control commands: PAUSE checkpoints and waits for RESUME; STOP checkpoints and exits;
-   RECONFIGURE (a new cluster: scale out or in, more PS, migrated pods) checkpoints and
-   re-executes this process on the new cluster, which restores and acknowledges with the
-   length of the pause (DLRover-RM sec. 5.2). Rebuilding the strategy inside the process
-   is not done: TensorFlow's coordinator keeps the cluster it was created with.
+   RECONFIGURE (a new cluster: DLRover-RM sec. 5.2) is followed without leaving the process
+   where TensorFlow allows it (:mod:`stride.trainer.cluster`): workers only, the variables
+   stay on the PS and nothing is saved; a PS change checkpoints, reconnects, rebuilds the
+   model over the new PS and restores; a moved chief checkpoints and hands over to its
+   standby pod. Otherwise the process re-executes on the new cluster and restores. The
+   acknowledgement goes out once the first step on the new cluster has finished, with the
+   length of the pause.
 6. A PS that fails makes steps fail: the chief waits until every PS answers again (the
    podwatcher relaunches it at its address) and re-executes, restoring the newest
    checkpoint. A worker that fails is the coordinator's: it reschedules the worker's steps
    and takes the relaunched worker back.
+
+Every start and every move logs ``first step`` when its first step has finished, with the
+time: the end of the pause, for the migration benchmark and for ``stride logs``.
 """
 
 from __future__ import annotations
@@ -35,7 +43,7 @@ import sys
 import time
 import zlib
 from collections.abc import Callable, Iterator, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, field, replace
 from typing import Any
 
 import numpy as np
@@ -44,7 +52,9 @@ from google.protobuf import json_format
 from stride.api.dispatcher.v1 import dispatcher_service_pb2 as dispatcher_pb
 from stride.events.v1 import job_pb2, shard_pb2
 from stride.trainer.agent_client import AgentClient, Command
-from stride.trainer.settings import TrainerSettings
+from stride.trainer.cluster import Cluster, ClusterChange, ClusterConnection, MoveFailed, classify
+from stride.trainer.feed import LeaseKeeper, ShardFeed
+from stride.trainer.settings import TrainerSettings, parse_cluster
 
 SHUFFLE_SEED = 7
 DEFAULT_BATCH_SIZE = 256
@@ -84,6 +94,39 @@ class ReExec(Exception):
         self.changes = changes
 
 
+@dataclass(frozen=True)
+class PendingAck:
+    """A pause that ends with the next finished step, and the answer owed for it."""
+
+    action: str
+    """``reconfigure`` (this chief moved) or ``resume`` (a standby took over)."""
+    plan_version: int
+    paused_at: float
+    """When training paused, in Unix time."""
+    checkpoint_id: str = ""
+    change: str = ""
+    """What the move changed (:class:`~stride.trainer.cluster.ClusterChange` value)."""
+    phases: dict[str, float] = field(default_factory=dict)
+    """Seconds from the pause to the end of each phase of the move (saved, connected,
+    restored, scheduled), logged with the answer: where a pause goes."""
+
+    def mark(self, phase: str) -> None:
+        """``phase`` ended now."""
+        self.phases[phase] = round(time.time() - self.paused_at, 3)
+
+    def encode(self) -> str:
+        """The ``STRIDE_TRAINER_PENDING_ACK`` value a re-executed chief reads back."""
+        return f"{self.plan_version}:{self.paused_at}:{self.checkpoint_id}"
+
+    @classmethod
+    def decode(cls, text: str) -> PendingAck:
+        """Read :meth:`encode`'s form back (the re-execution path)."""
+        version, began, checkpoint_id = [*text.split(":", 2), "", ""][:3]
+        return cls(
+            "reconfigure", int(version), float(began or time.time()), checkpoint_id, "re-exec"
+        )
+
+
 def wait_for_addresses(addresses: Sequence[str], timeout: float) -> None:
     """Block until every ``host:port`` accepts a TCP connection (or ``timeout`` passes)."""
     deadline = time.monotonic() + timeout
@@ -107,6 +150,90 @@ def re_exec(changes: dict[str, str]) -> None:
     os.execve(sys.executable, [sys.executable, "-m", "stride.trainer"], env)
 
 
+class StepWindow:
+    """The steps since the last report: the throughput samples the optimizer fits to."""
+
+    def __init__(self, agent: AgentClient, every_steps: int, every_seconds: float) -> None:
+        self.agent = agent
+        self.every_steps = every_steps
+        self.every_seconds = every_seconds
+        self.restart()
+
+    def restart(self) -> None:
+        """Start a new window now (after a pause, whose time is no step's)."""
+        self.started, self.steps, self.samples = time.monotonic(), 0, 0
+
+    def add(self, steps: int, samples: int) -> None:
+        """Steps finished."""
+        self.steps += steps
+        self.samples += samples
+
+    def report(
+        self, global_step: int, plan_version: int, losses: list[float], force: bool = False
+    ) -> None:
+        """Report the window once it is long enough (or now, ``force``: the data ended, or
+        the plan is about to change), with a JSON line for ``stride logs``."""
+        elapsed = max(time.monotonic() - self.started, 1e-9)
+        if not self.steps or (
+            not force and (self.steps < self.every_steps or elapsed < self.every_seconds)
+        ):
+            return
+        self.agent.report_steps(
+            global_step, self.steps, elapsed / self.steps, self.samples / elapsed, plan_version
+        )
+        say(
+            "steps",
+            step=global_step,
+            loss=round(float(np.mean(losses)), 5) if losses else None,
+            samples_per_second=round(self.samples / elapsed, 1),
+        )
+        self.restart()
+
+
+@dataclass
+class _Trainable:
+    """What :meth:`TrainingContext.fit` trains; rebuilt when the PS change."""
+
+    model: Any
+    optimizer: Any
+    root: Any
+    train_step: Any
+
+
+def _make_train_step(strategy: Any, model: Any, optimizer: Any) -> Any:
+    """One step of binary cross-entropy under ``strategy``, as a tf.function."""
+    import tensorflow as tf
+
+    @tf.function(reduce_retracing=True)  # type: ignore[untyped-decorator]
+    def train_step(*arrays: Any) -> Any:
+        def replica(*arrays: Any) -> Any:
+            *inputs, labels = arrays
+            with tf.GradientTape() as tape:
+                logits = model(list(inputs), training=True)
+                loss = tf.reduce_mean(
+                    tf.nn.sigmoid_cross_entropy_with_logits(labels=labels, logits=logits)
+                )
+            gradients = tape.gradient(loss, model.trainable_variables)
+            optimizer.apply_gradients(zip(gradients, model.trainable_variables, strict=True))
+            return loss
+
+        return strategy.run(replica, args=arrays)
+
+    return train_step
+
+
+def _moving_by_re_exec(command: Command, paused: float, checkpoint_id: str, why: str) -> ReExec:
+    """Re-execute on the command's cluster; the new process restores and answers it."""
+    pending = PendingAck("reconfigure", command.plan_version, paused, checkpoint_id, "re-exec")
+    return ReExec(
+        {
+            "STRIDE_TRAINER_CLUSTER_JSON": command.cluster_json,
+            "STRIDE_TRAINER_PENDING_ACK": pending.encode(),
+        },
+        f"moving to the cluster of plan v{command.plan_version} by re-execution: {why}",
+    )
+
+
 class TrainingContext:
     """What a job's entrypoint gets: its spec, the strategy and the data."""
 
@@ -119,34 +246,32 @@ class TrainingContext:
         self.batch_size = int(self.spec.batch_size or DEFAULT_BATCH_SIZE)
         self.epochs = int(self.spec.termination.max_epochs or 1)
         self.agent = agent or AgentClient(settings.agent_address)
-        self._strategy: Any = None
-        self._coordinator: Any = None
+        self.connection: ClusterConnection | None = None
+        self.plan_version = settings.plan_version
+        """The plan version the job trains under now (step reports carry it)."""
+        self._follow: Callable[[Command], None] | None = None
+        self._saver: Callable[[str], str] | None = None
+        self._leases: LeaseKeeper | None = None
 
     # --- the cluster -----------------------------------------------------------------------
 
+    def _connection(self) -> ClusterConnection:
+        if self.connection is None:
+            self.connection = ClusterConnection(self.settings.cluster)
+            self.connection.connect()
+        return self.connection
+
     @property
     def strategy(self) -> Any:
-        """The job's ``tf.distribute.experimental.ParameterServerStrategy``."""
-        if self._strategy is None:
-            import tensorflow as tf
-
-            cluster = tf.train.ClusterSpec(self.settings.cluster)
-            resolver = tf.distribute.cluster_resolver.SimpleClusterResolver(
-                cluster, task_type="chief", task_id=0, rpc_layer="grpc"
-            )
-            self._strategy = tf.distribute.experimental.ParameterServerStrategy(resolver)
-        return self._strategy
+        """The job's ``tf.distribute.experimental.ParameterServerStrategy``. A loop of one's
+        own that holds on to it follows a new cluster by re-execution (only :meth:`fit`
+        moves in place)."""
+        return self._connection().strategy
 
     @property
     def coordinator(self) -> Any:
         """The strategy's ``ClusterCoordinator``."""
-        if self._coordinator is None:
-            import tensorflow as tf
-
-            self._coordinator = tf.distribute.experimental.coordinator.ClusterCoordinator(
-                self.strategy
-            )
-        return self._coordinator
+        return self._connection().coordinator
 
     # --- data -------------------------------------------------------------------------------
 
@@ -190,6 +315,19 @@ class TrainingContext:
                 yield Batch(shard.shard_id, shard.epoch, chunk, last)
             self.agent.report(self.settings.dataset, shard.shard_id, 0, done=True)
 
+    def index_dataset(self) -> Any:
+        """A ``tf.data.Dataset`` of the job's batches of sample indices (int64 vectors of up
+        to ``batch_size``), read from the dispatcher shard by shard through the agent, for a
+        loop of one's own: ``ctx.index_dataset().map(to_features)`` and schedule steps on
+        ``ctx.coordinator``. Shards are reported done as :meth:`batches` does, when the
+        batch after a shard's last is taken."""
+        import tensorflow as tf
+
+        return tf.data.Dataset.from_generator(
+            lambda: (batch.indices for batch in self.batches()),
+            output_signature=tf.TensorSpec(shape=(None,), dtype=tf.int64),
+        )
+
     # --- control -----------------------------------------------------------------------------
 
     def _check_commands(self) -> None:
@@ -203,17 +341,12 @@ class TrainingContext:
         """Act on a command; raises ReExec or SystemExit to leave the loop."""
         say("command", action=command.action, version=command.plan_version, why=command.reason)
         if command.action == "reconfigure":
+            if self._follow is not None:
+                self._follow(command)
+                return
             paused = time.time()
             checkpoint_id = self.checkpoint("reconfigure")
-            raise ReExec(
-                {
-                    "STRIDE_TRAINER_CLUSTER_JSON": command.cluster_json,
-                    "STRIDE_TRAINER_PENDING_ACK": (
-                        f"{command.plan_version}:{paused}:{checkpoint_id}"
-                    ),
-                },
-                f"moving to the cluster of plan v{command.plan_version}",
-            )
+            raise _moving_by_re_exec(command, paused, checkpoint_id, "a loop of its own")
         if command.action == "stop":
             self.checkpoint("stop")
             say("stopped", why=command.reason)
@@ -228,12 +361,67 @@ class TrainingContext:
                     return
                 self._handle(following)
 
+    def _wait_for_takeover(self) -> Command:
+        """A standby chief: wait for RESUME (take over) for this pod; STOP ends it.
+
+        Meanwhile it listens on its own address, as a PS or worker's server does once it is
+        up: the podwatcher tells the old chief to move only when the new pods accept
+        connections, and this one is ready once its TensorFlow and the job's code are
+        loaded. The socket is closed before TensorFlow binds the address itself."""
+        address = self.settings.cluster["chief"][0]
+        host, _, port = address.rpartition(":")
+        listener = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
+        listener.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+        try:
+            listener.bind((host, int(port)))
+            listener.listen()
+        except OSError as error:
+            say("standby", warning=f"cannot listen on {address}: {error}")
+        say("standby", why="waiting for the chief it replaces to hand over")
+        try:
+            while True:
+                command = self.agent.commands.get()
+                say(
+                    "command",
+                    action=command.action,
+                    version=command.plan_version,
+                    why=command.reason,
+                )
+                if command.action == "resume":
+                    return command
+                if command.action == "stop":
+                    say("stopped", why=command.reason)
+                    raise SystemExit(0)
+        finally:
+            listener.close()
+
+    def _hand_over(self, command: Command, paused: float) -> None:
+        """This chief's pod moved: save, tell the podwatcher (which resumes the standby in
+        the new pod), and wait to be removed. Never returns."""
+        checkpoint_id = self.checkpoint("reconfigure")
+        new_chief = parse_cluster(command.cluster_json)["chief"][0]
+        self.agent.ack(
+            "reconfigure",
+            command.plan_version,
+            True,
+            message=f"handed over to the chief at {new_chief}",
+            checkpoint_id=checkpoint_id,
+            paused_seconds=time.time() - paused,
+        )
+        say("handed over", version=command.plan_version, to=new_chief, checkpoint=checkpoint_id)
+        if self._leases is not None:  # the new chief restores the shards from the checkpoint
+            self._leases.close()
+        while True:  # the podwatcher deletes this pod (SIGTERM) once the standby has it
+            following = self.agent.commands.get()
+            if following.action == "stop":
+                say("stopped", why=following.reason)
+                raise SystemExit(0)
+
     # --- checkpoints (set by fit) --------------------------------------------------------------
 
     def checkpoint(self, why: str) -> str:
         """Save a flash checkpoint now; returns its id ('' before training started)."""
-        saver = getattr(self, "_saver", None)
-        return "" if saver is None else str(saver(why))
+        return "" if self._saver is None else str(self._saver(why))
 
     # --- the standard loop -----------------------------------------------------------------------
 
@@ -254,20 +442,56 @@ class TrainingContext:
         settings = self.settings
         self.agent.watch_control()
         self.create_dataset()
-        strategy, coordinator = self.strategy, self.coordinator
-        with strategy.scope():
-            model = build_model(self)
-            optimizer = (
-                build_optimizer(self)
-                if build_optimizer is not None
-                else keras.optimizers.Adam(float(self.hyperparameters.get("learning_rate", 0.001)))
+        cluster: Cluster = settings.cluster
+        pending: PendingAck | None = None
+        if settings.standby:
+            takeover = self._wait_for_takeover()
+            if takeover.cluster_json:
+                cluster = parse_cluster(takeover.cluster_json)
+            pending = PendingAck(
+                "resume",
+                takeover.plan_version,
+                takeover.paused_at or time.time(),
+                takeover.checkpoint_id,
+                ClusterChange.CHIEF_MOVED.value,
             )
-            optimizer.build(model.trainable_variables)
-        root = tf.train.Checkpoint(model=model, optimizer=optimizer)
+        elif settings.pending_ack:
+            pending = PendingAck.decode(settings.pending_ack)
+        if self.connection is None or self.connection.cluster != cluster:
+            self.connection = ClusterConnection(cluster)
+            self.connection.connect()
+        if pending is not None:
+            pending.mark("connected")
+        connection = self.connection
         cache = CheckpointClient(settings.ckptcache_address, settings.job_id)
+        leases = LeaseKeeper(self.agent, settings.dataset, settings.lease_heartbeat_seconds, say)
+        self._leases = leases
+        feed = ShardFeed(self.agent, settings.dataset, leases)
+
+        def build() -> _Trainable:
+            strategy = connection.strategy
+            with strategy.scope():
+                model = build_model(self)
+                optimizer = (
+                    build_optimizer(self)
+                    if build_optimizer is not None
+                    else keras.optimizers.Adam(
+                        float(self.hyperparameters.get("learning_rate", 0.001))
+                    )
+                )
+                optimizer.build(model.trainable_variables)
+            root = tf.train.Checkpoint(model=model, optimizer=optimizer)
+            return _Trainable(model, optimizer, root, _make_train_step(strategy, model, optimizer))
+
+        def verified() -> dict[str, str]:
+            # Reading every variable back costs seconds for a large model: off by default.
+            return {"digest": digest(snapshot(trained.root))} if settings.verify_restores else {}
+
+        trained = build()
         step = 0
         try:
-            restored = restore(cache, root)
+            # After a move by re-execution or a handover, the checkpoint saved for it.
+            restored = restore(cache, trained.root, pending.checkpoint_id if pending else "")
         except CheckpointCacheError as error:
             if "NOT_FOUND" not in str(error.code) and "not found" not in str(error).lower():
                 raise
@@ -277,25 +501,37 @@ class TrainingContext:
             revoked = 0
             if restored.shard_snapshot:
                 revoked = self.agent.restore_shards(settings.dataset, restored.shard_snapshot)
-            # The values now in the variables, read back from the PS: equal to the saved
-            # ones bit for bit (the tests compare this digest with the save's).
+            if pending is not None:
+                pending.mark("restored")
             say(
                 "restored",
                 checkpoint=restored.checkpoint_id,
                 step=step,
                 revoked=revoked,
-                digest=digest(snapshot(root)),
+                **verified(),
             )
 
         saved_at: dict[int, str] = {}
 
         def saver(why: str) -> str:
-            coordinator.join()
+            connection.coordinator.join()
+            moving = why in ("reconfigure", "pause", "stop")
+            # The snapshot below must count every shard this state has trained on.
+            feed.flush()
             if step in saved_at:  # nothing trained since: that checkpoint is this state
+                if moving:
+                    say(
+                        "checkpoint",
+                        id=saved_at[step],
+                        step=step,
+                        why=why,
+                        reused=True,
+                        **verified(),
+                    )
                 return saved_at[step]
             shard_state = self.agent.snapshot_shards(settings.dataset)
             try:
-                saved = save(cache, root, step, shard_snapshot=shard_state)
+                saved = save(cache, trained.root, step, shard_snapshot=shard_state)
             except CheckpointCacheError as error:
                 if "ALREADY_EXISTS" not in str(error):
                     raise
@@ -304,7 +540,6 @@ class TrainingContext:
                 saved_at[step] = f"step-{step}"
                 return saved_at[step]
             saved_at[step] = saved.checkpoint_id
-            moving = why in ("reconfigure", "pause", "stop")
             say(
                 "checkpoint",
                 id=saved.checkpoint_id,
@@ -314,57 +549,98 @@ class TrainingContext:
                 bytes=saved.size_bytes,
                 # Before a move, the digest of what was saved (training is stopped, so the
                 # variables are what the save copied); the restore logs its own.
-                **({"digest": digest(snapshot(root))} if moving else {}),
+                **(verified() if moving else {}),
             )
             return saved.checkpoint_id
 
+        def follow(command: Command) -> None:
+            """Move to the command's cluster (see stride.trainer.cluster)."""
+            nonlocal trained, pending
+            # What this plan measured so far is its own; the next window is the new plan's.
+            window.report(step, self.plan_version, losses, force=True)
+            paused = time.time()
+            new = parse_cluster(command.cluster_json)
+            change = classify(connection.cluster, new)
+            say("moving", version=command.plan_version, change=change.value)
+            if change is ClusterChange.NONE:
+                self.agent.ack("reconfigure", command.plan_version, True, paused_seconds=0.0)
+                return
+            if change is ClusterChange.CHIEF_MOVED:
+                self._hand_over(command, paused)
+            checkpoint_id = ""
+            moving = PendingAck("reconfigure", command.plan_version, paused, "", change.value)
+            if change is not ClusterChange.WORKERS:
+                checkpoint_id = saver("reconfigure")
+                moving.mark("saved")
+            if change is ClusterChange.INCOMPATIBLE:
+                raise _moving_by_re_exec(command, paused, checkpoint_id, change.value)
+            if change is ClusterChange.PARAMETER_SERVERS:
+                # The old variables go first, so the PS that stay never hold two copies.
+                trained = _Trainable(None, None, None, None)
+            try:
+                connection.move(new, keep_state=change is ClusterChange.WORKERS)
+            except MoveFailed as error:
+                # This process's view of the variables is gone. After a PS change the
+                # checkpoint just saved is restored; after a workers-only move (nothing
+                # saved) the newest periodic one, with at most one interval repeated.
+                say("move failed", why=str(error), then="re-executing")
+                raise _moving_by_re_exec(command, paused, checkpoint_id, str(error)) from None
+            moving.mark("connected")
+            if change is ClusterChange.PARAMETER_SERVERS:
+                trained = build()
+                restored = restore(cache, trained.root, checkpoint_id)
+                say(
+                    "restored",
+                    checkpoint=restored.checkpoint_id,
+                    step=restored.step,
+                    revoked=0,
+                    **verified(),
+                )
+            else:
+                trained.train_step = _make_train_step(
+                    connection.strategy, trained.model, trained.optimizer
+                )
+            moving.mark("restored" if change is ClusterChange.PARAMETER_SERVERS else "rebuilt")
+            pending = replace(moving, checkpoint_id=checkpoint_id)
+
         self._saver = saver
-        if settings.pending_ack:
-            version, began, checkpoint_id = [*settings.pending_ack.split(":", 2), "", ""][:3]
-            paused = max(time.time() - float(began or time.time()), 0.0)
-            self.agent.ack(
-                "reconfigure",
-                int(version),
-                True,
-                checkpoint_id=checkpoint_id,
-                paused_seconds=paused,
-            )
-            say("reconfigured", version=int(version), paused_seconds=round(paused, 3))
-
-        @tf.function(reduce_retracing=True)  # type: ignore[untyped-decorator]
-        def train_step(*arrays: Any) -> Any:
-            def replica(*arrays: Any) -> Any:
-                *inputs, labels = arrays
-                with tf.GradientTape() as tape:
-                    logits = model(list(inputs), training=True)
-                    loss = tf.reduce_mean(
-                        tf.nn.sigmoid_cross_entropy_with_logits(labels=labels, logits=logits)
-                    )
-                gradients = tape.gradient(loss, model.trainable_variables)
-                optimizer.apply_gradients(zip(gradients, model.trainable_variables, strict=True))
-                return loss
-
-            return strategy.run(replica, args=arrays)
-
+        self._follow = follow
         consumed = settings.consumed_log.open("a") if settings.consumed_log else None
-        window_started, window_steps, window_samples = time.monotonic(), 0, 0
+        window = StepWindow(
+            self.agent, settings.report_every_steps, settings.report_interval_seconds
+        )
         last_checkpoint = step
         losses: list[Any] = []
+        first_step = True
         try:
-            for shard in self.shards():
+            self._check_commands()
+            shard = feed.take(wait=True)
+            while shard is not None:
                 indices = shard_indices(shard)
                 results = []
                 for start in range(0, len(indices), self.batch_size):
                     arrays = make_batch(indices[start : start + self.batch_size])
-                    results.append(coordinator.schedule(train_step, args=tuple(arrays)))
-                coordinator.join()
+                    results.append(
+                        connection.coordinator.schedule(trained.train_step, args=tuple(arrays))
+                    )
+                if pending is not None:
+                    pending.mark("scheduled")  # the new step function traced and sent
+                if (first_step or pending is not None) and results:
+                    # The pause ends when training makes progress again: the first of these
+                    # steps to finish, on whichever worker (a new one's first step also
+                    # loads the function there).
+                    first_finished(results)
+                    self._first_step(pending, step + 1)
+                    if pending is not None:  # a new plan's measurements start now
+                        window.restart()
+                    first_step, pending = False, None
+                # While the steps run: the next shard, with the last one reported done.
+                upcoming = feed.take(wait=False)
+                connection.coordinator.join()
                 losses = [float(r.fetch()) for r in results] or losses
                 step += len(results)
-                window_steps += len(results)
-                window_samples += len(indices)
-                self.agent.report(
-                    settings.dataset, shard.shard_id, shard.offset + len(indices), done=True
-                )
+                window.add(len(results), len(indices))
+                feed.finished(shard)
                 if consumed is not None:
                     consumed.write(
                         json.dumps(
@@ -377,36 +653,77 @@ class TrainingContext:
                         + "\n"
                     )
                     consumed.flush()
-                if window_steps >= settings.report_every_steps:
-                    elapsed = max(time.monotonic() - window_started, 1e-9)
-                    self.agent.report_steps(
-                        step, window_steps, elapsed / window_steps, window_samples / elapsed
-                    )
-                    say(
-                        "steps",
-                        step=step,
-                        loss=round(float(np.mean(losses)), 5),
-                        samples_per_second=round(window_samples / elapsed, 1),
-                    )
-                    window_started, window_steps, window_samples = time.monotonic(), 0, 0
-                if step - last_checkpoint >= settings.checkpoint_every_steps:
+                window.report(step, self.plan_version, losses)
+                # Checkpoints fall between shards; one is saved before the next shard would
+                # take the job past the interval, so a restore never repeats more than it.
+                coming = (
+                    -(-len(shard_indices(upcoming)) // self.batch_size)
+                    if upcoming is not None
+                    else settings.shard_batches
+                )
+                if step - last_checkpoint + coming > settings.checkpoint_every_steps:
                     saver("interval")
                     last_checkpoint = step
+                self._check_commands()
+                shard = upcoming if upcoming is not None else feed.take(wait=True)
+            feed.flush()
+            window.report(step, self.plan_version, losses, force=True)
         except (ReExec, SystemExit):
             raise
         except Exception as error:
             if not _is_cluster_failure(error):
                 raise
             say("cluster failure", error=f"{type(error).__name__}: {str(error)[:300]}")
-            wait_for_addresses(settings.cluster["ps"], PS_WAIT_SECONDS)
+            wait_for_addresses(connection.cluster["ps"], PS_WAIT_SECONDS)
             raise ReExec(
-                {"STRIDE_TRAINER_PENDING_ACK": ""}, "restoring after a PS failure"
+                {
+                    "STRIDE_TRAINER_PENDING_ACK": "",
+                    "STRIDE_TRAINER_CLUSTER_JSON": json.dumps(connection.cluster),
+                },
+                "restoring after a PS failure",
             ) from None
         finally:
+            leases.close()
             if consumed is not None:
                 consumed.close()
         saver("end of data")
         say("finished", step=step, loss=round(float(np.mean(losses)), 5) if losses else None)
+
+    def _first_step(self, pending: PendingAck | None, step: int) -> None:
+        """The first step since this process started or moved has finished: the pause is
+        over; answer the command that caused it."""
+        if pending is None:
+            say("first step", step=step, after="start")
+            return
+        paused = max(time.time() - pending.paused_at, 0.0)
+        self.plan_version = max(self.plan_version, pending.plan_version)
+        self.agent.ack(
+            pending.action,
+            pending.plan_version,
+            True,
+            checkpoint_id=pending.checkpoint_id,
+            paused_seconds=paused,
+        )
+        say("first step", step=step, after=pending.action, change=pending.change)
+        say(
+            "reconfigured" if pending.action == "reconfigure" else "resumed",
+            version=pending.plan_version,
+            change=pending.change,
+            paused_seconds=round(paused, 3),
+            phases=pending.phases,
+        )
+
+
+def first_finished(results: Sequence[Any]) -> None:
+    """Wait until one of the coordinator's ``RemoteValue`` results is ready."""
+    from concurrent.futures import FIRST_COMPLETED, ThreadPoolExecutor, wait
+
+    pool = ThreadPoolExecutor(max_workers=len(results), thread_name_prefix="stride-first")
+    try:
+        wait([pool.submit(result.fetch) for result in results], return_when=FIRST_COMPLETED)
+    finally:
+        # The other fetches end with their steps, which the loop joins next anyway.
+        pool.shutdown(wait=False)
 
 
 def digest(arrays: dict[str, np.ndarray]) -> str:

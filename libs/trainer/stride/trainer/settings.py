@@ -56,13 +56,38 @@ class TrainerSettings(BaseSettings):
     spec_json: str = "{}"
     checkpoint_every_steps: int = Field(default=50, ge=1)
     report_every_steps: int = Field(default=10, ge=1)
+    """A step window is reported once it has at least this many steps..."""
+    report_interval_seconds: float = Field(default=2.0, ge=0, le=3600)
+    """...and spans at least this long. The optimizer fits throughput to windows (DLRover
+    sec. 4): a window of two seconds averages out single slow steps, and a fast model is
+    not reported on eight times a second (each report is a bus message)."""
     consumed_log: Path | None = None
     dataset: str = "train"
-    shard_batches: int = Field(default=4, ge=1)
+    shard_batches: int = Field(default=16, ge=1)
+    """Batches per shard of the datasets this trainer creates. The chief spreads a shard's
+    steps over every worker, so a shard's size does not unbalance workers; what it sets is
+    the cost of asking for shards (a call to the agent and one from the agent to the
+    dispatcher per shard: ``bench/agent_overhead.py``) against how much a lost shard costs
+    and how fine the checkpoints fall (between shards: see ``checkpoint_every_steps``)."""
+    lease_heartbeat_seconds: float = Field(default=10.0, gt=0, le=600)
+    """How often the chief reports it is still training a shard whose steps take long (a
+    worker being relaunched): well inside the dispatcher's 60 s lease, so a live chief never
+    loses its shard, while one that died loses it within a lease."""
+    plan_version: int = Field(default=0, ge=0)
+    """The plan version this pod was started for (the chief follows newer ones as it
+    moves); its step reports carry the version in force."""
     pending_ack: str = ""
     """Set by the chief for itself when it re-executes to move to a new cluster:
-    ``<plan_version>:<unix time the pause began>``; the new process acknowledges it once it
-    has restored and can train again."""
+    ``<plan_version>:<unix time the pause began>:<checkpoint id>``; the new process
+    acknowledges it once its first step on the new cluster has finished."""
+    standby: bool = False
+    """A chief started as the replacement of a chief that still trains (its pod migrated):
+    it loads TensorFlow and the job's code, then waits for RESUME to take over from the old
+    chief's checkpoint, so the pause does not include its start-up (DLRover-RM sec. 5.2)."""
+    verify_restores: bool = False
+    """Log a digest of the variables saved before a move and of those restored after it
+    (tests compare them bit for bit). Off by default: reading a large model back from its
+    PS costs seconds, and it would count in the pause."""
 
     @field_validator("cluster_json")
     @classmethod

@@ -10,7 +10,9 @@ from stride.bus.client import Bus
 from stride.configdb.adapters.inbound.bus_handlers import (
     FinishedHandler,
     PlanHandler,
+    StepMetricsHandler,
     SubmittedHandler,
+    UsageHandler,
 )
 from stride.configdb.adapters.inbound.grpc_api import ConfigDbApi
 from stride.configdb.settings import ConfigDbSettings
@@ -38,6 +40,14 @@ def _add_consumers(host: ServiceHost, bus: Bus, history: JobHistory) -> None:
         durable="configdb-finished",
         handler=FinishedHandler(history),
     )
+    consume(
+        host,
+        bus,
+        topics.STEP_METRICS,
+        durable="configdb-step-metrics",
+        handler=StepMetricsHandler(history),
+    )
+    consume(host, bus, topics.POD_USAGE, durable="configdb-usage", handler=UsageHandler(history))
 
 
 async def build(settings: ConfigDbSettings) -> ServiceHost:

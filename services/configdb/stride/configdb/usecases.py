@@ -1,7 +1,9 @@
 """Configdb's use cases: record what happens to jobs, and answer questions about them.
 
 Jobs are heard of through three independent durable consumers (submitted, plans,
-finished), so their events arrive in any order. Whichever comes first creates the job's
+finished), so their events arrive in any order. Two more (step metrics, pod usage) store
+the measurements each job's runtime profile is built from
+(:mod:`stride.configdb.domain.profiles`). Whichever comes first creates the job's
 record; a plan or finish that beats the submitted event leaves a placeholder without a
 spec, which the submitted event completes. Each handler is idempotent: a redelivered or
 duplicated event finds its effect already stored and changes nothing.
@@ -18,6 +20,7 @@ from stride.bus.client import PermanentError
 from stride.configdb.adapters.convert import OUTCOME_FROM_PROTO, features_from_spec, moment
 from stride.configdb.adapters.outbound import repository
 from stride.configdb.adapters.outbound.repository import StoredRecord
+from stride.configdb.domain.profiles import StepWindow, UsageSample, check_sample, check_window
 from stride.configdb.domain.similarity import rank_similar
 from stride.db.engine import Database
 from stride.events.v1 import job_pb2, plan_pb2
@@ -113,6 +116,18 @@ class JobHistory:
                 return
             await repository.record_outcome(session, event.job_id, outcome, finished_at, now)
         log.info("job outcome recorded", job_id=event.job_id, outcome=outcome.value)
+
+    async def steps_measured(self, window: StepWindow, reported_at: datetime) -> None:
+        """Store a trainer's step window (once, however often it is delivered)."""
+        check_window(window)
+        async with self.database.transaction() as session:
+            await repository.insert_window(session, window, reported_at)
+
+    async def usage_sampled(self, sample: UsageSample, sampled_at: datetime) -> None:
+        """Store a pod's usage sample (once, however often it is delivered)."""
+        check_sample(sample)
+        async with self.database.transaction() as session:
+            await repository.insert_sample(session, sample, sampled_at)
 
     async def get(self, job_id: str) -> StoredRecord:
         """One job's record, or NotFound."""

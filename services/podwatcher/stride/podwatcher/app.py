@@ -69,6 +69,8 @@ def make_backend(settings: PodWatcherSettings) -> Backend:
         dispatcher_address=settings.dispatcher_address,
         ckptcache_address=settings.ckptcache_address,
         checkpoint_every_steps=settings.checkpoint_every_steps,
+        verify_restores=settings.verify_restores,
+        step_report_seconds=settings.step_report_seconds,
         jobs_dir=state_dir / "jobs",
         log_level=settings.log_level,
         trainer_module=settings.trainer_module,

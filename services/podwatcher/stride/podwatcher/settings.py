@@ -66,6 +66,14 @@ class PodWatcherSettings(ServiceSettings):
     checkpoint_every_steps: int = Field(default=50, ge=1, le=10**9)
     """The trainer's flash-checkpoint interval in steps (also how much a restore repeats
     at most)."""
+    step_report_seconds: float = Field(default=2.0, ge=0, le=3600)
+    """How long a window of training steps each chief measures before it reports it (the
+    optimizer's throughput samples): two seconds average out single slow steps without
+    flooding the bus from fast models."""
+    verify_restores: bool = False
+    """Have trainers log a digest of the variables saved before a move and restored after
+    it, to prove restores bit-identical (the end-to-end tests). Off by default: reading a
+    large model back from its PS takes seconds, inside the pause."""
 
     @field_validator("local_nodes")
     @classmethod

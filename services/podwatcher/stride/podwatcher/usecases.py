@@ -11,8 +11,11 @@ The life of a job here (DLRover sec. 5.1, DLRover-RM sec. 5.2):
    cluster changes (scale out or in, a migrated PS), the chief is sent a RECONFIGURE
    command with the new cluster; the pods it no longer needs are removed only once it
    confirms (its agent's ack), so a scale-in or migration never pulls a PS or worker from
-   under a running step. New pods start before the chief pauses: the pause is only the
-   checkpoint and restore.
+   under a running step. New pods start before the chief pauses, so the pause never
+   includes a start-up. A chief that must move gets a new pod that starts as a standby
+   (TensorFlow and the job's code loaded, waiting); when the old chief has saved and
+   handed over (its ack), or has ended without doing so, the standby is sent RESUME with
+   the checkpoint and the new cluster, and the old chief is removed.
 3. ``pod_ended`` records how a pod ended, publishes ``failed``/``succeeded``/``deleted``
    with the reason (OOMKilled read from the cgroup, Evicted, Error with the exit code and
    log tail), and then:
@@ -37,7 +40,7 @@ import asyncio
 import json
 import socket
 from collections import defaultdict
-from collections.abc import AsyncIterator, Callable, Coroutine
+from collections.abc import AsyncIterator, Callable, Coroutine, Iterable
 from dataclasses import dataclass, replace
 from datetime import UTC, datetime, timedelta
 from typing import Any
@@ -160,6 +163,10 @@ class PodWatcher:
         self._locks: defaultdict[str, asyncio.Lock] = defaultdict(asyncio.Lock)
         self._usage: dict[str, PodUsage] = {}
         self._timers: dict[str, asyncio.Task[None]] = {}
+        self._waiting_for_room: set[str] = set()
+        """Jobs whose newest plan fits the nodes but not beside the other jobs' pods now:
+        applied again whenever a pod ends and frees room (Kubernetes keeps such pods
+        Pending)."""
 
     # --- plans and admissions -------------------------------------------------------
 
@@ -221,6 +228,7 @@ class PodWatcher:
             rows = await repository.job_pods(session, job_id)
             others = [p for p in await repository.live_pods(session) if p.record.job_id != job_id]
         if job is None or stored is None or job.state != "RUNNING":
+            self._waiting_for_room.discard(job_id)
             return
         plan = plan_from_proto(stored.plan)
         now = now_utc()
@@ -235,11 +243,22 @@ class PodWatcher:
                 [row.record for row in others],
             )
         except Unplaceable as error:
-            log.warning(
-                "plan cannot be placed", job_id=job_id, version=plan.version, why=str(error)
+            try:
+                reconcile(plan, [row.record for row in rows], self.backend.nodes())
+            except Unplaceable:
+                log.warning(
+                    "plan cannot be placed", job_id=job_id, version=plan.version, why=str(error)
+                )
+                await self._set_plan_state(job_id, plan.version, PlanState.FAILED, str(error))
+                return
+            # It fits the nodes, just not beside what other jobs hold now: wait for room.
+            log.info("plan waits for room", job_id=job_id, version=plan.version, why=str(error))
+            self._waiting_for_room.add(job_id)
+            await self._set_plan_state(
+                job_id, plan.version, PlanState.RECORDED, f"waiting for room: {error}"
             )
-            await self._set_plan_state(job_id, plan.version, PlanState.FAILED, str(error))
             return
+        self._waiting_for_room.discard(job_id)
         relaunch = tuple(want for want in recon.relaunch if want.name not in waiting)
         recon = replace(recon, relaunch=relaunch)
         if recon.empty:
@@ -287,6 +306,17 @@ class PodWatcher:
                 )
                 continue
             await self._record_started(start)
+        notes: list[str] = []
+        restarted_chief = any(
+            start.record.role is Role.CHIEF and not start.standby
+            for start in starts
+            if start.record.name in by_name  # a relaunch, not a new pod
+        )
+        if job.reconfigure_version and restarted_chief and job.reconfigure_version <= plan.version:
+            # The chief died during a move and came back on the new cluster (its start
+            # carries the newest plan's): nothing is left to move, the old pods can go.
+            notes.append("the chief restarted on the new cluster")
+            await self._finish_reconfigure(job, PlanState.APPLIED, notes[-1])
         for resize in recon.resize:
             problems.extend(
                 await self._resize(
@@ -312,8 +342,7 @@ class PodWatcher:
                 ),
             )
         else:
-            for pod in retiring:
-                await self._delete(pod.name)
+            await self._delete_all(pod.name for pod in retiring)
         state = (
             PlanState.FAILED
             if problems
@@ -321,7 +350,7 @@ class PodWatcher:
             if reconfigure
             else PlanState.APPLIED
         )
-        await self._set_plan_state(job_id, plan.version, state, "; ".join(problems))
+        await self._set_plan_state(job_id, plan.version, state, "; ".join(problems or notes))
 
     def _waits_for_oom_plan(self, row: StoredPod, version: int, now: datetime) -> bool:
         """An OOM-killed pod waits a while for a plan newer than the one it ran under."""
@@ -361,8 +390,23 @@ class PodWatcher:
         known = {**by_name, **{row.record.name: row for row in rows}}
         cluster_json = self._cluster_json(recon, [], known)
         spec_json = json_format.MessageToJson(job.spec, indent=None)
+        training_chiefs = {
+            name
+            for name, row in by_name.items()
+            if row.record.role is Role.CHIEF and row.record.phase is PodPhase.RUNNING
+        }
         return [
-            PodStart(row.record, row.port, row.agent_port, version, spec_json, cluster_json)
+            PodStart(
+                row.record,
+                row.port,
+                row.agent_port,
+                version,
+                spec_json,
+                cluster_json,
+                # A chief while another still trains (a migrated chief's new pod, or that
+                # pod relaunched before the handover): it waits to take over.
+                standby=row.record.role is Role.CHIEF and bool(training_chiefs - {row.record.name}),
+            )
             for row in rows
         ]
 
@@ -529,6 +573,58 @@ class PodWatcher:
             cluster=cluster_json,
         )
 
+    async def _resume(
+        self,
+        job_id: str,
+        chief: StoredPod,
+        version: int,
+        cluster_json: str,
+        paused_at: datetime,
+        checkpoint_id: str,
+    ) -> None:
+        """Tell a standby chief to take over (DLRover-RM sec. 5.2: restore into the new
+        pod, resume)."""
+        command = control_pb2.ControlCommand(
+            job_id=job_id,
+            pod_name=chief.record.name,
+            action=control_pb2.CONTROL_ACTION_RESUME,
+            plan_version=version,
+            cluster_json=cluster_json,
+            reason=f"the chief of plan v{version} takes over",
+            issued_at=timestamp(now_utc()),
+            paused_at=timestamp(paused_at),
+            checkpoint_id=checkpoint_id,
+        )
+        await self.bus.publish(
+            topics.CONTROL_COMMAND, job_id, command, f"{job_id}.resume.{version}"
+        )
+        log.info(
+            "standby chief told to take over",
+            job_id=job_id,
+            pod=chief.record.name,
+            version=version,
+            checkpoint=checkpoint_id or "newest",
+        )
+
+    def _live_cluster_json(self, rows: list[StoredPod]) -> str:
+        """The cluster of the pods that stay: live, not retiring, in task order."""
+        staying = [row for row in rows if row.record.live and row.retire_after is None]
+        host = self.backend.host()
+        cluster = {
+            role.value: [
+                f"{host}:{row.port}"
+                for row in sorted(
+                    (r for r in staying if r.record.role is role), key=lambda r: r.record.index
+                )
+            ]
+            for role in CLUSTER_ROLES
+        }
+        return json.dumps(cluster, sort_keys=True)
+
+    async def _delete_all(self, names: Iterable[str]) -> None:
+        """Delete pods concurrently: each may take its grace period to stop."""
+        await asyncio.gather(*(self._delete(name) for name in names))
+
     async def _delete(self, name: str) -> None:
         try:
             await self.backend.delete(name)
@@ -544,7 +640,17 @@ class PodWatcher:
     # --- control acks -----------------------------------------------------------------
 
     async def acked(self, ack: control_pb2.ControlAck) -> None:
-        """The chief answered a RECONFIGURE: remove the pods it no longer uses."""
+        """The chief answered a RECONFIGURE: remove the pods it no longer uses (and, when the
+        chief itself moved, let its standby take over)."""
+        if ack.action == control_pb2.CONTROL_ACTION_RESUME:
+            log.info(
+                "new chief took over",
+                job_id=ack.job_id,
+                pod=ack.pod_name,
+                version=ack.plan_version,
+                paused_seconds=round(ack.paused_seconds, 3),
+            )
+            return
         if ack.action != control_pb2.CONTROL_ACTION_RECONFIGURE:
             return
         async with self._locks[ack.job_id]:
@@ -566,21 +672,48 @@ class PodWatcher:
             message = (
                 "" if ack.ok else f"the chief could not move to the new cluster: {ack.message}"
             )
+            paused_at = ack.acked_at.ToDatetime(tzinfo=UTC) - timedelta(
+                seconds=max(ack.paused_seconds, 0.0)
+            )
             await self._finish_reconfigure(
-                job, PlanState.APPLIED if ack.ok else PlanState.FAILED, message
+                job,
+                PlanState.APPLIED if ack.ok else PlanState.FAILED,
+                message,
+                paused_at=paused_at if ack.HasField("acked_at") else None,
+                checkpoint_id=ack.checkpoint_id,
             )
 
-    async def _finish_reconfigure(self, job: StoredJob, state: PlanState, message: str) -> None:
+    async def _finish_reconfigure(
+        self,
+        job: StoredJob,
+        state: PlanState,
+        message: str,
+        *,
+        paused_at: datetime | None = None,
+        checkpoint_id: str = "",
+    ) -> None:
+        """End the move to plan ``job.reconfigure_version``: a standby chief takes over (from
+        ``checkpoint_id``, else the newest), then the pods the move retired are removed."""
         async with self.database.transaction() as session:
             rows = await repository.job_pods(session, job.job_id)
             await repository.set_reconfigure(session, job.job_id, 0, None, now_utc())
-        for row in rows:
-            if (
-                row.retire_after is not None
-                and row.retire_after <= job.reconfigure_version
-                and row.record.live
-            ):
-                await self._delete(row.record.name)
+        standby = _standby_chief(rows, job.reconfigure_version)
+        if standby is not None:
+            await self._resume(
+                job.job_id,
+                standby,
+                job.reconfigure_version,
+                self._live_cluster_json(rows),
+                paused_at or now_utc(),
+                checkpoint_id,
+            )
+        await self._delete_all(
+            row.record.name
+            for row in rows
+            if row.retire_after is not None
+            and row.retire_after <= job.reconfigure_version
+            and row.record.live
+        )
         await self._set_plan_state(job.job_id, job.reconfigure_version, state, message)
 
     async def check_reconfigures(self) -> None:
@@ -610,7 +743,20 @@ class PodWatcher:
             follow_up = await self._record_end(ended)
         await self.backend.acknowledge(ended.name)
         self._usage.pop(ended.name, None)
-        if follow_up == "apply":
+        for waiting in sorted(self._waiting_for_room - {ended.job_id}):
+            self._spawn(waiting, self.apply(waiting))
+        if follow_up == "end-move":
+            async with self._locks[ended.job_id]:
+                async with self.database.sessions() as session:
+                    job = await repository.get_job(session, ended.job_id)
+                if job is not None and job.reconfigure_version:
+                    await self._finish_reconfigure(
+                        job,
+                        PlanState.APPLIED,
+                        "the old chief ended before it handed over; the new chief restored "
+                        "the newest checkpoint",
+                    )
+        elif follow_up == "apply":
             await self.apply(ended.job_id)
         elif follow_up == "oom-wait":
             self._apply_later(ended.job_id, self.timing.oom_replan_seconds + 0.5)
@@ -630,6 +776,13 @@ class PodWatcher:
                 return ""  # a failed pod restarted at a new size: its end is already recorded
             pod = row.record
             # A pod the plan dropped or replaced was going anyway: however it ended, it is gone.
+            # A chief that ends before it handed over to its standby ends the move too: the
+            # standby takes over from the newest checkpoint.
+            moving_chief = (
+                pod.role is Role.CHIEF
+                and row.retire_after is not None
+                and row.retire_after == job.reconfigure_version
+            )
             if ended.reason == "Deleted" or row.retire_after is not None:
                 await repository.upsert_pod(
                     session, replace(row, record=replace(pod, phase=PodPhase.DELETED)), now
@@ -645,7 +798,7 @@ class PodWatcher:
                     "",
                 )
                 log.info("pod deleted", pod=pod.name)
-                return ""
+                return "end-move" if moving_chief else ""
             if ended.reason == "Succeeded" and pod.role is Role.CHIEF:
                 await repository.upsert_pod(
                     session, replace(row, record=replace(pod, phase=PodPhase.SUCCEEDED)), now
@@ -746,10 +899,13 @@ class PodWatcher:
     async def _remove_pods(self, job_id: str) -> None:
         async with self._locks[job_id], self.database.sessions() as session:
             rows = await repository.job_pods(session, job_id)
+        await self._delete_all(
+            row.record.name
+            for row in rows
+            if row.record.phase in (PodPhase.PENDING, PodPhase.RUNNING)
+        )
         for row in rows:
-            if row.record.phase in (PodPhase.PENDING, PodPhase.RUNNING):
-                await self._delete(row.record.name)
-            elif row.record.phase is PodPhase.FAILED:
+            if row.record.phase is PodPhase.FAILED:
                 async with self.database.transaction() as session:
                     await repository.upsert_pod(
                         session,
@@ -823,7 +979,8 @@ class PodWatcher:
         async with self.database.sessions() as session:
             live = await repository.live_pods(session)
             jobs = await repository.running_jobs(session)
-        present = set(self.backend.running())
+        # A pod whose end is still on its way to being recorded is not lost.
+        present = set(self.backend.known())
         for row in live:
             if row.record.phase is PodPhase.RUNNING and row.record.name not in present:
                 await self.pod_ended(
@@ -842,6 +999,10 @@ class PodWatcher:
         """Sample every running pod's usage and publish it."""
         async with self.database.sessions() as session:
             live = await repository.live_pods(session)
+            versions: dict[str, int] = {}
+            for job_id in {row.record.job_id for row in live}:
+                newest = await repository.newest_plan(session, job_id)
+                versions[job_id] = 0 if newest is None else newest.plan.version
         for row in live:
             if row.record.phase is not PodPhase.RUNNING:
                 continue
@@ -859,6 +1020,7 @@ class PodWatcher:
                 cpu_limit=row.record.cpu,
                 memory_limit_bytes=row.record.memory_bytes,
                 sampled_at=timestamp(moment),
+                plan_version=versions.get(row.record.job_id, 0),
             )
             try:
                 await self.bus.publish(
@@ -935,6 +1097,21 @@ class PodWatcher:
         finally:
             for task in tasks:
                 task.cancel()
+
+
+def _standby_chief(rows: list[StoredPod], version: int) -> StoredPod | None:
+    """The chief waiting to take over from one the move to plan ``version`` retires."""
+    moving = any(row.record.role is Role.CHIEF and row.retire_after == version for row in rows)
+    if not moving or version == 0:
+        return None
+    return next(
+        (
+            row
+            for row in rows
+            if row.record.role is Role.CHIEF and row.record.live and row.retire_after is None
+        ),
+        None,
+    )
 
 
 def retiring_or_new(recon: Reconciliation) -> bool:

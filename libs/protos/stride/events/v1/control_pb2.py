@@ -25,17 +25,17 @@ _sym_db = _symbol_database.Default()
 from google.protobuf import timestamp_pb2 as google_dot_protobuf_dot_timestamp__pb2
 
 
-DESCRIPTOR = _descriptor_pool.Default().AddSerializedFile(b'\n\x1estride/events/v1/control.proto\x12\x10stride.events.v1\x1a\x1fgoogle/protobuf/timestamp.proto\"\xce\x01\n\x0e\x43ontrolCommand\x12\x0e\n\x06job_id\x18\x01 \x01(\t\x12\x10\n\x08pod_name\x18\x02 \x01(\t\x12/\n\x06\x61\x63tion\x18\x03 \x01(\x0e\x32\x1f.stride.events.v1.ControlAction\x12\x14\n\x0cplan_version\x18\x04 \x01(\x03\x12\x14\n\x0c\x63luster_json\x18\x05 \x01(\t\x12\x0e\n\x06reason\x18\x06 \x01(\t\x12-\n\tissued_at\x18\x07 \x01(\x0b\x32\x1a.google.protobuf.Timestamp\"\xef\x01\n\nControlAck\x12\x0e\n\x06job_id\x18\x01 \x01(\t\x12\x10\n\x08pod_name\x18\x02 \x01(\t\x12/\n\x06\x61\x63tion\x18\x03 \x01(\x0e\x32\x1f.stride.events.v1.ControlAction\x12\x14\n\x0cplan_version\x18\x04 \x01(\x03\x12\n\n\x02ok\x18\x05 \x01(\x08\x12\x0f\n\x07message\x18\x06 \x01(\t\x12\x15\n\rcheckpoint_id\x18\x07 \x01(\t\x12\x16\n\x0epaused_seconds\x18\x08 \x01(\x01\x12,\n\x08\x61\x63ked_at\x18\t \x01(\x0b\x32\x1a.google.protobuf.Timestamp*\x9d\x01\n\rControlAction\x12\x1e\n\x1a\x43ONTROL_ACTION_UNSPECIFIED\x10\x00\x12\x18\n\x14\x43ONTROL_ACTION_PAUSE\x10\x01\x12\x19\n\x15\x43ONTROL_ACTION_RESUME\x10\x02\x12\x17\n\x13\x43ONTROL_ACTION_STOP\x10\x03\x12\x1e\n\x1a\x43ONTROL_ACTION_RECONFIGURE\x10\x04\x62\x06proto3')
+DESCRIPTOR = _descriptor_pool.Default().AddSerializedFile(b'\n\x1estride/events/v1/control.proto\x12\x10stride.events.v1\x1a\x1fgoogle/protobuf/timestamp.proto\"\x94\x02\n\x0e\x43ontrolCommand\x12\x0e\n\x06job_id\x18\x01 \x01(\t\x12\x10\n\x08pod_name\x18\x02 \x01(\t\x12/\n\x06\x61\x63tion\x18\x03 \x01(\x0e\x32\x1f.stride.events.v1.ControlAction\x12\x14\n\x0cplan_version\x18\x04 \x01(\x03\x12\x14\n\x0c\x63luster_json\x18\x05 \x01(\t\x12\x0e\n\x06reason\x18\x06 \x01(\t\x12-\n\tissued_at\x18\x07 \x01(\x0b\x32\x1a.google.protobuf.Timestamp\x12-\n\tpaused_at\x18\x08 \x01(\x0b\x32\x1a.google.protobuf.Timestamp\x12\x15\n\rcheckpoint_id\x18\t \x01(\t\"\xef\x01\n\nControlAck\x12\x0e\n\x06job_id\x18\x01 \x01(\t\x12\x10\n\x08pod_name\x18\x02 \x01(\t\x12/\n\x06\x61\x63tion\x18\x03 \x01(\x0e\x32\x1f.stride.events.v1.ControlAction\x12\x14\n\x0cplan_version\x18\x04 \x01(\x03\x12\n\n\x02ok\x18\x05 \x01(\x08\x12\x0f\n\x07message\x18\x06 \x01(\t\x12\x15\n\rcheckpoint_id\x18\x07 \x01(\t\x12\x16\n\x0epaused_seconds\x18\x08 \x01(\x01\x12,\n\x08\x61\x63ked_at\x18\t \x01(\x0b\x32\x1a.google.protobuf.Timestamp*\x9d\x01\n\rControlAction\x12\x1e\n\x1a\x43ONTROL_ACTION_UNSPECIFIED\x10\x00\x12\x18\n\x14\x43ONTROL_ACTION_PAUSE\x10\x01\x12\x19\n\x15\x43ONTROL_ACTION_RESUME\x10\x02\x12\x17\n\x13\x43ONTROL_ACTION_STOP\x10\x03\x12\x1e\n\x1a\x43ONTROL_ACTION_RECONFIGURE\x10\x04\x62\x06proto3')
 
 _globals = globals()
 _builder.BuildMessageAndEnumDescriptors(DESCRIPTOR, _globals)
 _builder.BuildTopDescriptorsAndMessages(DESCRIPTOR, 'stride.events.v1.control_pb2', _globals)
 if not _descriptor._USE_C_DESCRIPTORS:
   DESCRIPTOR._loaded_options = None
-  _globals['_CONTROLACTION']._serialized_start=537
-  _globals['_CONTROLACTION']._serialized_end=694
+  _globals['_CONTROLACTION']._serialized_start=607
+  _globals['_CONTROLACTION']._serialized_end=764
   _globals['_CONTROLCOMMAND']._serialized_start=86
-  _globals['_CONTROLCOMMAND']._serialized_end=292
-  _globals['_CONTROLACK']._serialized_start=295
-  _globals['_CONTROLACK']._serialized_end=534
+  _globals['_CONTROLCOMMAND']._serialized_end=362
+  _globals['_CONTROLACK']._serialized_start=365
+  _globals['_CONTROLACK']._serialized_end=604
 # @@protoc_insertion_point(module_scope)

@@ -33,7 +33,9 @@ class _ControlActionEnumTypeWrapper(_enum_type_wrapper._EnumTypeWrapper[_Control
     CONTROL_ACTION_PAUSE: _ControlAction.ValueType  # 1
     """Finish in-flight steps, save a flash checkpoint and wait (a migration begins)."""
     CONTROL_ACTION_RESUME: _ControlAction.ValueType  # 2
-    """Continue after a pause."""
+    """Continue after a pause. To a standby chief (a migrated chief's new pod, started before
+    the old one paused): take over from the old chief's checkpoint on cluster_json.
+    """
     CONTROL_ACTION_STOP: _ControlAction.ValueType  # 3
     """Stop training: the job ended or the pod is going away."""
     CONTROL_ACTION_RECONFIGURE: _ControlAction.ValueType  # 4
@@ -49,7 +51,9 @@ CONTROL_ACTION_UNSPECIFIED: ControlAction.ValueType  # 0
 CONTROL_ACTION_PAUSE: ControlAction.ValueType  # 1
 """Finish in-flight steps, save a flash checkpoint and wait (a migration begins)."""
 CONTROL_ACTION_RESUME: ControlAction.ValueType  # 2
-"""Continue after a pause."""
+"""Continue after a pause. To a standby chief (a migrated chief's new pod, started before
+the old one paused): take over from the old chief's checkpoint on cluster_json.
+"""
 CONTROL_ACTION_STOP: ControlAction.ValueType  # 3
 """Stop training: the job ended or the pod is going away."""
 CONTROL_ACTION_RECONFIGURE: ControlAction.ValueType  # 4
@@ -71,6 +75,8 @@ class ControlCommand(_message.Message):
     CLUSTER_JSON_FIELD_NUMBER: _builtins.int
     REASON_FIELD_NUMBER: _builtins.int
     ISSUED_AT_FIELD_NUMBER: _builtins.int
+    PAUSED_AT_FIELD_NUMBER: _builtins.int
+    CHECKPOINT_ID_FIELD_NUMBER: _builtins.int
     job_id: _builtins.str
     """The job."""
     pod_name: _builtins.str
@@ -85,9 +91,17 @@ class ControlCommand(_message.Message):
     """
     reason: _builtins.str
     """Why, for logs and the user."""
+    checkpoint_id: _builtins.str
+    """For RESUME after a handover: the checkpoint the old chief saved for it."""
     @_builtins.property
     def issued_at(self) -> _timestamp_pb2.Timestamp:
         """When it was issued."""
+
+    @_builtins.property
+    def paused_at(self) -> _timestamp_pb2.Timestamp:
+        """For RESUME after a handover: when training paused (the old chief stopped stepping), so
+        the new chief can report the whole pause.
+        """
 
     def __init__(
         self,
@@ -99,10 +113,12 @@ class ControlCommand(_message.Message):
         cluster_json: _builtins.str = ...,
         reason: _builtins.str = ...,
         issued_at: _timestamp_pb2.Timestamp | None = ...,
+        paused_at: _timestamp_pb2.Timestamp | None = ...,
+        checkpoint_id: _builtins.str = ...,
     ) -> None: ...
-    _HasFieldArgType: _TypeAlias = _typing.Literal["issued_at", b"issued_at"]  # noqa: Y015
+    _HasFieldArgType: _TypeAlias = _typing.Literal["issued_at", b"issued_at", "paused_at", b"paused_at"]  # noqa: Y015
     def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
-    _ClearFieldArgType: _TypeAlias = _typing.Literal["action", b"action", "cluster_json", b"cluster_json", "issued_at", b"issued_at", "job_id", b"job_id", "plan_version", b"plan_version", "pod_name", b"pod_name", "reason", b"reason"]  # noqa: Y015
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["action", b"action", "checkpoint_id", b"checkpoint_id", "cluster_json", b"cluster_json", "issued_at", b"issued_at", "job_id", b"job_id", "paused_at", b"paused_at", "plan_version", b"plan_version", "pod_name", b"pod_name", "reason", b"reason"]  # noqa: Y015
     def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
     def WhichOneof(self, oneof_group: _Never) -> None: ...
 
@@ -138,7 +154,10 @@ class ControlAck(_message.Message):
     checkpoint_id: _builtins.str
     """The checkpoint saved for the command (PAUSE and RECONFIGURE), if any."""
     paused_seconds: _builtins.float
-    """How long training was paused for it, in seconds (RECONFIGURE)."""
+    """How long training was paused for it, in seconds: for RECONFIGURE and RESUME, until the
+    first step on the new cluster finished; for a handover (the chief moved), until the old
+    chief's checkpoint was saved.
+    """
     @_builtins.property
     def acked_at(self) -> _timestamp_pb2.Timestamp:
         """When it was done."""

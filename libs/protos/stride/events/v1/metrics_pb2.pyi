@@ -31,6 +31,7 @@ class StepMetrics(_message.Message):
     SAMPLES_PER_SECOND_FIELD_NUMBER: _builtins.int
     SAMPLES_CONSUMED_FIELD_NUMBER: _builtins.int
     REPORTED_AT_FIELD_NUMBER: _builtins.int
+    PLAN_VERSION_FIELD_NUMBER: _builtins.int
     job_id: _builtins.str
     """The job."""
     pod_name: _builtins.str
@@ -45,6 +46,8 @@ class StepMetrics(_message.Message):
     """Samples per second over the window."""
     samples_consumed: _builtins.int
     """Samples consumed since the job started (for OOM prediction)."""
+    plan_version: _builtins.int
+    """The plan version the job trained under in the window (0: not known)."""
     @_builtins.property
     def reported_at(self) -> _timestamp_pb2.Timestamp:
         """When the window ended."""
@@ -60,10 +63,11 @@ class StepMetrics(_message.Message):
         samples_per_second: _builtins.float = ...,
         samples_consumed: _builtins.int = ...,
         reported_at: _timestamp_pb2.Timestamp | None = ...,
+        plan_version: _builtins.int = ...,
     ) -> None: ...
     _HasFieldArgType: _TypeAlias = _typing.Literal["reported_at", b"reported_at"]  # noqa: Y015
     def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
-    _ClearFieldArgType: _TypeAlias = _typing.Literal["global_step", b"global_step", "job_id", b"job_id", "pod_name", b"pod_name", "reported_at", b"reported_at", "samples_consumed", b"samples_consumed", "samples_per_second", b"samples_per_second", "step_seconds", b"step_seconds", "steps", b"steps"]  # noqa: Y015
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["global_step", b"global_step", "job_id", b"job_id", "plan_version", b"plan_version", "pod_name", b"pod_name", "reported_at", b"reported_at", "samples_consumed", b"samples_consumed", "samples_per_second", b"samples_per_second", "step_seconds", b"step_seconds", "steps", b"steps"]  # noqa: Y015
     def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
     def WhichOneof(self, oneof_group: _Never) -> None: ...
 

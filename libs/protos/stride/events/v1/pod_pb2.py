@@ -26,19 +26,19 @@ from google.protobuf import timestamp_pb2 as google_dot_protobuf_dot_timestamp__
 from stride.events.v1 import plan_pb2 as stride_dot_events_dot_v1_dot_plan__pb2
 
 
-DESCRIPTOR = _descriptor_pool.Default().AddSerializedFile(b'\n\x1astride/events/v1/pod.proto\x12\x10stride.events.v1\x1a\x1fgoogle/protobuf/timestamp.proto\x1a\x1bstride/events/v1/plan.proto\"\xb9\x02\n\x08PodEvent\x12\x0e\n\x06job_id\x18\x01 \x01(\t\x12\x10\n\x08pod_name\x18\x02 \x01(\t\x12$\n\x04role\x18\x03 \x01(\x0e\x32\x16.stride.events.v1.Role\x12\r\n\x05index\x18\x04 \x01(\x05\x12)\n\x05phase\x18\x05 \x01(\x0e\x32\x1a.stride.events.v1.PodPhase\x12\x32\n\x06reason\x18\x06 \x01(\x0e\x32\".stride.events.v1.PodFailureReason\x12\x0f\n\x07message\x18\x07 \x01(\t\x12\x11\n\texit_code\x18\x08 \x01(\x05\x12\x14\n\x0cplan_version\x18\t \x01(\x03\x12\x0c\n\x04node\x18\n \x01(\t\x12/\n\x0boccurred_at\x18\x0b \x01(\x0b\x32\x1a.google.protobuf.Timestamp\"\xe1\x01\n\x0bUsageSample\x12\x0e\n\x06job_id\x18\x01 \x01(\t\x12\x10\n\x08pod_name\x18\x02 \x01(\t\x12$\n\x04role\x18\x03 \x01(\x0e\x32\x16.stride.events.v1.Role\x12\x10\n\x08\x63pu_used\x18\x04 \x01(\x01\x12\x19\n\x11memory_used_bytes\x18\x05 \x01(\x03\x12\x11\n\tcpu_limit\x18\x06 \x01(\x01\x12\x1a\n\x12memory_limit_bytes\x18\x07 \x01(\x03\x12.\n\nsampled_at\x18\x08 \x01(\x0b\x32\x1a.google.protobuf.Timestamp*\x99\x01\n\x08PodPhase\x12\x19\n\x15POD_PHASE_UNSPECIFIED\x10\x00\x12\x15\n\x11POD_PHASE_PENDING\x10\x01\x12\x15\n\x11POD_PHASE_RUNNING\x10\x02\x12\x17\n\x13POD_PHASE_SUCCEEDED\x10\x03\x12\x14\n\x10POD_PHASE_FAILED\x10\x04\x12\x15\n\x11POD_PHASE_DELETED\x10\x05*\xdc\x01\n\x10PodFailureReason\x12\"\n\x1ePOD_FAILURE_REASON_UNSPECIFIED\x10\x00\x12!\n\x1dPOD_FAILURE_REASON_OOM_KILLED\x10\x01\x12\x1e\n\x1aPOD_FAILURE_REASON_EVICTED\x10\x02\x12\x1c\n\x18POD_FAILURE_REASON_ERROR\x10\x03\x12#\n\x1fPOD_FAILURE_REASON_NO_HEARTBEAT\x10\x04\x12\x1e\n\x1aPOD_FAILURE_REASON_DELETED\x10\x05\x62\x06proto3')
+DESCRIPTOR = _descriptor_pool.Default().AddSerializedFile(b'\n\x1astride/events/v1/pod.proto\x12\x10stride.events.v1\x1a\x1fgoogle/protobuf/timestamp.proto\x1a\x1bstride/events/v1/plan.proto\"\xb9\x02\n\x08PodEvent\x12\x0e\n\x06job_id\x18\x01 \x01(\t\x12\x10\n\x08pod_name\x18\x02 \x01(\t\x12$\n\x04role\x18\x03 \x01(\x0e\x32\x16.stride.events.v1.Role\x12\r\n\x05index\x18\x04 \x01(\x05\x12)\n\x05phase\x18\x05 \x01(\x0e\x32\x1a.stride.events.v1.PodPhase\x12\x32\n\x06reason\x18\x06 \x01(\x0e\x32\".stride.events.v1.PodFailureReason\x12\x0f\n\x07message\x18\x07 \x01(\t\x12\x11\n\texit_code\x18\x08 \x01(\x05\x12\x14\n\x0cplan_version\x18\t \x01(\x03\x12\x0c\n\x04node\x18\n \x01(\t\x12/\n\x0boccurred_at\x18\x0b \x01(\x0b\x32\x1a.google.protobuf.Timestamp\"\xf7\x01\n\x0bUsageSample\x12\x0e\n\x06job_id\x18\x01 \x01(\t\x12\x10\n\x08pod_name\x18\x02 \x01(\t\x12$\n\x04role\x18\x03 \x01(\x0e\x32\x16.stride.events.v1.Role\x12\x10\n\x08\x63pu_used\x18\x04 \x01(\x01\x12\x19\n\x11memory_used_bytes\x18\x05 \x01(\x03\x12\x11\n\tcpu_limit\x18\x06 \x01(\x01\x12\x1a\n\x12memory_limit_bytes\x18\x07 \x01(\x03\x12.\n\nsampled_at\x18\x08 \x01(\x0b\x32\x1a.google.protobuf.Timestamp\x12\x14\n\x0cplan_version\x18\t \x01(\x03*\x99\x01\n\x08PodPhase\x12\x19\n\x15POD_PHASE_UNSPECIFIED\x10\x00\x12\x15\n\x11POD_PHASE_PENDING\x10\x01\x12\x15\n\x11POD_PHASE_RUNNING\x10\x02\x12\x17\n\x13POD_PHASE_SUCCEEDED\x10\x03\x12\x14\n\x10POD_PHASE_FAILED\x10\x04\x12\x15\n\x11POD_PHASE_DELETED\x10\x05*\xdc\x01\n\x10PodFailureReason\x12\"\n\x1ePOD_FAILURE_REASON_UNSPECIFIED\x10\x00\x12!\n\x1dPOD_FAILURE_REASON_OOM_KILLED\x10\x01\x12\x1e\n\x1aPOD_FAILURE_REASON_EVICTED\x10\x02\x12\x1c\n\x18POD_FAILURE_REASON_ERROR\x10\x03\x12#\n\x1fPOD_FAILURE_REASON_NO_HEARTBEAT\x10\x04\x12\x1e\n\x1aPOD_FAILURE_REASON_DELETED\x10\x05\x62\x06proto3')
 
 _globals = globals()
 _builder.BuildMessageAndEnumDescriptors(DESCRIPTOR, _globals)
 _builder.BuildTopDescriptorsAndMessages(DESCRIPTOR, 'stride.events.v1.pod_pb2', _globals)
 if not _descriptor._USE_C_DESCRIPTORS:
   DESCRIPTOR._loaded_options = None
-  _globals['_PODPHASE']._serialized_start=655
-  _globals['_PODPHASE']._serialized_end=808
-  _globals['_PODFAILUREREASON']._serialized_start=811
-  _globals['_PODFAILUREREASON']._serialized_end=1031
+  _globals['_PODPHASE']._serialized_start=677
+  _globals['_PODPHASE']._serialized_end=830
+  _globals['_PODFAILUREREASON']._serialized_start=833
+  _globals['_PODFAILUREREASON']._serialized_end=1053
   _globals['_PODEVENT']._serialized_start=111
   _globals['_PODEVENT']._serialized_end=424
   _globals['_USAGESAMPLE']._serialized_start=427
-  _globals['_USAGESAMPLE']._serialized_end=652
+  _globals['_USAGESAMPLE']._serialized_end=674
 # @@protoc_insertion_point(module_scope)

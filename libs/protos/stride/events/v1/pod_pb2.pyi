@@ -172,6 +172,7 @@ class UsageSample(_message.Message):
     CPU_LIMIT_FIELD_NUMBER: _builtins.int
     MEMORY_LIMIT_BYTES_FIELD_NUMBER: _builtins.int
     SAMPLED_AT_FIELD_NUMBER: _builtins.int
+    PLAN_VERSION_FIELD_NUMBER: _builtins.int
     job_id: _builtins.str
     """The job the pod belongs to."""
     pod_name: _builtins.str
@@ -186,6 +187,10 @@ class UsageSample(_message.Message):
     """The pod's CPU limit in cores."""
     memory_limit_bytes: _builtins.int
     """The pod's memory limit in bytes."""
+    plan_version: _builtins.int
+    """The job's newest plan version the podwatcher had applied (or was applying) when the
+    sample was taken.
+    """
     @_builtins.property
     def sampled_at(self) -> _timestamp_pb2.Timestamp:
         """When the sample was taken."""
@@ -201,10 +206,11 @@ class UsageSample(_message.Message):
         cpu_limit: _builtins.float = ...,
         memory_limit_bytes: _builtins.int = ...,
         sampled_at: _timestamp_pb2.Timestamp | None = ...,
+        plan_version: _builtins.int = ...,
     ) -> None: ...
     _HasFieldArgType: _TypeAlias = _typing.Literal["sampled_at", b"sampled_at"]  # noqa: Y015
     def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
-    _ClearFieldArgType: _TypeAlias = _typing.Literal["cpu_limit", b"cpu_limit", "cpu_used", b"cpu_used", "job_id", b"job_id", "memory_limit_bytes", b"memory_limit_bytes", "memory_used_bytes", b"memory_used_bytes", "pod_name", b"pod_name", "role", b"role", "sampled_at", b"sampled_at"]  # noqa: Y015
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["cpu_limit", b"cpu_limit", "cpu_used", b"cpu_used", "job_id", b"job_id", "memory_limit_bytes", b"memory_limit_bytes", "memory_used_bytes", b"memory_used_bytes", "plan_version", b"plan_version", "pod_name", b"pod_name", "role", b"role", "sampled_at", b"sampled_at"]  # noqa: Y015
     def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
     def WhichOneof(self, oneof_group: _Never) -> None: ...
 

@@ -17,7 +17,7 @@ class ControlAction(Enum):
     PAUSE = "pause"
     """Save a checkpoint and pause (a migration begins)."""
     RESUME = "resume"
-    """Restore and continue (the migration is done)."""
+    """Continue after a pause; to a standby chief: take over from the old chief."""
     STOP = "stop"
     """Stop training (the job ended, or this pod is going away)."""
     RECONFIGURE = "reconfigure"
@@ -33,4 +33,9 @@ class ControlCommand:
     reason: str
     plan_version: int = 0
     cluster_json: str = ""
-    """For RECONFIGURE: the new cluster, ``{"chief": [...], "ps": [...], "worker": [...]}``."""
+    """For RECONFIGURE (and RESUME after a handover): the cluster, ``{"chief": [...], "ps":
+    [...], "worker": [...]}``."""
+    paused_at: float = 0.0
+    """For RESUME after a handover: when training paused (seconds since the Unix epoch)."""
+    checkpoint_id: str = ""
+    """For RESUME after a handover: the checkpoint the old chief saved."""

@@ -21,12 +21,16 @@ class StepWindow:
     steps: int
     step_seconds: float
     samples_per_second: float
+    plan_version: int = 0
+    """The plan version the job trained under (0: not known)."""
 
 
 def validate(window: StepWindow) -> None:
     """Raise InvalidArgument naming the first bad field."""
     if window.global_step < 0:
         raise InvalidArgument("global_step", f"must not be negative, got {window.global_step}")
+    if window.plan_version < 0:
+        raise InvalidArgument("plan_version", f"must not be negative, got {window.plan_version}")
     if window.steps <= 0:
         raise InvalidArgument("steps", f"must be positive, got {window.steps}")
     if window.steps > window.global_step + 1:

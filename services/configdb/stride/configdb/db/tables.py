@@ -1,4 +1,5 @@
-"""Configdb's tables: one record per job (spec, features, outcome) and its plan versions.
+"""Configdb's tables: one record per job (spec, features, outcome), its plan versions, and
+the measurements its runtime profile is built from (step windows and usage samples).
 
 The features are stored in columns next to the spec they were extracted from, so a
 similar-job query reads a few small columns instead of decoding every spec.
@@ -10,6 +11,7 @@ from sqlalchemy import (
     BigInteger,
     Column,
     DateTime,
+    Float,
     ForeignKey,
     Index,
     Integer,
@@ -53,4 +55,34 @@ plans = Table(
     Column("version", BigInteger, primary_key=True),
     Column("plan", LargeBinary, nullable=False),
     Column("recorded_at", DateTime(timezone=True), nullable=False),
+)
+
+# The measurements, one row each, keyed by what makes them unique on the bus: a redelivered
+# message finds its row and changes nothing. No foreign key to job_records: metrics may
+# arrive before the job's submitted event, and must not lock its record on every window.
+step_windows = Table(
+    "step_windows",
+    metadata,
+    Column("job_id", String(64), primary_key=True),
+    Column("pod_name", String(253), primary_key=True),
+    Column("plan_version", BigInteger, primary_key=True),
+    Column("global_step", BigInteger, primary_key=True),
+    Column("steps", BigInteger, nullable=False),
+    Column("step_seconds", Float, nullable=False),
+    Column("samples_per_second", Float, nullable=False),
+    Column("reported_at", DateTime(timezone=True), nullable=False),
+)
+
+usage_samples = Table(
+    "usage_samples",
+    metadata,
+    Column("job_id", String(64), primary_key=True),
+    Column("pod_name", String(253), primary_key=True),
+    Column("sampled_at", DateTime(timezone=True), primary_key=True),
+    Column("plan_version", BigInteger, nullable=False),
+    Column("role", String(32), nullable=False),
+    Column("cpu_used", Float, nullable=False),
+    Column("memory_used_bytes", BigInteger, nullable=False),
+    Column("cpu_limit", Float, nullable=False),
+    Column("memory_limit_bytes", BigInteger, nullable=False),
 )

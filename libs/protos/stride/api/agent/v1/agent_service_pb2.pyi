@@ -30,18 +30,33 @@ class NextShardRequest(_message.Message):
     DESCRIPTOR: _descriptor.Descriptor
 
     DATASET_FIELD_NUMBER: _builtins.int
+    DONE_SHARD_ID_FIELD_NUMBER: _builtins.int
+    NO_WAIT_FIELD_NUMBER: _builtins.int
     dataset: _builtins.str
     """The dataset."""
+    done_shard_id: _builtins.int
+    """A shard of this dataset the trainer finished: reported done first, in the same
+    dispatcher call (it must be leased to this pod, as for ReportProgress with done).
+    """
+    no_wait: _builtins.bool
+    """Answer at once, with neither a shard nor end_of_data, when every free shard is taken
+    but others are still held (by default the agent waits for one, so the trainer sees a
+    shard or the end). A trainer asking ahead while it still holds a shard sets it.
+    """
     def __init__(
         self,
         *,
         dataset: _builtins.str = ...,
+        done_shard_id: _builtins.int | None = ...,
+        no_wait: _builtins.bool = ...,
     ) -> None: ...
-    _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
+    _HasFieldArgType: _TypeAlias = _typing.Literal["_done_shard_id", b"_done_shard_id", "done_shard_id", b"done_shard_id"]  # noqa: Y015
     def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
-    _ClearFieldArgType: _TypeAlias = _typing.Literal["dataset", b"dataset"]  # noqa: Y015
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["_done_shard_id", b"_done_shard_id", "dataset", b"dataset", "done_shard_id", b"done_shard_id", "no_wait", b"no_wait"]  # noqa: Y015
     def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
-    def WhichOneof(self, oneof_group: _Never) -> None: ...
+    _WhichOneofReturnType__done_shard_id: _TypeAlias = _typing.Literal["done_shard_id"]  # noqa: Y015
+    _WhichOneofArgType__done_shard_id: _TypeAlias = _typing.Literal["_done_shard_id", b"_done_shard_id"]  # noqa: Y015
+    def WhichOneof(self, oneof_group: _WhichOneofArgType__done_shard_id) -> _WhichOneofReturnType__done_shard_id | None: ...
 
 Global___NextShardRequest: _TypeAlias = NextShardRequest  # noqa: Y015
 
@@ -134,6 +149,7 @@ class ReportStepsRequest(_message.Message):
     STEPS_FIELD_NUMBER: _builtins.int
     STEP_SECONDS_FIELD_NUMBER: _builtins.int
     SAMPLES_PER_SECOND_FIELD_NUMBER: _builtins.int
+    PLAN_VERSION_FIELD_NUMBER: _builtins.int
     global_step: _builtins.int
     """Global step at the end of the window."""
     steps: _builtins.int
@@ -142,6 +158,8 @@ class ReportStepsRequest(_message.Message):
     """Mean seconds per step."""
     samples_per_second: _builtins.float
     """Samples per second."""
+    plan_version: _builtins.int
+    """The plan version the job trained under in the window (0: not known)."""
     def __init__(
         self,
         *,
@@ -149,10 +167,11 @@ class ReportStepsRequest(_message.Message):
         steps: _builtins.int = ...,
         step_seconds: _builtins.float = ...,
         samples_per_second: _builtins.float = ...,
+        plan_version: _builtins.int = ...,
     ) -> None: ...
     _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
     def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
-    _ClearFieldArgType: _TypeAlias = _typing.Literal["global_step", b"global_step", "samples_per_second", b"samples_per_second", "step_seconds", b"step_seconds", "steps", b"steps"]  # noqa: Y015
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["global_step", b"global_step", "plan_version", b"plan_version", "samples_per_second", b"samples_per_second", "step_seconds", b"step_seconds", "steps", b"steps"]  # noqa: Y015
     def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
     def WhichOneof(self, oneof_group: _Never) -> None: ...
 
@@ -294,6 +313,8 @@ class WatchControlResponse(_message.Message):
     REASON_FIELD_NUMBER: _builtins.int
     PLAN_VERSION_FIELD_NUMBER: _builtins.int
     CLUSTER_JSON_FIELD_NUMBER: _builtins.int
+    PAUSED_AT_FIELD_NUMBER: _builtins.int
+    CHECKPOINT_ID_FIELD_NUMBER: _builtins.int
     action: _control_pb2.ControlAction.ValueType
     """The action."""
     reason: _builtins.str
@@ -301,7 +322,13 @@ class WatchControlResponse(_message.Message):
     plan_version: _builtins.int
     """Plan version that caused it."""
     cluster_json: _builtins.str
-    """For RECONFIGURE: the new cluster as JSON (see stride.events.v1.ControlCommand)."""
+    """For RECONFIGURE (and RESUME after a handover): the cluster as JSON (see
+    stride.events.v1.ControlCommand).
+    """
+    paused_at: _builtins.float
+    """For RESUME after a handover: when training paused, in seconds since the Unix epoch."""
+    checkpoint_id: _builtins.str
+    """For RESUME after a handover: the checkpoint the old chief saved."""
     def __init__(
         self,
         *,
@@ -309,10 +336,12 @@ class WatchControlResponse(_message.Message):
         reason: _builtins.str = ...,
         plan_version: _builtins.int = ...,
         cluster_json: _builtins.str = ...,
+        paused_at: _builtins.float = ...,
+        checkpoint_id: _builtins.str = ...,
     ) -> None: ...
     _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
     def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
-    _ClearFieldArgType: _TypeAlias = _typing.Literal["action", b"action", "cluster_json", b"cluster_json", "plan_version", b"plan_version", "reason", b"reason"]  # noqa: Y015
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["action", b"action", "checkpoint_id", b"checkpoint_id", "cluster_json", b"cluster_json", "paused_at", b"paused_at", "plan_version", b"plan_version", "reason", b"reason"]  # noqa: Y015
     def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
     def WhichOneof(self, oneof_group: _Never) -> None: ...
 

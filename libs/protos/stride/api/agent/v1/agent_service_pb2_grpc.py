@@ -97,7 +97,8 @@ class AgentServiceServicer:
     """
 
     def NextShard(self, request, context):
-        """NextShard returns the next shard of the named dataset, or end_of_data.
+        """NextShard returns the next shard of the named dataset, or end_of_data; it can report a
+        finished shard done in the same call (one round trip per shard).
         """
         context.set_code(grpc.StatusCode.UNIMPLEMENTED)
         context.set_details('Method not implemented!')

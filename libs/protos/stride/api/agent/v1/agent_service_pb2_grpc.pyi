@@ -36,7 +36,9 @@ class AgentServiceStub:
     @_typing.overload
     def __new__(cls, channel: _aio.Channel) -> AgentServiceAsyncStub: ...
     NextShard: _grpc.UnaryUnaryMultiCallable[_agent_service_pb2.NextShardRequest, _agent_service_pb2.NextShardResponse]
-    """NextShard returns the next shard of the named dataset, or end_of_data."""
+    """NextShard returns the next shard of the named dataset, or end_of_data; it can report a
+    finished shard done in the same call (one round trip per shard).
+    """
     ReportProgress: _grpc.UnaryUnaryMultiCallable[_agent_service_pb2.ReportProgressRequest, _agent_service_pb2.ReportProgressResponse]
     """ReportProgress reports the offset within the current shard (the heartbeat)."""
     ReportSteps: _grpc.UnaryUnaryMultiCallable[_agent_service_pb2.ReportStepsRequest, _agent_service_pb2.ReportStepsResponse]
@@ -66,7 +68,9 @@ class AgentServiceAsyncStub(AgentServiceStub):
 
     def __init__(self, channel: _aio.Channel) -> None: ...
     NextShard: _aio.UnaryUnaryMultiCallable[_agent_service_pb2.NextShardRequest, _agent_service_pb2.NextShardResponse]  # type: ignore[assignment]
-    """NextShard returns the next shard of the named dataset, or end_of_data."""
+    """NextShard returns the next shard of the named dataset, or end_of_data; it can report a
+    finished shard done in the same call (one round trip per shard).
+    """
     ReportProgress: _aio.UnaryUnaryMultiCallable[_agent_service_pb2.ReportProgressRequest, _agent_service_pb2.ReportProgressResponse]  # type: ignore[assignment]
     """ReportProgress reports the offset within the current shard (the heartbeat)."""
     ReportSteps: _aio.UnaryUnaryMultiCallable[_agent_service_pb2.ReportStepsRequest, _agent_service_pb2.ReportStepsResponse]  # type: ignore[assignment]
@@ -99,7 +103,9 @@ class AgentServiceServicer(metaclass=_abc_1.ABCMeta):
         request: _agent_service_pb2.NextShardRequest,
         context: _ServicerContext,
     ) -> _typing.Union[_agent_service_pb2.NextShardResponse, _abc.Awaitable[_agent_service_pb2.NextShardResponse]]:
-        """NextShard returns the next shard of the named dataset, or end_of_data."""
+        """NextShard returns the next shard of the named dataset, or end_of_data; it can report a
+        finished shard done in the same call (one round trip per shard).
+        """
 
     @_abc_1.abstractmethod
     def ReportProgress(

@@ -35,6 +35,7 @@ class JobRecord(_message.Message):
     OUTCOME_FIELD_NUMBER: _builtins.int
     RECORDED_AT_FIELD_NUMBER: _builtins.int
     FINISHED_AT_FIELD_NUMBER: _builtins.int
+    PROFILES_FIELD_NUMBER: _builtins.int
     job_id: _builtins.str
     """The job's id."""
     outcome: _job_pb2.JobOutcome.ValueType
@@ -55,6 +56,10 @@ class JobRecord(_message.Message):
     def finished_at(self) -> _timestamp_pb2.Timestamp:
         """When it finished, if it has."""
 
+    @_builtins.property
+    def profiles(self) -> _containers.RepeatedCompositeFieldContainer[Global___RuntimeProfile]:
+        """What the job measured under each plan version, oldest first (its runtime profile)."""
+
     def __init__(
         self,
         *,
@@ -64,14 +69,111 @@ class JobRecord(_message.Message):
         outcome: _job_pb2.JobOutcome.ValueType = ...,
         recorded_at: _timestamp_pb2.Timestamp | None = ...,
         finished_at: _timestamp_pb2.Timestamp | None = ...,
+        profiles: _abc.Iterable[Global___RuntimeProfile] | None = ...,
     ) -> None: ...
     _HasFieldArgType: _TypeAlias = _typing.Literal["finished_at", b"finished_at", "recorded_at", b"recorded_at", "spec", b"spec"]  # noqa: Y015
     def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
-    _ClearFieldArgType: _TypeAlias = _typing.Literal["finished_at", b"finished_at", "job_id", b"job_id", "outcome", b"outcome", "plans", b"plans", "recorded_at", b"recorded_at", "spec", b"spec"]  # noqa: Y015
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["finished_at", b"finished_at", "job_id", b"job_id", "outcome", b"outcome", "plans", b"plans", "profiles", b"profiles", "recorded_at", b"recorded_at", "spec", b"spec"]  # noqa: Y015
     def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
     def WhichOneof(self, oneof_group: _Never) -> None: ...
 
 Global___JobRecord: _TypeAlias = JobRecord  # noqa: Y015
+
+@_typing.final
+class RuntimeProfile(_message.Message):
+    """What a job measured while one plan version was in force: the trainer's step windows
+    (stride.metrics.v1) and the pods' usage samples (stride.pods.v1 usage).
+    """
+
+    DESCRIPTOR: _descriptor.Descriptor
+
+    PLAN_VERSION_FIELD_NUMBER: _builtins.int
+    WINDOWS_FIELD_NUMBER: _builtins.int
+    STEPS_FIELD_NUMBER: _builtins.int
+    STEP_SECONDS_FIELD_NUMBER: _builtins.int
+    SAMPLES_PER_SECOND_FIELD_NUMBER: _builtins.int
+    ROLES_FIELD_NUMBER: _builtins.int
+    plan_version: _builtins.int
+    """The plan version."""
+    windows: _builtins.int
+    """Step windows reported."""
+    steps: _builtins.int
+    """Steps in those windows."""
+    step_seconds: _builtins.float
+    """Mean seconds per step, weighted by steps."""
+    samples_per_second: _builtins.float
+    """Samples per second over the windows' time (total samples / total seconds)."""
+    @_builtins.property
+    def roles(self) -> _containers.RepeatedCompositeFieldContainer[Global___RoleUsage]:
+        """Usage of each role's pods."""
+
+    def __init__(
+        self,
+        *,
+        plan_version: _builtins.int = ...,
+        windows: _builtins.int = ...,
+        steps: _builtins.int = ...,
+        step_seconds: _builtins.float = ...,
+        samples_per_second: _builtins.float = ...,
+        roles: _abc.Iterable[Global___RoleUsage] | None = ...,
+    ) -> None: ...
+    _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
+    def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["plan_version", b"plan_version", "roles", b"roles", "samples_per_second", b"samples_per_second", "step_seconds", b"step_seconds", "steps", b"steps", "windows", b"windows"]  # noqa: Y015
+    def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
+    def WhichOneof(self, oneof_group: _Never) -> None: ...
+
+Global___RuntimeProfile: _TypeAlias = RuntimeProfile  # noqa: Y015
+
+@_typing.final
+class RoleUsage(_message.Message):
+    """CPU and memory one role's pods used under a plan version."""
+
+    DESCRIPTOR: _descriptor.Descriptor
+
+    ROLE_FIELD_NUMBER: _builtins.int
+    PODS_FIELD_NUMBER: _builtins.int
+    SAMPLES_FIELD_NUMBER: _builtins.int
+    CPU_USED_MEAN_FIELD_NUMBER: _builtins.int
+    CPU_USED_MAX_FIELD_NUMBER: _builtins.int
+    MEMORY_USED_MAX_BYTES_FIELD_NUMBER: _builtins.int
+    CPU_LIMIT_FIELD_NUMBER: _builtins.int
+    MEMORY_LIMIT_BYTES_FIELD_NUMBER: _builtins.int
+    role: _plan_pb2.Role.ValueType
+    """The role."""
+    pods: _builtins.int
+    """Distinct pods sampled."""
+    samples: _builtins.int
+    """Usage samples."""
+    cpu_used_mean: _builtins.float
+    """Mean CPU cores used per pod."""
+    cpu_used_max: _builtins.float
+    """Most CPU cores one pod used in one sample."""
+    memory_used_max_bytes: _builtins.int
+    """Most resident memory one pod used in one sample, in bytes."""
+    cpu_limit: _builtins.float
+    """The largest CPU limit a pod of the role had, in cores."""
+    memory_limit_bytes: _builtins.int
+    """The largest memory limit a pod of the role had, in bytes."""
+    def __init__(
+        self,
+        *,
+        role: _plan_pb2.Role.ValueType = ...,
+        pods: _builtins.int = ...,
+        samples: _builtins.int = ...,
+        cpu_used_mean: _builtins.float = ...,
+        cpu_used_max: _builtins.float = ...,
+        memory_used_max_bytes: _builtins.int = ...,
+        cpu_limit: _builtins.float = ...,
+        memory_limit_bytes: _builtins.int = ...,
+    ) -> None: ...
+    _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
+    def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["cpu_limit", b"cpu_limit", "cpu_used_max", b"cpu_used_max", "cpu_used_mean", b"cpu_used_mean", "memory_limit_bytes", b"memory_limit_bytes", "memory_used_max_bytes", b"memory_used_max_bytes", "pods", b"pods", "role", b"role", "samples", b"samples"]  # noqa: Y015
+    def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
+    def WhichOneof(self, oneof_group: _Never) -> None: ...
+
+Global___RoleUsage: _TypeAlias = RoleUsage  # noqa: Y015
 
 @_typing.final
 class GetJobRecordRequest(_message.Message):

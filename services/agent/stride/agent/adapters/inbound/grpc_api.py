@@ -38,7 +38,15 @@ def command_from_proto(command: control_pb2.ControlCommand) -> ControlCommand:
     action = ACTION_FROM_PROTO.get(command.action)
     if action is None:
         raise InvalidArgument("action", f"unknown control action {command.action}")
-    return ControlCommand(action, command.reason, command.plan_version, command.cluster_json)
+    paused_at = command.paused_at.ToMicroseconds() / 1e6 if command.HasField("paused_at") else 0.0
+    return ControlCommand(
+        action,
+        command.reason,
+        command.plan_version,
+        command.cluster_json,
+        paused_at,
+        command.checkpoint_id,
+    )
 
 
 def _check_dataset(dataset: str) -> None:
@@ -74,8 +82,13 @@ class AgentApi(pb_grpc.AgentServiceServicer):
         self, request: pb.NextShardRequest, context: Context
     ) -> pb.NextShardResponse:
         _check_dataset(request.dataset)
+        done = request.done_shard_id if request.HasField("done_shard_id") else None
+        if done is not None and done < 0:
+            raise InvalidArgument("done_shard_id", f"must not be negative, got {done}")
         try:
-            shard, end_of_data = await self.shards.next_shard(request.dataset)
+            shard, end_of_data = await self.shards.next_shard(
+                request.dataset, done=done, wait=not request.no_wait
+            )
         except UpstreamError as error:
             await relay(context, error)
             raise
@@ -105,6 +118,7 @@ class AgentApi(pb_grpc.AgentServiceServicer):
                 steps=request.steps,
                 step_seconds=request.step_seconds,
                 samples_per_second=request.samples_per_second,
+                plan_version=request.plan_version,
             )
         )
         return pb.ReportStepsResponse()
@@ -163,6 +177,8 @@ class AgentApi(pb_grpc.AgentServiceServicer):
                     reason=command.reason,
                     plan_version=command.plan_version,
                     cluster_json=command.cluster_json,
+                    paused_at=command.paused_at,
+                    checkpoint_id=command.checkpoint_id,
                 )
                 if command.action is ControlAction.STOP:
                     return

@@ -66,28 +66,56 @@ class ShardClient:
     def _wrap(self, error: grpc.RpcError) -> UpstreamError:
         return UpstreamError(UPSTREAM, self.address, error.code(), error.details() or "")
 
-    async def next_shard(self, dataset: str) -> tuple[shard_pb2.Shard | None, bool]:
-        """The next shard of ``dataset`` and whether the data has ended.
+    async def next_shard(
+        self, dataset: str, done: int | None = None, wait: bool = True
+    ) -> tuple[shard_pb2.Shard | None, bool]:
+        """The next shard of ``dataset`` and whether the data has ended, completing the
+        shard ``done`` first in the same dispatcher call.
 
         While other workers still hold the last shards the dispatcher says "retry later"
-        (one of them may come back); wait here, so the trainer sees a shard or the end.
+        (one of them may come back); with ``wait`` the agent waits here, so the trainer sees
+        a shard or the end; without, it answers (None, False) at once.
         """
+        finished = None
+        if done is not None:
+            finished = self.leased.get((dataset, done))
+            if finished is None:
+                raise self._not_leased(dataset, done)
         while True:
             try:
-                reply = await asyncio.to_thread(self.sessions.get_shard, dataset)
+                reply = await asyncio.to_thread(self.sessions.get_shard, dataset, finished)
             except Revoked as revoked:
-                # The token was fenced and the client registered again: ask once more.
+                # The token was fenced and the client registered again: every shard it held
+                # is void. A finished one was not counted: the trainer must hear that.
                 log.warning("dispatcher refused the token; registered again", reason=str(revoked))
                 self._forget(dataset)
+                if finished is not None:
+                    raise UpstreamError(
+                        UPSTREAM, self.address, grpc.StatusCode.FAILED_PRECONDITION, str(revoked)
+                    ) from None
                 continue
             except grpc.RpcError as error:
                 raise self._wrap(error) from None
+            if finished is not None:
+                self.leased.pop((dataset, finished.shard_id), None)
+                finished = None
             if reply.shard is not None:
                 self.leased[(dataset, reply.shard.shard_id)] = reply.shard
                 return _to_proto(reply.shard), False
             if reply.end_of_data:
                 return None, True
+            if not wait:
+                return None, False
             await asyncio.sleep(max(reply.retry_after, 0.05))
+
+    def _not_leased(self, dataset: str, shard_id: int) -> UpstreamError:
+        return UpstreamError(
+            UPSTREAM,
+            self.address,
+            grpc.StatusCode.FAILED_PRECONDITION,
+            f"shard {shard_id} of {echo(dataset)} is not leased to pod {self.worker!r} "
+            "(never handed to it, already done, or taken back); ask for the next shard",
+        )
 
     def _forget(self, dataset: str) -> None:
         for key in [key for key in self.leased if key[0] == dataset]:
@@ -97,13 +125,7 @@ class ShardClient:
         """A heartbeat with the offset reached, or the shard's completion, under its lease."""
         shard = self.leased.get((dataset, shard_id))
         if shard is None:
-            raise UpstreamError(
-                UPSTREAM,
-                self.address,
-                grpc.StatusCode.FAILED_PRECONDITION,
-                f"shard {shard_id} of {echo(dataset)} is not leased to pod {self.worker!r} "
-                "(never handed to it, already done, or taken back); ask for the next shard",
-            )
+            raise self._not_leased(dataset, shard_id)
         try:
             if done:
                 await asyncio.to_thread(self.sessions.report_done, shard)

@@ -23,9 +23,9 @@ class StepReporter:
         self.pod_name = pod_name
 
     async def report(self, window: StepWindow) -> None:
-        """Validate and publish a window. The id is ``<pod>.<global_step>``, so a trainer
-        retrying a report (or replaying steps within the de-duplication window) is counted once.
-        """
+        """Validate and publish a window. The id is ``<pod>.<plan version>.<global_step>``,
+        so a trainer retrying a report is counted once, while the steps a move repeats from
+        its checkpoint under a new plan are measurements of that plan."""
         validate(window)
         reported_at = Timestamp()
         reported_at.FromDatetime(datetime.now(UTC))
@@ -39,10 +39,14 @@ class StepReporter:
             # Job-wide consumption is the dispatcher's to know, not one pod's; left 0 here.
             samples_consumed=0,
             reported_at=reported_at,
+            plan_version=window.plan_version,
         )
         try:
             await self.bus.publish(
-                topics.STEP_METRICS, self.job_id, message, f"{self.pod_name}.{window.global_step}"
+                topics.STEP_METRICS,
+                self.job_id,
+                message,
+                f"{self.pod_name}.{window.plan_version}.{window.global_step}",
             )
         except (nats.errors.Error, TimeoutError) as error:
             raise Unavailable(f"NATS did not accept the step metrics: {error}") from None

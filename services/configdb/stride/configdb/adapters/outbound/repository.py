@@ -1,4 +1,5 @@
-"""Configdb's storage: job records and plan versions, read and written with SQLAlchemy Core.
+"""Configdb's storage: job records, plan versions and runtime-profile measurements, read and
+written with SQLAlchemy Core.
 
 Every writer first makes sure the job's row exists with ``INSERT ... ON CONFLICT DO
 NOTHING``. The three consumers (submitted, plans, finished) run concurrently and may all
@@ -9,18 +10,27 @@ the transaction takes the write lock at its first statement instead of upgrading
 from __future__ import annotations
 
 from collections.abc import Mapping, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from datetime import UTC, datetime
 from typing import Any, cast
 
-from sqlalchemy import CursorResult, Table, select, update
+from sqlalchemy import CursorResult, Table, distinct, func, select, update
 from sqlalchemy.dialects import postgresql, sqlite
 from sqlalchemy.ext.asyncio import AsyncSession
 
-from stride.configdb.db.tables import job_records, plans
+from stride.configdb.db.tables import job_records, plans, step_windows, usage_samples
 from stride.configdb.domain.features import JobFeatures
+from stride.configdb.domain.profiles import (
+    RoleUsage,
+    RuntimeProfile,
+    StepWindow,
+    UsageSample,
+    WindowTotals,
+    build_profiles,
+)
 from stride.configdb.domain.similarity import Outcome, PastJob
 from stride.events.v1 import job_pb2, plan_pb2
+from stride.vocabulary import Role
 
 
 @dataclass(frozen=True)
@@ -33,6 +43,7 @@ class StoredRecord:
     outcome: Outcome | None
     recorded_at: datetime
     finished_at: datetime | None
+    profiles: list[RuntimeProfile] = field(default_factory=list)
 
 
 def aware(moment: datetime) -> datetime:
@@ -172,9 +183,127 @@ async def _plans_of(
     return found
 
 
+async def insert_window(session: AsyncSession, window: StepWindow, reported_at: datetime) -> bool:
+    """Store a step window; False if it was stored before (a redelivery)."""
+    return await _insert_ignoring_duplicate(
+        session,
+        step_windows,
+        {
+            "job_id": window.job_id,
+            "pod_name": window.pod_name,
+            "plan_version": window.plan_version,
+            "global_step": window.global_step,
+            "steps": window.steps,
+            "step_seconds": window.step_seconds,
+            "samples_per_second": window.samples_per_second,
+            "reported_at": reported_at,
+        },
+        ["job_id", "pod_name", "plan_version", "global_step"],
+    )
+
+
+async def insert_sample(session: AsyncSession, sample: UsageSample, sampled_at: datetime) -> bool:
+    """Store a usage sample; False if it was stored before (a redelivery)."""
+    return await _insert_ignoring_duplicate(
+        session,
+        usage_samples,
+        {
+            "job_id": sample.job_id,
+            "pod_name": sample.pod_name,
+            "sampled_at": sampled_at,
+            "plan_version": sample.plan_version,
+            "role": sample.role.value,
+            "cpu_used": sample.cpu_used,
+            "memory_used_bytes": sample.memory_used_bytes,
+            "cpu_limit": sample.cpu_limit,
+            "memory_limit_bytes": sample.memory_limit_bytes,
+        },
+        ["job_id", "pod_name", "sampled_at"],
+    )
+
+
+async def _profiles_of(
+    session: AsyncSession, job_ids: Sequence[str]
+) -> dict[str, list[RuntimeProfile]]:
+    """Each job's runtime profile, summed up by the database."""
+    if not job_ids:
+        return {}
+    seconds = step_windows.c.steps * step_windows.c.step_seconds
+    window_rows = await session.execute(
+        select(
+            step_windows.c.job_id,
+            step_windows.c.plan_version,
+            func.count(),
+            func.sum(step_windows.c.steps),
+            func.sum(seconds),
+            func.sum(seconds * step_windows.c.samples_per_second),
+        )
+        .where(step_windows.c.job_id.in_(job_ids))
+        .group_by(step_windows.c.job_id, step_windows.c.plan_version)
+    )
+    totals: dict[str, list[WindowTotals]] = {}
+    for job_id, version, count, steps, total_seconds, samples in window_rows:
+        totals.setdefault(job_id, []).append(
+            WindowTotals(int(version), int(count), int(steps), float(total_seconds), float(samples))
+        )
+    usage_rows = await session.execute(
+        select(
+            usage_samples.c.job_id,
+            usage_samples.c.plan_version,
+            usage_samples.c.role,
+            func.count(distinct(usage_samples.c.pod_name)),
+            func.count(),
+            func.avg(usage_samples.c.cpu_used),
+            func.max(usage_samples.c.cpu_used),
+            func.max(usage_samples.c.memory_used_bytes),
+            func.max(usage_samples.c.cpu_limit),
+            func.max(usage_samples.c.memory_limit_bytes),
+        )
+        .where(usage_samples.c.job_id.in_(job_ids))
+        .group_by(usage_samples.c.job_id, usage_samples.c.plan_version, usage_samples.c.role)
+    )
+    usage: dict[str, tuple[list[RoleUsage], list[int]]] = {}
+    for (
+        job_id,
+        version,
+        role,
+        pods,
+        count,
+        mean,
+        peak,
+        memory,
+        cpu_limit,
+        memory_limit,
+    ) in usage_rows:
+        found, versions = usage.setdefault(job_id, ([], []))
+        found.append(
+            RoleUsage(
+                role=Role(role),
+                pods=int(pods),
+                samples=int(count),
+                cpu_used_mean=float(mean),
+                cpu_used_max=float(peak),
+                memory_used_max_bytes=int(memory),
+                cpu_limit=float(cpu_limit),
+                memory_limit_bytes=int(memory_limit),
+            )
+        )
+        versions.append(int(version))
+    return {
+        job_id: build_profiles(totals.get(job_id, []), *usage.get(job_id, ([], [])))
+        for job_id in job_ids
+    }
+
+
+async def profiles_of(session: AsyncSession, job_id: str) -> list[RuntimeProfile]:
+    """One job's runtime profile, oldest plan version first (empty if nothing measured)."""
+    return (await _profiles_of(session, [job_id])).get(job_id, [])
+
+
 async def _records(session: AsyncSession, query: Any) -> list[StoredRecord]:
     rows = (await session.execute(query)).all()
     plans_by_job = await _plans_of(session, [row.job_id for row in rows])
+    profiles_by_job = await _profiles_of(session, [row.job_id for row in rows])
     return [
         StoredRecord(
             job_id=row.job_id,
@@ -183,6 +312,7 @@ async def _records(session: AsyncSession, query: Any) -> list[StoredRecord]:
             outcome=None if row.outcome is None else Outcome(row.outcome),
             recorded_at=aware(row.recorded_at),
             finished_at=None if row.finished_at is None else aware(row.finished_at),
+            profiles=profiles_by_job.get(row.job_id, []),
         )
         for row in rows
     ]

@@ -31,6 +31,9 @@ class PodStart:
     """The job's spec (protobuf JSON of ``stride.events.v1.JobSpec``)."""
     cluster_json: str
     """The TensorFlow cluster the pod belongs to, ``{"chief": [...], "ps": [...], ...}``."""
+    standby: bool = False
+    """A chief that replaces one still training (its pod migrated): it starts up and waits
+    for RESUME to take over from the old chief's checkpoint (DLRover-RM sec. 5.2)."""
 
 
 @dataclass(frozen=True)
@@ -98,6 +101,10 @@ class Backend(Protocol):
 
     def running(self) -> list[str]:
         """The names of the pods running now."""
+        ...
+
+    def known(self) -> list[str]:
+        """The pods running now and those whose end is not acknowledged yet."""
         ...
 
     def ended(self) -> AsyncIterator[PodEnded]:

@@ -97,6 +97,10 @@ class PodEnvironment:
     jobs_dir: Path
     """Per-job files the trainer writes next to its pods (the chief's consumed-sample log)."""
     log_level: str = "INFO"
+    verify_restores: bool = False
+    """Trainers log digests of saved and restored variables (tests)."""
+    step_report_seconds: float = 2.0
+    """How long a step window spans before the chief reports it."""
     python: str = sys.executable
     trainer_module: str = "stride.trainer"
 
@@ -165,7 +169,12 @@ class LocalBackend:
             "STRIDE_TRAINER_CKPTCACHE_ADDRESS": env.ckptcache_address,
             "STRIDE_TRAINER_SPEC_JSON": pod.spec_json,
             "STRIDE_TRAINER_CHECKPOINT_EVERY_STEPS": str(env.checkpoint_every_steps),
+            "STRIDE_TRAINER_PLAN_VERSION": str(pod.plan_version),
+            "STRIDE_TRAINER_VERIFY_RESTORES": "true" if env.verify_restores else "false",
+            "STRIDE_TRAINER_REPORT_INTERVAL_SECONDS": str(env.step_report_seconds),
         }
+        if pod.standby:
+            trainer["STRIDE_TRAINER_STANDBY"] = "true"
         if record.role is Role.CHIEF:
             job_dir = env.jobs_dir / record.job_id
             job_dir.mkdir(parents=True, exist_ok=True)
@@ -227,6 +236,10 @@ class LocalBackend:
     def running(self) -> list[str]:
         """The pods running now."""
         return [status.launch.pod for status in self.runtime.pods()]
+
+    def known(self) -> list[str]:
+        """The pods running now and those whose end is not acknowledged yet."""
+        return self.runtime.known()
 
     async def ended(self) -> AsyncIterator[PodEnded]:
         """Pod ends, as the runtime reports them."""

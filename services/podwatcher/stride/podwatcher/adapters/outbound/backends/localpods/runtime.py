@@ -461,6 +461,10 @@ class LocalPods:
         log.info("local pods adopted", count=len(adopted))
         return adopted
 
+    def known(self) -> list[str]:
+        """Every pod this runtime watches: running, or ended with the end not acknowledged."""
+        return list(self._known)
+
     def pods(self) -> list[PodStatus]:
         """The pods running now."""
         return [
