@@ -70,7 +70,7 @@ demo: install  ## A job that trains: submit, pods start, loss falls, a live plan
 	$(STRIDE) logs $$JOB $$JOB-chief-0 --tail 5000 $$S > $(DEMO_STATE)/chief.log; \
 	grep -E '"event": "steps"' $(DEMO_STATE)/chief.log | sed -n '1,2p'; \
 	grep -E '"event": "(command|reconfigured|finished)"' $(DEMO_STATE)/chief.log; \
-	echo; echo "$$ stride plans $$JOB"; $(STRIDE) plans $$JOB $$S; \
+	echo; echo "$$ stride explain $$JOB   # every plan, and why it was chosen"; $(STRIDE) explain $$JOB $$S; \
 	echo; echo '$$ stride submit examples/invalid-job.yaml   # refused on purpose'; \
 	if $(STRIDE) submit examples/invalid-job.yaml $$S; then \
 	  echo "error: the invalid job was accepted"; exit 1; fi

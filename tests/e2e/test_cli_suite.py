@@ -88,6 +88,15 @@ def test_up_submit_status_down_with_the_embedded_defaults(tmp_path: Path) -> Non
         # The plan's throughput and step time, and each role's usage (rich draws the table).
         first = next(line for line in shown.splitlines() if line.lstrip("│ ").startswith("v1 "))
         assert re.search(r"[\d,]+ .* \d+ ms .* chief", first), shown
+        # Why the plan was chosen, from the optimizer's record.
+        explained = stride("explain", small_job.group(0), env=env)
+        assert explained.returncode == 0, explained.stderr
+        assert "plan v1" in explained.stdout
+        assert "stage: cold_start; root cause: cold_start; by cold-start-plan/1" in (
+            explained.stdout
+        )
+        unknown = stride("explain", "job-000000000000", env=env)
+        assert unknown.returncode != 0 and "not found" in unknown.stderr, unknown
     finally:
         down = stride("down", env=env)
     assert down.returncode == 0, down.stderr

@@ -3,6 +3,7 @@ and a real database."""
 
 from __future__ import annotations
 
+import math
 from collections.abc import AsyncIterator
 from typing import Any
 
@@ -158,9 +159,24 @@ async def test_a_worker_oom_doubles_worker_memory_once_under_redelivery(
     await bus.publish(topics.POD_FAILED, "job-oom", ps_event, "job-oom-ps-0.failed.0")
     plans = await plans_on_the_bus(nats_url, "job-oom", 3)
     assert len(plans) == 3
-    assert role(plans[2], plan_pb2.ROLE_PS).count == 2 * role(first, plan_pb2.ROLE_PS).count
+    # A PS OOM goes through the stage step's OOM rule, as in the simulator: with no memory
+    # growth measured yet, the PS memory doubles (in whole GiB) and the count stays.
+    gib = 1024**3
+    ps_before = role(first, plan_pb2.ROLE_PS)
+    assert role(plans[2], plan_pb2.ROLE_PS).count == ps_before.count
+    assert (
+        role(plans[2], plan_pb2.ROLE_PS).memory_bytes
+        == 2 * math.ceil(ps_before.memory_bytes / gib) * gib
+    )
+    assert plans[2].algorithm == "stride-stage-step/1"
     events = await stub.ListOptimizationEvents(pb.ListOptimizationEventsRequest(job_id="job-oom"))
     assert [e.root_cause for e in events.events].count(optimization_pb2.ROOT_CAUSE_OOM) == 2
+    # No executor runs here: the pool's failure is recorded and the step ran in-process.
+    explained = await stub.GetPlanExplanation(pb.GetPlanExplanationRequest(job_id="job-oom"))
+    assert "ran in the optimizer: no executor replica answers" in (
+        explained.explanations[2].fallback
+    )
+    assert explained.explanations[1].algorithm == "dlrover-adjust/1"
 
 
 async def test_an_oom_of_an_unknown_job_is_dead_lettered(bus: Bus, nats_url: str) -> None:

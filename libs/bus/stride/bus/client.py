@@ -20,6 +20,7 @@ import structlog
 from google.protobuf.message import DecodeError, Message
 from nats.aio.client import Client as NatsClient
 from nats.aio.msg import Msg
+from nats.aio.subscription import Subscription
 from nats.errors import TimeoutError as NatsTimeoutError
 from nats.js import JetStreamContext, api
 from nats.js.errors import BadRequestError, NotFoundError
@@ -333,13 +334,14 @@ class Bus:
         )
         await msg.term()
 
-    async def serve_requests(
+    async def answer_requests(
         self,
         topic: RequestTopic,
         handler: Callable[[bytes, Mapping[str, str]], Awaitable[bytes]],
-        stop: asyncio.Event,
-    ) -> None:
-        """Answer core NATS requests of ``topic`` in its queue group until ``stop``."""
+    ) -> Subscription:
+        """Subscribe ``handler`` to ``topic``'s queue group and return once the server has
+        the subscription (flushed), so a request sent after this returns finds a responder.
+        The caller drains the returned subscription when it stops."""
 
         async def on_request(msg: Msg) -> None:
             headers = dict(msg.headers or {})
@@ -352,11 +354,8 @@ class Bus:
         subscription = await self.nc.subscribe(
             topic.pattern(), queue=topic.queue_group, cb=on_request
         )
-        try:
-            await stop.wait()
-        finally:
-            with contextlib.suppress(Exception):
-                await subscription.drain()  # type: ignore[no-untyped-call]
+        await self.nc.flush()
+        return subscription
 
     async def request(
         self,

@@ -427,6 +427,58 @@ def plans(job_id: str, state_dir: StateDir = DEFAULT_STATE_DIR) -> None:
 
 
 @app.command()
+def explain(job_id: str, state_dir: StateDir = DEFAULT_STATE_DIR) -> None:
+    """Show why each plan of a job was chosen: algorithm, stage, inputs, prediction."""
+    try:
+        reply = call(
+            "optimizer",
+            state_dir,
+            lambda ch: optimizer_grpc.OptimizerServiceStub(ch).GetPlanExplanation(
+                optimizer_pb.GetPlanExplanationRequest(job_id=job_id),
+                timeout=RPC_TIMEOUT_SECONDS,
+            ),
+        )
+    except (CliError, NoSuite) as error:
+        fail(str(error))
+        return
+    for explanation in reply.explanations:
+        console.print(_plan_table(explanation.plan))
+        for line in _explanation_lines(explanation):
+            console.print(f"  {line}", highlight=False)
+        console.print()
+
+
+def _explanation_lines(why: optimizer_pb.PlanExplanation) -> list[str]:
+    """The reasons of one plan, a line each (only what was recorded)."""
+    if not why.recorded:
+        return ["(made before explanations were recorded)"]
+    lines = [
+        f"why: {why.detail}",
+        f"stage: {why.stage}; root cause: {why.root_cause}; by {why.algorithm}",
+    ]
+    if why.sample_count:
+        lines.append(f"inputs: {why.samples_used} throughput samples ({why.sample_count} in all)")
+    if why.fit_rmsle >= 0:
+        lines.append(f"fit: RMSLE {why.fit_rmsle:.3f}")
+    if why.predicted_throughput >= 0:
+        lines.append(
+            f"predicted: {why.predicted_throughput:,.0f} samples/s"
+            + (
+                f" (the pods before: {why.predicted_current:,.0f})"
+                if why.predicted_current >= 0
+                else ""
+            )
+        )
+    if why.cost >= 0:
+        lines.append(f"cost: {why.cost:g} (cores + 0.125 x GiB)")
+    if why.bound:
+        lines.append(f"bound by: {why.bound}")
+    if why.fallback:
+        lines.append(f"fallback: {why.fallback}")
+    return lines
+
+
+@app.command()
 def cancel(job_id: str, state_dir: StateDir = DEFAULT_STATE_DIR) -> None:
     """Cancel a job and free its capacity."""
     try:

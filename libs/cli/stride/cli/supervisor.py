@@ -320,6 +320,8 @@ class Supervisor:
             # Plans must fit the virtual nodes the podwatcher places pods on: pods of half a
             # node's cores let a node hold two (a PS and the chief, say).
             env.setdefault(f"{prefix}MAX_POD_CPU", str(float(max((os.cpu_count() or 1) // 2, 1))))
+            # And a job no bigger than the four virtual nodes (default_local_nodes) hold.
+            env.setdefault(f"{prefix}MAX_JOB_CPU", str(4 * (os.cpu_count() or 1)))
         if service == "podwatcher":
             # Pods live beside the suite's state and reach its dispatcher and cache.
             env.setdefault("STRIDE_PODWATCHER_LOCAL_STATE_DIR", str(self.state_dir / "pods"))

@@ -77,6 +77,7 @@ KIND_OF_ALGORITHM: Mapping[str, DecisionKind] = {
     "dlrover-throughput-predict": DecisionKind.ADJUST,
     "dlrover-pareto-candidates": DecisionKind.ADJUST,
     "dlrover-oom-predict": DecisionKind.ADJUST,
+    "stride-stage-step": DecisionKind.ADJUST,
     "kod2-schedule": DecisionKind.PREEMPT,
     "goldminer-tune-step": DecisionKind.TUNE_DATA_WORKERS,
     "goldminer-cluster-allocation": DecisionKind.TUNE_DATA_WORKERS,
@@ -84,7 +85,9 @@ KIND_OF_ALGORITHM: Mapping[str, DecisionKind] = {
 """Which port each registered algorithm answers for. A test fails when an algorithm is
 registered without a kind, so a new plug-in is classified before a service can call it."""
 
-HEAVY_ALGORITHMS = frozenset({"dlrover-throughput-fit", "dlrover-pareto-candidates"})
+HEAVY_ALGORITHMS = frozenset(
+    {"dlrover-throughput-fit", "dlrover-pareto-candidates", "stride-stage-step"}
+)
 """Sent to the executor pool unless configured otherwise: the NNLS fit and NSGA-II take
 hundreds of milliseconds to seconds of CPU, which must not run inside a service that also
 answers gRPC and bus traffic (DLRover sec. 4.3)."""

@@ -141,6 +141,7 @@ PLUGIN_MODULES: tuple[str, ...] = (
     "stride.policy.pareto",
     "stride.policy.selection",
     "stride.policy.warm_start",
+    "stride.policy.stages",
     "stride.policy.goldminer",
     "stride.policy.dlrover",
     "stride.policy.kod2",

@@ -98,12 +98,25 @@ from typing import Protocol
 import numpy as np
 from scipy.optimize import nnls
 
+from stride.policy import stages
 from stride.policy.cold_start import JobFeatures
-from stride.policy.fitting import fit_throughput_model
-from stride.policy.oom import DEFAULT_HEADROOM, OomRequest, PsMemoryCurve, predict_oom
+from stride.policy.stages import (
+    ALMOST_BEST_FRACTION,
+    GRID_WORKERS,
+    JOB_CPU_LIMIT,
+    MEMORY_HEADROOM,
+    JobShape,
+    Pods,
+    SearchSpace,
+    almost_best,
+    configuration,
+    grid,
+    grid_cost,
+    grid_pods,
+    per_ps,
+)
 from stride.policy.throughput import (
     GIB,
-    MILLISECONDS_PER_SECOND,
     PAPER_PARAMETERS,
     Configuration,
     ThroughputParameters,
@@ -112,8 +125,6 @@ from stride.policy.throughput import (
 from stride.policy.warm_start import (
     HistoricalJob,
     ResourceConfiguration,
-    WarmStartRequest,
-    warm_start,
 )
 from stride.sim.engine import Event, EventKind, Simulation, SimulationError
 
@@ -152,43 +163,10 @@ interval of the baselines in 000 sec. 6.3 and 002 sec. 6.2 (20 s pod start, 100 
 MAX_STRAGGLER_COV = 1.0
 HOT_PS_FRACTION = 0.30
 UNDER_PROVISIONED_FRACTION = 0.05
-GRID_WORKERS = (1, 2, 4, 8, 12, 16, 24, 32)
-GRID_WORKER_CPU = (1, 2, 4, 8, 16)
-GRID_PS = (1, 2, 4, 8, 16)
-GRID_PS_CPU = (1, 2, 4, 8, 16)
-JOB_CPU_LIMIT = 200
-"""Most cores a scaling policy gives one job (000 sec. 6.1: "jobs in the experiment are
-allocated at most 200 CPU cores"; the well-tuned configurations of 000 Table 2 use 192-200),
-or the user's request when that is larger."""
-ALMOST_BEST_FRACTION = 0.95
-"""'Almost reaches the best throughput' (000 sec. 6.2, 002 sec. 6.1): the tuned-static oracle
-and Stride's model-based stage take the cheapest configuration within 95 % of the best."""
-MEMORY_HEADROOM = 1.1
-"""Memory above a measured or predicted need (:data:`stride.policy.oom.DEFAULT_HEADROOM`)."""
-MEMORY_SHRINK_SLACK = 1.25
-"""Stride lowers a pod's memory only when it holds more than 25 % over the predicted need,
-so one noisy prediction does not cost a PS restart for a GiB."""
 SAMPLES_PER_CONFIG = 5
 """Throughput samples a job keeps per configuration (the newest)."""
 MEMORY_WINDOW = 24
 """Memory points a job keeps (the newest two hours): the window of the OOM fit."""
-PROBE_CONFIGS = 5
-"""Distinct configurations the sampling stage measures: one per coefficient of eq. 6."""
-PROBE_MIN_REMAINING_SECONDS = 1800.0
-"""A warm-started job probes only when it has more than half an hour to go: a probe costs a
-pause and minutes at a worse shape, which a short job cannot earn back (the Overhead term of
-002 eq. 8). A cold-started job always probes: it has nothing else to go on. Chosen on seed 2
-(600 jobs, median JCT over the tuned-static-dyn oracle: 1800 s 1.11x, 3600 s 1.14x,
-7200 s 1.23x, never 1.27x, always 1.37x); reports use seed 1."""
-SHRINK_MIN_REMAINING_SECONDS = 1800.0
-"""Stride lowers memory without another reason to change the pods only when the job has
-more than this left: the pause must buy enough pod-seconds of freed memory. On seed 2 this
-took Stride's median JCT from 1.11x to 1.02x the tuned-static-dyn oracle and its memory
-utilisation from 0.63 to 0.52 (900 s: 1.06x and 0.59)."""
-REFIT_EVERY_TICKS = 6
-"""Stride fits and optimises once it has sampled, then refits every sixth tick."""
-GIB_PRICE = 0.125
-"""Cost of a GiB relative to a core (as :class:`stride.policy.throughput.ResourcePrices`)."""
 OPTIMUS_PS_STEP = 1
 OPTIMUS_WORKER_STEP = 2
 """Optimus's fixed increments. The original adds one PS or one worker; 000 sec. 6.3 used
@@ -215,39 +193,6 @@ DLROVER_WORKER_MEMORY_MARGIN = 1.5
 
 
 @dataclass(frozen=True)
-class Pods:
-    """A job's pods: whole cores and whole GiB per pod."""
-
-    workers: int
-    worker_cpu: int
-    worker_mem_gib: int
-    ps: int
-    ps_cpu: int
-    ps_mem_gib: int
-
-    def __post_init__(self) -> None:
-        for name in ("workers", "worker_cpu", "worker_mem_gib", "ps", "ps_cpu", "ps_mem_gib"):
-            value = getattr(self, name)
-            if not isinstance(value, int) or isinstance(value, bool) or value < 1:
-                raise SimulationError(f"Pods.{name}: must be a whole number >= 1, got {value!r}")
-
-    @property
-    def cpu(self) -> int:
-        """Cores held by all pods."""
-        return self.workers * self.worker_cpu + self.ps * self.ps_cpu
-
-    @property
-    def memory_gib(self) -> int:
-        """GiB held by all pods."""
-        return self.workers * self.worker_mem_gib + self.ps * self.ps_mem_gib
-
-    @property
-    def count(self) -> int:
-        """Number of pods."""
-        return self.workers + self.ps
-
-
-@dataclass(frozen=True)
 class DlrmJobSpec:
     """One synthetic job: its true model, imbalance, memory behaviour and the user request."""
 
@@ -270,30 +215,17 @@ class DlrmJobSpec:
     model_name: str
 
 
+def _shape(spec: DlrmJobSpec) -> JobShape:
+    """What the policy's model needs of ``spec`` (never its ground truth)."""
+    return JobShape(spec.batch_size, spec.embedding_dim, spec.model_bytes, spec.total_samples)
+
+
 def _config(pods: Pods, spec: DlrmJobSpec) -> Configuration:
-    return Configuration(
-        workers=pods.workers,
-        parameter_servers=pods.ps,
-        worker_cpu=float(pods.worker_cpu),
-        ps_cpu=float(pods.ps_cpu),
-        batch_size=spec.batch_size,
-        worker_memory_bytes=pods.worker_mem_gib * GIB,
-        ps_memory_bytes=pods.ps_mem_gib * GIB,
-        embedding_dim=spec.embedding_dim,
-        model_bytes=spec.model_bytes,
-    )
+    return configuration(pods, _shape(spec))
 
 
-def _grid() -> tuple[np.ndarray, ...]:
-    w, lw, p, lp = np.meshgrid(GRID_WORKERS, GRID_WORKER_CPU, GRID_PS, GRID_PS_CPU, indexing="ij")
-    return tuple(a.ravel().astype(float) for a in (w, lw, p, lp))
-
-
-_GRID = _grid()
-
-
-def _hot(h: float, p: np.ndarray | float) -> np.ndarray:
-    return np.minimum(h, p) if h > 1.0 else np.ones_like(np.asarray(p, dtype=float))
+_SPACE = SearchSpace()
+_GRID = grid(_SPACE)
 
 
 def grid_throughput(
@@ -305,21 +237,8 @@ def grid_throughput(
     p: np.ndarray,
     lp: np.ndarray,
 ) -> np.ndarray:
-    """Eq. 1-6 over arrays of (workers, worker cores, PS, PS cores), samples/s, with the hot
-    PS multiplying the update and lookup terms. Equal to
-    :func:`stride.policy.throughput.throughput` when ``hot_factor`` is 1 (tested)."""
-    m = float(spec.batch_size)
-    h = _hot(hot_factor, p)
-    sync_ms = (spec.model_bytes / p) / (1.25e9 / w) * MILLISECONDS_PER_SECOND
-    t = (
-        params.alpha_grad * m / lw
-        + params.alpha_upd * h * w / (p * lp)
-        + params.alpha_emb * h * m * spec.embedding_dim / p
-        + params.alpha_sync * sync_ms
-        + params.beta_sum
-    )
-    result: np.ndarray = w * m * MILLISECONDS_PER_SECOND / t
-    return result
+    """:func:`stride.policy.stages.grid_throughput` for ``spec``."""
+    return stages.grid_throughput(params, _shape(spec), hot_factor, w, lw, p, lp)
 
 
 def _one(
@@ -547,39 +466,7 @@ class DlrmPolicy(Protocol):
 
 
 def _job_cpu_limit(spec: DlrmJobSpec) -> int:
-    return max(JOB_CPU_LIMIT, spec.request.cpu)
-
-
-def _almost_best(
-    throughput: np.ndarray, cost: np.ndarray, allowed: np.ndarray, fraction: float
-) -> int:
-    """Grid index of the cheapest allowed configuration within ``fraction`` of the best
-    allowed throughput; ties go to the higher throughput, then the lower index."""
-    if not allowed.any():
-        allowed = cost <= cost.min()
-    best = float(throughput[allowed].max())
-    good = np.flatnonzero(allowed & (throughput >= fraction * best))
-    order = np.lexsort((good, -throughput[good], cost[good]))
-    return int(good[order[0]])
-
-
-def _grid_pods(index: int, memory: Callable[[int, int], tuple[int, int]]) -> Pods:
-    w, lw, p, lp = _GRID
-    workers, ps = int(w[index]), int(p[index])
-    wmem, pmem = memory(workers, ps)
-    return Pods(workers, int(lw[index]), wmem, ps, int(lp[index]), pmem)
-
-
-def _grid_cost(memory: Callable[[int, int], tuple[int, int]]) -> np.ndarray:
-    """Eq. 7 cost (cores + GIB_PRICE x GiB) of every grid configuration."""
-    w, lw, p, lp = _GRID
-    wmem = np.array([memory(int(n), 1)[0] for n in GRID_WORKERS], dtype=float)
-    pmem = np.array([memory(1, int(n))[1] for n in GRID_PS], dtype=float)
-    w_index = np.searchsorted(GRID_WORKERS, w)
-    p_index = np.searchsorted(GRID_PS, p)
-    gib = w * wmem[w_index] + p * pmem[p_index]
-    result: np.ndarray = w * lw + p * lp + GIB_PRICE * gib
-    return result
+    return _SPACE.limit_for(spec.request)
 
 
 class StaticPolicy:
@@ -648,66 +535,19 @@ def tuned_static_pods(spec: DlrmJobSpec, dynamic_sharding: bool = False) -> Pods
         * straggle[np.searchsorted(GRID_WORKERS, w)]
     )
     allowed = w * lw + p * lp <= _job_cpu_limit(spec)
-    index = _almost_best(expected, _grid_cost(memory), allowed, ALMOST_BEST_FRACTION)
-    return _grid_pods(index, memory)
-
-
-def _per_ps(total_gib: float, ps: int) -> int:
-    return max(1, math.ceil(total_gib / ps))
-
-
-_PROBE_DIMENSIONS = (
-    ("worker_cpu", GRID_WORKER_CPU[-1]),
-    ("ps", GRID_PS[-1]),
-    ("ps_cpu", GRID_PS_CPU[-1]),
-    ("workers", GRID_WORKERS[-1]),
-)
-
-
-def _next_probe(pods: Pods, spec: DlrmJobSpec, sampled: int) -> Pods | None:
-    """The sampling stage's next configuration after ``sampled`` distinct ones: double one
-    dimension (worker cores, PS, PS cores, workers, in turn), or halve it where doubling
-    leaves the search space; None when no dimension can move."""
-    limit = _job_cpu_limit(spec)
-    for offset in range(len(_PROBE_DIMENSIONS)):
-        name, top = _PROBE_DIMENSIONS[(sampled - 1 + offset) % len(_PROBE_DIMENSIONS)]
-        value = getattr(pods, name)
-        up = replace(pods, **{name: value * 2})
-        if value * 2 <= top and up.cpu <= limit:
-            return up
-        if value >= 2:
-            return replace(pods, **{name: value // 2})
-    return None
+    index = almost_best(expected, grid_cost(_SPACE, memory), allowed, ALMOST_BEST_FRACTION)
+    return grid_pods(_SPACE, index, memory)
 
 
 def within_search_space(pods: Pods, spec: DlrmJobSpec) -> Pods:
-    """``pods`` moved into the space the oracle searches: counts and per-pod cores within the
-    grid's ranges and at most the job's core limit (workers, then PS cores, give way).
-
-    Without this, warm start compounds: a finished job's configuration (a probe with twice
-    the PS, say) becomes the next similar job's start, and Stride wandered to 80 PS."""
-    pods = replace(
-        pods,
-        workers=min(pods.workers, GRID_WORKERS[-1]),
-        worker_cpu=min(pods.worker_cpu, GRID_WORKER_CPU[-1]),
-        ps=min(pods.ps, GRID_PS[-1]),
-        ps_cpu=min(pods.ps_cpu, GRID_PS_CPU[-1]),
-    )
-    limit = _job_cpu_limit(spec)
-    if pods.cpu > limit:
-        room = (limit - pods.ps * pods.ps_cpu) // pods.worker_cpu
-        pods = replace(pods, workers=max(1, room))
-    while pods.cpu > limit and pods.ps_cpu > 1:
-        pods = replace(pods, ps_cpu=pods.ps_cpu // 2)
-    while pods.cpu > limit and pods.worker_cpu > 1:
-        pods = replace(pods, worker_cpu=pods.worker_cpu // 2)
-    return pods
+    """:func:`stride.policy.stages.within_search_space` with the job's core limit."""
+    return stages.within_search_space(pods, _SPACE, _job_cpu_limit(spec))
 
 
 class StridePolicy:
-    """Stride's three stages (DLRover-RM sec. 4.3, 5): warm start from finished jobs, then
-    model-based scaling on the fitted model, and instability handling (OOM prediction,
-    hot-PS re-partition, dynamic sharding against stragglers)."""
+    """Stride's stages (:mod:`stride.policy.stages`, the step the live optimizer runs too):
+    this adapter turns the simulator's view into a stage request and keeps the one piece
+    of per-job state the step returns (the sample count of its last fit)."""
 
     name = "stride"
     dynamic_sharding = True
@@ -719,125 +559,40 @@ class StridePolicy:
 
     def decide(self, view: JobView) -> Decision:
         """See the class docstring."""
-        spec = view.spec
-        request = spec.request
-        if view.reason == "arrival":
-            if not view.history:
-                return Decision(request)
-            c = warm_start(WarmStartRequest(_features(spec), view.history)).configuration
-            start = within_search_space(
-                Pods(
-                    c.worker_count,
-                    max(1, round(c.worker_cpu)),
-                    request.worker_mem_gib,
-                    max(1, c.ps_count),
-                    max(1, round(c.ps_cpu)),
-                    1,
-                ),
-                spec,
-            )
-            # Memory: the embedding size of a new job is not a function of the features
-            # warm start matches on, so until the first ticks measure it the request's
-            # memory (the user's total PS memory, spread over the PS) is the best guess.
-            ps_mem = _per_ps(request.ps * request.ps_mem_gib, start.ps)
-            return Decision(replace(start, ps_mem_gib=ps_mem))
-        pods = view.pods
-        need = ps_memory_need(view)
-        worker_mem = max(1, math.ceil(view.worker_memory_used_gib * MEMORY_HEADROOM))
+        reply = stages.stage_step(stage_request(view, self._fitted.get(view.spec.job_id, -1)))
+        if reply.fitted_at >= 0:
+            self._fitted[view.spec.job_id] = reply.fitted_at
+        return Decision(reply.pods, reply.repartition)
 
-        def memory(workers: int, ps: int) -> tuple[int, int]:
-            if need is None:
-                return worker_mem, _per_ps(pods.ps * pods.ps_mem_gib, ps)
-            return worker_mem, need(ps)
 
-        if view.reason == "oom":
-            if need is None:
-                # No growth measured yet: DLRover's reaction, double the memory.
-                return Decision(replace(pods, ps_mem_gib=pods.ps_mem_gib * 2))
-            return Decision(replace(pods, ps_mem_gib=max(pods.ps_mem_gib + 1, need(pods.ps))))
-        repartition = view.hot_detected
-        distinct = {s[0] for s in view.samples}
-        target = pods
-        remaining_s = (spec.total_samples - view.consumed) / max(view.samples[-1][1], 1e-9)
-        probing = len(distinct) < PROBE_CONFIGS and (
-            not view.history or remaining_s > PROBE_MIN_REMAINING_SECONDS
-        )
-        probe = _next_probe(pods, spec, len(distinct)) if probing else None
-        last_fit = self._fitted.get(spec.job_id)
-        if probe is not None:
-            # Sampling stage: one factor of two along one dimension per tick, so that the
-            # five coefficients of eq. 1-6 are identifiable from the job's own samples.
-            target = replace(
-                probe, ps_mem_gib=memory(probe.workers, probe.ps)[1], worker_mem_gib=worker_mem
-            )
-        elif (
-            len(distinct) >= 3
-            and view.sample_count >= 5
-            and (last_fit is None or view.sample_count - last_fit >= REFIT_EVERY_TICKS)
-        ):
-            self._fitted[spec.job_id] = view.sample_count
-            configs = [_config(p, spec) for p, _ in view.samples]
-            params, _, _ = fit_throughput_model(configs, [t for _, t in view.samples])
-            # After re-partition the load is even (hot factor 1) and dynamic sharding makes
-            # stragglers average out, so the fitted model is the job's expected speed.
-            w, lw, p, lp = _GRID
-            predicted = grid_throughput(params, spec, 1.0, w, lw, p, lp)
-            allowed = w * lw + p * lp <= _job_cpu_limit(spec)
-            best = _grid_pods(
-                _almost_best(predicted, _grid_cost(memory), allowed, ALMOST_BEST_FRACTION),
-                memory,
-            )
-            pred_best = _one(params, spec, 1.0, best)[0]
-            pred_now = _one(params, spec, 1.0, pods)[0]
-            cheaper = best.cpu < 0.8 * pods.cpu and pred_best >= 0.9 * pred_now
-            faster = pred_best > 1.1 * pred_now
-            if cheaper or faster:
-                target = best
-        if need is not None:
-            # OOM prediction (002 sec. 5.3): memory just above the predicted peak, raised as
-            # soon as the peak is predicted to pass the limit, lowered when far above it.
-            # Lowering only frees memory for others and costs the job a pause, so a job
-            # that is about to finish (or changes shape anyway) alone pays it.
-            wanted = need(target.ps)
-            reshaping = target != pods
-            worth = reshaping or remaining_s > SHRINK_MIN_REMAINING_SECONDS
-            too_much = target.ps_mem_gib > wanted * MEMORY_SHRINK_SLACK
-            if target.ps_mem_gib < wanted or (too_much and worth):
-                target = replace(target, ps_mem_gib=wanted)
-            if target.worker_mem_gib < worker_mem or (
-                target.worker_mem_gib > worker_mem and (worth or target != pods)
-            ):
-                target = replace(target, worker_mem_gib=worker_mem)
-        return Decision(None if target == pods else target, repartition)
+def stage_request(view: JobView, last_fit_sample_count: int = -1) -> stages.StageRequest:
+    """The stage step's request for ``view``: what a job master measured, no ground truth."""
+    return stages.StageRequest(
+        reason=stages.Reason(view.reason),
+        features=_features(view.spec),
+        shape=_shape(view.spec),
+        request=view.spec.request,
+        pods=view.pods,
+        consumed=view.consumed,
+        samples=tuple(stages.Sample(pods, rate) for pods, rate in view.samples),
+        sample_count=view.sample_count,
+        worker_memory_used_gib=view.worker_memory_used_gib,
+        memory_points=tuple(stages.MemoryPoint(*point) for point in view.memory_points),
+        hot_detected=view.hot_detected,
+        history=view.history,
+        last_fit_sample_count=last_fit_sample_count,
+        space=_SPACE,
+    )
 
 
 def ps_memory_need(view: JobView) -> Callable[[int], int] | None:
-    """GiB per PS that holds the predicted peak of ``view``'s job with ``n`` PS, or None
-    before two memory samples exist.
-
-    The linear growth in consumed samples is fitted and extrapolated to the job's last
-    sample by :func:`stride.policy.oom.predict_oom`, one curve per PS of the current count
-    with the even share of the measured total (Stride re-partitions a hot PS, so its
-    layouts are even). The need for ``n`` PS is the predicted total over ``n`` plus the
-    library's headroom, in whole GiB.
-    """
-    points = view.memory_points
-    if len(points) < 2 or len({p[0] for p in points}) < 2:
-        return None
-    ps = view.pods.ps
-    consumed = tuple(p[0] for p in points)
-    share = PsMemoryCurve(consumed, tuple(p[1] / ps * GIB for p in points))
-    reply = predict_oom(
-        OomRequest(
-            (share,) * ps,
-            view.pods.ps_mem_gib * GIB,
-            int(view.consumed),
-            math.ceil(view.spec.total_samples),
-            headroom=DEFAULT_HEADROOM,
-        )
+    """:func:`stride.policy.stages.ps_memory_need` for ``view``."""
+    return stages.ps_memory_need(
+        view.pods,
+        view.consumed,
+        view.spec.total_samples,
+        tuple(stages.MemoryPoint(*point) for point in view.memory_points),
     )
-    total = sum(f.predicted_peak_bytes for f in reply.forecasts) / GIB
-    return lambda n: max(1, math.ceil(total / n * (1.0 + DEFAULT_HEADROOM)))
 
 
 class OptimusPolicy:
@@ -889,7 +644,7 @@ class OptimusPolicy:
     @staticmethod
     def _with_memory(pods: Pods, request: Pods) -> Pods:
         # The user's total PS memory spread over the PS: Optimus manages counts, not memory.
-        return replace(pods, ps_mem_gib=_per_ps(request.ps * request.ps_mem_gib, pods.ps))
+        return replace(pods, ps_mem_gib=per_ps(request.ps * request.ps_mem_gib, pods.ps))
 
 
 def fit_optimus_model(samples: tuple[tuple[Pods, float], ...]) -> np.ndarray:

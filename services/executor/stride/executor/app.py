@@ -7,6 +7,8 @@ replica can answer any request.
 
 from __future__ import annotations
 
+import contextlib
+
 from stride.api.executor.v1 import executor_service_pb2, executor_service_pb2_grpc
 from stride.bus import topics
 from stride.executor.adapters.inbound.bus_handlers import RequestHandler
@@ -29,9 +31,18 @@ async def build(settings: ExecutorSettings) -> ServiceHost:
         ExecutorApi(runner), host.server.server
     )
     handler = RequestHandler(runner)
-    for slot in range(settings.request_concurrency):
-        host.add_root_task(
-            f"serve-requests-{slot}",
-            lambda: bus.serve_requests(topics.EXECUTOR_RUN, handler, host.stop),
-        )
+    # Subscribed here, before the host reports started: a request sent once the service is
+    # up always finds this replica (a subscription made later by a task raced it).
+    subscriptions = [
+        await bus.answer_requests(topics.EXECUTOR_RUN, handler)
+        for _ in range(settings.request_concurrency)
+    ]
+
+    async def drain_on_stop() -> None:
+        await host.stop.wait()
+        for subscription in subscriptions:
+            with contextlib.suppress(Exception):
+                await subscription.drain()  # type: ignore[no-untyped-call]
+
+    host.add_root_task("serve-requests", drain_on_stop)
     return host

@@ -12,11 +12,15 @@ from stride.optimizer.adapters.inbound.bus_handlers import (
     AdmittedHandler,
     FinishedHandler,
     PodFailedHandler,
+    StepMetricsHandler,
+    UsageHandler,
 )
 from stride.optimizer.adapters.inbound.grpc_api import OptimizerApi
 from stride.optimizer.db.tables import outbox as outbox_table
+from stride.optimizer.domain.observations import WindowRule
+from stride.optimizer.domain.tuning import search_space
 from stride.optimizer.settings import OptimizerSettings
-from stride.optimizer.usecases import Planning
+from stride.optimizer.usecases import STAGE_STEP, Planning
 from stride.runtime.lifecycle import ServiceHost
 from stride.wiring import connect_bus, consume, create_host, open_database, relay_outbox
 
@@ -25,6 +29,8 @@ SERVICE_NAME = optimizer_service_pb2.DESCRIPTOR.services_by_name["OptimizerServi
 ADMITTED_DURABLE = "optimizer-admitted"
 FINISHED_DURABLE = "optimizer-finished"
 POD_FAILED_DURABLE = "optimizer-pod-failed"
+STEP_METRICS_DURABLE = "optimizer-step-metrics"
+USAGE_DURABLE = "optimizer-usage"
 
 
 async def build(settings: OptimizerSettings) -> ServiceHost:
@@ -34,7 +40,19 @@ async def build(settings: OptimizerSettings) -> ServiceHost:
     database = await open_database(settings, host, MIGRATIONS)
     outbox = Outbox(outbox_table)
     decisions = build_decisions(settings.decisions, bus, settings.decision_timeout_seconds)
-    planning = Planning(database, outbox, decisions.adjust, settings.max_pod_cpu)
+    planning = Planning(
+        database,
+        outbox,
+        decisions.adjust,
+        settings.max_pod_cpu,
+        window=WindowRule(tick_seconds=settings.tick_seconds),
+        space=search_space(settings.max_pod_cpu, settings.max_job_cpu),
+        min_plan_interval_seconds=settings.min_plan_interval_seconds,
+        override_hold_seconds=settings.override_hold_seconds,
+        fallback=build_decisions(
+            {STAGE_STEP.name: "inprocess"}, None, settings.decision_timeout_seconds
+        ).adjust,
+    )
     optimizer_service_pb2_grpc.add_OptimizerServiceServicer_to_server(
         OptimizerApi(planning), host.server.server
     )
@@ -61,6 +79,22 @@ async def build(settings: OptimizerSettings) -> ServiceHost:
         topics.POD_FAILED,
         durable=POD_FAILED_DURABLE,
         handler=PodFailedHandler(planning),
+        ack_wait=settings.ack_wait_seconds,
+    )
+    consume(
+        host,
+        bus,
+        topics.STEP_METRICS,
+        durable=STEP_METRICS_DURABLE,
+        handler=StepMetricsHandler(planning),
+        ack_wait=settings.ack_wait_seconds,
+    )
+    consume(
+        host,
+        bus,
+        topics.POD_USAGE,
+        durable=USAGE_DURABLE,
+        handler=UsageHandler(planning),
         ack_wait=settings.ack_wait_seconds,
     )
     return host

@@ -37,3 +37,18 @@ class OptimizerSettings(ServiceSettings, DecisionSettings):
     to a job's first plan, so it is short; a handler that takes longer (a decision in the
     executor pool) is not redelivered under it, because the consumer reports progress every
     third of it."""
+    tick_seconds: float = Field(default=60.0, gt=0, le=86400, allow_inf_nan=False)
+    """Training time one throughput sample covers: when a job's step metrics under its
+    current plan span this long, the window closes and the stage step decides. The
+    simulator ticks every 180 s (its pods take 120 s to start); live pods start in seconds
+    here, so a minute measures a configuration and keeps a short job's sampling short."""
+    min_plan_interval_seconds: float = Field(default=60.0, ge=0, le=86400, allow_inf_nan=False)
+    """A job gets at most one plan from the stage step per this interval, so it is not
+    resized more often than a migration's pause can pay for (DLRover-RM eq. 8). A decision
+    inside it is recorded as held. An OOM rule or an operator's plan is never held."""
+    override_hold_seconds: float = Field(default=900.0, ge=0, le=7 * 86400, allow_inf_nan=False)
+    """After an operator's plan (``stride scale``) the stage step's changes to the job are
+    held this long: the operator's choice is not undone at the next window."""
+    max_job_cpu: int | None = Field(default=None, ge=1, le=100_000)
+    """Most cores the stage step gives one job (the job's request if larger). Unset keeps
+    the policy's 200 (000 sec. 6.1)."""

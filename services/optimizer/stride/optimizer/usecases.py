@@ -15,6 +15,7 @@ plan version exactly once in the database and once on the stream:
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from dataclasses import replace
 from datetime import UTC, datetime
 from typing import TypeVar
@@ -25,7 +26,7 @@ from stride.bus import topics
 from stride.db.engine import Database, Session
 from stride.db.outbox import Outbox
 from stride.decisions import DecisionFailed, DecisionPort
-from stride.events.v1 import job_pb2, optimization_pb2, plan_pb2, pod_pb2
+from stride.events.v1 import job_pb2, metrics_pb2, optimization_pb2, plan_pb2, pod_pb2
 from stride.optimizer.adapters.convert import (
     event_to_proto,
     features_from_spec,
@@ -33,8 +34,10 @@ from stride.optimizer.adapters.convert import (
     plan_to_proto,
 )
 from stride.optimizer.adapters.outbound import repository
+from stride.optimizer.domain import observations as obs
 from stride.optimizer.domain.administrator import (
     JobStage,
+    RootCause,
     StageError,
     Step,
     check_job_id,
@@ -43,7 +46,14 @@ from stride.optimizer.domain.administrator import (
     on_manual_scale,
     on_pod_failure,
 )
-from stride.policy import dlrover
+from stride.optimizer.domain.tuning import (
+    Explanation,
+    on_stage_reply,
+    pods_of,
+    shape_of,
+    with_pods,
+)
+from stride.policy import dlrover, stages
 from stride.policy.cold_start import COLD_START, ColdStartRequest
 from stride.policy.plans import Plan, Role
 from stride.policy.registry import AlgorithmSpec
@@ -53,6 +63,14 @@ from stride.vocabulary import check_pod_count
 log = structlog.get_logger(__name__)
 
 DLROVER_ADJUST = next(spec for spec in dlrover.ALGORITHMS if spec.name == dlrover.ADJUST_NAME)
+(STAGE_STEP,) = stages.ALGORITHMS
+"""Stride's per-job stage step, the one ``stride sim --env dlrm`` runs."""
+ROLE_NAMES = {
+    plan_pb2.ROLE_WORKER: "worker",
+    plan_pb2.ROLE_PS: "ps",
+    plan_pb2.ROLE_CHIEF: "chief",
+    plan_pb2.ROLE_DATA_WORKER: "data_worker",
+}
 """DLRover's stage step, whose first rules are the OOM rules Stride's simulator applies too:
 a worker OOM doubles the workers' memory, a PS OOM doubles the PS count (sec. 4.2)."""
 RequestT = TypeVar("RequestT")
@@ -68,12 +86,24 @@ class Planning:
         outbox: Outbox,
         adjust: DecisionPort,
         max_pod_cpu: float | None = None,
+        window: obs.WindowRule | None = None,
+        space: stages.SearchSpace | None = None,
+        min_plan_interval_seconds: float = 0.0,
+        override_hold_seconds: float = 0.0,
+        fallback: DecisionPort | None = None,
     ) -> None:
         self.database = database
         self.outbox = outbox
         self.adjust = adjust
         """Where plans are decided (in-process or by the executor pool, as configured)."""
         self.max_pod_cpu = max_pod_cpu
+        self.window = window or obs.WindowRule(tick_seconds=180.0)
+        self.space = space or stages.SearchSpace()
+        self.min_plan_interval_seconds = min_plan_interval_seconds
+        self.override_hold_seconds = override_hold_seconds
+        self.fallback = fallback
+        """Where the stage step runs when ``adjust`` cannot answer (the executor pool is
+        down or slow): in this process, off the event loop."""
 
     async def admitted(self, decision: job_pb2.AdmissionDecision) -> None:
         """A job was admitted: create its administrator and publish plan 1. Idempotent."""
@@ -107,7 +137,15 @@ class Planning:
                     stage=existing.stage.value if existing else None,
                 )
                 return
-            await self._store(session, step, decision.spec.SerializeToString(), now)
+            explanation = Explanation(
+                algorithm=cold_start.plan.algorithm,
+                stage=JobStage.COLD_START.value,
+                root_cause=RootCause.COLD_START.value,
+                detail=cold_start.plan.reason,
+            )
+            await self._store(
+                session, step, decision.spec.SerializeToString(), now, explanation=explanation
+            )
         self.outbox.notify()
         log.info("job administrator created", job_id=job_id, plans=[p.version for p in step.plans])
 
@@ -135,8 +173,18 @@ class Planning:
             await self._store(session, step, None, now)
         log.info("job administrator finished", job_id=job_id, known_before=existing is not None)
 
-    async def _store(self, session: Session, step: Step, spec: bytes | None, now: datetime) -> None:
-        """Write one step: administrator, events, plans and the plans' outbox messages."""
+    async def _store(
+        self,
+        session: Session,
+        step: Step,
+        spec: bytes | None,
+        now: datetime,
+        explanation: Explanation | None = None,
+        view: obs.Observations | None = None,
+    ) -> None:
+        """Write one step: administrator, events, plans (with ``explanation``), the plans'
+        outbox messages, and the job's metric view (``view`` if the caller changed it),
+        which starts a new window for a new plan."""
         assert step.after is not None, "a step that stores always has an administrator"
         if step.before is None:
             await repository.insert_administrator(session, step.after, spec, now)
@@ -146,10 +194,22 @@ class Planning:
             await repository.insert_event(session, event_to_proto(event))
         for versioned in step.plans:
             message = plan_to_proto(versioned)
-            await repository.insert_plan(session, message)
+            await repository.insert_plan(
+                session, message, explanation.to_json() if explanation else None
+            )
             await self.outbox.add_event(
                 session, topics.PLAN.outgoing(versioned.job_id, message, versioned.message_id)
             )
+        if not step.plans and view is None:
+            return
+        stored = await repository.get_observations(session, step.after.job_id, for_update=True)
+        current = view if view is not None else (stored or obs.Observations())
+        if step.plans:
+            newest = step.plans[-1]
+            current = current.for_plan(newest.version, pods_of(newest.plan), now.timestamp())
+        await repository.put_observations(
+            session, step.after.job_id, current, now, new=stored is None
+        )
 
     async def newest_plan(self, job_id: str) -> tuple[plan_pb2.ResourcePlan, JobStage]:
         """The job's newest plan and its stage; NotFound if the job or its plan is unknown."""
@@ -211,7 +271,17 @@ class Planning:
                 )
             except StageError as error:
                 raise FailedPrecondition(str(error)) from None
-            await self._store(session, step, None, now)
+            view = await repository.get_observations(session, job_id, for_update=True)
+            if view is not None:
+                view = replace(view, hold_until=now.timestamp() + self.override_hold_seconds)
+            explanation = Explanation(
+                algorithm="manual",
+                stage=administrator.stage.value,
+                root_cause=RootCause.OVERRIDE.value,
+                detail=step.events[0].detail,
+                bound=f"operator override: the optimizer holds it {self.override_hold_seconds:g}s",
+            )
+            await self._store(session, step, None, now, explanation=explanation, view=view)
         self.outbox.notify()
         log.info("manual scale published", job_id=job_id, version=step.plans[0].version)
         return plan_to_proto(step.plans[0])
@@ -238,29 +308,277 @@ class Planning:
         if role is None or current.role(Role.PS) is None or current.role(Role.WORKER) is None:
             log.warning("OOM of a pod the OOM rule does not cover", pod=event.pod_name)
             return
-        request = _oom_request(current, role, event.index)
-        reply = await self._decide(DLROVER_ADJUST, request, job_id)
+        async with self.database.sessions() as session:
+            view = await repository.get_observations(session, job_id)
+            spec = await repository.get_spec(session, job_id)
+        plan: Plan | None
+        if role is Role.PS and view is not None and view.pods is not None and spec is not None:
+            # The stage step's OOM rule, as the simulator applies it: memory above the
+            # predicted peak once growth is measured, else doubled (002 sec. 5.3).
+            stage_reply, fallback = await self._stage_step(
+                self._stage_request(view, spec, stages.Reason.OOM), job_id
+            )
+            assert stage_reply.pods is not None
+            plan = with_pods(current, stage_reply.pods, f"OOM: {stage_reply.root_cause}")
+            algorithm, rule = STAGE_STEP.qualified_name, stage_reply.root_cause
+        else:
+            # DLRover's rule for a worker (sec. 4.2: its memory doubles).
+            oom = _oom_request(current, role, event.index)
+            reply = await self._decide(DLROVER_ADJUST, oom, job_id)
+            plan = reply.plan
+            algorithm, fallback = DLROVER_ADJUST.qualified_name, ""
+            rule = plan.reason if plan else ""
         now = datetime.now(UTC)
         async with self.database.transaction() as session:
             existing = await repository.get_administrator(session, job_id, for_update=True)
             if await repository.has_event(session, event_id):
                 return
+            if existing is not None and existing.plan_version != newest.version:
+                # A newer plan was published while deciding: it was made for other pods.
+                raise Unavailable(f"job {job_id} got a new plan meanwhile; deciding again")
             step = on_pod_failure(
-                existing,
-                job_id,
-                reply.plan,
-                event_id,
-                f"{event.pod_name} was OOM-killed: {reply.plan.reason if reply.plan else ''}",
-                now,
+                existing, job_id, plan, event_id, f"{event.pod_name} was OOM-killed: {rule}", now
             )
             if not step.changed:
                 return
-            await self._store(session, step, None, now)
+            explanation = Explanation(
+                algorithm=algorithm,
+                stage=step.after.stage.value if step.after else "",
+                root_cause=RootCause.OOM.value,
+                detail=f"{event.pod_name} was OOM-killed: {rule}",
+                bound="OOM margin",
+                fallback=fallback,
+            )
+            await self._store(session, step, None, now, explanation=explanation)
         self.outbox.notify()
         log.info("OOM relaunch plan published", job_id=job_id, pod=event.pod_name)
 
+    # --- The live loop: metrics -> windows -> stage step -> plans ----------------------
+
+    async def steps_measured(self, metrics: metrics_pb2.StepMetrics) -> None:
+        """A window of steps from an agent: added to the job's view; when it closes a
+        window, the stage step decides (once, even under redelivery). A metric that cannot
+        be applied (unknown job, out of order, impossible values) is an InvalidArgument:
+        the bus dead-letters it and nothing changes."""
+        job_id = check_job_id(metrics.job_id)
+        if not metrics.pod_name:
+            raise InvalidArgument("pod_name", "is required")
+        report = obs.StepReport(
+            pod_name=metrics.pod_name,
+            plan_version=metrics.plan_version,
+            steps=metrics.steps,
+            samples_per_second=metrics.samples_per_second,
+            samples_consumed=metrics.samples_consumed,
+            reported_at=metrics.reported_at.ToDatetime(tzinfo=UTC).timestamp(),
+            step_seconds=metrics.step_seconds,
+        )
+        view = await self._update_view(job_id, lambda v: obs.add_steps(v, report, self.window))
+        if view is not None and view.pending >= 0:
+            await self.decide_pending(job_id)
+
+    async def usage_sampled(self, sample: pod_pb2.UsageSample) -> None:
+        """A pod's CPU and memory use: kept in the job's view (a decision waiting for the
+        pods' usage is made once every worker and PS reported)."""
+        job_id = check_job_id(sample.job_id)
+        if not sample.pod_name:
+            raise InvalidArgument("pod_name", "is required")
+        role = ROLE_NAMES.get(sample.role)
+        if role is None:
+            raise InvalidArgument("role", f"must be a pod role, got {sample.role}")
+        usage = obs.PodUsage(
+            role=role,
+            cpu_used=sample.cpu_used,
+            memory_used_bytes=sample.memory_used_bytes,
+            cpu_limit=sample.cpu_limit,
+            plan_version=sample.plan_version,
+            sampled_at=sample.sampled_at.ToDatetime(tzinfo=UTC).timestamp(),
+        )
+        view = await self._update_view(job_id, lambda v: obs.add_usage(v, sample.pod_name, usage))
+        if view is not None and view.pending >= 0 and obs.measured(view):
+            await self.decide_pending(job_id)
+
+    async def _update_view(
+        self, job_id: str, change: Callable[[obs.Observations], obs.Observations]
+    ) -> obs.Observations | None:
+        """Apply ``change`` to the job's view in one transaction; None for a finished job."""
+        async with self.database.transaction() as session:
+            administrator = await repository.get_administrator(session, job_id, for_update=True)
+            if administrator is None:
+                raise InvalidArgument("job_id", f"no job {job_id!r} is known to the optimizer")
+            if administrator.stage is JobStage.FINISHED:
+                return None
+            view = await repository.get_observations(session, job_id, for_update=True)
+            if view is None:
+                raise InvalidArgument("job_id", f"job {job_id!r} has no plan to measure yet")
+            try:
+                after = change(view)
+            except obs.MetricRefused as error:
+                raise InvalidArgument(error.field, error.problem) from None
+            if after != view:
+                await repository.put_observations(
+                    session, job_id, after, datetime.now(UTC), new=False
+                )
+            return after
+
+    def _stage_request(
+        self, view: obs.Observations, spec_bytes: bytes, reason: stages.Reason
+    ) -> stages.StageRequest:
+        """The stage step's request from the job's view: what the simulator's job master
+        gives it (``stride.sim.dlrm.stage_request``), measured instead of simulated."""
+        assert view.pods is not None and view.request is not None
+        spec = job_pb2.JobSpec.FromString(spec_bytes)
+        features = features_from_spec(spec)
+        return stages.StageRequest(
+            reason=reason,
+            features=features,
+            shape=shape_of(features, spec.model.parameter_count),
+            request=view.request,
+            pods=view.pods,
+            consumed=float(view.consumed),
+            samples=view.samples,
+            sample_count=view.sample_count,
+            worker_memory_used_gib=obs.worker_memory_used_gib(view),
+            memory_points=view.memory_points,
+            hot_detected=obs.hot_ps(view),
+            history=(),
+            last_fit_sample_count=view.last_fit_sample_count,
+            space=self.space,
+        )
+
+    async def _stage_step(
+        self, request: stages.StageRequest, job_id: str
+    ) -> tuple[stages.StageReply, str]:
+        """The stage step's reply, and how it fell back ('' if it did not).
+
+        The executor pool first; when it cannot answer in time, the same step in this
+        process; when the step itself fails, the stage heuristic: keep the plan on a tick,
+        double the PS memory on an OOM (DLRover's reaction, sec. 4.2)."""
+        try:
+            return await self.adjust.decide(STAGE_STEP, request, job_id), ""
+        except DecisionFailed as error:
+            failure = str(error)
+            if not error.retryable or self.fallback is None:
+                return _stage_heuristic(request), f"stage heuristic: {failure}"
+        try:
+            reply = await self.fallback.decide(STAGE_STEP, request, job_id)
+        except DecisionFailed as error:
+            return _stage_heuristic(request), f"stage heuristic: {failure}; then {error}"
+        return reply, f"ran in the optimizer: {failure}"
+
+    async def decide_pending(self, job_id: str) -> None:
+        """Make the job's due decision, if it has one and its pods' usage is in.
+
+        The decision is made outside any transaction (the executor pool may take a while)
+        and stored only if the job's plan and view are still the ones it was made for; a
+        newer plan (an OOM rule, an operator) wins and the stale decision is dropped, so a
+        job is never adjusted twice for one reason (DLRover issue #302)."""
+        async with self.database.sessions() as session:
+            administrator = await repository.get_administrator(session, job_id)
+            view = await repository.get_observations(session, job_id)
+            spec = await repository.get_spec(session, job_id)
+            newest = await repository.newest_plan(session, job_id)
+        if (
+            administrator is None
+            or administrator.stage is JobStage.FINISHED
+            or view is None
+            or view.pending < 0
+            or spec is None
+            or newest is None
+            or not obs.measured(view)
+        ):
+            return
+        request = self._stage_request(view, spec, stages.Reason.TICK)
+        reply, fallback = await self._stage_step(request, job_id)
+        if fallback:
+            log.warning("stage step fell back", job_id=job_id, how=fallback)
+        now = datetime.now(UTC)
+        async with self.database.transaction() as session:
+            existing = await repository.get_administrator(session, job_id, for_update=True)
+            current = await repository.get_observations(session, job_id, for_update=True)
+            if (
+                existing is None
+                or current is None
+                or existing.stage is JobStage.FINISHED
+                or existing.plan_version != administrator.plan_version
+                or current.pending != view.pending
+            ):
+                log.info("decision dropped: the job changed meanwhile", job_id=job_id)
+                return
+            hold = ""
+            moment = now.timestamp()
+            if moment < current.hold_until:
+                hold = f"an operator's plan holds for {current.hold_until - moment:.0f}s more"
+            elif moment - current.last_plan_at < self.min_plan_interval_seconds:
+                hold = (
+                    f"the last plan is {moment - current.last_plan_at:.0f}s old "
+                    f"(minimum {self.min_plan_interval_seconds:g}s between plans)"
+                )
+            explanation = Explanation(
+                algorithm=STAGE_STEP.qualified_name,
+                stage=reply.stage.value,
+                root_cause="",
+                detail=reply.root_cause,
+                samples_used=len(request.samples),
+                sample_count=request.sample_count,
+                fit_rmsle=reply.fit_rmsle,
+                predicted_throughput=reply.predicted_throughput,
+                predicted_current=reply.predicted_current,
+                cost=reply.cost,
+                bound=reply.bound,
+                fallback=fallback,
+            )
+            step, explained = on_stage_reply(
+                existing,
+                plan_from_proto(newest),
+                reply,
+                f"{job_id}.tick.{view.pending}",
+                explanation,
+                first_fit=view.last_fit_sample_count < 0 and reply.fitted_at >= 0,
+                hold_reason=hold,
+                now=now,
+            )
+            settled = replace(
+                current,
+                pending=-1,
+                last_fit_sample_count=(
+                    reply.fitted_at if reply.fitted_at >= 0 else current.last_fit_sample_count
+                ),
+            )
+            await self._store(session, step, None, now, explanation=explained, view=settled)
+        if step.plans:
+            self.outbox.notify()
+            log.info(
+                "stage step published a plan",
+                job_id=job_id,
+                version=step.plans[0].version,
+                stage=reply.stage.value,
+                why=reply.root_cause,
+            )
+        else:
+            log.debug("stage step kept the plan", job_id=job_id, why=reply.root_cause, hold=hold)
+
+    async def explanations(
+        self, job_id: str
+    ) -> list[tuple[plan_pb2.ResourcePlan, Explanation | None]]:
+        """Every plan version of the job with why it was chosen, oldest first."""
+        check_job_id(job_id)
+        async with self.database.sessions() as session:
+            if await repository.get_administrator(session, job_id) is None:
+                raise NotFound(f"job {job_id!r} not found")
+            rows = await repository.list_explanations(session, job_id)
+        return [(plan, Explanation.from_json(text) if text else None) for plan, text in rows]
+
 
 _ROLE_BY_EVENT = {plan_pb2.ROLE_WORKER: Role.WORKER, plan_pb2.ROLE_PS: Role.PS}
+
+
+def _stage_heuristic(request: stages.StageRequest) -> stages.StageReply:
+    """What a job gets when the stage step cannot decide: on a tick its plan holds; on a
+    PS OOM its PS memory doubles (DLRover sec. 4.2)."""
+    if request.reason is stages.Reason.OOM:
+        pods = replace(request.pods, ps_mem_gib=request.pods.ps_mem_gib * 2)
+        return stages.StageReply(pods, False, stages.Stage.STEADY, "PS OOM-killed: memory x2")
+    return stages.StageReply(None, False, stages.Stage.STEADY, "the plan holds (no decision)")
 
 
 def _oom_request(plan: Plan, role: Role, index: int) -> dlrover.AdjustRequest:

@@ -87,6 +87,10 @@ class _RootCauseEnumTypeWrapper(_enum_type_wrapper._EnumTypeWrapper[_RootCause.V
     """A pod failed or was evicted."""
     ROOT_CAUSE_OVERRIDE: _RootCause.ValueType  # 9
     """An operator's manual plan (stride scale), recorded as an override."""
+    ROOT_CAUSE_SAMPLING: _RootCause.ValueType  # 10
+    """A sampling probe: one dimension of the plan moved to measure it."""
+    ROOT_CAUSE_MEMORY_SIZING: _RootCause.ValueType  # 11
+    """Memory sized to what the pods were measured or predicted to use."""
 
 class RootCause(_RootCause, metaclass=_RootCauseEnumTypeWrapper):
     """Why the optimizer acted."""
@@ -111,6 +115,10 @@ ROOT_CAUSE_POD_FAILURE: RootCause.ValueType  # 8
 """A pod failed or was evicted."""
 ROOT_CAUSE_OVERRIDE: RootCause.ValueType  # 9
 """An operator's manual plan (stride scale), recorded as an override."""
+ROOT_CAUSE_SAMPLING: RootCause.ValueType  # 10
+"""A sampling probe: one dimension of the plan moved to measure it."""
+ROOT_CAUSE_MEMORY_SIZING: RootCause.ValueType  # 11
+"""Memory sized to what the pods were measured or predicted to use."""
 Global___RootCause: _TypeAlias = RootCause  # noqa: Y015
 
 class _AlgorithmStatus:

@@ -38,6 +38,8 @@ ROOT_CAUSE_TO_PROTO = {
     RootCause.OOM: optimization_pb2.ROOT_CAUSE_OOM,
     RootCause.POD_FAILURE: optimization_pb2.ROOT_CAUSE_POD_FAILURE,
     RootCause.OVERRIDE: optimization_pb2.ROOT_CAUSE_OVERRIDE,
+    RootCause.SAMPLING: optimization_pb2.ROOT_CAUSE_SAMPLING,
+    RootCause.MEMORY_SIZING: optimization_pb2.ROOT_CAUSE_MEMORY_SIZING,
 }
 
 ROLE_TO_PROTO = {

@@ -3,7 +3,17 @@ its dead-letter table."""
 
 from __future__ import annotations
 
-from sqlalchemy import Column, DateTime, ForeignKey, Integer, LargeBinary, MetaData, String, Table
+from sqlalchemy import (
+    Column,
+    DateTime,
+    ForeignKey,
+    Integer,
+    LargeBinary,
+    MetaData,
+    String,
+    Table,
+    Text,
+)
 
 from stride.db.outbox import outbox_dead_letter_table, outbox_table
 
@@ -40,6 +50,18 @@ plans = Table(
     Column("algorithm", String(128), nullable=False),
     Column("plan", LargeBinary, nullable=False),
     Column("created_at", DateTime(timezone=True), nullable=False),
+    # Why the plan was chosen (JSON, see domain.explanation); NULL for plans made before
+    # explanations were recorded.
+    Column("explanation", Text, nullable=True),
+)
+
+observations = Table(
+    "observations",
+    metadata,
+    Column("job_id", String(64), ForeignKey("administrators.job_id"), primary_key=True),
+    # The job's windowed metric view as JSON (domain.observations.to_json).
+    Column("view", Text, nullable=False),
+    Column("updated_at", DateTime(timezone=True), nullable=False),
 )
 
 outbox = outbox_table(metadata)

@@ -12,9 +12,10 @@ it finds (or None) to a :class:`Step`: the administrator after, the events raise
 plans to publish. The service stores a step in one transaction. A fact that was already
 applied yields an unchanged step, which is what makes redelivered messages harmless.
 
-Transitions implemented now: admitted -> cold-start plan published (stage COLD_START), and
-finished -> FINISHED from any stage. :data:`NEXT_STAGES` lists the transitions later stages
-will use, so adding one is adding a function, not reshaping the state.
+Transitions: admitted -> cold-start plan published (stage COLD_START); a closed metric
+window -> the stage step's decision (SAMPLING, OPTIMIZING or STEADY; ``domain.tuning``);
+an OOM kill -> the OOM rule's plan; an operator's plan -> an override; finished ->
+FINISHED from any stage.
 """
 
 from __future__ import annotations
@@ -55,15 +56,21 @@ class RootCause(Enum):
     OOM = "oom"
     POD_FAILURE = "pod_failure"
     OVERRIDE = "override"
+    SAMPLING = "sampling"
+    """A sampling probe: one dimension moved by a factor of two to measure it."""
+    MEMORY_SIZING = "memory_sizing"
+    """Memory sized to what the pods were measured (or predicted) to use."""
 
 
+_RUNNING = frozenset({JobStage.SAMPLING, JobStage.OPTIMIZING, JobStage.STEADY, JobStage.FINISHED})
 NEXT_STAGES: dict[JobStage, frozenset[JobStage]] = {
-    # Warm start (a later issue) may skip sampling when similar jobs were measured.
-    JobStage.COLD_START: frozenset({JobStage.SAMPLING, JobStage.OPTIMIZING, JobStage.FINISHED}),
-    JobStage.SAMPLING: frozenset({JobStage.OPTIMIZING, JobStage.FINISHED}),
-    JobStage.OPTIMIZING: frozenset({JobStage.STEADY, JobStage.FINISHED}),
-    # Steady state re-optimizes periodically (DLRover-RM sec. 4.3).
-    JobStage.STEADY: frozenset({JobStage.OPTIMIZING, JobStage.FINISHED}),
+    # The stage step decides each running stage from the job's samples (stride.policy.
+    # stages): a warm-started job may skip sampling, a short one may never fit, and a job
+    # whose plan changed shape may sample again. Only FINISHED is final.
+    JobStage.COLD_START: _RUNNING,
+    JobStage.SAMPLING: _RUNNING,
+    JobStage.OPTIMIZING: _RUNNING,
+    JobStage.STEADY: _RUNNING,
     JobStage.FINISHED: frozenset(),
 }
 """The stage transitions an administrator allows."""

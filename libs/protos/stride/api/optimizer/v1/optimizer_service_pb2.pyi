@@ -219,3 +219,125 @@ class ScaleJobResponse(_message.Message):
     def WhichOneof(self, oneof_group: _Never) -> None: ...
 
 Global___ScaleJobResponse: _TypeAlias = ScaleJobResponse  # noqa: Y015
+
+@_typing.final
+class GetPlanExplanationRequest(_message.Message):
+    """Request for GetPlanExplanation."""
+
+    DESCRIPTOR: _descriptor.Descriptor
+
+    JOB_ID_FIELD_NUMBER: _builtins.int
+    job_id: _builtins.str
+    """The job's id."""
+    def __init__(
+        self,
+        *,
+        job_id: _builtins.str = ...,
+    ) -> None: ...
+    _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
+    def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["job_id", b"job_id"]  # noqa: Y015
+    def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
+    def WhichOneof(self, oneof_group: _Never) -> None: ...
+
+Global___GetPlanExplanationRequest: _TypeAlias = GetPlanExplanationRequest  # noqa: Y015
+
+@_typing.final
+class PlanExplanation(_message.Message):
+    """Why one plan version was chosen."""
+
+    DESCRIPTOR: _descriptor.Descriptor
+
+    PLAN_FIELD_NUMBER: _builtins.int
+    ALGORITHM_FIELD_NUMBER: _builtins.int
+    STAGE_FIELD_NUMBER: _builtins.int
+    ROOT_CAUSE_FIELD_NUMBER: _builtins.int
+    DETAIL_FIELD_NUMBER: _builtins.int
+    SAMPLES_USED_FIELD_NUMBER: _builtins.int
+    SAMPLE_COUNT_FIELD_NUMBER: _builtins.int
+    FIT_RMSLE_FIELD_NUMBER: _builtins.int
+    PREDICTED_THROUGHPUT_FIELD_NUMBER: _builtins.int
+    PREDICTED_CURRENT_FIELD_NUMBER: _builtins.int
+    COST_FIELD_NUMBER: _builtins.int
+    BOUND_FIELD_NUMBER: _builtins.int
+    FALLBACK_FIELD_NUMBER: _builtins.int
+    RECORDED_FIELD_NUMBER: _builtins.int
+    algorithm: _builtins.str
+    """The algorithm that decided, "name/version"."""
+    stage: _builtins.str
+    """The job's stage the plan was made in ("sampling", "optimizing", ...)."""
+    root_cause: _builtins.str
+    """The root cause ("sampling", "oom", "override", ...)."""
+    detail: _builtins.str
+    """The rule that decided, in words."""
+    samples_used: _builtins.int
+    """Throughput samples the decision saw."""
+    sample_count: _builtins.int
+    """Samples the job had had in all."""
+    fit_rmsle: _builtins.float
+    """RMSLE of the throughput model's fit on the samples; -1 without a fit."""
+    predicted_throughput: _builtins.float
+    """The model's throughput (samples/s) for the plan's pods; -1 without a fit."""
+    predicted_current: _builtins.float
+    """The model's throughput for the pods before the plan; -1 without a fit."""
+    cost: _builtins.float
+    """Eq. 7 cost of the plan's workers and PS (cores + 0.125 x GiB); -1 if not computed."""
+    bound: _builtins.str
+    """The constraint that bound the choice (job core limit, OOM margin), if one did."""
+    fallback: _builtins.str
+    """Set when the algorithm failed and a fallback decided instead."""
+    recorded: _builtins.bool
+    """False for plans made before explanations were recorded (only plan is set)."""
+    @_builtins.property
+    def plan(self) -> _plan_pb2.ResourcePlan:
+        """The plan."""
+
+    def __init__(
+        self,
+        *,
+        plan: _plan_pb2.ResourcePlan | None = ...,
+        algorithm: _builtins.str = ...,
+        stage: _builtins.str = ...,
+        root_cause: _builtins.str = ...,
+        detail: _builtins.str = ...,
+        samples_used: _builtins.int = ...,
+        sample_count: _builtins.int = ...,
+        fit_rmsle: _builtins.float = ...,
+        predicted_throughput: _builtins.float = ...,
+        predicted_current: _builtins.float = ...,
+        cost: _builtins.float = ...,
+        bound: _builtins.str = ...,
+        fallback: _builtins.str = ...,
+        recorded: _builtins.bool = ...,
+    ) -> None: ...
+    _HasFieldArgType: _TypeAlias = _typing.Literal["plan", b"plan"]  # noqa: Y015
+    def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["algorithm", b"algorithm", "bound", b"bound", "cost", b"cost", "detail", b"detail", "fallback", b"fallback", "fit_rmsle", b"fit_rmsle", "plan", b"plan", "predicted_current", b"predicted_current", "predicted_throughput", b"predicted_throughput", "recorded", b"recorded", "root_cause", b"root_cause", "sample_count", b"sample_count", "samples_used", b"samples_used", "stage", b"stage"]  # noqa: Y015
+    def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
+    def WhichOneof(self, oneof_group: _Never) -> None: ...
+
+Global___PlanExplanation: _TypeAlias = PlanExplanation  # noqa: Y015
+
+@_typing.final
+class GetPlanExplanationResponse(_message.Message):
+    """Response of GetPlanExplanation."""
+
+    DESCRIPTOR: _descriptor.Descriptor
+
+    EXPLANATIONS_FIELD_NUMBER: _builtins.int
+    @_builtins.property
+    def explanations(self) -> _containers.RepeatedCompositeFieldContainer[Global___PlanExplanation]:
+        """Every plan version with its explanation, oldest first."""
+
+    def __init__(
+        self,
+        *,
+        explanations: _abc.Iterable[Global___PlanExplanation] | None = ...,
+    ) -> None: ...
+    _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
+    def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["explanations", b"explanations"]  # noqa: Y015
+    def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
+    def WhichOneof(self, oneof_group: _Never) -> None: ...
+
+Global___GetPlanExplanationResponse: _TypeAlias = GetPlanExplanationResponse  # noqa: Y015

@@ -55,6 +55,11 @@ class OptimizerServiceStub:
                 request_serializer=stride_dot_api_dot_optimizer_dot_v1_dot_optimizer__service__pb2.ScaleJobRequest.SerializeToString,
                 response_deserializer=stride_dot_api_dot_optimizer_dot_v1_dot_optimizer__service__pb2.ScaleJobResponse.FromString,
                 _registered_method=True)
+        self.GetPlanExplanation = channel.unary_unary(
+                '/stride.api.optimizer.v1.OptimizerService/GetPlanExplanation',
+                request_serializer=stride_dot_api_dot_optimizer_dot_v1_dot_optimizer__service__pb2.GetPlanExplanationRequest.SerializeToString,
+                response_deserializer=stride_dot_api_dot_optimizer_dot_v1_dot_optimizer__service__pb2.GetPlanExplanationResponse.FromString,
+                _registered_method=True)
 
 
 class OptimizerServiceServicer:
@@ -90,6 +95,14 @@ class OptimizerServiceServicer:
         context.set_details('Method not implemented!')
         raise NotImplementedError('Method not implemented!')
 
+    def GetPlanExplanation(self, request, context):
+        """GetPlanExplanation returns every plan version of a job with why it was chosen,
+        oldest first. NOT_FOUND if the job is unknown.
+        """
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
 
 def add_OptimizerServiceServicer_to_server(servicer, server):
     rpc_method_handlers = {
@@ -112,6 +125,11 @@ def add_OptimizerServiceServicer_to_server(servicer, server):
                     servicer.ScaleJob,
                     request_deserializer=stride_dot_api_dot_optimizer_dot_v1_dot_optimizer__service__pb2.ScaleJobRequest.FromString,
                     response_serializer=stride_dot_api_dot_optimizer_dot_v1_dot_optimizer__service__pb2.ScaleJobResponse.SerializeToString,
+            ),
+            'GetPlanExplanation': grpc.unary_unary_rpc_method_handler(
+                    servicer.GetPlanExplanation,
+                    request_deserializer=stride_dot_api_dot_optimizer_dot_v1_dot_optimizer__service__pb2.GetPlanExplanationRequest.FromString,
+                    response_serializer=stride_dot_api_dot_optimizer_dot_v1_dot_optimizer__service__pb2.GetPlanExplanationResponse.SerializeToString,
             ),
     }
     generic_handler = grpc.method_handlers_generic_handler(
@@ -223,6 +241,33 @@ class OptimizerService:
             '/stride.api.optimizer.v1.OptimizerService/ScaleJob',
             stride_dot_api_dot_optimizer_dot_v1_dot_optimizer__service__pb2.ScaleJobRequest.SerializeToString,
             stride_dot_api_dot_optimizer_dot_v1_dot_optimizer__service__pb2.ScaleJobResponse.FromString,
+            options,
+            channel_credentials,
+            insecure,
+            call_credentials,
+            compression,
+            wait_for_ready,
+            timeout,
+            metadata,
+            _registered_method=True)
+
+    @staticmethod
+    def GetPlanExplanation(request,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.unary_unary(
+            request,
+            target,
+            '/stride.api.optimizer.v1.OptimizerService/GetPlanExplanation',
+            stride_dot_api_dot_optimizer_dot_v1_dot_optimizer__service__pb2.GetPlanExplanationRequest.SerializeToString,
+            stride_dot_api_dot_optimizer_dot_v1_dot_optimizer__service__pb2.GetPlanExplanationResponse.FromString,
             options,
             channel_credentials,
             insecure,

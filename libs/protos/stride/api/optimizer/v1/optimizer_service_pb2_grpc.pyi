@@ -43,6 +43,10 @@ class OptimizerServiceStub:
     """An operator's manual plan: the job's newest plan with these counts, published as the
     next version and recorded as an override (DLRover's ScalePlan).
     """
+    GetPlanExplanation: _grpc.UnaryUnaryMultiCallable[_optimizer_service_pb2.GetPlanExplanationRequest, _optimizer_service_pb2.GetPlanExplanationResponse]
+    """GetPlanExplanation returns every plan version of a job with why it was chosen,
+    oldest first. NOT_FOUND if the job is unknown.
+    """
 
 @_typing.type_check_only
 class OptimizerServiceAsyncStub(OptimizerServiceStub):
@@ -58,6 +62,10 @@ class OptimizerServiceAsyncStub(OptimizerServiceStub):
     ScaleJob: _aio.UnaryUnaryMultiCallable[_optimizer_service_pb2.ScaleJobRequest, _optimizer_service_pb2.ScaleJobResponse]  # type: ignore[assignment]
     """An operator's manual plan: the job's newest plan with these counts, published as the
     next version and recorded as an override (DLRover's ScalePlan).
+    """
+    GetPlanExplanation: _aio.UnaryUnaryMultiCallable[_optimizer_service_pb2.GetPlanExplanationRequest, _optimizer_service_pb2.GetPlanExplanationResponse]  # type: ignore[assignment]
+    """GetPlanExplanation returns every plan version of a job with why it was chosen,
+    oldest first. NOT_FOUND if the job is unknown.
     """
 
 class OptimizerServiceServicer(metaclass=_abc_1.ABCMeta):
@@ -95,6 +103,16 @@ class OptimizerServiceServicer(metaclass=_abc_1.ABCMeta):
     ) -> _typing.Union[_optimizer_service_pb2.ScaleJobResponse, _abc.Awaitable[_optimizer_service_pb2.ScaleJobResponse]]:
         """An operator's manual plan: the job's newest plan with these counts, published as the
         next version and recorded as an override (DLRover's ScalePlan).
+        """
+
+    @_abc_1.abstractmethod
+    def GetPlanExplanation(
+        self,
+        request: _optimizer_service_pb2.GetPlanExplanationRequest,
+        context: _ServicerContext,
+    ) -> _typing.Union[_optimizer_service_pb2.GetPlanExplanationResponse, _abc.Awaitable[_optimizer_service_pb2.GetPlanExplanationResponse]]:
+        """GetPlanExplanation returns every plan version of a job with why it was chosen,
+        oldest first. NOT_FOUND if the job is unknown.
         """
 
 def add_OptimizerServiceServicer_to_server(servicer: OptimizerServiceServicer, server: _typing.Union[_grpc.Server, _aio.Server]) -> None: ...

@@ -1,4 +1,5 @@
-"""The optimizer's bus consumers: jobs admitted (first plan) and jobs finished.
+"""The optimizer's bus consumers: jobs admitted (first plan), jobs finished, pods OOM-killed,
+and the metrics the stage step decides on.
 
 The bus has already checked that each payload's job id is its subject's (see ``Bus.consume``).
 """
@@ -6,7 +7,7 @@ The bus has already checked that each payload's job id is its subject's (see ``B
 from __future__ import annotations
 
 from stride.bus.client import Delivery
-from stride.events.v1 import job_pb2, pod_pb2
+from stride.events.v1 import job_pb2, metrics_pb2, pod_pb2
 from stride.optimizer.usecases import Planning
 
 
@@ -39,3 +40,23 @@ class PodFailedHandler:
     async def __call__(self, event: pod_pb2.PodEvent, delivery: Delivery) -> None:
         # The failure's bus id (pod, kind, restart count) names it: a redelivery is the same.
         await self.planning.pod_failed(event, f"{event.job_id}.oom.{delivery.message_id}")
+
+
+class StepMetricsHandler:
+    """Adds an agent's step window to the job's view; a closed window is decided on."""
+
+    def __init__(self, planning: Planning) -> None:
+        self.planning = planning
+
+    async def __call__(self, event: metrics_pb2.StepMetrics, delivery: Delivery) -> None:
+        await self.planning.steps_measured(event)
+
+
+class UsageHandler:
+    """Keeps a pod's newest CPU and memory use in the job's view."""
+
+    def __init__(self, planning: Planning) -> None:
+        self.planning = planning
+
+    async def __call__(self, event: pod_pb2.UsageSample, delivery: Delivery) -> None:
+        await self.planning.usage_sampled(event)

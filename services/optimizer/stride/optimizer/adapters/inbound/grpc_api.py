@@ -40,3 +40,32 @@ class OptimizerApi(pb_grpc.OptimizerServiceServicer):
             request.job_id, request.workers, request.ps, request.reason
         )
         return pb.ScaleJobResponse(plan=plan)
+
+    async def GetPlanExplanation(
+        self, request: pb.GetPlanExplanationRequest, context: Context
+    ) -> pb.GetPlanExplanationResponse:
+        rows = await self.planning.explanations(request.job_id)
+        explanations = []
+        for plan, why in rows:
+            if why is None:
+                explanations.append(pb.PlanExplanation(plan=plan, recorded=False))
+                continue
+            explanations.append(
+                pb.PlanExplanation(
+                    plan=plan,
+                    algorithm=why.algorithm,
+                    stage=why.stage,
+                    root_cause=why.root_cause,
+                    detail=why.detail,
+                    samples_used=why.samples_used,
+                    sample_count=why.sample_count,
+                    fit_rmsle=why.fit_rmsle,
+                    predicted_throughput=why.predicted_throughput,
+                    predicted_current=why.predicted_current,
+                    cost=why.cost,
+                    bound=why.bound,
+                    fallback=why.fallback,
+                    recorded=True,
+                )
+            )
+        return pb.GetPlanExplanationResponse(explanations=explanations)

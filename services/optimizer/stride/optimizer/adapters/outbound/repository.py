@@ -12,8 +12,9 @@ from sqlalchemy import select, update
 from sqlalchemy.ext.asyncio import AsyncSession
 
 from stride.events.v1 import optimization_pb2, plan_pb2
-from stride.optimizer.db.tables import administrators, optimization_events, plans
+from stride.optimizer.db.tables import administrators, observations, optimization_events, plans
 from stride.optimizer.domain.administrator import Administrator, JobStage
+from stride.optimizer.domain.observations import Observations, from_json, to_json
 
 
 async def get_administrator(
@@ -79,8 +80,11 @@ async def insert_event(session: AsyncSession, event: optimization_pb2.Optimizati
     return True
 
 
-async def insert_plan(session: AsyncSession, plan: plan_pb2.ResourcePlan) -> None:
-    """Store a plan version (the primary key refuses a version stored twice)."""
+async def insert_plan(
+    session: AsyncSession, plan: plan_pb2.ResourcePlan, explanation: str | None = None
+) -> None:
+    """Store a plan version and why it was chosen (the primary key refuses a version
+    stored twice)."""
     await session.execute(
         plans.insert().values(
             job_id=plan.job_id,
@@ -88,8 +92,56 @@ async def insert_plan(session: AsyncSession, plan: plan_pb2.ResourcePlan) -> Non
             algorithm=plan.algorithm,
             plan=plan.SerializeToString(),
             created_at=plan.created_at.ToDatetime(tzinfo=UTC),
+            explanation=explanation,
         )
     )
+
+
+async def list_explanations(
+    session: AsyncSession, job_id: str
+) -> list[tuple[plan_pb2.ResourcePlan, str | None]]:
+    """Every plan version of the job with its explanation (JSON or None), oldest first."""
+    rows = await session.execute(
+        select(plans.c.plan, plans.c.explanation)
+        .where(plans.c.job_id == job_id)
+        .order_by(plans.c.version)
+    )
+    return [(plan_pb2.ResourcePlan.FromString(row.plan), row.explanation) for row in rows]
+
+
+async def get_observations(
+    session: AsyncSession, job_id: str, for_update: bool = False
+) -> Observations | None:
+    """The job's metric view, or None before its first plan."""
+    query = select(observations.c.view).where(observations.c.job_id == job_id)
+    if for_update:
+        query = query.with_for_update()
+    text = await session.scalar(query)
+    return None if text is None else from_json(text)
+
+
+async def put_observations(
+    session: AsyncSession, job_id: str, view: Observations, at: datetime, new: bool
+) -> None:
+    """Store the job's metric view (``new``: its first)."""
+    if new:
+        await session.execute(
+            observations.insert().values(job_id=job_id, view=to_json(view), updated_at=at)
+        )
+    else:
+        await session.execute(
+            update(observations)
+            .where(observations.c.job_id == job_id)
+            .values(view=to_json(view), updated_at=at)
+        )
+
+
+async def get_spec(session: AsyncSession, job_id: str) -> bytes | None:
+    """The admitted spec (JobSpec bytes) of the job, or None."""
+    payload: bytes | None = await session.scalar(
+        select(administrators.c.spec).where(administrators.c.job_id == job_id)
+    )
+    return payload
 
 
 async def newest_plan(session: AsyncSession, job_id: str) -> plan_pb2.ResourcePlan | None:

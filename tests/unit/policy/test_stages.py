@@ -1,0 +1,102 @@
+"""Stride's stage step: pure, serializable, and the same step the simulator runs."""
+
+from __future__ import annotations
+
+import pytest
+
+from stride.policy.cold_start import JobFeatures
+from stride.policy.registry import default_registry
+from stride.policy.serialization import to_dict
+from stride.policy.stages import (
+    InvalidStageRequest,
+    JobShape,
+    MemoryPoint,
+    Pods,
+    Reason,
+    Sample,
+    SearchSpace,
+    Stage,
+    StageRequest,
+    stage_step,
+)
+
+FEATURES = JobFeatures("dlrm-1", 10_000_000, 512, max_epochs=1, family="dlrm", embedding_dim=16)
+SHAPE = JobShape(512, 16, 5e7, 1e7)
+START = Pods(1, 8, 4, 2, 4, 8)
+
+
+def tick(samples: tuple[Sample, ...], **extra: object) -> StageRequest:
+    fields: dict[str, object] = {
+        "reason": Reason.TICK,
+        "features": FEATURES,
+        "shape": SHAPE,
+        "request": START,
+        "pods": samples[-1].pods,
+        "consumed": 1000.0,
+        "samples": samples,
+        "sample_count": len(samples),
+        "worker_memory_used_gib": 2.0,
+    }
+    fields.update(extra)
+    return StageRequest(**fields)  # type: ignore[arg-type]
+
+
+def test_arrival_without_history_is_the_cold_default() -> None:
+    reply = stage_step(StageRequest(Reason.ARRIVAL, FEATURES, SHAPE, START, START))
+    assert reply.pods == START and reply.stage is Stage.COLD_START
+
+
+def test_sampling_probes_one_dimension_then_the_model_decides() -> None:
+    samples: tuple[Sample, ...] = (Sample(START, 1000.0),)
+    seen = []
+    last_fit = -1
+    for _ in range(8):
+        reply = stage_step(tick(samples, last_fit_sample_count=last_fit))
+        seen.append(reply.stage)
+        if reply.fitted_at >= 0:
+            last_fit = reply.fitted_at
+            assert reply.fit_rmsle >= 0 and reply.predicted_current > 0
+        pods = reply.pods or samples[-1].pods
+        samples = (*samples, Sample(pods, 1000.0 + 100 * len(samples)))
+    assert seen[0] is Stage.SAMPLING and Stage.OPTIMIZING in seen
+    first = stage_step(tick((Sample(START, 1000.0),)))
+    assert first.root_cause.startswith("probe worker_cpu") and first.pods is not None
+    assert first.pods.worker_cpu == 16 and first.pods.worker_mem_gib == 3  # ceil(2.0 x 1.1)
+
+
+def test_an_oom_doubles_ps_memory_before_growth_is_measured_and_predicts_after() -> None:
+    oom = StageRequest(Reason.OOM, FEATURES, SHAPE, START, START)
+    reply = stage_step(oom)
+    assert reply.pods is not None and reply.pods.ps_mem_gib == 16
+    points = (MemoryPoint(0.0, 4.0, 2.0), MemoryPoint(5e6, 12.0, 6.0))
+    grown = stage_step(
+        StageRequest(Reason.OOM, FEATURES, SHAPE, START, START, 5e6, memory_points=points)
+    )
+    # Growth of 8 GiB over half the job: 20 GiB at the end, 10 per PS, plus 10 %.
+    assert grown.pods is not None and grown.pods.ps_mem_gib == 11
+
+
+def test_the_executor_runs_it_from_a_plain_dict_with_the_same_result() -> None:
+    spec = default_registry().get("stride-stage-step")
+    request = tick((Sample(START, 1000.0),))
+    assert spec.run_dict(to_dict(request)) == to_dict(stage_step(request))
+
+
+def test_bad_requests_name_their_field() -> None:
+    with pytest.raises(InvalidStageRequest, match="samples: a tick needs"):
+        StageRequest(Reason.TICK, FEATURES, SHAPE, START, START)
+    with pytest.raises(InvalidStageRequest, match=r"samples\[0\].throughput"):
+        tick((Sample(START, 0.0),))
+    with pytest.raises(InvalidStageRequest, match=r"Pods\.ps"):
+        Pods(1, 1, 1, 0, 1, 1)
+    with pytest.raises(InvalidStageRequest, match=r"space\.workers"):
+        SearchSpace(workers=(4, 2))
+    with pytest.raises(InvalidStageRequest, match=r"shape\.total_samples"):
+        JobShape(512, 16, 5e7, 0.0)
+    with pytest.raises(InvalidStageRequest, match="sample_count"):
+        tick((Sample(START, 1.0),), sample_count=0)
+    spec = default_registry().get("stride-stage-step")
+    bad = to_dict(tick((Sample(START, 1000.0),)))
+    bad["pods"]["workers"] = 0
+    with pytest.raises(ValueError, match="workers"):
+        spec.run_dict(bad)
