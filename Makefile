@@ -53,9 +53,11 @@ test-unit: install  ## Only the fast unit tests
 bench: install  ## Run every benchmark; each prints its ratio to a reference and rewrites bench/results/
 	@for script in bench/*.py; do echo "== $$script"; $(PY) $$script || exit 1; done
 
-demo: install  ## A job that trains: submit, pods start, loss falls, a live plan change, done
+demo: install  ## A job that trains: submit, pods start, loss falls, the optimizer resizes it live (10 s metric windows), done
 	@rm -rf $(DEMO_STATE); trap '$(STRIDE) down --state-dir $(DEMO_STATE)' EXIT; \
 	set -e; S="--state-dir $(DEMO_STATE)"; export COLUMNS=$${COLUMNS:-140}; \
+	export STRIDE_OPTIMIZER_TICK_SECONDS=$${STRIDE_OPTIMIZER_TICK_SECONDS:-10}; \
+	export STRIDE_OPTIMIZER_MIN_PLAN_INTERVAL_SECONDS=$${STRIDE_OPTIMIZER_MIN_PLAN_INTERVAL_SECONDS:-10}; \
 	$(STRIDE) up $$S; \
 	echo; echo '$$ stride submit examples/wide-deep.yaml --wait'; \
 	JOB=$$($(STRIDE) submit examples/wide-deep.yaml --wait $$S | tee /dev/stderr | awk '/^job-/ {print $$1; exit}'); \
@@ -63,8 +65,9 @@ demo: install  ## A job that trains: submit, pods start, loss falls, a live plan
 	echo; echo "waiting for $$JOB to train..."; \
 	for i in $$(seq 90); do $(STRIDE) logs $$JOB $$JOB-chief-0 --tail 200 $$S 2>/dev/null | grep -q '"event": "steps"' && break; sleep 2; done; \
 	echo; echo '$$ stride top --once'; $(STRIDE) top --once $$S; \
-	echo; echo "$$ stride scale $$JOB --workers 2   # a live plan change"; \
-	$(STRIDE) scale $$JOB --workers 2 --reason "make demo" $$S; \
+	echo; echo "waiting for the optimizer to change the plan after its first metric window..."; \
+	for i in $$(seq 120); do $(STRIDE) plans $$JOB $$S 2>/dev/null | grep -q 'plan v2' && break; sleep 2; done; \
+	echo; echo '$$ stride top --once'; $(STRIDE) top --once $$S; \
 	echo; echo "$$ stride wait $$JOB"; $(STRIDE) wait $$JOB --timeout 900 $$S; \
 	echo; echo "$$ stride logs $$JOB $$JOB-chief-0 | grep -E 'steps|reconfigured|finished'"; \
 	$(STRIDE) logs $$JOB $$JOB-chief-0 --tail 5000 $$S > $(DEMO_STATE)/chief.log; \
