@@ -41,11 +41,15 @@ def test_up_submit_status_down_with_the_embedded_defaults(tmp_path: Path) -> Non
     assert not_up.returncode == 2
     assert "no running suite" in not_up.stderr and "stride up" in not_up.stderr
 
-    up = stride("up", env=env)
+    up = stride("up", "--executors", "2", env=env)
     assert up.returncode == 0, up.stdout + up.stderr
     state = SuiteState.read(tmp_path / "state")
     assert state is not None and state.ready and state.embedded_nats
     assert state.database.startswith("sqlite files in")
+    # Two replicas of the executor pool, each its own process and log.
+    assert {"executor", "executor-2"} <= set(state.services)
+    assert state.processes["executor"].pid != state.processes["executor-2"].pid
+    assert (tmp_path / "state" / "logs" / "executor-2.log").exists()
     try:
         again = stride("up", env=env)
         assert again.returncode == 2 and "already running" in again.stderr

@@ -8,6 +8,7 @@ import asyncio
 import itertools
 from collections.abc import AsyncIterator
 from contextlib import asynccontextmanager
+from pathlib import Path
 
 import numpy as np
 import pytest
@@ -25,10 +26,13 @@ from stride.policy.admit_all import ADMIT_ALL, AdmitAllRequest
 from stride.policy.cold_start import COLD_START, ColdStartRequest, JobFeatures
 from stride.policy.fitting import ALGORITHMS as FIT_ALGORITHMS
 from stride.policy.fitting import FitRequest
+from stride.policy.pareto import ALGORITHMS as PARETO_ALGORITHMS
+from stride.policy.pareto import ClusterLimits, ParetoRequest, SearchBounds
 from stride.policy.throughput import PAPER_PARAMETERS, Configuration, throughput
 from stride.runtime.lifecycle import ServiceHost
 from stride.testing.eventually import assert_eventually
 from stride.testing.inprocess import local_settings, running_service
+from stride.testing.processes import ServiceProcess
 from stride.testing.streams import stream_messages
 
 pytestmark = [pytest.mark.integration, pytest.mark.timeout(120)]
@@ -37,6 +41,7 @@ FEATURES = JobFeatures(
     model_name="wide-and-deep", record_count=100_000, batch_size=512, max_epochs=2, embedding_dim=8
 )
 (FIT,) = FIT_ALGORITHMS
+PARETO = next(spec for spec in PARETO_ALGORITHMS if spec.name == "dlrover-pareto-candidates")
 _ids = itertools.count(1)
 
 
@@ -150,3 +155,79 @@ async def test_an_optimizer_routed_to_the_pool_plans_there(
     runs = [span for span in spans.get_finished_spans() if span.name == "run cold-start-plan/1"]
     assert runs, "the cold-start plan was not run by the executor pool"
     assert (runs[0].attributes or {})["stride.executor.replica"] == "late-replica"
+
+
+def slow_pareto_request() -> ParetoRequest:
+    """NSGA-II with a big population: seconds of CPU, long enough to kill its replica."""
+    gib = 1024**3
+    return ParetoRequest(
+        params=PAPER_PARAMETERS,
+        current=Configuration(
+            workers=4,
+            parameter_servers=2,
+            worker_cpu=4.0,
+            ps_cpu=8.0,
+            batch_size=512,
+            worker_memory_bytes=8 * gib,
+            ps_memory_bytes=16 * gib,
+            embedding_dim=16,
+            model_bytes=2e8,
+        ),
+        bounds=SearchBounds(
+            min_workers=1,
+            max_workers=32,
+            min_parameter_servers=1,
+            max_parameter_servers=8,
+            min_worker_cpu=1,
+            max_worker_cpu=16,
+            min_ps_cpu=1,
+            max_ps_cpu=16,
+            min_worker_memory_gib=8,
+            max_worker_memory_gib=16,
+            min_ps_memory_gib=16,
+            max_ps_memory_gib=32,
+        ),
+        cluster=ClusterLimits(
+            cpu_cores=200.0,
+            memory_bytes=2000 * gib,
+            max_pod_cpu=32.0,
+            max_pod_memory_bytes=256 * gib,
+        ),
+        population_size=200,
+        generations=200,
+    )
+
+
+async def test_a_replica_killed_mid_request_is_answered_by_another(
+    nats_url: str, bus: Bus, tmp_path: Path, spans: InMemorySpanExporter
+) -> None:
+    doomed = ServiceProcess(
+        "executor",
+        {"STRIDE_NATS_URL": nats_url, "STRIDE_EXECUTOR_REPLICA_NAME": "doomed"},
+        tmp_path,
+    ).start()
+    try:
+
+        def serving() -> bool:
+            assert "service started" in doomed.log_text()
+            return True
+
+        await assert_eventually(serving, timeout=30)
+        pooled = build_decisions({"adjust": EXECUTOR}, bus=bus, timeout=60.0, attempt_seconds=4.0)
+        request = slow_pareto_request()
+        asked = asyncio.create_task(pooled.adjust.decide(PARETO, request, "job-slow"))
+
+        def taken() -> bool:
+            assert "algorithm started" in doomed.log_text()
+            return True
+
+        await assert_eventually(taken, timeout=20, interval=0.05)
+        async with executor(nats_url, replica="survivor"):
+            doomed.kill()
+            reply = await asked
+        assert reply.candidates
+        runs = [s for s in spans.get_finished_spans() if s.name.startswith("run dlrover-pareto")]
+        assert [(s.attributes or {})["stride.executor.replica"] for s in runs] == ["survivor"]
+        assert "algorithm ran" not in doomed.log_text()
+    finally:
+        doomed.kill()

@@ -552,6 +552,9 @@ stop that takes a minute is stuck and worth reporting."""
 def up(
     state_dir: StateDir = DEFAULT_STATE_DIR,
     foreground: Annotated[bool, typer.Option(help="Run in this terminal; Ctrl-C stops.")] = False,
+    executors: Annotated[
+        int, typer.Option(min=1, max=32, help="Replicas of the executor pool (a queue group).")
+    ] = 1,
 ) -> None:
     """Start the whole suite locally (embedded NATS and SQLite unless URLs are configured).
 
@@ -566,7 +569,15 @@ def up(
             f"(pid {existing.supervisor_pid}); `stride down` first"
         )
     (state_dir / "endpoints.json").unlink(missing_ok=True)
-    command = [sys.executable, "-m", "stride.cli.supervisor", "--state-dir", str(state_dir)]
+    command = [
+        sys.executable,
+        "-m",
+        "stride.cli.supervisor",
+        "--state-dir",
+        str(state_dir),
+        "--executors",
+        str(executors),
+    ]
     if foreground:
         raise typer.Exit(subprocess.call(command))
     log_path = state_dir / "supervisor.log"

@@ -189,6 +189,13 @@ class Child:
     log_offset: int = 0
     """Size of the log when the current process started."""
     state: ProcessState | None = None
+    name: str = ""
+    """Its name in the suite, when several processes run one service (``executor-2``)."""
+
+    @property
+    def label(self) -> str:
+        """Its name in the suite: the service's, or its replica's."""
+        return self.name or self.service
 
     @property
     def address(self) -> str:
@@ -228,7 +235,7 @@ class Child:
         try:
             self.process.wait(STOP_GRACE_SECONDS)
         except subprocess.TimeoutExpired:
-            _log(f"{self.service} did not stop within {STOP_GRACE_SECONDS:g}s; killing it")
+            _log(f"{self.label} did not stop within {STOP_GRACE_SECONDS:g}s; killing it")
             self.process.kill()
             self.process.wait()
 
@@ -288,8 +295,12 @@ def default_local_nodes() -> str:
 class Supervisor:
     """Starts, watches, restarts and stops the suite."""
 
-    def __init__(self, state_dir: Path) -> None:
+    def __init__(self, state_dir: Path, executors: int = 1) -> None:
         self.state_dir = state_dir
+        if executors < 1:
+            raise ValueError(f"executors: must be at least 1, got {executors}")
+        self.executors = executors
+        """Replicas of the executor pool."""
         self.stop_requested = threading.Event()
         self.nats: NatsServer | None = None
         self.nats_backoff = Backoff(NATS_RESTARTS)
@@ -316,6 +327,8 @@ class Supervisor:
         if not os.environ.get("STRIDE_DATABASE_URL"):
             env[f"{prefix}DATABASE_URL"] = f"sqlite:///{self.state_dir / 'db' / service}.db"
         env.setdefault("STRIDE_CKPTCACHE_STORE_DIR", str(self.state_dir / "checkpoints"))
+        if service == "executor":
+            env["STRIDE_EXECUTOR_REPLICA_NAME"] = "executor"
         if service == "optimizer":
             # Plans must fit the virtual nodes the podwatcher places pods on: pods of half a
             # node's cores let a node hold two (a PS and the chief, say).
@@ -372,14 +385,27 @@ class Supervisor:
                 )
                 child.start()
                 self.children.append(child)
-            self.state.services = {c.service: c.address for c in self.children}
+                if service != "executor":
+                    continue
+                # More replicas of the executor pool: one NATS queue group, any answers.
+                for replica in range(2, self.executors + 1):
+                    name = f"executor-{replica}"
+                    extra_port = free_port()
+                    env = self._environment(service, nats_url, extra_port, ports)
+                    env["STRIDE_EXECUTOR_REPLICA_NAME"] = name
+                    extra = Child(
+                        service, extra_port, env, self.state_dir / "logs" / f"{name}.log", name=name
+                    )
+                    extra.start()
+                    self.children.append(extra)
+            self.state.services = {c.label: c.address for c in self.children}
             self._record()
             return self._supervise()
         finally:
             self._shutdown()
 
     def _record(self) -> None:
-        self.state.processes = {c.service: c.state for c in self.children if c.state}
+        self.state.processes = {c.label: c.state for c in self.children if c.state}
         self.state.write(self.state_dir)
 
     def _fail(self, error: str) -> int:
@@ -438,7 +464,7 @@ class Supervisor:
                 state.backoff_seconds = delay
                 state.next_start_at = state.last_exit_at + delay
                 _log(
-                    f"{child.service} {describe_exit(code)} after {uptime:.1f}s; "
+                    f"{child.label} {describe_exit(code)} after {uptime:.1f}s; "
                     f"restart {state.restarts} in {delay:g}s (log {child.log_path})"
                     + (": " + " | ".join(state.last_output) if state.last_output else "")
                 )
@@ -448,14 +474,14 @@ class Supervisor:
                     return False
                 child.state.phase = Phase.RUNNING
                 if child.state.restarts:
-                    _log(f"{child.service} is healthy again (pid {child.state.pid})")
+                    _log(f"{child.label} is healthy again (pid {child.state.pid})")
                 return True
             return False
         if now < child.next_start_monotonic:
             return False
         child.start()
         assert child.state is not None
-        _log(f"{child.service} started again (pid {child.state.pid})")
+        _log(f"{child.label} started again (pid {child.state.pid})")
         return True
 
     def _tend_nats(self) -> bool:
@@ -519,7 +545,7 @@ class Supervisor:
             if child.state.crash_looping:
                 output = " | ".join(child.state.last_output)
                 return (
-                    f"{child.service} keeps crashing ({child.state.restarts} exits in a row, last: "
+                    f"{child.label} keeps crashing ({child.state.restarts} exits in a row, last: "
                     f"{describe_exit(child.state.last_exit_code)}) and the suite is "
                     f"of no use without it, so it was stopped; log {child.log_path}"
                     + (f"; it printed: {output}" if output else "")
@@ -533,14 +559,14 @@ class Supervisor:
             self.state.ready = True
             return ""
         if time.monotonic() >= deadline:
-            pending = [c.service for c in core if c.state and c.state.phase is not Phase.RUNNING]
+            pending = [c.label for c in core if c.state and c.state.phase is not Phase.RUNNING]
             if not nats_up:
                 pending.insert(0, "nats")
             return f"not healthy within {READY_TIMEOUT_SECONDS:g}s: {', '.join(pending)}"
         return ""
 
     def _log_ready(self) -> None:
-        _log("suite ready: " + ", ".join(f"{c.service}={c.address}" for c in self.children))
+        _log("suite ready: " + ", ".join(f"{c.label}={c.address}" for c in self.children))
         for line, _ in self.state.problems():
             _log(f"not running: {line}")
 
@@ -563,9 +589,10 @@ def main(argv: list[str] | None = None) -> int:
     """Entry point: ``python -m stride.cli.supervisor --state-dir DIR``."""
     parser = argparse.ArgumentParser(description=__doc__)
     parser.add_argument("--state-dir", type=Path, required=True)
+    parser.add_argument("--executors", type=int, default=1)
     args = parser.parse_args(argv)
     args.state_dir.mkdir(parents=True, exist_ok=True)
-    return Supervisor(args.state_dir.resolve()).run()
+    return Supervisor(args.state_dir.resolve(), args.executors).run()
 
 
 if __name__ == "__main__":

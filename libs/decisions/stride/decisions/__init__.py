@@ -96,6 +96,12 @@ IN_PROCESS = "inprocess"
 EXECUTOR = "executor"
 IMPLEMENTATIONS = (IN_PROCESS, EXECUTOR)
 
+DEFAULT_ATTEMPT_SECONDS = 10.0
+"""How long one replica may take before the request goes to another: above NSGA-II on a
+large job (a few seconds), so a healthy replica is not raced, and short against the
+deadline, so a killed one costs a job seconds, not the whole deadline."""
+NO_RESPONDERS_PAUSE_SECONDS = 0.25
+"""Pause before asking again when no replica is subscribed (the pool is restarting)."""
 DEFAULT_TIMEOUT_SECONDS = 30.0
 """Every decision has a deadline. NSGA-II on a large job takes a few seconds on one core;
 thirty leaves room for a busy pool without letting a lost request hang a job forever."""
@@ -164,12 +170,19 @@ class InProcess:
 
 class ExecutorPool:
     """Sends the algorithm to the executor pool as an ``AlgorithmRequest`` and types the
-    reply back; any replica of the queue group answers."""
+    reply back; any replica of the queue group answers.
+
+    A request is retried until its deadline: when no replica answers (the pool is
+    restarting) after a short pause, and when the replica that took it does not answer
+    within ``attempt_seconds`` (it was killed or is stuck) at once, so another replica
+    answers. Executors are stateless, so running a request twice is harmless.
+    """
 
     name = EXECUTOR
 
-    def __init__(self, bus: Bus) -> None:
+    def __init__(self, bus: Bus, attempt_seconds: float = DEFAULT_ATTEMPT_SECONDS) -> None:
         self.bus = bus
+        self.attempt_seconds = attempt_seconds
 
     async def run(
         self,
@@ -190,19 +203,39 @@ class ExecutorPool:
             job_id=job_id,
             arguments=dict_to_struct(to_dict(request)),
         )
-        try:
-            payload = await self.bus.request(
-                topics.EXECUTOR_RUN, algorithm.name, message, timeout=timeout
-            )
-        except nats.errors.NoRespondersError:
-            raise DecisionFailed(
-                f"no executor replica answers {algorithm.qualified_name}", retryable=True
-            ) from None
-        except (nats.errors.TimeoutError, TimeoutError):
-            raise DecisionFailed(
-                f"the executor pool did not answer {algorithm.qualified_name} within {timeout:g}s",
-                retryable=True,
-            ) from None
+        loop = asyncio.get_running_loop()
+        deadline = loop.time() + timeout
+        attempts = 0
+        while True:
+            attempts += 1
+            remaining = deadline - loop.time()
+            try:
+                payload = await self.bus.request(
+                    topics.EXECUTOR_RUN,
+                    algorithm.name,
+                    message,
+                    timeout=max(0.001, min(self.attempt_seconds, remaining)),
+                )
+                break
+            except nats.errors.NoRespondersError:
+                if deadline - loop.time() <= NO_RESPONDERS_PAUSE_SECONDS:
+                    raise DecisionFailed(
+                        f"no executor replica answers {algorithm.qualified_name}", retryable=True
+                    ) from None
+                await asyncio.sleep(NO_RESPONDERS_PAUSE_SECONDS)
+            except (nats.errors.TimeoutError, TimeoutError):
+                if deadline - loop.time() <= 0:
+                    raise DecisionFailed(
+                        f"the executor pool did not answer {algorithm.qualified_name} within "
+                        f"{timeout:g}s ({attempts} attempts)",
+                        retryable=True,
+                    ) from None
+                log.warning(
+                    "executor replica did not answer; asking another",
+                    algorithm=algorithm.qualified_name,
+                    request_id=message.request_id,
+                    attempt=attempts,
+                )
         reply = optimization_pb2.AlgorithmReply.FromString(payload)
         if reply.status != optimization_pb2.ALGORITHM_STATUS_OK:
             status = optimization_pb2.AlgorithmStatus.Name(reply.status)
@@ -303,12 +336,13 @@ def build_decisions(
     routes: Mapping[str, str],
     bus: Bus | None,
     timeout: float = DEFAULT_TIMEOUT_SECONDS,
+    attempt_seconds: float = DEFAULT_ATTEMPT_SECONDS,
 ) -> Decisions:
     """Every port, routed as ``routes`` says (see :func:`parse_routes`). Without a bus only
     in-process decisions can be made, and a route to the pool fails when it is used."""
     parsed = parse_routes(routes)
     in_process = InProcess()
-    pool = ExecutorPool(bus) if bus is not None else None
+    pool = ExecutorPool(bus, attempt_seconds) if bus is not None else None
 
     def port(kind: DecisionKind) -> DecisionPort:
         return DecisionPort(kind, in_process, pool, parsed, timeout)

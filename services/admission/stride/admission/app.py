@@ -26,7 +26,12 @@ async def build(settings: AdmissionSettings) -> ServiceHost:
     bus = await connect_bus(settings, host)
     database = await open_database(settings, host, MIGRATIONS)
     outbox = Outbox(outbox_table)
-    decisions = build_decisions(settings.decisions, bus, settings.decision_timeout_seconds)
+    decisions = build_decisions(
+        settings.decisions,
+        bus,
+        settings.decision_timeout_seconds,
+        settings.decision_attempt_seconds,
+    )
     submissions = Submissions(database, outbox, decisions.admit)
     admission_service_pb2_grpc.add_AdmissionServiceServicer_to_server(
         AdmissionApi(submissions), host.server.server

@@ -66,6 +66,13 @@ class AlgorithmRunner:
         except UnknownAlgorithm as error:
             raise NotFound(str(error)) from None
         arguments = struct_to_dict(request.arguments)
+        log.info(
+            "algorithm started",
+            algorithm=spec.qualified_name,
+            job_id=request.job_id,
+            request_id=request.request_id,
+            replica=self.replica,
+        )
         with tracer.start_as_current_span(
             f"run {spec.qualified_name}",
             attributes={

@@ -39,7 +39,12 @@ async def build(settings: OptimizerSettings) -> ServiceHost:
     bus = await connect_bus(settings, host)
     database = await open_database(settings, host, MIGRATIONS)
     outbox = Outbox(outbox_table)
-    decisions = build_decisions(settings.decisions, bus, settings.decision_timeout_seconds)
+    decisions = build_decisions(
+        settings.decisions,
+        bus,
+        settings.decision_timeout_seconds,
+        settings.decision_attempt_seconds,
+    )
     planning = Planning(
         database,
         outbox,
