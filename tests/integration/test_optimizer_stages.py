@@ -5,10 +5,13 @@ policy decides on the same observations."""
 
 from __future__ import annotations
 
+import asyncio
 import json
+import random
 from collections.abc import AsyncIterator
 from dataclasses import replace
 from datetime import UTC, datetime, timedelta
+from pathlib import Path
 from typing import Any
 
 import grpc
@@ -41,7 +44,10 @@ from stride.sim.dlrm import (
 from stride.testing import SHARED_TRACES
 from stride.testing.eventually import assert_eventually
 from stride.testing.inprocess import running_service
+from stride.testing.processes import ServiceProcess
 from stride.testing.streams import dead_letters, stream_messages
+
+from .test_optimizer_service import wait_until_serving
 
 pytestmark = [pytest.mark.integration, pytest.mark.timeout(180)]
 
@@ -448,3 +454,76 @@ async def test_an_operator_plan_holds_and_a_min_interval_holds_too(
                 ]
         finally:
             await producer.close()
+
+
+async def test_an_optimizer_sigkilled_mid_round_resumes_with_no_plan_duplicated_or_skipped(
+    nats_url: str, postgres_url: str, tmp_path: Path
+) -> None:
+    """The real process is SIGKILLed right after each window is sent (before, during or
+    after its decision) and restarted: the job's view and stage come back from the database,
+    the window is decided once, and the plans are the reference's, numbered 1..n once."""
+    process = ServiceProcess(
+        "optimizer",
+        {
+            "STRIDE_NATS_URL": nats_url,
+            "STRIDE_DATABASE_URL": postgres_url,
+            "STRIDE_OPTIMIZER_HEALTH_INTERVAL_SECONDS": "0.2",
+            "STRIDE_OPTIMIZER_ACK_WAIT_SECONDS": "1",
+            "STRIDE_OPTIMIZER_TICK_SECONDS": str(TICK),
+            "STRIDE_OPTIMIZER_MIN_PLAN_INTERVAL_SECONDS": "0",
+            "STRIDE_OPTIMIZER_DECISIONS": '{"stride-stage-step": "inprocess"}',
+        },
+        tmp_path,
+    ).start()
+    bus: Bus | None = None
+    try:
+        await wait_until_serving(process.address)
+        bus = await Bus.connect(nats_url, name="test-agent")
+        job_id = "job-dlrm-killed"
+        spec = dlrm_job(seed=3, index=4)
+        await bus.publish(
+            topics.JOB_ADMITTED, job_id, admission(job_id, spec), f"{job_id}.admitted"
+        )
+        first = (await plans(nats_url, job_id, 1))[0]
+        start = pods_of(as_policy_plan(first))
+        assert start is not None
+        spec = replace(
+            spec,
+            request=start,
+            total_samples=float(int(spec.total_samples)),
+            model_bytes=4.0 * round(spec.model_bytes / 4),
+        )
+        agent = SimulatedAgent(bus, job_id, spec, postgres_url)
+        reference = StridePolicy()
+        version, pods = 1, start
+        delays = random.Random(11)
+        for tick in range(1, 8):
+            view = await agent.run_window(version, pods)
+            expected = reference.decide(view)
+            await asyncio.sleep(delays.uniform(0.0, 0.05))
+            process.kill()
+            process.start()
+            await wait_until_serving(process.address)
+
+            async def decided(tick: int = tick) -> bool:
+                stored = stored_view(postgres_url, job_id)
+                assert stored["sample_count"] == tick and stored["pending"] == -1, stored
+                return True
+
+            await assert_eventually(decided, timeout=30)
+            if expected.pods is not None:
+                published = await plans(nats_url, job_id, version + 1)
+                assert pods_of(as_policy_plan(published[version])) == expected.pods
+                version, pods = version + 1, expected.pods
+        messages = await stream_messages(nats_url, topics.PLAN.subject(job_id))
+        ids = [(m.headers or {})["Nats-Msg-Id"] for m in messages]
+        assert ids == [f"{job_id}.plan.{v}" for v in range(1, version + 1)]
+        async with grpc.aio.insecure_channel(process.address) as channel:
+            stub = pb_grpc.OptimizerServiceStub(channel)
+            listed = await stub.ListPlans(pb.ListPlansRequest(job_id=job_id))
+            assert [p.version for p in listed.plans] == list(range(1, version + 1))
+        assert version >= 4
+    finally:
+        if bus is not None:
+            await bus.close()
+        process.kill()

@@ -3,6 +3,8 @@
 from __future__ import annotations
 
 import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
 
 from stride.policy.cold_start import JobFeatures
 from stride.policy.registry import default_registry
@@ -100,3 +102,59 @@ def test_bad_requests_name_their_field() -> None:
     bad["pods"]["workers"] = 0
     with pytest.raises(ValueError, match="workers"):
         spec.run_dict(bad)
+
+
+pods_strategy = st.builds(
+    Pods,
+    workers=st.sampled_from((1, 2, 4, 8)),
+    worker_cpu=st.sampled_from((1, 2)),
+    worker_mem_gib=st.integers(1, 8),
+    ps=st.sampled_from((1, 2, 4)),
+    ps_cpu=st.sampled_from((1, 2)),
+    ps_mem_gib=st.integers(1, 16),
+)
+
+
+@settings(max_examples=150, deadline=None)
+@given(
+    start=pods_strategy,
+    rates=st.lists(st.floats(50.0, 50_000.0), min_size=1, max_size=12),
+    limit=st.integers(4, 24),
+    top=st.sampled_from((1, 2, 4)),
+    memory=st.floats(0.1, 12.0),
+)
+def test_a_decision_never_exceeds_the_job_limit_or_a_node(
+    start: Pods, rates: list[float], limit: int, top: int, memory: float
+) -> None:
+    """Whatever the job measured, the pods the step chooses fit the job's core limit (or
+    its request, if that is larger) and no pod has more cores than the space's largest."""
+    space = SearchSpace(
+        worker_cpu=tuple(c for c in (1, 2, 4) if c <= top),
+        ps_cpu=tuple(c for c in (1, 2, 4) if c <= top),
+        job_cpu_limit=limit,
+    )
+    samples: tuple[Sample, ...] = ()
+    pods = start
+    last_fit = -1
+    for count, rate in enumerate(rates, start=1):
+        samples = (*samples, Sample(pods, rate))
+        reply = stage_step(
+            tick(
+                samples,
+                pods=pods,
+                request=start,
+                sample_count=count,
+                worker_memory_used_gib=memory,
+                last_fit_sample_count=last_fit,
+                space=space,
+            )
+        )
+        if reply.fitted_at >= 0:
+            last_fit = reply.fitted_at
+        if reply.pods is None:
+            continue
+        chosen = reply.pods
+        assert chosen.cpu <= max(limit, start.cpu), (chosen, limit)
+        for cores, before in ((chosen.worker_cpu, pods.worker_cpu), (chosen.ps_cpu, pods.ps_cpu)):
+            assert cores <= max(top, before), (chosen, top)
+        pods = chosen
