@@ -24,13 +24,19 @@ from stride.api.optimizer.v1 import optimizer_service_pb2 as pb
 from stride.api.optimizer.v1 import optimizer_service_pb2_grpc as pb_grpc
 from stride.bus import topics
 from stride.bus.client import Bus
+from stride.configdb.app import build as build_configdb
+from stride.configdb.settings import ConfigDbSettings
 from stride.db.engine import schema_for
 from stride.events.v1 import job_pb2, metrics_pb2, optimization_pb2, plan_pb2, pod_pb2
+from stride.optimizer.adapters.convert import features_from_spec
+from stride.optimizer.adapters.outbound.history import ConfigDbHistory
 from stride.optimizer.app import build
 from stride.optimizer.domain.tuning import pods_of
 from stride.optimizer.settings import OptimizerSettings
+from stride.policy.cold_start import cold_start_plan
 from stride.policy.plans import Plan, Role, RoleResources
 from stride.policy.stages import Pods
+from stride.policy.warm_start import HistoricalJob
 from stride.runtime.lifecycle import ServiceHost
 from stride.sim.dlrm import (
     DlrmJobSpec,
@@ -43,7 +49,7 @@ from stride.sim.dlrm import (
 )
 from stride.testing import SHARED_TRACES
 from stride.testing.eventually import assert_eventually
-from stride.testing.inprocess import running_service
+from stride.testing.inprocess import local_settings, running_service
 from stride.testing.processes import ServiceProcess
 from stride.testing.streams import dead_letters, stream_messages
 
@@ -527,3 +533,122 @@ async def test_an_optimizer_sigkilled_mid_round_resumes_with_no_plan_duplicated_
         if bus is not None:
             await bus.close()
         process.kill()
+
+
+def past_plan(job_id: str, workers: int, ps: int) -> plan_pb2.ResourcePlan:
+    return plan_pb2.ResourcePlan(
+        job_id=job_id,
+        version=1,
+        reason="final",
+        algorithm="stride-stage-step/1",
+        roles=[
+            plan_pb2.RoleResources(role=plan_pb2.ROLE_CHIEF, count=1, cpu=1.0, memory_bytes=GIB),
+            plan_pb2.RoleResources(
+                role=plan_pb2.ROLE_WORKER, count=workers, cpu=2.0, memory_bytes=4 * GIB
+            ),
+            plan_pb2.RoleResources(role=plan_pb2.ROLE_PS, count=ps, cpu=4.0, memory_bytes=8 * GIB),
+        ],
+        created_at=stamp(datetime.now(UTC)),
+    )
+
+
+async def test_a_new_job_warm_starts_from_similar_finished_jobs_as_the_simulator_does(
+    nats_url: str, postgres_url: str
+) -> None:
+    """DLRover-RM Alg. 1 live: the config DB's similar finished jobs are the history, and
+    the first plan is the simulator's Stride policy's arrival decision on that history."""
+    configdb_settings = local_settings(
+        ConfigDbSettings, nats_url=nats_url, database_url=postgres_url
+    )
+    async with running_service(build_configdb, configdb_settings) as configdb:
+        address = f"127.0.0.1:{configdb.server.port}"
+        optimizer_settings = settings(nats_url, postgres_url, configdb_address=address)
+        async with running_service(build, optimizer_settings) as optimizer:
+            producer = await Bus.connect(nats_url, name="test-history")
+            history_source = ConfigDbHistory(address)
+            try:
+                spec = dlrm_job(seed=3, index=4)
+                job_spec = admission("job-any", spec).spec
+                for index, (workers, ps) in enumerate(((4, 2), (8, 2), (6, 4))):
+                    past = f"job-past-{index}"
+                    submitted = job_pb2.JobSubmitted(
+                        job_id=past, spec=job_spec, submitted_at=stamp(datetime.now(UTC))
+                    )
+                    await producer.publish(topics.JOB_SUBMITTED, past, submitted, f"{past}.s")
+                    await producer.publish(
+                        topics.PLAN, past, past_plan(past, workers, ps), f"{past}.plan.1"
+                    )
+                    end = job_pb2.JobFinished(
+                        job_id=past,
+                        outcome=job_pb2.JOB_OUTCOME_SUCCEEDED,
+                        finished_at=stamp(datetime.now(UTC)),
+                    )
+                    await producer.publish(topics.JOB_FINISHED, past, end, f"{past}.f")
+
+                async def recorded() -> tuple[HistoricalJob, ...]:
+                    found = await history_source.similar(job_spec)
+                    assert len(found) == 3, found
+                    return found
+
+                history = await assert_eventually(recorded, timeout=20)
+                job_id = "job-dlrm-warm"
+                await producer.publish(
+                    topics.JOB_ADMITTED, job_id, admission(job_id, spec), f"{job_id}.admitted"
+                )
+                first = (await plans(nats_url, job_id, 1))[0]
+                cold = pods_of(cold_start_plan(features_from_spec(job_spec)))
+                assert cold is not None
+                reference = StridePolicy().decide(
+                    JobView(
+                        reason="arrival",
+                        now=0.0,
+                        spec=replace(spec, request=cold),
+                        pods=cold,
+                        consumed=0.0,
+                        samples=(),
+                        sample_count=0,
+                        worker_util=0.0,
+                        ps_util=0.0,
+                        worker_memory_used_gib=0.0,
+                        memory_points=(),
+                        hot_detected=False,
+                        history=history,
+                        cluster_cpus=10_000,
+                        queued_jobs=0,
+                    )
+                )
+                assert reference.pods is not None and reference.pods != cold
+                assert pods_of(as_policy_plan(first)) == reference.pods
+                async with grpc.aio.insecure_channel(
+                    f"127.0.0.1:{optimizer.server.port}"
+                ) as channel:
+                    stub = pb_grpc.OptimizerServiceStub(channel)
+                    explained = await stub.GetPlanExplanation(
+                        pb.GetPlanExplanationRequest(job_id=job_id)
+                    )
+                why = explained.explanations[0]
+                assert why.algorithm == "stride-stage-step/1"
+                assert why.detail.startswith("warm start from 3 similar finished job(s)")
+                assert "of 3 candidates from the config DB" in why.detail
+            finally:
+                await history_source.close()
+                await producer.close()
+
+
+async def test_without_a_reachable_config_db_a_job_starts_cold(
+    nats_url: str, postgres_url: str
+) -> None:
+    unreachable = settings(nats_url, postgres_url, configdb_address="127.0.0.1:9")
+    async with running_service(build, unreachable):
+        producer = await Bus.connect(nats_url, name="test-cold")
+        try:
+            job_id = "job-dlrm-cold"
+            spec = dlrm_job(seed=3, index=4)
+            decision = admission(job_id, spec)
+            await producer.publish(topics.JOB_ADMITTED, job_id, decision, f"{job_id}.admitted")
+            first = (await plans(nats_url, job_id, 1))[0]
+            assert first.algorithm == "cold-start-plan/1"
+            cold = cold_start_plan(features_from_spec(decision.spec))
+            assert pods_of(as_policy_plan(first)) == pods_of(cold)
+        finally:
+            await producer.close()

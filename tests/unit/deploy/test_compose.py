@@ -195,3 +195,9 @@ def test_postgres_is_health_checked(services: dict[str, Service]) -> None:
     environment = _environment(postgres)
     assert environment["POSTGRES_DB"] == environment["POSTGRES_USER"] == "stride"
     assert "pg_isready" in postgres["healthcheck"]["test"]
+
+
+def test_the_optimizer_warm_starts_from_the_config_db(services: dict[str, Service]) -> None:
+    environment = _environment(services["optimizer"])
+    assert environment["STRIDE_OPTIMIZER_CONFIGDB_ADDRESS"] == "configdb:50054"
+    assert "configdb" in services

@@ -8,10 +8,9 @@ from dataclasses import replace
 import numpy as np
 import pytest
 
+from stride.policy.stages import ALMOST_BEST_FRACTION, JOB_CPU_LIMIT
 from stride.policy.throughput import PAPER_PARAMETERS, throughput
 from stride.sim.dlrm import (
-    ALMOST_BEST_FRACTION,
-    JOB_CPU_LIMIT,
     OPTIMUS_MIN_EFFICIENCY,
     OPTIMUS_PS_STEP,
     OPTIMUS_WORKER_STEP,

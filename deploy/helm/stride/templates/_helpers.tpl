@@ -145,6 +145,11 @@ url
 - name: STRIDE_CKPTCACHE_STORE_DIR
   value: {{ $root.Values.ckptcache.store.mountPath | quote }}
 {{- end }}
+{{- if eq $name "optimizer" }}
+{{- /* Warm starts come from the config DB's similar finished jobs. */}}
+- name: STRIDE_OPTIMIZER_CONFIGDB_ADDRESS
+  value: {{ printf "%s:50054" (include "stride.componentName" (list $root "configdb")) | quote }}
+{{- end }}
 {{- if eq $name "podwatcher" }}
 - name: STRIDE_PODWATCHER_BACKEND
   value: kubernetes

@@ -335,6 +335,7 @@ class Supervisor:
             env.setdefault(f"{prefix}MAX_POD_CPU", str(float(max((os.cpu_count() or 1) // 2, 1))))
             # And a job no bigger than the four virtual nodes (default_local_nodes) hold.
             env.setdefault(f"{prefix}MAX_JOB_CPU", str(4 * (os.cpu_count() or 1)))
+            env[f"{prefix}CONFIGDB_ADDRESS"] = f"127.0.0.1:{ports['configdb']}"
         if service == "podwatcher":
             # Pods live beside the suite's state and reach its dispatcher and cache.
             env.setdefault("STRIDE_PODWATCHER_LOCAL_STATE_DIR", str(self.state_dir / "pods"))

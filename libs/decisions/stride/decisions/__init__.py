@@ -102,6 +102,11 @@ large job (a few seconds), so a healthy replica is not raced, and short against 
 deadline, so a killed one costs a job seconds, not the whole deadline."""
 NO_RESPONDERS_PAUSE_SECONDS = 0.25
 """Pause before asking again when no replica is subscribed (the pool is restarting)."""
+NO_RESPONDERS_GRACE_SECONDS = 1.0
+"""How long a request waits for a replica to subscribe before it fails (retryable): long
+enough for a replica's restart to be seen, short enough that a caller with a fallback (the
+optimizer runs the step itself) does not wait out the whole deadline for a pool that is
+not there."""
 DEFAULT_TIMEOUT_SECONDS = 30.0
 """Every decision has a deadline. NSGA-II on a large job takes a few seconds on one core;
 thirty leaves room for a busy pool without letting a lost request hang a job forever."""
@@ -172,10 +177,10 @@ class ExecutorPool:
     """Sends the algorithm to the executor pool as an ``AlgorithmRequest`` and types the
     reply back; any replica of the queue group answers.
 
-    A request is retried until its deadline: when no replica answers (the pool is
-    restarting) after a short pause, and when the replica that took it does not answer
-    within ``attempt_seconds`` (it was killed or is stuck) at once, so another replica
-    answers. Executors are stateless, so running a request twice is harmless.
+    A request is retried until its deadline: when no replica is subscribed, after a short
+    pause and for at most :data:`NO_RESPONDERS_GRACE_SECONDS`; and when the replica that
+    took it does not answer within ``attempt_seconds`` (it was killed or is stuck) at once,
+    so another replica answers. Executors are stateless, so running a request twice is harmless.
     """
 
     name = EXECUTOR
@@ -218,7 +223,10 @@ class ExecutorPool:
                 )
                 break
             except nats.errors.NoRespondersError:
-                if deadline - loop.time() <= NO_RESPONDERS_PAUSE_SECONDS:
+                waited = timeout - (deadline - loop.time())
+                if waited >= NO_RESPONDERS_GRACE_SECONDS or (
+                    deadline - loop.time() <= NO_RESPONDERS_PAUSE_SECONDS
+                ):
                     raise DecisionFailed(
                         f"no executor replica answers {algorithm.qualified_name}", retryable=True
                     ) from None

@@ -16,12 +16,13 @@ from stride.optimizer.adapters.inbound.bus_handlers import (
     UsageHandler,
 )
 from stride.optimizer.adapters.inbound.grpc_api import OptimizerApi
+from stride.optimizer.adapters.outbound.history import ConfigDbHistory
 from stride.optimizer.db.tables import outbox as outbox_table
 from stride.optimizer.domain.observations import WindowRule
 from stride.optimizer.domain.tuning import search_space
 from stride.optimizer.settings import OptimizerSettings
 from stride.optimizer.usecases import STAGE_STEP, Planning
-from stride.runtime.lifecycle import ServiceHost
+from stride.runtime.lifecycle import Dependency, ServiceHost
 from stride.wiring import connect_bus, consume, create_host, open_database, relay_outbox
 
 MIGRATIONS = Path(__file__).parent / "db" / "migrations"
@@ -45,6 +46,10 @@ async def build(settings: OptimizerSettings) -> ServiceHost:
         settings.decision_timeout_seconds,
         settings.decision_attempt_seconds,
     )
+    history = None
+    if settings.configdb_address:
+        history = ConfigDbHistory(settings.configdb_address)
+        host.add_dependency(Dependency("config DB channel", _always, history.close, False))
     planning = Planning(
         database,
         outbox,
@@ -54,6 +59,7 @@ async def build(settings: OptimizerSettings) -> ServiceHost:
         space=search_space(settings.max_pod_cpu, settings.max_job_cpu),
         min_plan_interval_seconds=settings.min_plan_interval_seconds,
         override_hold_seconds=settings.override_hold_seconds,
+        history=history,
         fallback=build_decisions(
             {STAGE_STEP.name: "inprocess"}, None, settings.decision_timeout_seconds
         ).adjust,
@@ -103,3 +109,8 @@ async def build(settings: OptimizerSettings) -> ServiceHost:
         ack_wait=settings.ack_wait_seconds,
     )
     return host
+
+
+async def _always() -> bool:
+    """The config DB is optional: its absence never makes the optimizer unhealthy."""
+    return True

@@ -52,3 +52,6 @@ class OptimizerSettings(ServiceSettings, DecisionSettings):
     max_job_cpu: int | None = Field(default=None, ge=1, le=100_000)
     """Most cores the stage step gives one job (the job's request if larger). Unset keeps
     the policy's 200 (000 sec. 6.1)."""
+    configdb_address: str | None = Field(default=None, min_length=3, max_length=300)
+    """host:port of the config DB: a new job starts from the configurations of the most
+    similar finished jobs (warm start). Unset: every job starts from the cold default."""

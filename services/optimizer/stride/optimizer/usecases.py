@@ -18,7 +18,7 @@ from __future__ import annotations
 from collections.abc import Callable
 from dataclasses import replace
 from datetime import UTC, datetime
-from typing import TypeVar
+from typing import Protocol, TypeVar
 
 import structlog
 
@@ -54,9 +54,10 @@ from stride.optimizer.domain.tuning import (
     with_pods,
 )
 from stride.policy import dlrover, stages
-from stride.policy.cold_start import COLD_START, ColdStartRequest
+from stride.policy.cold_start import COLD_START, ColdStartRequest, JobFeatures
 from stride.policy.plans import Plan, Role
 from stride.policy.registry import AlgorithmSpec
+from stride.policy.warm_start import HistoricalJob
 from stride.runtime.errors import FailedPrecondition, InvalidArgument, NotFound, Unavailable
 from stride.vocabulary import check_pod_count
 
@@ -77,6 +78,14 @@ RequestT = TypeVar("RequestT")
 ReplyT = TypeVar("ReplyT")
 
 
+class HistorySource(Protocol):
+    """Finished jobs similar to a spec, for the warm start (the config DB)."""
+
+    async def similar(self, spec: job_pb2.JobSpec) -> tuple[HistoricalJob, ...]:
+        """Similar finished jobs with the configurations they ended with."""
+        ...
+
+
 class Planning:
     """Applies lifecycle facts to administrators and reads plans back."""
 
@@ -91,6 +100,7 @@ class Planning:
         min_plan_interval_seconds: float = 0.0,
         override_hold_seconds: float = 0.0,
         fallback: DecisionPort | None = None,
+        history: HistorySource | None = None,
     ) -> None:
         self.database = database
         self.outbox = outbox
@@ -101,6 +111,8 @@ class Planning:
         self.space = space or stages.SearchSpace()
         self.min_plan_interval_seconds = min_plan_interval_seconds
         self.override_hold_seconds = override_hold_seconds
+        self.history = history
+        """Where similar finished jobs come from (the config DB); None: cold starts only."""
         self.fallback = fallback
         """Where the stage step runs when ``adjust`` cannot answer (the executor pool is
         down or slow): in this process, off the event loop."""
@@ -126,10 +138,32 @@ class Planning:
         cold_start = await self._decide(
             COLD_START, ColdStartRequest(features, self.max_pod_cpu), job_id
         )
+        first, explanation = (
+            cold_start.plan,
+            Explanation(
+                algorithm=cold_start.plan.algorithm,
+                stage=JobStage.COLD_START.value,
+                root_cause=RootCause.COLD_START.value,
+                detail=cold_start.plan.reason,
+            ),
+        )
+        default = pods_of(cold_start.plan)
+        warm = await self._warm_start(decision.spec, features, default, job_id)
+        if warm is not None and warm[0].pods is not None and default is not None:
+            reply, fallback, neighbours = warm
+            assert reply.pods is not None
+            first = with_pods(cold_start.plan, reply.pods, reply.root_cause)
+            explanation = replace(
+                explanation,
+                algorithm=STAGE_STEP.qualified_name,
+                detail=f"{reply.root_cause} (of {neighbours} candidates from the config DB)",
+                cost=reply.cost,
+                fallback=fallback,
+            )
         now = datetime.now(UTC)
         async with self.database.transaction() as session:
             existing = await repository.get_administrator(session, job_id, for_update=True)
-            step = on_admitted(existing, job_id, cold_start.plan, now)
+            step = on_admitted(existing, job_id, first, now)
             if not step.changed:
                 log.info(
                     "admission already applied; ignored",
@@ -137,17 +171,50 @@ class Planning:
                     stage=existing.stage.value if existing else None,
                 )
                 return
-            explanation = Explanation(
-                algorithm=cold_start.plan.algorithm,
-                stage=JobStage.COLD_START.value,
-                root_cause=RootCause.COLD_START.value,
-                detail=cold_start.plan.reason,
-            )
+            # The stage step's later "request" is the cold default, as the simulator's is
+            # the user's request, whatever the warm start chose.
             await self._store(
-                session, step, decision.spec.SerializeToString(), now, explanation=explanation
+                session,
+                step,
+                decision.spec.SerializeToString(),
+                now,
+                explanation=explanation,
+                view=obs.Observations(request=default),
             )
         self.outbox.notify()
         log.info("job administrator created", job_id=job_id, plans=[p.version for p in step.plans])
+
+    async def _warm_start(
+        self,
+        spec: job_pb2.JobSpec,
+        features: JobFeatures,
+        default: stages.Pods | None,
+        job_id: str,
+    ) -> tuple[stages.StageReply, str, int] | None:
+        """The stage step's arrival decision on the config DB's similar finished jobs
+        (DLRover-RM Alg. 1), or None for the cold default: no config DB configured, none
+        reachable (logged; the job still starts), no similar job, or a plan the stage step
+        cannot size (no worker or PS)."""
+        if self.history is None or default is None:
+            return None
+        try:
+            history = await self.history.similar(spec)
+        except Exception as error:
+            log.warning("config DB unreachable; cold start", job_id=job_id, error=str(error))
+            return None
+        if not history:
+            return None
+        request = stages.StageRequest(
+            reason=stages.Reason.ARRIVAL,
+            features=features,
+            shape=shape_of(features, spec.model.parameter_count),
+            request=default,
+            pods=default,
+            history=history,
+            space=self.space,
+        )
+        reply, fallback = await self._stage_step(request, job_id)
+        return reply, fallback, len(history)
 
     async def _decide(
         self, algorithm: AlgorithmSpec[RequestT, ReplyT], request: RequestT, job_id: str
