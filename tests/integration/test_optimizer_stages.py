@@ -246,8 +246,9 @@ class SimulatedAgent:
             self.rng.lognormal(0.0, 0.05)
         )
         self.consumed = min(self.spec.total_samples - 1, self.consumed + rate * TICK)
-        await self.report_usage(version, pods)
+        # The pods' usage at the end of the window, then the window's steps.
         self.clock += timedelta(seconds=TICK * 1.01)
+        await self.report_usage(version, pods)
         metrics = metrics_pb2.StepMetrics(
             job_id=self.job_id,
             pod_name=f"{self.job_id}-chief-0",

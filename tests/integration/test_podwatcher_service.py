@@ -7,6 +7,7 @@ plan rules. Pods that really run are in ``test_podwatcher_pods.py``.
 
 from __future__ import annotations
 
+import functools
 from collections.abc import AsyncIterator, Awaitable
 from pathlib import Path
 from typing import TypeAlias
@@ -256,3 +257,31 @@ async def test_a_plan_for_a_job_never_admitted_is_dead_lettered(
     ghost = await assert_eventually(parked, timeout=30)
     assert "no admitted job 'job-ghost'" in (ghost.headers or {})["Stride-Dead-Letter-Reason"]
     assert await job_pods(stub, "job-ghost") is None
+
+
+async def test_a_simulated_job_gets_its_plans_recorded_and_no_pods(stub: Stub, bus: Bus) -> None:
+    """`stride loadgen` plays a simulated job's agents: its plans are applied to nothing."""
+    decision = job_pb2.AdmissionDecision(
+        job_id="job-sim",
+        outcome=job_pb2.ADMISSION_OUTCOME_ADMITTED,
+        spec=job_pb2.JobSpec(name="job-sim", user="loadgen", simulated=True),
+    )
+    await bus.publish(topics.JOB_ADMITTED, "job-sim", decision, "job-sim.admitted")
+    # A plan this node could host (1 PS of 1 cpu, 1 worker): a real job would get pods.
+    small = plan("job-sim", 1, workers=1, cpu=0.5)
+    small.roles[0].cpu = 1.0
+    small.roles[0].memory_bytes = GIB
+    await bus.publish(topics.PLAN, "job-sim", small, "job-sim.plan.1")
+
+    async def applied(version: int) -> pb.GetJobPodsResponse:
+        reply = await newest_version_becomes(stub, "job-sim", version)
+        assert reply.plan.state == pb.PLAN_STATE_APPLIED, reply.plan
+        return reply
+
+    for version in (1, 2):
+        if version == 2:
+            bigger = plan("job-sim", 2, workers=3)
+            await bus.publish(topics.PLAN, "job-sim", bigger, "job-sim.plan.2")
+        reply = await assert_eventually(functools.partial(applied, version))
+        assert "simulated job: no pods" in reply.plan.message
+        assert list(reply.pods) == []

@@ -84,9 +84,9 @@ def usage(role: str, memory_gib: float, cpu: float = 1.0, at: float = 1.0) -> ob
 def test_usage_gives_the_first_memory_point_measured_hot_ps_and_stragglers() -> None:
     v = obs.add_usage(view(), "w0", usage("worker", 2.5))
     v = obs.add_usage(v, "p0", usage("ps", 3.0, cpu=3.0))
-    assert not obs.measured(v) and not v.memory_points
+    assert not obs.measured(v, RULE) and not v.memory_points
     v = obs.add_usage(v, "p1", usage("ps", 1.0, cpu=1.0))
-    assert obs.measured(v)
+    assert obs.measured(v, RULE)
     assert v.memory_points == (MemoryPoint(0.0, 4.0, 3.0),)
     assert obs.worker_memory_used_gib(v) == 2.5
     assert obs.hot_ps(v)
@@ -153,3 +153,20 @@ def test_a_held_decision_records_its_event_and_publishes_nothing() -> None:
     kept = StageReply(None, False, Stage.OPTIMIZING, "model: the current pods are within 10%")
     step, explained = on_stage_reply(admin, plan(), kept, "e2", why, True, "", now)
     assert not step.events and step.after is not None and step.after.stage is JobStage.STEADY
+
+
+def test_a_due_decision_waits_for_usage_of_its_window_and_takes_its_memory_point() -> None:
+    v = obs.add_usage(view(), "w0", usage("worker", 2.0))
+    v = obs.add_usage(v, "p0", usage("ps", 1.0, at=1.0))
+    v = obs.add_usage(v, "p1", usage("ps", 1.0, at=1.0))
+    first = v.memory_points
+    v = obs.add_steps(v, report(200.0, steps=1, step=61.0), RULE)
+    assert v.pending == 1 and v.closed_at == 200.0
+    # The PS usage is from before the window: the decision waits for this window's.
+    assert not obs.measured(v, RULE)
+    v = obs.add_usage(v, "p0", usage("ps", 3.0, at=199.0))
+    assert not obs.measured(v, RULE)
+    v = obs.add_usage(v, "p1", usage("ps", 2.0, at=199.5))
+    assert obs.measured(v, RULE)
+    taken = obs.with_memory_point(v)
+    assert taken.memory_points == (*first, MemoryPoint(20000.0, 5.0, 3.0))

@@ -846,8 +846,15 @@ def _memory_point(job: _Job) -> tuple[float, float, float]:
 
 class _Env:
     def __init__(
-        self, jobs: list[DlrmJobSpec], cpus: int, mem: int, policy: DlrmPolicy, sim: Simulation
+        self,
+        jobs: list[DlrmJobSpec],
+        cpus: int,
+        mem: int,
+        policy: DlrmPolicy,
+        sim: Simulation,
+        tick: float = TICK_SECONDS,
     ) -> None:
+        self.tick = tick
         self.jobs = {j.job_id: _Job(j, hot=j.hot_factor) for j in jobs}
         self.cpus, self.mem = cpus, mem
         self.used_cpu, self.used_mem = 0, 0
@@ -984,7 +991,7 @@ class _Env:
                 self._set_pods(job, pods, RESTART_SECONDS)
                 # The profiler's first memory sample: the PS as loaded, before any training.
                 job.memory_points.append(_memory_point(job))
-                self.sim.schedule(self.sim.now + TICK_SECONDS, EventKind.TIMER, job_id, None)
+                self.sim.schedule(self.sim.now + self.tick, EventKind.TIMER, job_id, None)
             else:
                 waiting.append(job_id)
         self.queue = waiting
@@ -1094,14 +1101,20 @@ class _Env:
                 job.memory_points.append(_memory_point(job))
                 del job.memory_points[:-MEMORY_WINDOW]
                 self._apply(job, self.policy.decide(self._view(job, "tick")))
-            sim.schedule(sim.now + TICK_SECONDS, EventKind.TIMER, job.spec.job_id, None)
+            sim.schedule(sim.now + self.tick, EventKind.TIMER, job.spec.job_id, None)
 
 
 def simulate(
-    jobs: list[DlrmJobSpec], cluster_cpus: int, cluster_memory_gib: int, policy_name: str, seed: int
+    jobs: list[DlrmJobSpec],
+    cluster_cpus: int,
+    cluster_memory_gib: int,
+    policy_name: str,
+    seed: int,
+    tick_seconds: float = TICK_SECONDS,
 ) -> DlrmResult:
     """Run ``jobs`` under a policy on a cluster of ``cluster_cpus`` cores and
-    ``cluster_memory_gib`` GiB (aggregate capacity, no node packing)."""
+    ``cluster_memory_gib`` GiB (aggregate capacity, no node packing), consulting the policy
+    every ``tick_seconds`` of a running job (``stride loadgen`` compares at its own tick)."""
     if policy_name not in POLICIES:
         raise SimulationError(f"policy_name: unknown {policy_name!r}; known: {sorted(POLICIES)}")
     for spec in jobs:
@@ -1113,7 +1126,9 @@ def simulate(
             )
     policy = POLICIES[policy_name]()
     sim = Simulation(seed)
-    env = _Env(jobs, cluster_cpus, cluster_memory_gib, policy, sim)
+    if not tick_seconds > 0:
+        raise SimulationError(f"tick_seconds: must be positive, got {tick_seconds}")
+    env = _Env(jobs, cluster_cpus, cluster_memory_gib, policy, sim, tick_seconds)
     for spec in jobs:
         sim.schedule(spec.submit_time, EventKind.ARRIVAL, spec.job_id)
     sim.run(env.handle)

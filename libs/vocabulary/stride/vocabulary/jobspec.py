@@ -360,6 +360,8 @@ class JobSpecMessage(Protocol):
     def soft_deadline(self) -> bool: ...
     @property
     def priority(self) -> int: ...
+    @property
+    def simulated(self) -> bool: ...
     def HasField(self, field_name: Literal["deadline"], /) -> bool:
         """Whether an optional message field is set."""
         ...
@@ -440,6 +442,8 @@ class JobSpec:
     soft_deadline: bool = False
     priority: int = 0
     """The wire number; :data:`PRIORITY_BY_NUMBER` names it."""
+    simulated: bool = False
+    """Played by ``stride loadgen``: planned as any job, and no pods start for it."""
     serialized_size: int = 0
     """The size of the message this view was read from, in bytes (0 if built by hand)."""
 
@@ -477,6 +481,7 @@ class JobSpec:
             ),
             soft_deadline=message.soft_deadline,
             priority=message.priority,
+            simulated=message.simulated,
             serialized_size=message.ByteSize(),
         )
 

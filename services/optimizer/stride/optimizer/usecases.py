@@ -273,22 +273,28 @@ class Planning:
         current = view if view is not None else (stored or obs.Observations())
         if step.plans:
             newest = step.plans[-1]
-            current = current.for_plan(newest.version, pods_of(newest.plan), now.timestamp())
+            current = current.for_plan(
+                newest.version, pods_of(newest.plan), obs.job_clock(current, now.timestamp())
+            )
         await repository.put_observations(
             session, step.after.job_id, current, now, new=stored is None
         )
 
-    async def newest_plan(self, job_id: str) -> tuple[plan_pb2.ResourcePlan, JobStage]:
-        """The job's newest plan and its stage; NotFound if the job or its plan is unknown."""
+    async def newest_plan(
+        self, job_id: str
+    ) -> tuple[plan_pb2.ResourcePlan, JobStage, obs.Observations | None]:
+        """The job's newest plan, its stage and its metric view; NotFound if the job or its
+        plan is unknown."""
         check_job_id(job_id)
         async with self.database.sessions() as session:
             administrator = await repository.get_administrator(session, job_id)
             if administrator is None:
                 raise NotFound(f"job {job_id!r} not found")
             plan = await repository.newest_plan(session, job_id)
+            view = await repository.get_observations(session, job_id)
         if plan is None:
             raise NotFound(f"job {job_id!r} has no plan ({administrator.stage.value})")
-        return plan, administrator.stage
+        return plan, administrator.stage, view
 
     async def plans(self, job_id: str) -> list[plan_pb2.ResourcePlan]:
         """Every plan version of the job, oldest first; NotFound if the job is unknown."""
@@ -340,7 +346,8 @@ class Planning:
                 raise FailedPrecondition(str(error)) from None
             view = await repository.get_observations(session, job_id, for_update=True)
             if view is not None:
-                view = replace(view, hold_until=now.timestamp() + self.override_hold_seconds)
+                held_from = obs.job_clock(view, now.timestamp())
+                view = replace(view, hold_until=held_from + self.override_hold_seconds)
             explanation = Explanation(
                 algorithm="manual",
                 stage=administrator.stage.value,
@@ -439,7 +446,7 @@ class Planning:
             reported_at=metrics.reported_at.ToDatetime(tzinfo=UTC).timestamp(),
             step_seconds=metrics.step_seconds,
         )
-        view = await self._update_view(job_id, lambda v: obs.add_steps(v, report, self.window))
+        _, view = await self._update_view(job_id, lambda v: obs.add_steps(v, report, self.window))
         if view is not None and view.pending >= 0:
             await self.decide_pending(job_id)
 
@@ -460,20 +467,30 @@ class Planning:
             plan_version=sample.plan_version,
             sampled_at=sample.sampled_at.ToDatetime(tzinfo=UTC).timestamp(),
         )
-        view = await self._update_view(job_id, lambda v: obs.add_usage(v, sample.pod_name, usage))
-        if view is not None and view.pending >= 0 and obs.measured(view):
+        before, view = await self._update_view(
+            job_id, lambda v: obs.add_usage(v, sample.pod_name, usage)
+        )
+        if (
+            view is not None
+            and view.pending >= 0
+            and obs.measured(view, self.window)
+            and not (before is not None and obs.measured(before, self.window))
+        ):
+            # This sample completed the usage a due decision waited for (one trigger
+            # only: the window's own trigger decides when usage was in already).
             await self.decide_pending(job_id)
 
     async def _update_view(
         self, job_id: str, change: Callable[[obs.Observations], obs.Observations]
-    ) -> obs.Observations | None:
-        """Apply ``change`` to the job's view in one transaction; None for a finished job."""
+    ) -> tuple[obs.Observations | None, obs.Observations | None]:
+        """Apply ``change`` to the job's view in one transaction; the view before and after
+        (None, None for a finished job)."""
         async with self.database.transaction() as session:
             administrator = await repository.get_administrator(session, job_id, for_update=True)
             if administrator is None:
                 raise InvalidArgument("job_id", f"no job {job_id!r} is known to the optimizer")
             if administrator.stage is JobStage.FINISHED:
-                return None
+                return None, None
             view = await repository.get_observations(session, job_id, for_update=True)
             if view is None:
                 raise InvalidArgument("job_id", f"job {job_id!r} has no plan to measure yet")
@@ -485,7 +502,7 @@ class Planning:
                 await repository.put_observations(
                     session, job_id, after, datetime.now(UTC), new=False
                 )
-            return after
+            return view, after
 
     def _stage_request(
         self, view: obs.Observations, spec_bytes: bytes, reason: stages.Reason
@@ -551,9 +568,10 @@ class Planning:
             or view.pending < 0
             or spec is None
             or newest is None
-            or not obs.measured(view)
+            or not obs.measured(view, self.window)
         ):
             return
+        view = obs.with_memory_point(view)
         request = self._stage_request(view, spec, stages.Reason.TICK)
         reply, fallback = await self._stage_step(request, job_id)
         if fallback:
@@ -569,13 +587,21 @@ class Planning:
                 or existing.plan_version != administrator.plan_version
                 or current.pending != view.pending
             ):
-                log.info("decision dropped: the job changed meanwhile", job_id=job_id)
+                log.info(
+                    "decision dropped: the job changed while it was made"
+                    if current is None or current.pending >= 0
+                    else "decision already made by another trigger",
+                    job_id=job_id,
+                )
                 return
             hold = ""
-            moment = now.timestamp()
+            moment = current.closed_at if current.closed_at >= 0 else now.timestamp()
             if moment < current.hold_until:
                 hold = f"an operator's plan holds for {current.hold_until - moment:.0f}s more"
-            elif moment - current.last_plan_at < self.min_plan_interval_seconds:
+            elif (
+                self.min_plan_interval_seconds > 0
+                and moment - current.last_plan_at < self.min_plan_interval_seconds
+            ):
                 hold = (
                     f"the last plan is {moment - current.last_plan_at:.0f}s old "
                     f"(minimum {self.min_plan_interval_seconds:g}s between plans)"
@@ -606,6 +632,7 @@ class Planning:
             )
             settled = replace(
                 current,
+                memory_points=view.memory_points,
                 pending=-1,
                 last_fit_sample_count=(
                     reply.fitted_at if reply.fitted_at >= 0 else current.last_fit_sample_count

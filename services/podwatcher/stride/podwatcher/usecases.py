@@ -230,6 +230,17 @@ class PodWatcher:
         if job is None or stored is None or job.state != "RUNNING":
             self._waiting_for_room.discard(job_id)
             return
+        if job.spec.simulated:
+            # `stride loadgen` plays this job's agents: its plans are the services' to
+            # make and measure, and no pod is started for them.
+            if stored.state is not PlanState.APPLIED:
+                await self._set_plan_state(
+                    job_id,
+                    stored.plan.version,
+                    PlanState.APPLIED,
+                    "simulated job: no pods (its agents are played by stride loadgen)",
+                )
+            return
         plan = plan_from_proto(stored.plan)
         now = now_utc()
         waiting = {

@@ -282,6 +282,7 @@ class JobSpec(_message.Message):
     DEADLINE_FIELD_NUMBER: _builtins.int
     SOFT_DEADLINE_FIELD_NUMBER: _builtins.int
     PRIORITY_FIELD_NUMBER: _builtins.int
+    SIMULATED_FIELD_NUMBER: _builtins.int
     name: _builtins.str
     """Job name chosen by the user (not necessarily unique)."""
     user: _builtins.str
@@ -292,6 +293,10 @@ class JobSpec(_message.Message):
     """Whether a missed deadline is still worth finishing (soft) or not (hard, the default)."""
     priority: Global___Priority.ValueType
     """Scheduling priority; unspecified means normal."""
+    simulated: _builtins.bool
+    """The job's agents are played by `stride loadgen` from a simulated environment: the
+    services plan it as any job, and the pod watcher starts no pods for it.
+    """
     @_builtins.property
     def model(self) -> Global___ModelReference:
         """The model and how to run it."""
@@ -325,10 +330,11 @@ class JobSpec(_message.Message):
         deadline: _timestamp_pb2.Timestamp | None = ...,
         soft_deadline: _builtins.bool = ...,
         priority: Global___Priority.ValueType = ...,
+        simulated: _builtins.bool = ...,
     ) -> None: ...
     _HasFieldArgType: _TypeAlias = _typing.Literal["dataset", b"dataset", "deadline", b"deadline", "model", b"model", "termination", b"termination"]  # noqa: Y015
     def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
-    _ClearFieldArgType: _TypeAlias = _typing.Literal["batch_size", b"batch_size", "dataset", b"dataset", "deadline", b"deadline", "hyperparameters", b"hyperparameters", "model", b"model", "name", b"name", "priority", b"priority", "soft_deadline", b"soft_deadline", "termination", b"termination", "user", b"user"]  # noqa: Y015
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["batch_size", b"batch_size", "dataset", b"dataset", "deadline", b"deadline", "hyperparameters", b"hyperparameters", "model", b"model", "name", b"name", "priority", b"priority", "simulated", b"simulated", "soft_deadline", b"soft_deadline", "termination", b"termination", "user", b"user"]  # noqa: Y015
     def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
     def WhichOneof(self, oneof_group: _Never) -> None: ...
 

@@ -145,6 +145,8 @@ class Observations:
     """When the optimizer last published a plan for the job (seconds since the epoch)."""
     hold_until: float = -1.0
     """An operator's plan holds until then: the stage step's changes are not published."""
+    closed_at: float = -1.0
+    """When the newest window closed, on the job's clock (its reports' time)."""
 
     def for_plan(self, version: int, pods: Pods | None, at: float) -> Observations:
         """The view once plan ``version`` is published: a new window, fresh usage."""
@@ -192,7 +194,7 @@ def add_steps(view: Observations, report: StepReport, rule: WindowRule) -> Obser
     )
     if window.span < rule.tick_seconds or window.rate <= 0:
         return replace(view, window=window)
-    return _close(replace(view, window=Window()), window.rate)
+    return _close(replace(view, window=Window(), closed_at=window.ended_at), window.rate)
 
 
 def _close(view: Observations, rate: float) -> Observations:
@@ -206,14 +208,18 @@ def _close(view: Observations, rate: float) -> Observations:
     indices = [i for i, s in enumerate(samples) if s.pods == view.pods]
     if len(indices) > SAMPLES_PER_CONFIG:
         del samples[indices[0]]
-    points = view.memory_points
-    point = memory_point(view)
-    if point is not None:
-        points = (*points, point)[-MEMORY_WINDOW:]
     count = view.sample_count + 1
-    return replace(
-        view, samples=tuple(samples), sample_count=count, memory_points=points, pending=count
-    )
+    return replace(view, samples=tuple(samples), sample_count=count, pending=count)
+
+
+def with_memory_point(view: Observations) -> Observations:
+    """``view`` with a memory point from its PS's usage now (taken when the window's
+    decision is made, once the PS reported their usage of the window: see
+    :func:`measured`), bounded to :data:`MEMORY_WINDOW` points."""
+    point = memory_point(view)
+    if point is None:
+        return view
+    return replace(view, memory_points=(*view.memory_points, point)[-MEMORY_WINDOW:])
 
 
 def memory_point(view: Observations) -> MemoryPoint | None:
@@ -247,13 +253,25 @@ def add_usage(view: Observations, pod_name: str, usage: PodUsage) -> Observation
     return view
 
 
-def measured(view: Observations) -> bool:
-    """Whether every worker and PS of the current plan reported its usage: the stage step
-    sizes memory from it, so a decision waits for it."""
+def job_clock(view: Observations, fallback: float) -> float:
+    """Now on the job's clock: the time of its newest report, or ``fallback`` (the wall
+    clock) before it reported. Holds and intervals are measured on it, so a job whose
+    agents run on an accelerated clock (``stride loadgen``) is held as long in its time
+    as a real one is in ours."""
+    return max(view.last_report.values(), default=fallback)
+
+
+def measured(view: Observations, rule: WindowRule) -> bool:
+    """Whether every worker and PS of the current plan reported its usage, each PS within
+    the window a due decision is on (its memory makes the window's memory point): the stage
+    step sizes memory from them, so a decision waits for them. Usage and steps travel on
+    different streams, so either may arrive first."""
     if view.pods is None:
         return False
-    roles = [u.role for u in view.usage.values()]
-    return roles.count("worker") >= view.pods.workers and roles.count("ps") >= view.pods.ps
+    fresh_after = view.closed_at - rule.tick_seconds if view.pending >= 0 else -math.inf
+    workers = sum(u.role == "worker" for u in view.usage.values())
+    ps = sum(u.role == "ps" and u.sampled_at >= fresh_after for u in view.usage.values())
+    return workers >= view.pods.workers and ps >= view.pods.ps
 
 
 def worker_memory_used_gib(view: Observations) -> float:
@@ -322,6 +340,7 @@ def to_json(view: Observations) -> str:
             "outliers": view.outliers,
             "last_plan_at": view.last_plan_at,
             "hold_until": view.hold_until,
+            "closed_at": view.closed_at,
         },
         sort_keys=True,
     )
@@ -346,6 +365,7 @@ def from_json(text: str) -> Observations:
         outliers=data["outliers"],
         last_plan_at=data["last_plan_at"],
         hold_until=data["hold_until"],
+        closed_at=data["closed_at"],
     )
 
 

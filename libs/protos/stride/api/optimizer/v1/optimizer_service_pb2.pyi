@@ -50,8 +50,14 @@ class GetPlanResponse(_message.Message):
 
     PLAN_FIELD_NUMBER: _builtins.int
     STAGE_FIELD_NUMBER: _builtins.int
+    WINDOWS_FIELD_NUMBER: _builtins.int
+    DECIDING_FIELD_NUMBER: _builtins.int
     stage: _optimization_pb2.JobStage.ValueType
     """The job's current stage."""
+    windows: _builtins.int
+    """Metric windows the optimizer has closed for the job (throughput samples taken)."""
+    deciding: _builtins.bool
+    """True while the decision on the newest closed window is still to be made."""
     @_builtins.property
     def plan(self) -> _plan_pb2.ResourcePlan:
         """The newest plan."""
@@ -61,10 +67,12 @@ class GetPlanResponse(_message.Message):
         *,
         plan: _plan_pb2.ResourcePlan | None = ...,
         stage: _optimization_pb2.JobStage.ValueType = ...,
+        windows: _builtins.int = ...,
+        deciding: _builtins.bool = ...,
     ) -> None: ...
     _HasFieldArgType: _TypeAlias = _typing.Literal["plan", b"plan"]  # noqa: Y015
     def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
-    _ClearFieldArgType: _TypeAlias = _typing.Literal["plan", b"plan", "stage", b"stage"]  # noqa: Y015
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["deciding", b"deciding", "plan", b"plan", "stage", b"stage", "windows", b"windows"]  # noqa: Y015
     def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
     def WhichOneof(self, oneof_group: _Never) -> None: ...
 

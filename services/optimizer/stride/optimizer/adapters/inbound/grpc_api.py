@@ -21,8 +21,13 @@ class OptimizerApi(pb_grpc.OptimizerServiceServicer):
         self.planning = planning
 
     async def GetPlan(self, request: pb.GetPlanRequest, context: Context) -> pb.GetPlanResponse:
-        plan, stage = await self.planning.newest_plan(request.job_id)
-        return pb.GetPlanResponse(plan=plan, stage=STAGE_TO_PROTO[stage])
+        plan, stage, view = await self.planning.newest_plan(request.job_id)
+        return pb.GetPlanResponse(
+            plan=plan,
+            stage=STAGE_TO_PROTO[stage],
+            windows=view.sample_count if view else 0,
+            deciding=view is not None and view.pending >= 0,
+        )
 
     async def ListPlans(
         self, request: pb.ListPlansRequest, context: Context
