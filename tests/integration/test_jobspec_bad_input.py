@@ -246,6 +246,8 @@ CASES = [
     Case("priority-unknown-number", "spec.priority", {"priority": 7}),
     Case("priority-negative", "spec.priority", {"priority": -1}),
     Case("priority-unknown-word", "spec.priority", {"priority": "urgent"}, grpc=False),
+    # simulated (11): a bool; only a file can spell it wrong
+    Case("simulated-word", "spec.simulated", {"simulated": "maybe"}, grpc=False),
     # the whole spec
     Case(
         "spec-over-2-mib",

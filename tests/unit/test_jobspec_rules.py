@@ -231,6 +231,7 @@ def test_the_view_reads_every_field_of_the_message() -> None:
         termination=job_pb2.Termination(max_steps=7, max_epochs=8),
         soft_deadline=True,
         priority=job_pb2.PRIORITY_LOW,
+        simulated=True,
     )
     message.deadline.seconds, message.deadline.nanos = 9, 10
     view = JobSpec.from_message(message)
@@ -245,6 +246,7 @@ def test_the_view_reads_every_field_of_the_message() -> None:
         deadline=Deadline(9, 10),
         soft_deadline=True,
         priority=1,
+        simulated=True,
         serialized_size=message.ByteSize(),
     )
     # Every field of the message has a home in the view: a new proto field must be added.
@@ -259,6 +261,7 @@ def test_the_view_reads_every_field_of_the_message() -> None:
         "deadline",
         "soft_deadline",
         "priority",
+        "simulated",
     }
     assert JobSpec.from_message(job_pb2.JobSpec()).deadline is None
 

@@ -24,8 +24,9 @@ import asyncio
 import json
 import math
 import statistics
+import time
 from collections.abc import Sequence
-from dataclasses import asdict, dataclass, replace
+from dataclasses import asdict, dataclass, field, replace
 from datetime import UTC, datetime, timedelta
 from pathlib import Path
 from typing import Any
@@ -84,6 +85,10 @@ class Played:
     oom_kills: int
     start: Pods | None = None
     """The pods of its first plan (the services' cold start or warm start)."""
+    latencies: list[float] = field(default_factory=list)
+    """Wall seconds from each window's steps being sent to its decision being visible."""
+    compute: list[float] = field(default_factory=list)
+    """Wall seconds the simulator's policy took to decide each window in this process."""
 
 
 def _stamp(moment: datetime) -> Timestamp:
@@ -154,9 +159,12 @@ class JobPlayer:
         self.sample_count = 0
         self.memory_points: list[tuple[float, float, float]] = []
         self.reference = StridePolicy()
+        self.latencies: list[float] = []
+        self.compute: list[float] = []
         self.messages = 0
         self.speed = 1.0
         self.start: Pods | None = None
+        self.decided_in_time = False
         self.seen_windows = 0
         """The optimizer's window count at the last decision seen."""
         self.workers_reported = 0
@@ -256,8 +264,10 @@ class JobPlayer:
                 moved = reply.windows > self.seen_windows
                 if plan.version > version or (new_window and moved and not reply.deciding):
                     self.seen_windows = max(self.seen_windows, reply.windows)
+                    self.decided_in_time = True
                     return plan if plan.version > version else None
             if asyncio.get_running_loop().time() >= deadline:
+                self.decided_in_time = False
                 return None
             await asyncio.sleep(POLL_SECONDS)
 
@@ -326,6 +336,7 @@ class JobPlayer:
                 reported_at=_stamp(self._now()),
                 plan_version=version,
             )
+            sent = time.perf_counter()
             await self.bus.publish(topics.STEP_METRICS, self.job_id, metrics, self._id("steps"))
             windows += 1
             self.consumed = float(int(self.consumed))
@@ -336,8 +347,13 @@ class JobPlayer:
             self.sample_count += 1
             self.memory_points.append(self._memory_point(pods))
             del self.memory_points[:-MEMORY_WINDOW]
-            expected = self.reference.decide(self._view(pods)).pods
+            view = self._view(pods)
+            computing = time.perf_counter()
+            expected = self.reference.decide(view).pods
+            self.compute.append(time.perf_counter() - computing)
             newer = await self._decided(True, version, self.decision_wait)
+            if self.decided_in_time:
+                self.latencies.append(time.perf_counter() - sent)
             got = None if newer is None else _pods(newer)
             agreed += int(got == expected)
             if newer is not None and got is not None:
@@ -361,6 +377,8 @@ class JobPlayer:
             agreed=agreed,
             oom_kills=kills,
             start=self.start,
+            latencies=self.latencies,
+            compute=self.compute,
         )
 
 
@@ -464,7 +482,10 @@ def compare(
         "agreement": sum(p.agreed for p in played) / windows if windows else math.nan,
         "live": summary(live),
         "sim": summary(simulated),
-        "per_job": [asdict(p) for p in played],
+        "per_job": [
+            {k: v for k, v in asdict(p).items() if k not in ("latencies", "compute")}
+            for p in played
+        ],
     }
 
 

@@ -292,15 +292,19 @@ class PodWatcher:
         )
         by_name = {row.record.name: row for row in rows}
         starts = await self._record_starts(job, plan.version, recon, by_name)
-        chief = next(
-            (
-                row
-                for row in rows
-                if row.record.role is Role.CHIEF
-                and row.record.phase is PodPhase.RUNNING
-                and row.retire_after is None
-            ),
-            None,
+        running_chiefs = [
+            row
+            for row in rows
+            if row.record.role is Role.CHIEF and row.record.phase is PodPhase.RUNNING
+        ]
+        handing_over = next((r for r in running_chiefs if r.retire_after is not None), None)
+        chief = (
+            # A chief move is under way: the old chief still runs the cluster and is the
+            # one to command (the other running chief is its standby, which only RESUME
+            # addresses). A second pass while the move waits must not command the standby.
+            handing_over
+            if job.reconfigure_version and handing_over is not None
+            else next((r for r in running_chiefs if r.retire_after is None), None)
         )
         retiring = [*recon.delete, *(m.old for m in recon.migrate)]
         reconfigure = recon.membership_changed and chief is not None and retiring_or_new(recon)
