@@ -17,7 +17,7 @@ from stride.optimizer.domain.tuning import (
     with_pods,
 )
 from stride.policy.plans import Plan, Role, RoleResources
-from stride.policy.stages import MemoryPoint, Pods, Sample, Stage, StageReply
+from stride.policy.stages import SAMPLES_PER_CONFIG, MemoryPoint, Pods, Sample, Stage, StageReply
 
 GIB = 1024**3
 PODS = Pods(1, 8, 4, 2, 4, 8)
@@ -71,7 +71,7 @@ def test_outliers_are_dropped_and_samples_are_bounded_per_configuration() -> Non
     for _ in range(7):
         at += 61.0
         v = replace(obs.add_steps(v, report(at, steps=1, step=61.0), RULE), pending=-1)
-    assert v.sample_count == 7 and len(v.samples) == obs.SAMPLES_PER_CONFIG
+    assert v.sample_count == 7 and len(v.samples) == SAMPLES_PER_CONFIG
     at += 61.0
     wild = obs.add_steps(v, report(at, rate=1000.0, steps=1, step=61.0), RULE)
     assert wild.outliers == 1 and wild.sample_count == 7 and wild.pending == -1

@@ -42,7 +42,7 @@ from stride.api.optimizer.v1 import optimizer_service_pb2_grpc as optimizer_grpc
 from stride.bus import topics
 from stride.bus.client import Bus
 from stride.events.v1 import job_pb2, metrics_pb2, plan_pb2, pod_pb2
-from stride.policy.stages import Pods
+from stride.policy.stages import MEMORY_WINDOW, SAMPLES_PER_CONFIG, Pods
 from stride.policy.throughput import overhead_seconds
 from stride.sim.dlrm import (
     MAX_OOM_KILLS,
@@ -52,6 +52,7 @@ from stride.sim.dlrm import (
     StridePolicy,
     _config,
     _one,
+    _speed_sigma,
     generate_jobs,
     load_straggler_covs,
     ps_memory_gib,
@@ -61,8 +62,6 @@ from stride.sim.dlrm import (
 GIB = 1024**3
 POLL_SECONDS = 0.02
 """How often a player asks the optimizer whether its window was decided."""
-SAMPLES_PER_CONFIG = 5
-MEMORY_WINDOW = 24
 
 
 class LoadgenError(Exception):
@@ -195,7 +194,7 @@ class JobPlayer:
         if cov <= 0:
             self.speed = 1.0
             return
-        sigma = math.sqrt(math.log(1.0 + cov * cov))
+        sigma = _speed_sigma(cov)
         speeds = self.rng.lognormal(-sigma * sigma / 2, sigma, size=workers)
         self.speed = float(speeds.mean())  # dynamic sharding (the simulator's Stride)
 

@@ -92,6 +92,11 @@ REFIT_EVERY_TICKS = 6
 """Stride fits and optimises once it has sampled, then refits every sixth tick."""
 GIB_PRICE = 0.125
 """Cost of a GiB relative to a core (as :class:`stride.policy.throughput.ResourcePrices`)."""
+SAMPLES_PER_CONFIG = 5
+"""Throughput samples a job master keeps per configuration (the newest): the step's input
+is this window, in the simulator and in the live optimizer alike."""
+MEMORY_WINDOW = 24
+"""Memory points a job master keeps (the newest): the window of the OOM fit."""
 LINK_BYTES_PER_SECOND = 1.25e9
 """The 10 Gbit/s link of eq. 5 (DLRover-RM sec. 4.2)."""
 
@@ -354,8 +359,9 @@ def model_throughput(params: ThroughputParameters, shape: JobShape, pods: Pods) 
     grad = params.alpha_grad * m / lw + params.beta_grad
     upd = params.alpha_upd * w / (p * lp) + params.beta_upd
     emb = params.alpha_emb * m * shape.embedding_dim / p + params.beta_emb
-    sync = params.alpha_sync * (shape.model_bytes / p) / (1.25e9 / w) * 1000.0 + params.beta_sync
-    return w * m * 1000.0 / (grad + upd + emb + sync)
+    sync_ms = (shape.model_bytes / p) / (LINK_BYTES_PER_SECOND / w) * MILLISECONDS_PER_SECOND
+    sync = params.alpha_sync * sync_ms + params.beta_sync
+    return w * m * MILLISECONDS_PER_SECOND / (grad + upd + emb + sync)
 
 
 MemoryRule = Callable[[int, int], tuple[int, int]]

@@ -105,6 +105,8 @@ from stride.policy.stages import (
     GRID_WORKERS,
     JOB_CPU_LIMIT,
     MEMORY_HEADROOM,
+    MEMORY_WINDOW,
+    SAMPLES_PER_CONFIG,
     JobShape,
     Pods,
     SearchSpace,
@@ -163,10 +165,6 @@ interval of the baselines in 000 sec. 6.3 and 002 sec. 6.2 (20 s pod start, 100 
 MAX_STRAGGLER_COV = 1.0
 HOT_PS_FRACTION = 0.30
 UNDER_PROVISIONED_FRACTION = 0.05
-SAMPLES_PER_CONFIG = 5
-"""Throughput samples a job keeps per configuration (the newest)."""
-MEMORY_WINDOW = 24
-"""Memory points a job keeps (the newest two hours): the window of the OOM fit."""
 OPTIMUS_PS_STEP = 1
 OPTIMUS_WORKER_STEP = 2
 """Optimus's fixed increments. The original adds one PS or one worker; 000 sec. 6.3 used

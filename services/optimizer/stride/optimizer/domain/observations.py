@@ -31,15 +31,10 @@ import json
 import math
 import statistics
 from dataclasses import dataclass, field, replace
-from datetime import datetime
 from typing import Any
 
-from stride.policy.stages import MemoryPoint, Pods, Sample
+from stride.policy.stages import MEMORY_WINDOW, SAMPLES_PER_CONFIG, MemoryPoint, Pods, Sample
 
-SAMPLES_PER_CONFIG = 5
-"""Throughput samples kept per configuration (the simulator keeps the same)."""
-MEMORY_WINDOW = 24
-"""Memory points kept (the simulator keeps the same)."""
 OUTLIER_FACTOR = 3.0
 """A window more than 3x away from the median of its configuration's samples is dropped."""
 STRAGGLER_FRACTION = 0.5
@@ -367,8 +362,3 @@ def from_json(text: str) -> Observations:
         hold_until=data["hold_until"],
         closed_at=data["closed_at"],
     )
-
-
-def epoch_seconds(moment: datetime) -> float:
-    """Seconds since the epoch of an aware datetime."""
-    return moment.timestamp()
