@@ -9,8 +9,9 @@ from pathlib import Path
 import numpy as np
 from typer.testing import CliRunner
 
-from stride.cli.loadgen import Played, compare, job_spec
+from stride.cli.loadgen import Decided, DecisionWatch, Played, compare, job_spec
 from stride.cli.main import app
+from stride.events.v1 import optimization_pb2, plan_pb2
 from stride.sim.dlrm import DlrmJobSpec, generate_jobs, load_straggler_covs, simulate
 from stride.testing import SHARED_TRACES
 from stride.vocabulary.jobspec import JobSpec, validate
@@ -57,3 +58,19 @@ def test_bad_input_is_named(tmp_path: Path) -> None:
     assert no_suite.exit_code != 0 and "no running suite" in no_suite.output
     zero = runner.invoke(app, ["loadgen", "--jobs", "0"], env=env)
     assert zero.exit_code != 0
+    negative = runner.invoke(app, ["loadgen", "--window-seconds", "-1"], env=env)
+    assert negative.exit_code != 0 and "--window-seconds" in negative.output
+
+
+async def test_the_decision_watch_keeps_each_jobs_newest_plan_and_window() -> None:
+    watch = DecisionWatch()
+    wake = watch.event("job-a")
+    watch.plan("job-a", plan_pb2.ResourcePlan(job_id="job-a", version=3))
+    watch.plan("job-a", plan_pb2.ResourcePlan(job_id="job-a", version=2))  # late, older
+    assert watch.plans["job-a"].version == 3 and wake.is_set()
+    wake.clear()
+    decided = optimization_pb2.WindowDecided(job_id="job-a", window=5, plan_version=3)
+    watch.window("job-a", decided)
+    watch.window("job-a", optimization_pb2.WindowDecided(job_id="job-a", window=4))
+    assert watch.decided["job-a"] == Decided(5, 3) and wake.is_set()
+    assert "job-b" not in watch.plans and not watch.event("job-b").is_set()

@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 import asyncio
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Sequence
 
 import pytest
 from nats.aio.msg import Msg
@@ -13,6 +13,7 @@ from opentelemetry.sdk.trace.export.in_memory_span_exporter import InMemorySpanE
 from stride.bus import topics
 from stride.bus.client import Bus, Delivery, Handler, PermanentError
 from stride.events.v1 import job_pb2
+from stride.runtime.errors import InvalidArgument
 from stride.testing.eventually import assert_eventually
 from stride.testing.streams import dead_letters
 
@@ -147,3 +148,56 @@ async def test_trace_context_crosses_the_bus(bus: Bus, spans: InMemorySpanExport
     assert consumed == [format(origin.get_span_context().trace_id, "032x")]
     stop.set()
     await task
+
+
+async def test_a_batch_handler_settles_each_message_by_its_own_outcome(
+    bus: Bus, nats_url: str, spans: InMemorySpanExporter
+) -> None:
+    """One call for a fetched batch; each message acked, retried or dead-lettered as its
+    own outcome says, and the batch's span linked to every producer's."""
+    batches: list[list[str]] = []
+    stop = asyncio.Event()
+
+    async def handler(
+        batch: Sequence[tuple[job_pb2.JobFinished, Delivery]],
+    ) -> list[BaseException | None]:
+        batches.append([message.job_id for message, _ in batch])
+        outcomes: list[BaseException | None] = []
+        for message, delivery in batch:
+            if message.job_id == "bad":
+                outcomes.append(InvalidArgument("job_id", "is bad"))
+            elif message.job_id == "flaky" and delivery.attempt == 1:
+                outcomes.append(RuntimeError("first try fails"))
+            else:
+                outcomes.append(None)
+        return outcomes
+
+    with trace.get_tracer("test").start_as_current_span("origin") as origin:
+        for job_id in ("a", "bad", "flaky", "b"):
+            await bus.publish(topics.JOB_FINISHED, job_id, finished(job_id), f"{job_id}.f")
+    task = asyncio.create_task(
+        bus.consume(
+            topics.JOB_FINISHED, durable="test-batches", batch_handler=handler, stop=stop, batch=8
+        )
+    )
+    await assert_eventually(lambda: batches[1:] == [["flaky"]], timeout=10)
+    assert batches[0] == ["a", "bad", "flaky", "b"]  # one call for what one fetch got
+    parked = await assert_eventually(lambda: dead_letters(nats_url, "test-batches"))
+    assert [(m.headers or {})["Stride-Dead-Letter-Reason"] for m in parked] == [
+        "rejected by handler: job_id: is bad"
+    ]
+    info = await bus.js.consumer_info(topics.JOBS.name, "test-batches")
+    assert info.num_ack_pending == 0 and info.num_pending == 0
+    batch_spans = [s for s in spans.get_finished_spans() if s.name.startswith("consume ")]
+    assert any(
+        link.context.trace_id == origin.get_span_context().trace_id
+        for span in batch_spans
+        for link in span.links
+    )
+    stop.set()
+    await task
+
+
+async def test_consume_needs_exactly_one_handler(bus: Bus) -> None:
+    with pytest.raises(ValueError, match="exactly one"):
+        await bus.consume(topics.JOB_FINISHED, durable="test-none", stop=asyncio.Event())

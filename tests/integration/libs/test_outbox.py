@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import asyncio
 from collections.abc import Mapping
 
 import pytest
@@ -9,6 +10,7 @@ from sqlalchemy import MetaData, func, select, text
 
 from stride.db.engine import Database
 from stride.db.outbox import Outbox, outbox_table
+from stride.testing.eventually import assert_eventually
 
 
 async def _outbox(database_url: str) -> tuple[Database, Outbox]:
@@ -54,4 +56,30 @@ async def test_a_failed_publish_keeps_the_rest_in_order_and_drops_what_went_out(
         async with database.sessions() as session:
             assert await session.scalar(select(func.count()).select_from(outbox.table)) == 0
     finally:
+        await database.dispose()
+
+
+async def test_a_commit_notified_during_a_round_is_relayed_without_waiting_for_the_poll(
+    database_url: str,
+) -> None:
+    database, outbox = await _outbox(database_url)
+    stop = asyncio.Event()
+    sent: list[str] = []
+    try:
+        async with database.transaction() as session:
+            await outbox.add(session, "s.first", b"x", "first", {})
+
+        async def publish(subject: str, payload: bytes, msg_id: str, h: Mapping[str, str]) -> None:
+            sent.append(msg_id)
+            if msg_id == "first":
+                # Another use case commits and notifies while this round is publishing.
+                async with database.transaction() as session:
+                    await outbox.add(session, "s.second", b"x", "second", {})
+                outbox.notify()
+
+        relay = asyncio.create_task(outbox.run_relay(database, publish, stop, poll_seconds=60))
+        await assert_eventually(lambda: sent == ["first", "second"], timeout=5)
+    finally:
+        stop.set()
+        await relay
         await database.dispose()

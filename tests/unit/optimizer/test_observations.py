@@ -164,6 +164,10 @@ def test_a_due_decision_waits_for_usage_of_its_window_and_takes_its_memory_point
     assert v.pending == 1 and v.closed_at == 200.0
     # The PS usage is from before the window: the decision waits for this window's.
     assert not obs.measured(v, RULE)
+    # Taken the moment the window began (the previous window's close): still the previous.
+    v = obs.add_usage(v, "p0", usage("ps", 3.0, at=200.0 - RULE.tick_seconds))
+    v = obs.add_usage(v, "p1", usage("ps", 3.0, at=200.0 - RULE.tick_seconds))
+    assert not obs.measured(v, RULE)
     v = obs.add_usage(v, "p0", usage("ps", 3.0, at=199.0))
     assert not obs.measured(v, RULE)
     v = obs.add_usage(v, "p1", usage("ps", 2.0, at=199.5))

@@ -25,11 +25,13 @@ from stride.sim.dlrm import (
     expected_min_speed,
     generate_jobs,
     grid_throughput,
+    load_straggler_covs,
     ps_memory_gib,
     ps_memory_need,
     run_dlrm,
     simulate,
     tuned_static_pods,
+    warm_start_accuracy,
     within_search_space,
 )
 from stride.sim.engine import SimulationError
@@ -307,3 +309,15 @@ def test_warm_start_configurations_are_moved_into_the_search_space() -> None:
     assert inside.worker_cpu <= 16 and inside.ps_cpu <= 16
     assert inside.cpu <= JOB_CPU_LIMIT
     assert within_search_space(spec.request, spec) == spec.request
+
+
+def test_warm_start_on_held_history_lands_near_the_best_found_pods() -> None:
+    """DLRover-RM reports warm-started workers within 92 % and PS within 85 % of the final
+    configuration; a job started from its similar jobs is far closer than its cold default."""
+    specs = generate_jobs(300, np.random.default_rng(5), load_straggler_covs(COVS))
+    warm, cold, history, new = warm_start_accuracy(specs, 0.2, 5)
+    assert (history, new) == (240, 60)
+    assert warm.throughput_rmsle < 0.5 * cold.throughput_rmsle
+    assert warm.workers_within > 0.8 and warm.ps_within > 0.8
+    with pytest.raises(SimulationError, match="held_out"):
+        warm_start_accuracy(specs, 1.0, 5)

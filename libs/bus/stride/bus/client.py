@@ -11,7 +11,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
-from collections.abc import Awaitable, Callable, Mapping
+from collections.abc import Awaitable, Callable, Mapping, Sequence
 from dataclasses import dataclass
 from typing import TypeVar
 
@@ -54,7 +54,15 @@ redelivered under it, because the consumer tells JetStream it is still working
 
 M = TypeVar("M", bound=Message)
 
-__all__ = ["TYPE_HEADER", "Bus", "Delivery", "Handler", "PermanentError", "message_headers"]
+__all__ = [
+    "TYPE_HEADER",
+    "BatchHandler",
+    "Bus",
+    "Delivery",
+    "Handler",
+    "PermanentError",
+    "message_headers",
+]
 
 
 class PermanentError(Exception):
@@ -73,6 +81,10 @@ class Delivery:
 
 
 Handler = Callable[[M, Delivery], Awaitable[None]]
+BatchHandler = Callable[[Sequence[tuple[M, Delivery]]], Awaitable[Sequence[BaseException | None]]]
+"""Handles a fetched batch at once (one transaction for many metrics) and returns, per
+message and in order, None (done: acked) or the exception that message met (dead-lettered
+or retried as a single handler's would be)."""
 
 
 class Bus:
@@ -190,18 +202,25 @@ class Bus:
         topic: Topic[M],
         *,
         durable: str,
-        handler: Handler[M],
+        handler: Handler[M] | None = None,
         stop: asyncio.Event,
         max_deliver: int = 5,
         ack_wait: float = ACK_WAIT_SECONDS,
         batch: int = 16,
+        batch_handler: BatchHandler[M] | None = None,
     ) -> None:
         """Run a durable pull consumer of every job's ``topic`` events until ``stop`` is set.
+
+        Exactly one of ``handler`` (one message at a time) and ``batch_handler`` (each
+        fetched batch at once, for high-rate facts such as metrics) is given; either way a
+        message is acked only after its handler returned for it.
 
         The consumer is created or updated to this config, so a restarted service resumes
         where its predecessor acked. Messages fetched but not yet handled when ``stop`` is
         set are nak'ed, so a successor gets them at once instead of after ``ack_wait``.
         """
+        if (handler is None) == (batch_handler is None):
+            raise ValueError("consume needs exactly one of handler and batch_handler")
         filter_subject = topic.pattern()
         config = api.ConsumerConfig(
             durable_name=durable,
@@ -230,6 +249,12 @@ class Bus:
                     if stop.is_set():
                         break
                     raise
+                if batch_handler is not None:
+                    await self._deliver_batch(
+                        messages, durable, topic, batch_handler, max_deliver, ack_wait
+                    )
+                    continue
+                assert handler is not None
                 for index, msg in enumerate(messages):
                     if stop.is_set():
                         for unhandled in messages[index:]:
@@ -253,10 +278,6 @@ class Bus:
         ack_wait: float,
     ) -> None:
         headers = dict(msg.headers or {})
-        attempt = msg.metadata.num_delivered or 1
-        key = topic.key_of(msg.subject) or ""
-        delivery = Delivery(msg.subject, headers.get(MSG_ID_HEADER, ""), attempt, key)
-        message_type = topic.message_type
         with tracer.start_as_current_span(
             f"consume {msg.subject}",
             context=extract_context(headers),
@@ -265,56 +286,126 @@ class Bus:
                 "messaging.system": "nats",
                 "messaging.destination.name": msg.subject,
                 "messaging.consumer.group.name": durable,
-                "messaging.message.id": delivery.message_id,
+                "messaging.message.id": headers.get(MSG_ID_HEADER, ""),
             },
         ):
-            expected = message_type.DESCRIPTOR.full_name
-            sent_type = headers.get(TYPE_HEADER)
-            if sent_type is not None and sent_type != expected:
-                await self._dead_letter(
-                    msg, durable, f"payload type {sent_type}, expected {expected}"
-                )
+            opened = await self._open(msg, durable, topic)
+            if opened is None:
                 return
-            try:
-                message = message_type.FromString(msg.data)
-            except DecodeError as error:
-                await self._dead_letter(msg, durable, f"undecodable {expected}: {error}")
-                return
-            job_id = getattr(message, "job_id", None)
-            if isinstance(job_id, str) and job_id and job_id != key:
-                # A payload about another job than its subject names is a producer's bug or
-                # a forgery; either way no handler should act on it.
-                await self._dead_letter(
-                    msg, durable, f"job_id {job_id[:64]!r} does not match subject {msg.subject}"
-                )
-                return
+            message, delivery = opened
             try:
                 await _working(msg, handler(message, delivery), ack_wait / 3)
-            except (PermanentError, InvalidArgument) as error:
-                await self._dead_letter(msg, durable, f"rejected by handler: {error}")
-                return
             except Exception as error:
-                if attempt >= max_deliver and not isinstance(error, Unavailable):
-                    await self._dead_letter(
-                        msg,
-                        durable,
-                        f"failed {attempt} times, last: {type(error).__name__}: {error}",
-                    )
-                    return
-                # A dependency that is down (the executor pool, a database) is waited for, as
-                # long as it takes: the fact is kept, never dead-lettered for that.
-                delay = min(0.5 * 2 ** (min(attempt, 8) - 1), 10.0)
-                log.warning(
-                    "handler failed; will retry",
-                    durable=durable,
-                    subject=msg.subject,
-                    attempt=attempt,
-                    retry_in=delay,
-                    error=f"{type(error).__name__}: {error}",
-                )
-                await msg.nak(delay=delay)
+                await self._settle(msg, durable, delivery.attempt, max_deliver, error)
                 return
             await msg.ack_sync()
+
+    async def _deliver_batch(
+        self,
+        messages: Sequence[Msg],
+        durable: str,
+        topic: Topic[M],
+        handler: BatchHandler[M],
+        max_deliver: int,
+        ack_wait: float,
+    ) -> None:
+        """One span for the batch, linked to each message's producer span."""
+        links = []
+        for msg in messages:
+            context = trace.get_current_span(extract_context(dict(msg.headers or {})))
+            if context.get_span_context().is_valid:
+                links.append(trace.Link(context.get_span_context()))
+        with tracer.start_as_current_span(
+            f"consume {topic.pattern()}",
+            kind=trace.SpanKind.CONSUMER,
+            links=links,
+            attributes={
+                "messaging.system": "nats",
+                "messaging.destination.name": topic.pattern(),
+                "messaging.consumer.group.name": durable,
+                "messaging.batch.message_count": len(messages),
+            },
+        ):
+            opened: list[tuple[Msg, M, Delivery]] = []
+            for msg in messages:
+                one = await self._open(msg, durable, topic)
+                if one is not None:
+                    opened.append((msg, *one))
+            if not opened:
+                return
+            outcomes: Sequence[BaseException | None]
+            try:
+                outcomes = await _working_all(
+                    [msg for msg, _, _ in opened],
+                    handler([(message, delivery) for _, message, delivery in opened]),
+                    ack_wait / 3,
+                )
+            except Exception as error:
+                outcomes = [error] * len(opened)
+            if len(outcomes) != len(opened):
+                wrong = RuntimeError(
+                    f"batch handler answered {len(outcomes)} of {len(opened)} messages"
+                )
+                outcomes = [wrong] * len(opened)
+            for (msg, _, delivery), outcome in zip(opened, outcomes, strict=True):
+                if outcome is None:
+                    await msg.ack_sync()
+                else:
+                    await self._settle(msg, durable, delivery.attempt, max_deliver, outcome)
+
+    async def _open(self, msg: Msg, durable: str, topic: Topic[M]) -> tuple[M, Delivery] | None:
+        """The message and its delivery, or None after dead-lettering one no handler may
+        see: another payload type, undecodable, or about another job than its subject."""
+        headers = dict(msg.headers or {})
+        attempt = msg.metadata.num_delivered or 1
+        key = topic.key_of(msg.subject) or ""
+        delivery = Delivery(msg.subject, headers.get(MSG_ID_HEADER, ""), attempt, key)
+        message_type = topic.message_type
+        expected = message_type.DESCRIPTOR.full_name
+        sent_type = headers.get(TYPE_HEADER)
+        if sent_type is not None and sent_type != expected:
+            await self._dead_letter(msg, durable, f"payload type {sent_type}, expected {expected}")
+            return None
+        try:
+            message = message_type.FromString(msg.data)
+        except DecodeError as error:
+            await self._dead_letter(msg, durable, f"undecodable {expected}: {error}")
+            return None
+        job_id = getattr(message, "job_id", None)
+        if isinstance(job_id, str) and job_id and job_id != key:
+            # A payload about another job than its subject names is a producer's bug or
+            # a forgery; either way no handler should act on it.
+            await self._dead_letter(
+                msg, durable, f"job_id {job_id[:64]!r} does not match subject {msg.subject}"
+            )
+            return None
+        return message, delivery
+
+    async def _settle(
+        self, msg: Msg, durable: str, attempt: int, max_deliver: int, error: BaseException
+    ) -> None:
+        """A message whose handler failed: dead-lettered if it can never succeed (rejected
+        as invalid, or out of attempts), else handed back to be redelivered later."""
+        if isinstance(error, PermanentError | InvalidArgument):
+            await self._dead_letter(msg, durable, f"rejected by handler: {error}")
+            return
+        if attempt >= max_deliver and not isinstance(error, Unavailable):
+            await self._dead_letter(
+                msg, durable, f"failed {attempt} times, last: {type(error).__name__}: {error}"
+            )
+            return
+        # A dependency that is down (the executor pool, a database) is waited for, as long
+        # as it takes: the fact is kept, never dead-lettered for that.
+        delay = min(0.5 * 2 ** (min(attempt, 8) - 1), 10.0)
+        log.warning(
+            "handler failed; will retry",
+            durable=durable,
+            subject=msg.subject,
+            attempt=attempt,
+            retry_in=delay,
+            error=f"{type(error).__name__}: {error}",
+        )
+        await msg.nak(delay=delay)
 
     async def _dead_letter(self, msg: Msg, durable: str, reason: str) -> None:
         """Park the message with its reason, then terminate it so it is never redelivered."""
@@ -357,6 +448,32 @@ class Bus:
         await self.nc.flush()
         return subscription
 
+    async def watch(self, topic: Topic[M], on_event: Callable[[str, M], None]) -> Subscription:
+        """Follow every job's ``topic`` events as they are published, ``on_event(job_id,
+        message)`` for each, and return once the server has the subscription (flushed).
+
+        For watchers (``stride loadgen``, dashboards), never for facts a service must act
+        on: this is core NATS, so nothing published before is replayed and nothing is
+        acked. An event of another type or that does not decode is logged and skipped. The
+        caller unsubscribes the returned subscription when it stops."""
+        expected = topic.message_type.DESCRIPTOR.full_name
+
+        async def on_message(msg: Msg) -> None:
+            key = topic.key_of(msg.subject)
+            sent_type = (msg.headers or {}).get(TYPE_HEADER)
+            if key is None or (sent_type is not None and sent_type != expected):
+                return
+            try:
+                message = topic.message_type.FromString(msg.data)
+            except DecodeError as error:
+                log.warning("undecodable event skipped", subject=msg.subject, error=str(error))
+                return
+            on_event(key, message)
+
+        subscription = await self.nc.subscribe(topic.pattern(), cb=on_message)
+        await self.nc.flush()
+        return subscription
+
     async def request(
         self,
         topic: RequestTopic,
@@ -392,6 +509,24 @@ class Bus:
             log.warning("nats drain incomplete; closing", error=f"{type(error).__name__}: {error}")
             with contextlib.suppress(Exception):
                 await self.nc.close()
+
+
+async def _working_all(
+    messages: Sequence[Msg], handling: Awaitable[Sequence[BaseException | None]], every: float
+) -> Sequence[BaseException | None]:
+    """:func:`_working` for a batch: every message is kept in progress meanwhile."""
+    task = asyncio.ensure_future(handling)
+    try:
+        while True:
+            done, _ = await asyncio.wait({task}, timeout=every)
+            if done:
+                return task.result()
+            for msg in messages:
+                with contextlib.suppress(Exception):
+                    await msg.in_progress()
+    finally:
+        if not task.done():
+            task.cancel()
 
 
 async def _working(msg: Msg, handling: Awaitable[None], every: float) -> None:

@@ -234,6 +234,15 @@ PLAN = Topic(
     description="a new plan version for a job; the highest version wins",
 )
 
+WINDOW_DECIDED = Topic(
+    "window-decided",
+    PLANS,
+    "stride.plans.v1",
+    optimization_pb2.WindowDecided,
+    "decided",
+    description="the optimizer decided on a job's measurement window: plan kept, changed or held",
+)
+
 # --- pods (the pod watcher publishes; the dispatcher and the optimizer consume) ----------
 POD_STARTED = Topic("pod-started", PODS, "stride.pods.v1", pod_pb2.PodEvent, "started")
 POD_FAILED = Topic("pod-failed", PODS, "stride.pods.v1", pod_pb2.PodEvent, "failed")
@@ -300,6 +309,7 @@ TOPICS: tuple[Topic[Any], ...] = (
     JOB_QUEUED,
     JOB_FINISHED,
     PLAN,
+    WINDOW_DECIDED,
     POD_STARTED,
     POD_FAILED,
     POD_DELETED,

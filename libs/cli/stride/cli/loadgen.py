@@ -21,6 +21,7 @@ is run on a cluster too big to queue for the comparison) and random pod failures
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import json
 import math
 import statistics
@@ -41,7 +42,7 @@ from stride.api.optimizer.v1 import optimizer_service_pb2 as optimizer_pb
 from stride.api.optimizer.v1 import optimizer_service_pb2_grpc as optimizer_grpc
 from stride.bus import topics
 from stride.bus.client import Bus
-from stride.events.v1 import job_pb2, metrics_pb2, plan_pb2, pod_pb2
+from stride.events.v1 import job_pb2, metrics_pb2, optimization_pb2, plan_pb2, pod_pb2
 from stride.policy.stages import MEMORY_WINDOW, SAMPLES_PER_CONFIG, Pods
 from stride.policy.throughput import overhead_seconds
 from stride.sim.dlrm import (
@@ -60,8 +61,56 @@ from stride.sim.dlrm import (
 )
 
 GIB = 1024**3
-POLL_SECONDS = 0.02
-"""How often a player asks the optimizer whether its window was decided."""
+FALLBACK_POLL_SECONDS = 2.0
+"""A player learns of decisions from the bus (:class:`DecisionWatch`); only when none came
+for this long does it ask the optimizer's plan API (an event lost by core NATS)."""
+
+
+@dataclass(frozen=True)
+class Decided:
+    """The newest window decision the optimizer announced for a job."""
+
+    window: int
+    plan_version: int
+
+
+class DecisionWatch:
+    """Every job's plans and window decisions as the optimizer publishes them
+    (``stride.plans.v1.<job>`` and ``stride.plans.v1.<job>.decided``), followed once for
+    all players, so no player polls the optimizer to learn that its window was decided."""
+
+    def __init__(self) -> None:
+        self.plans: dict[str, plan_pb2.ResourcePlan] = {}
+        self.decided: dict[str, Decided] = {}
+        self._wake: dict[str, asyncio.Event] = {}
+        self._subscriptions: list[Any] = []
+
+    async def start(self, bus: Bus) -> None:
+        """Subscribe (before any job is submitted, so no plan is missed)."""
+        self._subscriptions = [
+            await bus.watch(topics.PLAN, self.plan),
+            await bus.watch(topics.WINDOW_DECIDED, self.window),
+        ]
+
+    async def stop(self) -> None:
+        for subscription in self._subscriptions:
+            with contextlib.suppress(Exception):
+                await subscription.unsubscribe()
+
+    def plan(self, job_id: str, plan: plan_pb2.ResourcePlan) -> None:
+        known = self.plans.get(job_id)
+        if known is None or plan.version > known.version:
+            self.plans[job_id] = plan
+        self.event(job_id).set()
+
+    def window(self, job_id: str, decided: optimization_pb2.WindowDecided) -> None:
+        known = self.decided.get(job_id)
+        if known is None or decided.window > known.window:
+            self.decided[job_id] = Decided(decided.window, decided.plan_version)
+        self.event(job_id).set()
+
+    def event(self, job_id: str) -> asyncio.Event:
+        return self._wake.setdefault(job_id, asyncio.Event())
 
 
 class LoadgenError(Exception):
@@ -88,6 +137,9 @@ class Played:
     """Wall seconds from each window's steps being sent to its decision being visible."""
     compute: list[float] = field(default_factory=list)
     """Wall seconds the simulator's policy took to decide each window in this process."""
+    differences: list[dict[str, Any]] = field(default_factory=list)
+    """The windows decided otherwise than the simulator's policy: the window, both
+    decisions (None: keep the pods) and whether the live one came in time."""
 
 
 def _stamp(moment: datetime) -> Timestamp:
@@ -145,8 +197,18 @@ class JobPlayer:
         tick: float,
         decision_wait: float,
         seed: int,
+        watch: DecisionWatch,
+        window_seconds: float = 0.0,
+        pace_seconds: float = math.inf,
     ) -> None:
         self.bus, self.job_id, self.index = bus, job_id, index
+        self.watch = watch
+        self.window_seconds = window_seconds
+        """Wall seconds between the job's windows (0: as soon as the last was decided)."""
+        self.pace_seconds = pace_seconds
+        """For how long (wall seconds from its start) the job is paced; after that its
+        windows go as fast as they are decided, and their latencies are not recorded (a
+        paced run measures latency at the paced load only)."""
         self.optimizer = optimizer
         """The optimizer's plan API (``OptimizerServiceStub``)."""
         self.tick, self.decision_wait = tick, decision_wait
@@ -160,6 +222,7 @@ class JobPlayer:
         self.reference = StridePolicy()
         self.latencies: list[float] = []
         self.compute: list[float] = []
+        self.differences: list[dict[str, Any]] = []
         self.messages = 0
         self.speed = 1.0
         self.start: Pods | None = None
@@ -244,31 +307,61 @@ class JobPlayer:
     async def _decided(
         self, new_window: bool, version: int, wait: float
     ) -> plan_pb2.ResourcePlan | None:
-        """Wait until the optimizer has decided on the window just sent (``new_window``: its
-        window count moved past the last one seen and no decision is due) or published a
-        plan newer than ``version``; the newer plan, or None if it kept the plan. None too
-        when that did not happen within ``wait`` (a window it did not take, counted as a
-        disagreement by the caller)."""
-        deadline = asyncio.get_running_loop().time() + wait
+        """Wait until the optimizer has decided on the window just sent (``new_window``: it
+        announced a decision on a window past the last one seen) or published a plan newer
+        than ``version``; the newer plan, or None if it kept the plan. None too when that
+        did not happen within ``wait`` (a window it did not take, counted as a disagreement
+        by the caller)."""
+        loop = asyncio.get_running_loop()
+        deadline = loop.time() + wait
+        poll_at = loop.time() + FALLBACK_POLL_SECONDS
+        wake = self.watch.event(self.job_id)
         while True:
-            try:
-                reply = await self.optimizer.GetPlan(
-                    optimizer_pb.GetPlanRequest(job_id=self.job_id), timeout=10
-                )
-            except grpc.aio.AioRpcError as error:
-                if error.code() != grpc.StatusCode.NOT_FOUND:
-                    raise
-            else:
-                plan: plan_pb2.ResourcePlan = reply.plan
-                moved = reply.windows > self.seen_windows
-                if plan.version > version or (new_window and moved and not reply.deciding):
-                    self.seen_windows = max(self.seen_windows, reply.windows)
-                    self.decided_in_time = True
-                    return plan if plan.version > version else None
-            if asyncio.get_running_loop().time() >= deadline:
+            plan = self.watch.plans.get(self.job_id)
+            decided = self.watch.decided.get(self.job_id)
+            if plan is not None and plan.version > version:
+                if new_window:
+                    # The plan is this window's decision; its own announcement may come
+                    # after it and must not pass for the next window's.
+                    self.seen_windows += 1
+                if decided is not None:
+                    self.seen_windows = max(self.seen_windows, decided.window)
+                self.decided_in_time = True
+                return plan
+            if (
+                new_window
+                and decided is not None
+                and decided.window > self.seen_windows
+                and decided.plan_version <= version
+            ):
+                self.seen_windows = decided.window
+                self.decided_in_time = True
+                return None
+            now = loop.time()
+            if now >= deadline:
                 self.decided_in_time = False
                 return None
-            await asyncio.sleep(POLL_SECONDS)
+            if now >= poll_at:
+                await self._poll()
+                poll_at = loop.time() + FALLBACK_POLL_SECONDS
+                continue
+            wake.clear()
+            with contextlib.suppress(TimeoutError):
+                await asyncio.wait_for(wake.wait(), min(deadline, poll_at) - now)
+
+    async def _poll(self) -> None:
+        """Ask the plan API, for a decision whose events were lost."""
+        try:
+            reply = await self.optimizer.GetPlan(
+                optimizer_pb.GetPlanRequest(job_id=self.job_id), timeout=10
+            )
+        except grpc.aio.AioRpcError as error:
+            if error.code() != grpc.StatusCode.NOT_FOUND:
+                raise
+            return
+        self.watch.plan(self.job_id, reply.plan)
+        if not reply.deciding and reply.windows > 0:
+            self.watch.decided[self.job_id] = Decided(reply.windows, reply.plan.version)
 
     async def play(self) -> Played:
         """Train the job to its end under the plans the optimizer publishes."""
@@ -286,7 +379,16 @@ class JobPlayer:
         await self._usage(version, pods)
         self.memory_points.append(self._memory_point(pods))
         await asyncio.sleep(0.05)  # usage before steps: they travel on different streams
+        loop = asyncio.get_running_loop()
+        # Paced jobs start at a random phase, as real jobs do, not all at one instant.
+        phase = float(np.random.default_rng([self.index, 7]).uniform())
+        next_window = loop.time() + self.window_seconds * phase
+        pace_until = loop.time() + self.pace_seconds
         while True:
+            paced = self.window_seconds > 0 and loop.time() < pace_until
+            if paced:
+                await asyncio.sleep(max(0.0, next_window - loop.time()))
+                next_window = max(next_window + self.window_seconds, loop.time())
             # The job progresses at its true rate; the window reports it with the
             # simulator's 5 % measurement noise.
             rate = _one(self.spec.params, self.spec, self.spec.hot_factor, pods)[0] * self.speed
@@ -351,10 +453,19 @@ class JobPlayer:
             expected = self.reference.decide(view).pods
             self.compute.append(time.perf_counter() - computing)
             newer = await self._decided(True, version, self.decision_wait)
-            if self.decided_in_time:
+            if self.decided_in_time and (paced or self.window_seconds <= 0):
                 self.latencies.append(time.perf_counter() - sent)
             got = None if newer is None else _pods(newer)
             agreed += int(got == expected)
+            if got != expected:
+                self.differences.append(
+                    {
+                        "window": windows,
+                        "expected": None if expected is None else asdict(expected),
+                        "live": None if got is None else asdict(got),
+                        "in_time": self.decided_in_time,
+                    }
+                )
             if newer is not None and got is not None:
                 self.clock += overhead_seconds(_config(pods, self.spec), _config(got, self.spec))
                 if got.workers != pods.workers:
@@ -377,6 +488,7 @@ class JobPlayer:
             oom_kills=kills,
             start=self.start,
             latencies=self.latencies,
+            differences=self.differences,
             compute=self.compute,
         )
 
@@ -391,13 +503,23 @@ async def run(
     decision_wait: float,
     covs_path: Path,
     concurrency: int = 64,
+    window_seconds: float = 0.0,
+    pace_seconds: float = math.inf,
 ) -> tuple[list[Played], list[DlrmJobSpec]]:
     """Play ``jobs`` jobs of the seeded population against the suite; returns what each
-    job did and the population."""
+    job did and the population. ``concurrency`` jobs play at once; ``window_seconds``
+    paces each job to one window per that many wall seconds (0: each window as soon as the
+    last one was decided, the suite's saturation)."""
     if jobs < 1:
         raise LoadgenError(f"--jobs: must be at least 1, got {jobs}")
     if tick <= 0 or decision_wait <= 0:
         raise LoadgenError("--tick-seconds and --decision-wait: must be positive")
+    if window_seconds < 0 or not math.isfinite(window_seconds):
+        raise LoadgenError(f"--window-seconds: must be >= 0, got {window_seconds}")
+    if not pace_seconds > 0:
+        raise LoadgenError(f"--pace-seconds: must be > 0, got {pace_seconds}")
+    if concurrency < 1:
+        raise LoadgenError(f"--concurrency: must be at least 1, got {concurrency}")
     # Hot PS are not replayed: the live loop records a re-partition but orders none yet.
     population = [
         replace(spec, hot_factor=1.0)
@@ -405,7 +527,9 @@ async def run(
     ]
     bus = await Bus.connect(nats_url, name="stride-loadgen")
     limit = asyncio.Semaphore(concurrency)
+    watch = DecisionWatch()
     try:
+        await watch.start(bus)
         async with (
             grpc.aio.insecure_channel(admission_address) as channel,
             grpc.aio.insecure_channel(optimizer_address) as optimizer_channel,
@@ -424,7 +548,17 @@ async def run(
                     )
                     job_id = reply.job.job_id
                     player = JobPlayer(
-                        bus, optimizer, job_id, index, spec, tick, decision_wait, seed
+                        bus,
+                        optimizer,
+                        job_id,
+                        index,
+                        spec,
+                        tick,
+                        decision_wait,
+                        seed,
+                        watch,
+                        window_seconds,
+                        pace_seconds,
                     )
                     played = await player.play()
                     end = job_pb2.JobFinished(
@@ -442,6 +576,7 @@ async def run(
 
             played = await asyncio.gather(*(one(i, s) for i, s in enumerate(population)))
     finally:
+        await watch.stop()
         await bus.close()
     return list(played), population
 

@@ -50,7 +50,14 @@ def schema_for(url: str, service: str) -> str | None:
     return service if _base_url(url).get_backend_name() == "postgresql" else None
 
 
+WRITER = "stride_writer"
+"""Execution option of the engine :meth:`Database.transaction` uses (see _sqlite_begin)."""
+
+
 def _sqlite_pragmas(dbapi_connection: Any, _record: Any) -> None:
+    # The driver's own BEGIN is off: it begins a transaction only at the first write, so
+    # the reads of a read-modify-write ran outside it (see _sqlite_begin).
+    dbapi_connection.isolation_level = None
     # WAL lets readers proceed during a write; busy_timeout waits out short write locks
     # instead of failing, which matters when the relay and a handler write together.
     cursor = dbapi_connection.cursor()
@@ -58,6 +65,20 @@ def _sqlite_pragmas(dbapi_connection: Any, _record: Any) -> None:
     cursor.execute("PRAGMA busy_timeout=5000")
     cursor.execute("PRAGMA foreign_keys=ON")
     cursor.close()
+
+
+def _sqlite_begin(connection: Any) -> None:
+    """Begin SQLite transactions ourselves (SQLAlchemy's recipe for pysqlite/aiosqlite).
+
+    Left to the driver, a transaction began at its first INSERT or UPDATE: a use case that
+    read a row "for update" and wrote it back had read it outside the transaction, and two
+    such use cases interleaved lost one's write (SQLite has no SELECT ... FOR UPDATE). Now
+    a :meth:`Database.transaction` begins IMMEDIATE, taking the write lock before its
+    first read, so read-modify-write transactions run one at a time as they do on
+    PostgreSQL under FOR UPDATE; a read-only session begins a plain (deferred) transaction
+    and reads one consistent snapshot, beside a writer (WAL)."""
+    immediate = connection.get_execution_options().get(WRITER, False)
+    connection.exec_driver_sql("BEGIN IMMEDIATE" if immediate else "BEGIN")
 
 
 Session = AsyncSession
@@ -87,7 +108,11 @@ class Database:
             self.engine = self.engine.execution_options(schema_translate_map={None: self.schema})
         else:
             event.listen(self.engine.sync_engine, "connect", _sqlite_pragmas)
+            event.listen(self.engine.sync_engine, "begin", _sqlite_begin)
         self.sessions = async_sessionmaker(self.engine, expire_on_commit=False)
+        self._writers = async_sessionmaker(
+            self.engine.execution_options(**{WRITER: True}), expire_on_commit=False
+        )
 
     @property
     def display_url(self) -> str:
@@ -98,7 +123,7 @@ class Database:
     async def transaction(self) -> AsyncIterator[AsyncSession]:
         """A session in a transaction that commits on success and rolls back on error."""
         try:
-            async with self.sessions() as session, session.begin():
+            async with self._writers() as session, session.begin():
                 yield session
         except IntegrityError as error:
             raise ConflictingWrite(str(error.orig)) from error

@@ -475,6 +475,10 @@ class Outbox:
         except (SQLAlchemyError, OSError, TimeoutError) as error:
             log.warning("could not count parked outbox events", error=str(error))
         while not stop.is_set():
+            # Cleared before the round reads the outbox, never after it: a commit notified
+            # while the round was publishing is relayed by the next round at once instead
+            # of waiting out the poll.
+            self.wakeup.clear()
             try:
                 sent = await self.relay_once(database, publish, batch, max_payload=max_payload)
             except Exception as error:
@@ -484,7 +488,6 @@ class Outbox:
                 sent = 0
             if sent == batch:
                 continue
-            self.wakeup.clear()
             waiters = [
                 asyncio.ensure_future(self.wakeup.wait()),
                 asyncio.ensure_future(stop.wait()),

@@ -78,6 +78,9 @@ KIND_OF_ALGORITHM: Mapping[str, DecisionKind] = {
     "dlrover-pareto-candidates": DecisionKind.ADJUST,
     "dlrover-oom-predict": DecisionKind.ADJUST,
     "stride-stage-step": DecisionKind.ADJUST,
+    "stride-job-fronts": DecisionKind.ALLOCATE,
+    "stride-cluster-choose": DecisionKind.ALLOCATE,
+    "stride-cluster-round": DecisionKind.ALLOCATE,
     "kod2-schedule": DecisionKind.PREEMPT,
     "goldminer-tune-step": DecisionKind.TUNE_DATA_WORKERS,
     "goldminer-cluster-allocation": DecisionKind.TUNE_DATA_WORKERS,
@@ -86,7 +89,12 @@ KIND_OF_ALGORITHM: Mapping[str, DecisionKind] = {
 registered without a kind, so a new plug-in is classified before a service can call it."""
 
 HEAVY_ALGORITHMS = frozenset(
-    {"dlrover-throughput-fit", "dlrover-pareto-candidates", "stride-stage-step"}
+    {
+        "dlrover-throughput-fit",
+        "dlrover-pareto-candidates",
+        "stride-stage-step",
+        "stride-job-fronts",
+    }
 )
 """Sent to the executor pool unless configured otherwise: the NNLS fit and NSGA-II take
 hundreds of milliseconds to seconds of CPU, which must not run inside a service that also

@@ -142,6 +142,7 @@ PLUGIN_MODULES: tuple[str, ...] = (
     "stride.policy.selection",
     "stride.policy.warm_start",
     "stride.policy.stages",
+    "stride.policy.cluster_round",
     "stride.policy.goldminer",
     "stride.policy.dlrover",
     "stride.policy.kod2",

@@ -138,11 +138,14 @@ __all__ = [
     "DlrmResult",
     "JobView",
     "Pods",
+    "StartAccuracy",
+    "best_found_pods",
     "generate_jobs",
     "load_straggler_covs",
     "report_notes",
     "run_dlrm",
     "simulate",
+    "warm_start_accuracy",
 ]
 
 DEFAULT_PAI_COV_PATH = Path("traces/pai-minibatch-time/coefficient_variation.csv")
@@ -1256,3 +1259,101 @@ def _goals(stride: DlrmResult, results: Mapping[str, DlrmResult]) -> list[str]:
         f"({stride.oom_kills} OOM kills), {mark(stride.oom_failure_rate <= 0.0025)}"
     )
     return goals
+
+
+# --- Warm-start accuracy on held history --------------------------------------------------
+
+
+@dataclass(frozen=True)
+class StartAccuracy:
+    """How close a way of choosing a new job's first pods comes to its best-found pods."""
+
+    throughput_rmsle: float
+    """RMSLE of the first pods' throughput against the best-found pods', true model."""
+    workers_within: float
+    """Mean of min/max of the first and best-found worker counts."""
+    ps_within: float
+    """The same for the PS counts."""
+
+
+def best_found_pods(spec: DlrmJobSpec) -> Pods:
+    """Where Stride's model-based step leads a job: the cheapest grid configuration within
+    95 % of the best throughput under its true model (the request's memory)."""
+    shape, request = _shape(spec), spec.request
+    w, lw, p, lp = _GRID
+    speed = stages.grid_throughput(spec.params, shape, 1.0, w, lw, p, lp)
+
+    def memory(workers: int, ps: int) -> tuple[int, int]:
+        return request.worker_mem_gib, per_ps(request.ps * request.ps_mem_gib, ps)
+
+    allowed = w * lw + p * lp <= _SPACE.limit_for(request)
+    index = almost_best(speed, grid_cost(_SPACE, memory), allowed, ALMOST_BEST_FRACTION)
+    return grid_pods(_SPACE, index, memory)
+
+
+def warm_start_accuracy(
+    specs: list[DlrmJobSpec], held_out: float, seed: int
+) -> tuple[StartAccuracy, StartAccuracy, int, int]:
+    """Warm start measured on held history (DLRover-RM sec. 4.3 stage 1): ``held_out`` of
+    the jobs are new, the rest finished with their best-found pods; each new job's first
+    pods come from the stage step's arrival decision on that history (the live optimizer's
+    warm start). Returns the warm start's accuracy, the cold start's (the request) for
+    reference, and the history and new-job counts."""
+    if not 0 < held_out < 1:
+        raise SimulationError(f"held_out: must be between 0 and 1, got {held_out}")
+    order = np.random.default_rng([seed, 2]).permutation(len(specs))
+    cut = int(len(specs) * (1 - held_out))
+    history = []
+    for i in order[:cut]:
+        spec = specs[i]
+        pods = best_found_pods(spec)
+        history.append(
+            HistoricalJob(
+                str(spec.job_id),
+                _features(spec),
+                ResourceConfiguration(
+                    pods.workers,
+                    float(pods.worker_cpu),
+                    pods.worker_mem_gib * GIB,
+                    pods.ps,
+                    float(pods.ps_cpu),
+                    pods.ps_mem_gib * GIB,
+                ),
+            )
+        )
+    new = [specs[i] for i in order[cut:]]
+    measured: dict[str, list[tuple[float, float, float, float]]] = {"warm": [], "cold": []}
+    for spec in new:
+        shape = _shape(spec)
+        best = best_found_pods(spec)
+        best_speed = stages.model_throughput(spec.params, shape, best)
+        reply = stages.stage_step(
+            stages.StageRequest(
+                reason=stages.Reason.ARRIVAL,
+                features=_features(spec),
+                shape=shape,
+                request=spec.request,
+                pods=spec.request,
+                history=tuple(history),
+                space=_SPACE,
+            )
+        )
+        for name, start in (("warm", reply.pods or spec.request), ("cold", spec.request)):
+            measured[name].append(
+                (
+                    stages.model_throughput(spec.params, shape, start),
+                    best_speed,
+                    min(start.workers, best.workers) / max(start.workers, best.workers),
+                    min(start.ps, best.ps) / max(start.ps, best.ps),
+                )
+            )
+
+    def accuracy(rows: list[tuple[float, float, float, float]]) -> StartAccuracy:
+        error = statistics.mean((math.log1p(a) - math.log1p(b)) ** 2 for a, b, _, _ in rows)
+        return StartAccuracy(
+            math.sqrt(error),
+            statistics.mean(r[2] for r in rows),
+            statistics.mean(r[3] for r in rows),
+        )
+
+    return accuracy(measured["warm"]), accuracy(measured["cold"]), len(history), len(new)

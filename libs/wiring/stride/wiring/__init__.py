@@ -17,7 +17,7 @@ from typing import TYPE_CHECKING, TypeVar
 
 from google.protobuf.message import Message
 
-from stride.bus.client import ACK_WAIT_SECONDS, Bus, Handler
+from stride.bus.client import ACK_WAIT_SECONDS, BatchHandler, Bus, Handler
 from stride.bus.topics import Topic
 from stride.runtime.grpc_server import GrpcServer
 from stride.runtime.lifecycle import Dependency, ServiceHost
@@ -130,14 +130,23 @@ def consume(
     topic: Topic[M],
     *,
     durable: str,
-    handler: Handler[M],
+    handler: Handler[M] | None = None,
     ack_wait: float = ACK_WAIT_SECONDS,
+    batch_handler: BatchHandler[M] | None = None,
+    batch: int = 16,
 ) -> None:
     """Run a durable pull consumer of ``topic`` as a root task named after ``durable``,
-    stopping with the host."""
+    stopping with the host (``handler`` per message, or ``batch_handler`` per fetched
+    batch of up to ``batch`` messages: see :meth:`stride.bus.client.Bus.consume`)."""
     host.add_root_task(
         f"consume-{durable}",
         lambda: bus.consume(
-            topic, durable=durable, handler=handler, ack_wait=ack_wait, stop=host.stop
+            topic,
+            durable=durable,
+            handler=handler,
+            batch_handler=batch_handler,
+            batch=batch,
+            ack_wait=ack_wait,
+            stop=host.stop,
         ),
     )

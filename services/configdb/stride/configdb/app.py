@@ -9,10 +9,9 @@ from stride.bus import topics
 from stride.bus.client import Bus
 from stride.configdb.adapters.inbound.bus_handlers import (
     FinishedHandler,
+    MetricsHandler,
     PlanHandler,
-    StepMetricsHandler,
     SubmittedHandler,
-    UsageHandler,
 )
 from stride.configdb.adapters.inbound.grpc_api import ConfigDbApi
 from stride.configdb.settings import ConfigDbSettings
@@ -40,14 +39,17 @@ def _add_consumers(host: ServiceHost, bus: Bus, history: JobHistory) -> None:
         durable="configdb-finished",
         handler=FinishedHandler(history),
     )
+    # Metrics come at a high rate: each fetched batch is stored in one transaction.
+    metrics = MetricsHandler(history)
     consume(
         host,
         bus,
         topics.STEP_METRICS,
         durable="configdb-step-metrics",
-        handler=StepMetricsHandler(history),
+        batch_handler=metrics,
+        batch=128,
     )
-    consume(host, bus, topics.POD_USAGE, durable="configdb-usage", handler=UsageHandler(history))
+    consume(host, bus, topics.POD_USAGE, durable="configdb-usage", batch_handler=metrics, batch=128)
 
 
 async def build(settings: ConfigDbSettings) -> ServiceHost:

@@ -12,6 +12,7 @@ duplicated event finds its effect already stored and changes nothing.
 from __future__ import annotations
 
 import asyncio
+from collections.abc import Sequence
 from datetime import UTC, datetime
 
 import structlog
@@ -117,17 +118,32 @@ class JobHistory:
             await repository.record_outcome(session, event.job_id, outcome, finished_at, now)
         log.info("job outcome recorded", job_id=event.job_id, outcome=outcome.value)
 
-    async def steps_measured(self, window: StepWindow, reported_at: datetime) -> None:
-        """Store a trainer's step window (once, however often it is delivered)."""
-        check_window(window)
-        async with self.database.transaction() as session:
-            await repository.insert_window(session, window, reported_at)
-
-    async def usage_sampled(self, sample: UsageSample, sampled_at: datetime) -> None:
-        """Store a pod's usage sample (once, however often it is delivered)."""
-        check_sample(sample)
-        async with self.database.transaction() as session:
-            await repository.insert_sample(session, sample, sampled_at)
+    async def measured(
+        self, batch: Sequence[tuple[StepWindow, datetime] | tuple[UsageSample, datetime]]
+    ) -> list[Exception | None]:
+        """Store a batch of step windows and usage samples in one transaction (each once,
+        however often it is delivered); per item, None or the InvalidArgument naming why it
+        cannot be stored (the bus dead-letters it; the others are stored)."""
+        outcomes: list[Exception | None] = [None] * len(batch)
+        valid = []
+        for index, (item, at) in enumerate(batch):
+            try:
+                if isinstance(item, StepWindow):
+                    check_window(item)
+                else:
+                    check_sample(item)
+            except InvalidArgument as error:
+                outcomes[index] = error
+                continue
+            valid.append((item, at))
+        if valid:
+            async with self.database.transaction() as session:
+                for item, at in valid:
+                    if isinstance(item, StepWindow):
+                        await repository.insert_window(session, item, at)
+                    else:
+                        await repository.insert_sample(session, item, at)
+        return outcomes
 
     async def get(self, job_id: str) -> StoredRecord:
         """One job's record, or NotFound."""

@@ -11,9 +11,8 @@ from stride.decisions import build_decisions
 from stride.optimizer.adapters.inbound.bus_handlers import (
     AdmittedHandler,
     FinishedHandler,
+    MetricsHandler,
     PodFailedHandler,
-    StepMetricsHandler,
-    UsageHandler,
 )
 from stride.optimizer.adapters.inbound.grpc_api import OptimizerApi
 from stride.optimizer.adapters.outbound.history import ConfigDbHistory
@@ -21,7 +20,7 @@ from stride.optimizer.db.tables import outbox as outbox_table
 from stride.optimizer.domain.observations import WindowRule
 from stride.optimizer.domain.tuning import search_space
 from stride.optimizer.settings import OptimizerSettings
-from stride.optimizer.usecases import STAGE_STEP, Planning
+from stride.optimizer.usecases import STAGE_STEP, Capacity, Planning
 from stride.runtime.lifecycle import Dependency, ServiceHost
 from stride.wiring import connect_bus, consume, create_host, open_database, relay_outbox
 
@@ -32,6 +31,8 @@ FINISHED_DURABLE = "optimizer-finished"
 POD_FAILED_DURABLE = "optimizer-pod-failed"
 STEP_METRICS_DURABLE = "optimizer-step-metrics"
 USAGE_DURABLE = "optimizer-usage"
+METRICS_BATCH = 128
+"""Metrics fetched and applied at once (one transaction per fetch)."""
 
 
 async def build(settings: OptimizerSettings) -> ServiceHost:
@@ -60,6 +61,11 @@ async def build(settings: OptimizerSettings) -> ServiceHost:
         min_plan_interval_seconds=settings.min_plan_interval_seconds,
         override_hold_seconds=settings.override_hold_seconds,
         history=history,
+        capacity=(
+            Capacity(settings.cluster_cpu, settings.cluster_memory_gib)
+            if settings.cluster_cpu is not None and settings.cluster_memory_gib is not None
+            else None
+        ),
         fallback=build_decisions(
             {STAGE_STEP.name: "inprocess"}, None, settings.decision_timeout_seconds
         ).adjust,
@@ -92,12 +98,15 @@ async def build(settings: OptimizerSettings) -> ServiceHost:
         handler=PodFailedHandler(planning),
         ack_wait=settings.ack_wait_seconds,
     )
+    # Metrics come at a high rate: each fetched batch is applied in one transaction.
+    metrics = MetricsHandler(planning)
     consume(
         host,
         bus,
         topics.STEP_METRICS,
         durable=STEP_METRICS_DURABLE,
-        handler=StepMetricsHandler(planning),
+        batch_handler=metrics,
+        batch=METRICS_BATCH,
         ack_wait=settings.ack_wait_seconds,
     )
     consume(
@@ -105,9 +114,11 @@ async def build(settings: OptimizerSettings) -> ServiceHost:
         bus,
         topics.POD_USAGE,
         durable=USAGE_DURABLE,
-        handler=UsageHandler(planning),
+        batch_handler=metrics,
+        batch=METRICS_BATCH,
         ack_wait=settings.ack_wait_seconds,
     )
+    host.add_root_task("due-decisions", lambda: planning.due.run(host.stop))
     return host
 
 

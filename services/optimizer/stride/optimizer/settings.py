@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from typing import ClassVar
 
-from pydantic import Field
+from pydantic import Field, model_validator
 from pydantic_settings import SettingsConfigDict
 
 from stride.decisions.settings import DecisionSettings
@@ -55,3 +55,18 @@ class OptimizerSettings(ServiceSettings, DecisionSettings):
     configdb_address: str | None = Field(default=None, min_length=3, max_length=300)
     """host:port of the config DB: a new job starts from the configurations of the most
     similar finished jobs (warm start). Unset: every job starts from the cold default."""
+    cluster_cpu: float | None = Field(default=None, gt=0, allow_inf_nan=False)
+    """Cores the running jobs may hold together. A plan that would take more than is free
+    is held (the stage step's, an OOM rule's) or refused (an operator's), and
+    ``stride explain`` says so. Unset: not bounded by the optimizer (admission's shares
+    bound jobs once admission grants them)."""
+    cluster_memory_gib: float | None = Field(default=None, gt=0, allow_inf_nan=False)
+    """GiB the running jobs may hold together (as ``cluster_cpu``); both or neither."""
+
+    @model_validator(mode="after")
+    def _capacity_pair(self) -> OptimizerSettings:
+        if (self.cluster_cpu is None) != (self.cluster_memory_gib is None):
+            raise ValueError(
+                "cluster_cpu and cluster_memory_gib: set both (the cluster's capacity) or neither"
+            )
+        return self

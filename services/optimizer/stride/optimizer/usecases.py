@@ -15,8 +15,10 @@ plan version exactly once in the database and once on the stream:
 
 from __future__ import annotations
 
-from collections.abc import Callable
-from dataclasses import replace
+import asyncio
+import contextlib
+from collections.abc import Awaitable, Callable, Sequence
+from dataclasses import dataclass, replace
 from datetime import UTC, datetime
 from typing import Protocol, TypeVar
 
@@ -28,6 +30,7 @@ from stride.db.outbox import Outbox
 from stride.decisions import DecisionFailed, DecisionPort
 from stride.events.v1 import job_pb2, metrics_pb2, optimization_pb2, plan_pb2, pod_pb2
 from stride.optimizer.adapters.convert import (
+    STAGE_TO_PROTO,
     event_to_proto,
     features_from_spec,
     plan_from_proto,
@@ -74,6 +77,9 @@ ROLE_NAMES = {
 }
 """DLRover's stage step, whose first rules are the OOM rules Stride's simulator applies too:
 a worker OOM doubles the workers' memory, a PS OOM doubles the PS count (sec. 4.2)."""
+GIB = 1024**3
+Metric = metrics_pb2.StepMetrics | pod_pb2.UsageSample
+"""What agents and pods report: a window of steps, or a pod's CPU and memory use."""
 RequestT = TypeVar("RequestT")
 ReplyT = TypeVar("ReplyT")
 
@@ -84,6 +90,20 @@ class HistorySource(Protocol):
     async def similar(self, spec: job_pb2.JobSpec) -> tuple[HistoricalJob, ...]:
         """Similar finished jobs with the configurations they ended with."""
         ...
+
+
+@dataclass(frozen=True)
+class Capacity:
+    """What the running jobs may hold together: the cluster's cores and memory (until
+    admission grants shares, the optimizer's configured bound)."""
+
+    cpu: float
+    memory_gib: float
+
+
+def plan_totals(plan: Plan) -> tuple[float, float]:
+    """Cores and GiB every pod of ``plan`` holds (chief and data workers included)."""
+    return plan.total_cpu(), plan.total_memory_bytes() / GIB
 
 
 class Planning:
@@ -101,6 +121,7 @@ class Planning:
         override_hold_seconds: float = 0.0,
         fallback: DecisionPort | None = None,
         history: HistorySource | None = None,
+        capacity: Capacity | None = None,
     ) -> None:
         self.database = database
         self.outbox = outbox
@@ -113,9 +134,13 @@ class Planning:
         self.override_hold_seconds = override_hold_seconds
         self.history = history
         """Where similar finished jobs come from (the config DB); None: cold starts only."""
+        self.capacity = capacity
+        """What the running jobs may hold together; None: not bounded here."""
         self.fallback = fallback
         """Where the stage step runs when ``adjust`` cannot answer (the executor pool is
         down or slow): in this process, off the event loop."""
+        self.due = DueDecisions(self.decide_pending, self.due_decisions)
+        """The decisions metrics made due, made off the consumers (run by the app)."""
 
     async def admitted(self, decision: job_pb2.AdmissionDecision) -> None:
         """A job was admitted: create its administrator and publish plan 1. Idempotent."""
@@ -271,13 +296,36 @@ class Planning:
             return
         stored = await repository.get_observations(session, step.after.job_id, for_update=True)
         current = view if view is not None else (stored or obs.Observations())
+        held = None
         if step.plans:
             newest = step.plans[-1]
             current = current.for_plan(
                 newest.version, pods_of(newest.plan), obs.job_clock(current, now.timestamp())
             )
+            held = plan_totals(newest.plan)
         await repository.put_observations(
-            session, step.after.job_id, current, now, new=stored is None
+            session, step.after.job_id, current, now, new=stored is None, held=held
+        )
+
+    async def _capacity_hold(self, session: Session, job_id: str, plan: Plan) -> str:
+        """Why ``plan`` cannot replace the job's current one in the cluster's free
+        capacity ('' when it fits, or when capacity is not bounded here). Serializes the
+        capacity-taking transactions until this one ends, so two jobs never both take the
+        same free cores."""
+        if self.capacity is None:
+            return ""
+        await repository.lock_capacity(session)
+        cpu, memory, own_cpu, own_memory = await repository.held_capacity(session, job_id)
+        want_cpu, want_memory = plan_totals(plan)
+        free_cpu = self.capacity.cpu - cpu
+        free_memory = self.capacity.memory_gib - memory
+        extra_cpu, extra_memory = want_cpu - own_cpu, want_memory - own_memory
+        if extra_cpu <= free_cpu + 1e-9 and extra_memory <= free_memory + 1e-9:
+            return ""
+        return (
+            f"cluster capacity: the plan needs {max(extra_cpu, 0):g} more cores and "
+            f"{max(extra_memory, 0):g} more GiB, {max(free_cpu, 0):g} cores and "
+            f"{max(free_memory, 0):g} GiB are free"
         )
 
     async def newest_plan(
@@ -331,6 +379,9 @@ class Planning:
             if newest is None:
                 raise FailedPrecondition(f"job {job_id!r} has no plan to scale yet")
             plan = _with_counts(plan_from_proto(newest), workers, ps, reason)
+            refused = await self._capacity_hold(session, job_id, plan)
+            if refused:
+                raise FailedPrecondition(refused)
             try:
                 step = on_manual_scale(
                     administrator,
@@ -410,10 +461,22 @@ class Planning:
             if existing is not None and existing.plan_version != newest.version:
                 # A newer plan was published while deciding: it was made for other pods.
                 raise Unavailable(f"job {job_id} got a new plan meanwhile; deciding again")
+            hold = "" if plan is None else await self._capacity_hold(session, job_id, plan)
             step = on_pod_failure(
-                existing, job_id, plan, event_id, f"{event.pod_name} was OOM-killed: {rule}", now
+                existing,
+                job_id,
+                plan,
+                event_id,
+                f"{event.pod_name} was OOM-killed: {rule}",
+                now,
+                hold,
             )
             if not step.changed:
+                return
+            if hold:
+                # The event says why; the pod watcher relaunches the pod as it was.
+                await self._store(session, step, None, now)
+                log.warning("OOM relaunch plan held", job_id=job_id, why=hold)
                 return
             explanation = Explanation(
                 algorithm=algorithm,
@@ -429,80 +492,93 @@ class Planning:
 
     # --- The live loop: metrics -> windows -> stage step -> plans ----------------------
 
-    async def steps_measured(self, metrics: metrics_pb2.StepMetrics) -> None:
-        """A window of steps from an agent: added to the job's view; when it closes a
-        window, the stage step decides (once, even under redelivery). A metric that cannot
-        be applied (unknown job, out of order, impossible values) is an InvalidArgument:
-        the bus dead-letters it and nothing changes."""
-        job_id = check_job_id(metrics.job_id)
-        if not metrics.pod_name:
-            raise InvalidArgument("pod_name", "is required")
-        report = obs.StepReport(
-            pod_name=metrics.pod_name,
-            plan_version=metrics.plan_version,
-            steps=metrics.steps,
-            samples_per_second=metrics.samples_per_second,
-            samples_consumed=metrics.samples_consumed,
-            reported_at=metrics.reported_at.ToDatetime(tzinfo=UTC).timestamp(),
-            step_seconds=metrics.step_seconds,
-        )
-        _, view = await self._update_view(job_id, lambda v: obs.add_steps(v, report, self.window))
-        if view is not None and view.pending >= 0:
-            await self.decide_pending(job_id)
+    async def measured(self, batch: Sequence[Metric]) -> list[Exception | None]:
+        """Apply a batch of metrics (agents' step windows and pods' usage) to the jobs'
+        views in ONE transaction, and schedule the decisions they made due.
 
-    async def usage_sampled(self, sample: pod_pb2.UsageSample) -> None:
-        """A pod's CPU and memory use: kept in the job's view (a decision waiting for the
-        pods' usage is made once every worker and PS reported)."""
-        job_id = check_job_id(sample.job_id)
-        if not sample.pod_name:
+        Returns each metric's outcome, in order: None when applied (or ignored: a finished
+        job's, an older plan's, a redelivery), or an InvalidArgument naming the problem for
+        one that cannot be applied (unknown job, out of order, impossible values), which
+        the bus dead-letters; the others of the batch still apply. A window that closes
+        makes a decision due (stored as the view's ``pending``); it is made by
+        :class:`DueDecisions` once every worker and PS reported usage, off the consumer."""
+        outcomes: list[Exception | None] = [None] * len(batch)
+        changes: dict[str, list[tuple[int, Callable[[obs.Observations], obs.Observations]]]] = {}
+        for index, metric in enumerate(batch):
+            try:
+                job_id, change = self._change_of(metric)
+            except InvalidArgument as error:
+                outcomes[index] = error
+                continue
+            changes.setdefault(job_id, []).append((index, change))
+        due: list[str] = []
+        now = datetime.now(UTC)
+        async with self.database.transaction() as session:
+            # Jobs in order, so two batches never wait for each other's rows in a cycle.
+            for job_id in sorted(changes):
+                administrator = await repository.get_administrator(session, job_id, for_update=True)
+                view = None
+                problem = f"no job {job_id!r} is known to the optimizer"
+                if administrator is not None:
+                    if administrator.stage is JobStage.FINISHED:
+                        continue
+                    view = await repository.get_observations(session, job_id, for_update=True)
+                    problem = f"job {job_id!r} has no plan to measure yet"
+                if view is None:
+                    for index, _ in changes[job_id]:
+                        outcomes[index] = InvalidArgument("job_id", problem)
+                    continue
+                after = view
+                for index, change in changes[job_id]:
+                    try:
+                        after = change(after)
+                    except obs.MetricRefused as error:
+                        outcomes[index] = InvalidArgument(error.field, error.problem)
+                if after != view:
+                    await repository.put_observations(session, job_id, after, now, new=False)
+                if after.pending >= 0 and obs.measured(after, self.window):
+                    due.append(job_id)
+        for job_id in due:
+            self.due.schedule(job_id)
+        return outcomes
+
+    def _change_of(
+        self, metric: Metric
+    ) -> tuple[str, Callable[[obs.Observations], obs.Observations]]:
+        """The job a metric is about and how it changes the job's view; InvalidArgument
+        for a metric that names no job, pod or role."""
+        job_id = check_job_id(metric.job_id)
+        if not metric.pod_name:
             raise InvalidArgument("pod_name", "is required")
-        role = ROLE_NAMES.get(sample.role)
+        if isinstance(metric, metrics_pb2.StepMetrics):
+            report = obs.StepReport(
+                pod_name=metric.pod_name,
+                plan_version=metric.plan_version,
+                steps=metric.steps,
+                samples_per_second=metric.samples_per_second,
+                samples_consumed=metric.samples_consumed,
+                reported_at=metric.reported_at.ToDatetime(tzinfo=UTC).timestamp(),
+                step_seconds=metric.step_seconds,
+            )
+            return job_id, lambda view: obs.add_steps(view, report, self.window)
+        role = ROLE_NAMES.get(metric.role)
         if role is None:
-            raise InvalidArgument("role", f"must be a pod role, got {sample.role}")
+            raise InvalidArgument("role", f"must be a pod role, got {metric.role}")
         usage = obs.PodUsage(
             role=role,
-            cpu_used=sample.cpu_used,
-            memory_used_bytes=sample.memory_used_bytes,
-            cpu_limit=sample.cpu_limit,
-            plan_version=sample.plan_version,
-            sampled_at=sample.sampled_at.ToDatetime(tzinfo=UTC).timestamp(),
+            cpu_used=metric.cpu_used,
+            memory_used_bytes=metric.memory_used_bytes,
+            cpu_limit=metric.cpu_limit,
+            plan_version=metric.plan_version,
+            sampled_at=metric.sampled_at.ToDatetime(tzinfo=UTC).timestamp(),
         )
-        before, view = await self._update_view(
-            job_id, lambda v: obs.add_usage(v, sample.pod_name, usage)
-        )
-        if (
-            view is not None
-            and view.pending >= 0
-            and obs.measured(view, self.window)
-            and not (before is not None and obs.measured(before, self.window))
-        ):
-            # This sample completed the usage a due decision waited for (one trigger
-            # only: the window's own trigger decides when usage was in already).
-            await self.decide_pending(job_id)
+        pod_name = metric.pod_name
+        return job_id, lambda view: obs.add_usage(view, pod_name, usage)
 
-    async def _update_view(
-        self, job_id: str, change: Callable[[obs.Observations], obs.Observations]
-    ) -> tuple[obs.Observations | None, obs.Observations | None]:
-        """Apply ``change`` to the job's view in one transaction; the view before and after
-        (None, None for a finished job)."""
-        async with self.database.transaction() as session:
-            administrator = await repository.get_administrator(session, job_id, for_update=True)
-            if administrator is None:
-                raise InvalidArgument("job_id", f"no job {job_id!r} is known to the optimizer")
-            if administrator.stage is JobStage.FINISHED:
-                return None, None
-            view = await repository.get_observations(session, job_id, for_update=True)
-            if view is None:
-                raise InvalidArgument("job_id", f"job {job_id!r} has no plan to measure yet")
-            try:
-                after = change(view)
-            except obs.MetricRefused as error:
-                raise InvalidArgument(error.field, error.problem) from None
-            if after != view:
-                await repository.put_observations(
-                    session, job_id, after, datetime.now(UTC), new=False
-                )
-            return view, after
+    async def due_decisions(self) -> list[str]:
+        """Jobs with a window waiting for its decision (a restart resumes them)."""
+        async with self.database.sessions() as session:
+            return await repository.jobs_with_due_decisions(session)
 
     def _stage_request(
         self, view: obs.Observations, spec_bytes: bytes, reason: stages.Reason
@@ -606,6 +682,12 @@ class Planning:
                     f"the last plan is {moment - current.last_plan_at:.0f}s old "
                     f"(minimum {self.min_plan_interval_seconds:g}s between plans)"
                 )
+            bound = reply.bound
+            if not hold and reply.pods is not None:
+                hold = await self._capacity_hold(
+                    session, job_id, with_pods(plan_from_proto(newest), reply.pods, "-")
+                )
+                bound = "cluster capacity" if hold else bound
             explanation = Explanation(
                 algorithm=STAGE_STEP.qualified_name,
                 stage=reply.stage.value,
@@ -617,7 +699,7 @@ class Planning:
                 predicted_throughput=reply.predicted_throughput,
                 predicted_current=reply.predicted_current,
                 cost=reply.cost,
-                bound=reply.bound,
+                bound=bound,
                 fallback=fallback,
             )
             step, explained = on_stage_reply(
@@ -639,8 +721,24 @@ class Planning:
                 ),
             )
             await self._store(session, step, None, now, explanation=explained, view=settled)
+            after = step.after or existing
+            decided = optimization_pb2.WindowDecided(
+                job_id=job_id,
+                window=view.pending,
+                plan_version=after.plan_version,
+                changed=bool(step.plans),
+                stage=STAGE_TO_PROTO[after.stage],
+                detail=f"{reply.root_cause}; held: {hold}"
+                if hold and reply.pods is not None
+                else reply.root_cause,
+            )
+            decided.decided_at.FromDatetime(now)
+            await self.outbox.add_event(
+                session,
+                topics.WINDOW_DECIDED.outgoing(job_id, decided, f"{job_id}.decided.{view.pending}"),
+            )
+        self.outbox.notify()
         if step.plans:
-            self.outbox.notify()
             log.info(
                 "stage step published a plan",
                 job_id=job_id,
@@ -661,6 +759,78 @@ class Planning:
                 raise NotFound(f"job {job_id!r} not found")
             rows = await repository.list_explanations(session, job_id)
         return [(plan, Explanation.from_json(text) if text else None) for plan, text in rows]
+
+
+class DueDecisions:
+    """Makes the jobs' due decisions off the metric consumers: at most one at a time per
+    job (a job's windows are decided in order, and a second trigger for a job being decided
+    runs once more after it), at most ``concurrency`` jobs at once, so the consumers keep
+    taking metrics while the executor pool works. A sweep every ``sweep_seconds`` (and at
+    start, for a restarted optimizer) schedules every job whose view holds a due window, so
+    a decision that failed or was interrupted is made later, never lost."""
+
+    def __init__(
+        self,
+        decide: Callable[[str], Awaitable[None]],
+        due: Callable[[], Awaitable[list[str]]],
+        concurrency: int = 8,
+        sweep_seconds: float = 5.0,
+    ) -> None:
+        self._decide = decide
+        self._due = due
+        self._limit = asyncio.Semaphore(concurrency)
+        self.sweep_seconds = sweep_seconds
+        self._running: dict[str, asyncio.Task[None]] = {}
+        self._again: set[str] = set()
+
+    def schedule(self, job_id: str) -> None:
+        """Decide the job's due window soon (once more if it is being decided now)."""
+        if job_id in self._running:
+            self._again.add(job_id)
+            return
+        self._running[job_id] = asyncio.create_task(self._run(job_id), name=f"decide-{job_id}")
+
+    async def _run(self, job_id: str) -> None:
+        try:
+            while True:
+                self._again.discard(job_id)
+                async with self._limit:
+                    try:
+                        await self._decide(job_id)
+                    except Exception as error:
+                        # Kept due in storage: the sweep schedules it again.
+                        log.warning(
+                            "decision failed; the sweep retries it",
+                            job_id=job_id,
+                            error=f"{type(error).__name__}: {error}",
+                        )
+                        return
+                if job_id not in self._again:
+                    return
+        finally:
+            self._running.pop(job_id, None)
+
+    async def run(self, stop: asyncio.Event) -> None:
+        """Sweep until ``stop`` is set, then let the decisions under way finish (a
+        decision cut short is still due in storage and made by the next optimizer)."""
+        try:
+            while not stop.is_set():
+                try:
+                    for job_id in await self._due():
+                        if job_id not in self._running:
+                            self.schedule(job_id)
+                except Exception as error:
+                    log.warning(
+                        "due-decision sweep failed", error=f"{type(error).__name__}: {error}"
+                    )
+                with contextlib.suppress(TimeoutError):
+                    await asyncio.wait_for(stop.wait(), self.sweep_seconds)
+        finally:
+            running = list(self._running.values())
+            if running:
+                await asyncio.wait(running, timeout=10.0)
+            for task in running:
+                task.cancel()
 
 
 _ROLE_BY_EVENT = {plan_pb2.ROLE_WORKER: Role.WORKER, plan_pb2.ROLE_PS: Role.PS}

@@ -27,23 +27,25 @@ from google.protobuf import timestamp_pb2 as google_dot_protobuf_dot_timestamp__
 from stride.events.v1 import plan_pb2 as stride_dot_events_dot_v1_dot_plan__pb2
 
 
-DESCRIPTOR = _descriptor_pool.Default().AddSerializedFile(b'\n#stride/events/v1/optimization.proto\x12\x10stride.events.v1\x1a\x1cgoogle/protobuf/struct.proto\x1a\x1fgoogle/protobuf/timestamp.proto\x1a\x1bstride/events/v1/plan.proto\"\xd1\x01\n\x11OptimizationEvent\x12\x10\n\x08\x65vent_id\x18\x01 \x01(\t\x12\x0e\n\x06job_id\x18\x02 \x01(\t\x12)\n\x05stage\x18\x03 \x01(\x0e\x32\x1a.stride.events.v1.JobStage\x12/\n\nroot_cause\x18\x04 \x01(\x0e\x32\x1b.stride.events.v1.RootCause\x12\x0e\n\x06\x64\x65tail\x18\x05 \x01(\t\x12.\n\ncreated_at\x18\x06 \x01(\x0b\x32\x1a.google.protobuf.Timestamp\"\x86\x01\n\x10\x41lgorithmRequest\x12\x12\n\nrequest_id\x18\x01 \x01(\t\x12\x11\n\talgorithm\x18\x02 \x01(\t\x12\x0f\n\x07version\x18\x03 \x01(\x05\x12\x0e\n\x06job_id\x18\x04 \x01(\t\x12*\n\targuments\x18\x05 \x01(\x0b\x32\x17.google.protobuf.Struct\"\xea\x01\n\x0e\x41lgorithmReply\x12\x12\n\nrequest_id\x18\x01 \x01(\t\x12\x31\n\x06status\x18\x02 \x01(\x0e\x32!.stride.events.v1.AlgorithmStatus\x12\'\n\x06result\x18\x03 \x01(\x0b\x32\x17.google.protobuf.Struct\x12\r\n\x05\x65rror\x18\x04 \x01(\t\x12\x11\n\talgorithm\x18\x05 \x01(\t\x12-\n\x05plans\x18\x06 \x03(\x0b\x32\x1e.stride.events.v1.ResourcePlan\x12\x17\n\x0f\x65lapsed_seconds\x18\x07 \x01(\x01*\x9f\x01\n\x08JobStage\x12\x19\n\x15JOB_STAGE_UNSPECIFIED\x10\x00\x12\x18\n\x14JOB_STAGE_COLD_START\x10\x01\x12\x16\n\x12JOB_STAGE_SAMPLING\x10\x02\x12\x18\n\x14JOB_STAGE_OPTIMIZING\x10\x03\x12\x14\n\x10JOB_STAGE_STEADY\x10\x04\x12\x16\n\x12JOB_STAGE_FINISHED\x10\x05*\xc6\x02\n\tRootCause\x12\x1a\n\x16ROOT_CAUSE_UNSPECIFIED\x10\x00\x12\x19\n\x15ROOT_CAUSE_COLD_START\x10\x01\x12\x1c\n\x18ROOT_CAUSE_SAMPLING_DONE\x10\x02\x12\x1b\n\x17ROOT_CAUSE_STEADY_STATE\x10\x03\x12\x18\n\x14ROOT_CAUSE_STRAGGLER\x10\x04\x12\x15\n\x11ROOT_CAUSE_HOT_PS\x10\x05\x12\x16\n\x12ROOT_CAUSE_IDLE_PS\x10\x06\x12\x12\n\x0eROOT_CAUSE_OOM\x10\x07\x12\x1a\n\x16ROOT_CAUSE_POD_FAILURE\x10\x08\x12\x17\n\x13ROOT_CAUSE_OVERRIDE\x10\t\x12\x17\n\x13ROOT_CAUSE_SAMPLING\x10\n\x12\x1c\n\x18ROOT_CAUSE_MEMORY_SIZING\x10\x0b*\xb2\x01\n\x0f\x41lgorithmStatus\x12 \n\x1c\x41LGORITHM_STATUS_UNSPECIFIED\x10\x00\x12\x17\n\x13\x41LGORITHM_STATUS_OK\x10\x01\x12%\n!ALGORITHM_STATUS_INVALID_ARGUMENT\x10\x02\x12\x1e\n\x1a\x41LGORITHM_STATUS_NOT_FOUND\x10\x03\x12\x1d\n\x19\x41LGORITHM_STATUS_INTERNAL\x10\x04\x62\x06proto3')
+DESCRIPTOR = _descriptor_pool.Default().AddSerializedFile(b'\n#stride/events/v1/optimization.proto\x12\x10stride.events.v1\x1a\x1cgoogle/protobuf/struct.proto\x1a\x1fgoogle/protobuf/timestamp.proto\x1a\x1bstride/events/v1/plan.proto\"\xd1\x01\n\x11OptimizationEvent\x12\x10\n\x08\x65vent_id\x18\x01 \x01(\t\x12\x0e\n\x06job_id\x18\x02 \x01(\t\x12)\n\x05stage\x18\x03 \x01(\x0e\x32\x1a.stride.events.v1.JobStage\x12/\n\nroot_cause\x18\x04 \x01(\x0e\x32\x1b.stride.events.v1.RootCause\x12\x0e\n\x06\x64\x65tail\x18\x05 \x01(\t\x12.\n\ncreated_at\x18\x06 \x01(\x0b\x32\x1a.google.protobuf.Timestamp\"\xc1\x01\n\rWindowDecided\x12\x0e\n\x06job_id\x18\x01 \x01(\t\x12\x0e\n\x06window\x18\x02 \x01(\x05\x12\x14\n\x0cplan_version\x18\x03 \x01(\x05\x12\x0f\n\x07\x63hanged\x18\x04 \x01(\x08\x12)\n\x05stage\x18\x05 \x01(\x0e\x32\x1a.stride.events.v1.JobStage\x12\x0e\n\x06\x64\x65tail\x18\x06 \x01(\t\x12.\n\ndecided_at\x18\x07 \x01(\x0b\x32\x1a.google.protobuf.Timestamp\"\x86\x01\n\x10\x41lgorithmRequest\x12\x12\n\nrequest_id\x18\x01 \x01(\t\x12\x11\n\talgorithm\x18\x02 \x01(\t\x12\x0f\n\x07version\x18\x03 \x01(\x05\x12\x0e\n\x06job_id\x18\x04 \x01(\t\x12*\n\targuments\x18\x05 \x01(\x0b\x32\x17.google.protobuf.Struct\"\xea\x01\n\x0e\x41lgorithmReply\x12\x12\n\nrequest_id\x18\x01 \x01(\t\x12\x31\n\x06status\x18\x02 \x01(\x0e\x32!.stride.events.v1.AlgorithmStatus\x12\'\n\x06result\x18\x03 \x01(\x0b\x32\x17.google.protobuf.Struct\x12\r\n\x05\x65rror\x18\x04 \x01(\t\x12\x11\n\talgorithm\x18\x05 \x01(\t\x12-\n\x05plans\x18\x06 \x03(\x0b\x32\x1e.stride.events.v1.ResourcePlan\x12\x17\n\x0f\x65lapsed_seconds\x18\x07 \x01(\x01*\x9f\x01\n\x08JobStage\x12\x19\n\x15JOB_STAGE_UNSPECIFIED\x10\x00\x12\x18\n\x14JOB_STAGE_COLD_START\x10\x01\x12\x16\n\x12JOB_STAGE_SAMPLING\x10\x02\x12\x18\n\x14JOB_STAGE_OPTIMIZING\x10\x03\x12\x14\n\x10JOB_STAGE_STEADY\x10\x04\x12\x16\n\x12JOB_STAGE_FINISHED\x10\x05*\xc6\x02\n\tRootCause\x12\x1a\n\x16ROOT_CAUSE_UNSPECIFIED\x10\x00\x12\x19\n\x15ROOT_CAUSE_COLD_START\x10\x01\x12\x1c\n\x18ROOT_CAUSE_SAMPLING_DONE\x10\x02\x12\x1b\n\x17ROOT_CAUSE_STEADY_STATE\x10\x03\x12\x18\n\x14ROOT_CAUSE_STRAGGLER\x10\x04\x12\x15\n\x11ROOT_CAUSE_HOT_PS\x10\x05\x12\x16\n\x12ROOT_CAUSE_IDLE_PS\x10\x06\x12\x12\n\x0eROOT_CAUSE_OOM\x10\x07\x12\x1a\n\x16ROOT_CAUSE_POD_FAILURE\x10\x08\x12\x17\n\x13ROOT_CAUSE_OVERRIDE\x10\t\x12\x17\n\x13ROOT_CAUSE_SAMPLING\x10\n\x12\x1c\n\x18ROOT_CAUSE_MEMORY_SIZING\x10\x0b*\xb2\x01\n\x0f\x41lgorithmStatus\x12 \n\x1c\x41LGORITHM_STATUS_UNSPECIFIED\x10\x00\x12\x17\n\x13\x41LGORITHM_STATUS_OK\x10\x01\x12%\n!ALGORITHM_STATUS_INVALID_ARGUMENT\x10\x02\x12\x1e\n\x1a\x41LGORITHM_STATUS_NOT_FOUND\x10\x03\x12\x1d\n\x19\x41LGORITHM_STATUS_INTERNAL\x10\x04\x62\x06proto3')
 
 _globals = globals()
 _builder.BuildMessageAndEnumDescriptors(DESCRIPTOR, _globals)
 _builder.BuildTopDescriptorsAndMessages(DESCRIPTOR, 'stride.events.v1.optimization_pb2', _globals)
 if not _descriptor._USE_C_DESCRIPTORS:
   DESCRIPTOR._loaded_options = None
-  _globals['_JOBSTAGE']._serialized_start=736
-  _globals['_JOBSTAGE']._serialized_end=895
-  _globals['_ROOTCAUSE']._serialized_start=898
-  _globals['_ROOTCAUSE']._serialized_end=1224
-  _globals['_ALGORITHMSTATUS']._serialized_start=1227
-  _globals['_ALGORITHMSTATUS']._serialized_end=1405
+  _globals['_JOBSTAGE']._serialized_start=932
+  _globals['_JOBSTAGE']._serialized_end=1091
+  _globals['_ROOTCAUSE']._serialized_start=1094
+  _globals['_ROOTCAUSE']._serialized_end=1420
+  _globals['_ALGORITHMSTATUS']._serialized_start=1423
+  _globals['_ALGORITHMSTATUS']._serialized_end=1601
   _globals['_OPTIMIZATIONEVENT']._serialized_start=150
   _globals['_OPTIMIZATIONEVENT']._serialized_end=359
-  _globals['_ALGORITHMREQUEST']._serialized_start=362
-  _globals['_ALGORITHMREQUEST']._serialized_end=496
-  _globals['_ALGORITHMREPLY']._serialized_start=499
-  _globals['_ALGORITHMREPLY']._serialized_end=733
+  _globals['_WINDOWDECIDED']._serialized_start=362
+  _globals['_WINDOWDECIDED']._serialized_end=555
+  _globals['_ALGORITHMREQUEST']._serialized_start=558
+  _globals['_ALGORITHMREQUEST']._serialized_end=692
+  _globals['_ALGORITHMREPLY']._serialized_start=695
+  _globals['_ALGORITHMREPLY']._serialized_end=929
 # @@protoc_insertion_point(module_scope)

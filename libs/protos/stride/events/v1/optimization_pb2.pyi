@@ -198,6 +198,58 @@ class OptimizationEvent(_message.Message):
 Global___OptimizationEvent: _TypeAlias = OptimizationEvent  # noqa: Y015
 
 @_typing.final
+class WindowDecided(_message.Message):
+    """The optimizer decided on one of a job's measurement windows (DLRover's Brain acting on a
+    tick): the stage step ran and the job's plan was kept, changed or held. Published on
+    stride.plans.v1.<job>.decided with the plan it led to, so a watcher (stride top, the
+    load generator) learns of every decision without polling the plan API.
+    """
+
+    DESCRIPTOR: _descriptor.Descriptor
+
+    JOB_ID_FIELD_NUMBER: _builtins.int
+    WINDOW_FIELD_NUMBER: _builtins.int
+    PLAN_VERSION_FIELD_NUMBER: _builtins.int
+    CHANGED_FIELD_NUMBER: _builtins.int
+    STAGE_FIELD_NUMBER: _builtins.int
+    DETAIL_FIELD_NUMBER: _builtins.int
+    DECIDED_AT_FIELD_NUMBER: _builtins.int
+    job_id: _builtins.str
+    """The job."""
+    window: _builtins.int
+    """The window decided on: the job's sample count when it closed (1 is the first)."""
+    plan_version: _builtins.int
+    """The job's newest plan version after the decision (a new one if the plan changed)."""
+    changed: _builtins.bool
+    """Whether the decision published a new plan version."""
+    stage: Global___JobStage.ValueType
+    """The job's stage after the decision."""
+    detail: _builtins.str
+    """The stage step's reason, and the hold if one kept a change from being published."""
+    @_builtins.property
+    def decided_at(self) -> _timestamp_pb2.Timestamp:
+        """When the decision was stored."""
+
+    def __init__(
+        self,
+        *,
+        job_id: _builtins.str = ...,
+        window: _builtins.int = ...,
+        plan_version: _builtins.int = ...,
+        changed: _builtins.bool = ...,
+        stage: Global___JobStage.ValueType = ...,
+        detail: _builtins.str = ...,
+        decided_at: _timestamp_pb2.Timestamp | None = ...,
+    ) -> None: ...
+    _HasFieldArgType: _TypeAlias = _typing.Literal["decided_at", b"decided_at"]  # noqa: Y015
+    def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["changed", b"changed", "decided_at", b"decided_at", "detail", b"detail", "job_id", b"job_id", "plan_version", b"plan_version", "stage", b"stage", "window", b"window"]  # noqa: Y015
+    def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
+    def WhichOneof(self, oneof_group: _Never) -> None: ...
+
+Global___WindowDecided: _TypeAlias = WindowDecided  # noqa: Y015
+
+@_typing.final
 class AlgorithmRequest(_message.Message):
     """A request to run one named, versioned algorithm in the executor pool."""
 

@@ -6,6 +6,7 @@ from __future__ import annotations
 from sqlalchemy import (
     Column,
     DateTime,
+    Float,
     ForeignKey,
     Integer,
     LargeBinary,
@@ -62,6 +63,11 @@ observations = Table(
     # The job's windowed metric view as JSON (domain.observations.to_json).
     Column("view", Text, nullable=False),
     Column("updated_at", DateTime(timezone=True), nullable=False),
+    # The view's due window (its ``pending``; -1: none), for finding due decisions.
+    Column("pending", Integer, nullable=False, server_default="-1", index=True),
+    # Cores and GiB the job's current plan holds (every role), for the capacity check.
+    Column("held_cpu", Float, nullable=False, server_default="0"),
+    Column("held_memory_gib", Float, nullable=False, server_default="0"),
 )
 
 outbox = outbox_table(metadata)

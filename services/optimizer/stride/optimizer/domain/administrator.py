@@ -232,10 +232,13 @@ def on_pod_failure(
     event_id: str,
     detail: str,
     now: datetime,
+    hold: str = "",
 ) -> Step:
     """A pod was OOM-killed: ``plan`` (the policy's OOM rule, or None if it changes nothing)
-    becomes the next version. ``event_id`` is derived from the failure, so a redelivered
-    failure finds its event and changes nothing (the caller checks that first)."""
+    becomes the next version, unless ``hold`` says why it cannot (the cluster has no room
+    for it): then only the event is recorded, naming the hold. ``event_id`` is derived from
+    the failure, so a redelivered failure finds its event and changes nothing (the caller
+    checks that first)."""
     if existing is None or existing.stage is JobStage.FINISHED or plan is None:
         return Step(existing, existing)
     event = OptimizationEvent(
@@ -243,8 +246,10 @@ def on_pod_failure(
         job_id=job_id,
         stage=existing.stage,
         root_cause=RootCause.OOM,
-        detail=detail,
+        detail=f"{detail}; held: {hold}" if hold else detail,
         created_at=now,
     )
+    if hold:
+        return Step(existing, existing, (event,))
     administrator, versioned = existing.publish(plan, now)
     return Step(existing, administrator, (event,), (versioned,))

@@ -263,9 +263,11 @@ def measured(view: Observations, rule: WindowRule) -> bool:
     different streams, so either may arrive first."""
     if view.pods is None:
         return False
+    # Strictly after the window's start: a sample taken at the very moment the previous
+    # window closed measured that window (an agent stamps both with one clock).
     fresh_after = view.closed_at - rule.tick_seconds if view.pending >= 0 else -math.inf
     workers = sum(u.role == "worker" for u in view.usage.values())
-    ps = sum(u.role == "ps" and u.sampled_at >= fresh_after for u in view.usage.values())
+    ps = sum(u.role == "ps" and u.sampled_at > fresh_after for u in view.usage.values())
     return workers >= view.pods.workers and ps >= view.pods.ps
 
 

@@ -3,10 +3,15 @@ what they measure (step windows, pod usage)."""
 
 from __future__ import annotations
 
+from collections.abc import Sequence
+from datetime import datetime
+
 from stride.bus.client import Delivery
 from stride.configdb.adapters.convert import usage_from_proto, window_from_proto
+from stride.configdb.domain.profiles import StepWindow, UsageSample
 from stride.configdb.usecases import JobHistory
 from stride.events.v1 import job_pb2, metrics_pb2, plan_pb2, pod_pb2
+from stride.runtime.errors import InvalidArgument
 
 
 class SubmittedHandler:
@@ -39,23 +44,26 @@ class FinishedHandler:
         await self.history.finished(event)
 
 
-class StepMetricsHandler:
-    """Stores a step window on ``stride.metrics.v1.<job>.steps``."""
+class MetricsHandler:
+    """Stores a fetched batch of step windows or usage samples in one transaction."""
 
     def __init__(self, history: JobHistory) -> None:
         self.history = history
 
-    async def __call__(self, event: metrics_pb2.StepMetrics, delivery: Delivery) -> None:
-        window, reported_at = window_from_proto(event)
-        await self.history.steps_measured(window, reported_at)
-
-
-class UsageHandler:
-    """Stores a pod's usage sample on ``stride.pods.v1.<job>.usage``."""
-
-    def __init__(self, history: JobHistory) -> None:
-        self.history = history
-
-    async def __call__(self, event: pod_pb2.UsageSample, delivery: Delivery) -> None:
-        sample, sampled_at = usage_from_proto(event)
-        await self.history.usage_sampled(sample, sampled_at)
+    async def __call__(
+        self, batch: Sequence[tuple[metrics_pb2.StepMetrics | pod_pb2.UsageSample, Delivery]]
+    ) -> Sequence[BaseException | None]:
+        outcomes: list[BaseException | None] = [None] * len(batch)
+        items: list[tuple[int, tuple[StepWindow, datetime] | tuple[UsageSample, datetime]]] = []
+        for index, (event, _) in enumerate(batch):
+            try:
+                if isinstance(event, metrics_pb2.StepMetrics):
+                    items.append((index, window_from_proto(event)))
+                else:
+                    items.append((index, usage_from_proto(event)))
+            except InvalidArgument as error:
+                outcomes[index] = error
+        stored = await self.history.measured([item for _, item in items])
+        for (index, _), outcome in zip(items, stored, strict=True):
+            outcomes[index] = outcome
+        return outcomes

@@ -6,6 +6,8 @@ The bus has already checked that each payload's job id is its subject's (see ``B
 
 from __future__ import annotations
 
+from collections.abc import Sequence
+
 from stride.bus.client import Delivery
 from stride.events.v1 import job_pb2, metrics_pb2, pod_pb2
 from stride.optimizer.usecases import Planning
@@ -42,21 +44,14 @@ class PodFailedHandler:
         await self.planning.pod_failed(event, f"{event.job_id}.oom.{delivery.message_id}")
 
 
-class StepMetricsHandler:
-    """Adds an agent's step window to the job's view; a closed window is decided on."""
+class MetricsHandler:
+    """Applies a fetched batch of step windows or usage samples in one transaction; closed
+    windows are decided on off the consumer (``Planning.due``)."""
 
     def __init__(self, planning: Planning) -> None:
         self.planning = planning
 
-    async def __call__(self, event: metrics_pb2.StepMetrics, delivery: Delivery) -> None:
-        await self.planning.steps_measured(event)
-
-
-class UsageHandler:
-    """Keeps a pod's newest CPU and memory use in the job's view."""
-
-    def __init__(self, planning: Planning) -> None:
-        self.planning = planning
-
-    async def __call__(self, event: pod_pb2.UsageSample, delivery: Delivery) -> None:
-        await self.planning.usage_sampled(event)
+    async def __call__(
+        self, batch: Sequence[tuple[metrics_pb2.StepMetrics | pod_pb2.UsageSample, Delivery]]
+    ) -> Sequence[BaseException | None]:
+        return await self.planning.measured([metric for metric, _ in batch])

@@ -7,8 +7,9 @@ columns that are queried.
 from __future__ import annotations
 
 from datetime import UTC, datetime
+from typing import Any
 
-from sqlalchemy import select, update
+from sqlalchemy import func, select, text, update
 from sqlalchemy.ext.asyncio import AsyncSession
 
 from stride.events.v1 import optimization_pb2, plan_pb2
@@ -121,19 +122,32 @@ async def get_observations(
 
 
 async def put_observations(
-    session: AsyncSession, job_id: str, view: Observations, at: datetime, new: bool
+    session: AsyncSession,
+    job_id: str,
+    view: Observations,
+    at: datetime,
+    new: bool,
+    held: tuple[float, float] | None = None,
 ) -> None:
-    """Store the job's metric view (``new``: its first)."""
+    """Store the job's metric view (``new``: its first), and with ``held`` the cores and
+    GiB its current plan holds."""
+    values: dict[str, Any] = {"view": to_json(view), "updated_at": at, "pending": view.pending}
+    if held is not None:
+        values["held_cpu"], values["held_memory_gib"] = held
     if new:
-        await session.execute(
-            observations.insert().values(job_id=job_id, view=to_json(view), updated_at=at)
-        )
+        await session.execute(observations.insert().values(job_id=job_id, **values))
     else:
         await session.execute(
-            update(observations)
-            .where(observations.c.job_id == job_id)
-            .values(view=to_json(view), updated_at=at)
+            update(observations).where(observations.c.job_id == job_id).values(**values)
         )
+
+
+async def jobs_with_due_decisions(session: AsyncSession) -> list[str]:
+    """Jobs whose view has a window waiting for its decision."""
+    rows = await session.scalars(
+        select(observations.c.job_id).where(observations.c.pending >= 0).order_by("job_id")
+    )
+    return list(rows)
 
 
 async def get_spec(session: AsyncSession, job_id: str) -> bytes | None:
@@ -181,3 +195,40 @@ async def has_event(session: AsyncSession, event_id: str) -> bool:
         select(optimization_events.c.event_id).where(optimization_events.c.event_id == event_id)
     )
     return found is not None
+
+
+async def lock_capacity(session: AsyncSession) -> None:
+    """Serialize the transactions that may take cluster capacity, until this one ends.
+
+    On PostgreSQL a transaction-scoped advisory lock (two jobs' plans checked at once would
+    each see the other's room as free); on SQLite every write transaction already runs
+    alone (``BEGIN IMMEDIATE``, see ``stride.db.engine``)."""
+    if session.get_bind().dialect.name == "postgresql":
+        await session.execute(text("SELECT pg_advisory_xact_lock(:key)"), {"key": CAPACITY_LOCK})
+
+
+CAPACITY_LOCK = 0x5354524944450001
+"""The advisory lock key of the optimizer's capacity check ("STRIDE" and 1)."""
+
+
+async def held_capacity(session: AsyncSession, job_id: str) -> tuple[float, float, float, float]:
+    """Cores and GiB held by every running job's current plan, and by ``job_id``'s."""
+    running = administrators.c.stage != JobStage.FINISHED.name
+    query = (
+        select(
+            func.coalesce(func.sum(observations.c.held_cpu), 0.0),
+            func.coalesce(func.sum(observations.c.held_memory_gib), 0.0),
+        )
+        .select_from(observations.join(administrators))
+        .where(running)
+    )
+    total = (await session.execute(query)).one()
+    own = (
+        await session.execute(
+            select(observations.c.held_cpu, observations.c.held_memory_gib).where(
+                observations.c.job_id == job_id
+            )
+        )
+    ).one_or_none()
+    own_cpu, own_memory = (own.held_cpu, own.held_memory_gib) if own is not None else (0.0, 0.0)
+    return float(total[0]), float(total[1]), float(own_cpu), float(own_memory)
