@@ -27,17 +27,15 @@ from __future__ import annotations
 
 import argparse
 import asyncio
-import json
 import os
 import statistics
-import subprocess
 import sys
-import tempfile
 import time
 from dataclasses import replace
 from pathlib import Path
 
 import numpy as np
+from suite import running_suite
 
 from stride.bus.client import Bus
 from stride.decisions import build_decisions
@@ -124,17 +122,6 @@ def nsga_request(job: rounds.RoundJob) -> ParetoRequest:
     )
 
 
-def stride(*args: str, env: dict[str, str]) -> subprocess.CompletedProcess[str]:
-    return subprocess.run(
-        [sys.executable, "-m", "stride.cli", *args],
-        env=env,
-        capture_output=True,
-        text=True,
-        timeout=300,
-        check=False,
-    )
-
-
 def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__)
     parser.add_argument("--jobs", type=int, default=1000)
@@ -152,21 +139,13 @@ def main() -> int:
         local = rounds.cluster_round(rounds.RoundRequest(tuple(jobs), free_cpu, free_memory))
         local_times.append(time.perf_counter() - started)
 
-    state = Path(tempfile.mkdtemp(prefix="stride-bench-round-"))
-    env = {k: v for k, v in os.environ.items() if not k.startswith("STRIDE_")}
-    env.update({"STRIDE_STATE_DIR": str(state), "STRIDE_LOG_LEVEL": "WARNING"})
-    up = stride("up", "--executors", "2", env=env)
-    if up.returncode != 0:
-        print(up.stdout + up.stderr)
-        return 1
-    try:
-        nats_url = json.loads((state / "endpoints.json").read_text())["nats_url"]
+    with running_suite("--executors", "2") as suite:
         pool_times = []
         for _ in range(args.repeats):
-            pooled, elapsed = asyncio.run(pool_round(nats_url, jobs, free_cpu, free_memory))
+            pooled, elapsed = asyncio.run(
+                pool_round(suite["nats_url"], jobs, free_cpu, free_memory)
+            )
             pool_times.append(elapsed)
-    finally:
-        stride("down", env=env)
     same = pooled == local
 
     per_job = []

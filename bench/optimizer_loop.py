@@ -27,15 +27,14 @@ from __future__ import annotations
 
 import argparse
 import asyncio
-import json
 import os
 import statistics
-import subprocess
 import sys
-import tempfile
 import time
 from pathlib import Path
 from typing import Any
+
+from suite import percentile, running_suite
 
 from stride.cli.loadgen import Played, compare, run
 
@@ -43,22 +42,6 @@ RESULTS = Path(__file__).parent / "results" / "optimizer_loop.txt"
 TRACES = Path(__file__).resolve().parents[2] / "shared" / "traces"
 COVS = TRACES / "pai-minibatch-time" / "coefficient_variation.csv"
 TICK = 180.0
-
-
-def percentile(values: list[float], q: float) -> float:
-    ordered = sorted(values)
-    return ordered[min(len(ordered) - 1, max(0, round(q * (len(ordered) - 1))))]
-
-
-def stride(*args: str, env: dict[str, str]) -> subprocess.CompletedProcess[str]:
-    return subprocess.run(
-        [sys.executable, "-m", "stride.cli", *args],
-        env=env,
-        capture_output=True,
-        text=True,
-        timeout=300,
-        check=False,
-    )
 
 
 def play(
@@ -112,30 +95,17 @@ def main() -> int:
     parser.add_argument("--compare-jobs", type=int, default=200)
     parser.add_argument("--seed", type=int, default=1)
     args = parser.parse_args()
-    state = Path(tempfile.mkdtemp(prefix="stride-bench-loop-"))
-    env = {k: v for k, v in os.environ.items() if not k.startswith("STRIDE_")}
-    env.update(
-        {
-            "STRIDE_STATE_DIR": str(state),
-            "STRIDE_OPTIMIZER_MAX_POD_CPU": "16",
-            "STRIDE_OPTIMIZER_MAX_JOB_CPU": "200",
-            "STRIDE_OPTIMIZER_TICK_SECONDS": str(TICK),
-            "STRIDE_LOG_LEVEL": "WARNING",
-        }
-    )
-    up = stride("up", env=env)
-    if up.returncode != 0:
-        print(up.stdout + up.stderr)
-        return 1
-    try:
-        suite = json.loads((state / "endpoints.json").read_text())
+    settings = {
+        "STRIDE_OPTIMIZER_MAX_POD_CPU": "16",
+        "STRIDE_OPTIMIZER_MAX_JOB_CPU": "200",
+        "STRIDE_OPTIMIZER_TICK_SECONDS": str(TICK),
+    }
+    with running_suite(settings=settings) as suite:
         paced, _, paced_wall = play(
             suite, args.jobs, args.seed, args.window_seconds, args.jobs, args.pace_seconds
         )
         saturated, _, saturated_wall = play(suite, args.jobs, args.seed, 0.0, 64)
         compared, population, compared_wall = play(suite, args.compare_jobs, args.seed, 0.0, 64)
-    finally:
-        stride("down", env=env)
     paced_rows, p99 = latency_rows(paced)
     saturated_rows, _ = latency_rows(saturated)
     paced_windows = sum(p.windows for p in paced)

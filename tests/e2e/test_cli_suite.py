@@ -79,13 +79,13 @@ def test_up_submit_status_down_with_the_embedded_defaults(tmp_path: Path) -> Non
         assert submitted.returncode == 0, submitted.stderr
         small_job = re.search(r"job-[0-9a-f]{12}", submitted.stdout)
         assert small_job is not None
-        # The running jobs with the optimizer's view of each (the job has its plan v1; it
+        # The running jobs with the optimizer's stage of each (the job has its plan v1; it
         # may already have finished, then it is no longer listed).
-        top = stride("top", "--once", env=env)
+        top = stride("top", "--once", env={**env, "COLUMNS": "200"})
         assert top.returncode == 0, top.stderr
-        assert "running jobs" in top.stdout
+        assert "stride top" in top.stdout
         if small_job.group(0) in top.stdout:
-            assert re.search(r"(cold_start|sampling|steady|optimizing)\s+v\d", top.stdout), top
+            assert re.search(r"(cold_start|sampling|steady|optimizing) \(\d+ windows\)", top.stdout)
         waited = stride("wait", small_job.group(0), "--timeout", "300", env=env, timeout=330)
         assert waited.returncode == 0, waited.stdout + waited.stderr
         assert "succeeded" in waited.stdout

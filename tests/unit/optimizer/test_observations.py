@@ -174,3 +174,29 @@ def test_a_due_decision_waits_for_usage_of_its_window_and_takes_its_memory_point
     assert obs.measured(v, RULE)
     taken = obs.with_memory_point(v)
     assert taken.memory_points == (*first, MemoryPoint(20000.0, 5.0, 3.0))
+
+
+def test_the_first_memory_point_counts_even_when_the_first_window_closed_before_it() -> None:
+    """Usage and steps travel on different streams: the PS usage taken as the pods loaded
+    may be applied after the first window closed; it is still the first point, at 0."""
+    v = obs.add_usage(view(), "w0", usage("worker", 2.0, at=5.0))
+    v = obs.add_steps(v, report(200.0, steps=1, step=61.0), RULE)
+    assert v.pending == 1 and v.started_at == 139.0 and not v.memory_points
+    v = obs.add_usage(v, "p0", usage("ps", 1.0, at=5.0))
+    v = obs.add_usage(v, "p1", usage("ps", 1.0, at=5.0))
+    assert v.memory_points == (MemoryPoint(0.0, 2.0, 1.0),)
+    v = obs.add_usage(v, "p0", usage("ps", 3.0, at=199.0))
+    v = obs.add_usage(v, "p1", usage("ps", 2.0, at=199.5))
+    assert obs.measured(v, RULE)
+    assert obs.with_memory_point(v).memory_points == (
+        MemoryPoint(0.0, 2.0, 1.0),
+        MemoryPoint(20000.0, 5.0, 3.0),
+    )
+    # Usage taken after the first window began is not the loaded pods' point.
+    late = obs.add_steps(
+        obs.add_usage(view(), "w0", usage("worker", 2.0)), report(200.0, steps=1, step=61.0), RULE
+    )
+    late = obs.add_usage(late, "p0", usage("ps", 3.0, at=150.0))
+    late = obs.add_usage(late, "p1", usage("ps", 2.0, at=150.0))
+    assert not late.memory_points
+    assert obs.from_json(obs.to_json(v)) == v

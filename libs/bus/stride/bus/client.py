@@ -53,6 +53,7 @@ redelivered under it, because the consumer tells JetStream it is still working
 (``in_progress``) every third of this."""
 
 M = TypeVar("M", bound=Message)
+T = TypeVar("T")
 
 __all__ = [
     "TYPE_HEADER",
@@ -294,7 +295,7 @@ class Bus:
                 return
             message, delivery = opened
             try:
-                await _working(msg, handler(message, delivery), ack_wait / 3)
+                await _working([msg], handler(message, delivery), ack_wait / 3)
             except Exception as error:
                 await self._settle(msg, durable, delivery.attempt, max_deliver, error)
                 return
@@ -335,7 +336,7 @@ class Bus:
                 return
             outcomes: Sequence[BaseException | None]
             try:
-                outcomes = await _working_all(
+                outcomes = await _working(
                     [msg for msg, _, _ in opened],
                     handler([(message, delivery) for _, message, delivery in opened]),
                     ack_wait / 3,
@@ -511,10 +512,9 @@ class Bus:
                 await self.nc.close()
 
 
-async def _working_all(
-    messages: Sequence[Msg], handling: Awaitable[Sequence[BaseException | None]], every: float
-) -> Sequence[BaseException | None]:
-    """:func:`_working` for a batch: every message is kept in progress meanwhile."""
+async def _working(messages: Sequence[Msg], handling: Awaitable[T], every: float) -> T:
+    """Await ``handling``, telling JetStream every ``every`` seconds that ``messages`` are
+    still being worked on, so a slow handler is not redelivered under it."""
     task = asyncio.ensure_future(handling)
     try:
         while True:
@@ -524,22 +524,6 @@ async def _working_all(
             for msg in messages:
                 with contextlib.suppress(Exception):
                     await msg.in_progress()
-    finally:
-        if not task.done():
-            task.cancel()
-
-
-async def _working(msg: Msg, handling: Awaitable[None], every: float) -> None:
-    """Await ``handling``, telling JetStream every ``every`` seconds that the message is
-    still being worked on, so a slow handler is not redelivered under it."""
-    task = asyncio.ensure_future(handling)
-    try:
-        while True:
-            done, _ = await asyncio.wait({task}, timeout=every)
-            if done:
-                return task.result()
-            with contextlib.suppress(Exception):
-                await msg.in_progress()
     finally:
         if not task.done():
             task.cancel()

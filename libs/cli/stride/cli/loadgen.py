@@ -374,9 +374,12 @@ class JobPlayer:
         self.spec = replace(self.spec, request=pods)
         self.start = pods
         self._draw_speed(pods.workers)
-        self.clock = RESTART_SECONDS
         windows = changes = agreed = kills = 0
+        # The pods as loaded, sampled a second before training starts (the optimizer takes
+        # its first memory point from them, whichever stream it reads first).
+        self.clock = RESTART_SECONDS - 1.0
         await self._usage(version, pods)
+        self.clock = RESTART_SECONDS
         self.memory_points.append(self._memory_point(pods))
         await asyncio.sleep(0.05)  # usage before steps: they travel on different streams
         loop = asyncio.get_running_loop()

@@ -17,7 +17,6 @@ from typing import Annotated, NoReturn, TypeVar
 
 import grpc
 import typer
-from rich import box
 from rich.console import Console
 from rich.markup import escape
 from rich.table import Table
@@ -426,93 +425,6 @@ def plans(job_id: str, state_dir: StateDir = DEFAULT_STATE_DIR) -> None:
         return
     for plan in reply.plans:
         console.print(_plan_table(plan))
-
-
-LIVE_STATES = (admission_pb.JOB_STATE_ADMITTED, admission_pb.JOB_STATE_SUBMITTED)
-
-
-@app.command()
-def top(
-    interval: Annotated[
-        float, typer.Option(min=0.2, max=3600, help="Seconds between refreshes.")
-    ] = 2.0,
-    limit: Annotated[int, typer.Option(min=1, max=1000, help="Most jobs shown.")] = 40,
-    once: Annotated[bool, typer.Option(help="Print one snapshot and exit.")] = False,
-    state_dir: StateDir = DEFAULT_STATE_DIR,
-) -> None:
-    """Watch the running jobs move through their stages: each job's stage, plan, pods,
-    metric windows and the reason for its newest plan, refreshed until Ctrl-C."""
-    from rich.live import Live
-
-    try:
-        if once:
-            console.print(_top_table(state_dir, limit))
-            return
-        with Live(_top_table(state_dir, limit), console=console, auto_refresh=False) as live:
-            while True:
-                time.sleep(interval)
-                live.update(_top_table(state_dir, limit), refresh=True)
-    except (CliError, NoSuite) as error:
-        fail(str(error))
-    except KeyboardInterrupt:
-        return
-
-
-def _top_table(state_dir: Path, limit: int) -> Table:
-    """One snapshot: admission's running jobs, each with the optimizer's view of it."""
-    jobs = call(
-        "admission",
-        state_dir,
-        lambda ch: (
-            admission_grpc.AdmissionServiceStub(ch)
-            .ListJobs(admission_pb.ListJobsRequest(page_size=1000), timeout=RPC_TIMEOUT_SECONDS)
-            .jobs
-        ),
-    )
-    running = [job for job in jobs if job.state in LIVE_STATES][:limit]
-
-    def plans(channel: grpc.Channel) -> list[optimizer_pb.GetPlanResponse | None]:
-        stub = optimizer_grpc.OptimizerServiceStub(channel)
-        found: list[optimizer_pb.GetPlanResponse | None] = []
-        for job in running:
-            try:
-                found.append(
-                    stub.GetPlan(
-                        optimizer_pb.GetPlanRequest(job_id=job.job_id),
-                        timeout=RPC_TIMEOUT_SECONDS,
-                    )
-                )
-            except grpc.RpcError as error:
-                if error.code() != grpc.StatusCode.NOT_FOUND:  # no plan yet
-                    raise
-                found.append(None)
-        return found
-
-    views = call("optimizer", state_dir, plans) if running else []
-    table = Table(
-        title=f"running jobs ({len(running)} shown) at {datetime.now().strftime('%H:%M:%S')}",
-        title_justify="left",
-        box=box.SIMPLE_HEAD,
-    )
-    for column in ("job", "stage", "plan", "workers + PS", "windows", "why"):
-        table.add_column(column, no_wrap=column != "why", overflow="fold")
-    for job, view in zip(running, views, strict=True):
-        if view is None:
-            table.add_row(job.job_id, _state_name(job.state), "-", "", "", "")
-            continue
-        roles = {r.role: r for r in view.plan.roles}
-        worker, ps = roles.get(plan_pb2.ROLE_WORKER), roles.get(plan_pb2.ROLE_PS)
-        pods = " + ".join(f"{r.count}x{r.cpu:g}c" for r in (worker, ps) if r is not None)
-        table.add_row(
-            job.job_id,
-            optimization_pb2.JobStage.Name(view.stage).removeprefix("JOB_STAGE_").lower(),
-            f"v{view.plan.version}",
-            pods or "-",
-            f"{view.windows}" + ("*" if view.deciding else ""),
-            _printable(view.plan.reason),
-        )
-    table.caption = "* a decision on the newest window is being made"
-    return table
 
 
 @app.command()

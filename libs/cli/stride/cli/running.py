@@ -30,7 +30,7 @@ from stride.api.optimizer.v1 import optimizer_service_pb2_grpc as optimizer_grpc
 from stride.api.podwatcher.v1 import podwatcher_service_pb2 as podwatcher_pb
 from stride.api.podwatcher.v1 import podwatcher_service_pb2_grpc as podwatcher_grpc
 from stride.cli.endpoints import NoSuite, address
-from stride.events.v1 import plan_pb2, pod_pb2
+from stride.events.v1 import optimization_pb2, plan_pb2, pod_pb2
 
 T = TypeVar("T")
 RPC_TIMEOUT_SECONDS = 10.0
@@ -156,7 +156,17 @@ def frame(state_dir: Path, progress: Progress, all_jobs: bool) -> Group:
     except Unanswered as error:
         return Group(f"[red]jobs: {escape(str(error))}[/]")
     summary = Table(title="stride top", title_justify="left")
-    for column in ("job", "user", "state", "plan", "pods", "progress", "samples/s", "eta"):
+    for column in (
+        "job",
+        "user",
+        "state",
+        "stage",
+        "plan",
+        "pods",
+        "progress",
+        "samples/s",
+        "eta",
+    ):
         summary.add_column(column, justify="right" if column in ("samples/s", "plan") else "left")
     details: list[Table] = []
     now = time.monotonic()
@@ -165,6 +175,7 @@ def frame(state_dir: Path, progress: Progress, all_jobs: bool) -> Group:
             continue
         state_name = admission_pb.JobState.Name(job.state).removeprefix("JOB_STATE_").lower()
         plan_text, pods_text, progress_text, rate_text, eta_text = "-", "-", "-", "-", "-"
+        stage_text = "-"
         try:
             plan = ask(
                 "optimizer",
@@ -172,6 +183,9 @@ def frame(state_dir: Path, progress: Progress, all_jobs: bool) -> Group:
                 _get_plan(job.job_id),
             )
             plan_text = f"v{plan.plan.version}"
+            # The optimizer's stage (DLRover sec. 4.2), and its windows decided so far.
+            stage = optimization_pb2.JobStage.Name(plan.stage).removeprefix("JOB_STAGE_")
+            stage_text = f"{stage.lower()} ({plan.windows} windows)"
         except Unanswered:
             pass
         try:
@@ -233,6 +247,7 @@ def frame(state_dir: Path, progress: Progress, all_jobs: bool) -> Group:
             job.job_id,
             job.spec.user,
             state_name,
+            stage_text,
             plan_text,
             pods_text,
             progress_text,

@@ -142,6 +142,8 @@ class Observations:
     """An operator's plan holds until then: the stage step's changes are not published."""
     closed_at: float = -1.0
     """When the newest window closed, on the job's clock (its reports' time)."""
+    started_at: float = -1.0
+    """When the job's first window began, on the job's clock (-1 before it did)."""
 
     def for_plan(self, version: int, pods: Pods | None, at: float) -> Observations:
         """The view once plan ``version`` is published: a new window, fresh usage."""
@@ -181,6 +183,8 @@ def add_steps(view: Observations, report: StepReport, rule: WindowRule) -> Obser
         return view
     window = view.window
     begin = report.reported_at - report.steps * report.step_seconds
+    if view.started_at < 0:
+        view = replace(view, started_at=begin)
     window = Window(
         started_at=begin if window.steps == 0 else window.started_at,
         ended_at=report.reported_at,
@@ -239,12 +243,17 @@ def add_usage(view: Observations, pod_name: str, usage: PodUsage) -> Observation
     if known is not None and usage.sampled_at <= known.sampled_at:
         return view
     view = replace(view, usage={**view.usage, pod_name: usage})
-    if not view.memory_points and view.sample_count == 0:
-        # The profiler's first memory sample: the PS as loaded, before the first window
-        # closes (the simulator takes it when the job's pods start).
+    if not view.memory_points:
+        # The profiler's first memory sample: the PS as loaded, before training (the
+        # simulator takes it when the job's pods start). Usage and steps travel on
+        # different streams, so the first window may have closed before this usage, taken
+        # before it began, is applied: it is still the first sample, at 0 samples consumed.
         point = memory_point(view)
-        if point is not None:
+        ps = [u for u in view.usage.values() if u.role == "ps"]
+        if point is not None and view.sample_count == 0:
             view = replace(view, memory_points=(point,))
+        elif point is not None and all(u.sampled_at <= view.started_at for u in ps):
+            view = replace(view, memory_points=(replace(point, consumed=0.0),))
     return view
 
 
@@ -338,6 +347,7 @@ def to_json(view: Observations) -> str:
             "last_plan_at": view.last_plan_at,
             "hold_until": view.hold_until,
             "closed_at": view.closed_at,
+            "started_at": view.started_at,
         },
         sort_keys=True,
     )
@@ -363,4 +373,5 @@ def from_json(text: str) -> Observations:
         last_plan_at=data["last_plan_at"],
         hold_until=data["hold_until"],
         closed_at=data["closed_at"],
+        started_at=data.get("started_at", -1.0),
     )
