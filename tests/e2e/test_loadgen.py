@@ -60,11 +60,11 @@ def test_loadgen_plays_dlrm_jobs_and_the_live_suite_decides_as_the_simulator(
         assert "decisions equal to stride sim's" in played.stdout
         report = json.loads(report_path.read_text())
         assert report["completed"] == 2
-        # The live services decided most windows as the simulator's policy does on the same
-        # observations. Not all: a window whose usage and steps cross on the bus, or whose
-        # decision comes late, can differ (exact agreement, with the bus order pinned, is
-        # tests/integration/test_optimizer_stages.py's).
-        assert report["windows"] >= 4 and report["agreement"] >= 0.75, report
+        # The live services decided the windows as the simulator's policy does on the same
+        # observations (all 14 in every run here; one may differ when a job is OOM-killed
+        # before its first window and its pods-as-loaded usage crosses the OOM on the bus;
+        # exact agreement with the bus order pinned is test_optimizer_stages.py's).
+        assert report["windows"] >= 4 and report["agreement"] >= 0.9, report
         # The jobs ran through stages: more than their first plan each.
         assert all(job["plans"] > 1 for job in report["per_job"]), report["per_job"]
         # Run times agree only in distribution: the players draw the 5 % measurement noise
