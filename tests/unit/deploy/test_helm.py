@@ -33,6 +33,7 @@ OVERRIDES: dict[str, Any] = {
     "otlp": {"endpoint": "http://otel-collector.observability:4317"},
     "podwatcher": {"namespace": "training"},
     "ckptcache": {"store": {"persistence": {"enabled": True, "storageClass": "fast"}}},
+    "optimizer": {"clusterCapacity": {"cpu": 512, "memoryGiB": 2048}},
 }
 
 
@@ -360,3 +361,22 @@ def test_the_optimizer_warm_starts_from_the_config_db_service(release: Release) 
     service = release.get("Service", "configdb")
     ports = [port["port"] for port in service["spec"]["ports"]]
     assert address == f"{service['metadata']['name']}:50054" and 50054 in ports
+
+
+def test_the_optimizer_is_bounded_by_the_cluster_capacity_given(release: Release) -> None:
+    (container,) = release.get("Deployment", "optimizer")["spec"]["template"]["spec"]["containers"]
+    env = _env(container)
+    capacity = release.values.get("optimizer", {}).get("clusterCapacity")
+    if capacity is None:
+        assert "STRIDE_OPTIMIZER_CLUSTER_CPU" not in env
+        assert "STRIDE_OPTIMIZER_CLUSTER_MEMORY_GIB" not in env
+    else:
+        assert env["STRIDE_OPTIMIZER_CLUSTER_CPU"] == "512"
+        assert env["STRIDE_OPTIMIZER_CLUSTER_MEMORY_GIB"] == "2048"
+
+
+def test_a_half_given_cluster_capacity_is_rejected(chart: helm.Chart) -> None:
+    with pytest.raises(helm.HelmValuesError, match="schema"):
+        chart.render(
+            {"optimizer": {"clusterCapacity": {"cpu": 8}}}, name="stride", namespace=NAMESPACE
+        )

@@ -149,6 +149,12 @@ url
 {{- /* Warm starts come from the config DB's similar finished jobs. */}}
 - name: STRIDE_OPTIMIZER_CONFIGDB_ADDRESS
   value: {{ printf "%s:50054" (include "stride.componentName" (list $root "configdb")) | quote }}
+{{- with ($root.Values.optimizer).clusterCapacity }}
+- name: STRIDE_OPTIMIZER_CLUSTER_CPU
+  value: {{ .cpu | quote }}
+- name: STRIDE_OPTIMIZER_CLUSTER_MEMORY_GIB
+  value: {{ .memoryGiB | quote }}
+{{- end }}
 {{- end }}
 {{- if eq $name "podwatcher" }}
 - name: STRIDE_PODWATCHER_BACKEND
