@@ -200,3 +200,18 @@ def test_the_first_memory_point_counts_even_when_the_first_window_closed_before_
     late = obs.add_usage(late, "p1", usage("ps", 2.0, at=150.0))
     assert not late.memory_points
     assert obs.from_json(obs.to_json(v)) == v
+
+
+def test_the_first_plans_usage_applied_after_an_oom_plan_still_makes_the_first_point() -> None:
+    """A PS OOM-killed right after the pods loaded: plan 2 is stored before plan 1's usage
+    is applied. That usage is still the pods as loaded: it makes the first memory point."""
+    v = obs.Observations().for_plan(1, PODS, 0.0).for_plan(2, replace(PODS, ps_mem_gib=16), 1.0)
+    assert v.request == PODS and v.plan_version == 2
+    v = obs.add_usage(v, "p0", usage("ps", 3.0, at=5.0))  # plan 1's
+    assert not v.memory_points and v.loaded
+    v = obs.add_usage(v, "w0", usage("worker", 2.0, at=5.0))  # a worker's: not needed
+    v = obs.add_usage(v, "p1", usage("ps", 1.0, at=5.0))
+    assert v.memory_points == (MemoryPoint(0.0, 4.0, 3.0),) and not v.loaded
+    assert obs.from_json(obs.to_json(v)) == v
+    # Once the first point exists, an old plan's usage changes nothing.
+    assert obs.add_usage(v, "p0", usage("ps", 9.0, at=6.0)) == v

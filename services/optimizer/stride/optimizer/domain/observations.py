@@ -144,6 +144,9 @@ class Observations:
     """When the newest window closed, on the job's clock (its reports' time)."""
     started_at: float = -1.0
     """When the job's first window began, on the job's clock (-1 before it did)."""
+    loaded: dict[str, float] = field(default_factory=dict)
+    """GiB per PS of the job's first plan, gathered for the first memory point when that
+    plan was replaced before its usage was applied (see :func:`add_usage`)."""
 
     def for_plan(self, version: int, pods: Pods | None, at: float) -> Observations:
         """The view once plan ``version`` is published: a new window, fresh usage."""
@@ -238,7 +241,7 @@ def add_usage(view: Observations, pod_name: str, usage: PodUsage) -> Observation
     if usage.memory_used_bytes < 0:
         raise MetricRefused("memory_used_bytes", f"must be >= 0, got {usage.memory_used_bytes}")
     if usage.plan_version != view.plan_version:
-        return view
+        return _loaded(view, pod_name, usage)
     known = view.usage.get(pod_name)
     if known is not None and usage.sampled_at <= known.sampled_at:
         return view
@@ -255,6 +258,26 @@ def add_usage(view: Observations, pod_name: str, usage: PodUsage) -> Observation
         elif point is not None and all(u.sampled_at <= view.started_at for u in ps):
             view = replace(view, memory_points=(replace(point, consumed=0.0),))
     return view
+
+
+def _loaded(view: Observations, pod_name: str, usage: PodUsage) -> Observations:
+    """The first plan's PS usage applied after a newer plan (an OOM kill right after the
+    pods loaded: the kill and the usage travel on different streams). Other plans' usage
+    is dropped; this one still is the pods-as-loaded measurement the first memory point
+    needs, so it is gathered until every PS of the first plan reported."""
+    if (
+        view.memory_points
+        or usage.role != "ps"
+        or usage.plan_version != 1
+        or view.plan_version <= 1
+        or view.request is None
+    ):
+        return view
+    loaded = {**view.loaded, pod_name: usage.memory_used_bytes / GIB}
+    if len(loaded) < view.request.ps:
+        return replace(view, loaded=loaded)
+    point = MemoryPoint(0.0, sum(loaded.values()), max(loaded.values()))
+    return replace(view, loaded={}, memory_points=(point,))
 
 
 def job_clock(view: Observations, fallback: float) -> float:
@@ -348,6 +371,7 @@ def to_json(view: Observations) -> str:
             "hold_until": view.hold_until,
             "closed_at": view.closed_at,
             "started_at": view.started_at,
+            "loaded": view.loaded,
         },
         sort_keys=True,
     )
@@ -374,4 +398,5 @@ def from_json(text: str) -> Observations:
         hold_until=data["hold_until"],
         closed_at=data["closed_at"],
         started_at=data.get("started_at", -1.0),
+        loaded={k: float(v) for k, v in data.get("loaded", {}).items()},
     )
