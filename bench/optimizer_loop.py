@@ -5,7 +5,8 @@ Run: ``.venv/bin/python bench/optimizer_loop.py`` (writes ``bench/results/optimi
 
 A real suite on this machine (`stride up`: embedded NATS, SQLite, every service, the
 optimizer with the simulator's search space and 180 s windows), played by ``stride
-loadgen``'s simulated agents in three runs, one after the other, on the one suite:
+loadgen``'s simulated agents in three runs, one after the other, on the one suite (the
+comparison first, while the config DB is empty; numbered here as reported):
 
 1. **paced** (``--jobs``, default 100): each job reports one window every
    ``--window-seconds`` of wall time (default 8 s: 100 jobs offer 12.5 windows/s, each job
@@ -101,11 +102,14 @@ def main() -> int:
         "STRIDE_OPTIMIZER_TICK_SECONDS": str(TICK),
     }
     with running_suite(settings=settings) as suite:
+        # The comparison first, on an empty config DB: later jobs of the same population
+        # would warm-start from the earlier runs' finished jobs, which the simulator's run
+        # (no history) does not.
+        compared, population, compared_wall = play(suite, args.compare_jobs, args.seed, 0.0, 64)
         paced, _, paced_wall = play(
             suite, args.jobs, args.seed, args.window_seconds, args.jobs, args.pace_seconds
         )
         saturated, _, saturated_wall = play(suite, args.jobs, args.seed, 0.0, 64)
-        compared, population, compared_wall = play(suite, args.compare_jobs, args.seed, 0.0, 64)
     paced_rows, p99 = latency_rows(paced)
     saturated_rows, _ = latency_rows(saturated)
     paced_windows = sum(p.windows for p in paced)
