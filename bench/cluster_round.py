@@ -35,7 +35,7 @@ from dataclasses import replace
 from pathlib import Path
 
 import numpy as np
-from suite import running_suite
+from suite import record, running_suite
 
 from stride.bus.client import Bus
 from stride.decisions import build_decisions
@@ -178,9 +178,7 @@ def main() -> int:
         f"round outcome: {grown} jobs grow, {bound} held back by cluster capacity, "
         f"{pooled.candidates} candidates weighed; pool and one process decide the same: {same}",
     ]
-    text = "\n".join(lines) + "\n"
-    print(text)
-    RESULTS.write_text(text)
+    record(RESULTS, lines)
     return 0
 
 

@@ -35,7 +35,7 @@ import time
 from pathlib import Path
 from typing import Any
 
-from suite import percentile, running_suite
+from suite import percentile, record, running_suite
 
 from stride.cli.loadgen import Played, compare, run
 
@@ -152,9 +152,7 @@ def main() -> int:
         "  (run times agree in distribution only: each player draws the 5 % measurement noise",
         "   from its own generator, so a job's samples, fits and path differ from the sim's)",
     ]
-    text = "\n".join(lines) + "\n"
-    print(text)
-    RESULTS.write_text(text)
+    record(RESULTS, lines)
     return 0
 
 

@@ -48,3 +48,10 @@ def percentile(values: list[float], q: float) -> float:
     """The ``q`` quantile of ``values`` (nearest rank)."""
     ordered = sorted(values)
     return ordered[min(len(ordered) - 1, max(0, round(q * (len(ordered) - 1))))]
+
+
+def record(path: Path, lines: list[str]) -> None:
+    """Print a benchmark's report and keep it under ``bench/results/``."""
+    text = "\n".join(lines) + "\n"
+    print(text)
+    path.write_text(text)

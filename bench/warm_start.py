@@ -24,6 +24,7 @@ import sys
 from pathlib import Path
 
 import numpy as np
+from suite import record
 
 from stride.sim.dlrm import generate_jobs, load_straggler_covs, warm_start_accuracy
 
@@ -58,9 +59,7 @@ def main() -> int:
         f"  ratio warm / cold RMSLE: {warm.throughput_rmsle / cold.throughput_rmsle:.2f}",
         "  (the paper reports warm-started workers within 92 % and PS within 85 % of the final)",
     ]
-    text = "\n".join(lines) + "\n"
-    print(text)
-    RESULTS.write_text(text)
+    record(RESULTS, lines)
     return 0
 
 

@@ -56,7 +56,7 @@ from stride.policy.stages import (
     model_throughput,
     per_ps,
 )
-from stride.policy.throughput import ScalingOverhead, ThroughputParameters
+from stride.policy.throughput import ThroughputParameters, overhead_seconds
 
 ALGORITHM_NAME = "stride-cluster-round"
 FRONTS_NAME = "stride-job-fronts"
@@ -247,7 +247,7 @@ def job_front(job: RoundJob, space: SearchSpace) -> JobFront:
             best = float(speed[index])
     horizon = min(HORIZON_SECONDS, job.remaining_samples / now) if now > 0 else HORIZON_SECONDS
     horizon = max(horizon, 1.0)
-    overhead = ScalingOverhead()
+    held = configuration(job.pods, job.shape)
     held_cores, held_memory = job.pods.cpu, job.pods.memory_gib
     pods: list[Pods] = []
     candidates: list[Candidate] = []
@@ -260,7 +260,7 @@ def job_front(job: RoundJob, space: SearchSpace) -> JobFront:
             int(lp[index]),
             int(ps_mem[index]),
         )
-        pause = _pause(job.pods, chosen, overhead)
+        pause = overhead_seconds(held, configuration(chosen, job.shape))
         gain = (speed[index] - now) - speed[index] * min(pause, horizon) / horizon
         extra_cost = (cores[index] - held_cores) + GIB_PRICE * (memory[index] - held_memory)
         pods.append(chosen)
@@ -280,16 +280,6 @@ def job_front(job: RoundJob, space: SearchSpace) -> JobFront:
     return JobFront(
         job.job_id, job.remaining_samples, tuple(pods), tuple(candidates), now, fit_error
     )
-
-
-def _pause(current: Pods, new: Pods, overhead: ScalingOverhead) -> float:
-    """Overhead(A) of eq. 8 in seconds, as :func:`stride.policy.throughput.overhead_seconds`
-    reads a change: a PS change pauses longest, a worker resize less, a count change not."""
-    if (current.ps, current.ps_cpu, current.ps_mem_gib) != (new.ps, new.ps_cpu, new.ps_mem_gib):
-        return overhead.ps_change_seconds
-    if (current.worker_cpu, current.worker_mem_gib) != (new.worker_cpu, new.worker_mem_gib):
-        return overhead.worker_resize_seconds
-    return overhead.worker_count_seconds if current.workers != new.workers else 0.0
 
 
 def job_fronts(request: FrontsRequest) -> FrontsReply:

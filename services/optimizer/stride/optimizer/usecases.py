@@ -77,7 +77,6 @@ ROLE_NAMES = {
 }
 """DLRover's stage step, whose first rules are the OOM rules Stride's simulator applies too:
 a worker OOM doubles the workers' memory, a PS OOM doubles the PS count (sec. 4.2)."""
-GIB = 1024**3
 Metric = metrics_pb2.StepMetrics | pod_pb2.UsageSample
 """What agents and pods report: a window of steps, or a pod's CPU and memory use."""
 RequestT = TypeVar("RequestT")
@@ -103,7 +102,7 @@ class Capacity:
 
 def plan_totals(plan: Plan) -> tuple[float, float]:
     """Cores and GiB every pod of ``plan`` holds (chief and data workers included)."""
-    return plan.total_cpu(), plan.total_memory_bytes() / GIB
+    return plan.total_cpu(), plan.total_memory_bytes() / obs.GIB
 
 
 class Planning:
