@@ -63,7 +63,7 @@ async def test_submit_stores_decides_and_publishes(
     assert job.job_id.startswith("job-")
     assert job.state == pb.JOB_STATE_ADMITTED
     assert job.decision.outcome == job_pb2.ADMISSION_OUTCOME_ADMITTED
-    assert job.decision.policy == "admit-all/1"
+    assert job.decision.policy == "stride-guarantees/1"
 
     submitted = await assert_eventually(
         lambda: stream_messages(nats_url, topics.JOB_SUBMITTED.subject(job.job_id))

@@ -22,8 +22,10 @@ from stride.executor.app import build as build_executor
 from stride.executor.settings import ExecutorSettings
 from stride.optimizer.app import build as build_optimizer
 from stride.optimizer.settings import OptimizerSettings
-from stride.policy.admit_all import ADMIT_ALL, AdmitAllRequest
 from stride.policy.cold_start import COLD_START, ColdStartRequest, JobFeatures
+from stride.policy.elasticflow import ALGORITHMS as ELASTICFLOW
+from stride.policy.elasticflow.admission import AdmissionRequest, DeadlineJob
+from stride.policy.elasticflow.curves import ScalingCurve
 from stride.policy.fitting import ALGORITHMS as FIT_ALGORITHMS
 from stride.policy.fitting import FitRequest
 from stride.policy.pareto import ALGORITHMS as PARETO_ALGORITHMS
@@ -89,9 +91,9 @@ async def test_the_pool_decides_exactly_what_in_process_decides(nats_url: str, b
         assert await pooled.adjust.decide(COLD_START, cold_request, "job-1") == (
             await local.adjust.decide(COLD_START, cold_request, "job-1")
         )
-        admit_request = AdmitAllRequest("wide-deep", has_deadline=True)
-        assert await pooled.admit.decide(ADMIT_ALL, admit_request) == (
-            await local.admit.decide(ADMIT_ALL, admit_request)
+        admit_request = admission_request()
+        assert await pooled.admit.decide(ELASTICFLOW[0], admit_request) == (
+            await local.admit.decide(ELASTICFLOW[0], admit_request)
         )
         # The fit is heavy: by default it goes to the pool even with no routes at all.
         default = build_decisions({}, bus=bus)
@@ -122,7 +124,7 @@ def admitted(job_id: str) -> job_pb2.AdmissionDecision:
         termination=job_pb2.Termination(max_epochs=2),
     )
     return job_pb2.AdmissionDecision(
-        job_id=job_id, outcome=job_pb2.ADMISSION_OUTCOME_ADMITTED, policy="admit-all/1", spec=spec
+        job_id=job_id, outcome=job_pb2.ADMISSION_OUTCOME_ADMITTED, policy="stride-guarantees/1", spec=spec
     )
 
 
@@ -231,3 +233,9 @@ async def test_a_replica_killed_mid_request_is_answered_by_another(
         assert "algorithm ran" not in doomed.log_text()
     finally:
         doomed.kill()
+
+
+def admission_request() -> AdmissionRequest:
+    """A deadline job that fits: 3,600 iterations due in an hour on 8 GPUs."""
+    curve = ScalingCurve((1, 2, 4), (1.0, 1.9, 3.6))
+    return AdmissionRequest(8, 0.0, 300.0, DeadlineJob("job-1", curve, 3600.0, 3600.0))

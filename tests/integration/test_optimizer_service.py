@@ -68,7 +68,7 @@ def admission(job_id: str, **spec_changes: int) -> job_pb2.AdmissionDecision:
     return job_pb2.AdmissionDecision(
         job_id=job_id,
         outcome=job_pb2.ADMISSION_OUTCOME_ADMITTED,
-        policy="admit-all/1",
+        policy="stride-guarantees/1",
         minimum_share=job_pb2.ResourceShare(workers=1, cpu=1.0, memory_bytes=2 * 1024**3),
         spec=spec,
     )

@@ -110,7 +110,7 @@ def admission(job_id: str, spec: DlrmJobSpec) -> job_pb2.AdmissionDecision:
     return job_pb2.AdmissionDecision(
         job_id=job_id,
         outcome=job_pb2.ADMISSION_OUTCOME_ADMITTED,
-        policy="admit-all/1",
+        policy="stride-guarantees/1",
         spec=job_pb2.JobSpec(
             name="dlrm",
             user="alice",

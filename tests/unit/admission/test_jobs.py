@@ -9,8 +9,6 @@ from datetime import UTC, datetime, timedelta
 import pytest
 
 from stride.admission.domain.jobs import JobSpec, Priority, check_request_id, validate
-from stride.admission.domain.policy import Outcome, decision_from_admit_all
-from stride.policy.admit_all import ADMIT_ALL, AdmitAllRequest
 from stride.runtime.errors import InvalidArgument
 from stride.vocabulary.jobspec import DatasetSpec, Deadline, ModelReference, Termination
 
@@ -86,12 +84,3 @@ def test_a_request_id_postgresql_cannot_store_is_an_invalid_argument(request_id:
 @pytest.mark.parametrize("request_id", ["", "r-1", "spec-" + "f" * 40, "r" * 200])
 def test_usual_request_ids_pass(request_id: str) -> None:
     check_request_id(request_id)
-
-
-def test_admit_all_is_the_marked_temporary_policy() -> None:
-    reply = ADMIT_ALL.run_typed(AdmitAllRequest(job_name=VALID.name, has_deadline=True))
-    assert "NOT guaranteed" in reply.reason
-    decision = decision_from_admit_all(reply, ADMIT_ALL.qualified_name)
-    assert decision.outcome is Outcome.ADMITTED
-    assert decision.policy == "admit-all/1"
-    assert decision.minimum_share is not None and decision.minimum_share.workers == 1

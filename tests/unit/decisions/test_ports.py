@@ -18,7 +18,6 @@ from stride.decisions import (
     build_decisions,
     parse_routes,
 )
-from stride.policy.admit_all import ADMIT_ALL, AdmitAllRequest
 from stride.policy.cold_start import (
     COLD_START,
     ColdStartReply,
@@ -26,6 +25,9 @@ from stride.policy.cold_start import (
     JobFeatures,
     cold_start_plan,
 )
+from stride.policy.elasticflow import ALGORITHMS as ELASTICFLOW
+from stride.policy.elasticflow.admission import AdmissionRequest, DeadlineJob
+from stride.policy.elasticflow.curves import ScalingCurve
 from stride.policy.registry import default_registry
 
 FEATURES = JobFeatures(model_name="wdl", record_count=10_000, batch_size=100, max_epochs=1)
@@ -45,8 +47,8 @@ async def test_in_process_decides_what_the_algorithm_decides() -> None:
     decisions = build_decisions({}, bus=None)
     reply = await decisions.adjust.decide(COLD_START, ColdStartRequest(FEATURES, 2.0), "job-1")
     assert reply.plan == cold_start_plan(FEATURES, 2.0)
-    admitted = await decisions.admit.decide(ADMIT_ALL, AdmitAllRequest("j", False))
-    assert admitted.outcome == "admitted"
+    admitted = await decisions.admit.decide(ELASTICFLOW[0], admission_request())
+    assert admitted.decision.value == "admitted"
 
 
 async def test_a_port_refuses_another_kinds_algorithm() -> None:
@@ -90,3 +92,9 @@ async def test_a_failing_algorithm_is_a_decision_failure_that_is_not_retried() -
     ) as raised:
         await decisions.adjust.decide(spec, ColdStartRequest(FEATURES))
     assert not raised.value.retryable
+
+
+def admission_request() -> AdmissionRequest:
+    """A deadline job that fits: 3,600 iterations due in an hour on 8 GPUs."""
+    curve = ScalingCurve((1, 2, 4), (1.0, 1.9, 3.6))
+    return AdmissionRequest(8, 0.0, 300.0, DeadlineJob("job-1", curve, 3600.0, 3600.0))

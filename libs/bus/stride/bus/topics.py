@@ -218,12 +218,22 @@ JOB_FINISHED = Topic(
     description="a job ended: succeeded, failed or cancelled",
 )
 
+JOB_SHARE = Topic(
+    "job-share",
+    JOBS,
+    "stride.jobs.v1.share",
+    job_pb2.JobShare,
+    description="admission set a job's share of the cluster (the optimizer plans within it)",
+)
+
 DECISION_TOPICS: Mapping[str, Topic[job_pb2.AdmissionDecision]] = {
     "admitted": JOB_ADMITTED,
+    "soft": JOB_ADMITTED,
     "rejected": JOB_REJECTED,
     "queued": JOB_QUEUED,
 }
-"""The decision topic of each admission outcome."""
+"""The decision topic of each admission outcome; a soft job runs (best effort), so it is
+announced as admitted, with outcome SOFT."""
 
 # --- plans (the optimizer publishes; the pod watcher and configdb consume) ---------------
 PLAN = Topic(
@@ -308,6 +318,7 @@ TOPICS: tuple[Topic[Any], ...] = (
     JOB_REJECTED,
     JOB_QUEUED,
     JOB_FINISHED,
+    JOB_SHARE,
     PLAN,
     WINDOW_DECIDED,
     POD_STARTED,

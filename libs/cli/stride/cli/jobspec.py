@@ -57,7 +57,8 @@ RESOURCE_WORDS = frozenset(
         "data_workers",
     }
 )
-RELATIVE_DEADLINE = re.compile(r"^\+(\d+(?:\.\d+)?)([mhd])$")
+RELATIVE_DEADLINE = re.compile(r"^\+(?:\d+(?:\.\d+)?[dhm])+$")
+_RELATIVE_PART = re.compile(r"(\d+(?:\.\d+)?)([dhm])")
 _UNIT_SECONDS = {"m": 60, "h": 3600, "d": 86400}
 _SHOWN_KEY = re.compile(r"^[A-Za-z0-9_.-]{1,64}$")
 _INT64_MIN, _INT64_MAX = -(2**63), 2**63 - 1
@@ -145,7 +146,9 @@ class _Reader:
         text = raw.strip()
         relative = RELATIVE_DEADLINE.match(text)
         if relative:
-            seconds = float(relative.group(1)) * _UNIT_SECONDS[relative.group(2)]
+            seconds = sum(
+                float(amount) * _UNIT_SECONDS[unit] for amount, unit in _RELATIVE_PART.findall(text)
+            )
             # Compared before any datetime arithmetic, which overflows past the year 9999.
             if seconds > MAX_DEADLINE_AHEAD.total_seconds():
                 raise SpecError(path, deadline_too_far(echo(text)))
@@ -164,6 +167,12 @@ class _Reader:
             if not isinstance(raw, bool):
                 raise SpecError(path, f"expected true or false, got {echo(raw)}")
             return raw
+        if field.type in (FieldDescriptor.TYPE_DOUBLE, FieldDescriptor.TYPE_FLOAT):
+            if isinstance(raw, bool) or not isinstance(raw, (int, float)):
+                raise SpecError(path, f"expected a number, got {echo(raw)}")
+            return float(raw)
+        if field.name.endswith("_memory_bytes") and isinstance(raw, str):
+            raw = _quantity(raw, path)
         if field.type in (FieldDescriptor.TYPE_INT64, FieldDescriptor.TYPE_INT32):
             if isinstance(raw, bool) or not isinstance(raw, int):
                 raise SpecError(path, f"expected a whole number, got {echo(raw)}")
@@ -204,6 +213,11 @@ class _Reader:
                 deadline = self.deadline(raw, field_path)
                 target = getattr(message, field.name)
                 target.seconds, target.nanos = deadline.seconds, deadline.nanos
+            elif field.message_type is not None and field.is_repeated:
+                if not isinstance(raw, list):
+                    raise SpecError(field_path, f"expected a list, got {_kind(raw)}")
+                for index, item in enumerate(raw):
+                    self.fill(getattr(message, field.name).add(), item, f"{field_path}[{index}]")
             elif field.message_type is not None:
                 self.fill(getattr(message, field.name), raw, field_path)
             elif field.enum_type is not None:
@@ -223,6 +237,28 @@ class _Reader:
                 raise SpecError(entry_path, f"expected a single value, got {_kind(value)}")
             else:
                 target[name] = _text(value, entry_path)
+
+
+_QUANTITY = re.compile(r"^(\d+(?:\.\d+)?)\s*(Ki|Mi|Gi|Ti|K|M|G|T)?$")
+_QUANTITY_UNITS = {
+    None: 1,
+    "Ki": 1024,
+    "Mi": 1024**2,
+    "Gi": 1024**3,
+    "Ti": 1024**4,
+    "K": 1000,
+    "M": 1000**2,
+    "G": 1000**3,
+    "T": 1000**4,
+}
+
+
+def _quantity(raw: str, path: str) -> int:
+    """Bytes from a Kubernetes-style quantity (``4Gi``, ``512Mi``, ``2G``)."""
+    match = _QUANTITY.match(raw.strip())
+    if match is None:
+        raise SpecError(path, f"{echo(raw)} is not a memory quantity (bytes, or 512Mi, 4Gi, 2G)")
+    return int(float(match.group(1)) * _QUANTITY_UNITS[match.group(2)])
 
 
 def _kind(value: object) -> str:
@@ -332,10 +368,20 @@ def request_id_for(spec: job_pb2.JobSpec, relative_deadline: timedelta | None = 
     return REQUEST_ID_PREFIX + digest.hexdigest()[:40]
 
 
-def load_submission(path: Path, now: datetime | None = None) -> Submission:
-    """Read, parse and validate a spec file; raises :class:`SpecError` naming the field."""
+def load_submission(
+    path: Path, now: datetime | None = None, deadline: str | None = None
+) -> Submission:
+    """Read, parse and validate a spec file; raises :class:`SpecError` naming the field.
+
+    ``deadline`` (``+7h20m``, ``+2d`` or an RFC 3339 time) replaces the file's deadline: the
+    one-command answer to a refusal that named a deadline Stride could guarantee.
+    """
     moment = now or datetime.now(UTC)
     spec, reader = _parse(read_spec_text(path), moment)
+    if deadline is not None:
+        reader.relative_deadline = None
+        written = reader.deadline(deadline, "--deadline")
+        spec.deadline.seconds, spec.deadline.nanos = written.seconds, written.nanos
     try:
         validate(JobSpec.from_message(spec), moment)
     except InvalidWord as error:

@@ -98,6 +98,48 @@ def _state_name(state: admission_pb.JobState.ValueType) -> str:
     return admission_pb.JobState.Name(state).removeprefix("JOB_STATE_").lower()
 
 
+def _iso(moment: datetime) -> str:
+    return moment.astimezone(UTC).replace(microsecond=0).isoformat().replace("+00:00", "Z")
+
+
+def share_line(job: admission_pb.Job) -> str:
+    """What a job may hold now, as admission last set it."""
+    if not job.HasField("share"):
+        return "none (no scaling curve: the optimizer sizes it within the cluster)"
+    share = job.share
+    if share.share.devices or job.spec.resource_kind == job_pb2.RESOURCE_KIND_GPU:
+        held = f"{share.share.devices} GPUs"
+    else:
+        held = (
+            f"{share.units} CPU units ({share.share.cpu:g} cores, "
+            f"{share.share.memory_bytes / 1024**3:g} GiB"
+            + (f", {share.share.workers} workers" if share.share.workers else "")
+            + ")"
+        )
+    if not share.units:
+        held = "nothing now (waits for capacity)"
+    return f"{held}, v{share.version}: {share.reason}"
+
+
+def guarantee_line(job: admission_pb.Job) -> str:
+    """Whether the job's deadline is guaranteed, and its reservation now."""
+    decision = job.decision
+    if job.HasField("share") and job.share.guaranteed:
+        minimum = job.share.minimum
+        reserved = f"{minimum.devices} GPUs" if minimum.devices else f"{minimum.cpu:g} cores"
+        finish = (
+            f", done by {_iso(decision.guaranteed_finish.ToDatetime(tzinfo=UTC))}"
+            if decision.HasField("guaranteed_finish")
+            else ""
+        )
+        return f"deadline guaranteed under the model: {reserved} reserved now{finish}"
+    if not job.spec.HasField("deadline"):
+        return "none (best effort)"
+    if decision.outcome == job_pb2.ADMISSION_OUTCOME_REJECTED:
+        return "refused"
+    return "not guaranteed (runs best effort)"
+
+
 def _outcome_name(outcome: job_pb2.AdmissionOutcome.ValueType) -> str:
     return job_pb2.AdmissionOutcome.Name(outcome).removeprefix("ADMISSION_OUTCOME_").lower()
 
@@ -117,16 +159,24 @@ def submit(
         typer.Option("--new", help="Make a new job even if this spec was submitted before."),
     ] = False,
     wait: Annotated[bool, typer.Option(help="Wait for the first plan, then show status.")] = False,
+    deadline: Annotated[
+        str | None,
+        typer.Option(
+            help="Replace the spec's deadline: +7h20m, +2d or an RFC 3339 time (e.g. the one a "
+            "refusal named)."
+        ),
+    ] = None,
 ) -> None:
     """Submit a job. Stride validates it, decides admission and plans its resources.
 
     Submitting the same spec again (after a timeout, say) returns the job the first
     submission made instead of making a second one; `--new` makes another job on purpose.
+    A refused deadline is answered with one Stride could guarantee; exit status 3.
     """
     if new and request_id:
         _submit_error("give --new or --request-id, not both")
     try:
-        submission = load_submission(spec_file)
+        submission = load_submission(spec_file, deadline=deadline)
     except SpecError as error:
         _submit_error(f"{_printable(str(spec_file))}: {error}")
     key = request_id or (f"new-{uuid.uuid4().hex}" if new else submission.request_id)
@@ -144,6 +194,16 @@ def submit(
     note = resubmission_note(job, sent_at)
     if note:
         console.print(note, markup=False, highlight=False)
+    if job.decision.outcome == job_pb2.ADMISSION_OUTCOME_REJECTED:
+        if job.decision.HasField("earliest_deadline"):
+            console.print(
+                "to run it with a deadline Stride can keep: stride submit "
+                f"{_printable(str(spec_file))} --deadline "
+                f"{_iso(job.decision.earliest_deadline.ToDatetime(tzinfo=UTC))}",
+                markup=False,
+                highlight=False,
+            )
+        raise typer.Exit(3)
     if wait:
         _wait_for_plan(job.job_id, state_dir)
         status(job.job_id, state_dir)
@@ -306,6 +366,8 @@ def status(
         else "none (best effort)",
     )
     summary.add_row("state", _state_name(job.state))
+    summary.add_row("share", share_line(job))
+    summary.add_row("guarantee", guarantee_line(job))
     summary.add_row(
         "decision",
         f"{_outcome_name(job.decision.outcome)} by {job.decision.policy}: {job.decision.reason}"

@@ -63,7 +63,6 @@ class DecisionKind(Enum):
 
 
 KIND_OF_ALGORITHM: Mapping[str, DecisionKind] = {
-    "admit-all": DecisionKind.ADMIT,
     "elasticflow-admission": DecisionKind.ADMIT,
     "elasticflow-allocation": DecisionKind.ALLOCATE,
     "dlrover-weighted-greedy": DecisionKind.ALLOCATE,

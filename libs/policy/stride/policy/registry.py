@@ -133,7 +133,6 @@ class Registry:
 
 
 PLUGIN_MODULES: tuple[str, ...] = (
-    "stride.policy.admit_all",
     "stride.policy.cold_start",
     "stride.policy.throughput",
     "stride.policy.fitting",

@@ -24,7 +24,7 @@ Model
   event, such as job arrival or completion"). Jobs whose deadline passes keep running to
   completion (they count as missed); jobs dropped by admission control end at arrival.
 
-Admission is incremental by default (:class:`_IncrementalPlanner`, through the library's
+Admission is incremental by default (:class:`GuaranteePlanner`, through the library's
 ``AdmissionControl``): at an arrival the guaranteed set and its plans are exactly those of
 re-running Algorithm 1 from scratch (at a completion within the same 300 s slot the last
 plans are kept: a completion only frees reservations), but an arrival is admitted when it
@@ -52,16 +52,14 @@ import math
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 
-from stride.policy.elasticflow.admission import (
-    AdmissionControl,
-    DeadlineJob,
-    JobKind,
-    PlannedJob,
-    admit_from_scratch,
-    deadline_slots,
-)
-from stride.policy.elasticflow.allocation import AllocationJob, AllocationRequest, allocate
 from stride.policy.elasticflow.curves import ScalingCurve
+from stride.policy.elasticflow.guarantees import (
+    SCALING_PAUSE_SECONDS,
+    SLOT_SECONDS,
+    GuaranteePlanner,
+    GuaranteePolicy,
+    admission_test,
+)
 from stride.policy.elasticflow.placement import (
     DeviceAllocation,
     PlacementRequest,
@@ -86,13 +84,11 @@ __all__ = [
     "run_deadline",
 ]
 
-SCALING_PAUSE_SECONDS = 20.0
-"""Pause per re-allocation (see the module docstring: ElasticFlow sec. 6.6, Fig. 12(b))."""
-SLOT_SECONDS = 300.0
-"""Admission slot length: short against ElasticFlow's ~23 min scheduling interval (sec. 6.6)
-so slot rounding costs little, long enough that a 40-day Philly deadline stays well under
-the admission library's MAX_SLOTS."""
 _EPSILON = 1e-6
+
+StridePolicy = GuaranteePolicy
+"""ElasticFlow as Stride runs it, from :mod:`stride.policy.elasticflow.guarantees`: the same
+class the admission service runs, so ``stride sim`` and the live service decide alike."""
 
 
 @dataclass(frozen=True)
@@ -128,211 +124,6 @@ class DeadlineCluster:
         return Topology(self.fanouts, ("switch", "node", "gpu"))
 
 
-def _hard_job(job: JobView, now: float, pause: float) -> DeadlineJob | None:
-    """The admission library's view of a job, or None if it cannot hold a reservation.
-
-    The deadline is moved earlier by one pause (the job may be re-allocated before it
-    runs), a conservative choice that keeps the slotted plan achievable with overhead.
-    """
-    if not _reservable(job, now, pause):
-        return None
-    assert job.deadline is not None
-    return DeadlineJob(job.job_id, job.curve, job.remaining_iterations, job.deadline - pause)
-
-
-def _reservable(job: JobView, now: float, pause: float) -> bool:
-    """Whether :func:`_hard_job` gives a job (cheap: builds nothing)."""
-    return job.deadline is not None and job.deadline - pause - now >= SLOT_SECONDS
-
-
-def _feasible_plans(
-    jobs: Sequence[JobView], capacity: int, now: float, pause: float
-) -> dict[str, tuple[int, ...]] | None:
-    """Algorithm 1 plans for the given hard jobs, or None if some deadline cannot be met."""
-    hard: list[DeadlineJob] = []
-    for job in jobs:
-        converted = _hard_job(job, now, pause)
-        if converted is None:
-            return None
-        hard.append(converted)
-    if not hard:
-        return {}
-    plans = admit_from_scratch(capacity, now, SLOT_SECONDS, hard)
-    if plans is None:
-        return None
-    return {job.job_id: plan for job, plan in zip(hard, plans, strict=True)}
-
-
-def _guaranteed(view: DeadlineView) -> dict[str, tuple[int, ...]]:
-    """Plans for the largest EDF prefix-greedy set of active jobs that can all be guaranteed.
-
-    All at once first; if that fails (an admitted job fell behind, e.g. through overhead),
-    jobs are added in deadline order and kept only if the set stays feasible. Jobs left out
-    get no minimum share and run on spare GPUs.
-    """
-    candidates = sorted(
-        (job for job in view.jobs if _hard_job(job, view.now, view.pause_seconds) is not None),
-        key=edf_key,
-    )
-    plans = _feasible_plans(candidates, view.capacity, view.now, view.pause_seconds)
-    if plans is not None:
-        return plans
-    kept: list[JobView] = []
-    plans = {}
-    for job in candidates:
-        trial = _feasible_plans([*kept, job], view.capacity, view.now, view.pause_seconds)
-        if trial is not None:
-            kept.append(job)
-            plans = trial
-    return plans
-
-
-def _admission_test(view: DeadlineView, candidate: JobView) -> bool:
-    """ElasticFlow admission (sec. 4.1): the candidate and the guaranteed jobs all fit.
-
-    The from-scratch reference: Algorithm 1 re-run over the guaranteed jobs and the
-    candidate (see :class:`_IncrementalPlanner` for the default).
-    """
-    if candidate.deadline is None:
-        return True  # best effort: no reservation, never dropped (sec. 4.4)
-    if _hard_job(candidate, view.now, view.pause_seconds) is None:
-        return False
-    kept = _guaranteed(view)
-    guaranteed = [job for job in view.jobs if job.job_id in kept]
-    return (
-        _feasible_plans([*guaranteed, candidate], view.capacity, view.now, view.pause_seconds)
-        is not None
-    )
-
-
-_ViewKey = tuple[float, int, float, tuple[str, ...]]
-
-
-def _view_key(view: DeadlineView, jobs: Sequence[JobView]) -> _ViewKey:
-    """Identifies a decision instant: at one ``now`` the same jobs have the same state."""
-    return (view.now, view.capacity, view.pause_seconds, tuple(job.job_id for job in jobs))
-
-
-class _IncrementalPlanner:
-    """Admission and guaranteed shares through :class:`AdmissionControl` (the default).
-
-    Equivalent to the from-scratch functions above, at O(n) progressive fills per event
-    instead of O(n) from-scratch runs (each O(n)) in :func:`_guaranteed`'s fallback:
-
-    - Guaranteed set: jobs are offered to one timeline in EDF order and kept if
-      ``decide`` fits them. Every kept job has a deadline (hence slot count) no earlier than
-      the kept ones, so ``decide`` only fills the job into what they leave, which is what
-      Algorithm 1 re-run over ``[*kept, job]`` does: same set, same plans.
-    - Admission: ``decide`` on that timeline. It differs from the reference in one case
-      only: the candidate fits what the guaranteed jobs' plans leave free, while Algorithm 1
-      re-run in deadline order (the candidate before later-deadline jobs) would fail a later
-      job. The incremental test then admits (every plan held stays valid, so every deadline
-      is still guaranteed at this instant); the reference drops. The candidate's timeline
-      is kept for the scheduling round at the same instant, so that round honours the plans
-      that admitted it. At later instants the guaranteed set is re-derived in EDF order as
-      above. Ties in slots are also broken by EDF order here, by admission order in the
-      reference.
-    - Per-job lookup tables (``curve.table`` and the progress matrix, the bulk of
-      ``prepare``) are built once per job and re-used with the current deadline slots and
-      remaining iterations.
-    """
-
-    def __init__(self) -> None:
-        self._templates: dict[str, PlannedJob] = {}
-        self._memo: tuple[_ViewKey, AdmissionControl] | None = None
-        self._built: tuple[AdmissionControl, set[str]] | None = None
-        """The last timeline built and the ids of every job it considered (kept or not)."""
-
-    def _planned(self, job: JobView, timeline: AdmissionControl, pause: float) -> PlannedJob:
-        template = self._templates.get(job.job_id)
-        if template is None:
-            hard = _hard_job(job, timeline.now, pause)
-            assert hard is not None
-            template = timeline.prepare(hard, f"job {job.job_id}")
-            self._templates[job.job_id] = template
-        assert job.deadline is not None
-        slots = deadline_slots(
-            job.deadline - pause, timeline.now, timeline.slot_seconds, f"job {job.job_id}"
-        )
-        return template.rebudget(slots, job.remaining_iterations)
-
-    def timeline(self, view: DeadlineView) -> AdmissionControl:
-        """The guaranteed jobs' timeline at ``view.now`` (memoised for the same view)."""
-        key = _view_key(view, view.jobs)
-        if self._memo is not None and self._memo[0] == key:
-            return self._memo[1]
-        timeline = AdmissionControl(view.capacity, view.now, SLOT_SECONDS)
-        candidates = sorted(
-            (job for job in view.jobs if _reservable(job, view.now, view.pause_seconds)),
-            key=edf_key,
-        )
-        for job in candidates:
-            planned = self._planned(job, timeline, view.pause_seconds)
-            plans = timeline.decide(planned)
-            if plans is not None:
-                timeline.commit(planned, plans)
-        self._memo = (key, timeline)
-        self._built = (timeline, {job.job_id for job in candidates})
-        return timeline
-
-    def _still_valid(self, view: DeadlineView) -> AdmissionControl | None:
-        """The last timeline, if only completions happened since, within its first slot.
-
-        A completion only frees reservations, so every other guaranteed job's plan stays
-        feasible; re-deriving the guaranteed set would only re-consider jobs left out earlier
-        (they fell behind), which then wait for the next arrival or slot to be re-considered.
-        """
-        if self._built is None:
-            return None
-        timeline, considered = self._built
-        if not 0.0 <= view.now - timeline.now < timeline.slot_seconds:
-            return None
-        if timeline.capacity != view.capacity:
-            return None
-        for job in view.jobs:
-            if job.job_id not in considered and _reservable(job, view.now, view.pause_seconds):
-                return None
-        return timeline
-
-    def guaranteed(self, view: DeadlineView) -> dict[str, int]:
-        """Each guaranteed job's minimum share in the current slot.
-
-        Re-uses the last timeline when only completions happened since it was built, in the
-        same slot (:meth:`_still_valid`); otherwise re-derives it (:meth:`timeline`).
-        """
-        key_matches = self._memo is not None and self._memo[0] == _view_key(view, view.jobs)
-        reused = None if key_matches else self._still_valid(view)
-        if reused is not None:
-            present = {job.job_id for job in view.jobs}
-            return {
-                planned.job.job_id: int(plan[0]) if plan.size else 0
-                for planned, plan in zip(reused.jobs, reused.plans, strict=True)
-                if planned.job.job_id in present
-            }
-        timeline = self.timeline(view)
-        return {
-            planned.job.job_id: int(plan[0]) if plan.size else 0
-            for planned, plan in zip(timeline.jobs, timeline.plans, strict=True)
-        }
-
-    def admit(self, view: DeadlineView, candidate: JobView) -> bool:
-        """Incremental admission test (see the class docstring)."""
-        if candidate.deadline is None:
-            return True
-        if not _reservable(candidate, view.now, view.pause_seconds):
-            return False
-        timeline = self.timeline(view)
-        planned = self._planned(candidate, timeline, view.pause_seconds)
-        plans = timeline.decide(planned)
-        if plans is None:
-            return False
-        timeline.commit(planned, plans)
-        self._memo = (_view_key(view, [*view.jobs, candidate]), timeline)
-        if self._built is not None and self._built[0] is timeline:
-            self._built[1].add(candidate.job_id)
-        return True
-
-
 def _edf_elastic(view: DeadlineView) -> dict[str, int]:
     """EDF: in deadline order each job takes its maximum useful size from what is free."""
     free = view.capacity
@@ -342,61 +133,6 @@ def _edf_elastic(view: DeadlineView) -> dict[str, int]:
         result[job.job_id] = take
         free -= take
     return result
-
-
-@dataclass
-class StridePolicy:
-    """ElasticFlow as Stride runs it: admission (Alg. 1) + greedy allocation (Alg. 2).
-
-    ``incremental`` (default) plans through :class:`_IncrementalPlanner`; False re-runs
-    Algorithm 1 from scratch at every decision (the reference, for benchmarks).
-    """
-
-    name: str = "stride"
-    incremental: bool = True
-    placement: str = "buddy"
-    """Where the environment puts the GPUs (sec. 4.3): buddy allocation with migration."""
-    _planner: _IncrementalPlanner = field(default_factory=_IncrementalPlanner, repr=False)
-
-    def wakeup(self, view: DeadlineView, decision: dict[str, int]) -> float | None:
-        """Event-driven only (sec. 3.2: rounds on arrivals and completions).
-
-        Also running a round at each slot boundary where a guaranteed job's plan grows was
-        measured (whole itp cluster02 and 03): it met no more deadlines (DSR 0.788 vs 0.804
-        and 0.448 vs 0.446) because greedy allocation already runs admitted jobs ahead of
-        their plans; about 95 % of admitted jobs meet their deadline either way.
-        """
-        return None
-
-    def admit(self, view: DeadlineView, candidate: JobView) -> bool:
-        """Admit only with a guaranteed deadline (minimum satisfactory share exists)."""
-        if self.incremental:
-            return self._planner.admit(view, candidate)
-        return _admission_test(view, candidate)
-
-    def _shares(self, view: DeadlineView) -> dict[str, int]:
-        if self.incremental:
-            return self._planner.guaranteed(view)
-        return {job_id: (plan[:1] or (0,))[0] for job_id, plan in _guaranteed(view).items()}
-
-    def decide(self, view: DeadlineView) -> dict[str, int]:
-        """Minimum shares of this slot first, then spare GPUs by marginal return."""
-        shares = self._shares(view)
-        ordered = sorted(view.jobs, key=edf_key)
-        request = AllocationRequest(
-            capacity=view.capacity,
-            jobs=tuple(
-                AllocationJob(
-                    job_id=job.job_id,
-                    curve=job.curve,
-                    minimum_share=shares.get(job.job_id, 0),
-                    kind=JobKind.HARD if job.deadline is not None else JobKind.BEST_EFFORT,
-                )
-                for job in ordered
-            ),
-        )
-        counts = allocate(request)
-        return {job.job_id: count for job, count in zip(ordered, counts, strict=True)}
 
 
 @dataclass
@@ -424,7 +160,7 @@ class EdfAdmissionPolicy:
 
     name: str = "edf-ac"
     incremental: bool = True
-    _planner: _IncrementalPlanner = field(default_factory=_IncrementalPlanner, repr=False)
+    _planner: GuaranteePlanner = field(default_factory=GuaranteePlanner, repr=False)
 
     def wakeup(self, view: DeadlineView, decision: dict[str, int]) -> float | None:
         """Event-driven only."""
@@ -434,7 +170,7 @@ class EdfAdmissionPolicy:
         """The same admission test as :class:`StridePolicy`."""
         if self.incremental:
             return self._planner.admit(view, candidate)
-        return _admission_test(view, candidate)
+        return admission_test(view, candidate)
 
     def decide(self, view: DeadlineView) -> dict[str, int]:
         """See :func:`_edf_elastic`."""
@@ -774,7 +510,7 @@ def run_deadline(
     lose their deadline (ElasticFlow sec. 6.5's mix); it is the only use of the seed, so a
     run is fully determined by its arguments. ``incremental=False`` makes the admission
     policies re-run Algorithm 1 from scratch at every decision (the slow reference; see
-    :class:`_IncrementalPlanner` for how the two can differ).
+    :class:`GuaranteePlanner` for how the two can differ).
     """
     if policy_name not in POLICIES:
         raise SimulationError(

@@ -1,49 +1,17 @@
 """What Environment A's policies see and answer: job and cluster snapshots, one interface.
 
-Why a module of its own: Stride's policy (``stride.sim.deadline``) and the baselines
+Why a module of its own: Stride's policy (``stride.policy.elasticflow.guarantees``) and the baselines
 (``stride.sim.deadline_baselines``) both implement :class:`DeadlinePolicy` over these views,
 and the environment drives them all the same way.
 """
 
 from __future__ import annotations
 
-import math
-from dataclasses import dataclass
 from typing import Protocol
 
-from stride.policy.elasticflow.curves import ScalingCurve
+from stride.policy.elasticflow.guarantees import DeadlineView, JobView, edf_key
 
 __all__ = ["DeadlinePolicy", "DeadlineView", "JobView", "edf_key"]
-
-
-@dataclass(frozen=True)
-class JobView:
-    """What a policy may see of one active (arrived, admitted, unfinished) job."""
-
-    job_id: str
-    curve: ScalingCurve
-    remaining_iterations: float
-    deadline: float | None
-    submission_time: float
-    num_gpu: int
-    """The GPU count the trace recorded (what a non-elastic scheduler gives the job)."""
-    devices: int
-    """GPUs held now (0 while waiting or preempted)."""
-    paused_until: float
-    total_iterations: float = 0.0
-    """The job's whole work, as submitted."""
-    attained_gpu_seconds: float = 0.0
-    """GPU-seconds of service received so far (held GPUs x time, pauses included)."""
-
-
-@dataclass(frozen=True)
-class DeadlineView:
-    """A frozen snapshot for one decision."""
-
-    now: float
-    capacity: int
-    jobs: tuple[JobView, ...]
-    pause_seconds: float
 
 
 class DeadlinePolicy(Protocol):
@@ -68,9 +36,3 @@ class DeadlinePolicy(Protocol):
     def wakeup(self, view: DeadlineView, decision: dict[str, int]) -> float | None:
         """The next time-driven round after ``decision`` takes effect, or None."""
         ...
-
-
-def edf_key(job: JobView) -> tuple[float, float, str]:
-    """Earliest deadline first; jobs without a deadline last; then arrival, then id."""
-    deadline = math.inf if job.deadline is None else job.deadline
-    return (deadline, job.submission_time, job.job_id)

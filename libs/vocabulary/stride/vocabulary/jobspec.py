@@ -18,7 +18,7 @@ from __future__ import annotations
 import math
 import re
 import unicodedata
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from datetime import UTC, datetime, timedelta
 from enum import Enum
@@ -35,6 +35,7 @@ __all__ = [
     "MAX_REQUEST_ID_LENGTH",
     "MAX_SPEC_BYTES",
     "PRIORITY_BY_NUMBER",
+    "RESOURCE_KIND_BY_NUMBER",
     "WELL_KNOWN_HYPERPARAMETERS",
     "DatasetFormat",
     "DatasetSpec",
@@ -44,6 +45,9 @@ __all__ = [
     "ModelReference",
     "NumberRange",
     "Priority",
+    "ProfilePoint",
+    "ResourceKind",
+    "ScalingProfile",
     "Termination",
     "WholeNumber",
     "check_request_id",
@@ -112,6 +116,15 @@ keeps every deadline computation (slack, EDF keys in float seconds) far from the
 edge where datetimes overflow."""
 MAX_DEADLINE_AHEAD = timedelta(days=365 * MAX_DEADLINE_YEARS + 3)
 """:data:`MAX_DEADLINE_YEARS` as a duration (with the leap days of any ten years)."""
+
+MAX_PROFILE_POINTS = 64
+"""Points a declared scaling profile may have: ElasticFlow's tables have 7 (1..64 GPUs)."""
+MAX_PROFILE_WORKERS = 4096
+MAX_PROFILE_STEPS_PER_SECOND = 1e9
+MAX_ROLE_CPU = 1024.0
+"""Cores of one worker or PS in a declared profile (a large node has a few hundred)."""
+MAX_ROLE_MEMORY_BYTES = 16 * 1024**4
+"""Memory of one worker or PS in a declared profile: 16 TiB."""
 
 MAX_REQUEST_ID_LENGTH = 200
 """A submission's idempotency key is stored in a 200-character column beside the job; the
@@ -337,6 +350,30 @@ class _TerminationMessage(Protocol):
     def max_epochs(self) -> int: ...
 
 
+class _ProfilePointMessage(Protocol):
+    @property
+    def workers(self) -> int: ...
+    @property
+    def ps(self) -> int: ...
+    @property
+    def steps_per_second(self) -> float: ...
+
+
+class _ProfileMessage(Protocol):
+    @property
+    def kind(self) -> int: ...
+    @property
+    def points(self) -> Sequence[_ProfilePointMessage]: ...
+    @property
+    def worker_cpu(self) -> float: ...
+    @property
+    def worker_memory_bytes(self) -> int: ...
+    @property
+    def ps_cpu(self) -> float: ...
+    @property
+    def ps_memory_bytes(self) -> int: ...
+
+
 class JobSpecMessage(Protocol):
     """What :meth:`JobSpec.from_message` reads: the shape of ``stride.events.v1.JobSpec``."""
 
@@ -362,7 +399,11 @@ class JobSpecMessage(Protocol):
     def priority(self) -> int: ...
     @property
     def simulated(self) -> bool: ...
-    def HasField(self, field_name: Literal["deadline"], /) -> bool:
+    @property
+    def profile(self) -> _ProfileMessage: ...
+    @property
+    def resource_kind(self) -> int: ...
+    def HasField(self, field_name: Literal["deadline", "profile"], /) -> bool:
         """Whether an optional message field is set."""
         ...
 
@@ -426,6 +467,41 @@ class Deadline:
         return cls(seconds, micros * 1000)
 
 
+class ResourceKind(Enum):
+    """What a job's sizes count when admission plans it (``stride.events.v1.ResourceKind``)."""
+
+    CPU = "cpu"
+    """Parameter servers and workers on CPU cores and memory (the default)."""
+    GPU = "gpu"
+    """GPUs, one per data-parallel worker (ElasticFlow's jobs)."""
+
+
+RESOURCE_KIND_BY_NUMBER = {0: ResourceKind.CPU, 1: ResourceKind.GPU, 2: ResourceKind.CPU}
+"""Wire numbers of ``stride.events.v1.ResourceKind``; unspecified (0) is a CPU job."""
+
+
+@dataclass(frozen=True)
+class ProfilePoint:
+    """One measured point of a declared scaling profile."""
+
+    workers: int
+    ps: int
+    steps_per_second: float
+
+
+@dataclass(frozen=True)
+class ScalingProfile:
+    """How fast a job trains at some sizes, as the job declares it (not a resource request)."""
+
+    kind: int = 0
+    """The wire number; :data:`RESOURCE_KIND_BY_NUMBER` names it."""
+    points: tuple[ProfilePoint, ...] = ()
+    worker_cpu: float = 0.0
+    worker_memory_bytes: int = 0
+    ps_cpu: float = 0.0
+    ps_memory_bytes: int = 0
+
+
 @dataclass(frozen=True)
 class JobSpec:
     """A frozen view of ``stride.events.v1.JobSpec``: the same fields under the same names,
@@ -444,6 +520,9 @@ class JobSpec:
     """The wire number; :data:`PRIORITY_BY_NUMBER` names it."""
     simulated: bool = False
     """Played by ``stride loadgen``: planned as any job, and no pods start for it."""
+    profile: ScalingProfile | None = None
+    resource_kind: int = 0
+    """The wire number; :data:`RESOURCE_KIND_BY_NUMBER` names it (a profile's kind wins)."""
     serialized_size: int = 0
     """The size of the message this view was read from, in bytes (0 if built by hand)."""
 
@@ -482,6 +561,22 @@ class JobSpec:
             soft_deadline=message.soft_deadline,
             priority=message.priority,
             simulated=message.simulated,
+            profile=(
+                ScalingProfile(
+                    kind=message.profile.kind,
+                    points=tuple(
+                        ProfilePoint(point.workers, point.ps, point.steps_per_second)
+                        for point in message.profile.points
+                    ),
+                    worker_cpu=message.profile.worker_cpu,
+                    worker_memory_bytes=message.profile.worker_memory_bytes,
+                    ps_cpu=message.profile.ps_cpu,
+                    ps_memory_bytes=message.profile.ps_memory_bytes,
+                )
+                if message.HasField("profile")
+                else None
+            ),
+            resource_kind=message.resource_kind,
             serialized_size=message.ByteSize(),
         )
 
@@ -494,6 +589,14 @@ class JobSpec:
     def dataset_format(self) -> DatasetFormat | None:
         """The dataset's format as a word, ``None`` if not given (after :func:`validate`)."""
         return _dataset_format(self.dataset.format)
+
+    @property
+    def kind(self) -> ResourceKind:
+        """What the job's sizes count (after :func:`validate`): the profile's kind if it
+        names one, else the spec's, else CPU."""
+        if self.profile is not None and self.profile.kind:
+            return _resource_kind(self.profile.kind, "spec.profile.kind")
+        return _resource_kind(self.resource_kind, "spec.resource_kind")
 
     @property
     def deadline_at(self) -> datetime | None:
@@ -571,6 +674,9 @@ def _check(spec: JobSpec, now: datetime | None, *, partial: bool) -> None:
     _check_termination(spec.termination, partial)
     _check_deadline(spec, now, partial)
     _priority(spec.priority)
+    _resource_kind(spec.resource_kind, "spec.resource_kind")
+    if spec.profile is not None:
+        _check_profile(spec.profile, spec.kind)
 
 
 def _check_identity(spec: JobSpec, partial: bool) -> None:
@@ -719,6 +825,73 @@ def _check_text(field_path: str, value: str, limit: int, *, required: bool = Fal
         raise InvalidWord(field_path, f"{echo(value)} is too long: at most {limit:,} characters")
     if any(unicodedata.category(character) in ("Cc", "Cs") for character in value):
         raise InvalidWord(field_path, f"{echo(value)} contains a control character")
+
+
+def _resource_kind(number: int, field_path: str) -> ResourceKind:
+    kind = RESOURCE_KIND_BY_NUMBER.get(number)
+    if kind is None:
+        raise InvalidWord(field_path, f"unknown resource kind {echo(number)}; use gpu or cpu")
+    return kind
+
+
+def _check_profile(profile: ScalingProfile, kind: ResourceKind) -> None:
+    path = "spec.profile"
+    _resource_kind(profile.kind, f"{path}.kind")
+    if not profile.points:
+        raise InvalidWord(f"{path}.points", "needs at least one point (workers, steps_per_second)")
+    if len(profile.points) > MAX_PROFILE_POINTS:
+        raise InvalidWord(
+            f"{path}.points",
+            f"has {len(profile.points):,} points; at most {MAX_PROFILE_POINTS} are allowed",
+        )
+    previous = 0
+    for index, point in enumerate(profile.points):
+        where = f"{path}.points[{index}]"
+        if not 0 < point.workers <= MAX_PROFILE_WORKERS:
+            raise InvalidWord(
+                f"{where}.workers",
+                f"must be in 1..{MAX_PROFILE_WORKERS}, got {echo(point.workers)}",
+            )
+        if point.workers <= previous:
+            raise InvalidWord(
+                f"{where}.workers",
+                f"{point.workers} does not follow {previous}: list points in increasing workers",
+            )
+        previous = point.workers
+        rate = point.steps_per_second
+        if not (math.isfinite(rate) and 0 < rate <= MAX_PROFILE_STEPS_PER_SECOND):
+            raise InvalidWord(
+                f"{where}.steps_per_second",
+                f"must be a positive number of steps per second, got {echo(rate)}",
+            )
+        if kind is ResourceKind.GPU and point.ps:
+            raise InvalidWord(f"{where}.ps", "a GPU job has no parameter servers; leave it 0")
+        if kind is ResourceKind.CPU and not 0 < point.ps <= MAX_PROFILE_WORKERS:
+            raise InvalidWord(
+                f"{where}.ps",
+                f"a CPU job needs 1..{MAX_PROFILE_WORKERS} parameter servers, got {echo(point.ps)}",
+            )
+    roles = (
+        ("worker_cpu", profile.worker_cpu, "worker_memory_bytes", profile.worker_memory_bytes),
+        ("ps_cpu", profile.ps_cpu, "ps_memory_bytes", profile.ps_memory_bytes),
+    )
+    for cpu_name, cpu, memory_name, memory in roles:
+        if kind is ResourceKind.GPU:
+            if cpu or memory:
+                raise InvalidWord(
+                    f"{path}.{cpu_name if cpu else memory_name}",
+                    "is for CPU jobs; a GPU job's profile counts GPUs only",
+                )
+            continue
+        if not (math.isfinite(cpu) and 0 < cpu <= MAX_ROLE_CPU):
+            raise InvalidWord(
+                f"{path}.{cpu_name}", f"must be in (0, {MAX_ROLE_CPU:g}] cores, got {echo(cpu)}"
+            )
+        if not 0 < memory <= MAX_ROLE_MEMORY_BYTES:
+            raise InvalidWord(
+                f"{path}.{memory_name}",
+                f"must be a positive number of bytes up to 16 TiB, got {echo(memory)}",
+            )
 
 
 def _priority(number: int) -> Priority:

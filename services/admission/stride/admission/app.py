@@ -2,19 +2,24 @@
 
 from __future__ import annotations
 
+import os
 from pathlib import Path
+
+import structlog
 
 from stride.admission.adapters.inbound.bus_handlers import FinishedHandler
 from stride.admission.adapters.inbound.grpc_api import AdmissionApi
 from stride.admission.db.tables import outbox as outbox_table
 from stride.admission.settings import AdmissionSettings
-from stride.admission.usecases import Submissions
+from stride.admission.usecases import Cluster, Submissions
 from stride.api.admission.v1 import admission_service_pb2, admission_service_pb2_grpc
 from stride.bus import topics
 from stride.db.outbox import Outbox
-from stride.decisions import build_decisions
+from stride.policy.elasticflow.units import GIB, CpuUnit, cpu_capacity
 from stride.runtime.lifecycle import ServiceHost
 from stride.wiring import connect_bus, consume, create_host, open_database, relay_outbox
+
+log = structlog.get_logger(__name__)
 
 MIGRATIONS = Path(__file__).parent / "db" / "migrations"
 SERVICE_NAME = admission_service_pb2.DESCRIPTOR.services_by_name["AdmissionService"].full_name
@@ -26,13 +31,7 @@ async def build(settings: AdmissionSettings) -> ServiceHost:
     bus = await connect_bus(settings, host)
     database = await open_database(settings, host, MIGRATIONS)
     outbox = Outbox(outbox_table)
-    decisions = build_decisions(
-        settings.decisions,
-        bus,
-        settings.decision_timeout_seconds,
-        settings.decision_attempt_seconds,
-    )
-    submissions = Submissions(database, outbox, decisions.admit)
+    submissions = Submissions(database, outbox, cluster(settings))
     admission_service_pb2_grpc.add_AdmissionServiceServicer_to_server(
         AdmissionApi(submissions), host.server.server
     )
@@ -46,3 +45,37 @@ async def build(settings: AdmissionSettings) -> ServiceHost:
         handler=FinishedHandler(submissions),
     )
     return host
+
+
+def _machine_memory_bytes() -> int:
+    return os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES")
+
+
+def cluster(settings: AdmissionSettings) -> Cluster:
+    """What admission plans on, from its settings (this machine's cores and memory when no
+    CPU capacity is set), with the curves table if one is configured."""
+    unit = CpuUnit(settings.cpu_unit_cores, int(settings.cpu_unit_memory_gib * GIB))
+    if settings.cluster_cpu is not None and settings.cluster_memory_gib is not None:
+        cpu, memory = settings.cluster_cpu, int(settings.cluster_memory_gib * GIB)
+    else:
+        cpu, memory = float(os.cpu_count() or 1), _machine_memory_bytes()
+    curves = {}
+    if settings.curves_dir is not None:
+        from stride.sim.traces import load_curves  # the simulator's tables, made concave alike
+
+        curves = load_curves(settings.curves_dir).curves
+    planned = Cluster(
+        gpus=settings.cluster_gpus,
+        cpu_units=cpu_capacity(cpu, memory, unit),
+        unit=unit,
+        curves=curves,
+    )
+    log.info(
+        "admission plans on",
+        gpus=planned.gpus,
+        cpu_units=planned.cpu_units,
+        unit_cores=unit.cpu,
+        unit_memory_gib=unit.memory_bytes / GIB,
+        known_curves=len(curves),
+    )
+    return planned

@@ -2,9 +2,10 @@
 
 from __future__ import annotations
 
+from pathlib import Path
 from typing import ClassVar
 
-from pydantic import Field
+from pydantic import Field, model_validator
 from pydantic_settings import SettingsConfigDict
 
 from stride.decisions.settings import DecisionSettings
@@ -30,3 +31,32 @@ class AdmissionSettings(ServiceSettings, DecisionSettings):
     """The largest answer is ListJobs (up to 1000 jobs with their specs); 4 MiB is what the
     CLI and any client with gRPC's defaults accepts, so a bigger page fails here with
     RESOURCE_EXHAUSTED rather than in the client's decoder."""
+
+    cluster_gpus: int = Field(default=0, ge=0, le=1_000_000)
+    """GPUs admission plans GPU jobs on (0: a GPU job's deadline cannot be guaranteed)."""
+    cluster_cpu: float | None = Field(default=None, gt=0, le=10_000_000, allow_inf_nan=False)
+    """Cores admission plans PS/worker jobs on. Unset: this machine's (the embedded default
+    runs every pod here). Set it, with ``cluster_memory_gib``, to the cores of the nodes
+    guaranteed jobs may use (Helm: ``admission.cluster``)."""
+    cluster_memory_gib: float | None = Field(
+        default=None, gt=0, le=1_000_000_000, allow_inf_nan=False
+    )
+    """GiB of memory admission plans PS/worker jobs on (as ``cluster_cpu``)."""
+    cpu_unit_cores: float = Field(default=1.0, gt=0, le=1024, allow_inf_nan=False)
+    """Cores of one CPU unit, what admission counts for PS/worker jobs
+    (:mod:`stride.policy.elasticflow.units`)."""
+    cpu_unit_memory_gib: float = Field(default=4.0, gt=0, le=16384, allow_inf_nan=False)
+    """GiB of memory of one CPU unit."""
+    curves_dir: Path | None = None
+    """A folder of ElasticFlow throughput tables (``<model>.csv``): GPU jobs of a model and
+    batch size found there need no declared profile."""
+
+    @model_validator(mode="after")
+    def _capacity_pair(self) -> AdmissionSettings:
+        if (self.cluster_cpu is None) != (self.cluster_memory_gib is None):
+            raise ValueError(
+                "cluster_cpu and cluster_memory_gib: set both (the cluster's capacity) or neither"
+            )
+        if self.curves_dir is not None and not self.curves_dir.is_dir():
+            raise ValueError(f"curves_dir: {self.curves_dir} is not a folder")
+        return self

@@ -1,4 +1,12 @@
-"""Admission's use cases: submit, decide, cancel and finish jobs.
+"""Admission's use cases: submit, decide, cancel and finish jobs, and keep their shares.
+
+Admission owns each job's share of the cluster (``DESIGN.md``, who owns which decision). It
+keeps one :class:`~stride.admission.domain.ledger.Pool` per resource kind in memory, built
+from its books in storage, and changes it only under one lock: every decision, completion
+and cancellation advances the pool, decides, and commits the decision, the books of every
+job whose units changed and their ``share`` events in one transaction. If that commit fails
+the pools are dropped and rebuilt from storage, so memory is never ahead of what is stored.
+Admission is therefore one active replica.
 
 Each step commits its state change and its events (through the outbox) in one transaction,
 so a job is never stored without its ``submitted`` event or decided without its decision
@@ -8,23 +16,42 @@ event. A crash between storing and deciding leaves the job SUBMITTED, and
 
 from __future__ import annotations
 
+import asyncio
 import uuid
+from collections.abc import Callable, Mapping
+from dataclasses import dataclass, field
 from datetime import UTC, datetime
+from typing import Any
 
 import structlog
 
-from stride.admission.adapters.convert import decision_to_proto, spec_from_proto, timestamp
+from stride.admission.adapters.convert import (
+    decision_to_proto,
+    share_to_proto,
+    spec_from_proto,
+    timestamp,
+)
 from stride.admission.adapters.outbound import repository
 from stride.admission.adapters.outbound.repository import StoredJob
-from stride.admission.domain.jobs import check_request_id, validate
-from stride.admission.domain.policy import Outcome, decision_from_admit_all
+from stride.admission.domain.jobs import JobSpec, check_request_id, validate
+from stride.admission.domain.ledger import Entry, Pool
+from stride.admission.domain.policy import (
+    POLICY,
+    Decision,
+    Outcome,
+    Share,
+    in_words,
+    job_curve,
+)
 from stride.bus import topics
 from stride.db.engine import ConflictingWrite, Database
 from stride.db.outbox import Outbox
-from stride.decisions import DecisionFailed, DecisionPort
 from stride.events.v1 import job_pb2
-from stride.policy.admit_all import ADMIT_ALL, AdmitAllRequest
-from stride.runtime.errors import AlreadyExists, InvalidArgument, NotFound, Unavailable
+from stride.policy.elasticflow.curves import ScalingCurve
+from stride.policy.elasticflow.guarantees import SCALING_PAUSE_SECONDS, SLOT_SECONDS
+from stride.policy.elasticflow.units import CpuUnit, JobCurve
+from stride.runtime.errors import AlreadyExists, InvalidArgument, NotFound
+from stride.vocabulary.jobspec import ResourceKind
 
 __all__ = ["StoredJob", "Submissions", "new_job_id"]
 
@@ -34,6 +61,7 @@ _STATE_BY_OUTCOME = {
     Outcome.ADMITTED: "ADMITTED",
     Outcome.REJECTED: "REJECTED",
     Outcome.QUEUED: "QUEUED",
+    Outcome.SOFT: "ADMITTED",
 }
 _STATE_BY_JOB_OUTCOME = {
     job_pb2.JOB_OUTCOME_SUCCEEDED: "SUCCEEDED",
@@ -59,14 +87,48 @@ def _same_job(stored: job_pb2.JobSpec, submitted: job_pb2.JobSpec) -> bool:
     return left.SerializeToString(deterministic=True) == right.SerializeToString(deterministic=True)
 
 
+Clock = Callable[[], datetime]
+
+RESUBMIT_GRACE_SECONDS = 60.0
+"""Added to the earliest deadline a refusal names: the policy's answer holds at the instant
+of the decision (a whole number of slots from now), and a resubmission comes a little later.
+"""
+
+
+def wall_clock() -> datetime:
+    return datetime.now(UTC)
+
+
+@dataclass(frozen=True)
+class Cluster:
+    """What admission plans on: GPUs, CPU units, and the curves table for known models."""
+
+    gpus: int = 0
+    cpu_units: int = 0
+    unit: CpuUnit = field(default_factory=CpuUnit)
+    curves: Mapping[tuple[str, int], ScalingCurve] = field(default_factory=dict)
+    """(model name, global batch size) -> concave curve (GPU jobs of a known model)."""
+    pause_seconds: float = SCALING_PAUSE_SECONDS
+
+
 class Submissions:
     """Submits, decides and ends jobs against the database, outbox and policy."""
 
-    def __init__(self, database: Database, outbox: Outbox, admit: DecisionPort) -> None:
+    def __init__(
+        self,
+        database: Database,
+        outbox: Outbox,
+        cluster: Cluster,
+        clock: Clock = wall_clock,
+    ) -> None:
         self.database = database
         self.outbox = outbox
-        self.admit = admit
-        """Where admission decisions are made (in-process or by the executor pool)."""
+        self.cluster = cluster
+        self.clock = clock
+        self._lock = asyncio.Lock()
+        self._pools: dict[ResourceKind, Pool] = {}
+        self._versions: dict[str, int] = {}
+        """Each planned job's last published share version."""
 
     async def submit(self, spec: job_pb2.JobSpec, request_id: str) -> StoredJob:
         """Validate, store and decide a job. Invalid specs raise before anything is written."""
@@ -79,7 +141,7 @@ class Submissions:
             earlier = await self._earlier_submission(request_id, spec)
             if earlier is not None:
                 return earlier
-        now = datetime.now(UTC)
+        now = self.clock()
         validate(view, now)
         try:
             job_id = await self._store(spec, request_id, now)
@@ -122,40 +184,288 @@ class Submissions:
         return job_id
 
     async def decide(self, job_id: str) -> None:
-        """Run the admission policy on a SUBMITTED job and publish its decision."""
+        """Decide a SUBMITTED job against its pool and publish the decision and the shares
+        that changed, in one transaction."""
+        async with self._lock:
+            try:
+                await self._decide(job_id)
+            except BaseException:
+                self._pools.clear()  # memory may be ahead of storage: rebuild it from there
+                raise
+
+    async def _decide(self, job_id: str) -> None:
         async with self.database.sessions() as session:
             pending = await repository.get_job(session, job_id)
         if pending is None or pending.state != "SUBMITTED":
             return
-        # Decided outside the transaction: the admit port may ask the executor pool, and no
-        # row lock is held meanwhile. The state is checked again before the decision is kept.
-        request = AdmitAllRequest(
-            job_name=pending.spec.name, has_deadline=pending.spec.HasField("deadline")
-        )
-        try:
-            reply = await self.admit.decide(ADMIT_ALL, request, job_id)
-        except DecisionFailed as error:
-            raise Unavailable(f"admission could not decide {job_id}: {error}") from None
-        decision = decision_from_admit_all(reply, ADMIT_ALL.qualified_name)
-        now = datetime.now(UTC)
+        spec = spec_from_proto(pending.spec)
+        moment = self.clock()
+        now = moment.timestamp()
+        curve = job_curve(spec, self.cluster.unit, self.cluster.curves)
+        deadline_at = spec.deadline_at
+        deadline = None if deadline_at is None else deadline_at.timestamp()
+        pool: Pool | None = None
+        entry: Entry | None = None
+        changed: dict[str, int] = {}
+        if curve is None:
+            decision = _without_curve(spec)
+        else:
+            pool = await self._pool(spec.kind)
+            total = float(spec.total_steps)
+            entry = Entry(job_id, curve, deadline, now, total, total)
+            guaranteed = True
+            earliest: float | None = None
+            if deadline is not None and not pool.join(now, entry):
+                guaranteed = False
+                earliest = pool.policy.earliest_deadline(pool.view(now), entry.view())
+                if earliest is not None:
+                    earliest += RESUBMIT_GRACE_SECONDS
+                if spec.soft_deadline:
+                    entry.deadline = None
+                    pool.join(now, entry)
+                else:
+                    entry = None
+            elif deadline is None:
+                pool.join(now, entry)
+            if entry is not None:
+                changed = pool.round(now)
+            decision = self._decision(spec, pool, entry, guaranteed, earliest, now, curve.source)
         async with self.database.transaction() as session:
             job = await repository.get_job(session, job_id, for_update=True)
             if job is None or job.state != "SUBMITTED":
-                return
-            message = decision_to_proto(job_id, decision, job.spec, now)
-            await repository.record_decision(
-                session, message, _STATE_BY_OUTCOME[decision.outcome], now
-            )
+                raise ConflictingWrite(f"job {job_id} was decided concurrently")
+            state = _STATE_BY_OUTCOME[decision.outcome]
+            if decision.outcome in (Outcome.SOFT, Outcome.ADMITTED) and entry is not None:
+                state = "ADMITTED" if entry.units else "QUEUED"
+            message = decision_to_proto(job_id, decision, job.spec, moment)
+            await repository.record_decision(session, message, state, moment)
+            topic = decision.outcome.value if state != "QUEUED" else "queued"
             await self.outbox.add_event(
                 session,
-                topics.DECISION_TOPICS[decision.outcome.value].outgoing(
-                    job_id, message, f"{job_id}.decision.1"
-                ),
+                topics.DECISION_TOPICS[topic].outgoing(job_id, message, f"{job_id}.decision.1"),
             )
+            if pool is not None and entry is not None:
+                changed.setdefault(job_id, entry.units)
+                await self._publish_shares(
+                    session, spec.kind, pool, changed, f"arrival of {job_id}", moment, job_id
+                )
         self.outbox.notify()
         log.info(
-            "job decided", job_id=job_id, outcome=decision.outcome.value, policy=decision.policy
+            "job decided",
+            job_id=job_id,
+            outcome=decision.outcome.value,
+            policy=decision.policy,
+            curve=decision.curve_source,
+            reason=decision.reason,
         )
+
+    def _decision(
+        self,
+        spec: JobSpec,
+        pool: Pool,
+        entry: Entry | None,
+        guaranteed: bool,
+        earliest: float | None,
+        now: float,
+        source: str,
+    ) -> Decision:
+        """The words and numbers of a decision on a job with a curve."""
+        unit_name = "GPUs" if spec.kind is ResourceKind.GPU else "CPU units"
+        deadline_at = spec.deadline_at
+        earliest_at = None if earliest is None else datetime.fromtimestamp(earliest, UTC)
+        could = (
+            f"could guarantee by {in_words(earliest - now)} ({_iso(earliest_at)})"
+            if earliest is not None and earliest_at is not None
+            else f"it does not fit the cluster's {pool.capacity} {unit_name} even alone"
+        )
+        if entry is None:
+            assert deadline_at is not None
+            return Decision(
+                Outcome.REJECTED,
+                f"cannot guarantee the deadline {_iso(deadline_at)} beside the jobs already "
+                f"guaranteed; {could}. Resubmit with a later deadline "
+                "(stride submit --deadline), soft_deadline: true, or none",
+                POLICY,
+                None,
+                earliest_deadline=earliest_at,
+                curve_source=source,
+            )
+        if deadline_at is not None and guaranteed:
+            minimum = pool.minimum_shares(now).get(entry.job_id, 0)
+            plan = pool.reservations(now).get(entry.job_id, ())
+            finish = datetime.fromtimestamp(now + len(plan) * SLOT_SECONDS, UTC)
+            finish = min(finish, deadline_at)
+            return Decision(
+                Outcome.ADMITTED,
+                f"deadline {_iso(deadline_at)} guaranteed under the model "
+                f"(curve from the {source}): at least {minimum} {unit_name} now, "
+                f"done by {_iso(finish)}; running on {entry.units}",
+                POLICY,
+                self._share(spec.kind, entry.curve, minimum),
+                curve_source=source,
+                guaranteed_finish=finish,
+            )
+        if deadline_at is not None:
+            return Decision(
+                Outcome.SOFT,
+                f"soft deadline {_iso(deadline_at)} cannot be guaranteed ({could}); "
+                + (
+                    f"runs best effort on {entry.units} {unit_name}"
+                    if entry.units
+                    else "waits for spare capacity, then runs best effort"
+                ),
+                POLICY,
+                None,
+                earliest_deadline=earliest_at,
+                curve_source=source,
+            )
+        return Decision(
+            Outcome.ADMITTED if entry.units else Outcome.QUEUED,
+            (
+                f"best effort (no deadline): runs on {entry.units} spare {unit_name}"
+                if entry.units
+                else "best effort (no deadline): waits for spare capacity"
+            ),
+            POLICY,
+            None,
+            curve_source=source,
+        )
+
+    def _share(self, kind: ResourceKind, curve: JobCurve, units: int) -> Share:
+        """What ``units`` of a kind are: GPUs, or CPU units' cores and memory (with the
+        workers the job's profile runs at that size)."""
+        if kind is ResourceKind.GPU:
+            return Share(workers=units, cpu=0.0, memory_bytes=0, devices=units)
+        size = curve.size_at(units)
+        unit = self.cluster.unit
+        return Share(
+            workers=size.workers if size is not None and units else 0,
+            cpu=units * unit.cpu,
+            memory_bytes=units * unit.memory_bytes,
+        )
+
+    async def _publish_shares(
+        self,
+        session: Any,
+        kind: ResourceKind,
+        pool: Pool,
+        changed: dict[str, int],
+        reason: str,
+        moment: datetime,
+        decided: str = "",
+    ) -> None:
+        """Save the books of every job whose units changed and publish its new share; a
+        queued job that got units is admitted (a decision of its own)."""
+        now = moment.timestamp()
+        minimum = pool.minimum_shares(now) if changed else {}
+        states = await repository.job_states(session, [j for j in changed if j != decided])
+        for job_id in changed:
+            entry = pool.entries.get(job_id)
+            if entry is None:
+                continue
+            version = self._versions.get(job_id, 0) + 1
+            share = job_pb2.JobShare(
+                job_id=job_id,
+                version=version,
+                share=share_to_proto(self._share(kind, entry.curve, entry.units)),
+                minimum=share_to_proto(self._share(kind, entry.curve, minimum.get(job_id, 0))),
+                units=entry.units,
+                guaranteed=job_id in minimum,
+                reason=reason,
+                decided_at=timestamp(moment),
+            )
+            await repository.save_books(
+                session,
+                job_id=job_id,
+                kind=kind.value,
+                deadline=entry.deadline,
+                submitted=entry.submitted,
+                total_steps=entry.total_steps,
+                remaining=entry.remaining,
+                units=entry.units,
+                paused_until=entry.paused_until,
+                last_update=entry.last_update,
+                share=share,
+            )
+            await self.outbox.add_event(
+                session, topics.JOB_SHARE.outgoing(job_id, share, f"{job_id}.share.{version}")
+            )
+            self._versions[job_id] = version
+            if states.get(job_id) == "QUEUED" and entry.units:
+                await self._admit_queued(session, job_id, entry, kind, reason, moment)
+
+    async def _admit_queued(
+        self,
+        session: Any,
+        job_id: str,
+        entry: Entry,
+        kind: ResourceKind,
+        reason: str,
+        moment: datetime,
+    ) -> None:
+        job = await repository.get_job(session, job_id, for_update=True)
+        if job is None or job.state != "QUEUED":
+            return
+        unit_name = "GPUs" if kind is ResourceKind.GPU else "CPU units"
+        decision = Decision(
+            Outcome.ADMITTED,
+            f"capacity freed ({reason}): runs best effort on {entry.units} {unit_name}",
+            POLICY,
+            None,
+            curve_source=entry.curve.source,
+        )
+        message = decision_to_proto(job_id, decision, job.spec, moment)
+        number = await repository.decision_count(session, job_id) + 1
+        await repository.record_decision(session, message, "ADMITTED", moment)
+        await self.outbox.add_event(
+            session,
+            topics.JOB_ADMITTED.outgoing(job_id, message, f"{job_id}.decision.{number}"),
+        )
+
+    async def _pool(self, kind: ResourceKind) -> Pool:
+        """The pool of a resource kind, rebuilt from storage the first time (and after a
+        failed write)."""
+        pool = self._pools.get(kind)
+        if pool is not None:
+            return pool
+        capacity = self.cluster.gpus if kind is ResourceKind.GPU else self.cluster.cpu_units
+        pool = Pool(capacity, self.cluster.pause_seconds)
+        async with self.database.sessions() as session:
+            rows = await repository.active_ledger(session, kind.value)
+        for row in rows:
+            curve = job_curve(spec_from_proto(row.spec), self.cluster.unit, self.cluster.curves)
+            if curve is None:
+                log.warning("job has books but no curve now; left out", job_id=row.job_id)
+                continue
+            pool.entries[row.job_id] = Entry(
+                row.job_id,
+                curve,
+                row.deadline,
+                row.submitted,
+                row.total_steps,
+                row.remaining,
+                row.units,
+                row.paused_until,
+                row.last_update,
+            )
+            self._versions[row.job_id] = row.share_version
+            pool.clock = max(pool.clock, row.last_update)
+        self._pools[kind] = pool
+        if rows:
+            log.info("pool rebuilt from storage", kind=kind.value, jobs=len(pool.entries))
+        return pool
+
+    async def _release(self, session: Any, job: StoredJob, reason: str, moment: datetime) -> None:
+        """Take an ended job out of its pool and re-decide the others' shares."""
+        kind = spec_from_proto(job.spec).kind
+        pool = await self._pool(kind)
+        if job.job_id not in pool.entries:
+            return
+        now = moment.timestamp()
+        pool.leave(now, job.job_id)
+        self._versions.pop(job.job_id, None)
+        changed = pool.round(now)
+        await self._publish_shares(session, kind, pool, changed, reason, moment)
 
     async def decide_pending(self) -> int:
         """Decide every job a crash left undecided; returns how many."""
@@ -185,36 +495,87 @@ class Submissions:
             return await repository.list_jobs(session, user or None, page_size or 100)
 
     async def cancel(self, job_id: str) -> StoredJob:
-        """Cancel a job (no-op if it already ended) and publish that it finished."""
-        now = datetime.now(UTC)
+        """Cancel a job (no-op if it already ended), free its share and publish that it
+        finished."""
         await self.get(job_id)
-        async with self.database.transaction() as session:
-            job = await repository.get_job(session, job_id, for_update=True)
-            if job is None or job.state in repository.TERMINAL_STATES:
-                return await self.get(job_id)
-            await repository.set_state(session, job_id, "CANCELLED", now)
-            event = job_pb2.JobFinished(
-                job_id=job_id,
-                outcome=job_pb2.JOB_OUTCOME_CANCELLED,
-                message="cancelled by user",
-                finished_at=timestamp(now),
-            )
-            await self.outbox.add_event(
-                session, topics.JOB_FINISHED.outgoing(job_id, event, f"{job_id}.finished")
-            )
+        async with self._lock:
+            try:
+                await self._end(job_id, "CANCELLED", "cancelled by user", True)
+            except BaseException:
+                self._pools.clear()
+                raise
         self.outbox.notify()
         log.info("job cancelled", job_id=job_id)
         return await self.get(job_id)
 
+    async def _end(self, job_id: str, state: str, message: str, announce: bool) -> None:
+        moment = self.clock()
+        async with self.database.transaction() as session:
+            job = await repository.get_job(session, job_id, for_update=True)
+            if job is None or job.state in repository.TERMINAL_STATES:
+                return
+            await repository.set_state(session, job_id, state, moment)
+            await self._release(session, job, f"{job_id} {state.lower()}", moment)
+            if announce:
+                event = job_pb2.JobFinished(
+                    job_id=job_id,
+                    outcome=job_pb2.JOB_OUTCOME_CANCELLED,
+                    message=message,
+                    finished_at=timestamp(moment),
+                )
+                await self.outbox.add_event(
+                    session, topics.JOB_FINISHED.outgoing(job_id, event, f"{job_id}.finished")
+                )
+
     async def finished(self, event: job_pb2.JobFinished) -> None:
-        """Record that a job ended (from the bus); idempotent, and a terminal state sticks."""
+        """Record that a job ended (from the bus) and free its share; idempotent, and a
+        terminal state sticks."""
         if not event.job_id:
             raise InvalidArgument("job_id", "is required")
         state = _STATE_BY_JOB_OUTCOME.get(event.outcome)
         if state is None:
             raise InvalidArgument("outcome", f"unknown job outcome {event.outcome}")
-        async with self.database.transaction() as session:
-            job = await repository.get_job(session, event.job_id, for_update=True)
-            if job is None or job.state in repository.TERMINAL_STATES:
-                return
-            await repository.set_state(session, event.job_id, state, datetime.now(UTC))
+        async with self._lock:
+            try:
+                await self._end(event.job_id, state, event.message, False)
+            except BaseException:
+                self._pools.clear()
+                raise
+        self.outbox.notify()
+
+
+def _without_curve(spec: JobSpec) -> Decision:
+    """The decision on a job no curve is known for: nothing can be guaranteed."""
+    what = f"no scaling curve is known for model {spec.model.name!r}"
+    if spec.kind is ResourceKind.GPU:
+        what += f" at batch size {spec.batch_size}"
+    fix = "declare its speed at a few sizes under `profile:` in the spec"
+    deadline_at = spec.deadline_at
+    if deadline_at is not None and not spec.soft_deadline:
+        return Decision(
+            Outcome.REJECTED,
+            f"cannot guarantee the deadline {_iso(deadline_at)}: {what}; {fix}, or submit "
+            "it with soft_deadline: true or without a deadline",
+            POLICY,
+            None,
+        )
+    if deadline_at is not None:
+        return Decision(
+            Outcome.SOFT,
+            f"soft deadline {_iso(deadline_at)} cannot be guaranteed: {what}; runs best "
+            "effort, sized by the optimizer",
+            POLICY,
+            None,
+        )
+    return Decision(
+        Outcome.ADMITTED,
+        f"best effort (no deadline); {what}, so it holds no share and the optimizer sizes it",
+        POLICY,
+        None,
+    )
+
+
+def _iso(moment: datetime | None) -> str:
+    if moment is None:
+        return "never"
+    return moment.astimezone(UTC).replace(microsecond=0).isoformat().replace("+00:00", "Z")

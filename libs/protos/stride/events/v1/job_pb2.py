@@ -25,7 +25,7 @@ _sym_db = _symbol_database.Default()
 from google.protobuf import timestamp_pb2 as google_dot_protobuf_dot_timestamp__pb2
 
 
-DESCRIPTOR = _descriptor_pool.Default().AddSerializedFile(b'\n\x1astride/events/v1/job.proto\x12\x10stride.events.v1\x1a\x1fgoogle/protobuf/timestamp.proto\"\x81\x01\n\x0eModelReference\x12\x0c\n\x04name\x18\x01 \x01(\t\x12\r\n\x05image\x18\x02 \x01(\t\x12\x12\n\nentrypoint\x18\x03 \x01(\t\x12\x0e\n\x06\x66\x61mily\x18\x04 \x01(\t\x12\x15\n\rembedding_dim\x18\x05 \x01(\x03\x12\x17\n\x0fparameter_count\x18\x06 \x01(\x03\"o\n\x0b\x44\x61tasetSpec\x12\x0c\n\x04name\x18\x01 \x01(\t\x12\x0b\n\x03uri\x18\x02 \x01(\t\x12\x14\n\x0crecord_count\x18\x03 \x01(\x03\x12/\n\x06\x66ormat\x18\x04 \x01(\x0e\x32\x1f.stride.events.v1.DatasetFormat\"4\n\x0bTermination\x12\x11\n\tmax_steps\x18\x01 \x01(\x03\x12\x12\n\nmax_epochs\x18\x02 \x01(\x03\"\xd5\x03\n\x07JobSpec\x12\x0c\n\x04name\x18\x01 \x01(\t\x12\x0c\n\x04user\x18\x02 \x01(\t\x12/\n\x05model\x18\x03 \x01(\x0b\x32 .stride.events.v1.ModelReference\x12.\n\x07\x64\x61taset\x18\x04 \x01(\x0b\x32\x1d.stride.events.v1.DatasetSpec\x12\x12\n\nbatch_size\x18\x05 \x01(\x03\x12G\n\x0fhyperparameters\x18\x06 \x03(\x0b\x32..stride.events.v1.JobSpec.HyperparametersEntry\x12\x32\n\x0btermination\x18\x07 \x01(\x0b\x32\x1d.stride.events.v1.Termination\x12,\n\x08\x64\x65\x61\x64line\x18\x08 \x01(\x0b\x32\x1a.google.protobuf.Timestamp\x12\x15\n\rsoft_deadline\x18\t \x01(\x08\x12,\n\x08priority\x18\n \x01(\x0e\x32\x1a.stride.events.v1.Priority\x12\x11\n\tsimulated\x18\x0b \x01(\x08\x1a\x36\n\x14HyperparametersEntry\x12\x0b\n\x03key\x18\x01 \x01(\t\x12\r\n\x05value\x18\x02 \x01(\t:\x02\x38\x01\"T\n\rResourceShare\x12\x0b\n\x03\x63pu\x18\x01 \x01(\x01\x12\x14\n\x0cmemory_bytes\x18\x02 \x01(\x03\x12\x0f\n\x07\x64\x65vices\x18\x03 \x01(\x03\x12\x0f\n\x07workers\x18\x04 \x01(\x03\"y\n\x0cJobSubmitted\x12\x0e\n\x06job_id\x18\x01 \x01(\t\x12\'\n\x04spec\x18\x02 \x01(\x0b\x32\x19.stride.events.v1.JobSpec\x12\x30\n\x0csubmitted_at\x18\x03 \x01(\x0b\x32\x1a.google.protobuf.Timestamp\"\x89\x02\n\x11\x41\x64missionDecision\x12\x0e\n\x06job_id\x18\x01 \x01(\t\x12\x33\n\x07outcome\x18\x02 \x01(\x0e\x32\".stride.events.v1.AdmissionOutcome\x12\x0e\n\x06reason\x18\x03 \x01(\t\x12\x36\n\rminimum_share\x18\x04 \x01(\x0b\x32\x1f.stride.events.v1.ResourceShare\x12\x0e\n\x06policy\x18\x05 \x01(\t\x12.\n\ndecided_at\x18\x06 \x01(\x0b\x32\x1a.google.protobuf.Timestamp\x12\'\n\x04spec\x18\x07 \x01(\x0b\x32\x19.stride.events.v1.JobSpec\"\x8e\x01\n\x0bJobFinished\x12\x0e\n\x06job_id\x18\x01 \x01(\t\x12-\n\x07outcome\x18\x02 \x01(\x0e\x32\x1c.stride.events.v1.JobOutcome\x12\x0f\n\x07message\x18\x03 \x01(\t\x12/\n\x0b\x66inished_at\x18\x04 \x01(\x0b\x32\x1a.google.protobuf.Timestamp*\xb9\x01\n\rDatasetFormat\x12\x1e\n\x1a\x44\x41TASET_FORMAT_UNSPECIFIED\x10\x00\x12\x1b\n\x17\x44\x41TASET_FORMAT_TFRECORD\x10\x01\x12\x16\n\x12\x44\x41TASET_FORMAT_CSV\x10\x02\x12\x1a\n\x16\x44\x41TASET_FORMAT_PARQUET\x10\x03\x12\x19\n\x15\x44\x41TASET_FORMAT_STREAM\x10\x04\x12\x1c\n\x18\x44\x41TASET_FORMAT_SYNTHETIC\x10\x05*^\n\x08Priority\x12\x18\n\x14PRIORITY_UNSPECIFIED\x10\x00\x12\x10\n\x0cPRIORITY_LOW\x10\x01\x12\x13\n\x0fPRIORITY_NORMAL\x10\x02\x12\x11\n\rPRIORITY_HIGH\x10\x03*\x93\x01\n\x10\x41\x64missionOutcome\x12!\n\x1d\x41\x44MISSION_OUTCOME_UNSPECIFIED\x10\x00\x12\x1e\n\x1a\x41\x44MISSION_OUTCOME_ADMITTED\x10\x01\x12\x1e\n\x1a\x41\x44MISSION_OUTCOME_REJECTED\x10\x02\x12\x1c\n\x18\x41\x44MISSION_OUTCOME_QUEUED\x10\x03*w\n\nJobOutcome\x12\x1b\n\x17JOB_OUTCOME_UNSPECIFIED\x10\x00\x12\x19\n\x15JOB_OUTCOME_SUCCEEDED\x10\x01\x12\x16\n\x12JOB_OUTCOME_FAILED\x10\x02\x12\x19\n\x15JOB_OUTCOME_CANCELLED\x10\x03\x62\x06proto3')
+DESCRIPTOR = _descriptor_pool.Default().AddSerializedFile(b'\n\x1astride/events/v1/job.proto\x12\x10stride.events.v1\x1a\x1fgoogle/protobuf/timestamp.proto\"\x81\x01\n\x0eModelReference\x12\x0c\n\x04name\x18\x01 \x01(\t\x12\r\n\x05image\x18\x02 \x01(\t\x12\x12\n\nentrypoint\x18\x03 \x01(\t\x12\x0e\n\x06\x66\x61mily\x18\x04 \x01(\t\x12\x15\n\rembedding_dim\x18\x05 \x01(\x03\x12\x17\n\x0fparameter_count\x18\x06 \x01(\x03\"o\n\x0b\x44\x61tasetSpec\x12\x0c\n\x04name\x18\x01 \x01(\t\x12\x0b\n\x03uri\x18\x02 \x01(\t\x12\x14\n\x0crecord_count\x18\x03 \x01(\x03\x12/\n\x06\x66ormat\x18\x04 \x01(\x0e\x32\x1f.stride.events.v1.DatasetFormat\"4\n\x0bTermination\x12\x11\n\tmax_steps\x18\x01 \x01(\x03\x12\x12\n\nmax_epochs\x18\x02 \x01(\x03\"E\n\x0cProfilePoint\x12\x0f\n\x07workers\x18\x01 \x01(\x03\x12\n\n\x02ps\x18\x02 \x01(\x03\x12\x18\n\x10steps_per_second\x18\x03 \x01(\x01\"\xc8\x01\n\x0eScalingProfile\x12,\n\x04kind\x18\x01 \x01(\x0e\x32\x1e.stride.events.v1.ResourceKind\x12.\n\x06points\x18\x02 \x03(\x0b\x32\x1e.stride.events.v1.ProfilePoint\x12\x12\n\nworker_cpu\x18\x03 \x01(\x01\x12\x1b\n\x13worker_memory_bytes\x18\x04 \x01(\x03\x12\x0e\n\x06ps_cpu\x18\x05 \x01(\x01\x12\x17\n\x0fps_memory_bytes\x18\x06 \x01(\x03\"\xbf\x04\n\x07JobSpec\x12\x0c\n\x04name\x18\x01 \x01(\t\x12\x0c\n\x04user\x18\x02 \x01(\t\x12/\n\x05model\x18\x03 \x01(\x0b\x32 .stride.events.v1.ModelReference\x12.\n\x07\x64\x61taset\x18\x04 \x01(\x0b\x32\x1d.stride.events.v1.DatasetSpec\x12\x12\n\nbatch_size\x18\x05 \x01(\x03\x12G\n\x0fhyperparameters\x18\x06 \x03(\x0b\x32..stride.events.v1.JobSpec.HyperparametersEntry\x12\x32\n\x0btermination\x18\x07 \x01(\x0b\x32\x1d.stride.events.v1.Termination\x12,\n\x08\x64\x65\x61\x64line\x18\x08 \x01(\x0b\x32\x1a.google.protobuf.Timestamp\x12\x15\n\rsoft_deadline\x18\t \x01(\x08\x12,\n\x08priority\x18\n \x01(\x0e\x32\x1a.stride.events.v1.Priority\x12\x11\n\tsimulated\x18\x0b \x01(\x08\x12\x31\n\x07profile\x18\x0c \x01(\x0b\x32 .stride.events.v1.ScalingProfile\x12\x35\n\rresource_kind\x18\r \x01(\x0e\x32\x1e.stride.events.v1.ResourceKind\x1a\x36\n\x14HyperparametersEntry\x12\x0b\n\x03key\x18\x01 \x01(\t\x12\r\n\x05value\x18\x02 \x01(\t:\x02\x38\x01\"T\n\rResourceShare\x12\x0b\n\x03\x63pu\x18\x01 \x01(\x01\x12\x14\n\x0cmemory_bytes\x18\x02 \x01(\x03\x12\x0f\n\x07\x64\x65vices\x18\x03 \x01(\x03\x12\x0f\n\x07workers\x18\x04 \x01(\x03\"y\n\x0cJobSubmitted\x12\x0e\n\x06job_id\x18\x01 \x01(\t\x12\'\n\x04spec\x18\x02 \x01(\x0b\x32\x19.stride.events.v1.JobSpec\x12\x30\n\x0csubmitted_at\x18\x03 \x01(\x0b\x32\x1a.google.protobuf.Timestamp\"\x8d\x03\n\x11\x41\x64missionDecision\x12\x0e\n\x06job_id\x18\x01 \x01(\t\x12\x33\n\x07outcome\x18\x02 \x01(\x0e\x32\".stride.events.v1.AdmissionOutcome\x12\x0e\n\x06reason\x18\x03 \x01(\t\x12\x36\n\rminimum_share\x18\x04 \x01(\x0b\x32\x1f.stride.events.v1.ResourceShare\x12\x0e\n\x06policy\x18\x05 \x01(\t\x12.\n\ndecided_at\x18\x06 \x01(\x0b\x32\x1a.google.protobuf.Timestamp\x12\'\n\x04spec\x18\x07 \x01(\x0b\x32\x19.stride.events.v1.JobSpec\x12\x35\n\x11\x65\x61rliest_deadline\x18\x08 \x01(\x0b\x32\x1a.google.protobuf.Timestamp\x12\x14\n\x0c\x63urve_source\x18\t \x01(\t\x12\x35\n\x11guaranteed_finish\x18\n \x01(\x0b\x32\x1a.google.protobuf.Timestamp\"\xf0\x01\n\x08JobShare\x12\x0e\n\x06job_id\x18\x01 \x01(\t\x12\x0f\n\x07version\x18\x02 \x01(\x03\x12.\n\x05share\x18\x03 \x01(\x0b\x32\x1f.stride.events.v1.ResourceShare\x12\x30\n\x07minimum\x18\x04 \x01(\x0b\x32\x1f.stride.events.v1.ResourceShare\x12\r\n\x05units\x18\x05 \x01(\x03\x12\x12\n\nguaranteed\x18\x06 \x01(\x08\x12\x0e\n\x06reason\x18\x07 \x01(\t\x12.\n\ndecided_at\x18\x08 \x01(\x0b\x32\x1a.google.protobuf.Timestamp\"\x8e\x01\n\x0bJobFinished\x12\x0e\n\x06job_id\x18\x01 \x01(\t\x12-\n\x07outcome\x18\x02 \x01(\x0e\x32\x1c.stride.events.v1.JobOutcome\x12\x0f\n\x07message\x18\x03 \x01(\t\x12/\n\x0b\x66inished_at\x18\x04 \x01(\x0b\x32\x1a.google.protobuf.Timestamp*\xb9\x01\n\rDatasetFormat\x12\x1e\n\x1a\x44\x41TASET_FORMAT_UNSPECIFIED\x10\x00\x12\x1b\n\x17\x44\x41TASET_FORMAT_TFRECORD\x10\x01\x12\x16\n\x12\x44\x41TASET_FORMAT_CSV\x10\x02\x12\x1a\n\x16\x44\x41TASET_FORMAT_PARQUET\x10\x03\x12\x19\n\x15\x44\x41TASET_FORMAT_STREAM\x10\x04\x12\x1c\n\x18\x44\x41TASET_FORMAT_SYNTHETIC\x10\x05*^\n\x08Priority\x12\x18\n\x14PRIORITY_UNSPECIFIED\x10\x00\x12\x10\n\x0cPRIORITY_LOW\x10\x01\x12\x13\n\x0fPRIORITY_NORMAL\x10\x02\x12\x11\n\rPRIORITY_HIGH\x10\x03*[\n\x0cResourceKind\x12\x1d\n\x19RESOURCE_KIND_UNSPECIFIED\x10\x00\x12\x15\n\x11RESOURCE_KIND_GPU\x10\x01\x12\x15\n\x11RESOURCE_KIND_CPU\x10\x02*\xaf\x01\n\x10\x41\x64missionOutcome\x12!\n\x1d\x41\x44MISSION_OUTCOME_UNSPECIFIED\x10\x00\x12\x1e\n\x1a\x41\x44MISSION_OUTCOME_ADMITTED\x10\x01\x12\x1e\n\x1a\x41\x44MISSION_OUTCOME_REJECTED\x10\x02\x12\x1c\n\x18\x41\x44MISSION_OUTCOME_QUEUED\x10\x03\x12\x1a\n\x16\x41\x44MISSION_OUTCOME_SOFT\x10\x04*w\n\nJobOutcome\x12\x1b\n\x17JOB_OUTCOME_UNSPECIFIED\x10\x00\x12\x19\n\x15JOB_OUTCOME_SUCCEEDED\x10\x01\x12\x16\n\x12JOB_OUTCOME_FAILED\x10\x02\x12\x19\n\x15JOB_OUTCOME_CANCELLED\x10\x03\x62\x06proto3')
 
 _globals = globals()
 _builder.BuildMessageAndEnumDescriptors(DESCRIPTOR, _globals)
@@ -34,30 +34,38 @@ if not _descriptor._USE_C_DESCRIPTORS:
   DESCRIPTOR._loaded_options = None
   _globals['_JOBSPEC_HYPERPARAMETERSENTRY']._loaded_options = None
   _globals['_JOBSPEC_HYPERPARAMETERSENTRY']._serialized_options = b'8\001'
-  _globals['_DATASETFORMAT']._serialized_start=1475
-  _globals['_DATASETFORMAT']._serialized_end=1660
-  _globals['_PRIORITY']._serialized_start=1662
-  _globals['_PRIORITY']._serialized_end=1756
-  _globals['_ADMISSIONOUTCOME']._serialized_start=1759
-  _globals['_ADMISSIONOUTCOME']._serialized_end=1906
-  _globals['_JOBOUTCOME']._serialized_start=1908
-  _globals['_JOBOUTCOME']._serialized_end=2027
+  _globals['_DATASETFORMAT']._serialized_start=2230
+  _globals['_DATASETFORMAT']._serialized_end=2415
+  _globals['_PRIORITY']._serialized_start=2417
+  _globals['_PRIORITY']._serialized_end=2511
+  _globals['_RESOURCEKIND']._serialized_start=2513
+  _globals['_RESOURCEKIND']._serialized_end=2604
+  _globals['_ADMISSIONOUTCOME']._serialized_start=2607
+  _globals['_ADMISSIONOUTCOME']._serialized_end=2782
+  _globals['_JOBOUTCOME']._serialized_start=2784
+  _globals['_JOBOUTCOME']._serialized_end=2903
   _globals['_MODELREFERENCE']._serialized_start=82
   _globals['_MODELREFERENCE']._serialized_end=211
   _globals['_DATASETSPEC']._serialized_start=213
   _globals['_DATASETSPEC']._serialized_end=324
   _globals['_TERMINATION']._serialized_start=326
   _globals['_TERMINATION']._serialized_end=378
-  _globals['_JOBSPEC']._serialized_start=381
-  _globals['_JOBSPEC']._serialized_end=850
-  _globals['_JOBSPEC_HYPERPARAMETERSENTRY']._serialized_start=796
-  _globals['_JOBSPEC_HYPERPARAMETERSENTRY']._serialized_end=850
-  _globals['_RESOURCESHARE']._serialized_start=852
-  _globals['_RESOURCESHARE']._serialized_end=936
-  _globals['_JOBSUBMITTED']._serialized_start=938
-  _globals['_JOBSUBMITTED']._serialized_end=1059
-  _globals['_ADMISSIONDECISION']._serialized_start=1062
-  _globals['_ADMISSIONDECISION']._serialized_end=1327
-  _globals['_JOBFINISHED']._serialized_start=1330
-  _globals['_JOBFINISHED']._serialized_end=1472
+  _globals['_PROFILEPOINT']._serialized_start=380
+  _globals['_PROFILEPOINT']._serialized_end=449
+  _globals['_SCALINGPROFILE']._serialized_start=452
+  _globals['_SCALINGPROFILE']._serialized_end=652
+  _globals['_JOBSPEC']._serialized_start=655
+  _globals['_JOBSPEC']._serialized_end=1230
+  _globals['_JOBSPEC_HYPERPARAMETERSENTRY']._serialized_start=1176
+  _globals['_JOBSPEC_HYPERPARAMETERSENTRY']._serialized_end=1230
+  _globals['_RESOURCESHARE']._serialized_start=1232
+  _globals['_RESOURCESHARE']._serialized_end=1316
+  _globals['_JOBSUBMITTED']._serialized_start=1318
+  _globals['_JOBSUBMITTED']._serialized_end=1439
+  _globals['_ADMISSIONDECISION']._serialized_start=1442
+  _globals['_ADMISSIONDECISION']._serialized_end=1839
+  _globals['_JOBSHARE']._serialized_start=1842
+  _globals['_JOBSHARE']._serialized_end=2082
+  _globals['_JOBFINISHED']._serialized_start=2085
+  _globals['_JOBFINISHED']._serialized_end=2227
 # @@protoc_insertion_point(module_scope)

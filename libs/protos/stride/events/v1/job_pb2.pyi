@@ -4,7 +4,7 @@ isort:skip_file
 Bus payloads about jobs: what a user submits and what admission decides.
 Subjects: stride.jobs.v1.submitted.<job_id>, stride.jobs.v1.admitted.<job_id>,
 stride.jobs.v1.rejected.<job_id>, stride.jobs.v1.queued.<job_id>,
-stride.jobs.v1.finished.<job_id>.
+stride.jobs.v1.finished.<job_id>, stride.jobs.v1.share.<job_id>.
 """
 
 from collections import abc as _abc
@@ -88,6 +88,30 @@ PRIORITY_HIGH: Priority.ValueType  # 3
 """May preempt lower priorities down to their minimum workers."""
 Global___Priority: _TypeAlias = Priority  # noqa: Y015
 
+class _ResourceKind:
+    ValueType = _typing.NewType("ValueType", _builtins.int)
+    V: _TypeAlias = ValueType  # noqa: Y015
+
+class _ResourceKindEnumTypeWrapper(_enum_type_wrapper._EnumTypeWrapper[_ResourceKind.ValueType], _builtins.type):
+    DESCRIPTOR: _descriptor.EnumDescriptor
+    RESOURCE_KIND_UNSPECIFIED: _ResourceKind.ValueType  # 0
+    """Not set: a PS/worker CPU job (the default kind of job Stride runs)."""
+    RESOURCE_KIND_GPU: _ResourceKind.ValueType  # 1
+    """Sizes are GPUs (data-parallel workers of one GPU each), as ElasticFlow plans them."""
+    RESOURCE_KIND_CPU: _ResourceKind.ValueType  # 2
+    """Sizes are CPU units: cores with their memory, held by parameter servers and workers."""
+
+class ResourceKind(_ResourceKind, metaclass=_ResourceKindEnumTypeWrapper):
+    """What a job's size counts when admission plans it."""
+
+RESOURCE_KIND_UNSPECIFIED: ResourceKind.ValueType  # 0
+"""Not set: a PS/worker CPU job (the default kind of job Stride runs)."""
+RESOURCE_KIND_GPU: ResourceKind.ValueType  # 1
+"""Sizes are GPUs (data-parallel workers of one GPU each), as ElasticFlow plans them."""
+RESOURCE_KIND_CPU: ResourceKind.ValueType  # 2
+"""Sizes are CPU units: cores with their memory, held by parameter servers and workers."""
+Global___ResourceKind: _TypeAlias = ResourceKind  # noqa: Y015
+
 class _AdmissionOutcome:
     ValueType = _typing.NewType("ValueType", _builtins.int)
     V: _TypeAlias = ValueType  # noqa: Y015
@@ -102,6 +126,8 @@ class _AdmissionOutcomeEnumTypeWrapper(_enum_type_wrapper._EnumTypeWrapper[_Admi
     """The job cannot meet its deadline; it will not run."""
     ADMISSION_OUTCOME_QUEUED: _AdmissionOutcome.ValueType  # 3
     """The job waits for capacity (best effort or soft deadline)."""
+    ADMISSION_OUTCOME_SOFT: _AdmissionOutcome.ValueType  # 4
+    """A soft deadline that cannot be guaranteed now: the job runs best effort."""
 
 class AdmissionOutcome(_AdmissionOutcome, metaclass=_AdmissionOutcomeEnumTypeWrapper):
     """The outcome of admission."""
@@ -114,6 +140,8 @@ ADMISSION_OUTCOME_REJECTED: AdmissionOutcome.ValueType  # 2
 """The job cannot meet its deadline; it will not run."""
 ADMISSION_OUTCOME_QUEUED: AdmissionOutcome.ValueType  # 3
 """The job waits for capacity (best effort or soft deadline)."""
+ADMISSION_OUTCOME_SOFT: AdmissionOutcome.ValueType  # 4
+"""A soft deadline that cannot be guaranteed now: the job runs best effort."""
 Global___AdmissionOutcome: _TypeAlias = AdmissionOutcome  # noqa: Y015
 
 class _JobOutcome:
@@ -247,6 +275,83 @@ class Termination(_message.Message):
 Global___Termination: _TypeAlias = Termination  # noqa: Y015
 
 @_typing.final
+class ProfilePoint(_message.Message):
+    """One measured point of a job's scaling: its throughput at one size."""
+
+    DESCRIPTOR: _descriptor.Descriptor
+
+    WORKERS_FIELD_NUMBER: _builtins.int
+    PS_FIELD_NUMBER: _builtins.int
+    STEPS_PER_SECOND_FIELD_NUMBER: _builtins.int
+    workers: _builtins.int
+    """Workers (GPU jobs: GPUs) at this point. Must be positive."""
+    ps: _builtins.int
+    """Parameter servers at this point (CPU jobs; at least 1 there)."""
+    steps_per_second: _builtins.float
+    """Global training steps per second at this size. Must be positive."""
+    def __init__(
+        self,
+        *,
+        workers: _builtins.int = ...,
+        ps: _builtins.int = ...,
+        steps_per_second: _builtins.float = ...,
+    ) -> None: ...
+    _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
+    def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["ps", b"ps", "steps_per_second", b"steps_per_second", "workers", b"workers"]  # noqa: Y015
+    def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
+    def WhichOneof(self, oneof_group: _Never) -> None: ...
+
+Global___ProfilePoint: _TypeAlias = ProfilePoint  # noqa: Y015
+
+@_typing.final
+class ScalingProfile(_message.Message):
+    """A scaling profile a job declares: how fast it trains at some sizes. It is not a resource
+    request: admission uses it to decide whether a deadline can be guaranteed when neither the
+    job's history nor the curves table knows the model, and Stride still chooses the sizes.
+    """
+
+    DESCRIPTOR: _descriptor.Descriptor
+
+    KIND_FIELD_NUMBER: _builtins.int
+    POINTS_FIELD_NUMBER: _builtins.int
+    WORKER_CPU_FIELD_NUMBER: _builtins.int
+    WORKER_MEMORY_BYTES_FIELD_NUMBER: _builtins.int
+    PS_CPU_FIELD_NUMBER: _builtins.int
+    PS_MEMORY_BYTES_FIELD_NUMBER: _builtins.int
+    kind: Global___ResourceKind.ValueType
+    """What the sizes count."""
+    worker_cpu: _builtins.float
+    """CPU jobs: cores of one worker at these points."""
+    worker_memory_bytes: _builtins.int
+    """CPU jobs: memory of one worker, bytes."""
+    ps_cpu: _builtins.float
+    """CPU jobs: cores of one parameter server."""
+    ps_memory_bytes: _builtins.int
+    """CPU jobs: memory of one parameter server, bytes."""
+    @_builtins.property
+    def points(self) -> _containers.RepeatedCompositeFieldContainer[Global___ProfilePoint]:
+        """At least one point, in increasing workers."""
+
+    def __init__(
+        self,
+        *,
+        kind: Global___ResourceKind.ValueType = ...,
+        points: _abc.Iterable[Global___ProfilePoint] | None = ...,
+        worker_cpu: _builtins.float = ...,
+        worker_memory_bytes: _builtins.int = ...,
+        ps_cpu: _builtins.float = ...,
+        ps_memory_bytes: _builtins.int = ...,
+    ) -> None: ...
+    _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
+    def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["kind", b"kind", "points", b"points", "ps_cpu", b"ps_cpu", "ps_memory_bytes", b"ps_memory_bytes", "worker_cpu", b"worker_cpu", "worker_memory_bytes", b"worker_memory_bytes"]  # noqa: Y015
+    def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
+    def WhichOneof(self, oneof_group: _Never) -> None: ...
+
+Global___ScalingProfile: _TypeAlias = ScalingProfile  # noqa: Y015
+
+@_typing.final
 class JobSpec(_message.Message):
     """What a user submits. There are deliberately no resource fields: Stride chooses them."""
 
@@ -283,6 +388,8 @@ class JobSpec(_message.Message):
     SOFT_DEADLINE_FIELD_NUMBER: _builtins.int
     PRIORITY_FIELD_NUMBER: _builtins.int
     SIMULATED_FIELD_NUMBER: _builtins.int
+    PROFILE_FIELD_NUMBER: _builtins.int
+    RESOURCE_KIND_FIELD_NUMBER: _builtins.int
     name: _builtins.str
     """Job name chosen by the user (not necessarily unique)."""
     user: _builtins.str
@@ -297,6 +404,8 @@ class JobSpec(_message.Message):
     """The job's agents are played by `stride loadgen` from a simulated environment: the
     services plan it as any job, and the pod watcher starts no pods for it.
     """
+    resource_kind: Global___ResourceKind.ValueType
+    """What the job's sizes count; a profile's kind wins. Unspecified: CPU."""
     @_builtins.property
     def model(self) -> Global___ModelReference:
         """The model and how to run it."""
@@ -317,6 +426,12 @@ class JobSpec(_message.Message):
     def deadline(self) -> _timestamp_pb2.Timestamp:
         """Optional deadline. Unset means best effort. A set deadline must be in the future."""
 
+    @_builtins.property
+    def profile(self) -> Global___ScalingProfile:
+        """Optional: how fast the job trains at some sizes, for deadline guarantees (see
+        ScalingProfile). GPU jobs of a model in the curves table need none.
+        """
+
     def __init__(
         self,
         *,
@@ -331,10 +446,12 @@ class JobSpec(_message.Message):
         soft_deadline: _builtins.bool = ...,
         priority: Global___Priority.ValueType = ...,
         simulated: _builtins.bool = ...,
+        profile: Global___ScalingProfile | None = ...,
+        resource_kind: Global___ResourceKind.ValueType = ...,
     ) -> None: ...
-    _HasFieldArgType: _TypeAlias = _typing.Literal["dataset", b"dataset", "deadline", b"deadline", "model", b"model", "termination", b"termination"]  # noqa: Y015
+    _HasFieldArgType: _TypeAlias = _typing.Literal["dataset", b"dataset", "deadline", b"deadline", "model", b"model", "profile", b"profile", "termination", b"termination"]  # noqa: Y015
     def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
-    _ClearFieldArgType: _TypeAlias = _typing.Literal["batch_size", b"batch_size", "dataset", b"dataset", "deadline", b"deadline", "hyperparameters", b"hyperparameters", "model", b"model", "name", b"name", "priority", b"priority", "simulated", b"simulated", "soft_deadline", b"soft_deadline", "termination", b"termination", "user", b"user"]  # noqa: Y015
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["batch_size", b"batch_size", "dataset", b"dataset", "deadline", b"deadline", "hyperparameters", b"hyperparameters", "model", b"model", "name", b"name", "priority", b"priority", "profile", b"profile", "resource_kind", b"resource_kind", "simulated", b"simulated", "soft_deadline", b"soft_deadline", "termination", b"termination", "user", b"user"]  # noqa: Y015
     def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
     def WhichOneof(self, oneof_group: _Never) -> None: ...
 
@@ -421,6 +538,9 @@ class AdmissionDecision(_message.Message):
     POLICY_FIELD_NUMBER: _builtins.int
     DECIDED_AT_FIELD_NUMBER: _builtins.int
     SPEC_FIELD_NUMBER: _builtins.int
+    EARLIEST_DEADLINE_FIELD_NUMBER: _builtins.int
+    CURVE_SOURCE_FIELD_NUMBER: _builtins.int
+    GUARANTEED_FINISH_FIELD_NUMBER: _builtins.int
     job_id: _builtins.str
     """The job decided on."""
     outcome: Global___AdmissionOutcome.ValueType
@@ -429,6 +549,10 @@ class AdmissionDecision(_message.Message):
     """Why, in words a user can act on (always set for rejected and queued)."""
     policy: _builtins.str
     """Name and version of the admission policy that decided, e.g. "admit-all/1"."""
+    curve_source: _builtins.str
+    """Where the scaling curve the decision used came from: "profile" (declared in the
+    spec), "curves-table" (a known model), "history" (similar finished jobs), or "none".
+    """
     @_builtins.property
     def minimum_share(self) -> Global___ResourceShare:
         """The minimum share that keeps the deadline (admitted jobs only)."""
@@ -441,6 +565,18 @@ class AdmissionDecision(_message.Message):
     def spec(self) -> Global___JobSpec:
         """The job's spec, so consumers need not call admission back."""
 
+    @_builtins.property
+    def earliest_deadline(self) -> _timestamp_pb2.Timestamp:
+        """Rejected (and soft) jobs: the earliest deadline Stride could guarantee at the decision,
+        unset if none (the job does not fit the cluster even alone).
+        """
+
+    @_builtins.property
+    def guaranteed_finish(self) -> _timestamp_pb2.Timestamp:
+        """Admitted hard-deadline jobs: when the job finishes under its reservation (the model's
+        guarantee, at or before the deadline).
+        """
+
     def __init__(
         self,
         *,
@@ -451,14 +587,78 @@ class AdmissionDecision(_message.Message):
         policy: _builtins.str = ...,
         decided_at: _timestamp_pb2.Timestamp | None = ...,
         spec: Global___JobSpec | None = ...,
+        earliest_deadline: _timestamp_pb2.Timestamp | None = ...,
+        curve_source: _builtins.str = ...,
+        guaranteed_finish: _timestamp_pb2.Timestamp | None = ...,
     ) -> None: ...
-    _HasFieldArgType: _TypeAlias = _typing.Literal["decided_at", b"decided_at", "minimum_share", b"minimum_share", "spec", b"spec"]  # noqa: Y015
+    _HasFieldArgType: _TypeAlias = _typing.Literal["decided_at", b"decided_at", "earliest_deadline", b"earliest_deadline", "guaranteed_finish", b"guaranteed_finish", "minimum_share", b"minimum_share", "spec", b"spec"]  # noqa: Y015
     def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
-    _ClearFieldArgType: _TypeAlias = _typing.Literal["decided_at", b"decided_at", "job_id", b"job_id", "minimum_share", b"minimum_share", "outcome", b"outcome", "policy", b"policy", "reason", b"reason", "spec", b"spec"]  # noqa: Y015
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["curve_source", b"curve_source", "decided_at", b"decided_at", "earliest_deadline", b"earliest_deadline", "guaranteed_finish", b"guaranteed_finish", "job_id", b"job_id", "minimum_share", b"minimum_share", "outcome", b"outcome", "policy", b"policy", "reason", b"reason", "spec", b"spec"]  # noqa: Y015
     def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
     def WhichOneof(self, oneof_group: _Never) -> None: ...
 
 Global___AdmissionDecision: _TypeAlias = AdmissionDecision  # noqa: Y015
+
+@_typing.final
+class JobShare(_message.Message):
+    """A job's share of the cluster: the upper bound of what it may hold now, set by admission
+    and recomputed on every arrival, completion and capacity change. The optimizer plans
+    within it. Published on stride.jobs.v1.share.<job_id>; a higher version supersedes.
+    """
+
+    DESCRIPTOR: _descriptor.Descriptor
+
+    JOB_ID_FIELD_NUMBER: _builtins.int
+    VERSION_FIELD_NUMBER: _builtins.int
+    SHARE_FIELD_NUMBER: _builtins.int
+    MINIMUM_FIELD_NUMBER: _builtins.int
+    UNITS_FIELD_NUMBER: _builtins.int
+    GUARANTEED_FIELD_NUMBER: _builtins.int
+    REASON_FIELD_NUMBER: _builtins.int
+    DECIDED_AT_FIELD_NUMBER: _builtins.int
+    job_id: _builtins.str
+    """The job."""
+    version: _builtins.int
+    """Increases with every change of this job's share."""
+    units: _builtins.int
+    """The job's units of its resource kind behind ``share`` (GPUs or CPU units)."""
+    guaranteed: _builtins.bool
+    """Whether the job's deadline is guaranteed under the model."""
+    reason: _builtins.str
+    """Why it changed, e.g. "arrival of job-...", "completion of job-...", "capacity"."""
+    @_builtins.property
+    def share(self) -> Global___ResourceShare:
+        """What the job may hold now (devices for GPU jobs; CPU and memory for CPU jobs, with
+        the workers of the declared profile at that size). All zero: the job waits.
+        """
+
+    @_builtins.property
+    def minimum(self) -> Global___ResourceShare:
+        """The reservation that keeps its deadline in this slot (guaranteed jobs; else zero)."""
+
+    @_builtins.property
+    def decided_at(self) -> _timestamp_pb2.Timestamp:
+        """When admission decided it."""
+
+    def __init__(
+        self,
+        *,
+        job_id: _builtins.str = ...,
+        version: _builtins.int = ...,
+        share: Global___ResourceShare | None = ...,
+        minimum: Global___ResourceShare | None = ...,
+        units: _builtins.int = ...,
+        guaranteed: _builtins.bool = ...,
+        reason: _builtins.str = ...,
+        decided_at: _timestamp_pb2.Timestamp | None = ...,
+    ) -> None: ...
+    _HasFieldArgType: _TypeAlias = _typing.Literal["decided_at", b"decided_at", "minimum", b"minimum", "share", b"share"]  # noqa: Y015
+    def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["decided_at", b"decided_at", "guaranteed", b"guaranteed", "job_id", b"job_id", "minimum", b"minimum", "reason", b"reason", "share", b"share", "units", b"units", "version", b"version"]  # noqa: Y015
+    def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
+    def WhichOneof(self, oneof_group: _Never) -> None: ...
+
+Global___JobShare: _TypeAlias = JobShare  # noqa: Y015
 
 @_typing.final
 class JobFinished(_message.Message):

@@ -9,7 +9,7 @@ from google.protobuf.timestamp_pb2 import Timestamp
 from google.protobuf.unknown_fields import UnknownFieldSet
 
 from stride.admission.domain.jobs import JobSpec
-from stride.admission.domain.policy import Decision, Outcome
+from stride.admission.domain.policy import Decision, Outcome, Share
 from stride.events.v1 import job_pb2
 from stride.runtime.errors import InvalidArgument
 
@@ -17,6 +17,7 @@ OUTCOME_TO_PROTO = {
     Outcome.ADMITTED: job_pb2.ADMISSION_OUTCOME_ADMITTED,
     Outcome.REJECTED: job_pb2.ADMISSION_OUTCOME_REJECTED,
     Outcome.QUEUED: job_pb2.ADMISSION_OUTCOME_QUEUED,
+    Outcome.SOFT: job_pb2.ADMISSION_OUTCOME_SOFT,
 }
 
 
@@ -67,13 +68,22 @@ def decision_to_proto(
         policy=decision.policy,
         decided_at=timestamp(decided_at),
         spec=spec,
+        curve_source=decision.curve_source,
     )
     if decision.minimum_share is not None:
-        message.minimum_share.CopyFrom(
-            job_pb2.ResourceShare(
-                workers=decision.minimum_share.workers,
-                cpu=decision.minimum_share.cpu,
-                memory_bytes=decision.minimum_share.memory_bytes,
-            )
-        )
+        message.minimum_share.CopyFrom(share_to_proto(decision.minimum_share))
+    if decision.earliest_deadline is not None:
+        message.earliest_deadline.CopyFrom(timestamp(decision.earliest_deadline))
+    if decision.guaranteed_finish is not None:
+        message.guaranteed_finish.CopyFrom(timestamp(decision.guaranteed_finish))
     return message
+
+
+def share_to_proto(share: Share) -> job_pb2.ResourceShare:
+    """The bus form of a share."""
+    return job_pb2.ResourceShare(
+        workers=share.workers,
+        cpu=share.cpu,
+        memory_bytes=share.memory_bytes,
+        devices=share.devices,
+    )

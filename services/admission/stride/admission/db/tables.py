@@ -1,8 +1,18 @@
-"""Admission's tables: jobs, their decisions, the outbox and its dead-letter table."""
+"""Admission's tables: jobs, their decisions, the ledger, the outbox and its dead letters."""
 
 from __future__ import annotations
 
-from sqlalchemy import Column, DateTime, ForeignKey, Integer, LargeBinary, MetaData, String, Table
+from sqlalchemy import (
+    Column,
+    DateTime,
+    Float,
+    ForeignKey,
+    Integer,
+    LargeBinary,
+    MetaData,
+    String,
+    Table,
+)
 
 from stride.db.outbox import outbox_dead_letter_table, outbox_table
 
@@ -30,6 +40,24 @@ decisions = Table(
     Column("decision", LargeBinary, nullable=False),
     Column("decided_at", DateTime(timezone=True), nullable=False),
 )
+
+ledger = Table(
+    "ledger",
+    metadata,
+    Column("job_id", String(64), ForeignKey("jobs.job_id"), primary_key=True),
+    Column("kind", String(8), nullable=False),
+    Column("deadline", Float, nullable=True),
+    Column("submitted", Float, nullable=False),
+    Column("total_steps", Float, nullable=False),
+    Column("remaining", Float, nullable=False),
+    Column("units", Integer, nullable=False),
+    Column("paused_until", Float, nullable=False),
+    Column("last_update", Float, nullable=False),
+    Column("share_version", Integer, nullable=False),
+    Column("share", LargeBinary, nullable=True),
+)
+"""A planned job's books (:class:`stride.admission.domain.ledger.Entry`), written whenever
+its units change; progress between writes follows from them (constant units)."""
 
 outbox = outbox_table(metadata)
 outbox_dead_letter = outbox_dead_letter_table(metadata)

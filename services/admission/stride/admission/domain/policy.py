@@ -1,17 +1,26 @@
-"""What admission decides about a job: admit, reject or queue it, and why.
+"""What admission decides about a job (admit, reject, queue or run it best effort) and why.
 
-The decision itself is taken through the admit port (``stride.decisions``), in-process or
-by the executor pool. Today's algorithm is the TEMPORARY ``admit-all``; the admission issue
-replaces it with Minimum Satisfactory Share by progressive filling (ElasticFlow sec. 4.1),
-quotas and priorities, through the same port.
+The decision is ElasticFlow's admission as ``stride sim --env deadline`` runs it
+(:class:`~stride.policy.elasticflow.guarantees.GuaranteePolicy`, through
+:class:`~stride.admission.domain.ledger.Pool`). This module holds what is admission's own:
+which scaling curve a job is planned with, and the words a user reads.
 """
 
 from __future__ import annotations
 
+import math
+from collections.abc import Mapping
 from dataclasses import dataclass
+from datetime import datetime
 from enum import Enum
 
-from stride.policy.admit_all import AdmitAllReply
+from stride.admission.domain.jobs import JobSpec
+from stride.policy.elasticflow.curves import ScalingCurve
+from stride.policy.elasticflow.units import CpuUnit, JobCurve, gpu_curve, profile_curve
+from stride.vocabulary.jobspec import ResourceKind
+
+POLICY = "stride-guarantees/1"
+"""Name and version of the admission policy, as decisions record it."""
 
 
 class Outcome(Enum):
@@ -20,15 +29,17 @@ class Outcome(Enum):
     ADMITTED = "admitted"
     REJECTED = "rejected"
     QUEUED = "queued"
+    SOFT = "soft"
 
 
 @dataclass(frozen=True)
 class Share:
-    """A minimum share of the cluster: workers and the CPU and memory they need."""
+    """An amount of the cluster: workers and the CPU, memory and devices they hold."""
 
     workers: int
     cpu: float
     memory_bytes: int
+    devices: int = 0
 
 
 @dataclass(frozen=True)
@@ -39,21 +50,50 @@ class Decision:
     reason: str
     policy: str
     minimum_share: Share | None
+    earliest_deadline: datetime | None = None
+    curve_source: str = "none"
+    guaranteed_finish: datetime | None = None
 
 
-def decision_from_admit_all(reply: AdmitAllReply, policy: str) -> Decision:
-    """The decision the TEMPORARY admit-all algorithm (``stride.policy.admit_all``) made.
+def job_curve(
+    spec: JobSpec, unit: CpuUnit, table: Mapping[tuple[str, int], ScalingCurve]
+) -> JobCurve | None:
+    """The curve a job is planned with: its declared profile, else (GPU jobs) the curves
+    table's row for its model and batch size; None when neither knows it.
 
-    Replaced by the admission issue's progressive-filling policy, which comes through the
-    same admit port.
+    Similar finished jobs (the config DB's warm start) are not consulted yet.
     """
-    return Decision(
-        outcome=Outcome(reply.outcome),
-        reason=reply.reason,
-        policy=policy,
-        minimum_share=Share(
-            workers=reply.minimum_workers,
-            cpu=reply.minimum_cpu,
-            memory_bytes=reply.minimum_memory_bytes,
-        ),
-    )
+    profile = spec.profile
+    if profile is not None:
+        if spec.kind is ResourceKind.GPU:
+            return gpu_curve([(p.workers, p.steps_per_second) for p in profile.points])
+        return profile_curve(
+            [(p.workers, p.ps, p.steps_per_second) for p in profile.points],
+            (profile.worker_cpu, profile.worker_memory_bytes),
+            (profile.ps_cpu, profile.ps_memory_bytes),
+            unit,
+        )
+    if spec.kind is ResourceKind.GPU:
+        curve = table.get((spec.model.name, spec.batch_size))
+        if curve is not None:
+            return JobCurve(curve, {}, "curves-table")
+    return None
+
+
+def in_words(seconds: float) -> str:
+    """A duration as a user writes a relative deadline: ``+7h20m``, ``+2d3h``, ``+45m``."""
+    minutes = max(1, math.ceil(seconds / 60 - 1e-9))
+    days, rest = divmod(minutes, 24 * 60)
+    hours, minutes = divmod(rest, 60)
+    if days and minutes:  # days are written without minutes: round up, never earlier
+        hours, minutes = hours + 1, 0
+        if hours == 24:
+            days, hours = days + 1, 0
+    parts = []
+    if days:
+        parts.append(f"{days}d")
+    if hours:
+        parts.append(f"{hours}h")
+    if minutes and not days:
+        parts.append(f"{minutes}m")
+    return "+" + "".join(parts or ["1m"])

@@ -26,33 +26,33 @@ from google.protobuf import timestamp_pb2 as google_dot_protobuf_dot_timestamp__
 from stride.events.v1 import job_pb2 as stride_dot_events_dot_v1_dot_job__pb2
 
 
-DESCRIPTOR = _descriptor_pool.Default().AddSerializedFile(b'\n/stride/api/admission/v1/admission_service.proto\x12\x17stride.api.admission.v1\x1a\x1fgoogle/protobuf/timestamp.proto\x1a\x1astride/events/v1/job.proto\"\xd9\x01\n\x03Job\x12\x0e\n\x06job_id\x18\x01 \x01(\t\x12\'\n\x04spec\x18\x02 \x01(\x0b\x32\x19.stride.events.v1.JobSpec\x12\x30\n\x05state\x18\x03 \x01(\x0e\x32!.stride.api.admission.v1.JobState\x12\x35\n\x08\x64\x65\x63ision\x18\x04 \x01(\x0b\x32#.stride.events.v1.AdmissionDecision\x12\x30\n\x0csubmitted_at\x18\x05 \x01(\x0b\x32\x1a.google.protobuf.Timestamp\"O\n\x10SubmitJobRequest\x12\'\n\x04spec\x18\x01 \x01(\x0b\x32\x19.stride.events.v1.JobSpec\x12\x12\n\nrequest_id\x18\x02 \x01(\t\">\n\x11SubmitJobResponse\x12)\n\x03job\x18\x01 \x01(\x0b\x32\x1c.stride.api.admission.v1.Job\"\x1f\n\rGetJobRequest\x12\x0e\n\x06job_id\x18\x01 \x01(\t\";\n\x0eGetJobResponse\x12)\n\x03job\x18\x01 \x01(\x0b\x32\x1c.stride.api.admission.v1.Job\"2\n\x0fListJobsRequest\x12\x0c\n\x04user\x18\x01 \x01(\t\x12\x11\n\tpage_size\x18\x02 \x01(\x05\">\n\x10ListJobsResponse\x12*\n\x04jobs\x18\x01 \x03(\x0b\x32\x1c.stride.api.admission.v1.Job\"\"\n\x10\x43\x61ncelJobRequest\x12\x0e\n\x06job_id\x18\x01 \x01(\t\">\n\x11\x43\x61ncelJobResponse\x12)\n\x03job\x18\x01 \x01(\x0b\x32\x1c.stride.api.admission.v1.Job*\xcc\x01\n\x08JobState\x12\x19\n\x15JOB_STATE_UNSPECIFIED\x10\x00\x12\x17\n\x13JOB_STATE_SUBMITTED\x10\x01\x12\x16\n\x12JOB_STATE_ADMITTED\x10\x02\x12\x14\n\x10JOB_STATE_QUEUED\x10\x03\x12\x16\n\x12JOB_STATE_REJECTED\x10\x04\x12\x17\n\x13JOB_STATE_SUCCEEDED\x10\x05\x12\x14\n\x10JOB_STATE_FAILED\x10\x06\x12\x17\n\x13JOB_STATE_CANCELLED\x10\x07\x32\x96\x03\n\x10\x41\x64missionService\x12\x62\n\tSubmitJob\x12).stride.api.admission.v1.SubmitJobRequest\x1a*.stride.api.admission.v1.SubmitJobResponse\x12Y\n\x06GetJob\x12&.stride.api.admission.v1.GetJobRequest\x1a\'.stride.api.admission.v1.GetJobResponse\x12_\n\x08ListJobs\x12(.stride.api.admission.v1.ListJobsRequest\x1a).stride.api.admission.v1.ListJobsResponse\x12\x62\n\tCancelJob\x12).stride.api.admission.v1.CancelJobRequest\x1a*.stride.api.admission.v1.CancelJobResponseb\x06proto3')
+DESCRIPTOR = _descriptor_pool.Default().AddSerializedFile(b'\n/stride/api/admission/v1/admission_service.proto\x12\x17stride.api.admission.v1\x1a\x1fgoogle/protobuf/timestamp.proto\x1a\x1astride/events/v1/job.proto\"\x84\x02\n\x03Job\x12\x0e\n\x06job_id\x18\x01 \x01(\t\x12\'\n\x04spec\x18\x02 \x01(\x0b\x32\x19.stride.events.v1.JobSpec\x12\x30\n\x05state\x18\x03 \x01(\x0e\x32!.stride.api.admission.v1.JobState\x12\x35\n\x08\x64\x65\x63ision\x18\x04 \x01(\x0b\x32#.stride.events.v1.AdmissionDecision\x12\x30\n\x0csubmitted_at\x18\x05 \x01(\x0b\x32\x1a.google.protobuf.Timestamp\x12)\n\x05share\x18\x06 \x01(\x0b\x32\x1a.stride.events.v1.JobShare\"O\n\x10SubmitJobRequest\x12\'\n\x04spec\x18\x01 \x01(\x0b\x32\x19.stride.events.v1.JobSpec\x12\x12\n\nrequest_id\x18\x02 \x01(\t\">\n\x11SubmitJobResponse\x12)\n\x03job\x18\x01 \x01(\x0b\x32\x1c.stride.api.admission.v1.Job\"\x1f\n\rGetJobRequest\x12\x0e\n\x06job_id\x18\x01 \x01(\t\";\n\x0eGetJobResponse\x12)\n\x03job\x18\x01 \x01(\x0b\x32\x1c.stride.api.admission.v1.Job\"2\n\x0fListJobsRequest\x12\x0c\n\x04user\x18\x01 \x01(\t\x12\x11\n\tpage_size\x18\x02 \x01(\x05\">\n\x10ListJobsResponse\x12*\n\x04jobs\x18\x01 \x03(\x0b\x32\x1c.stride.api.admission.v1.Job\"\"\n\x10\x43\x61ncelJobRequest\x12\x0e\n\x06job_id\x18\x01 \x01(\t\">\n\x11\x43\x61ncelJobResponse\x12)\n\x03job\x18\x01 \x01(\x0b\x32\x1c.stride.api.admission.v1.Job*\xcc\x01\n\x08JobState\x12\x19\n\x15JOB_STATE_UNSPECIFIED\x10\x00\x12\x17\n\x13JOB_STATE_SUBMITTED\x10\x01\x12\x16\n\x12JOB_STATE_ADMITTED\x10\x02\x12\x14\n\x10JOB_STATE_QUEUED\x10\x03\x12\x16\n\x12JOB_STATE_REJECTED\x10\x04\x12\x17\n\x13JOB_STATE_SUCCEEDED\x10\x05\x12\x14\n\x10JOB_STATE_FAILED\x10\x06\x12\x17\n\x13JOB_STATE_CANCELLED\x10\x07\x32\x96\x03\n\x10\x41\x64missionService\x12\x62\n\tSubmitJob\x12).stride.api.admission.v1.SubmitJobRequest\x1a*.stride.api.admission.v1.SubmitJobResponse\x12Y\n\x06GetJob\x12&.stride.api.admission.v1.GetJobRequest\x1a\'.stride.api.admission.v1.GetJobResponse\x12_\n\x08ListJobs\x12(.stride.api.admission.v1.ListJobsRequest\x1a).stride.api.admission.v1.ListJobsResponse\x12\x62\n\tCancelJob\x12).stride.api.admission.v1.CancelJobRequest\x1a*.stride.api.admission.v1.CancelJobResponseb\x06proto3')
 
 _globals = globals()
 _builder.BuildMessageAndEnumDescriptors(DESCRIPTOR, _globals)
 _builder.BuildTopDescriptorsAndMessages(DESCRIPTOR, 'stride.api.admission.v1.admission_service_pb2', _globals)
 if not _descriptor._USE_C_DESCRIPTORS:
   DESCRIPTOR._loaded_options = None
-  _globals['_JOBSTATE']._serialized_start=813
-  _globals['_JOBSTATE']._serialized_end=1017
+  _globals['_JOBSTATE']._serialized_start=856
+  _globals['_JOBSTATE']._serialized_end=1060
   _globals['_JOB']._serialized_start=138
-  _globals['_JOB']._serialized_end=355
-  _globals['_SUBMITJOBREQUEST']._serialized_start=357
-  _globals['_SUBMITJOBREQUEST']._serialized_end=436
-  _globals['_SUBMITJOBRESPONSE']._serialized_start=438
-  _globals['_SUBMITJOBRESPONSE']._serialized_end=500
-  _globals['_GETJOBREQUEST']._serialized_start=502
-  _globals['_GETJOBREQUEST']._serialized_end=533
-  _globals['_GETJOBRESPONSE']._serialized_start=535
-  _globals['_GETJOBRESPONSE']._serialized_end=594
-  _globals['_LISTJOBSREQUEST']._serialized_start=596
-  _globals['_LISTJOBSREQUEST']._serialized_end=646
-  _globals['_LISTJOBSRESPONSE']._serialized_start=648
-  _globals['_LISTJOBSRESPONSE']._serialized_end=710
-  _globals['_CANCELJOBREQUEST']._serialized_start=712
-  _globals['_CANCELJOBREQUEST']._serialized_end=746
-  _globals['_CANCELJOBRESPONSE']._serialized_start=748
-  _globals['_CANCELJOBRESPONSE']._serialized_end=810
-  _globals['_ADMISSIONSERVICE']._serialized_start=1020
-  _globals['_ADMISSIONSERVICE']._serialized_end=1426
+  _globals['_JOB']._serialized_end=398
+  _globals['_SUBMITJOBREQUEST']._serialized_start=400
+  _globals['_SUBMITJOBREQUEST']._serialized_end=479
+  _globals['_SUBMITJOBRESPONSE']._serialized_start=481
+  _globals['_SUBMITJOBRESPONSE']._serialized_end=543
+  _globals['_GETJOBREQUEST']._serialized_start=545
+  _globals['_GETJOBREQUEST']._serialized_end=576
+  _globals['_GETJOBRESPONSE']._serialized_start=578
+  _globals['_GETJOBRESPONSE']._serialized_end=637
+  _globals['_LISTJOBSREQUEST']._serialized_start=639
+  _globals['_LISTJOBSREQUEST']._serialized_end=689
+  _globals['_LISTJOBSRESPONSE']._serialized_start=691
+  _globals['_LISTJOBSRESPONSE']._serialized_end=753
+  _globals['_CANCELJOBREQUEST']._serialized_start=755
+  _globals['_CANCELJOBREQUEST']._serialized_end=789
+  _globals['_CANCELJOBRESPONSE']._serialized_start=791
+  _globals['_CANCELJOBRESPONSE']._serialized_end=853
+  _globals['_ADMISSIONSERVICE']._serialized_start=1063
+  _globals['_ADMISSIONSERVICE']._serialized_end=1469
 # @@protoc_insertion_point(module_scope)

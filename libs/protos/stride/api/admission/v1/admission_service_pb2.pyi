@@ -76,6 +76,7 @@ class Job(_message.Message):
     STATE_FIELD_NUMBER: _builtins.int
     DECISION_FIELD_NUMBER: _builtins.int
     SUBMITTED_AT_FIELD_NUMBER: _builtins.int
+    SHARE_FIELD_NUMBER: _builtins.int
     job_id: _builtins.str
     """Stride-assigned id."""
     state: Global___JobState.ValueType
@@ -92,6 +93,10 @@ class Job(_message.Message):
     def submitted_at(self) -> _timestamp_pb2.Timestamp:
         """When the job was stored."""
 
+    @_builtins.property
+    def share(self) -> _job_pb2.JobShare:
+        """Its current share of the cluster (admitted and queued jobs)."""
+
     def __init__(
         self,
         *,
@@ -100,10 +105,11 @@ class Job(_message.Message):
         state: Global___JobState.ValueType = ...,
         decision: _job_pb2.AdmissionDecision | None = ...,
         submitted_at: _timestamp_pb2.Timestamp | None = ...,
+        share: _job_pb2.JobShare | None = ...,
     ) -> None: ...
-    _HasFieldArgType: _TypeAlias = _typing.Literal["decision", b"decision", "spec", b"spec", "submitted_at", b"submitted_at"]  # noqa: Y015
+    _HasFieldArgType: _TypeAlias = _typing.Literal["decision", b"decision", "share", b"share", "spec", b"spec", "submitted_at", b"submitted_at"]  # noqa: Y015
     def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
-    _ClearFieldArgType: _TypeAlias = _typing.Literal["decision", b"decision", "job_id", b"job_id", "spec", b"spec", "state", b"state", "submitted_at", b"submitted_at"]  # noqa: Y015
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["decision", b"decision", "job_id", b"job_id", "share", b"share", "spec", b"spec", "state", b"state", "submitted_at", b"submitted_at"]  # noqa: Y015
     def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
     def WhichOneof(self, oneof_group: _Never) -> None: ...
 

@@ -27,6 +27,8 @@ def job_to_proto(job: StoredJob) -> pb.Job:
     )
     if job.decision is not None:
         message.decision.CopyFrom(job.decision)
+    if job.share is not None:
+        message.share.CopyFrom(job.share)
     return message
 
 

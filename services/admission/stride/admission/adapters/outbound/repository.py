@@ -5,11 +5,14 @@ from __future__ import annotations
 from dataclasses import dataclass
 from datetime import datetime
 
-from sqlalchemy import select, update
+from sqlalchemy import func, select, update
 from sqlalchemy.ext.asyncio import AsyncSession
 
-from stride.admission.db.tables import decisions, jobs
+from stride.admission.db.tables import decisions, jobs, ledger
 from stride.events.v1 import job_pb2
+
+ACTIVE_STATES = ("ADMITTED", "QUEUED")
+"""States of jobs that hold or wait for a share."""
 
 TERMINAL_STATES = frozenset({"REJECTED", "SUCCEEDED", "FAILED", "CANCELLED"})
 
@@ -23,6 +26,25 @@ class StoredJob:
     state: str
     decision: job_pb2.AdmissionDecision | None
     submitted_at: datetime
+    share: job_pb2.JobShare | None = None
+
+
+@dataclass(frozen=True)
+class LedgerRow:
+    """A planned job's books as stored."""
+
+    job_id: str
+    kind: str
+    deadline: float | None
+    submitted: float
+    total_steps: float
+    remaining: float
+    units: int
+    paused_until: float
+    last_update: float
+    share_version: int
+    spec: job_pb2.JobSpec
+    state: str
 
 
 async def job_by_request_id(session: AsyncSession, request_id: str) -> str | None:
@@ -92,12 +114,14 @@ async def get_job(session: AsyncSession, job_id: str, for_update: bool = False) 
     row = (await session.execute(query)).one_or_none()
     if row is None:
         return None
+    share = await session.scalar(select(ledger.c.share).where(ledger.c.job_id == job_id))
     return StoredJob(
         job_id=row.job_id,
         spec=job_pb2.JobSpec.FromString(row.spec),
         state=row.state,
         decision=await _latest_decision(session, row.job_id),
         submitted_at=row.submitted_at,
+        share=None if share is None else job_pb2.JobShare.FromString(share),
     )
 
 
@@ -115,3 +139,83 @@ async def undecided_job_ids(session: AsyncSession) -> list[str]:
     """Jobs stored but not yet decided (left so by a crash between the two steps)."""
     query = select(jobs.c.job_id).where(jobs.c.state == "SUBMITTED").order_by(jobs.c.submitted_at)
     return list((await session.scalars(query)).all())
+
+
+async def decision_count(session: AsyncSession, job_id: str) -> int:
+    """How many decisions a job has had (numbers its decision events)."""
+    count = await session.scalar(
+        select(func.count()).select_from(decisions).where(decisions.c.job_id == job_id)
+    )
+    return int(count or 0)
+
+
+async def active_ledger(session: AsyncSession, kind: str) -> list[LedgerRow]:
+    """The books of every active job of a resource kind, in admission order."""
+    query = (
+        select(ledger, jobs.c.spec, jobs.c.state)
+        .join(jobs, jobs.c.job_id == ledger.c.job_id)
+        .where(ledger.c.kind == kind, jobs.c.state.in_(ACTIVE_STATES))
+        .order_by(ledger.c.submitted, ledger.c.job_id)
+    )
+    rows = (await session.execute(query)).all()
+    return [
+        LedgerRow(
+            job_id=row.job_id,
+            kind=row.kind,
+            deadline=row.deadline,
+            submitted=row.submitted,
+            total_steps=row.total_steps,
+            remaining=row.remaining,
+            units=row.units,
+            paused_until=row.paused_until,
+            last_update=row.last_update,
+            share_version=row.share_version,
+            spec=job_pb2.JobSpec.FromString(row.spec),
+            state=row.state,
+        )
+        for row in rows
+    ]
+
+
+async def job_states(session: AsyncSession, job_ids: list[str]) -> dict[str, str]:
+    """The states of some jobs."""
+    if not job_ids:
+        return {}
+    rows = await session.execute(
+        select(jobs.c.job_id, jobs.c.state).where(jobs.c.job_id.in_(job_ids))
+    )
+    return {row.job_id: row.state for row in rows}
+
+
+async def save_books(
+    session: AsyncSession,
+    *,
+    job_id: str,
+    kind: str,
+    deadline: float | None,
+    submitted: float,
+    total_steps: float,
+    remaining: float,
+    units: int,
+    paused_until: float,
+    last_update: float,
+    share: job_pb2.JobShare | None,
+) -> None:
+    """Insert or update a job's books (and its current share)."""
+    values = {
+        "kind": kind,
+        "deadline": deadline,
+        "submitted": submitted,
+        "total_steps": total_steps,
+        "remaining": remaining,
+        "units": units,
+        "paused_until": paused_until,
+        "last_update": last_update,
+        "share_version": share.version if share is not None else 0,
+        "share": None if share is None else share.SerializeToString(),
+    }
+    updated = await session.execute(
+        update(ledger).where(ledger.c.job_id == job_id).values(**values)
+    )
+    if not updated.rowcount:  # type: ignore[attr-defined]
+        await session.execute(ledger.insert().values(job_id=job_id, **values))

@@ -1,0 +1,257 @@
+"""Admission guarantees deadlines for real: on NATS and a real database, through gRPC.
+
+The cluster is 8 CPU units (8 cores, 32 GiB; a unit is 1 core and 4 GiB). The job's
+declared profile runs 1 worker + 1 PS (2 units) at 10 steps/s up to 6 workers + 2 PS
+(8 units) at 40 steps/s, so every number below can be worked out by hand.
+"""
+
+from __future__ import annotations
+
+from collections.abc import AsyncIterator
+from datetime import UTC, datetime, timedelta
+
+import grpc
+import pytest
+from google.protobuf.message import Message
+
+from stride.admission.app import build
+from stride.admission.settings import AdmissionSettings
+from stride.api.admission.v1 import admission_service_pb2 as pb
+from stride.api.admission.v1 import admission_service_pb2_grpc as pb_grpc
+from stride.bus import topics
+from stride.bus.client import Bus
+from stride.events.v1 import job_pb2
+from stride.testing.eventually import assert_eventually
+from stride.testing.inprocess import local_settings, running_service
+from stride.testing.streams import stream_messages
+
+pytestmark = pytest.mark.integration
+
+GIB = 1024**3
+
+
+def profile() -> job_pb2.ScalingProfile:
+    return job_pb2.ScalingProfile(
+        kind=job_pb2.RESOURCE_KIND_CPU,
+        worker_cpu=1.0,
+        worker_memory_bytes=2 * GIB,
+        ps_cpu=1.0,
+        ps_memory_bytes=2 * GIB,
+        points=[
+            job_pb2.ProfilePoint(workers=1, ps=1, steps_per_second=10.0),  # 2 units
+            job_pb2.ProfilePoint(workers=2, ps=1, steps_per_second=18.0),  # 3 units
+            job_pb2.ProfilePoint(workers=4, ps=1, steps_per_second=30.0),  # 5 units
+            job_pb2.ProfilePoint(workers=6, ps=2, steps_per_second=40.0),  # 8 units
+        ],
+    )
+
+
+def spec(steps: int, deadline: datetime | None = None, **changes: object) -> job_pb2.JobSpec:
+    message = job_pb2.JobSpec(
+        name="ctr",
+        user="alice",
+        model=job_pb2.ModelReference(name="wide-and-deep", entrypoint="trainers.wd:main"),
+        dataset=job_pb2.DatasetSpec(name="criteo", record_count=1_000_000),
+        batch_size=512,
+        termination=job_pb2.Termination(max_steps=steps),
+        profile=profile(),
+        simulated=True,
+    )
+    if deadline is not None:
+        message.deadline.FromDatetime(deadline)
+    for key, value in changes.items():
+        if isinstance(value, Message):
+            getattr(message, key).CopyFrom(value)
+        else:
+            setattr(message, key, value)
+    return message
+
+
+def settings(nats_url: str, database_url: str) -> AdmissionSettings:
+    return local_settings(
+        AdmissionSettings,
+        nats_url=nats_url,
+        database_url=database_url,
+        cluster_cpu=8.0,
+        cluster_memory_gib=32.0,
+    )
+
+
+@pytest.fixture
+async def stub(
+    nats_url: str, database_url: str
+) -> AsyncIterator[pb_grpc.AdmissionServiceAsyncStub]:
+    async with (
+        running_service(build, settings(nats_url, database_url)) as host,
+        grpc.aio.insecure_channel(f"127.0.0.1:{host.server.port}") as channel,
+    ):
+        yield pb_grpc.AdmissionServiceStub(channel)
+
+
+async def submit(stub: pb_grpc.AdmissionServiceAsyncStub, message: job_pb2.JobSpec) -> pb.Job:
+    return (await stub.SubmitJob(pb.SubmitJobRequest(spec=message))).job
+
+
+async def test_an_impossible_deadline_is_refused_with_one_that_works(
+    stub: pb_grpc.AdmissionServiceAsyncStub, nats_url: str
+) -> None:
+    # 200,000 steps at most 40 steps/s take 5,000 s: an hour cannot do it, alone or not.
+    now = datetime.now(UTC)
+    refused = await submit(stub, spec(200_000, now + timedelta(hours=1)))
+    assert refused.state == pb.JOB_STATE_REJECTED
+    decision = refused.decision
+    assert decision.outcome == job_pb2.ADMISSION_OUTCOME_REJECTED
+    assert decision.curve_source == "profile"
+    assert "could guarantee by +1h" in decision.reason, decision.reason
+    assert decision.HasField("earliest_deadline")
+    earliest = decision.earliest_deadline.ToDatetime(tzinfo=UTC)
+    # 17 whole 300 s slots (5,100 s) after the 20 s pause, plus a minute to resubmit.
+    assert timedelta(seconds=5100) < earliest - now < timedelta(seconds=5100 + 20 + 60 + 30)
+    assert not refused.HasField("share")
+    rejected = await assert_eventually(
+        lambda: stream_messages(nats_url, topics.JOB_REJECTED.subject(refused.job_id))
+    )
+    assert job_pb2.AdmissionDecision.FromString(rejected[0].data).HasField("earliest_deadline")
+    assert await stream_messages(nats_url, topics.JOB_SHARE.subject(refused.job_id)) == []
+
+    # The deadline it named is admitted, with the whole cluster as its share.
+    admitted = await submit(stub, spec(200_000, earliest))
+    assert admitted.state == pb.JOB_STATE_ADMITTED, admitted.decision.reason
+    assert admitted.decision.outcome == job_pb2.ADMISSION_OUTCOME_ADMITTED
+    assert admitted.decision.guaranteed_finish.ToDatetime(tzinfo=UTC) <= earliest
+    assert admitted.share.units == 8 and admitted.share.guaranteed
+    assert admitted.share.share.cpu == 8.0 and admitted.share.share.workers == 6
+    assert admitted.share.minimum.cpu == 8.0  # it needs every unit in its first slot
+    shares = await assert_eventually(
+        lambda: stream_messages(nats_url, topics.JOB_SHARE.subject(admitted.job_id))
+    )
+    assert job_pb2.JobShare.FromString(shares[-1].data).units == 8
+
+
+async def test_a_deadline_no_curve_knows_is_refused_and_says_what_to_declare(
+    stub: pb_grpc.AdmissionServiceAsyncStub,
+) -> None:
+    message = spec(1000, datetime.now(UTC) + timedelta(hours=2))
+    message.ClearField("profile")
+    job = await submit(stub, message)
+    assert job.state == pb.JOB_STATE_REJECTED
+    assert "no scaling curve" in job.decision.reason and "profile:" in job.decision.reason
+    message.soft_deadline = True
+    soft = await submit(stub, message)
+    assert soft.decision.outcome == job_pb2.ADMISSION_OUTCOME_SOFT
+    assert soft.state == pb.JOB_STATE_ADMITTED and not soft.HasField("share")
+
+
+async def test_a_guaranteed_job_keeps_its_reservation_and_the_rest_waits_then_runs(
+    stub: pb_grpc.AdmissionServiceAsyncStub, nats_url: str
+) -> None:
+    now = datetime.now(UTC)
+    # Needs all 8 units for 17 slots to make 2 h... 200,000 steps in ~2 h: 8 units in
+    # its first slot, so a best-effort job arriving next gets nothing until it ends.
+    hog = await submit(stub, spec(200_000, now + timedelta(seconds=5100 + 20 + 60)))
+    assert hog.state == pb.JOB_STATE_ADMITTED and hog.share.units == 8
+    waiting = await submit(stub, spec(1000))
+    assert waiting.state == pb.JOB_STATE_QUEUED
+    assert waiting.decision.outcome == job_pb2.ADMISSION_OUTCOME_QUEUED
+    assert "waits for spare capacity" in waiting.decision.reason
+    assert waiting.share.units == 0 and not waiting.share.guaranteed
+    # A second deadline job cannot squeeze in beside the guaranteed one: refused, and the
+    # deadline it names lies after the hog's reservation.
+    second = await submit(stub, spec(20_000, now + timedelta(hours=1)))
+    assert second.state == pb.JOB_STATE_REJECTED
+    assert second.decision.earliest_deadline.ToDatetime(tzinfo=UTC) > now + timedelta(hours=1)
+
+    await stub.CancelJob(pb.CancelJobRequest(job_id=hog.job_id))
+    started = await stub.GetJob(pb.GetJobRequest(job_id=waiting.job_id))
+    assert started.job.state == pb.JOB_STATE_ADMITTED
+    assert started.job.share.units == 8 and "cancelled" in started.job.share.reason
+    assert started.job.decision.outcome == job_pb2.ADMISSION_OUTCOME_ADMITTED
+    assert "capacity freed" in started.job.decision.reason
+    decisions = await assert_eventually(
+        lambda: stream_messages(nats_url, topics.JOB_ADMITTED.subject(waiting.job_id))
+    )
+    assert len(decisions) == 1
+    assert decisions[0].headers is not None
+    assert decisions[0].headers["Nats-Msg-Id"] == f"{waiting.job_id}.decision.2"
+
+
+async def test_a_finished_job_frees_its_share_for_the_queue(
+    stub: pb_grpc.AdmissionServiceAsyncStub, nats_url: str
+) -> None:
+    now = datetime.now(UTC)
+    first = await submit(stub, spec(200_000, now + timedelta(seconds=5100 + 20 + 60)))
+    second = await submit(stub, spec(50_000))
+    assert first.share.units == 8 and second.state == pb.JOB_STATE_QUEUED
+    bus = await Bus.connect(nats_url, "test-finisher")
+    try:
+        await bus.publish(
+            topics.JOB_FINISHED,
+            first.job_id,
+            job_pb2.JobFinished(job_id=first.job_id, outcome=job_pb2.JOB_OUTCOME_SUCCEEDED),
+            f"{first.job_id}.finished",
+        )
+
+        async def second_runs() -> pb.Job:
+            job = (await stub.GetJob(pb.GetJobRequest(job_id=second.job_id))).job
+            assert job.state == pb.JOB_STATE_ADMITTED and job.share.units == 8
+            return job
+
+        await assert_eventually(second_runs)
+    finally:
+        await bus.close()
+    done = (await stub.GetJob(pb.GetJobRequest(job_id=first.job_id))).job
+    assert done.state == pb.JOB_STATE_SUCCEEDED
+
+
+async def test_shares_are_rebuilt_from_storage_after_a_restart(
+    nats_url: str, database_url: str
+) -> None:
+    now = datetime.now(UTC)
+    async with (
+        running_service(build, settings(nats_url, database_url)) as host,
+        grpc.aio.insecure_channel(f"127.0.0.1:{host.server.port}") as channel,
+    ):
+        stub = pb_grpc.AdmissionServiceStub(channel)
+        hog = await submit(stub, spec(200_000, now + timedelta(seconds=5100 + 20 + 60)))
+        assert hog.share.units == 8
+    async with (
+        running_service(build, settings(nats_url, database_url)) as host,
+        grpc.aio.insecure_channel(f"127.0.0.1:{host.server.port}") as channel,
+    ):
+        stub = pb_grpc.AdmissionServiceStub(channel)
+        # Were the pool empty, 20,000 steps in an hour would fit easily.
+        second = await submit(stub, spec(20_000, now + timedelta(hours=1)))
+        assert second.state == pb.JOB_STATE_REJECTED, second.decision.reason
+        kept = (await stub.GetJob(pb.GetJobRequest(job_id=hog.job_id))).job
+        assert kept.share.units == 8 and kept.share.version == 1
+
+
+@pytest.mark.parametrize(
+    ("field", "change", "problem"),
+    [
+        ("spec.profile.points", {"points": []}, "at least one point"),
+        ("spec.profile.points[1].workers", {"swap": True}, "increasing workers"),
+        ("spec.profile.worker_cpu", {"worker_cpu": 0.0}, "cores"),
+        ("spec.profile.points[0].ps", {"ps0": 0}, "parameter servers"),
+    ],
+)
+async def test_a_bad_profile_is_refused_naming_the_field_and_nothing_is_stored(
+    stub: pb_grpc.AdmissionServiceAsyncStub, field: str, change: dict[str, object], problem: str
+) -> None:
+    bad = profile()
+    if "points" in change:
+        del bad.points[:]
+    if "swap" in change:
+        bad.points[0].workers, bad.points[1].workers = 2, 1
+    if "worker_cpu" in change:
+        bad.worker_cpu = 0.0
+    if "ps0" in change:
+        bad.points[0].ps = 0
+    before = await stub.ListJobs(pb.ListJobsRequest())
+    with pytest.raises(grpc.aio.AioRpcError) as raised:
+        await submit(stub, spec(1000, profile=bad))
+    assert raised.value.code() == grpc.StatusCode.INVALID_ARGUMENT
+    details = raised.value.details() or ""
+    assert field in details and problem in details, details
+    after = await stub.ListJobs(pb.ListJobsRequest())
+    assert len(after.jobs) == len(before.jobs)
