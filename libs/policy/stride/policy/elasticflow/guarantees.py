@@ -100,12 +100,37 @@ def _hard_job(job: JobView, now: float, pause: float) -> DeadlineJob | None:
     if not _reservable(job, now, pause):
         return None
     assert job.deadline is not None
-    return DeadlineJob(job.job_id, job.curve, job.remaining_iterations, job.deadline - pause)
+    slots, remaining = _budget(job, now, pause)
+    return DeadlineJob(job.job_id, job.curve, remaining, now + slots * SLOT_SECONDS)
 
 
 def _reservable(job: JobView, now: float, pause: float) -> bool:
     """Whether :func:`_hard_job` gives a job (cheap: builds nothing)."""
-    return job.deadline is not None and job.deadline - pause - now >= SLOT_SECONDS
+    return job.deadline is not None and job.deadline - pause - now > _MIN_WINDOW_SECONDS
+
+
+_MIN_WINDOW_SECONDS = 1.0
+"""A job whose (paused) deadline is closer than this cannot hold a reservation."""
+
+
+def _budget(job: JobView, now: float, pause: float) -> tuple[int, float]:
+    """Whole slots a job may plan in, and the work it must plan in them.
+
+    Algorithm 1 counts only whole slots before the deadline. A guaranteed job re-planned
+    in its last partial slot would then have none and lose its reservation (its deadline,
+    met on admission, could be missed by the next arrival taking its devices). Such a job
+    gets slot 0 instead, with its work scaled by ``slot / window``: a share that finishes
+    it at the same rate within the window it really has. A departure from the paper, which
+    does not say how a partial last slot is re-planned.
+    """
+    assert job.deadline is not None
+    window = job.deadline - pause - now
+    if window >= SLOT_SECONDS:
+        return (
+            deadline_slots(job.deadline - pause, now, SLOT_SECONDS, f"job {job.job_id}"),
+            job.remaining_iterations,
+        )
+    return 1, job.remaining_iterations * SLOT_SECONDS / window
 
 
 def _feasible_plans(
@@ -213,11 +238,8 @@ class GuaranteePlanner:
             assert hard is not None
             template = timeline.prepare(hard, f"job {job.job_id}")
             self._templates[job.job_id] = template
-        assert job.deadline is not None
-        slots = deadline_slots(
-            job.deadline - pause, timeline.now, timeline.slot_seconds, f"job {job.job_id}"
-        )
-        return template.rebudget(slots, job.remaining_iterations)
+        slots, remaining = _budget(job, timeline.now, pause)
+        return template.rebudget(slots, remaining)
 
     def timeline(self, view: DeadlineView) -> AdmissionControl:
         """The guaranteed jobs' timeline at ``view.now`` (memoised for the same view)."""
