@@ -25,6 +25,8 @@ from stride.vocabulary.jobspec import (
     JobSpec,
     ModelReference,
     Priority,
+    ProfilePoint,
+    ScalingProfile,
     Termination,
     validate,
     validate_values,
@@ -232,6 +234,15 @@ def test_the_view_reads_every_field_of_the_message() -> None:
         soft_deadline=True,
         priority=job_pb2.PRIORITY_LOW,
         simulated=True,
+        profile=job_pb2.ScalingProfile(
+            kind=job_pb2.RESOURCE_KIND_CPU,
+            points=[job_pb2.ProfilePoint(workers=1, ps=2, steps_per_second=3.5)],
+            worker_cpu=1.5,
+            worker_memory_bytes=11,
+            ps_cpu=0.5,
+            ps_memory_bytes=12,
+        ),
+        resource_kind=job_pb2.RESOURCE_KIND_GPU,
     )
     message.deadline.seconds, message.deadline.nanos = 9, 10
     view = JobSpec.from_message(message)
@@ -247,6 +258,8 @@ def test_the_view_reads_every_field_of_the_message() -> None:
         soft_deadline=True,
         priority=1,
         simulated=True,
+        profile=ScalingProfile(2, (ProfilePoint(1, 2, 3.5),), 1.5, 11, 0.5, 12),
+        resource_kind=1,
         serialized_size=message.ByteSize(),
     )
     # Every field of the message has a home in the view: a new proto field must be added.
@@ -260,6 +273,8 @@ def test_the_view_reads_every_field_of_the_message() -> None:
         "termination",
         "deadline",
         "soft_deadline",
+        "profile",
+        "resource_kind",
         "priority",
         "simulated",
     }

@@ -34,6 +34,7 @@ OVERRIDES: dict[str, Any] = {
     "podwatcher": {"namespace": "training"},
     "ckptcache": {"store": {"persistence": {"enabled": True, "storageClass": "fast"}}},
     "optimizer": {"clusterCapacity": {"cpu": 512, "memoryGiB": 2048}},
+    "admission": {"cluster": {"gpus": 64, "cpu": 512, "memoryGiB": 2048}},
 }
 
 
@@ -373,6 +374,23 @@ def test_the_optimizer_is_bounded_by_the_cluster_capacity_given(release: Release
     else:
         assert env["STRIDE_OPTIMIZER_CLUSTER_CPU"] == "512"
         assert env["STRIDE_OPTIMIZER_CLUSTER_MEMORY_GIB"] == "2048"
+
+
+def test_admission_plans_on_the_cluster_given(release: Release) -> None:
+    (container,) = release.get("Deployment", "admission")["spec"]["template"]["spec"]["containers"]
+    env = _env(container)
+    cluster = release.values.get("admission", {}).get("cluster")
+    if cluster is None:
+        assert not any(name.startswith("STRIDE_ADMISSION_CLUSTER_") for name in env)
+    else:
+        assert env["STRIDE_ADMISSION_CLUSTER_GPUS"] == "64"
+        assert env["STRIDE_ADMISSION_CLUSTER_CPU"] == "512"
+        assert env["STRIDE_ADMISSION_CLUSTER_MEMORY_GIB"] == "2048"
+
+
+def test_half_an_admission_cluster_is_rejected(chart: helm.Chart) -> None:
+    with pytest.raises(helm.HelmValuesError, match="schema"):
+        chart.render({"admission": {"cluster": {"cpu": 8}}}, name="stride", namespace=NAMESPACE)
 
 
 def test_a_half_given_cluster_capacity_is_rejected(chart: helm.Chart) -> None:

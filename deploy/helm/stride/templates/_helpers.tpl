@@ -145,6 +145,20 @@ url
 - name: STRIDE_CKPTCACHE_STORE_DIR
   value: {{ $root.Values.ckptcache.store.mountPath | quote }}
 {{- end }}
+{{- if eq $name "admission" }}
+{{- with ($root.Values.admission).cluster }}
+{{- if .gpus }}
+- name: STRIDE_ADMISSION_CLUSTER_GPUS
+  value: {{ .gpus | quote }}
+{{- end }}
+{{- if .cpu }}
+- name: STRIDE_ADMISSION_CLUSTER_CPU
+  value: {{ .cpu | quote }}
+- name: STRIDE_ADMISSION_CLUSTER_MEMORY_GIB
+  value: {{ .memoryGiB | quote }}
+{{- end }}
+{{- end }}
+{{- end }}
 {{- if eq $name "optimizer" }}
 {{- /* Warm starts come from the config DB's similar finished jobs. */}}
 - name: STRIDE_OPTIMIZER_CONFIGDB_ADDRESS

@@ -36,6 +36,13 @@ async def build(settings: AdmissionSettings) -> ServiceHost:
         AdmissionApi(submissions), host.server.server
     )
     relay_outbox(host, outbox, database, bus)
+
+    async def rounds_until_stop() -> None:
+        """Slot-boundary rounds are timers; they stop with the service."""
+        await host.stop.wait()
+        submissions.close()
+
+    host.add_root_task("admission-rounds", rounds_until_stop)
     await submissions.decide_pending()
     consume(
         host,

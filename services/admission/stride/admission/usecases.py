@@ -129,6 +129,9 @@ class Submissions:
         self._pools: dict[ResourceKind, Pool] = {}
         self._versions: dict[str, int] = {}
         """Each planned job's last published share version."""
+        self._timers: dict[ResourceKind, tuple[float, asyncio.TimerHandle]] = {}
+        self._ticks: set[asyncio.Task[None]] = set()
+        self._released: tuple[ResourceKind, Pool] | None = None
 
     async def submit(self, spec: job_pb2.JobSpec, request_id: str) -> StoredJob:
         """Validate, store and decide a job. Invalid specs raise before anything is written."""
@@ -250,6 +253,8 @@ class Submissions:
                     session, spec.kind, pool, changed, f"arrival of {job_id}", moment, job_id
                 )
         self.outbox.notify()
+        if pool is not None:
+            self._schedule(spec.kind, pool)
         log.info(
             "job decided",
             job_id=job_id,
@@ -422,6 +427,54 @@ class Submissions:
             topics.JOB_ADMITTED.outgoing(job_id, message, f"{job_id}.decision.{number}"),
         )
 
+    def _schedule(self, kind: ResourceKind, pool: Pool) -> None:
+        """Arm a round at the pool's wakeup (the policy's next slot boundary), unless one is
+        armed earlier: as in the simulator, a later wakeup never cancels an earlier one."""
+        wakeup = pool.wakeup
+        armed = self._timers.get(kind)
+        if wakeup is None or (armed is not None and armed[0] <= wakeup):
+            return
+        if armed is not None:
+            armed[1].cancel()
+        delay = max(0.0, wakeup - self.clock().timestamp())
+        handle = asyncio.get_running_loop().call_later(delay, self._start_tick, kind)
+        self._timers[kind] = (wakeup, handle)
+
+    def _start_tick(self, kind: ResourceKind) -> None:
+        self._timers.pop(kind, None)
+        task = asyncio.get_running_loop().create_task(self.tick(kind))
+        self._ticks.add(task)
+        task.add_done_callback(self._ticks.discard)
+
+    async def tick(self, kind: ResourceKind) -> None:
+        """A round with no arrival or end: a guaranteed job's reservation grew at a slot
+        boundary (:meth:`GuaranteePolicy.wakeup`); shares that change are published."""
+        async with self._lock:
+            pool = self._pools.get(kind)
+            if pool is None:
+                return
+            moment = self.clock()
+            try:
+                async with self.database.transaction() as session:
+                    changed = pool.round(moment.timestamp())
+                    await self._publish_shares(
+                        session, kind, pool, changed, "next slot of a reservation", moment
+                    )
+            except Exception:
+                self._pools.clear()
+                log.exception("admission round at a slot boundary failed", kind=kind.value)
+                return
+        self.outbox.notify()
+        self._schedule(kind, pool)
+
+    def close(self) -> None:
+        """Cancel pending rounds (at shutdown)."""
+        for _, handle in self._timers.values():
+            handle.cancel()
+        self._timers.clear()
+        for task in self._ticks:
+            task.cancel()
+
     async def _pool(self, kind: ResourceKind) -> Pool:
         """The pool of a resource kind, rebuilt from storage the first time (and after a
         failed write)."""
@@ -466,6 +519,7 @@ class Submissions:
         self._versions.pop(job.job_id, None)
         changed = pool.round(now)
         await self._publish_shares(session, kind, pool, changed, reason, moment)
+        self._released = (kind, pool)
 
     async def decide_pending(self) -> int:
         """Decide every job a crash left undecided; returns how many."""
@@ -498,15 +552,22 @@ class Submissions:
         """Cancel a job (no-op if it already ended), free its share and publish that it
         finished."""
         await self.get(job_id)
+        await self._ended(job_id, "CANCELLED", "cancelled by user", True)
+        log.info("job cancelled", job_id=job_id)
+        return await self.get(job_id)
+
+    async def _ended(self, job_id: str, state: str, message: str, announce: bool) -> None:
         async with self._lock:
+            self._released = None
             try:
-                await self._end(job_id, "CANCELLED", "cancelled by user", True)
+                await self._end(job_id, state, message, announce)
             except BaseException:
                 self._pools.clear()
                 raise
+            released = self._released
         self.outbox.notify()
-        log.info("job cancelled", job_id=job_id)
-        return await self.get(job_id)
+        if released is not None:
+            self._schedule(*released)
 
     async def _end(self, job_id: str, state: str, message: str, announce: bool) -> None:
         moment = self.clock()
@@ -535,13 +596,7 @@ class Submissions:
         state = _STATE_BY_JOB_OUTCOME.get(event.outcome)
         if state is None:
             raise InvalidArgument("outcome", f"unknown job outcome {event.outcome}")
-        async with self._lock:
-            try:
-                await self._end(event.job_id, state, event.message, False)
-            except BaseException:
-                self._pools.clear()
-                raise
-        self.outbox.notify()
+        await self._ended(event.job_id, state, event.message, False)
 
 
 def _without_curve(spec: JobSpec) -> Decision:

@@ -94,6 +94,9 @@ class Pool:
         self.entries: dict[str, Entry] = {}
         """In admission order, as the simulator keeps its active jobs."""
         self.clock = 0.0
+        self.wakeup: float | None = None
+        """When the last round wants the next one although nothing arrives or ends (a
+        guaranteed job's reservation grows at the next slot boundary), or None."""
 
     def advance(self, now: float) -> None:
         """Progress every holding job to ``now`` (none while paused); the simulator's rule."""
@@ -148,7 +151,10 @@ class Pool:
         """Decide every job's units (minimum shares, then spare by marginal return) and
         apply them with the simulator's pause rule; returns the jobs whose units changed."""
         self.advance(now)
-        decision = self.policy.decide(self.view(now))
+        view = self.view(now)
+        decision = self.policy.decide(view)
+        wakeup = self.policy.wakeup(view, decision)
+        self.wakeup = wakeup if wakeup is not None and wakeup > now else None
         changed: dict[str, int] = {}
         for job_id, entry in self.entries.items():
             units = decision.get(job_id, 0)
