@@ -7,8 +7,12 @@ declared profile runs 1 worker + 1 PS (2 units) at 10 steps/s up to 6 workers + 
 
 from __future__ import annotations
 
+import asyncio
+import os
+import sys
 from collections.abc import AsyncIterator
 from datetime import UTC, datetime, timedelta
+from pathlib import Path
 
 import grpc
 import pytest
@@ -255,3 +259,62 @@ async def test_a_bad_profile_is_refused_naming_the_field_and_nothing_is_stored(
     assert field in details and problem in details, details
     after = await stub.ListJobs(pb.ListJobsRequest())
     assert len(after.jobs) == len(before.jobs)
+
+
+SPEC_YAML = """\
+name: ctr
+user: alice
+model: {name: wide-and-deep, entrypoint: "trainers.wd:main"}
+dataset: {name: criteo, record_count: 1000000}
+batch_size: 512
+termination: {max_steps: 200000}
+deadline: +1h
+simulated: true
+profile:
+  kind: cpu
+  worker_cpu: 1
+  worker_memory_bytes: 2Gi
+  ps_cpu: 1
+  ps_memory_bytes: 2Gi
+  points:
+    - {workers: 1, ps: 1, steps_per_second: 10}
+    - {workers: 6, ps: 2, steps_per_second: 40}
+"""
+
+
+async def stride_cli(address: str, *args: str) -> tuple[int, str, str]:
+    process = await asyncio.create_subprocess_exec(
+        sys.executable,
+        "-m",
+        "stride.cli",
+        *args,
+        env={**os.environ, "STRIDE_ADMISSION_ADDRESS": address, "NO_COLOR": "1", "COLUMNS": "250"},
+        stdout=asyncio.subprocess.PIPE,
+        stderr=asyncio.subprocess.PIPE,
+    )
+    out, err = await process.communicate()
+    assert process.returncode is not None
+    return process.returncode, out.decode(), err.decode()
+
+
+async def test_stride_submit_refuses_and_one_command_resubmits_with_the_named_deadline(
+    nats_url: str, database_url: str, tmp_path: Path
+) -> None:
+    """As a user: the refusal names a deadline; `--deadline` with it is admitted, and
+    `stride status` shows the share and the guarantee."""
+    path = tmp_path / "job.yaml"
+    path.write_text(SPEC_YAML)
+    async with running_service(build, settings(nats_url, database_url)) as host:
+        address = f"127.0.0.1:{host.server.port}"
+        code, out, err = await stride_cli(address, "submit", str(path))
+        assert code == 3, (out, err)
+        assert "rejected" in out and "could guarantee by +1h" in out, out
+        hint = next(line for line in out.splitlines() if line.startswith("to run it"))
+        named = hint.split("--deadline ")[1].strip()
+        code, out, err = await stride_cli(address, "submit", str(path), "--deadline", named)
+        assert code == 0, (out, err)
+        assert "admitted" in out and "guaranteed under the model" in out, out
+        job_id = out.split()[0]
+        code, out, err = await stride_cli(address, "status", job_id)
+        assert "8 CPU units (8 cores, 32 GiB, 6 workers)" in out, (out, err)
+        assert "deadline guaranteed under the model: 8 cores reserved now" in out, out

@@ -338,3 +338,17 @@ def test_a_job_made_by_an_earlier_submission_is_called_so() -> None:
     assert "submitted at 2026-11-21 12:00:00Z" in note
     assert "now cancelled" in note and "--new" in note
     assert resubmission_note(job, NOW + timedelta(seconds=1)) == ""
+
+
+def test_a_deadline_given_on_the_command_line_replaces_the_files(tmp_path: Path) -> None:
+    path = tmp_path / "job.yaml"
+    path.write_text(VALID_YAML)
+    now = datetime(2026, 11, 25, 6, 0, tzinfo=UTC)
+    kept = load_submission(path, now=now)
+    later = load_submission(path, now=now, deadline="+7h20m")
+    assert later.spec.deadline.ToDatetime(tzinfo=UTC) == now + timedelta(hours=7, minutes=20)
+    assert later.request_id != kept.request_id  # a new job, not the refused one back
+    absolute = load_submission(path, now=now, deadline="2026-11-26T00:00:00Z")
+    assert absolute.spec.deadline.ToDatetime(tzinfo=UTC) == datetime(2026, 11, 26, tzinfo=UTC)
+    with pytest.raises(SpecError, match="--deadline"):
+        load_submission(path, now=now, deadline="tomorrow")

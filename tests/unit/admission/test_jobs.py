@@ -9,6 +9,7 @@ from datetime import UTC, datetime, timedelta
 import pytest
 
 from stride.admission.domain.jobs import JobSpec, Priority, check_request_id, validate
+from stride.admission.domain.policy import in_words
 from stride.runtime.errors import InvalidArgument
 from stride.vocabulary.jobspec import DatasetSpec, Deadline, ModelReference, Termination
 
@@ -84,3 +85,13 @@ def test_a_request_id_postgresql_cannot_store_is_an_invalid_argument(request_id:
 @pytest.mark.parametrize("request_id", ["", "r-1", "spec-" + "f" * 40, "r" * 200])
 def test_usual_request_ids_pass(request_id: str) -> None:
     check_request_id(request_id)
+
+
+@pytest.mark.parametrize(
+    ("seconds", "words"),
+    [(60, "+1m"), (4_801, "+1h21m"), (26_400, "+7h20m"), (86_400, "+1d"), (183_601, "+2d4h")],
+)
+def test_durations_are_written_as_a_relative_deadline_never_earlier(
+    seconds: float, words: str
+) -> None:
+    assert in_words(seconds) == words

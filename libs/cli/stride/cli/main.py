@@ -202,6 +202,7 @@ def submit(
                 f"{_iso(job.decision.earliest_deadline.ToDatetime(tzinfo=UTC))}",
                 markup=False,
                 highlight=False,
+                soft_wrap=True,
             )
         raise typer.Exit(3)
     if wait:
@@ -285,9 +286,10 @@ def _wait_for_plan(job_id: str, state_dir: Path, timeout: float = 60.0) -> None:
 
 
 def _optional(rpc: Callable[[], T]) -> T | None:
+    """An answer from a service that may be absent (not running, or not in this suite)."""
     try:
         return rpc()
-    except CliError:
+    except (CliError, NoSuite):
         return None
 
 
