@@ -39,7 +39,10 @@ def admitted(job_id: str) -> job_pb2.AdmissionDecision:
         termination=job_pb2.Termination(max_epochs=2),
     )
     return job_pb2.AdmissionDecision(
-        job_id=job_id, outcome=job_pb2.ADMISSION_OUTCOME_ADMITTED, policy="stride-guarantees/1", spec=spec
+        job_id=job_id,
+        outcome=job_pb2.ADMISSION_OUTCOME_ADMITTED,
+        policy="stride-guarantees/1",
+        spec=spec,
     )
 
 

@@ -1,6 +1,7 @@
 """What Environment A's policies see and answer: job and cluster snapshots, one interface.
 
-Why a module of its own: Stride's policy (``stride.policy.elasticflow.guarantees``) and the baselines
+Why a module of its own: Stride's policy (``stride.policy.elasticflow.guarantees``, where
+the views live, since the admission service runs it too) and the baselines
 (``stride.sim.deadline_baselines``) both implement :class:`DeadlinePolicy` over these views,
 and the environment drives them all the same way.
 """
