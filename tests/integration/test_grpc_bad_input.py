@@ -455,8 +455,21 @@ def valid_algorithm_request() -> optimization_pb2.AlgorithmRequest:
     )
 
 
+def valid_profile() -> Message:
+    """A CPU job's scaling profile: one point, both roles sized."""
+    return job_pb2.ScalingProfile(
+        kind=job_pb2.RESOURCE_KIND_CPU,
+        points=[job_pb2.ProfilePoint(workers=1, ps=1, steps_per_second=10.0)],
+        worker_cpu=1.0,
+        worker_memory_bytes=2 * 1024**3,
+        ps_cpu=1.0,
+        ps_memory_bytes=2 * 1024**3,
+    )
+
+
 VALID_MESSAGES: dict[str, Callable[[], Message]] = {
     "stride.events.v1.JobSpec": valid_spec,
+    "stride.events.v1.ScalingProfile": valid_profile,
     "stride.api.dispatcher.v1.DatasetParameters": valid_parameters,
     "stride.api.ckptcache.v1.CheckpointHeader": valid_header,
     "stride.events.v1.AlgorithmRequest": valid_algorithm_request,

@@ -248,6 +248,32 @@ CASES = [
     Case("priority-unknown-word", "spec.priority", {"priority": "urgent"}, grpc=False),
     # simulated (11): a bool; only a file can spell it wrong
     Case("simulated-word", "spec.simulated", {"simulated": "maybe"}, grpc=False),
+    # profile (12): a declared scaling curve, judged with its field paths
+    Case(
+        "profile-without-points",
+        "spec.profile.points",
+        {"profile": {"kind": 2, "worker_cpu": 1, "worker_memory_bytes": 1024, "ps_cpu": 1}},
+        words="at least one point",
+    ),
+    Case(
+        "profile-point-without-ps",
+        "spec.profile.points[0].ps",
+        {
+            "profile": {
+                "kind": 2,
+                "worker_cpu": 1,
+                "worker_memory_bytes": 1024,
+                "ps_cpu": 1,
+                "ps_memory_bytes": 1024,
+                "points": [{"workers": 1, "steps_per_second": 2.0}],
+            }
+        },
+        words="parameter servers",
+        grpc=False,  # the table's message builder sets no lists; gRPC: test_admission_guarantees
+    ),
+    # resource_kind (13)
+    Case("resource-kind-unknown-number", "spec.resource_kind", {"resource_kind": 7}),
+    Case("resource-kind-unknown-word", "spec.resource_kind", {"resource_kind": "tpu"}, grpc=False),
     # the whole spec
     Case(
         "spec-over-2-mib",

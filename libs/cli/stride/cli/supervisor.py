@@ -280,15 +280,21 @@ def stop_local_pods(pods_dir: Path) -> int:
     return len(shims)
 
 
-def default_local_nodes() -> str:
-    """Four virtual nodes, each with every core of this machine (CPU is time-shared; each
-    pod's quota still caps it) and a quarter of its memory, so placement and packing have
-    a cluster to work with on one machine (``STRIDE_PODWATCHER_LOCAL_NODES`` overrides)."""
+def _machine() -> tuple[int, int]:
+    """This machine's cores and memory bytes."""
     cores = os.cpu_count() or 1
     try:
         memory = os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES")
     except (ValueError, OSError):
         memory = 8 * 1024**3
+    return cores, memory
+
+
+def default_local_nodes() -> str:
+    """Four virtual nodes, each with every core of this machine (CPU is time-shared; each
+    pod's quota still caps it) and a quarter of its memory, so placement and packing have
+    a cluster to work with on one machine (``STRIDE_PODWATCHER_LOCAL_NODES`` overrides)."""
+    cores, memory = _machine()
     return f"4x(cpu={cores},memory={max(memory // 4 // 1024**2, 512)}Mi)"
 
 
@@ -336,6 +342,13 @@ class Supervisor:
             # And a job no bigger than the four virtual nodes (default_local_nodes) hold.
             env.setdefault(f"{prefix}MAX_JOB_CPU", str(4 * (os.cpu_count() or 1)))
             env[f"{prefix}CONFIGDB_ADDRESS"] = f"127.0.0.1:{ports['configdb']}"
+        if service == "admission" and not os.environ.get("STRIDE_ADMISSION_CLUSTER_CPU"):
+            # Admission guarantees deadlines on what the podwatcher places pods on: the four
+            # virtual nodes of default_local_nodes (every core time-shared by each, the
+            # memory split between them).
+            cores, memory = _machine()
+            env[f"{prefix}CLUSTER_CPU"] = str(float(4 * cores))
+            env[f"{prefix}CLUSTER_MEMORY_GIB"] = f"{memory / 1024**3:.3f}"
         if service == "podwatcher":
             # Pods live beside the suite's state and reach its dispatcher and cache.
             env.setdefault("STRIDE_PODWATCHER_LOCAL_STATE_DIR", str(self.state_dir / "pods"))

@@ -414,7 +414,8 @@ class Submissions:
         unit_name = "GPUs" if kind is ResourceKind.GPU else "CPU units"
         decision = Decision(
             Outcome.ADMITTED,
-            f"capacity freed ({reason}): runs best effort on {entry.units} {unit_name}",
+            f"capacity freed ({reason}): runs on {entry.units} {unit_name}"
+            + (" (best effort)" if entry.deadline is None else " (its deadline is guaranteed)"),
             POLICY,
             None,
             curve_source=entry.curve.source,
