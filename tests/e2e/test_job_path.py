@@ -78,6 +78,10 @@ def suite(
         "STRIDE_CKPTCACHE_STORE_DIR": str(tmp_path / "checkpoints"),
         # A killed optimizer's unacked message comes back after ack_wait; keep the test short.
         "STRIDE_OPTIMIZER_ACK_WAIT_SECONDS": "3",
+        # Room for two wide-deep jobs at once (each reserves 2 CPU units of 1 core, 4 GiB),
+        # as `stride up` gives admission its four virtual nodes.
+        "STRIDE_ADMISSION_CLUSTER_CPU": "8",
+        "STRIDE_ADMISSION_CLUSTER_MEMORY_GIB": "32",
     }
     if shared_database is not None:
         env["STRIDE_DATABASE_URL"] = shared_database  # one database, a schema per service

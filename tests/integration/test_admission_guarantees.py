@@ -230,35 +230,30 @@ async def test_shares_are_rebuilt_from_storage_after_a_restart(
         assert kept.share.units == 8 and kept.share.version == 1
 
 
-@pytest.mark.parametrize(
-    ("field", "change", "problem"),
-    [
-        ("spec.profile.points", {"points": []}, "at least one point"),
-        ("spec.profile.points[1].workers", {"swap": True}, "increasing workers"),
-        ("spec.profile.worker_cpu", {"worker_cpu": 0.0}, "cores"),
-        ("spec.profile.points[0].ps", {"ps0": 0}, "parameter servers"),
-    ],
-)
+def _bad_profiles() -> list[tuple[str, str, job_pb2.ScalingProfile]]:
+    no_points, swapped, no_cores, no_ps = profile(), profile(), profile(), profile()
+    del no_points.points[:]
+    swapped.points[0].workers, swapped.points[1].workers = 2, 1
+    no_cores.worker_cpu = 0.0
+    no_ps.points[0].ps = 0
+    return [
+        ("spec.profile.points", "at least one point", no_points),
+        ("spec.profile.points[1].workers", "increasing workers", swapped),
+        ("spec.profile.worker_cpu", "cores", no_cores),
+        ("spec.profile.points[0].ps", "parameter servers", no_ps),
+    ]
+
+
 async def test_a_bad_profile_is_refused_naming_the_field_and_nothing_is_stored(
-    stub: pb_grpc.AdmissionServiceAsyncStub, field: str, change: dict[str, object], problem: str
+    stub: pb_grpc.AdmissionServiceAsyncStub,
 ) -> None:
-    bad = profile()
-    if "points" in change:
-        del bad.points[:]
-    if "swap" in change:
-        bad.points[0].workers, bad.points[1].workers = 2, 1
-    if "worker_cpu" in change:
-        bad.worker_cpu = 0.0
-    if "ps0" in change:
-        bad.points[0].ps = 0
-    before = await stub.ListJobs(pb.ListJobsRequest())
-    with pytest.raises(grpc.aio.AioRpcError) as raised:
-        await submit(stub, spec(1000, profile=bad))
-    assert raised.value.code() == grpc.StatusCode.INVALID_ARGUMENT
-    details = raised.value.details() or ""
-    assert field in details and problem in details, details
-    after = await stub.ListJobs(pb.ListJobsRequest())
-    assert len(after.jobs) == len(before.jobs)
+    for field, problem, bad in _bad_profiles():
+        with pytest.raises(grpc.aio.AioRpcError) as raised:
+            await submit(stub, spec(1000, profile=bad))
+        assert raised.value.code() == grpc.StatusCode.INVALID_ARGUMENT
+        details = raised.value.details() or ""
+        assert field in details and problem in details, details
+    assert (await stub.ListJobs(pb.ListJobsRequest())).jobs == []
 
 
 SPEC_YAML = """\
