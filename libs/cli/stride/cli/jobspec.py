@@ -40,6 +40,7 @@ from stride.vocabulary.jobspec import (
     deadline_too_far,
     validate,
 )
+from stride.vocabulary.quantities import parse_memory
 
 RESOURCE_WORDS = frozenset(
     {
@@ -239,26 +240,12 @@ class _Reader:
                 target[name] = _text(value, entry_path)
 
 
-_QUANTITY = re.compile(r"^(\d+(?:\.\d+)?)\s*(Ki|Mi|Gi|Ti|K|M|G|T)?$")
-_QUANTITY_UNITS = {
-    None: 1,
-    "Ki": 1024,
-    "Mi": 1024**2,
-    "Gi": 1024**3,
-    "Ti": 1024**4,
-    "K": 1000,
-    "M": 1000**2,
-    "G": 1000**3,
-    "T": 1000**4,
-}
-
-
 def _quantity(raw: str, path: str) -> int:
     """Bytes from a Kubernetes-style quantity (``4Gi``, ``512Mi``, ``2G``)."""
-    match = _QUANTITY.match(raw.strip())
-    if match is None:
+    amount = parse_memory(raw)
+    if amount is None:
         raise SpecError(path, f"{echo(raw)} is not a memory quantity (bytes, or 512Mi, 4Gi, 2G)")
-    return int(float(match.group(1)) * _QUANTITY_UNITS[match.group(2)])
+    return amount
 
 
 def _kind(value: object) -> str:

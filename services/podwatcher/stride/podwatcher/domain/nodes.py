@@ -18,22 +18,11 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 
 from stride.runtime.errors import InvalidArgument
+from stride.vocabulary.quantities import parse_memory
 
 SETTING = "STRIDE_PODWATCHER_LOCAL_NODES"
 MAX_NODES = 256
-_UNITS = {
-    "": 1,
-    "Ki": 1024,
-    "Mi": 1024**2,
-    "Gi": 1024**3,
-    "Ti": 1024**4,
-    "K": 1000,
-    "M": 1000**2,
-    "G": 1000**3,
-    "T": 1000**4,
-}
 _GROUP = re.compile(r"^\s*(?:(\d+)\s*x\s*)?\((.*)\)\s*\Z")
-_QUANTITY = re.compile(r"^(\d+(?:\.\d+)?)([A-Za-z]*)\Z")
 
 
 @dataclass(frozen=True)
@@ -62,13 +51,12 @@ def _cpu(part: str, text: str) -> float:
 
 def _memory(part: str, text: str) -> int:
     value = text.strip()
-    match = _QUANTITY.match(value)
-    if match is None or match.group(2) not in _UNITS:
+    amount = parse_memory(value)
+    if amount is None:
         raise _fail(
             part,
             f'memory "{value}" is not a quantity (bytes, or a number with Ki Mi Gi Ti K M G T)',
         )
-    amount = int(float(match.group(1)) * _UNITS[match.group(2)])
     if amount <= 0 or amount > 2**53:
         raise _fail(part, f'memory "{value}" must be positive and at most 8 PiB')
     return amount
