@@ -232,7 +232,10 @@ async def test_a_replica_killed_mid_request_is_answered_by_another(
             reply = await asked
         assert reply.candidates
         runs = [s for s in spans.get_finished_spans() if s.name.startswith("run dlrover-pareto")]
-        assert [(s.attributes or {})["stride.executor.replica"] for s in runs] == ["survivor"]
+        # Only the survivor ran it to the end. Under load a run can outlast the 4 s attempt,
+        # and the port asks again (the survivor, twice): harmless for a pure algorithm.
+        replicas = [(s.attributes or {})["stride.executor.replica"] for s in runs]
+        assert replicas and set(replicas) == {"survivor"}, replicas
         assert "algorithm ran" not in doomed.log_text()
     finally:
         doomed.kill()
