@@ -54,6 +54,7 @@ from stride.cli.endpoints import (
 )
 from stride.runtime.embedded_nats import NatsServer, free_port
 from stride.runtime.healthcheck import check
+from stride.runtime.machine import machine_cores, machine_memory_bytes
 
 READY_TIMEOUT_SECONDS = 90.0
 """Seven Python processes start on two cores in about ten seconds; allow for slow disks."""
@@ -280,21 +281,11 @@ def stop_local_pods(pods_dir: Path) -> int:
     return len(shims)
 
 
-def _machine() -> tuple[int, int]:
-    """This machine's cores and memory bytes."""
-    cores = os.cpu_count() or 1
-    try:
-        memory = os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES")
-    except (ValueError, OSError):
-        memory = 8 * 1024**3
-    return cores, memory
-
-
 def default_local_nodes() -> str:
     """Four virtual nodes, each with every core of this machine (CPU is time-shared; each
     pod's quota still caps it) and a quarter of its memory, so placement and packing have
     a cluster to work with on one machine (``STRIDE_PODWATCHER_LOCAL_NODES`` overrides)."""
-    cores, memory = _machine()
+    cores, memory = machine_cores(), machine_memory_bytes()
     return f"4x(cpu={cores},memory={max(memory // 4 // 1024**2, 512)}Mi)"
 
 
@@ -346,7 +337,7 @@ class Supervisor:
             # Admission guarantees deadlines on what the podwatcher places pods on: the four
             # virtual nodes of default_local_nodes (every core time-shared by each, the
             # memory split between them).
-            cores, memory = _machine()
+            cores, memory = machine_cores(), machine_memory_bytes()
             env[f"{prefix}CLUSTER_CPU"] = str(float(4 * cores))
             env[f"{prefix}CLUSTER_MEMORY_GIB"] = f"{memory / 1024**3:.3f}"
         if service == "podwatcher":

@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import os
 from pathlib import Path
 
 import structlog
@@ -17,6 +16,7 @@ from stride.bus import topics
 from stride.db.outbox import Outbox
 from stride.policy.elasticflow.units import GIB, CpuUnit, cpu_capacity
 from stride.runtime.lifecycle import ServiceHost
+from stride.runtime.machine import machine_cores, machine_memory_bytes
 from stride.wiring import connect_bus, consume, create_host, open_database, relay_outbox
 
 log = structlog.get_logger(__name__)
@@ -54,10 +54,6 @@ async def build(settings: AdmissionSettings) -> ServiceHost:
     return host
 
 
-def _machine_memory_bytes() -> int:
-    return os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES")
-
-
 def cluster(settings: AdmissionSettings) -> Cluster:
     """What admission plans on, from its settings (this machine's cores and memory when no
     CPU capacity is set), with the curves table if one is configured."""
@@ -65,7 +61,7 @@ def cluster(settings: AdmissionSettings) -> Cluster:
     if settings.cluster_cpu is not None and settings.cluster_memory_gib is not None:
         cpu, memory = settings.cluster_cpu, int(settings.cluster_memory_gib * GIB)
     else:
-        cpu, memory = float(os.cpu_count() or 1), _machine_memory_bytes()
+        cpu, memory = float(machine_cores()), machine_memory_bytes()
     curves = {}
     if settings.curves_dir is not None:
         from stride.sim.traces import load_curves  # the simulator's tables, made concave alike

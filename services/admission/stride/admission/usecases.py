@@ -17,8 +17,9 @@ event. A crash between storing and deciding leaves the job SUBMITTED, and
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import uuid
-from collections.abc import Callable, Mapping
+from collections.abc import AsyncIterator, Callable, Mapping
 from dataclasses import dataclass, field
 from datetime import UTC, datetime
 from typing import Any
@@ -131,7 +132,6 @@ class Submissions:
         """Each planned job's last published share version."""
         self._timers: dict[ResourceKind, tuple[float, asyncio.TimerHandle]] = {}
         self._ticks: set[asyncio.Task[None]] = set()
-        self._released: tuple[ResourceKind, Pool] | None = None
 
     async def submit(self, spec: job_pb2.JobSpec, request_id: str) -> StoredJob:
         """Validate, store and decide a job. Invalid specs raise before anything is written."""
@@ -189,11 +189,18 @@ class Submissions:
     async def decide(self, job_id: str) -> None:
         """Decide a SUBMITTED job against its pool and publish the decision and the shares
         that changed, in one transaction."""
+        async with self._changing():
+            await self._decide(job_id)
+
+    @contextlib.asynccontextmanager
+    async def _changing(self) -> AsyncIterator[None]:
+        """Hold the pools' lock for one step; if it fails, drop the pools, which may be
+        ahead of storage now, so the next step rebuilds them from there."""
         async with self._lock:
             try:
-                await self._decide(job_id)
+                yield
             except BaseException:
-                self._pools.clear()  # memory may be ahead of storage: rebuild it from there
+                self._pools.clear()
                 raise
 
     async def _decide(self, job_id: str) -> None:
@@ -220,7 +227,7 @@ class Submissions:
             earliest: float | None = None
             if deadline is not None and not pool.join(now, entry):
                 guaranteed = False
-                earliest = pool.policy.earliest_deadline(pool.view(now), entry.view())
+                earliest = pool.earliest_deadline(now, entry)
                 if earliest is not None:
                     earliest += RESUBMIT_GRACE_SECONDS
                 if spec.soft_deadline:
@@ -450,21 +457,20 @@ class Submissions:
     async def tick(self, kind: ResourceKind) -> None:
         """A round with no arrival or end: a guaranteed job's reservation grew at a slot
         boundary (:meth:`GuaranteePolicy.wakeup`); shares that change are published."""
-        async with self._lock:
-            pool = self._pools.get(kind)
-            if pool is None:
-                return
-            moment = self.clock()
-            try:
+        try:
+            async with self._changing():
+                pool = self._pools.get(kind)
+                if pool is None:
+                    return
                 async with self.database.transaction() as session:
+                    moment = self.clock()
                     changed = pool.round(moment.timestamp())
                     await self._publish_shares(
                         session, kind, pool, changed, "next slot of a reservation", moment
                     )
-            except Exception:
-                self._pools.clear()
-                log.exception("admission round at a slot boundary failed", kind=kind.value)
-                return
+        except Exception:
+            log.exception("admission round at a slot boundary failed", kind=kind.value)
+            return
         self.outbox.notify()
         self._schedule(kind, pool)
 
@@ -509,18 +515,21 @@ class Submissions:
             log.info("pool rebuilt from storage", kind=kind.value, jobs=len(pool.entries))
         return pool
 
-    async def _release(self, session: Any, job: StoredJob, reason: str, moment: datetime) -> None:
-        """Take an ended job out of its pool and re-decide the others' shares."""
+    async def _release(
+        self, session: Any, job: StoredJob, reason: str, moment: datetime
+    ) -> tuple[ResourceKind, Pool] | None:
+        """Take an ended job out of its pool and re-decide the others' shares; the pool it
+        left, if it was in one."""
         kind = spec_from_proto(job.spec).kind
         pool = await self._pool(kind)
         if job.job_id not in pool.entries:
-            return
+            return None
         now = moment.timestamp()
         pool.leave(now, job.job_id)
         self._versions.pop(job.job_id, None)
         changed = pool.round(now)
         await self._publish_shares(session, kind, pool, changed, reason, moment)
-        self._released = (kind, pool)
+        return kind, pool
 
     async def decide_pending(self) -> int:
         """Decide every job a crash left undecided; returns how many."""
@@ -558,26 +567,22 @@ class Submissions:
         return await self.get(job_id)
 
     async def _ended(self, job_id: str, state: str, message: str, announce: bool) -> None:
-        async with self._lock:
-            self._released = None
-            try:
-                await self._end(job_id, state, message, announce)
-            except BaseException:
-                self._pools.clear()
-                raise
-            released = self._released
+        async with self._changing():
+            released = await self._end(job_id, state, message, announce)
         self.outbox.notify()
         if released is not None:
             self._schedule(*released)
 
-    async def _end(self, job_id: str, state: str, message: str, announce: bool) -> None:
+    async def _end(
+        self, job_id: str, state: str, message: str, announce: bool
+    ) -> tuple[ResourceKind, Pool] | None:
         moment = self.clock()
         async with self.database.transaction() as session:
             job = await repository.get_job(session, job_id, for_update=True)
             if job is None or job.state in repository.TERMINAL_STATES:
-                return
+                return None
             await repository.set_state(session, job_id, state, moment)
-            await self._release(session, job, f"{job_id} {state.lower()}", moment)
+            released = await self._release(session, job, f"{job_id} {state.lower()}", moment)
             if announce:
                 event = job_pb2.JobFinished(
                     job_id=job_id,
@@ -588,6 +593,7 @@ class Submissions:
                 await self.outbox.add_event(
                     session, topics.JOB_FINISHED.outgoing(job_id, event, f"{job_id}.finished")
                 )
+        return released
 
     async def finished(self, event: job_pb2.JobFinished) -> None:
         """Record that a job ended (from the bus) and free its share; idempotent, and a

@@ -15,8 +15,7 @@ believed kept; reconciling with measured progress is the optimizer's side of the
 
 from __future__ import annotations
 
-from dataclasses import dataclass, replace
-from enum import Enum
+from dataclasses import dataclass
 
 from stride.policy.elasticflow.guarantees import (
     SCALING_PAUSE_SECONDS,
@@ -26,16 +25,7 @@ from stride.policy.elasticflow.guarantees import (
 )
 from stride.policy.elasticflow.units import JobCurve
 
-__all__ = ["Entry", "Guarantee", "Pool", "Verdict"]
-
-
-class Guarantee(Enum):
-    """How a job in a pool is treated."""
-
-    HARD = "hard"
-    """Its deadline is guaranteed under the model (hard, or a soft one that could be)."""
-    BEST_EFFORT = "best-effort"
-    """No guarantee: no deadline, or a soft one that could not be guaranteed."""
+__all__ = ["Entry", "Pool"]
 
 
 @dataclass
@@ -52,10 +42,6 @@ class Entry:
     units: int = 0
     paused_until: float = 0.0
     last_update: float = 0.0
-
-    @property
-    def guarantee(self) -> Guarantee:
-        return Guarantee.BEST_EFFORT if self.deadline is None else Guarantee.HARD
 
     def view(self) -> JobView:
         return JobView(
@@ -74,16 +60,6 @@ class Entry:
         return self.curve.curve.throughput(self.units) if self.units else 0.0
 
 
-@dataclass(frozen=True)
-class Verdict:
-    """Whether a job may join a pool, and on what terms."""
-
-    guaranteed: bool
-    """Its deadline can be guaranteed beside the guaranteed jobs."""
-    earliest_deadline: float | None
-    """When it was not: the earliest deadline that would be (None: none, or not asked)."""
-
-
 class Pool:
     """The jobs of one resource kind, their units and the policy that decides them."""
 
@@ -97,10 +73,14 @@ class Pool:
         self.wakeup: float | None = None
         """When the last round wants the next one although nothing arrives or ends (a
         guaranteed job's reservation grows at the next slot boundary), or None."""
+        self._view: DeadlineView | None = None
+        """The last view built, until the books change (one decision asks several times)."""
 
     def advance(self, now: float) -> None:
         """Progress every holding job to ``now`` (none while paused); the simulator's rule."""
         now = max(now, self.clock)
+        if now != self.clock:
+            self._view = None
         for entry in self.entries.values():
             if entry.units:
                 start = max(entry.last_update, entry.paused_until)
@@ -110,24 +90,19 @@ class Pool:
         self.clock = now
 
     def view(self, now: float) -> DeadlineView:
-        return DeadlineView(
-            now,
-            self.capacity,
-            tuple(entry.view() for entry in self.entries.values()),
-            self.pause_seconds,
-        )
+        """What the policy sees at ``now`` (built once per state of the books)."""
+        if self._view is None or self._view.now != now:
+            self._view = DeadlineView(
+                now,
+                self.capacity,
+                tuple(entry.view() for entry in self.entries.values()),
+                self.pause_seconds,
+            )
+        return self._view
 
-    def consider(self, now: float, entry: Entry) -> Verdict:
-        """Whether ``entry`` (with a deadline) would be guaranteed now; changes nothing but
-        the clock. The earliest deadline is worked out only when it would not."""
-        self.advance(now)
-        if entry.deadline is None:
-            return Verdict(False, None)
-        view = self.view(now)
-        candidate = replace(entry, last_update=now).view()
-        if self.policy.fits(view, candidate):
-            return Verdict(True, None)
-        return Verdict(False, self.policy.earliest_deadline(view, candidate))
+    def earliest_deadline(self, now: float, entry: Entry) -> float | None:
+        """The earliest deadline at which ``entry`` would be guaranteed now (None: none)."""
+        return self.policy.earliest_deadline(self.view(now), entry.view())
 
     def join(self, now: float, entry: Entry) -> bool:
         """Add ``entry``; a job with a deadline joins only if the policy admits it (it keeps
@@ -138,6 +113,7 @@ class Pool:
             self.policy.forget(entry.job_id)
             return False
         self.entries[entry.job_id] = entry
+        self._view = None
         return True
 
     def leave(self, now: float, job_id: str) -> Entry | None:
@@ -145,6 +121,7 @@ class Pool:
         self.advance(now)
         entry = self.entries.pop(job_id, None)
         self.policy.forget(job_id)
+        self._view = None
         return entry
 
     def round(self, now: float) -> dict[str, int]:
@@ -165,6 +142,8 @@ class Pool:
             if units:
                 entry.paused_until = now + self.pause_seconds
             changed[job_id] = units
+        if changed:
+            self._view = None
         return changed
 
     def minimum_shares(self, now: float) -> dict[str, int]:
