@@ -4,7 +4,12 @@ ElasticFlow admits a job only if it can guarantee its deadline and the deadlines
 job admitted before it. Time is cut into slots of ``slot_seconds``; slot ``t`` is
 ``[now + t * slot, now + (t + 1) * slot)``. A job with deadline ``d`` may use the slots that
 end by ``d``: ``D = floor((d - now) / slot)`` of them (a partial last slot is not counted,
-so a plan that meets the slotted deadline meets the real one). Progressive filling
+so a plan that meets the slotted deadline meets the real one). A timeline may also start
+mid-slot (``first_slot`` shorter than ``slot_seconds``): slot 0 is then
+``[now, now + first_slot)`` and makes ``first_slot / slot`` of a slot's progress, and the
+slots after it lie on a fixed grid. A caller that re-plans mid-slot keeps every job's count
+of whole slots, so a plan that was feasible stays feasible as time passes (the paper
+re-plans only at slot boundaries; a live service re-plans whenever a job arrives). Progressive filling
 (Algorithm 1, lines 11-22) raises a cap ``j`` on the job's devices until
 ``sum_t T(min(j, free(t))) * slot >= M`` (eq. 2), where ``free(t)`` is what the jobs before
 it in deadline order left in slot ``t`` (eq. 3). The smallest such ``j`` gives the job its
@@ -165,14 +170,18 @@ class AdmissionReply:
     resource_kind: str = "gpu"
 
 
-def deadline_slots(deadline: float, now: float, slot_seconds: float, field: str) -> int:
-    """Whole slots between ``now`` and ``deadline``; a deadline before now is an error."""
+def deadline_slots(
+    deadline: float, now: float, slot_seconds: float, field: str, first_slot: float | None = None
+) -> int:
+    """Slots between ``now`` and ``deadline`` that end by it (slot 0 lasts ``first_slot``,
+    a whole slot by default); a deadline before now is an error."""
     if not math.isfinite(deadline):
         raise InvalidAdmission(field, f"must be finite, got {deadline!r}")
     if deadline < now:
         raise InvalidAdmission(field, f"{deadline!r} is before now ({now!r})")
+    lead = slot_seconds - (slot_seconds if first_slot is None else first_slot)
     # The tiny slack keeps a deadline that is an exact multiple of slots from losing one.
-    slots = math.floor((deadline - now) / slot_seconds * (1 + 1e-12) + 1e-9)
+    slots = math.floor((deadline - now + lead) / slot_seconds * (1 + 1e-12) + 1e-9)
     if slots > MAX_SLOTS:
         raise InvalidAdmission(field, f"is {slots} slots ahead; at most {MAX_SLOTS} are planned")
     return slots
@@ -182,6 +191,7 @@ class PlannedJob:
     """A hard job prepared for progressive filling: lookup tables and its slot budget."""
 
     __slots__ = (
+        "first",
         "job",
         "progress",
         "progress_by_cap",
@@ -192,11 +202,21 @@ class PlannedJob:
     )
 
     def __init__(
-        self, job: DeadlineJob, capacity: int, now: float, slot_seconds: float, field: str
+        self,
+        job: DeadlineJob,
+        capacity: int,
+        now: float,
+        slot_seconds: float,
+        field: str,
+        first_slot: float | None = None,
     ):
         assert job.deadline is not None
         self.job = job
-        self.slots = deadline_slots(job.deadline, now, slot_seconds, f"{field}.deadline")
+        self.slots = deadline_slots(
+            job.deadline, now, slot_seconds, f"{field}.deadline", first_slot
+        )
+        self.first = 1.0 if first_slot is None else first_slot / slot_seconds
+        """Slot 0's share of a whole slot's progress (1.0 unless the timeline starts mid-slot)."""
         usable, values = job.curve.table(capacity)
         self.usable: IntArray = np.asarray(usable, dtype=np.int64)
         self.progress: FloatArray = np.asarray(values, dtype=np.float64) * slot_seconds
@@ -207,13 +227,15 @@ class PlannedJob:
         offered = np.arange(largest + 1, dtype=np.int64)[None, :]
         self.progress_by_cap: FloatArray = self.progress[np.minimum(caps, offered)]
 
-    def rebudget(self, slots: int, remaining: float) -> PlannedJob:
-        """The same job's tables with a new slot budget and remaining work (no rebuild).
+    def rebudget(self, slots: int, remaining: float, first: float = 1.0) -> PlannedJob:
+        """The same job's tables with a new slot budget, remaining work and slot 0's fraction
+        of a whole slot (no rebuild).
 
         For callers that re-plan one job many times (the simulator does at every event):
         the lookup tables depend only on the curve, capacity and slot length, and are shared.
         """
         clone = PlannedJob.__new__(PlannedJob)
+        clone.first = first
         clone.job = self.job
         clone.progress = self.progress
         clone.progress_by_cap = self.progress_by_cap
@@ -234,14 +256,17 @@ class PlannedJob:
         # Progress under every cap j at once: slots by free devices (clipped at the largest
         # size, beyond which nothing changes), times the progress each cap makes there.
         clipped = np.minimum(window, self.size_steps[-1])
-        by_free = np.bincount(clipped, minlength=self.size_steps[-1] + 1)
+        by_free = np.bincount(clipped, minlength=self.size_steps[-1] + 1).astype(np.float64)
+        by_free[clipped[0]] -= 1.0 - self.first  # slot 0 may be a partial slot
         reachable = self.progress_by_cap @ by_free
         meets = reachable >= needed
         low = int(meets.argmax())  # the smallest cap j that meets the deadline (monotone in j)
         if not meets[low]:
             return None
         offered = np.minimum(self.size_steps[low], window)
-        done = np.cumsum(self.progress[offered])
+        gained = self.progress[offered]  # a copy (fancy indexing)
+        gained[0] *= self.first
+        done = np.cumsum(gained)
         last = int(np.searchsorted(done, needed))  # slot in which the job completes
         return self.usable[offered[: last + 1]]
 
@@ -259,6 +284,7 @@ class AdmissionControl:
         now: float,
         slot_seconds: float,
         admitted: Sequence[HeldReservation] = (),
+        first_slot: float | None = None,
     ) -> None:
         if isinstance(capacity, bool) or not isinstance(capacity, int) or capacity <= 0:
             raise InvalidAdmission("capacity", f"must be a whole number > 0, got {capacity!r}")
@@ -268,9 +294,17 @@ class AdmissionControl:
             math.isfinite(slot_seconds) and slot_seconds > 0
         ):
             raise InvalidAdmission("slot_seconds", f"must be finite and > 0, got {slot_seconds!r}")
+        if first_slot is not None and not (
+            isinstance(first_slot, int | float) and 0 < first_slot <= slot_seconds
+        ):
+            raise InvalidAdmission(
+                "first_slot", f"must be in (0, slot_seconds], got {first_slot!r}"
+            )
         self.capacity = capacity
         self.now = float(now)
         self.slot_seconds = float(slot_seconds)
+        self.first_slot = float(slot_seconds if first_slot is None else first_slot)
+        """Slot 0's length: slot 0 ends at ``now + first_slot``, the next one a slot later."""
         self.jobs: list[PlannedJob] = []
         self.plans: list[IntArray] = []
         self.used: IntArray = np.zeros(0, dtype=np.int64)
@@ -283,7 +317,7 @@ class AdmissionControl:
             if job.job_id in seen:
                 raise InvalidAdmission(f"{field}.job.job_id", f"{job.job_id!r} repeats")
             seen.add(job.job_id)
-            planned = PlannedJob(job, capacity, now, slot_seconds, f"{field}.job")
+            planned = self._plan(job, f"{field}.job")
             plan = np.asarray(held.devices_per_slot, dtype=np.int64)
             self._check_held(planned, plan, f"{field}.devices_per_slot")
             self.jobs.append(planned)
@@ -299,25 +333,42 @@ class AdmissionControl:
             )
 
     def _check_held(self, planned: PlannedJob, plan: IntArray, field: str) -> None:
+        problem = self._held_problem(planned, plan)
+        if problem is not None:
+            where, message = problem
+            raise InvalidAdmission(field + where, message)
+
+    def _held_problem(self, planned: PlannedJob, plan: IntArray) -> tuple[str, str] | None:
+        """Why ``plan`` cannot be held for ``planned`` (a field suffix and the reason)."""
         if plan.size > planned.slots:
-            raise InvalidAdmission(
-                field, f"reserves {plan.size} slots, the deadline allows {planned.slots}"
-            )
+            return "", f"reserves {plan.size} slots, the deadline allows {planned.slots}"
         bad = np.flatnonzero((plan < 0) | (plan > self.capacity))
         if bad.size == 0:
             bad = np.flatnonzero(planned.usable[plan] != plan)
         if bad.size:
             slot = int(bad[0])
-            raise InvalidAdmission(
-                f"{field}[{slot}]", f"{int(plan[slot])} is not an allowed size of the job's curve"
-            )
-        progress = float(planned.progress[plan].sum())
+            return f"[{slot}]", f"{int(plan[slot])} is not an allowed size of the job's curve"
+        gained = planned.progress[plan]
+        if gained.size:
+            gained[0] *= planned.first
+        progress = float(gained.sum())
         if progress < _needed(planned.remaining):
-            raise InvalidAdmission(
-                field,
+            return "", (
                 f"makes {progress:.6g} iterations by the deadline, the job has "
-                f"{planned.remaining:.6g} left",
+                f"{planned.remaining:.6g} left"
             )
+        return None
+
+    def hold(self, planned: PlannedJob, plan: IntArray) -> bool:
+        """Add a job with a plan it held before, if that plan still finishes it by its
+        deadline and fits what the jobs held so far leave free; else change nothing."""
+        if self._held_problem(planned, plan) is not None:
+            return False
+        shared = min(plan.size, self.used.size)
+        if np.any(plan[:shared] + self.used[:shared] > self.capacity):
+            return False
+        self.commit(planned, {len(self.jobs): plan})
+        return True
 
     def _add(self, plan: IntArray, sign: int = 1) -> None:
         if plan.size > self.used.size:
@@ -336,7 +387,12 @@ class AdmissionControl:
             raise InvalidAdmission(f"{field}.kind", "only hard jobs are planned")
         if any(planned.job.job_id == candidate.job_id for planned in self.jobs):
             raise InvalidAdmission(f"{field}.job_id", f"{candidate.job_id!r} is already admitted")
-        return PlannedJob(candidate, self.capacity, self.now, self.slot_seconds, field)
+        return self._plan(candidate, field)
+
+    def _plan(self, job: DeadlineJob, field: str) -> PlannedJob:
+        return PlannedJob(
+            job, self.capacity, self.now, self.slot_seconds, field, self.first_slot
+        )
 
     def decide(self, candidate: PlannedJob) -> dict[int, IntArray] | None:
         """New plans by job index (the candidate is index ``len(jobs)``), or None to drop.
@@ -387,14 +443,18 @@ class AdmissionControl:
 
 
 def admit_from_scratch(
-    capacity: int, now: float, slot_seconds: float, jobs: Sequence[DeadlineJob]
+    capacity: int,
+    now: float,
+    slot_seconds: float,
+    jobs: Sequence[DeadlineJob],
+    first_slot: float | None = None,
 ) -> list[tuple[int, ...]] | None:
     """Algorithm 1 verbatim: re-fill every hard job in deadline order from an empty cluster.
 
     Returns each job's plan (in the order given) or None if some deadline cannot be met.
     This is the naive reference for the incremental :meth:`AdmissionControl.decide`.
     """
-    timeline = AdmissionControl(capacity, now, slot_seconds)
+    timeline = AdmissionControl(capacity, now, slot_seconds, first_slot=first_slot)
     prepared = [timeline.prepare(job, f"jobs[{index}]") for index, job in enumerate(jobs)]
     order = sorted(range(len(jobs)), key=lambda index: (prepared[index].slots, index))
     plans: dict[int, IntArray] = {}

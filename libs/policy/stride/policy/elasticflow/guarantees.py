@@ -22,6 +22,8 @@ import math
 from collections.abc import Sequence
 from dataclasses import dataclass, field, replace
 
+import numpy as np
+
 from stride.policy.elasticflow.admission import (
     MAX_SLOTS,
     AdmissionControl,
@@ -43,6 +45,7 @@ __all__ = [
     "JobView",
     "admission_test",
     "edf_key",
+    "first_slot",
 ]
 
 SCALING_PAUSE_SECONDS = 20.0
@@ -91,6 +94,29 @@ def edf_key(job: JobView) -> tuple[float, float, str]:
     return (deadline, job.submission_time, job.job_id)
 
 
+def first_slot(now: float) -> float:
+    """Seconds from ``now`` to the next boundary of the fixed slot grid (multiples of
+    ``SLOT_SECONDS`` on the caller's clock); a whole slot at a boundary.
+
+    Slots lie on one grid however often the policy re-plans. Re-basing them on every
+    decision instant (Algorithm 1 as written, whose rounds fall on slot boundaries) loses
+    each guaranteed job the part of its window after its last whole slot at every mid-slot
+    re-plan, and a job admitted with a tight plan then drops out of the guaranteed set.
+    """
+    boundary = (_grid_slot(now) + 1) * SLOT_SECONDS
+    return min(SLOT_SECONDS, max(boundary - now, 1e-6))
+
+
+def _grid_slot(now: float) -> int:
+    """The index of the grid slot holding ``now`` (as :func:`first_slot` counts)."""
+    return math.floor(now / SLOT_SECONDS + 1e-9)
+
+
+def _slot_end(now: float, slots: int) -> float:
+    """Where slot ``slots - 1`` of the timeline starting at ``now`` ends."""
+    return now + first_slot(now) + (slots - 1) * SLOT_SECONDS
+
+
 def _hard_job(job: JobView, now: float, pause: float) -> DeadlineJob | None:
     """The admission library's view of a job, or None if it cannot hold a reservation.
 
@@ -101,7 +127,7 @@ def _hard_job(job: JobView, now: float, pause: float) -> DeadlineJob | None:
         return None
     assert job.deadline is not None
     slots, remaining = _budget(job, now, pause)
-    return DeadlineJob(job.job_id, job.curve, remaining, now + slots * SLOT_SECONDS)
+    return DeadlineJob(job.job_id, job.curve, remaining, _slot_end(now, slots))
 
 
 def _reservable(job: JobView, now: float, pause: float) -> bool:
@@ -116,21 +142,24 @@ _MIN_WINDOW_SECONDS = 1.0
 def _budget(job: JobView, now: float, pause: float) -> tuple[int, float]:
     """Whole slots a job may plan in, and the work it must plan in them.
 
-    Algorithm 1 counts only whole slots before the deadline. A guaranteed job re-planned
-    in its last partial slot would then have none and lose its reservation (its deadline,
-    met on admission, could be missed by the next arrival taking its devices). Such a job
-    gets slot 0 instead, with its work scaled by ``slot / window``: a share that finishes
-    it at the same rate within the window it really has. A departure from the paper, which
-    does not say how a partial last slot is re-planned.
+    Algorithm 1 counts only the grid slots that end before the deadline. A guaranteed job
+    re-planned in its last partial slot would then have none and lose its reservation (its
+    deadline, met on admission, could be missed by the next arrival taking its devices).
+    Such a job gets slot 0 instead, with its work scaled by ``slot 0 / window``: a share
+    that finishes it at the same rate within the window it really has. A departure from the
+    paper, which does not say how a partial last slot is re-planned.
     """
     assert job.deadline is not None
     window = job.deadline - pause - now
-    if window >= SLOT_SECONDS:
+    first = first_slot(now)
+    if window >= first:
         return (
-            deadline_slots(job.deadline - pause, now, SLOT_SECONDS, f"job {job.job_id}"),
+            deadline_slots(
+                job.deadline - pause, now, SLOT_SECONDS, f"job {job.job_id}", first
+            ),
             job.remaining_iterations,
         )
-    return 1, job.remaining_iterations * SLOT_SECONDS / window
+    return 1, job.remaining_iterations * first / window
 
 
 def _feasible_plans(
@@ -145,7 +174,7 @@ def _feasible_plans(
         hard.append(converted)
     if not hard:
         return {}
-    plans = admit_from_scratch(capacity, now, SLOT_SECONDS, hard)
+    plans = admit_from_scratch(capacity, now, SLOT_SECONDS, hard, first_slot(now))
     if plans is None:
         return None
     return {job.job_id: plan for job, plan in zip(hard, plans, strict=True)}
@@ -179,7 +208,7 @@ def admission_test(view: DeadlineView, candidate: JobView) -> bool:
     """ElasticFlow admission (sec. 4.1): the candidate and the guaranteed jobs all fit.
 
     The from-scratch reference: Algorithm 1 re-run over the guaranteed jobs and the
-    candidate (see :class:`_IncrementalPlanner` for the default).
+    candidate (see :class:`GuaranteePlanner` for the default).
     """
     if candidate.deadline is None:
         return True  # best effort: no reservation, never dropped (sec. 4.4)
@@ -242,26 +271,75 @@ class GuaranteePlanner:
             template = timeline.prepare(hard, f"job {job.job_id}")
             self._templates[job.job_id] = template
         slots, remaining = _budget(job, timeline.now, pause)
-        return template.rebudget(slots, remaining)
+        return template.rebudget(slots, remaining, timeline.first_slot / SLOT_SECONDS)
 
     def timeline(self, view: DeadlineView) -> AdmissionControl:
-        """The guaranteed jobs' timeline at ``view.now`` (memoised for the same view)."""
+        """The guaranteed jobs' timeline at ``view.now`` (memoised for the same view).
+
+        Re-derived in EDF order (plans re-fitted to each job's real progress), unless that
+        would drop a job the last timeline guaranteed: then the guaranteed jobs hold their
+        plans (:meth:`_hold`). An EDF re-fill can drop one, as a job admitted into the gaps
+        of earlier plans (see the class docstring) may not fit when every job is re-filled
+        in deadline order; ElasticFlow's admitted jobs hold their reservations, so a
+        guarantee once given is kept as long as the job keeps up with its plan.
+        """
         key = _view_key(view, view.jobs)
         if self._memo is not None and self._memo[0] == key:
             return self._memo[1]
-        timeline = AdmissionControl(view.capacity, view.now, SLOT_SECONDS)
         candidates = sorted(
             (job for job in view.jobs if _reservable(job, view.now, view.pause_seconds)),
             key=edf_key,
         )
-        for job in candidates:
+        timeline = self._fill(view, candidates, self._fresh(view))
+        previous = self._built[0] if self._built is not None else None
+        if previous is not None:
+            present = {job.job_id for job in candidates}
+            kept = {planned.job.job_id for planned in timeline.jobs}
+            if any(
+                planned.job.job_id in present and planned.job.job_id not in kept
+                for planned in previous.jobs
+            ):
+                timeline = self._hold(view, candidates, previous)
+        self._memo = (key, timeline)
+        self._built = (timeline, {job.job_id for job in candidates})
+        return timeline
+
+    @staticmethod
+    def _fresh(view: DeadlineView) -> AdmissionControl:
+        return AdmissionControl(
+            view.capacity, view.now, SLOT_SECONDS, first_slot=first_slot(view.now)
+        )
+
+    def _fill(
+        self, view: DeadlineView, jobs: Sequence[JobView], timeline: AdmissionControl
+    ) -> AdmissionControl:
+        """Offer ``jobs`` to ``timeline`` in order; keep each one that fits."""
+        for job in jobs:
             planned = self._planned(job, timeline, view.pause_seconds)
             plans = timeline.decide(planned)
             if plans is not None:
                 timeline.commit(planned, plans)
-        self._memo = (key, timeline)
-        self._built = (timeline, {job.job_id for job in candidates})
         return timeline
+
+    def _hold(
+        self, view: DeadlineView, candidates: Sequence[JobView], previous: AdmissionControl
+    ) -> AdmissionControl:
+        """The previous timeline's jobs keep their plans (minus the grid slots that passed)
+        where those still finish them in time and fit the capacity; every other candidate
+        is then offered in EDF order. Slots lie on a fixed grid (:func:`first_slot`), so a
+        plan held from an earlier instant keeps its meaning."""
+        timeline = self._fresh(view)
+        passed = _grid_slot(view.now) - _grid_slot(previous.now)
+        by_id = {job.job_id: job for job in candidates}
+        held: set[str] = set()
+        for planned, plan in zip(previous.jobs, previous.plans, strict=True):
+            job = by_id.get(planned.job.job_id)
+            if job is None:
+                continue
+            current = self._planned(job, timeline, view.pause_seconds)
+            if timeline.hold(current, plan[passed:]):
+                held.add(job.job_id)
+        return self._fill(view, [job for job in candidates if job.job_id not in held], timeline)
 
     def _still_valid(self, view: DeadlineView) -> AdmissionControl | None:
         """The last timeline, if only completions happened since, within its first slot.
@@ -273,7 +351,7 @@ class GuaranteePlanner:
         if self._built is None:
             return None
         timeline, considered = self._built
-        if not 0.0 <= view.now - timeline.now < timeline.slot_seconds - 1e-6:  # wakeup: a new slot
+        if not 0.0 <= view.now - timeline.now < timeline.first_slot - 1e-6:  # a new grid slot
             return None
         if timeline.capacity != view.capacity:
             return None
@@ -360,12 +438,12 @@ class GuaranteePolicy:
     _planner: GuaranteePlanner = field(default_factory=GuaranteePlanner, repr=False)
 
     def wakeup(self, view: DeadlineView, decision: dict[str, int]) -> float | None:
-        """The next slot boundary, if a guaranteed job's reservation there exceeds what it
+        """The first slot boundary at which a guaranteed job's reservation exceeds what it
         was just given; else None (rounds run on arrivals and completions, sec. 3.2).
 
-        Without it a guarantee can be lost: a plan of 1 device now and 2 in the next slot
-        needs a round at that boundary, and none comes if nothing arrives or ends (the
-        property test in ``tests/unit/policy/test_guarantees.py`` finds such a case). Waking
+        Without it a guarantee can be lost: a plan of 1 device now and 2 in a later slot
+        needs a round at that slot's start, and none comes if nothing arrives or ends (the
+        property test in ``tests/unit/policy/test_guarantees.py`` finds such cases). Waking
         at every boundary instead costs a pause per re-sized job for nothing: measured on
         whole itp cluster02 and 03, it met no more deadlines (DSR 0.788 vs 0.804 and 0.448
         vs 0.446), as greedy allocation usually runs admitted jobs ahead of their plans.
@@ -373,11 +451,17 @@ class GuaranteePolicy:
         timeline = self._planner.used if self.incremental else None
         if timeline is None:
             return None
+        first = math.inf
         for planned, plan in zip(timeline.jobs, timeline.plans, strict=True):
-            job_id = planned.job.job_id
-            if job_id in decision and plan.size > 1 and plan[1] > decision[job_id]:
-                return timeline.now + SLOT_SECONDS
-        return None
+            given = decision.get(planned.job.job_id)
+            if given is None or plan.size < 2:
+                continue
+            grows = np.flatnonzero(plan[1:] > given)
+            if grows.size:
+                first = min(first, int(grows[0]) + 1)
+        if first == math.inf:
+            return None
+        return timeline.now + timeline.first_slot + (first - 1) * SLOT_SECONDS
 
     def admit(self, view: DeadlineView, candidate: JobView) -> bool:
         """Admit only with a guaranteed deadline (minimum satisfactory share exists)."""
@@ -395,9 +479,9 @@ class GuaranteePolicy:
         """The earliest deadline at which ``candidate`` would be admitted now, or None.
 
         ElasticFlow only drops a job it cannot guarantee; a user needs to know what to ask
-        for instead. Deadlines are tried in whole slots after one pause (what admission can
-        count, :func:`_hard_job`): from the fewest slots in which the job could finish alone
-        on the whole cluster, doubling until one fits, then bisecting. Admission is monotone
+        for instead. Deadlines are tried at grid slot ends after one pause (what admission
+        can count, :func:`_hard_job`): from the fewest slots in which the job could finish
+        alone on the whole cluster, doubling until one fits, then bisecting. Admission is monotone
         in the deadline in all but rare re-fill orders, and the answer is always one that
         :meth:`fits` accepted. None: it does not fit even alone within ``MAX_SLOTS`` (or
         not at all: its smallest size exceeds the cluster).
@@ -409,13 +493,14 @@ class GuaranteePolicy:
         limit = MAX_SLOTS - 1
 
         def deadline(slots: int) -> float:
-            return view.now + view.pause_seconds + slots * SLOT_SECONDS
+            return _slot_end(view.now, slots) + view.pause_seconds
 
         def fits(slots: int) -> bool:
             return self.fits(view, replace(candidate, deadline=deadline(slots)))
 
-        alone = candidate.remaining_iterations / fastest / SLOT_SECONDS
-        low = max(1, math.ceil(alone - 1e-9))
+        first = first_slot(view.now)
+        alone = (candidate.remaining_iterations / fastest - first) / SLOT_SECONDS
+        low = max(1, 1 + math.ceil(alone - 1e-9))
         if low > limit:
             return None
         failed, high = low - 1, low
