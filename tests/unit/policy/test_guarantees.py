@@ -153,6 +153,7 @@ def test_no_admitted_job_misses_its_deadline_under_the_model(
     guaranteed: set[str] = set()
     told: set[str] = set()
     clock = 0.0
+
     def views(now: float) -> DeadlineView:
         return DeadlineView(
             now,
@@ -206,7 +207,7 @@ def test_no_admitted_job_misses_its_deadline_under_the_model(
         if lost_nodes:
             told.update(dropped)  # the live service tells these jobs why
         else:
-            assert not dropped, f"guarantees of {sorted(dropped)} dropped at {now} with no node lost"
+            assert not dropped, f"{sorted(dropped)} lost their guarantee at {now}, no node lost"
         guaranteed = now_guaranteed
         for j, count in decision.items():
             if count != units[j]:

@@ -9,8 +9,8 @@ mid-slot (``first_slot`` shorter than ``slot_seconds``): slot 0 is then
 ``[now, now + first_slot)`` and makes ``first_slot / slot`` of a slot's progress, and the
 slots after it lie on a fixed grid. A caller that re-plans mid-slot keeps every job's count
 of whole slots, so a plan that was feasible stays feasible as time passes (the paper
-re-plans only at slot boundaries; a live service re-plans whenever a job arrives). Progressive filling
-(Algorithm 1, lines 11-22) raises a cap ``j`` on the job's devices until
+re-plans only at slot boundaries; a live service re-plans whenever a job arrives).
+Progressive filling (Algorithm 1, lines 11-22) raises a cap ``j`` on the job's devices until
 ``sum_t T(min(j, free(t))) * slot >= M`` (eq. 2), where ``free(t)`` is what the jobs before
 it in deadline order left in slot ``t`` (eq. 3). The smallest such ``j`` gives the job its
 minimum satisfactory share.
@@ -390,9 +390,7 @@ class AdmissionControl:
         return self._plan(candidate, field)
 
     def _plan(self, job: DeadlineJob, field: str) -> PlannedJob:
-        return PlannedJob(
-            job, self.capacity, self.now, self.slot_seconds, field, self.first_slot
-        )
+        return PlannedJob(job, self.capacity, self.now, self.slot_seconds, field, self.first_slot)
 
     def decide(self, candidate: PlannedJob) -> dict[int, IntArray] | None:
         """New plans by job index (the candidate is index ``len(jobs)``), or None to drop.

@@ -154,9 +154,7 @@ def _budget(job: JobView, now: float, pause: float) -> tuple[int, float]:
     first = first_slot(now)
     if window >= first:
         return (
-            deadline_slots(
-                job.deadline - pause, now, SLOT_SECONDS, f"job {job.job_id}", first
-            ),
+            deadline_slots(job.deadline - pause, now, SLOT_SECONDS, f"job {job.job_id}", first),
             job.remaining_iterations,
         )
     return 1, job.remaining_iterations * first / window
