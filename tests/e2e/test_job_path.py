@@ -78,8 +78,10 @@ def suite(
         "STRIDE_CKPTCACHE_STORE_DIR": str(tmp_path / "checkpoints"),
         # A killed optimizer's unacked message comes back after ack_wait; keep the test short.
         "STRIDE_OPTIMIZER_ACK_WAIT_SECONDS": "3",
-        # Room for two wide-deep jobs at once (each reserves 2 CPU units of 1 core, 4 GiB),
-        # as `stride up` gives admission its four virtual nodes.
+        # Room for two wide-deep jobs at once (each reserves 2 CPU units of 1 core, 4 GiB):
+        # four virtual nodes, whose inventory admission plans on, as under `stride up`
+        # (and the same capacity in its settings, for submissions before that arrives).
+        "STRIDE_PODWATCHER_LOCAL_NODES": "4x(cpu=2,memory=8Gi)",
         "STRIDE_ADMISSION_CLUSTER_CPU": "8",
         "STRIDE_ADMISSION_CLUSTER_MEMORY_GIB": "32",
     }

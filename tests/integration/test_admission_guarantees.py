@@ -10,13 +10,14 @@ from __future__ import annotations
 import asyncio
 import os
 import sys
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Awaitable
 from datetime import UTC, datetime, timedelta
 from pathlib import Path
 
 import grpc
 import pytest
 from google.protobuf.message import Message
+from nats.aio.msg import Msg
 
 from stride.admission.app import build
 from stride.admission.settings import AdmissionSettings
@@ -24,7 +25,7 @@ from stride.api.admission.v1 import admission_service_pb2 as pb
 from stride.api.admission.v1 import admission_service_pb2_grpc as pb_grpc
 from stride.bus import topics
 from stride.bus.client import Bus
-from stride.events.v1 import job_pb2
+from stride.events.v1 import cluster_pb2, job_pb2
 from stride.testing.eventually import assert_eventually
 from stride.testing.inprocess import local_settings, running_service
 from stride.testing.streams import stream_messages
@@ -313,3 +314,116 @@ async def test_stride_submit_refuses_and_one_command_resubmits_with_the_named_de
         code, out, err = await stride_cli(address, "status", job_id)
         assert "8 CPU units (8 cores, 32 GiB, 6 workers)" in out, (out, err)
         assert "deadline guaranteed under the model: 8 cores reserved now" in out, out
+
+
+def inventory(units: int, at: datetime, reason: str) -> cluster_pb2.NodeInventory:
+    """``units`` nodes of one core and 4 GiB each (one CPU unit apiece)."""
+    message = cluster_pb2.NodeInventory(
+        cluster="local",
+        nodes=[
+            cluster_pb2.ClusterNode(name=f"node-{n}", cpu=1.0, memory_bytes=4 * GIB)
+            for n in range(units)
+        ],
+        reason=reason,
+    )
+    message.observed_at.FromDatetime(at)
+    return message
+
+
+async def test_a_node_loss_withdraws_a_guarantee_and_says_why_and_nodes_back_restore_it(
+    nats_url: str, database_url: str
+) -> None:
+    now = datetime.now(UTC)
+    bus = await Bus.connect(nats_url, "test-podwatcher")
+    try:
+        async with (
+            running_service(build, settings(nats_url, database_url)) as host,
+            grpc.aio.insecure_channel(f"127.0.0.1:{host.server.port}") as channel,
+        ):
+            stub = pb_grpc.AdmissionServiceStub(channel)
+            # 200,000 steps at 40 steps/s need all 8 units for 5,000 s of its 5,100.
+            hog = await submit(stub, spec(200_000, now + timedelta(seconds=5100 + 20 + 60)))
+            assert hog.share.guaranteed and hog.share.units == 8
+
+            async def published(units: int, at: datetime, reason: str, n: int) -> None:
+                message = inventory(units, at, reason)
+                await bus.publish(topics.NODE_INVENTORY, "local", message, f"local.nodes.{n}")
+
+            async def job() -> pb.Job:
+                return (await stub.GetJob(pb.GetJobRequest(job_id=hog.job_id))).job
+
+            # Half the nodes drained: 4 units cannot finish it in time.
+            await published(4, datetime.now(UTC), "node-4 to node-7 drained", 1)
+
+            async def withdrawn() -> pb.Job:
+                current = await job()
+                # 4 units run the profile's 3-unit size (2 workers + 1 PS).
+                assert not current.share.guaranteed and current.share.units == 3
+                assert current.decision.outcome == job_pb2.ADMISSION_OUTCOME_SOFT
+                return current
+
+            told = await assert_eventually(withdrawn)
+            assert told.state == pb.JOB_STATE_ADMITTED  # it runs on, best effort
+            assert told.decision.reason.startswith(
+                "guarantee withdrawn: capacity 8 -> 4 CPU units (node-4 to node-7 drained)"
+            ), told.decision.reason
+            decisions = await assert_eventually(
+                lambda: _at_least(
+                    2, stream_messages(nats_url, topics.JOB_ADMITTED.subject(hog.job_id))
+                )
+            )
+            second = job_pb2.AdmissionDecision.FromString(decisions[1].data)
+            assert second.outcome == job_pb2.ADMISSION_OUTCOME_SOFT
+            assert "guarantee withdrawn" in second.reason
+
+            # A late inventory from before the drain changes nothing.
+            await published(8, now - timedelta(minutes=1), "start", 2)
+            # A bad one goes to the dead letters, and changes nothing either.
+            bad = inventory(8, datetime.now(UTC), "twins")
+            bad.nodes[1].name = "node-0"
+            await bus.publish(topics.NODE_INVENTORY, "local", bad, "local.nodes.3")
+            dead = await assert_eventually(
+                lambda: _at_least(
+                    1, stream_messages(nats_url, topics.dead_letter_subject("admission-inventory"))
+                )
+            )
+            why = dead[0].headers["Stride-Dead-Letter-Reason"]
+            assert "nodes[1].name" in why and "listed twice" in why, why
+            still = await job()
+            assert not still.share.guaranteed and still.share.units == 3
+
+            # The nodes come back in time: guaranteed again, and told so.
+            await published(8, datetime.now(UTC), "node-4 to node-7 restored", 4)
+
+            async def restored() -> pb.Job:
+                current = await job()
+                assert current.share.guaranteed and current.share.units == 8
+                assert current.decision.outcome == job_pb2.ADMISSION_OUTCOME_ADMITTED
+                return current
+
+            back = await assert_eventually(restored)
+            assert back.decision.reason.startswith("guaranteed again: capacity 4 -> 8 CPU units")
+
+            # Drained again, then admission restarts: it plans on the stored inventory, not
+            # on its settings' 8 units.
+            await published(4, datetime.now(UTC), "node-4 to node-7 drained", 5)
+            await assert_eventually(withdrawn)
+        async with (
+            running_service(build, settings(nats_url, database_url)) as host,
+            grpc.aio.insecure_channel(f"127.0.0.1:{host.server.port}") as channel,
+        ):
+            stub = pb_grpc.AdmissionServiceStub(channel)
+            # 8 units could run 100,000 steps in 2,500 s; 4 units (30 steps/s at 5 units
+            # is out of reach) cannot by +1h.
+            late = await submit(stub, spec(100_000, datetime.now(UTC) + timedelta(hours=1)))
+            assert late.state == pb.JOB_STATE_REJECTED, late.decision.reason
+            kept = (await stub.GetJob(pb.GetJobRequest(job_id=hog.job_id))).job
+            assert kept.share.units == 3 and not kept.share.guaranteed
+    finally:
+        await bus.close()
+
+
+async def _at_least(count: int, messages: Awaitable[list[Msg]]) -> list[Msg]:
+    found = await messages
+    assert len(found) >= count, f"{len(found)} messages, expected {count}"
+    return found

@@ -28,7 +28,7 @@ from stride.api.podwatcher.v1 import podwatcher_service_pb2 as pb
 from stride.api.podwatcher.v1 import podwatcher_service_pb2_grpc as pb_grpc
 from stride.bus import topics
 from stride.bus.client import Bus
-from stride.events.v1 import control_pb2, job_pb2, plan_pb2, pod_pb2
+from stride.events.v1 import cluster_pb2, control_pb2, job_pb2, plan_pb2, pod_pb2
 from stride.podwatcher.adapters.outbound.backends.localpods import LocalPods
 from stride.testing.eventually import assert_eventually
 from stride.testing.processes import ServiceProcess
@@ -613,3 +613,73 @@ async def test_a_chief_that_dies_during_a_move_comes_back_on_the_new_cluster(
 
     await assert_eventually(relaunched_on_the_new_cluster, timeout=20)
     await running(stub, job, chief, ps, w0, w1)
+
+
+async def inventories(nats_url: str) -> list[cluster_pb2.NodeInventory]:
+    messages = await stream_messages(nats_url, topics.NODE_INVENTORY.subject("local"))
+    return [cluster_pb2.NodeInventory.FromString(m.data) for m in messages]
+
+
+async def test_a_drained_node_evicts_its_pods_which_come_back_elsewhere_and_admission_hears(
+    harness: tuple[Podwatcher, Stub, Bus], nats_url: str
+) -> None:
+    _, stub, bus = harness
+
+    async def published(count: int) -> list[cluster_pb2.NodeInventory]:
+        found = await inventories(nats_url)
+        assert len(found) >= count, found
+        return found
+
+    started = (await assert_eventually(lambda: published(1), timeout=20))[0]
+    assert started.reason == "start" and started.cluster == "local"
+    assert [(n.name, n.cpu, n.memory_bytes) for n in started.nodes] == [
+        ("node-0", 2.0, 2 * GIB),
+        ("node-1", 2.0, 2 * GIB),
+    ]
+
+    job = new_job()
+    chief, ps, w0 = (f"{job}-chief-0", f"{job}-ps-0", f"{job}-worker-0")
+    await admit(bus, job, script_chief="finish-on-file", script="run")
+    await bus.publish(topics.PLAN, job, plan(job, 1), f"{job}.plan.1")
+    pods = await running(stub, job, chief, ps, w0)
+    drained = pods[chief].node
+    kept = "node-1" if drained == "node-0" else "node-0"
+    on_it = sorted(name for name, pod in pods.items() if pod.node == drained)
+
+    reply = await stub.DrainNode(pb.DrainNodeRequest(name=drained))
+    assert sorted(reply.evicted_pods) == on_it
+
+    async def moved() -> bool:
+        now = await pods_of(stub, job)
+        live = {n: p for n, p in now.items() if p.phase == pod_pb2.POD_PHASE_RUNNING}
+        assert set(live) == {chief, ps, w0} and {p.node for p in live.values()} == {kept}, now
+        return True
+
+    await assert_eventually(moved, timeout=30)
+    failures = await at_least(nats_url, topics.POD_FAILED, job, len(on_it))
+    assert {f.pod_name for f in failures} == set(on_it)
+    assert {f.reason for f in failures} == {pod_pb2.POD_FAILURE_REASON_EVICTED}
+    assert all(f"node {drained} drained" in f.message for f in failures)
+    listed = {n.name: n.drained for n in (await stub.ListNodes(pb.ListNodesRequest())).nodes}
+    assert listed == {drained: True, kept: False}
+    after = (await assert_eventually(lambda: published(2), timeout=20))[-1]
+    assert after.reason == f"{drained} drained" and [n.name for n in after.nodes] == [kept]
+
+    await stub.RestoreNode(pb.RestoreNodeRequest(name=drained))
+    back = (await assert_eventually(lambda: published(3), timeout=20))[-1]
+    assert back.reason == f"{drained} restored" and len(back.nodes) == 2
+
+    # Bad input: a clear answer and nothing drained.
+    for request, code, starts in (
+        (pb.DrainNodeRequest(), grpc.StatusCode.INVALID_ARGUMENT, "name: is required"),
+        (pb.DrainNodeRequest(name="node 0"), grpc.StatusCode.INVALID_ARGUMENT, "name: 'node 0'"),
+        (pb.DrainNodeRequest(name="node-9"), grpc.StatusCode.NOT_FOUND, "no node 'node-9'"),
+    ):
+        with pytest.raises(grpc.aio.AioRpcError) as raised:
+            await stub.DrainNode(request)
+        assert raised.value.code() == code
+        assert str(raised.value.details()).startswith(starts), raised.value.details()
+    with pytest.raises(grpc.aio.AioRpcError) as raised:
+        await stub.RestoreNode(pb.RestoreNodeRequest(name="node-9"))
+    assert raised.value.code() == grpc.StatusCode.NOT_FOUND
+    assert not any(n.drained for n in (await stub.ListNodes(pb.ListNodesRequest())).nodes)

@@ -380,9 +380,11 @@ def test_admission_plans_on_the_cluster_given(release: Release) -> None:
     (container,) = release.get("Deployment", "admission")["spec"]["template"]["spec"]["containers"]
     env = _env(container)
     cluster = release.values.get("admission", {}).get("cluster")
-    if cluster is None:
+    if cluster is None:  # the podwatcher's node inventory
         assert not any(name.startswith("STRIDE_ADMISSION_CLUSTER_") for name in env)
+        assert "STRIDE_ADMISSION_CAPACITY_SOURCE" not in env
     else:
+        assert env["STRIDE_ADMISSION_CAPACITY_SOURCE"] == "settings"
         assert env["STRIDE_ADMISSION_CLUSTER_GPUS"] == "64"
         assert env["STRIDE_ADMISSION_CLUSTER_CPU"] == "512"
         assert env["STRIDE_ADMISSION_CLUSTER_MEMORY_GIB"] == "2048"

@@ -19,6 +19,9 @@ def test_groups_and_units() -> None:
     )
     assert parse_nodes("(cpu=4, memory=8589934592)") == (NodeSpec("node-0", 4.0, 8 * GIB),)
     assert len(parse_nodes("4x(cpu=2,memory=4Gi); 4x(cpu=2,memory=4Gi)")) == 8
+    # Simulated GPUs for a GPU trace's replay: admission counts them.
+    gpus = parse_nodes("2x(cpu=8,memory=64Gi,gpu=8)")
+    assert [node.gpus for node in gpus] == [8, 8] and gpus[0].cpu == 8.0
 
 
 @pytest.mark.parametrize(
@@ -27,7 +30,9 @@ def test_groups_and_units() -> None:
         ("4x(cpu=two,memory=4Gi)", 'cpu "two" is not a number'),
         ("4x(cpu=2,memory=4Gb)", 'memory "4Gb" is not a quantity'),
         ("4x(cpu=2)", "memory missing"),
-        ("4x(cpu=2,memory=4Gi,gpu=1)", 'unknown key "gpu"'),
+        ("4x(cpu=2,memory=4Gi,disk=1)", 'unknown key "disk"'),
+        ("4x(cpu=2,memory=4Gi,gpu=-1)", 'gpu "-1" must be a whole number'),
+        ("4x(cpu=2,memory=4Gi,gpu=1.5)", 'gpu "1.5" must be a whole number'),
         ("4x(cpu=2,cpu=3,memory=4Gi)", '"cpu" is given twice'),
         ("4(cpu=2,memory=4Gi)", "expected Nx(cpu=C,memory=M)"),
         ("0x(cpu=2,memory=4Gi)", "at least 1"),

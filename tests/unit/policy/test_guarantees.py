@@ -223,13 +223,13 @@ def test_no_admitted_job_misses_its_deadline_under_the_model(
         advance(at)
         if kind == 0:  # nodes lost or added
             before = capacity
-            capacity = max(1, capacity + changes[index][1])
+            capacity = max(0, capacity + changes[index][1])  # 0: every node lost
             if capacity != before:
                 decide(at, lost_nodes=capacity < before)
             continue
         _, work, tightness, has_deadline = arrivals[index]
         name = f"j{index}"
-        fastest = work / curve.throughput(min(8, capacity))
+        fastest = work / curve.throughput(min(8, max(1, capacity)))
         deadline = at + tightness * fastest + SLOT_SECONDS if has_deadline else None
         candidate = JobView(name, curve, work, deadline, at, 0, 0, 0.0, work)
         if policy.admit(views(at), candidate):

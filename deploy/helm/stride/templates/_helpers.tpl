@@ -147,6 +147,9 @@ url
 {{- end }}
 {{- if eq $name "admission" }}
 {{- with ($root.Values.admission).cluster }}
+{{- /* Capacity pinned by the operator: node inventories do not change it. */}}
+- name: STRIDE_ADMISSION_CAPACITY_SOURCE
+  value: "settings"
 {{- if .gpus }}
 - name: STRIDE_ADMISSION_CLUSTER_GPUS
   value: {{ .gpus | quote }}

@@ -22,6 +22,7 @@ from google.protobuf.message import Message
 
 from stride.events.v1 import (
     checkpoint_pb2,
+    cluster_pb2,
     control_pb2,
     job_pb2,
     metrics_pb2,
@@ -66,6 +67,7 @@ CONTROL = Stream(
     timedelta(hours=6),
     "commands to a job's pods and their answers",
 )
+CLUSTER = Stream("STRIDE_CLUSTER", ("stride.cluster.v1.>",), timedelta(days=7), "node inventory")
 DEAD_LETTERS = Stream(
     "STRIDE_DEADLETTER", ("stride.deadletter.>",), timedelta(days=14), "undeliverable messages"
 )
@@ -78,6 +80,7 @@ STREAMS: tuple[Stream, ...] = (
     METRICS,
     CHECKPOINTS,
     CONTROL,
+    CLUSTER,
     DEAD_LETTERS,
 )
 """Every stream of the contract; each service declares them all at start (idempotent)."""
@@ -312,6 +315,15 @@ CONTROL_COMMAND = Topic(
 )
 CONTROL_ACK = Topic("control-ack", CONTROL, "stride.control.v1", control_pb2.ControlAck, "ack")
 
+# --- cluster (the podwatcher publishes its node inventory; admission plans on it) ---------
+NODE_INVENTORY = Topic(
+    "node-inventory",
+    CLUSTER,
+    "stride.cluster.v1.nodes",
+    cluster_pb2.NodeInventory,
+    description="every node pods may be placed on now (the newest replaces the rest)",
+)
+
 TOPICS: tuple[Topic[Any], ...] = (
     JOB_SUBMITTED,
     JOB_ADMITTED,
@@ -337,6 +349,7 @@ TOPICS: tuple[Topic[Any], ...] = (
     CHECKPOINT_PERSISTED,
     CONTROL_COMMAND,
     CONTROL_ACK,
+    NODE_INVENTORY,
 )
 """Every durable event type of the contract."""
 

@@ -13,7 +13,7 @@ import uuid
 from collections.abc import Callable, Sequence
 from datetime import UTC, datetime, timedelta
 from pathlib import Path
-from typing import Annotated, NoReturn, TypeVar
+from typing import Annotated, Any, NoReturn, TypeVar
 
 import grpc
 import typer
@@ -841,6 +841,90 @@ def _report_nodes(state_dir: Path) -> None:
         "rlimit": "no cgroup here: memory enforced by sampling, no CPU quota",
     }.get(enforcement, enforcement)
     console.print(f"nodes: {described}; limits: {meaning}", highlight=False)
+
+
+nodes_app = typer.Typer(
+    help="The podwatcher's nodes: list them, drain one (admission re-checks guarantees), "
+    "restore it.",
+    no_args_is_help=False,
+)
+app.add_typer(nodes_app, name="nodes")
+
+
+def _podwatcher(state_dir: Path, rpc: Callable[[Any], T]) -> T:
+    try:
+        return call(
+            "podwatcher", state_dir, lambda ch: rpc(podwatcher_grpc.PodWatcherServiceStub(ch))
+        )
+    except (CliError, NoSuite) as error:
+        fail(str(error))
+        raise AssertionError("unreachable") from None
+
+
+@nodes_app.callback(invoke_without_command=True)
+def nodes_list(ctx: typer.Context, state_dir: StateDir = DEFAULT_STATE_DIR) -> None:
+    """Every node: its cores, memory and GPUs, what pods were given on it, and whether it is
+    drained."""
+    if ctx.invoked_subcommand is not None:
+        return
+    listed = _podwatcher(
+        state_dir,
+        lambda stub: (
+            stub.ListNodes(podwatcher_pb.ListNodesRequest(), timeout=RPC_TIMEOUT_SECONDS).nodes
+        ),
+    )
+    table = Table(title="nodes")
+    for column in ("node", "cpu", "memory", "gpus", "cpu given", "memory given", "state"):
+        table.add_column(column, justify="left" if column in ("node", "state") else "right")
+    for node in listed:
+        table.add_row(
+            node.name,
+            f"{node.cpu:g}",
+            _gib(node.memory_bytes),
+            str(node.devices),
+            f"{node.cpu_allocated:g}",
+            _gib(node.memory_allocated_bytes),
+            "drained" if node.drained else "ready",
+        )
+    console.print(table)
+
+
+@nodes_app.command("drain")
+def nodes_drain(
+    name: Annotated[str, typer.Argument(help="The node to drain (see `stride nodes`).")],
+    state_dir: StateDir = DEFAULT_STATE_DIR,
+) -> None:
+    """Take a node out: its pods are evicted and relaunched where their plans fit, and
+    admission plans without it (a job whose guarantee no longer holds is told)."""
+    evicted = _podwatcher(
+        state_dir,
+        lambda stub: (
+            stub.DrainNode(
+                podwatcher_pb.DrainNodeRequest(name=name), timeout=RPC_TIMEOUT_SECONDS
+            ).evicted_pods
+        ),
+    )
+    console.print(
+        f"{name} drained; evicted {len(evicted)} pod(s)"
+        + (f": {', '.join(evicted)}" if evicted else ""),
+        highlight=False,
+        soft_wrap=True,
+    )
+
+
+@nodes_app.command("restore")
+def nodes_restore(
+    name: Annotated[str, typer.Argument(help="The drained node to put back.")],
+    state_dir: StateDir = DEFAULT_STATE_DIR,
+) -> None:
+    """Put a drained node back (admission counts it again)."""
+    _podwatcher(
+        state_dir,
+        lambda stub: stub.RestoreNode(
+            podwatcher_pb.RestoreNodeRequest(name=name), timeout=RPC_TIMEOUT_SECONDS
+        ),
+    )
+    console.print(f"{name} restored", highlight=False)
 
 
 def _phase_text(process: ProcessState | None) -> str:

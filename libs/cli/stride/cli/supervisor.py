@@ -336,7 +336,8 @@ class Supervisor:
         if service == "admission" and not os.environ.get("STRIDE_ADMISSION_CLUSTER_CPU"):
             # Admission guarantees deadlines on what the podwatcher places pods on: the four
             # virtual nodes of default_local_nodes (every core time-shared by each, the
-            # memory split between them).
+            # memory split between them). The podwatcher's node inventory says the same
+            # once it arrives (and changes it when a node is drained); this counts until then.
             cores, memory = machine_cores(), machine_memory_bytes()
             env[f"{prefix}CLUSTER_CPU"] = str(float(4 * cores))
             env[f"{prefix}CLUSTER_MEMORY_GIB"] = f"{memory / 1024**3:.3f}"

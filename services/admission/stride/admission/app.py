@@ -6,7 +6,7 @@ from pathlib import Path
 
 import structlog
 
-from stride.admission.adapters.inbound.bus_handlers import FinishedHandler
+from stride.admission.adapters.inbound.bus_handlers import FinishedHandler, InventoryHandler
 from stride.admission.adapters.inbound.grpc_api import AdmissionApi
 from stride.admission.db.tables import outbox as outbox_table
 from stride.admission.settings import AdmissionSettings
@@ -51,6 +51,14 @@ async def build(settings: AdmissionSettings) -> ServiceHost:
         durable="admission-finished",
         handler=FinishedHandler(submissions),
     )
+    if settings.capacity_source == "nodes":
+        consume(
+            host,
+            bus,
+            topics.NODE_INVENTORY,
+            durable="admission-inventory",
+            handler=InventoryHandler(submissions),
+        )
     return host
 
 

@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 from pathlib import Path
-from typing import ClassVar
+from typing import ClassVar, Literal
 
 from pydantic import Field, model_validator
 from pydantic_settings import SettingsConfigDict
@@ -32,6 +32,12 @@ class AdmissionSettings(ServiceSettings, DecisionSettings):
     CLI and any client with gRPC's defaults accepts, so a bigger page fails here with
     RESOURCE_EXHAUSTED rather than in the client's decoder."""
 
+    capacity_source: Literal["nodes", "settings"] = "nodes"
+    """Where the cluster's capacity comes from. ``nodes`` (default): the podwatcher's node
+    inventory (``stride.cluster.v1.nodes``), so a node lost, drained or added changes it and
+    the guarantees are re-checked; the ``cluster_*`` settings below only count until the
+    first inventory arrives. ``settings``: the ``cluster_*`` settings, always (an operator
+    pins what guaranteed jobs may use; Helm does when ``admission.cluster`` is set)."""
     cluster_gpus: int = Field(default=0, ge=0, le=1_000_000)
     """GPUs admission plans GPU jobs on (0: a GPU job's deadline cannot be guaranteed)."""
     cluster_cpu: float | None = Field(default=None, gt=0, le=10_000_000, allow_inf_nan=False)

@@ -28,6 +28,7 @@ import structlog
 
 from stride.admission.adapters.convert import (
     decision_to_proto,
+    inventory_from_proto,
     share_to_proto,
     spec_from_proto,
     timestamp,
@@ -47,10 +48,10 @@ from stride.admission.domain.policy import (
 from stride.bus import topics
 from stride.db.engine import ConflictingWrite, Database
 from stride.db.outbox import Outbox
-from stride.events.v1 import job_pb2
+from stride.events.v1 import cluster_pb2, job_pb2
 from stride.policy.elasticflow.curves import ScalingCurve
 from stride.policy.elasticflow.guarantees import SCALING_PAUSE_SECONDS, SLOT_SECONDS
-from stride.policy.elasticflow.units import CpuUnit, JobCurve
+from stride.policy.elasticflow.units import CpuUnit, JobCurve, cpu_capacity
 from stride.runtime.errors import AlreadyExists, InvalidArgument, NotFound
 from stride.vocabulary.jobspec import ResourceKind
 
@@ -489,9 +490,12 @@ class Submissions:
         if pool is not None:
             return pool
         capacity = self.cluster.gpus if kind is ResourceKind.GPU else self.cluster.cpu_units
-        pool = Pool(capacity, self.cluster.pause_seconds)
         async with self.database.sessions() as session:
             rows = await repository.active_ledger(session, kind.value)
+            stored = (await repository.capacities(session)).get(kind.value)
+        if stored is not None:  # the newest node inventory beats the start-up settings
+            capacity = stored.capacity
+        pool = Pool(capacity, self.cluster.pause_seconds)
         for row in rows:
             curve = job_curve(spec_from_proto(row.spec), self.cluster.unit, self.cluster.curves)
             if curve is None:
@@ -530,6 +534,124 @@ class Submissions:
         changed = pool.round(now)
         await self._publish_shares(session, kind, pool, changed, reason, moment)
         return kind, pool
+
+    async def inventory(self, event: cluster_pb2.NodeInventory) -> None:
+        """The podwatcher's node inventory: the cluster's capacity from now on.
+
+        Each kind's pool is resized and re-decided when its capacity changed; a job whose
+        guarantee a node loss took away is told in a decision of its own (outcome SOFT: it
+        runs best effort, and the reason names the capacity), and so is a job that is
+        guaranteed again when nodes come back. An inventory older than the newest one seen
+        changes nothing (redelivery, or a late message from before a drain).
+        """
+        seen = inventory_from_proto(event)
+        totals = {
+            ResourceKind.GPU: seen.gpus,
+            ResourceKind.CPU: cpu_capacity(seen.cpu, seen.memory_bytes, self.cluster.unit),
+        }
+        resized: list[tuple[ResourceKind, Pool]] = []
+        async with self._changing():
+            pools = {kind: await self._pool(kind) for kind in totals}
+            moment = self.clock()
+            async with self.database.transaction() as session:
+                stored = await repository.capacities(session)
+                if any(seen.observed_at <= row.observed_at for row in stored.values()):
+                    log.info("stale node inventory ignored", reason=seen.reason)
+                    return
+                for kind, units in totals.items():
+                    await repository.save_capacity(
+                        session, kind.value, units, seen.observed_at, seen.reason
+                    )
+                    pool = pools[kind]
+                    if pool.capacity != units:
+                        await self._resize(session, kind, pool, units, seen.reason, moment)
+                        resized.append((kind, pool))
+        self.outbox.notify()
+        for kind, pool in resized:
+            self._schedule(kind, pool)
+        log.info(
+            "capacity from node inventory",
+            nodes=seen.nodes,
+            gpus=totals[ResourceKind.GPU],
+            cpu_units=totals[ResourceKind.CPU],
+            reason=seen.reason,
+        )
+
+    async def _resize(
+        self,
+        session: Any,
+        kind: ResourceKind,
+        pool: Pool,
+        units: int,
+        why: str,
+        moment: datetime,
+    ) -> None:
+        """Re-decide a pool on a new capacity; tell jobs whose guarantee changed."""
+        now = moment.timestamp()
+        unit_name = "GPUs" if kind is ResourceKind.GPU else "CPU units"
+        before = pool.guaranteed(now)
+        old = pool.capacity
+        pool.resize(now, units)
+        changed = pool.round(now)
+        after = pool.guaranteed(now)
+        lost = sorted(job for job in before - after if job in pool.entries)
+        regained = sorted(
+            job
+            for job in after - before
+            if job in pool.entries and pool.entries[job].deadline is not None
+        )
+        for job_id in (*lost, *regained):
+            changed.setdefault(job_id, pool.entries[job_id].units)
+        reason = f"capacity {old} -> {units} {unit_name} ({why})"
+        await self._publish_shares(session, kind, pool, changed, reason, moment)
+        for job_id in lost:
+            await self._tell(
+                session,
+                job_id,
+                Outcome.SOFT,
+                f"guarantee withdrawn: {reason} leaves too little to keep this job's deadline "
+                "beside the jobs guaranteed before it; it runs best effort on "
+                f"{pool.entries[job_id].units} {unit_name} and is guaranteed again if "
+                "capacity returns in time",
+                pool.entries[job_id],
+                moment,
+            )
+        for job_id in regained:
+            await self._tell(
+                session,
+                job_id,
+                Outcome.ADMITTED,
+                f"guaranteed again: {reason}; its deadline is kept under the model",
+                pool.entries[job_id],
+                moment,
+            )
+        if lost or regained:
+            log.warning("guarantees changed with capacity", lost=lost, regained=regained)
+
+    async def _tell(
+        self,
+        session: Any,
+        job_id: str,
+        outcome: Outcome,
+        reason: str,
+        entry: Entry,
+        moment: datetime,
+    ) -> None:
+        """A further decision on an admitted job (its guarantee changed), announced as
+        admitted with the new outcome."""
+        job = await repository.get_job(session, job_id, for_update=True)
+        if job is None or job.state != "ADMITTED":
+            return
+        decision = Decision(outcome, reason, POLICY, None, curve_source=entry.curve.source)
+        message = decision_to_proto(job_id, decision, job.spec, moment)
+        number = await repository.decision_count(session, job_id) + 1
+        await repository.record_decision(session, message, "ADMITTED", moment)
+        await self.outbox.add_event(
+            session,
+            topics.DECISION_TOPICS[outcome.value].outgoing(
+                job_id, message, f"{job_id}.decision.{number}"
+            ),
+        )
 
     async def decide_pending(self) -> int:
         """Decide every job a crash left undecided; returns how many."""

@@ -99,7 +99,7 @@ async def build(settings: PodWatcherSettings) -> ServiceHost:
         reconfigure_timeout_seconds=settings.reconfigure_timeout_seconds,
         usage_interval_seconds=settings.usage_interval_seconds,
     )
-    pods = PodWatcher(database, outbox, backend, bus, timing)
+    pods = PodWatcher(database, outbox, backend, bus, timing, cluster=settings.cluster_name)
 
     async def backend_ready() -> bool:
         return True
@@ -157,6 +157,9 @@ async def build(settings: PodWatcherSettings) -> ServiceHost:
         "reconfigures", lambda: every(RECONFIGURE_CHECK_SECONDS, pods.check_reconfigures, 5.0)
     )
     host.add_root_task("sweep-lost", sweep_once)
+    host.add_root_task(
+        "inventory", lambda: every(settings.inventory_interval_seconds, pods.check_inventory)
+    )
     consume(
         host, bus, topics.JOB_ADMITTED, durable="podwatcher-admitted", handler=AdmittedHandler(pods)
     )

@@ -58,6 +58,11 @@ class PodWatcherSettings(ServiceSettings):
     reconfigure_timeout_seconds: float = Field(default=180.0, gt=0, le=3600)
     """How long the podwatcher waits for the chief to confirm a new cluster before it
     removes the old pods anyway and marks the plan FAILED."""
+    cluster_name: str = Field(default="local", pattern=r"^[A-Za-z0-9_-]{1,63}$")
+    """The cluster's name in the node inventory's subject (``stride.cluster.v1.nodes.<name>``)."""
+    inventory_interval_seconds: float = Field(default=10.0, gt=0, le=3600)
+    """How often the node inventory is checked; a change is published at once (a drain
+    through the API is published when it happens)."""
     usage_interval_seconds: float = Field(default=5.0, gt=0, le=600)
     """How often pods' CPU and memory use is sampled and published."""
     trainer_module: str = Field(default="stride.trainer", pattern=r"^[A-Za-z_][A-Za-z0-9_.]*$")

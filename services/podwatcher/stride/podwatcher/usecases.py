@@ -55,6 +55,7 @@ from stride.db.outbox import Outbox
 from stride.events.v1 import control_pb2, job_pb2, plan_pb2, pod_pb2
 from stride.podwatcher.adapters.convert import (
     ROLE_TO_PROTO,
+    inventory_to_proto,
     plan_from_proto,
     timestamp,
 )
@@ -68,7 +69,7 @@ from stride.podwatcher.adapters.outbound.backends.base import (
 )
 from stride.podwatcher.adapters.outbound.repository import StoredJob, StoredPlan, StoredPod
 from stride.podwatcher.domain.cluster import PlanState, PodPhase
-from stride.podwatcher.domain.nodes import NodeSpec
+from stride.podwatcher.domain.nodes import NodeSpec, check_node_name
 from stride.podwatcher.domain.plans import Arrival, classify_arrival, validate_plan
 from stride.podwatcher.domain.reconcile import (
     CLUSTER_ROLES,
@@ -129,6 +130,7 @@ class NodeView:
     node: NodeSpec
     cpu_allocated: float
     memory_allocated_bytes: int
+    drained: bool = False
 
 
 def free_port() -> int:
@@ -153,7 +155,12 @@ class PodWatcher:
         bus: Bus,
         timing: Timing = Timing(),
         ports: Callable[[], int] = free_port,
+        cluster: str = "local",
     ) -> None:
+        self.cluster = cluster
+        """The cluster's name in the node inventory's subject."""
+        self._published: tuple[NodeSpec, ...] | None = None
+        """The node inventory last published (None: not yet in this run)."""
         self.database = database
         self.outbox = outbox
         self.backend = backend
@@ -1065,14 +1072,70 @@ class PodWatcher:
         return stored, views
 
     async def nodes(self) -> list[NodeView]:
-        """The nodes and what live pods were given on each."""
+        """Every node, drained or not, and what live pods were given on each."""
         async with self.database.sessions() as session:
             live = await repository.live_pods(session)
         views = []
-        for node in self.backend.nodes():
+        for node, drained in self.backend.all_nodes():
             on = [row.record for row in live if row.record.node == node.name]
-            views.append(NodeView(node, sum(p.cpu for p in on), sum(p.memory_bytes for p in on)))
+            views.append(
+                NodeView(node, sum(p.cpu for p in on), sum(p.memory_bytes for p in on), drained)
+            )
         return views
+
+    # --- node inventory (admission plans on it) ------------------------------------
+
+    async def publish_inventory(self, reason: str) -> None:
+        """Publish every node pods may be placed on now (through the outbox, so a NATS
+        outage delays it and loses nothing)."""
+        nodes = tuple(self.backend.nodes())
+        moment = now_utc()
+        message = inventory_to_proto(self.cluster, nodes, reason, moment)
+        message_id = f"{self.cluster}.nodes.{int(moment.timestamp() * 1_000_000)}"
+        async with self.database.transaction() as session:
+            await self.outbox.add_event(
+                session, topics.NODE_INVENTORY.outgoing(self.cluster, message, message_id)
+            )
+        self.outbox.notify()
+        self._published = nodes
+        log.info("node inventory published", reason=reason, nodes=len(nodes))
+
+    async def check_inventory(self) -> None:
+        """Publish the inventory if it changed since it was last published (the first
+        call of a run always publishes: admission may have missed the last one)."""
+        if self._published is None:
+            await self.publish_inventory("start")
+        elif tuple(self.backend.nodes()) != self._published:
+            await self.publish_inventory("changed")
+
+    async def drain(self, name: str) -> list[str]:
+        """Take a node out of the inventory and evict its pods (their jobs relaunch them
+        where their plans fit); the evicted pods' names."""
+        check_node_name(name)
+        if not self.backend.set_drained(name, True):
+            raise NotFound(f"no node {name!r}")
+        async with self.database.sessions() as session:
+            live = await repository.live_pods(session)
+        evicted = []
+        for row in live:
+            if row.record.node == name and row.record.phase is not PodPhase.FAILED:
+                await self.backend.evict(row.record.name, f"node {name} drained")
+                evicted.append(row.record.name)
+        log.warning("node drained", node=name, evicted=len(evicted))
+        await self.publish_inventory(f"{name} drained")
+        return evicted
+
+    async def restore(self, name: str) -> None:
+        """Put a drained node back, and re-apply running jobs (pods waiting for room)."""
+        check_node_name(name)
+        if not self.backend.set_drained(name, False):
+            raise NotFound(f"no node {name!r}")
+        log.info("node restored", node=name)
+        await self.publish_inventory(f"{name} restored")
+        async with self.database.sessions() as session:
+            jobs = await repository.running_jobs(session)
+        for job_id in jobs:
+            await self.apply(job_id)
 
     async def logs(
         self, job_id: str, pod_name: str, tail: int, follow: bool

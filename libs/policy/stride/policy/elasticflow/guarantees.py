@@ -447,7 +447,7 @@ class GuaranteePolicy:
         vs 0.446), as greedy allocation usually runs admitted jobs ahead of their plans.
         """
         timeline = self._planner.used if self.incremental else None
-        if timeline is None:
+        if timeline is None or view.capacity <= 0:
             return None
         first = math.inf
         for planned, plan in zip(timeline.jobs, timeline.plans, strict=True):
@@ -463,12 +463,16 @@ class GuaranteePolicy:
 
     def admit(self, view: DeadlineView, candidate: JobView) -> bool:
         """Admit only with a guaranteed deadline (minimum satisfactory share exists)."""
+        if view.capacity <= 0:  # every node lost or drained: nothing can be guaranteed
+            return candidate.deadline is None
         if self.incremental:
             return self._planner.admit(view, candidate)
         return admission_test(view, candidate)
 
     def fits(self, view: DeadlineView, candidate: JobView) -> bool:
         """Whether :meth:`admit` would admit ``candidate`` now, without admitting it."""
+        if view.capacity <= 0:
+            return candidate.deadline is None
         if self.incremental:
             return self._planner.fits(view, candidate)
         return admission_test(view, candidate)
@@ -485,6 +489,8 @@ class GuaranteePolicy:
         not at all: its smallest size exceeds the cluster).
         """
         curve = candidate.curve
+        if view.capacity <= 0:
+            return None
         fastest = curve.throughput(curve.usable(min(curve.max_size, view.capacity)))
         if fastest <= 0:
             return None
@@ -516,6 +522,8 @@ class GuaranteePolicy:
 
     def reservations(self, view: DeadlineView) -> dict[str, tuple[int, ...]]:
         """Each guaranteed job's reserved devices per slot (slot 0 = now), by job id."""
+        if view.capacity <= 0:
+            return {}
         if self.incremental:
             return self._planner.reservations(view)
         return _guaranteed(view)
@@ -529,12 +537,16 @@ class GuaranteePolicy:
         return self._shares(view)
 
     def _shares(self, view: DeadlineView) -> dict[str, int]:
+        if view.capacity <= 0:
+            return {}
         if self.incremental:
             return self._planner.guaranteed(view)
         return {job_id: (plan[:1] or (0,))[0] for job_id, plan in _guaranteed(view).items()}
 
     def decide(self, view: DeadlineView) -> dict[str, int]:
         """Minimum shares of this slot first, then spare GPUs by marginal return."""
+        if view.capacity <= 0:
+            return {job.job_id: 0 for job in view.jobs}
         shares = self._shares(view)
         ordered = sorted(view.jobs, key=edf_key)
         request = AllocationRequest(

@@ -2,7 +2,9 @@
 
 from __future__ import annotations
 
-from datetime import datetime
+import math
+from dataclasses import dataclass
+from datetime import UTC, datetime
 
 from google.protobuf.message import Message
 from google.protobuf.timestamp_pb2 import Timestamp
@@ -10,7 +12,7 @@ from google.protobuf.unknown_fields import UnknownFieldSet
 
 from stride.admission.domain.jobs import JobSpec
 from stride.admission.domain.policy import Decision, Outcome, Share
-from stride.events.v1 import job_pb2
+from stride.events.v1 import cluster_pb2, job_pb2
 from stride.runtime.errors import InvalidArgument
 
 OUTCOME_TO_PROTO = {
@@ -86,4 +88,48 @@ def share_to_proto(share: Share) -> job_pb2.ResourceShare:
         cpu=share.cpu,
         memory_bytes=share.memory_bytes,
         devices=share.devices,
+    )
+
+
+@dataclass(frozen=True)
+class Inventory:
+    """What admission takes from a node inventory: units per resource kind, and when."""
+
+    gpus: int
+    cpu: float
+    memory_bytes: int
+    nodes: int
+    observed_at: float
+    reason: str
+
+
+def inventory_from_proto(event: cluster_pb2.NodeInventory) -> Inventory:
+    """Check a node inventory and total it; InvalidArgument names the bad field."""
+    if not event.HasField("observed_at"):
+        raise InvalidArgument("observed_at", "is required (when the podwatcher saw the nodes)")
+    names: set[str] = set()
+    cpu, memory, gpus = 0.0, 0, 0
+    for index, node in enumerate(event.nodes):
+        where = f"nodes[{index}]"
+        if not node.name:
+            raise InvalidArgument(f"{where}.name", "is required")
+        if node.name in names:
+            raise InvalidArgument(f"{where}.name", f"{node.name[:60]!r} is listed twice")
+        names.add(node.name)
+        if not math.isfinite(node.cpu) or node.cpu < 0:
+            raise InvalidArgument(f"{where}.cpu", f"must be a finite number >= 0, got {node.cpu}")
+        if node.memory_bytes < 0:
+            raise InvalidArgument(f"{where}.memory_bytes", f"must be >= 0, got {node.memory_bytes}")
+        if node.gpus < 0:
+            raise InvalidArgument(f"{where}.gpus", f"must be >= 0, got {node.gpus}")
+        cpu += node.cpu
+        memory += node.memory_bytes
+        gpus += node.gpus
+    return Inventory(
+        gpus=gpus,
+        cpu=cpu,
+        memory_bytes=memory,
+        nodes=len(event.nodes),
+        observed_at=event.observed_at.ToDatetime(UTC).timestamp(),
+        reason=event.reason[:120] or "node inventory changed",
     )

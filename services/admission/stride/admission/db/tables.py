@@ -1,4 +1,5 @@
-"""Admission's tables: jobs, their decisions, the ledger, the outbox and its dead letters."""
+"""Admission's tables: jobs, their decisions, the ledger, the capacity, the outbox and its
+dead letters."""
 
 from __future__ import annotations
 
@@ -58,6 +59,16 @@ ledger = Table(
 )
 """A planned job's books (:class:`stride.admission.domain.ledger.Entry`), written whenever
 its units change; progress between writes follows from them (constant units)."""
+
+capacity = Table(
+    "capacity",
+    metadata,
+    Column("kind", String(8), primary_key=True),
+    Column("capacity", Integer, nullable=False),
+    Column("observed_at", Float, nullable=False),
+    Column("reason", String(200), nullable=False),
+)
+"""Units of each resource kind in the newest node inventory (GPUs; CPU units)."""
 
 outbox = outbox_table(metadata)
 outbox_dead_letter = outbox_dead_letter_table(metadata)

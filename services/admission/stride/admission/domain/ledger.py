@@ -146,6 +146,17 @@ class Pool:
             self._view = None
         return changed
 
+    def resize(self, now: float, capacity: int) -> None:
+        """The cluster grew or shrank (nodes added, lost or drained): progress the books
+        to ``now`` on the old capacity; the next round decides on the new one."""
+        self.advance(now)
+        self.capacity = capacity
+        self._view = None
+
+    def guaranteed(self, now: float) -> set[str]:
+        """The jobs whose deadline is guaranteed now."""
+        return set(self.minimum_shares(now))
+
     def minimum_shares(self, now: float) -> dict[str, int]:
         """Each guaranteed job's reservation in the current slot."""
         return self.policy.minimum_shares(self.view(now))

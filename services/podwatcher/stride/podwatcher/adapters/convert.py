@@ -2,12 +2,13 @@
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from datetime import datetime
 
 from google.protobuf.timestamp_pb2 import Timestamp
 
 from stride.api.podwatcher.v1 import podwatcher_service_pb2 as pb
-from stride.events.v1 import plan_pb2, pod_pb2
+from stride.events.v1 import cluster_pb2, plan_pb2, pod_pb2
 from stride.podwatcher.adapters.outbound.backends.base import PodUsage
 from stride.podwatcher.adapters.outbound.repository import StoredPlan, StoredPod
 from stride.podwatcher.domain.cluster import PlanState, PodPhase
@@ -116,14 +117,37 @@ def pod_to_proto(pod: StoredPod, usage: PodUsage | None, address: str) -> pb.Pod
 
 
 def node_to_proto(
-    node: NodeSpec, enforcement: str, cpu_allocated: float, memory_allocated_bytes: int
+    node: NodeSpec,
+    enforcement: str,
+    cpu_allocated: float,
+    memory_allocated_bytes: int,
+    drained: bool = False,
 ) -> pb.Node:
     """The API form of a node."""
     return pb.Node(
         name=node.name,
         cpu=node.cpu,
         memory_bytes=node.memory_bytes,
+        devices=node.gpus,
         enforcement=enforcement,
         cpu_allocated=cpu_allocated,
         memory_allocated_bytes=memory_allocated_bytes,
+        drained=drained,
+    )
+
+
+def inventory_to_proto(
+    cluster: str, nodes: Sequence[NodeSpec], reason: str, moment: datetime
+) -> cluster_pb2.NodeInventory:
+    """The bus form of the node inventory."""
+    return cluster_pb2.NodeInventory(
+        cluster=cluster,
+        nodes=[
+            cluster_pb2.ClusterNode(
+                name=node.name, cpu=node.cpu, memory_bytes=node.memory_bytes, gpus=node.gpus
+            )
+            for node in nodes
+        ],
+        reason=reason,
+        observed_at=timestamp(moment),
     )

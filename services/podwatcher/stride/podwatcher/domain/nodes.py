@@ -5,7 +5,9 @@ packing have a cluster to work with (``STRIDE_PODWATCHER_LOCAL_NODES``). The gra
 list of groups joined by ``+`` or ``;``, each ``N x(cpu=C,memory=M)`` or ``(cpu=C,memory=M)``:
 ``4x(cpu=2,memory=4Gi)``, ``2x(cpu=1,memory=2Gi)+1x(cpu=4,memory=8Gi)``. CPU is cores
 (``1.5``) or millicores (``500m``); memory is bytes or has a unit: ``Ki Mi Gi Ti`` (powers of
-1024) or ``K M G T`` (powers of 1000), as Kubernetes writes quantities.
+1024) or ``K M G T`` (powers of 1000), as Kubernetes writes quantities. An optional
+``gpu=G`` gives a node G GPUs (``16x(cpu=8,memory=64Gi,gpu=8)``): admission counts them for
+GPU jobs (a replay of a GPU trace on simulated pods); local pods do not use them.
 
 Under memory pressure the kubelet evicts the pod whose use most exceeds its request first;
 :func:`choose_eviction` does the same for the local backend.
@@ -32,6 +34,7 @@ class NodeSpec:
     name: str
     cpu: float
     memory_bytes: int
+    gpus: int = 0
 
 
 def _fail(part: str, problem: str) -> InvalidArgument:
@@ -62,6 +65,13 @@ def _memory(part: str, text: str) -> int:
     return amount
 
 
+def _gpus(part: str, text: str) -> int:
+    value = text.strip()
+    if not value.isdigit() or int(value) > 1024:
+        raise _fail(part, f'gpu "{value}" must be a whole number of GPUs from 0 to 1024')
+    return int(value)
+
+
 def parse_nodes(text: str, *, prefix: str = "node") -> tuple[NodeSpec, ...]:
     """The nodes ``text`` describes, named ``<prefix>-0`` onwards; raises InvalidArgument
     quoting the part that does not parse and what was expected."""
@@ -82,8 +92,8 @@ def parse_nodes(text: str, *, prefix: str = "node") -> tuple[NodeSpec, ...]:
             key = key.strip()
             if not equals or not key:
                 raise _fail(part, f"{item.strip()!r} is not key=value")
-            if key not in ("cpu", "memory"):
-                raise _fail(part, f'unknown key "{key}"; use cpu and memory')
+            if key not in ("cpu", "memory", "gpu"):
+                raise _fail(part, f'unknown key "{key}"; use cpu, memory and gpu')
             if key in fields:
                 raise _fail(part, f'"{key}" is given twice')
             fields[key] = value
@@ -91,11 +101,21 @@ def parse_nodes(text: str, *, prefix: str = "node") -> tuple[NodeSpec, ...]:
         if missing:
             raise _fail(part, f"{' and '.join(missing)} missing")
         cpu, memory = _cpu(part, fields["cpu"]), _memory(part, fields["memory"])
+        gpus = _gpus(part, fields.get("gpu", "0"))
         if len(nodes) + count > MAX_NODES:
             raise InvalidArgument(SETTING, f"more than {MAX_NODES} nodes")
         first = len(nodes)
-        nodes.extend(NodeSpec(f"{prefix}-{first + n}", cpu, memory) for n in range(count))
+        nodes.extend(NodeSpec(f"{prefix}-{first + n}", cpu, memory, gpus) for n in range(count))
     return tuple(nodes)
+
+
+def check_node_name(name: str) -> str:
+    """``name`` if it can name a node (Kubernetes: a DNS subdomain, at most 253 chars)."""
+    if not name:
+        raise InvalidArgument("name", "is required: the node's name (stride nodes lists them)")
+    if len(name) > 253 or not re.fullmatch(r"[A-Za-z0-9]([A-Za-z0-9._-]*[A-Za-z0-9])?", name):
+        raise InvalidArgument("name", f"{name[:60]!r} is not a node name")
+    return name
 
 
 @dataclass(frozen=True)

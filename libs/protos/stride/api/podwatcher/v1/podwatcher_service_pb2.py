@@ -27,15 +27,15 @@ from stride.events.v1 import plan_pb2 as stride_dot_events_dot_v1_dot_plan__pb2
 from stride.events.v1 import pod_pb2 as stride_dot_events_dot_v1_dot_pod__pb2
 
 
-DESCRIPTOR = _descriptor_pool.Default().AddSerializedFile(b'\n1stride/api/podwatcher/v1/podwatcher_service.proto\x12\x18stride.api.podwatcher.v1\x1a\x1fgoogle/protobuf/timestamp.proto\x1a\x1bstride/events/v1/plan.proto\x1a\x1astride/events/v1/pod.proto\"\xb2\x01\n\x0cRecordedPlan\x12,\n\x04plan\x18\x01 \x01(\x0b\x32\x1e.stride.events.v1.ResourcePlan\x12\x32\n\x05state\x18\x02 \x01(\x0e\x32#.stride.api.podwatcher.v1.PlanState\x12\x0f\n\x07message\x18\x03 \x01(\t\x12/\n\x0brecorded_at\x18\x04 \x01(\x0b\x32\x1a.google.protobuf.Timestamp\"\xda\x02\n\x03Pod\x12\x0c\n\x04name\x18\x01 \x01(\t\x12$\n\x04role\x18\x02 \x01(\x0e\x32\x16.stride.events.v1.Role\x12\r\n\x05index\x18\x03 \x01(\x05\x12)\n\x05phase\x18\x04 \x01(\x0e\x32\x1a.stride.events.v1.PodPhase\x12\x0b\n\x03\x63pu\x18\x05 \x01(\x01\x12\x14\n\x0cmemory_bytes\x18\x06 \x01(\x03\x12\x0c\n\x04node\x18\x07 \x01(\t\x12\x14\n\x0cplan_version\x18\x08 \x01(\x03\x12\x10\n\x08restarts\x18\t \x01(\x05\x12\x38\n\x0clast_failure\x18\n \x01(\x0e\x32\".stride.events.v1.PodFailureReason\x12\x14\n\x0clast_message\x18\x0b \x01(\t\x12\x10\n\x08\x63pu_used\x18\x0c \x01(\x01\x12\x19\n\x11memory_used_bytes\x18\r \x01(\x03\x12\x0f\n\x07\x61\x64\x64ress\x18\x0e \x01(\t\"#\n\x11GetJobPodsRequest\x12\x0e\n\x06job_id\x18\x01 \x01(\t\"w\n\x12GetJobPodsResponse\x12\x34\n\x04plan\x18\x01 \x01(\x0b\x32&.stride.api.podwatcher.v1.RecordedPlan\x12+\n\x04pods\x18\x02 \x03(\x0b\x32\x1d.stride.api.podwatcher.v1.Pod\"\x12\n\x10ListNodesRequest\"\x94\x01\n\x04Node\x12\x0c\n\x04name\x18\x01 \x01(\t\x12\x0b\n\x03\x63pu\x18\x02 \x01(\x01\x12\x14\n\x0cmemory_bytes\x18\x03 \x01(\x03\x12\x0f\n\x07\x64\x65vices\x18\x04 \x01(\x03\x12\x13\n\x0b\x65nforcement\x18\x05 \x01(\t\x12\x15\n\rcpu_allocated\x18\x06 \x01(\x01\x12\x1e\n\x16memory_allocated_bytes\x18\x07 \x01(\x03\"B\n\x11ListNodesResponse\x12-\n\x05nodes\x18\x01 \x03(\x0b\x32\x1e.stride.api.podwatcher.v1.Node\"Y\n\x11GetPodLogsRequest\x12\x0e\n\x06job_id\x18\x01 \x01(\t\x12\x10\n\x08pod_name\x18\x02 \x01(\t\x12\x0e\n\x06\x66ollow\x18\x03 \x01(\x08\x12\x12\n\ntail_lines\x18\x04 \x01(\x05\"5\n\x12GetPodLogsResponse\x12\x10\n\x08pod_name\x18\x01 \x01(\t\x12\r\n\x05lines\x18\x02 \x03(\t*\x88\x01\n\tPlanState\x12\x1a\n\x16PLAN_STATE_UNSPECIFIED\x10\x00\x12\x17\n\x13PLAN_STATE_RECORDED\x10\x01\x12\x17\n\x13PLAN_STATE_APPLYING\x10\x02\x12\x16\n\x12PLAN_STATE_APPLIED\x10\x03\x12\x15\n\x11PLAN_STATE_FAILED\x10\x04\x32\xcd\x02\n\x11PodWatcherService\x12g\n\nGetJobPods\x12+.stride.api.podwatcher.v1.GetJobPodsRequest\x1a,.stride.api.podwatcher.v1.GetJobPodsResponse\x12\x64\n\tListNodes\x12*.stride.api.podwatcher.v1.ListNodesRequest\x1a+.stride.api.podwatcher.v1.ListNodesResponse\x12i\n\nGetPodLogs\x12+.stride.api.podwatcher.v1.GetPodLogsRequest\x1a,.stride.api.podwatcher.v1.GetPodLogsResponse0\x01\x62\x06proto3')
+DESCRIPTOR = _descriptor_pool.Default().AddSerializedFile(b'\n1stride/api/podwatcher/v1/podwatcher_service.proto\x12\x18stride.api.podwatcher.v1\x1a\x1fgoogle/protobuf/timestamp.proto\x1a\x1bstride/events/v1/plan.proto\x1a\x1astride/events/v1/pod.proto\"\xb2\x01\n\x0cRecordedPlan\x12,\n\x04plan\x18\x01 \x01(\x0b\x32\x1e.stride.events.v1.ResourcePlan\x12\x32\n\x05state\x18\x02 \x01(\x0e\x32#.stride.api.podwatcher.v1.PlanState\x12\x0f\n\x07message\x18\x03 \x01(\t\x12/\n\x0brecorded_at\x18\x04 \x01(\x0b\x32\x1a.google.protobuf.Timestamp\"\xda\x02\n\x03Pod\x12\x0c\n\x04name\x18\x01 \x01(\t\x12$\n\x04role\x18\x02 \x01(\x0e\x32\x16.stride.events.v1.Role\x12\r\n\x05index\x18\x03 \x01(\x05\x12)\n\x05phase\x18\x04 \x01(\x0e\x32\x1a.stride.events.v1.PodPhase\x12\x0b\n\x03\x63pu\x18\x05 \x01(\x01\x12\x14\n\x0cmemory_bytes\x18\x06 \x01(\x03\x12\x0c\n\x04node\x18\x07 \x01(\t\x12\x14\n\x0cplan_version\x18\x08 \x01(\x03\x12\x10\n\x08restarts\x18\t \x01(\x05\x12\x38\n\x0clast_failure\x18\n \x01(\x0e\x32\".stride.events.v1.PodFailureReason\x12\x14\n\x0clast_message\x18\x0b \x01(\t\x12\x10\n\x08\x63pu_used\x18\x0c \x01(\x01\x12\x19\n\x11memory_used_bytes\x18\r \x01(\x03\x12\x0f\n\x07\x61\x64\x64ress\x18\x0e \x01(\t\"#\n\x11GetJobPodsRequest\x12\x0e\n\x06job_id\x18\x01 \x01(\t\"w\n\x12GetJobPodsResponse\x12\x34\n\x04plan\x18\x01 \x01(\x0b\x32&.stride.api.podwatcher.v1.RecordedPlan\x12+\n\x04pods\x18\x02 \x03(\x0b\x32\x1d.stride.api.podwatcher.v1.Pod\"\x12\n\x10ListNodesRequest\"\xa5\x01\n\x04Node\x12\x0c\n\x04name\x18\x01 \x01(\t\x12\x0b\n\x03\x63pu\x18\x02 \x01(\x01\x12\x14\n\x0cmemory_bytes\x18\x03 \x01(\x03\x12\x0f\n\x07\x64\x65vices\x18\x04 \x01(\x03\x12\x13\n\x0b\x65nforcement\x18\x05 \x01(\t\x12\x15\n\rcpu_allocated\x18\x06 \x01(\x01\x12\x1e\n\x16memory_allocated_bytes\x18\x07 \x01(\x03\x12\x0f\n\x07\x64rained\x18\x08 \x01(\x08\"B\n\x11ListNodesResponse\x12-\n\x05nodes\x18\x01 \x03(\x0b\x32\x1e.stride.api.podwatcher.v1.Node\"Y\n\x11GetPodLogsRequest\x12\x0e\n\x06job_id\x18\x01 \x01(\t\x12\x10\n\x08pod_name\x18\x02 \x01(\t\x12\x0e\n\x06\x66ollow\x18\x03 \x01(\x08\x12\x12\n\ntail_lines\x18\x04 \x01(\x05\"5\n\x12GetPodLogsResponse\x12\x10\n\x08pod_name\x18\x01 \x01(\t\x12\r\n\x05lines\x18\x02 \x03(\t\" \n\x10\x44rainNodeRequest\x12\x0c\n\x04name\x18\x01 \x01(\t\")\n\x11\x44rainNodeResponse\x12\x14\n\x0c\x65victed_pods\x18\x01 \x03(\t\"\"\n\x12RestoreNodeRequest\x12\x0c\n\x04name\x18\x01 \x01(\t\"\x15\n\x13RestoreNodeResponse*\x88\x01\n\tPlanState\x12\x1a\n\x16PLAN_STATE_UNSPECIFIED\x10\x00\x12\x17\n\x13PLAN_STATE_RECORDED\x10\x01\x12\x17\n\x13PLAN_STATE_APPLYING\x10\x02\x12\x16\n\x12PLAN_STATE_APPLIED\x10\x03\x12\x15\n\x11PLAN_STATE_FAILED\x10\x04\x32\x9f\x04\n\x11PodWatcherService\x12g\n\nGetJobPods\x12+.stride.api.podwatcher.v1.GetJobPodsRequest\x1a,.stride.api.podwatcher.v1.GetJobPodsResponse\x12\x64\n\tListNodes\x12*.stride.api.podwatcher.v1.ListNodesRequest\x1a+.stride.api.podwatcher.v1.ListNodesResponse\x12\x64\n\tDrainNode\x12*.stride.api.podwatcher.v1.DrainNodeRequest\x1a+.stride.api.podwatcher.v1.DrainNodeResponse\x12j\n\x0bRestoreNode\x12,.stride.api.podwatcher.v1.RestoreNodeRequest\x1a-.stride.api.podwatcher.v1.RestoreNodeResponse\x12i\n\nGetPodLogs\x12+.stride.api.podwatcher.v1.GetPodLogsRequest\x1a,.stride.api.podwatcher.v1.GetPodLogsResponse0\x01\x62\x06proto3')
 
 _globals = globals()
 _builder.BuildMessageAndEnumDescriptors(DESCRIPTOR, _globals)
 _builder.BuildTopDescriptorsAndMessages(DESCRIPTOR, 'stride.api.podwatcher.v1.podwatcher_service_pb2', _globals)
 if not _descriptor._USE_C_DESCRIPTORS:
   DESCRIPTOR._loaded_options = None
-  _globals['_PLANSTATE']._serialized_start=1243
-  _globals['_PLANSTATE']._serialized_end=1379
+  _globals['_PLANSTATE']._serialized_start=1396
+  _globals['_PLANSTATE']._serialized_end=1532
   _globals['_RECORDEDPLAN']._serialized_start=170
   _globals['_RECORDEDPLAN']._serialized_end=348
   _globals['_POD']._serialized_start=351
@@ -47,13 +47,21 @@ if not _descriptor._USE_C_DESCRIPTORS:
   _globals['_LISTNODESREQUEST']._serialized_start=857
   _globals['_LISTNODESREQUEST']._serialized_end=875
   _globals['_NODE']._serialized_start=878
-  _globals['_NODE']._serialized_end=1026
-  _globals['_LISTNODESRESPONSE']._serialized_start=1028
-  _globals['_LISTNODESRESPONSE']._serialized_end=1094
-  _globals['_GETPODLOGSREQUEST']._serialized_start=1096
-  _globals['_GETPODLOGSREQUEST']._serialized_end=1185
-  _globals['_GETPODLOGSRESPONSE']._serialized_start=1187
-  _globals['_GETPODLOGSRESPONSE']._serialized_end=1240
-  _globals['_PODWATCHERSERVICE']._serialized_start=1382
-  _globals['_PODWATCHERSERVICE']._serialized_end=1715
+  _globals['_NODE']._serialized_end=1043
+  _globals['_LISTNODESRESPONSE']._serialized_start=1045
+  _globals['_LISTNODESRESPONSE']._serialized_end=1111
+  _globals['_GETPODLOGSREQUEST']._serialized_start=1113
+  _globals['_GETPODLOGSREQUEST']._serialized_end=1202
+  _globals['_GETPODLOGSRESPONSE']._serialized_start=1204
+  _globals['_GETPODLOGSRESPONSE']._serialized_end=1257
+  _globals['_DRAINNODEREQUEST']._serialized_start=1259
+  _globals['_DRAINNODEREQUEST']._serialized_end=1291
+  _globals['_DRAINNODERESPONSE']._serialized_start=1293
+  _globals['_DRAINNODERESPONSE']._serialized_end=1334
+  _globals['_RESTORENODEREQUEST']._serialized_start=1336
+  _globals['_RESTORENODEREQUEST']._serialized_end=1370
+  _globals['_RESTORENODERESPONSE']._serialized_start=1372
+  _globals['_RESTORENODERESPONSE']._serialized_end=1393
+  _globals['_PODWATCHERSERVICE']._serialized_start=1535
+  _globals['_PODWATCHERSERVICE']._serialized_end=2078
 # @@protoc_insertion_point(module_scope)

@@ -248,6 +248,7 @@ class Node(_message.Message):
     ENFORCEMENT_FIELD_NUMBER: _builtins.int
     CPU_ALLOCATED_FIELD_NUMBER: _builtins.int
     MEMORY_ALLOCATED_BYTES_FIELD_NUMBER: _builtins.int
+    DRAINED_FIELD_NUMBER: _builtins.int
     name: _builtins.str
     """Node name."""
     cpu: _builtins.float
@@ -264,6 +265,8 @@ class Node(_message.Message):
     """The CPU (cores) pods on it have been given."""
     memory_allocated_bytes: _builtins.int
     """The memory pods on it have been given."""
+    drained: _builtins.bool
+    """Drained (DrainNode): no pod is placed on it, and admission does not count it."""
     def __init__(
         self,
         *,
@@ -274,10 +277,11 @@ class Node(_message.Message):
         enforcement: _builtins.str = ...,
         cpu_allocated: _builtins.float = ...,
         memory_allocated_bytes: _builtins.int = ...,
+        drained: _builtins.bool = ...,
     ) -> None: ...
     _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
     def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
-    _ClearFieldArgType: _TypeAlias = _typing.Literal["cpu", b"cpu", "cpu_allocated", b"cpu_allocated", "devices", b"devices", "enforcement", b"enforcement", "memory_allocated_bytes", b"memory_allocated_bytes", "memory_bytes", b"memory_bytes", "name", b"name"]  # noqa: Y015
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["cpu", b"cpu", "cpu_allocated", b"cpu_allocated", "devices", b"devices", "drained", b"drained", "enforcement", b"enforcement", "memory_allocated_bytes", b"memory_allocated_bytes", "memory_bytes", b"memory_bytes", "name", b"name"]  # noqa: Y015
     def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
     def WhichOneof(self, oneof_group: _Never) -> None: ...
 
@@ -368,3 +372,88 @@ class GetPodLogsResponse(_message.Message):
     def WhichOneof(self, oneof_group: _Never) -> None: ...
 
 Global___GetPodLogsResponse: _TypeAlias = GetPodLogsResponse  # noqa: Y015
+
+@_typing.final
+class DrainNodeRequest(_message.Message):
+    """Request of DrainNode."""
+
+    DESCRIPTOR: _descriptor.Descriptor
+
+    NAME_FIELD_NUMBER: _builtins.int
+    name: _builtins.str
+    """The node to drain."""
+    def __init__(
+        self,
+        *,
+        name: _builtins.str = ...,
+    ) -> None: ...
+    _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
+    def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["name", b"name"]  # noqa: Y015
+    def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
+    def WhichOneof(self, oneof_group: _Never) -> None: ...
+
+Global___DrainNodeRequest: _TypeAlias = DrainNodeRequest  # noqa: Y015
+
+@_typing.final
+class DrainNodeResponse(_message.Message):
+    """Response of DrainNode."""
+
+    DESCRIPTOR: _descriptor.Descriptor
+
+    EVICTED_PODS_FIELD_NUMBER: _builtins.int
+    @_builtins.property
+    def evicted_pods(self) -> _containers.RepeatedScalarFieldContainer[_builtins.str]:
+        """The pods evicted from it."""
+
+    def __init__(
+        self,
+        *,
+        evicted_pods: _abc.Iterable[_builtins.str] | None = ...,
+    ) -> None: ...
+    _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
+    def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["evicted_pods", b"evicted_pods"]  # noqa: Y015
+    def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
+    def WhichOneof(self, oneof_group: _Never) -> None: ...
+
+Global___DrainNodeResponse: _TypeAlias = DrainNodeResponse  # noqa: Y015
+
+@_typing.final
+class RestoreNodeRequest(_message.Message):
+    """Request of RestoreNode."""
+
+    DESCRIPTOR: _descriptor.Descriptor
+
+    NAME_FIELD_NUMBER: _builtins.int
+    name: _builtins.str
+    """The node to put back."""
+    def __init__(
+        self,
+        *,
+        name: _builtins.str = ...,
+    ) -> None: ...
+    _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
+    def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["name", b"name"]  # noqa: Y015
+    def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
+    def WhichOneof(self, oneof_group: _Never) -> None: ...
+
+Global___RestoreNodeRequest: _TypeAlias = RestoreNodeRequest  # noqa: Y015
+
+@_typing.final
+class RestoreNodeResponse(_message.Message):
+    """Response of RestoreNode."""
+
+    DESCRIPTOR: _descriptor.Descriptor
+
+    def __init__(
+        self,
+    ) -> None: ...
+    _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
+    def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
+    _ClearFieldArgType: _TypeAlias = _Never  # noqa: Y015
+    def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
+    def WhichOneof(self, oneof_group: _Never) -> None: ...
+
+Global___RestoreNodeResponse: _TypeAlias = RestoreNodeResponse  # noqa: Y015

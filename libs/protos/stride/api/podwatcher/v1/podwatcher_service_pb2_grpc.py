@@ -45,6 +45,16 @@ class PodWatcherServiceStub:
                 request_serializer=stride_dot_api_dot_podwatcher_dot_v1_dot_podwatcher__service__pb2.ListNodesRequest.SerializeToString,
                 response_deserializer=stride_dot_api_dot_podwatcher_dot_v1_dot_podwatcher__service__pb2.ListNodesResponse.FromString,
                 _registered_method=True)
+        self.DrainNode = channel.unary_unary(
+                '/stride.api.podwatcher.v1.PodWatcherService/DrainNode',
+                request_serializer=stride_dot_api_dot_podwatcher_dot_v1_dot_podwatcher__service__pb2.DrainNodeRequest.SerializeToString,
+                response_deserializer=stride_dot_api_dot_podwatcher_dot_v1_dot_podwatcher__service__pb2.DrainNodeResponse.FromString,
+                _registered_method=True)
+        self.RestoreNode = channel.unary_unary(
+                '/stride.api.podwatcher.v1.PodWatcherService/RestoreNode',
+                request_serializer=stride_dot_api_dot_podwatcher_dot_v1_dot_podwatcher__service__pb2.RestoreNodeRequest.SerializeToString,
+                response_deserializer=stride_dot_api_dot_podwatcher_dot_v1_dot_podwatcher__service__pb2.RestoreNodeResponse.FromString,
+                _registered_method=True)
         self.GetPodLogs = channel.unary_stream(
                 '/stride.api.podwatcher.v1.PodWatcherService/GetPodLogs',
                 request_serializer=stride_dot_api_dot_podwatcher_dot_v1_dot_podwatcher__service__pb2.GetPodLogsRequest.SerializeToString,
@@ -65,6 +75,23 @@ class PodWatcherServiceServicer:
 
     def ListNodes(self, request, context):
         """ListNodes returns the node inventory the backend manages.
+        """
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
+    def DrainNode(self, request, context):
+        """DrainNode takes a node out of the inventory: no pod is placed on it, its pods are
+        evicted (and relaunched elsewhere where their plans fit), and admission plans without
+        it. Local backend only (on Kubernetes, drain with kubectl: FAILED_PRECONDITION).
+        NOT_FOUND for an unknown node; draining a drained node changes nothing.
+        """
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
+    def RestoreNode(self, request, context):
+        """RestoreNode puts a drained node back. NOT_FOUND for an unknown node.
         """
         context.set_code(grpc.StatusCode.UNIMPLEMENTED)
         context.set_details('Method not implemented!')
@@ -91,6 +118,16 @@ def add_PodWatcherServiceServicer_to_server(servicer, server):
                     servicer.ListNodes,
                     request_deserializer=stride_dot_api_dot_podwatcher_dot_v1_dot_podwatcher__service__pb2.ListNodesRequest.FromString,
                     response_serializer=stride_dot_api_dot_podwatcher_dot_v1_dot_podwatcher__service__pb2.ListNodesResponse.SerializeToString,
+            ),
+            'DrainNode': grpc.unary_unary_rpc_method_handler(
+                    servicer.DrainNode,
+                    request_deserializer=stride_dot_api_dot_podwatcher_dot_v1_dot_podwatcher__service__pb2.DrainNodeRequest.FromString,
+                    response_serializer=stride_dot_api_dot_podwatcher_dot_v1_dot_podwatcher__service__pb2.DrainNodeResponse.SerializeToString,
+            ),
+            'RestoreNode': grpc.unary_unary_rpc_method_handler(
+                    servicer.RestoreNode,
+                    request_deserializer=stride_dot_api_dot_podwatcher_dot_v1_dot_podwatcher__service__pb2.RestoreNodeRequest.FromString,
+                    response_serializer=stride_dot_api_dot_podwatcher_dot_v1_dot_podwatcher__service__pb2.RestoreNodeResponse.SerializeToString,
             ),
             'GetPodLogs': grpc.unary_stream_rpc_method_handler(
                     servicer.GetPodLogs,
@@ -153,6 +190,60 @@ class PodWatcherService:
             '/stride.api.podwatcher.v1.PodWatcherService/ListNodes',
             stride_dot_api_dot_podwatcher_dot_v1_dot_podwatcher__service__pb2.ListNodesRequest.SerializeToString,
             stride_dot_api_dot_podwatcher_dot_v1_dot_podwatcher__service__pb2.ListNodesResponse.FromString,
+            options,
+            channel_credentials,
+            insecure,
+            call_credentials,
+            compression,
+            wait_for_ready,
+            timeout,
+            metadata,
+            _registered_method=True)
+
+    @staticmethod
+    def DrainNode(request,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.unary_unary(
+            request,
+            target,
+            '/stride.api.podwatcher.v1.PodWatcherService/DrainNode',
+            stride_dot_api_dot_podwatcher_dot_v1_dot_podwatcher__service__pb2.DrainNodeRequest.SerializeToString,
+            stride_dot_api_dot_podwatcher_dot_v1_dot_podwatcher__service__pb2.DrainNodeResponse.FromString,
+            options,
+            channel_credentials,
+            insecure,
+            call_credentials,
+            compression,
+            wait_for_ready,
+            timeout,
+            metadata,
+            _registered_method=True)
+
+    @staticmethod
+    def RestoreNode(request,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.unary_unary(
+            request,
+            target,
+            '/stride.api.podwatcher.v1.PodWatcherService/RestoreNode',
+            stride_dot_api_dot_podwatcher_dot_v1_dot_podwatcher__service__pb2.RestoreNodeRequest.SerializeToString,
+            stride_dot_api_dot_podwatcher_dot_v1_dot_podwatcher__service__pb2.RestoreNodeResponse.FromString,
             options,
             channel_credentials,
             insecure,

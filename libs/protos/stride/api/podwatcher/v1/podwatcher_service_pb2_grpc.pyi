@@ -37,6 +37,14 @@ class PodWatcherServiceStub:
     """GetJobPods returns a job's recorded plan and its pods. NOT_FOUND if the job is unknown."""
     ListNodes: _grpc.UnaryUnaryMultiCallable[_podwatcher_service_pb2.ListNodesRequest, _podwatcher_service_pb2.ListNodesResponse]
     """ListNodes returns the node inventory the backend manages."""
+    DrainNode: _grpc.UnaryUnaryMultiCallable[_podwatcher_service_pb2.DrainNodeRequest, _podwatcher_service_pb2.DrainNodeResponse]
+    """DrainNode takes a node out of the inventory: no pod is placed on it, its pods are
+    evicted (and relaunched elsewhere where their plans fit), and admission plans without
+    it. Local backend only (on Kubernetes, drain with kubectl: FAILED_PRECONDITION).
+    NOT_FOUND for an unknown node; draining a drained node changes nothing.
+    """
+    RestoreNode: _grpc.UnaryUnaryMultiCallable[_podwatcher_service_pb2.RestoreNodeRequest, _podwatcher_service_pb2.RestoreNodeResponse]
+    """RestoreNode puts a drained node back. NOT_FOUND for an unknown node."""
     GetPodLogs: _grpc.UnaryStreamMultiCallable[_podwatcher_service_pb2.GetPodLogsRequest, _podwatcher_service_pb2.GetPodLogsResponse]
     """The last lines of a pod's log, then (with follow) new lines as they are written until
     the pod ends or the caller hangs up. Lines of every process of the pod (the trainer and
@@ -52,6 +60,14 @@ class PodWatcherServiceAsyncStub(PodWatcherServiceStub):
     """GetJobPods returns a job's recorded plan and its pods. NOT_FOUND if the job is unknown."""
     ListNodes: _aio.UnaryUnaryMultiCallable[_podwatcher_service_pb2.ListNodesRequest, _podwatcher_service_pb2.ListNodesResponse]  # type: ignore[assignment]
     """ListNodes returns the node inventory the backend manages."""
+    DrainNode: _aio.UnaryUnaryMultiCallable[_podwatcher_service_pb2.DrainNodeRequest, _podwatcher_service_pb2.DrainNodeResponse]  # type: ignore[assignment]
+    """DrainNode takes a node out of the inventory: no pod is placed on it, its pods are
+    evicted (and relaunched elsewhere where their plans fit), and admission plans without
+    it. Local backend only (on Kubernetes, drain with kubectl: FAILED_PRECONDITION).
+    NOT_FOUND for an unknown node; draining a drained node changes nothing.
+    """
+    RestoreNode: _aio.UnaryUnaryMultiCallable[_podwatcher_service_pb2.RestoreNodeRequest, _podwatcher_service_pb2.RestoreNodeResponse]  # type: ignore[assignment]
+    """RestoreNode puts a drained node back. NOT_FOUND for an unknown node."""
     GetPodLogs: _aio.UnaryStreamMultiCallable[_podwatcher_service_pb2.GetPodLogsRequest, _podwatcher_service_pb2.GetPodLogsResponse]  # type: ignore[assignment]
     """The last lines of a pod's log, then (with follow) new lines as they are written until
     the pod ends or the caller hangs up. Lines of every process of the pod (the trainer and
@@ -76,6 +92,26 @@ class PodWatcherServiceServicer(metaclass=_abc_1.ABCMeta):
         context: _ServicerContext,
     ) -> _typing.Union[_podwatcher_service_pb2.ListNodesResponse, _abc.Awaitable[_podwatcher_service_pb2.ListNodesResponse]]:
         """ListNodes returns the node inventory the backend manages."""
+
+    @_abc_1.abstractmethod
+    def DrainNode(
+        self,
+        request: _podwatcher_service_pb2.DrainNodeRequest,
+        context: _ServicerContext,
+    ) -> _typing.Union[_podwatcher_service_pb2.DrainNodeResponse, _abc.Awaitable[_podwatcher_service_pb2.DrainNodeResponse]]:
+        """DrainNode takes a node out of the inventory: no pod is placed on it, its pods are
+        evicted (and relaunched elsewhere where their plans fit), and admission plans without
+        it. Local backend only (on Kubernetes, drain with kubectl: FAILED_PRECONDITION).
+        NOT_FOUND for an unknown node; draining a drained node changes nothing.
+        """
+
+    @_abc_1.abstractmethod
+    def RestoreNode(
+        self,
+        request: _podwatcher_service_pb2.RestoreNodeRequest,
+        context: _ServicerContext,
+    ) -> _typing.Union[_podwatcher_service_pb2.RestoreNodeResponse, _abc.Awaitable[_podwatcher_service_pb2.RestoreNodeResponse]]:
+        """RestoreNode puts a drained node back. NOT_FOUND for an unknown node."""
 
     @_abc_1.abstractmethod
     def GetPodLogs(

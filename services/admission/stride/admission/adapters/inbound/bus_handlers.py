@@ -1,10 +1,10 @@
-"""Admission's bus consumers: it learns here that jobs finished."""
+"""Admission's bus consumers: it learns here that jobs finished and what nodes there are."""
 
 from __future__ import annotations
 
 from stride.admission.usecases import Submissions
 from stride.bus.client import Delivery
-from stride.events.v1 import job_pb2
+from stride.events.v1 import cluster_pb2, job_pb2
 
 
 class FinishedHandler:
@@ -15,3 +15,13 @@ class FinishedHandler:
 
     async def __call__(self, event: job_pb2.JobFinished, delivery: Delivery) -> None:
         await self.submissions.finished(event)
+
+
+class InventoryHandler:
+    """Takes the cluster's capacity from ``stride.cluster.v1.nodes.<cluster>``."""
+
+    def __init__(self, submissions: Submissions) -> None:
+        self.submissions = submissions
+
+    async def __call__(self, event: cluster_pb2.NodeInventory, delivery: Delivery) -> None:
+        await self.submissions.inventory(event)

@@ -8,7 +8,7 @@ from datetime import datetime
 from sqlalchemy import func, select, update
 from sqlalchemy.ext.asyncio import AsyncSession
 
-from stride.admission.db.tables import decisions, jobs, ledger
+from stride.admission.db.tables import capacity, decisions, jobs, ledger
 from stride.events.v1 import job_pb2
 
 ACTIVE_STATES = ("ADMITTED", "QUEUED")
@@ -219,3 +219,30 @@ async def save_books(
     )
     if not updated.rowcount:  # type: ignore[attr-defined]
         await session.execute(ledger.insert().values(job_id=job_id, **values))
+
+
+@dataclass(frozen=True)
+class StoredCapacity:
+    """One resource kind's units in the newest node inventory."""
+
+    capacity: int
+    observed_at: float
+    reason: str
+
+
+async def capacities(session: AsyncSession) -> dict[str, StoredCapacity]:
+    """Each resource kind's capacity from the newest inventory, by kind."""
+    rows = await session.execute(select(capacity))
+    return {row.kind: StoredCapacity(row.capacity, row.observed_at, row.reason) for row in rows}
+
+
+async def save_capacity(
+    session: AsyncSession, kind: str, units: int, observed_at: float, reason: str
+) -> None:
+    """Insert or update a resource kind's capacity."""
+    values = {"capacity": units, "observed_at": observed_at, "reason": reason[:200]}
+    updated = await session.execute(
+        update(capacity).where(capacity.c.kind == kind).values(**values)
+    )
+    if not updated.rowcount:  # type: ignore[attr-defined]
+        await session.execute(capacity.insert().values(kind=kind, **values))

@@ -49,11 +49,29 @@ class PodWatcherApi(pb_grpc.PodWatcherServiceServicer):
         return pb.ListNodesResponse(
             nodes=[
                 node_to_proto(
-                    view.node, self.enforcement, view.cpu_allocated, view.memory_allocated_bytes
+                    view.node,
+                    self.enforcement,
+                    view.cpu_allocated,
+                    view.memory_allocated_bytes,
+                    view.drained,
                 )
                 for view in views
             ]
         )
+
+    @override
+    async def DrainNode(
+        self, request: pb.DrainNodeRequest, context: Context
+    ) -> pb.DrainNodeResponse:
+        evicted = await self.pods.drain(request.name)
+        return pb.DrainNodeResponse(evicted_pods=evicted)
+
+    @override
+    async def RestoreNode(
+        self, request: pb.RestoreNodeRequest, context: Context
+    ) -> pb.RestoreNodeResponse:
+        await self.pods.restore(request.name)
+        return pb.RestoreNodeResponse()
 
     @override
     async def GetPodLogs(

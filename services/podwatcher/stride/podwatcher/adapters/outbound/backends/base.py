@@ -74,6 +74,18 @@ class Backend(Protocol):
         """The nodes pods can be placed on."""
         ...
 
+    def all_nodes(self) -> list[tuple[NodeSpec, bool]]:
+        """Every node the backend knows and whether it is drained."""
+        ...
+
+    def set_drained(self, name: str, drained: bool) -> bool:
+        """Drain a node or put it back; False for an unknown node."""
+        ...
+
+    async def evict(self, name: str, why: str) -> None:
+        """Stop a pod as its node would evict it (its end is reported as Evicted)."""
+        ...
+
     def host(self) -> str:
         """The address other pods reach a pod's trainer at (host part)."""
         ...

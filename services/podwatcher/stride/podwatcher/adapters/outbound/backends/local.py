@@ -123,14 +123,36 @@ class LocalBackend:
     ) -> None:
         self.runtime = runtime
         self._nodes = nodes
+        self._drained: set[str] = set()
         self.environment = environment
         self.base = _base_environment(os.environ if base_environment is None else base_environment)
         self.enforcement = runtime.enforcement.value
         self.enforcement_note = runtime.enforcement_note
 
     def nodes(self) -> list[NodeSpec]:
-        """The virtual nodes."""
-        return list(self._nodes)
+        """The virtual nodes pods may be placed on (drained ones left out)."""
+        return [node for node in self._nodes if node.name not in self._drained]
+
+    def all_nodes(self) -> list[tuple[NodeSpec, bool]]:
+        """Every virtual node and whether it is drained."""
+        return [(node, node.name in self._drained) for node in self._nodes]
+
+    def set_drained(self, name: str, drained: bool) -> bool:
+        """Drain a virtual node or put it back; False if no node has that name. A drained
+        node's pods are not stopped here: the caller evicts them (:meth:`evict`)."""
+        if all(node.name != name for node in self._nodes):
+            return False
+        if drained:
+            self._drained.add(name)
+        else:
+            self._drained.discard(name)
+        return True
+
+    async def evict(self, name: str, why: str) -> None:
+        """Stop a pod as the node would evict it: its end comes through :meth:`ended` as
+        Evicted, with ``why``."""
+        if name in self.running():
+            await self.runtime.evict(name, why)
 
     def host(self) -> str:
         """Pods of this backend reach each other on loopback."""
