@@ -33,6 +33,7 @@ from stride.testing.streams import stream_messages
 pytestmark = pytest.mark.integration
 
 GIB = 1024**3
+EXAMPLES = Path(__file__).resolve().parents[2] / "examples" / "imported"
 
 
 def profile() -> job_pb2.ScalingProfile:
@@ -314,6 +315,38 @@ async def test_stride_submit_refuses_and_one_command_resubmits_with_the_named_de
         code, out, err = await stride_cli(address, "status", job_id)
         assert "8 CPU units (8 cores, 32 GiB, 6 workers)" in out, (out, err)
         assert "deadline guaranteed under the model: 8 cores reserved now" in out, out
+
+
+async def test_stride_submit_takes_an_elasticjob_and_a_tfjob_as_they_are(
+    nats_url: str, database_url: str, tmp_path: Path
+) -> None:
+    """As a user: a DLRover ElasticJob is submitted with one warning per ignored resource
+    and runs; a kind Stride does not read is refused before anything is stored."""
+    examples = EXAMPLES
+    unknown = tmp_path / "pytorch.yaml"
+    unknown.write_text("apiVersion: kubeflow.org/v1\nkind: PyTorchJob\nmetadata: {name: x}\n")
+    async with (
+        running_service(build, settings(nats_url, database_url)) as host,
+        grpc.aio.insecure_channel(f"127.0.0.1:{host.server.port}") as channel,
+    ):
+        address = f"127.0.0.1:{host.server.port}"
+        code, out, err = await stride_cli(
+            address, "submit", str(examples / "elasticjob-deepctr.yaml")
+        )
+        assert code == 0, (out, err)
+        warned = [line for line in out.splitlines() if line.startswith("warning: ElasticJob")]
+        assert len(warned) == 8, out
+        assert "warning: ElasticJob spec.replicaSpecs.worker.autoScale: ignored" in out
+        assert "admitted" in out, out
+        job_id = next(line for line in out.splitlines() if line.startswith("job-")).split()[0]
+        stub = pb_grpc.AdmissionServiceStub(channel)
+        job = (await stub.GetJob(pb.GetJobRequest(job_id=job_id))).job
+        assert job.spec.name == "deepctr-auto-scaling" and job.spec.user == "alice"
+        assert job.spec.priority == job_pb2.PRIORITY_HIGH
+        code, out, err = await stride_cli(address, "submit", str(unknown))
+        assert code == 2 and "kind: unknown kind 'PyTorchJob'" in err, (out, err)
+        listed = (await stub.ListJobs(pb.ListJobsRequest())).jobs
+        assert [j.job_id for j in listed] == [job_id]
 
 
 def inventory(units: int, at: datetime, reason: str) -> cluster_pb2.NodeInventory:

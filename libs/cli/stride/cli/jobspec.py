@@ -28,6 +28,7 @@ import yaml
 from google.protobuf.descriptor import FieldDescriptor
 from google.protobuf.message import Message
 
+from stride.cli.imports import ANNOTATION, ForeignSpecError, Imported, convert, is_foreign
 from stride.events.v1 import job_pb2
 from stride.vocabulary import InvalidWord, echo
 from stride.vocabulary.jobspec import (
@@ -93,6 +94,8 @@ class Submission:
     spec: job_pb2.JobSpec
     request_id: str
     """Derived from the user and the spec as written (see :func:`request_id_for`)."""
+    warnings: tuple[str, ...] = ()
+    """What an imported TFJob or ElasticJob said that Stride ignores, one line each."""
 
 
 def _shown(key: str) -> str:
@@ -134,6 +137,8 @@ class _Reader:
     def __init__(self, now: datetime) -> None:
         self.now = now
         self.relative_deadline: timedelta | None = None
+        self.imported: Imported | None = None
+        """Set when the file was a TFJob or an ElasticJob (converted before filling)."""
 
     def deadline(self, raw: object, path: str) -> Deadline:
         if isinstance(raw, datetime):
@@ -298,8 +303,28 @@ def _parse(text: str, now: datetime) -> tuple[job_pb2.JobSpec, _Reader]:
         raise SpecError("spec", "the file is empty")
     spec = job_pb2.JobSpec()
     reader = _Reader(now)
+    if is_foreign(data):
+        try:
+            imported = convert(data)
+        except ForeignSpecError as error:
+            raise SpecError(error.field, error.problem) from None
+        reader.imported = imported
+        try:
+            reader.fill(spec, imported.data, "spec")
+        except SpecError as error:
+            raise _from_import(error, imported.source) from None
+        return spec, reader
     reader.fill(spec, data, "spec")
     return spec, reader
+
+
+def _from_import(error: SpecError, source: str) -> SpecError:
+    """A Stride spec error on a converted TFJob/ElasticJob, with where to fix it."""
+    return SpecError(
+        error.field,
+        f"{error.problem} (the {source} was converted; give Stride's fields under "
+        f"metadata.annotations['{ANNOTATION}'])",
+    )
 
 
 def parse_spec(text: str, now: datetime | None = None) -> job_pb2.JobSpec:
@@ -372,8 +397,12 @@ def load_submission(
     try:
         validate(JobSpec.from_message(spec), moment)
     except InvalidWord as error:
-        raise SpecError(error.field, error.problem) from None
-    return Submission(spec, request_id_for(spec, reader.relative_deadline))
+        problem = SpecError(error.field, error.problem)
+        if reader.imported is not None:
+            problem = _from_import(problem, reader.imported.source)
+        raise problem from None
+    warnings = reader.imported.warnings if reader.imported is not None else ()
+    return Submission(spec, request_id_for(spec, reader.relative_deadline), warnings)
 
 
 def load_spec(path: Path, now: datetime | None = None) -> job_pb2.JobSpec:

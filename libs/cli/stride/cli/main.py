@@ -179,6 +179,8 @@ def submit(
         submission = load_submission(spec_file, deadline=deadline)
     except SpecError as error:
         _submit_error(f"{_printable(str(spec_file))}: {error}")
+    for line in submission.warnings:
+        warn(line)
     key = request_id or (f"new-{uuid.uuid4().hex}" if new else submission.request_id)
     sent_at = datetime.now(UTC)
     try:
