@@ -420,7 +420,7 @@ async def test_a_node_loss_withdraws_a_guarantee_and_says_why_and_nodes_back_res
                     1, stream_messages(nats_url, topics.dead_letter_subject("admission-inventory"))
                 )
             )
-            why = dead[0].headers["Stride-Dead-Letter-Reason"]
+            why = (dead[0].headers or {})["Stride-Dead-Letter-Reason"]
             assert "nodes[1].name" in why and "listed twice" in why, why
             still = await job()
             assert not still.share.guaranteed and still.share.units == 3

@@ -586,6 +586,75 @@ def cancel(job_id: str, state_dir: StateDir = DEFAULT_STATE_DIR) -> None:
 
 
 @app.command()
+def replay(
+    trace: Annotated[Path, typer.Option(help="Deadline trace CSV (ElasticFlow's format).")],
+    cluster: Annotated[Path, typer.Option(help="Cluster spec CSV (its GPUs).")],
+    curves: Annotated[Path, typer.Option(help="Folder of throughput tables.")] = Path(
+        "../shared/traces/throughputs_A100"
+    ),
+    speedup: Annotated[
+        float, typer.Option(min=1.0, max=100_000.0, help="Replay seconds per wall second.")
+    ] = 500.0,
+    window: Annotated[str, typer.Option(help="START:END seconds, first:N, or all.")] = "all",
+    state_dir: Annotated[
+        Path | None, typer.Option(help="Keep the replay's NATS store, database and logs here.")
+    ] = None,
+    sim_too: Annotated[
+        bool, typer.Option("--sim/--no-sim", help="Also run stride sim and compare.")
+    ] = True,
+) -> None:
+    """Drive a live admission service with a trace on a fast clock; print its deadline
+    ratio beside stride sim's on the same trace and cluster."""
+    from stride.cli.replay import ReplayError, replay_trace
+    from stride.cli.simulate import SimUsageError, parse_window
+    from stride.policy.errors import PolicyError
+    from stride.sim.engine import SimulationError
+
+    try:
+        result = replay_trace(
+            trace, cluster, curves, speedup, parse_window(window), state_dir, sim_too
+        )
+    except (ReplayError, SimUsageError, SimulationError, PolicyError) as error:
+        fail(str(error))
+        return
+    except ExceptionGroup as group:  # a submission failed: say which, not the traceback
+        first = group.exceptions[0]
+        if isinstance(first, ReplayError):
+            fail(str(first))
+            return
+        raise
+    live = result.live
+    table = Table(title=f"replay of {trace.name} on {result.gpus} GPUs")
+    for column in ("", "jobs", "with deadline", "refused", "met", "DSR", "wall time"):
+        table.add_column(column, justify="left" if not column else "right")
+    table.add_row(
+        f"live admission (x{live.speedup:g})",
+        str(live.jobs),
+        str(live.deadline_jobs),
+        str(live.rejected),
+        str(live.met),
+        "-" if live.dsr is None else f"{live.dsr:.4f}",
+        f"{live.wall_seconds:.1f} s",
+    )
+    if result.sim_dsr is not None:
+        table.add_row(
+            "stride sim",
+            str(live.jobs),
+            str(live.deadline_jobs),
+            "",
+            "",
+            f"{result.sim_dsr:.4f}",
+            f"{result.sim_wall_seconds:.1f} s",
+        )
+    console.print(table)
+    if result.difference_pp is not None:
+        console.print(
+            f"difference: {result.difference_pp:+.2f} percentage points (live - sim)",
+            highlight=False,
+        )
+
+
+@app.command()
 def sim(
     env: Annotated[str, typer.Option(help="deadline, dlrm or dataworkers.")] = "deadline",
     trace: Annotated[Path | None, typer.Option(help="Trace CSV (deadline env).")] = None,

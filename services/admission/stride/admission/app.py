@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import time
+from datetime import UTC, datetime
 from pathlib import Path
 
 import structlog
@@ -10,7 +12,7 @@ from stride.admission.adapters.inbound.bus_handlers import FinishedHandler, Inve
 from stride.admission.adapters.inbound.grpc_api import AdmissionApi
 from stride.admission.db.tables import outbox as outbox_table
 from stride.admission.settings import AdmissionSettings
-from stride.admission.usecases import Cluster, Submissions
+from stride.admission.usecases import Clock, Cluster, Submissions, wall_clock
 from stride.api.admission.v1 import admission_service_pb2, admission_service_pb2_grpc
 from stride.bus import topics
 from stride.db.outbox import Outbox
@@ -31,7 +33,9 @@ async def build(settings: AdmissionSettings) -> ServiceHost:
     bus = await connect_bus(settings, host)
     database = await open_database(settings, host, MIGRATIONS)
     outbox = Outbox(outbox_table)
-    submissions = Submissions(database, outbox, cluster(settings))
+    submissions = Submissions(
+        database, outbox, cluster(settings), replay_clock(settings), settings.replay_speedup
+    )
     admission_service_pb2_grpc.add_AdmissionServiceServicer_to_server(
         AdmissionApi(submissions), host.server.server
     )
@@ -60,6 +64,20 @@ async def build(settings: AdmissionSettings) -> ServiceHost:
             handler=InventoryHandler(submissions),
         )
     return host
+
+
+def replay_clock(settings: AdmissionSettings) -> Clock:
+    """The wall clock, or a replay's accelerated one (``replay_speedup`` > 1)."""
+    if settings.replay_speedup == 1.0:
+        return wall_clock
+    speedup = settings.replay_speedup
+    origin = settings.replay_origin if settings.replay_origin is not None else time.time()
+    log.warning("replay clock: time runs faster than the wall clock", speedup=speedup)
+
+    def accelerated() -> datetime:
+        return datetime.fromtimestamp(origin + (time.time() - origin) * speedup, UTC)
+
+    return accelerated
 
 
 def cluster(settings: AdmissionSettings) -> Cluster:

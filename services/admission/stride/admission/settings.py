@@ -57,6 +57,14 @@ class AdmissionSettings(ServiceSettings, DecisionSettings):
     """A folder of ElasticFlow throughput tables (``<model>.csv``): GPU jobs of a model and
     batch size found there need no declared profile."""
 
+    replay_speedup: float = Field(default=1.0, ge=1.0, le=100_000.0, allow_inf_nan=False)
+    """``stride replay`` only: admission's clock runs this many times faster than the wall
+    clock from ``replay_origin``, so a trace's days pass in minutes (its slot-boundary
+    rounds are timed on that clock). 1: the wall clock."""
+    replay_origin: float | None = Field(default=None, ge=0, allow_inf_nan=False)
+    """Unix seconds at which the replay clock equals the wall clock (set with
+    ``replay_speedup``; unset: the service's start)."""
+
     @model_validator(mode="after")
     def _capacity_pair(self) -> AdmissionSettings:
         if (self.cluster_cpu is None) != (self.cluster_memory_gib is None):

@@ -122,7 +122,10 @@ class Submissions:
         outbox: Outbox,
         cluster: Cluster,
         clock: Clock = wall_clock,
+        speedup: float = 1.0,
     ) -> None:
+        self.speedup = speedup
+        """How much faster ``clock`` runs than the wall clock (a replay's; timers scale)."""
         self.database = database
         self.outbox = outbox
         self.cluster = cluster
@@ -445,7 +448,7 @@ class Submissions:
             return
         if armed is not None:
             armed[1].cancel()
-        delay = max(0.0, wakeup - self.clock().timestamp())
+        delay = max(0.0, wakeup - self.clock().timestamp()) / self.speedup
         handle = asyncio.get_running_loop().call_later(delay, self._start_tick, kind)
         self._timers[kind] = (wakeup, handle)
 

@@ -1,0 +1,408 @@
+"""``stride replay``: a deadline trace through the live admission service, on a fast clock.
+
+``stride sim --env deadline`` and the admission service run one policy class
+(:class:`~stride.policy.elasticflow.guarantees.GuaranteePolicy`); this command checks that
+they also make the same decisions end to end. It starts an embedded nats-server and a real
+admission process (``python -m stride.admission``, SQLite, the cluster's GPUs and the
+curves table), whose clock runs ``--speedup`` times faster than the wall clock. Then:
+
+- every trace job is submitted through gRPC (``SubmitJob``) when its arrival comes on that
+  clock, as a simulated GPU job of its model and batch size with its deadline;
+- the jobs' pods are simulated here, from admission's ``stride.jobs.v1.share.<job>``
+  events: a job progresses at its curve's speed on the GPUs its share gives it, pausing
+  20 s after every change (the simulator's rule), and when its work is done a
+  ``stride.jobs.v1.finished.<job>`` event is published (what the podwatcher does for
+  real pods), at the moment the model says;
+- the deadline satisfactory ratio (jobs done by their deadline over jobs with one; a
+  refused job misses) is printed beside ``stride sim``'s Stride result on the same trace
+  and cluster, with the difference in percentage points.
+
+The optimizer and the podwatcher are not started: a trace's GPU jobs have no PS/worker
+plans to make, and their pods are the model's, simulated here.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import math
+import os
+import subprocess
+import sys
+import tempfile
+import time
+from collections.abc import Sequence
+from dataclasses import dataclass, field
+from datetime import UTC, datetime
+from pathlib import Path
+from typing import Any
+
+import grpc
+import nats
+from grpc_health.v1 import health_pb2, health_pb2_grpc
+
+from stride.api.admission.v1 import admission_service_pb2 as pb
+from stride.api.admission.v1 import admission_service_pb2_grpc as pb_grpc
+from stride.bus import topics
+from stride.events.v1 import job_pb2
+from stride.policy.elasticflow.curves import ScalingCurve
+from stride.policy.elasticflow.guarantees import SCALING_PAUSE_SECONDS, SLOT_SECONDS
+from stride.runtime.embedded_nats import NatsServer, free_port
+
+LEAD_SECONDS = 2.0
+"""Wall seconds between the admission service answering and the first arrival."""
+STALL_SECONDS = 120.0
+"""Wall seconds without any job ending or being decided, and no job's end scheduled,
+before the replay gives up (admission stopped answering, or left jobs with no GPUs)."""
+
+
+class ReplayError(RuntimeError):
+    """The replay could not run (bad input, or a service that did not start)."""
+
+
+@dataclass
+class Tracked:
+    """One trace job: what admission said and its books under the model."""
+
+    name: str
+    model: str
+    batch_size: int
+    arrival: float
+    """Replay seconds (admission's clock)."""
+    deadline: float | None
+    iterations: float
+    curve: ScalingCurve
+    job_id: str = ""
+    rejected: bool = False
+    remaining: float = 0.0
+    units: int = 0
+    last: float = 0.0
+    paused_until: float = 0.0
+    version: int = 0
+    finished_at: float | None = None
+    timer: asyncio.TimerHandle | None = field(default=None, repr=False)
+
+    @property
+    def done(self) -> bool:
+        return self.rejected or self.finished_at is not None
+
+
+@dataclass(frozen=True)
+class ReplayResult:
+    """What the replay measured."""
+
+    jobs: int
+    deadline_jobs: int
+    rejected: int
+    met: int
+    dsr: float | None
+    wall_seconds: float
+    speedup: float
+
+
+class Replay:
+    """Drives one admission service with a trace's jobs and simulates their pods."""
+
+    def __init__(
+        self,
+        jobs: Sequence[Tracked],
+        admission: str,
+        nats_url: str,
+        origin: float,
+        speedup: float,
+        pause_seconds: float = SCALING_PAUSE_SECONDS,
+    ) -> None:
+        self.jobs = list(jobs)
+        self.admission = admission
+        self.nats_url = nats_url
+        self.origin = origin
+        self.speedup = speedup
+        self.pause = pause_seconds
+        self.by_id: dict[str, Tracked] = {}
+        self.early: dict[str, list[job_pb2.JobShare]] = {}
+        """Shares that arrived before their job's SubmitJob answer."""
+        self.progress = asyncio.Event()
+        self.finishing: set[asyncio.Task[None]] = set()
+        self.js: Any = None
+
+    def now(self) -> float:
+        """Admission's clock (replay seconds)."""
+        return self.origin + (time.time() - self.origin) * self.speedup
+
+    def wall(self, at: float) -> float:
+        """The wall time at which admission's clock reads ``at``."""
+        return self.origin + (at - self.origin) / self.speedup
+
+    async def run(self) -> ReplayResult:
+        started = time.monotonic()
+        connection = await nats.connect(self.nats_url, name="stride-replay")
+        self.js = connection.jetstream()
+        subscription = await self.js.subscribe(
+            topics.JOB_SHARE.pattern(), cb=self._on_share, ordered_consumer=True
+        )
+        try:
+            async with grpc.aio.insecure_channel(self.admission) as channel:
+                stub = pb_grpc.AdmissionServiceStub(channel)
+                async with asyncio.TaskGroup() as group:  # a failed submission stops it all
+                    for job in sorted(self.jobs, key=lambda j: j.arrival):
+                        delay = self.wall(job.arrival) - time.time()
+                        if delay > 0:
+                            await asyncio.sleep(delay)
+                        group.create_task(self._submit(stub, job))
+                await self._until_done()
+        finally:
+            await subscription.unsubscribe()
+            await connection.drain()
+        deadline_jobs = [job for job in self.jobs if job.deadline is not None]
+        met = sum(
+            1
+            for job in deadline_jobs
+            if job.finished_at is not None
+            and job.deadline is not None
+            and job.finished_at <= job.deadline + 1e-6
+        )
+        return ReplayResult(
+            jobs=len(self.jobs),
+            deadline_jobs=len(deadline_jobs),
+            rejected=sum(1 for job in self.jobs if job.rejected),
+            met=met,
+            dsr=met / len(deadline_jobs) if deadline_jobs else None,
+            wall_seconds=time.monotonic() - started,
+            speedup=self.speedup,
+        )
+
+    async def _until_done(self) -> None:
+        while not all(job.done for job in self.jobs):
+            self.progress.clear()
+            try:
+                await asyncio.wait_for(self.progress.wait(), STALL_SECONDS)
+            except TimeoutError:
+                if any(job.timer is not None and not job.done for job in self.jobs):
+                    continue  # a long job runs on: its end is scheduled
+                waiting = [job.name for job in self.jobs if not job.done][:5]
+                raise ReplayError(
+                    f"no job was decided or ended for {STALL_SECONDS:g} s; still running: "
+                    f"{', '.join(waiting)} (see the admission log)"
+                ) from None
+        if self.finishing:
+            await asyncio.gather(*self.finishing)
+
+    async def _submit(self, stub: Any, job: Tracked) -> None:
+        spec = _spec(job)
+        try:
+            reply = await stub.SubmitJob(pb.SubmitJobRequest(spec=spec, request_id=job.name))
+        except grpc.aio.AioRpcError as error:
+            raise ReplayError(
+                f"admission refused {job.name}'s submission: {error.details()}"
+            ) from None
+        decided = reply.job
+        job.job_id = decided.job_id
+        job.remaining = float(spec.termination.max_steps)
+        job.last = job.arrival
+        self.by_id[job.job_id] = job
+        if decided.decision.outcome == job_pb2.ADMISSION_OUTCOME_REJECTED:
+            job.rejected = True
+        for share in self.early.pop(job.job_id, []):
+            self._apply(job, share)
+        self.progress.set()
+
+    async def _on_share(self, msg: Any) -> None:
+        share = job_pb2.JobShare.FromString(msg.data)
+        job = self.by_id.get(share.job_id)
+        if job is None:
+            self.early.setdefault(share.job_id, []).append(share)
+            return
+        self._apply(job, share)
+
+    def _apply(self, job: Tracked, share: job_pb2.JobShare) -> None:
+        """The simulator's books for one share change (:class:`Pool`'s rule)."""
+        if share.version <= job.version or job.done:
+            return
+        job.version = share.version
+        at = share.decided_at.ToDatetime(tzinfo=UTC).timestamp()
+        self._advance(job, at)
+        units = int(share.units)
+        if units != job.units:
+            job.units = units
+            job.last = at
+            if units:
+                job.paused_until = at + self.pause
+        self._schedule_end(job)
+
+    def _advance(self, job: Tracked, at: float) -> None:
+        if job.units:
+            start = max(job.last, job.paused_until)
+            if at > start:
+                rate = job.curve.throughput(job.units)
+                job.remaining = max(0.0, job.remaining - rate * (at - start))
+        job.last = max(job.last, at)
+
+    def _schedule_end(self, job: Tracked) -> None:
+        if job.timer is not None:
+            job.timer.cancel()
+            job.timer = None
+        if not job.units:
+            return
+        start = max(job.last, job.paused_until)
+        end = start + job.remaining / job.curve.throughput(job.units)
+        delay = max(0.0, self.wall(end) - time.time())
+        version = job.version
+        job.timer = asyncio.get_running_loop().call_later(delay, self._end, job, end, version)
+
+    def _end(self, job: Tracked, end: float, version: int) -> None:
+        if job.version != version or job.done:
+            return
+        job.finished_at = end
+        task = asyncio.get_running_loop().create_task(self._publish_end(job, end))
+        self.finishing.add(task)
+        task.add_done_callback(self.finishing.discard)
+        self.progress.set()
+
+    async def _publish_end(self, job: Tracked, end: float) -> None:
+        event = job_pb2.JobFinished(job_id=job.job_id, outcome=job_pb2.JOB_OUTCOME_SUCCEEDED)
+        event.finished_at.FromDatetime(datetime.fromtimestamp(end, UTC))
+        outgoing = topics.JOB_FINISHED.outgoing(job.job_id, event, f"{job.job_id}.finished")
+        await self.js.publish(
+            outgoing.subject,
+            outgoing.payload,
+            headers={**outgoing.headers, "Nats-Msg-Id": outgoing.message_id},
+        )
+
+
+def _spec(job: Tracked) -> job_pb2.JobSpec:
+    """A trace job as a user would submit it: a simulated GPU job of a known model."""
+    spec = job_pb2.JobSpec(
+        name=job.name,
+        user="replay",
+        model=job_pb2.ModelReference(name=job.model, entrypoint="stride_replay.simulated:train"),
+        dataset=job_pb2.DatasetSpec(
+            name="trace",
+            uri="trace://replay",
+            record_count=max(1, round(job.iterations)) * job.batch_size,
+        ),
+        batch_size=job.batch_size,
+        termination=job_pb2.Termination(max_steps=max(1, round(job.iterations))),
+        resource_kind=job_pb2.RESOURCE_KIND_GPU,
+        simulated=True,
+    )
+    if job.deadline is not None:
+        spec.deadline.FromDatetime(datetime.fromtimestamp(job.deadline, UTC))
+    return spec
+
+
+@dataclass(frozen=True)
+class Comparison:
+    """The live replay beside the simulator on the same trace and cluster."""
+
+    live: ReplayResult
+    sim_dsr: float | None
+    sim_wall_seconds: float
+    gpus: int
+    trace: str
+    cluster: str
+
+    @property
+    def difference_pp(self) -> float | None:
+        if self.live.dsr is None or self.sim_dsr is None:
+            return None
+        return 100.0 * (self.live.dsr - self.sim_dsr)
+
+
+def replay_trace(
+    trace: Path,
+    cluster: Path,
+    curves: Path,
+    speedup: float,
+    window: Any = None,
+    state_dir: Path | None = None,
+    simulate: bool = True,
+) -> Comparison:
+    """Run a trace through a fresh admission service and (``simulate``) ``stride sim``."""
+    from stride.sim.deadline import DeadlineCluster, run_deadline
+    from stride.sim.traces import load_cluster_spec, load_curves, load_deadline_trace
+
+    trace_jobs = load_deadline_trace(trace, window)
+    if not trace_jobs:
+        raise ReplayError(f"--trace: {trace} has no job in the window")
+    spec = load_cluster_spec(cluster)
+    gpus = DeadlineCluster.from_spec(spec).num_gpus
+    library = load_curves(curves)
+    for job in trace_jobs:
+        library.curve(job)  # every job's model and batch size must be known (names the line)
+    sim_dsr, sim_wall = None, 0.0
+    if simulate:
+        began = time.monotonic()
+        result = run_deadline(trace_jobs, DeadlineCluster.from_spec(spec), "stride", 0, library)
+        sim_wall, sim_dsr = time.monotonic() - began, result.dsr
+    workdir = Path(state_dir or tempfile.mkdtemp(prefix="stride-replay-"))
+    workdir.mkdir(parents=True, exist_ok=True)
+    server = NatsServer(workdir / "nats").start()
+    admission: subprocess.Popen[bytes] | None = None
+    try:
+        port = free_port()
+        origin = time.time()
+        env = {
+            **os.environ,
+            "STRIDE_ADMISSION_NATS_URL": server.url,
+            "STRIDE_ADMISSION_DATABASE_URL": f"sqlite:///{workdir / 'admission.db'}",
+            "STRIDE_ADMISSION_GRPC_HOST": "127.0.0.1",
+            "STRIDE_ADMISSION_GRPC_PORT": str(port),
+            "STRIDE_ADMISSION_CAPACITY_SOURCE": "settings",
+            "STRIDE_ADMISSION_CLUSTER_GPUS": str(gpus),
+            "STRIDE_ADMISSION_CURVES_DIR": str(curves),
+            "STRIDE_ADMISSION_REPLAY_SPEEDUP": repr(float(speedup)),
+            "STRIDE_ADMISSION_REPLAY_ORIGIN": repr(origin),
+            "STRIDE_ADMISSION_LOG_LEVEL": os.environ.get("STRIDE_ADMISSION_LOG_LEVEL", "warning"),
+        }
+        with (workdir / "admission.log").open("ab") as log:
+            admission = subprocess.Popen(
+                [sys.executable, "-m", "stride.admission"],
+                env=env,
+                stdout=log,
+                stderr=subprocess.STDOUT,
+            )
+        address = f"127.0.0.1:{port}"
+        _wait_serving(address, admission, workdir / "admission.log")
+        replay_now = origin + (time.time() + LEAD_SECONDS - origin) * speedup
+        # Trace time 0 falls on a slot boundary of admission's clock, as it does in the sim.
+        offset = math.ceil(replay_now / SLOT_SECONDS) * SLOT_SECONDS - trace_jobs[0].submission_time
+        tracked = [
+            Tracked(
+                name=f"trace-{job.line or index}",
+                model=job.model_name,
+                batch_size=job.batch_size,
+                arrival=job.submission_time + offset,
+                deadline=None if job.deadline is None else job.deadline + offset,
+                iterations=job.iterations,
+                curve=library.curve(job),
+            )
+            for index, job in enumerate(trace_jobs)
+        ]
+        live = asyncio.run(Replay(tracked, address, server.url, origin, speedup).run())
+    finally:
+        if admission is not None and admission.poll() is None:
+            admission.terminate()
+            try:
+                admission.wait(20)
+            except subprocess.TimeoutExpired:
+                admission.kill()
+                admission.wait()
+        server.stop()
+    return Comparison(live, sim_dsr, sim_wall, gpus, str(trace), str(cluster))
+
+
+def _wait_serving(address: str, process: subprocess.Popen[bytes], log: Path) -> None:
+    deadline = time.monotonic() + 60
+    with grpc.insecure_channel(address) as channel:
+        stub = health_pb2_grpc.HealthStub(channel)
+        while time.monotonic() < deadline:
+            if process.poll() is not None:
+                tail = log.read_text(errors="replace").strip().splitlines()[-3:]
+                raise ReplayError(f"the admission service exited: {' | '.join(tail)}")
+            try:
+                reply = stub.Check(health_pb2.HealthCheckRequest(), timeout=1)
+                if reply.status == health_pb2.HealthCheckResponse.SERVING:
+                    return
+            except grpc.RpcError:
+                pass
+            time.sleep(0.2)
+    raise ReplayError(f"the admission service did not serve within 60 s (log: {log})")
