@@ -73,6 +73,14 @@ def spec(steps: int, deadline: datetime | None = None, **changes: object) -> job
     return message
 
 
+def hog_deadline(now: datetime) -> datetime:
+    """A deadline for 200,000 steps (5,000 s on all 8 units) with the least slack the slot
+    grid allows: the 17th slot end after the current 300 s slot's (5,100 to 5,400 s away),
+    after the 20 s pause, plus the minute a refusal adds."""
+    first = (now.timestamp() // 300 + 1) * 300 - now.timestamp()
+    return now + timedelta(seconds=first + 17 * 300 + 20 + 60)
+
+
 def settings(nats_url: str, database_url: str) -> AdmissionSettings:
     return local_settings(
         AdmissionSettings,
@@ -111,8 +119,14 @@ async def test_an_impossible_deadline_is_refused_with_one_that_works(
     assert "could guarantee by +1h" in decision.reason, decision.reason
     assert decision.HasField("earliest_deadline")
     earliest = decision.earliest_deadline.ToDatetime(tzinfo=UTC)
-    # 17 whole 300 s slots (5,100 s) after the 20 s pause, plus a minute to resubmit.
-    assert timedelta(seconds=5100) < earliest - now < timedelta(seconds=5100 + 20 + 60 + 30)
+    # 5,000 s of work at 8 units: the rest of this 300 s slot of the grid, then whole slots
+    # to the first slot end at least 5,000 s away (5,000 to 5,300 s), after the 20 s pause,
+    # plus a minute to resubmit.
+    slot_start = now.timestamp() // 300 * 300
+    first = slot_start + 300 - now.timestamp()
+    whole = -(-(5000 - first) // 300)  # whole slots after the first, rounded up
+    expected = first + whole * 300 + 20 + 60
+    assert abs((earliest - now).total_seconds() - expected) < 30, (earliest - now, expected)
     assert not refused.HasField("share")
     rejected = await assert_eventually(
         lambda: stream_messages(nats_url, topics.JOB_REJECTED.subject(refused.job_id))
@@ -154,7 +168,7 @@ async def test_a_guaranteed_job_keeps_its_reservation_and_the_rest_waits_then_ru
     now = datetime.now(UTC)
     # Needs all 8 units for 17 slots to make 2 h... 200,000 steps in ~2 h: 8 units in
     # its first slot, so a best-effort job arriving next gets nothing until it ends.
-    hog = await submit(stub, spec(200_000, now + timedelta(seconds=5100 + 20 + 60)))
+    hog = await submit(stub, spec(200_000, hog_deadline(now)))
     assert hog.state == pb.JOB_STATE_ADMITTED and hog.share.units == 8
     waiting = await submit(stub, spec(1000))
     assert waiting.state == pb.JOB_STATE_QUEUED
@@ -185,7 +199,7 @@ async def test_a_finished_job_frees_its_share_for_the_queue(
     stub: pb_grpc.AdmissionServiceAsyncStub, nats_url: str
 ) -> None:
     now = datetime.now(UTC)
-    first = await submit(stub, spec(200_000, now + timedelta(seconds=5100 + 20 + 60)))
+    first = await submit(stub, spec(200_000, hog_deadline(now)))
     second = await submit(stub, spec(50_000))
     assert first.share.units == 8 and second.state == pb.JOB_STATE_QUEUED
     bus = await Bus.connect(nats_url, "test-finisher")
@@ -218,7 +232,7 @@ async def test_shares_are_rebuilt_from_storage_after_a_restart(
         grpc.aio.insecure_channel(f"127.0.0.1:{host.server.port}") as channel,
     ):
         stub = pb_grpc.AdmissionServiceStub(channel)
-        hog = await submit(stub, spec(200_000, now + timedelta(seconds=5100 + 20 + 60)))
+        hog = await submit(stub, spec(200_000, hog_deadline(now)))
         assert hog.share.units == 8
     async with (
         running_service(build, settings(nats_url, database_url)) as host,
@@ -375,7 +389,7 @@ async def test_a_node_loss_withdraws_a_guarantee_and_says_why_and_nodes_back_res
         ):
             stub = pb_grpc.AdmissionServiceStub(channel)
             # 200,000 steps at 40 steps/s need all 8 units for 5,000 s of its 5,100.
-            hog = await submit(stub, spec(200_000, now + timedelta(seconds=5100 + 20 + 60)))
+            hog = await submit(stub, spec(200_000, hog_deadline(now)))
             assert hog.share.guaranteed and hog.share.units == 8
 
             async def published(units: int, at: datetime, reason: str, n: int) -> None:

@@ -375,6 +375,9 @@ class Submissions:
         now = moment.timestamp()
         minimum = pool.minimum_shares(now) if changed else {}
         states = await repository.job_states(session, [j for j in changed if j != decided])
+        books: list[repository.Books] = []
+        events = []
+        admitted: list[tuple[str, Entry]] = []
         for job_id in changed:
             entry = pool.entries.get(job_id)
             if entry is None:
@@ -390,25 +393,29 @@ class Submissions:
                 reason=reason,
                 decided_at=timestamp(moment),
             )
-            await repository.save_books(
-                session,
-                job_id=job_id,
-                kind=kind.value,
-                deadline=entry.deadline,
-                submitted=entry.submitted,
-                total_steps=entry.total_steps,
-                remaining=entry.remaining,
-                units=entry.units,
-                paused_until=entry.paused_until,
-                last_update=entry.last_update,
-                share=share,
+            books.append(
+                repository.Books(
+                    job_id=job_id,
+                    kind=kind.value,
+                    deadline=entry.deadline,
+                    submitted=entry.submitted,
+                    total_steps=entry.total_steps,
+                    remaining=entry.remaining,
+                    units=entry.units,
+                    paused_until=entry.paused_until,
+                    last_update=entry.last_update,
+                    share=share,
+                )
             )
-            await self.outbox.add_event(
-                session, topics.JOB_SHARE.outgoing(job_id, share, f"{job_id}.share.{version}")
-            )
-            self._versions[job_id] = version
+            events.append(topics.JOB_SHARE.outgoing(job_id, share, f"{job_id}.share.{version}"))
             if states.get(job_id) == "QUEUED" and entry.units:
-                await self._admit_queued(session, job_id, entry, kind, reason, moment)
+                admitted.append((job_id, entry))
+        await repository.save_books_many(session, books)
+        await self.outbox.add_events(session, events)
+        for entry_books in books:
+            self._versions[entry_books.job_id] = entry_books.share.version
+        for job_id, entry in admitted:
+            await self._admit_queued(session, job_id, entry, kind, reason, moment)
 
     async def _admit_queued(
         self,
