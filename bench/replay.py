@@ -33,7 +33,7 @@ RESULTS = ROOT / "bench" / "results"
 RUNS: dict[str, tuple[str, str, int]] = {
     # name: (trace, cluster spec, speedup). The speedup keeps each run to minutes of wall
     # time: a decision's latency is multiplied by it on admission's clock.
-    "195job": ("itp-ef/195job.csv", "n16g8", 1000),
+    "195job": ("itp-ef/195job.csv", "n16g8", 300),
     "itp-cluster10": ("itp-ef/cluster10.csv", "n8g8", 3000),
 }
 

@@ -55,8 +55,12 @@ def test_the_live_admission_service_meets_the_deadlines_the_simulator_does(
         state=tmp_path / "replay",
     )
     assert done.returncode == 0, (done.stdout, done.stderr)
-    live = re.search(r"live admission \(x1000\)\s+20\s+20\s+(\d+)\s+(\d+)\s+([\d.]+)", done.stdout)
-    sim = re.search(r"stride sim\s+20\s+20\s+([\d.]+)", done.stdout)
+    cells = r"[\s│|]+"
+    live = re.search(
+        rf"live admission \(x1000\){cells}20{cells}20{cells}(\d+){cells}(\d+){cells}([\d.]+)",
+        done.stdout,
+    )
+    sim = re.search(rf"stride sim{cells}20{cells}20{cells}([\d.]+)", done.stdout)
     assert live and sim, done.stdout
     refused, met, live_dsr = int(live[1]), int(live[2]), float(live[3])
     assert live_dsr == pytest.approx(met / 20)

@@ -320,6 +320,14 @@ def replay_trace(
     from stride.sim.deadline import DeadlineCluster, run_deadline
     from stride.sim.traces import load_cluster_spec, load_curves, load_deadline_trace
 
+    for option, path, folder in (
+        ("--trace", trace, False),
+        ("--cluster", cluster, False),
+        ("--curves", curves, True),
+    ):
+        if not (path.is_dir() if folder else path.is_file()):
+            kind = "folder" if folder else "file"
+            raise ReplayError(f"{option}: {path} is not a {kind}")
     trace_jobs = load_deadline_trace(trace, window)
     if not trace_jobs:
         raise ReplayError(f"--trace: {trace} has no job in the window")
