@@ -30,6 +30,11 @@ def extra_requirements(extra: str) -> set[str]:
     return names
 
 
+def test_admission_extra_has_what_its_policy_and_quotas_file_import() -> None:
+    # GuaranteePolicy's progressive filling is numpy; the quotas file is YAML.
+    assert {"numpy", "pyyaml"} <= extra_requirements("admission")
+
+
 def test_agent_extra_is_small() -> None:
     assert not extra_requirements("agent") & {"tensorflow", "tensorflow-cpu", "pymoo", "sqlalchemy"}
 

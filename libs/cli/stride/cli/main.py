@@ -998,6 +998,121 @@ def nodes_restore(
     console.print(f"{name} restored", highlight=False)
 
 
+quota_app = typer.Typer(
+    help="User and team quotas: admission rejects a job over one, naming it.",
+    no_args_is_help=False,
+)
+app.add_typer(quota_app, name="quota")
+
+
+def _admission(state_dir: Path, rpc: Callable[[Any], T]) -> T:
+    try:
+        return call("admission", state_dir, lambda ch: rpc(admission_grpc.AdmissionServiceStub(ch)))
+    except (CliError, NoSuite) as error:
+        fail(str(error))
+        raise AssertionError("unreachable") from None
+
+
+def _quota_table(statuses: list[admission_pb.QuotaStatus]) -> Table:
+    table = Table(title="quotas")
+    for column in ("scope", "active jobs", "submissions", "window", "members", "set by"):
+        table.add_column(
+            column, justify="right" if column in ("active jobs", "submissions") else "left"
+        )
+    for status in statuses:
+        quota, use = status.quota, status.use
+        table.add_row(
+            quota.scope,
+            f"{use.active_jobs} of {quota.max_active_jobs or 'any'}",
+            f"{use.submissions} of {quota.max_submissions or 'any'}",
+            f"{quota.window_seconds / 3600:g}h",
+            ", ".join(quota.members) or "-",
+            quota.source,
+        )
+    return table
+
+
+@quota_app.callback(invoke_without_command=True)
+def quota_list(ctx: typer.Context, state_dir: StateDir = DEFAULT_STATE_DIR) -> None:
+    """Every quota and what its user or team holds now."""
+    if ctx.invoked_subcommand is not None:
+        return
+    listed = _admission(
+        state_dir,
+        lambda stub: (
+            stub.ListQuotas(admission_pb.ListQuotasRequest(), timeout=RPC_TIMEOUT_SECONDS).quotas
+        ),
+    )
+    if not listed:
+        console.print("no quotas")
+        return
+    console.print(_quota_table(list(listed)))
+
+
+@quota_app.command("set")
+def quota_set(
+    scope: Annotated[str, typer.Argument(help="user:<name> or team:<name>.")],
+    max_active_jobs: Annotated[
+        int, typer.Option(help="Jobs admitted or queued at once (0: no limit).")
+    ] = 0,
+    max_submissions: Annotated[
+        int, typer.Option(help="Jobs submitted within --window-hours (0: no limit).")
+    ] = 0,
+    window_hours: Annotated[float, typer.Option(help="The submission window.")] = 24.0,
+    members: Annotated[str, typer.Option(help="A team's users, comma-separated.")] = "",
+    state_dir: StateDir = DEFAULT_STATE_DIR,
+) -> None:
+    """Set (replace) a quota; refused if the scope already holds more than it allows."""
+    quota = admission_pb.Quota(
+        scope=scope,
+        max_active_jobs=max_active_jobs,
+        max_submissions=max_submissions,
+        window_seconds=window_hours * 3600,
+        members=[m.strip() for m in members.split(",") if m.strip()],
+    )
+    status = _admission(
+        state_dir,
+        lambda stub: (
+            stub.SetQuota(
+                admission_pb.SetQuotaRequest(quota=quota), timeout=RPC_TIMEOUT_SECONDS
+            ).status
+        ),
+    )
+    console.print(_quota_table([status]))
+
+
+@quota_app.command("show")
+def quota_show(
+    scope: Annotated[str, typer.Argument(help="user:<name> or team:<name>.")],
+    state_dir: StateDir = DEFAULT_STATE_DIR,
+) -> None:
+    """One quota and its use."""
+    status = _admission(
+        state_dir,
+        lambda stub: (
+            stub.GetQuota(
+                admission_pb.GetQuotaRequest(scope=scope), timeout=RPC_TIMEOUT_SECONDS
+            ).status
+        ),
+    )
+    console.print(_quota_table([status]))
+
+
+@quota_app.command("delete")
+def quota_delete(
+    scope: Annotated[str, typer.Argument(help="user:<name> or team:<name>.")],
+    state_dir: StateDir = DEFAULT_STATE_DIR,
+) -> None:
+    """Remove a quota."""
+    _admission(
+        state_dir,
+        lambda stub: stub.DeleteQuota(
+            admission_pb.DeleteQuotaRequest(scope=scope), timeout=RPC_TIMEOUT_SECONDS
+        ),
+    )
+    console.print(f"quota of {scope} removed", highlight=False)
+
+
 def _phase_text(process: ProcessState | None) -> str:
     if process is None:
         return "unknown"

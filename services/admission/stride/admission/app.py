@@ -7,16 +7,19 @@ from datetime import UTC, datetime
 from pathlib import Path
 
 import structlog
+import yaml
 
 from stride.admission.adapters.inbound.bus_handlers import FinishedHandler, InventoryHandler
 from stride.admission.adapters.inbound.grpc_api import AdmissionApi
 from stride.admission.db.tables import outbox as outbox_table
+from stride.admission.domain.quotas import Quota, quotas_from_config
 from stride.admission.settings import AdmissionSettings
 from stride.admission.usecases import Clock, Cluster, Submissions, wall_clock
 from stride.api.admission.v1 import admission_service_pb2, admission_service_pb2_grpc
 from stride.bus import topics
 from stride.db.outbox import Outbox
 from stride.policy.elasticflow.units import GIB, CpuUnit, cpu_capacity
+from stride.runtime.errors import InvalidArgument, StartupError
 from stride.runtime.lifecycle import ServiceHost
 from stride.runtime.machine import machine_cores, machine_memory_bytes
 from stride.wiring import connect_bus, consume, create_host, open_database, relay_outbox
@@ -29,6 +32,7 @@ SERVICE_NAME = admission_service_pb2.DESCRIPTOR.services_by_name["AdmissionServi
 
 async def build(settings: AdmissionSettings) -> ServiceHost:
     """Connect everything and return a host ready to run."""
+    quotas = configured_quotas(settings)  # a bad file stops start-up before anything opens
     host = create_host(settings, [SERVICE_NAME])
     bus = await connect_bus(settings, host)
     database = await open_database(settings, host, MIGRATIONS)
@@ -47,6 +51,7 @@ async def build(settings: AdmissionSettings) -> ServiceHost:
         submissions.close()
 
     host.add_root_task("admission-rounds", rounds_until_stop)
+    await submissions.load_quotas(quotas)
     await submissions.decide_pending()
     consume(
         host,
@@ -64,6 +69,20 @@ async def build(settings: AdmissionSettings) -> ServiceHost:
             handler=InventoryHandler(submissions),
         )
     return host
+
+
+def configured_quotas(settings: AdmissionSettings) -> tuple[Quota, ...]:
+    """The quotas file's quotas; a bad file stops start-up naming the entry and field."""
+    if settings.quotas_file is None:
+        return ()
+    try:
+        data = yaml.safe_load(settings.quotas_file.read_text(encoding="utf-8"))
+    except (OSError, UnicodeDecodeError, yaml.YAMLError) as error:
+        raise StartupError(f"quotas_file {settings.quotas_file}: {error}") from None
+    try:
+        return quotas_from_config(data)
+    except InvalidArgument as error:
+        raise StartupError(f"{settings.quotas_file}: {error}") from None
 
 
 def replay_clock(settings: AdmissionSettings) -> Clock:

@@ -57,6 +57,10 @@ class AdmissionSettings(ServiceSettings, DecisionSettings):
     """A folder of ElasticFlow throughput tables (``<model>.csv``): GPU jobs of a model and
     batch size found there need no declared profile."""
 
+    quotas_file: Path | None = None
+    """A YAML file of user and team quotas (``quotas: [{scope: team:ranking, members:
+    [alice, bob], max_active_jobs: 8, max_submissions: 50, window_seconds: 86400}]``),
+    loaded at start; the admin API's SetQuota wins for the same scope."""
     replay_speedup: float = Field(default=1.0, ge=1.0, le=100_000.0, allow_inf_nan=False)
     """``stride replay`` only: admission's clock runs this many times faster than the wall
     clock from ``replay_origin``, so a trace's days pass in minutes (its slot-boundary
@@ -71,6 +75,8 @@ class AdmissionSettings(ServiceSettings, DecisionSettings):
             raise ValueError(
                 "cluster_cpu and cluster_memory_gib: set both (the cluster's capacity) or neither"
             )
+        if self.quotas_file is not None and not self.quotas_file.is_file():
+            raise ValueError(f"quotas_file: {self.quotas_file} is not a file")
         if self.curves_dir is not None and not self.curves_dir.is_dir():
             raise ValueError(f"curves_dir: {self.curves_dir} is not a folder")
         return self

@@ -21,7 +21,7 @@ import contextlib
 import uuid
 from collections.abc import AsyncIterator, Callable, Mapping
 from dataclasses import dataclass, field
-from datetime import UTC, datetime
+from datetime import UTC, datetime, timedelta
 from typing import Any
 
 import structlog
@@ -45,6 +45,7 @@ from stride.admission.domain.policy import (
     in_words,
     job_curve,
 )
+from stride.admission.domain.quotas import Quota, below_use, check_scope, violation
 from stride.bus import topics
 from stride.db.engine import ConflictingWrite, Database
 from stride.db.outbox import Outbox
@@ -52,7 +53,7 @@ from stride.events.v1 import cluster_pb2, job_pb2
 from stride.policy.elasticflow.curves import ScalingCurve
 from stride.policy.elasticflow.guarantees import SCALING_PAUSE_SECONDS, SLOT_SECONDS
 from stride.policy.elasticflow.units import CpuUnit, JobCurve, cpu_capacity
-from stride.runtime.errors import AlreadyExists, InvalidArgument, NotFound
+from stride.runtime.errors import AlreadyExists, FailedPrecondition, InvalidArgument, NotFound
 from stride.vocabulary.jobspec import ResourceKind
 
 __all__ = ["StoredJob", "Submissions", "new_job_id"]
@@ -221,7 +222,10 @@ class Submissions:
         pool: Pool | None = None
         entry: Entry | None = None
         changed: dict[str, int] = {}
-        if curve is None:
+        over = await self._over_quota(spec.user, job_id, moment)
+        if over is not None:
+            decision = Decision(Outcome.REJECTED, over, POLICY, None)
+        elif curve is None:
             decision = _without_curve(spec)
         else:
             pool = await self._pool(spec.kind)
@@ -662,6 +666,86 @@ class Submissions:
                 job_id, message, f"{job_id}.decision.{number}"
             ),
         )
+
+    # --- quotas (ElasticFlow sec. 4.4: checked before the job is planned) -------------
+
+    async def _over_quota(self, user: str, job_id: str, moment: datetime) -> str | None:
+        """Why the job breaks a quota that binds its user, or None."""
+        async with self.database.sessions() as session:
+            binding = [q for q in await repository.all_quotas(session) if q.binds(user)]
+            for quota in binding:
+                since = moment - timedelta(seconds=quota.window_seconds)
+                times, active = await repository.scope_use(session, quota.users(), since, job_id)
+                problem = violation(quota, moment.timestamp(), times, active)
+                if problem is not None:
+                    return (
+                        f"over the quota of {quota.scope}: {problem}; resubmit when one of "
+                        "its jobs ends (stride quota show " + quota.scope + ")"
+                    )
+        return None
+
+    async def _use(self, session: Any, quota: Quota, moment: datetime) -> tuple[int, int]:
+        since = moment - timedelta(seconds=quota.window_seconds)
+        times, active = await repository.scope_use(session, quota.users(), since)
+        return len(times), active
+
+    async def set_quota(self, quota: Quota) -> tuple[Quota, int, int]:
+        """Store a quota set through the API (it wins over the quotas file); refused,
+        changing nothing, if the scope already holds more than it allows. The quota and
+        the scope's submissions and active jobs."""
+        moment = self.clock()
+        async with self.database.transaction() as session:
+            submissions, active = await self._use(session, quota, moment)
+            problem = below_use(quota, submissions, active)
+            if problem is not None:
+                raise FailedPrecondition(f"quota below current use: {problem}")
+            await repository.put_quota(session, quota, moment)
+        log.info("quota set", scope=quota.scope, source=quota.source)
+        return quota, submissions, active
+
+    async def quota(self, scope: str) -> tuple[Quota, int, int]:
+        """A scope's quota and its use; NotFound if it has none."""
+        check_scope(scope)
+        async with self.database.sessions() as session:
+            quota = await repository.get_quota(session, scope)
+            if quota is None:
+                raise NotFound(f"no quota for {scope!r}")
+            return (quota, *await self._use(session, quota, self.clock()))
+
+    async def quotas(self) -> list[tuple[Quota, int, int]]:
+        """Every quota with its use."""
+        moment = self.clock()
+        async with self.database.sessions() as session:
+            return [
+                (quota, *await self._use(session, quota, moment))
+                for quota in await repository.all_quotas(session)
+            ]
+
+    async def delete_quota(self, scope: str) -> None:
+        """Remove a scope's quota (none: no-op)."""
+        check_scope(scope)
+        async with self.database.transaction() as session:
+            await repository.delete_quota(session, scope)
+        log.info("quota removed", scope=scope)
+
+    async def load_quotas(self, configured: tuple[Quota, ...]) -> None:
+        """The quotas file's quotas replace the file's earlier ones; a scope set through
+        the API keeps its quota."""
+        moment = self.clock()
+        async with self.database.transaction() as session:
+            stored = {q.scope: q for q in await repository.all_quotas(session)}
+            names = {q.scope for q in configured}
+            for scope, quota in stored.items():
+                if quota.source == "config" and scope not in names:
+                    await repository.delete_quota(session, scope)
+            for quota in configured:
+                kept = stored.get(quota.scope)
+                if kept is not None and kept.source == "api":
+                    log.info("quota set through the API kept over the file's", scope=quota.scope)
+                    continue
+                await repository.put_quota(session, quota, moment)
+        if configured:
+            log.info("quotas loaded from the quotas file", count=len(configured))
 
     async def decide_pending(self) -> int:
         """Decide every job a crash left undecided; returns how many."""

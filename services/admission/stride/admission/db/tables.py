@@ -4,6 +4,7 @@ dead letters."""
 from __future__ import annotations
 
 from sqlalchemy import (
+    JSON,
     Column,
     DateTime,
     Float,
@@ -69,6 +70,19 @@ capacity = Table(
     Column("reason", String(200), nullable=False),
 )
 """Units of each resource kind in the newest node inventory (GPUs; CPU units)."""
+
+quotas = Table(
+    "quotas",
+    metadata,
+    Column("scope", String(140), primary_key=True),
+    Column("max_active_jobs", Integer, nullable=False),
+    Column("max_submissions", Integer, nullable=False),
+    Column("window_seconds", Float, nullable=False),
+    Column("members", JSON, nullable=False),
+    Column("source", String(8), nullable=False),
+    Column("updated_at", DateTime(timezone=True), nullable=False),
+)
+"""Quotas of users and teams (:mod:`stride.admission.domain.quotas`)."""
 
 outbox = outbox_table(metadata)
 outbox_dead_letter = outbox_dead_letter_table(metadata)

@@ -26,15 +26,15 @@ from google.protobuf import timestamp_pb2 as google_dot_protobuf_dot_timestamp__
 from stride.events.v1 import job_pb2 as stride_dot_events_dot_v1_dot_job__pb2
 
 
-DESCRIPTOR = _descriptor_pool.Default().AddSerializedFile(b'\n/stride/api/admission/v1/admission_service.proto\x12\x17stride.api.admission.v1\x1a\x1fgoogle/protobuf/timestamp.proto\x1a\x1astride/events/v1/job.proto\"\x84\x02\n\x03Job\x12\x0e\n\x06job_id\x18\x01 \x01(\t\x12\'\n\x04spec\x18\x02 \x01(\x0b\x32\x19.stride.events.v1.JobSpec\x12\x30\n\x05state\x18\x03 \x01(\x0e\x32!.stride.api.admission.v1.JobState\x12\x35\n\x08\x64\x65\x63ision\x18\x04 \x01(\x0b\x32#.stride.events.v1.AdmissionDecision\x12\x30\n\x0csubmitted_at\x18\x05 \x01(\x0b\x32\x1a.google.protobuf.Timestamp\x12)\n\x05share\x18\x06 \x01(\x0b\x32\x1a.stride.events.v1.JobShare\"O\n\x10SubmitJobRequest\x12\'\n\x04spec\x18\x01 \x01(\x0b\x32\x19.stride.events.v1.JobSpec\x12\x12\n\nrequest_id\x18\x02 \x01(\t\">\n\x11SubmitJobResponse\x12)\n\x03job\x18\x01 \x01(\x0b\x32\x1c.stride.api.admission.v1.Job\"\x1f\n\rGetJobRequest\x12\x0e\n\x06job_id\x18\x01 \x01(\t\";\n\x0eGetJobResponse\x12)\n\x03job\x18\x01 \x01(\x0b\x32\x1c.stride.api.admission.v1.Job\"2\n\x0fListJobsRequest\x12\x0c\n\x04user\x18\x01 \x01(\t\x12\x11\n\tpage_size\x18\x02 \x01(\x05\">\n\x10ListJobsResponse\x12*\n\x04jobs\x18\x01 \x03(\x0b\x32\x1c.stride.api.admission.v1.Job\"\"\n\x10\x43\x61ncelJobRequest\x12\x0e\n\x06job_id\x18\x01 \x01(\t\">\n\x11\x43\x61ncelJobResponse\x12)\n\x03job\x18\x01 \x01(\x0b\x32\x1c.stride.api.admission.v1.Job*\xcc\x01\n\x08JobState\x12\x19\n\x15JOB_STATE_UNSPECIFIED\x10\x00\x12\x17\n\x13JOB_STATE_SUBMITTED\x10\x01\x12\x16\n\x12JOB_STATE_ADMITTED\x10\x02\x12\x14\n\x10JOB_STATE_QUEUED\x10\x03\x12\x16\n\x12JOB_STATE_REJECTED\x10\x04\x12\x17\n\x13JOB_STATE_SUCCEEDED\x10\x05\x12\x14\n\x10JOB_STATE_FAILED\x10\x06\x12\x17\n\x13JOB_STATE_CANCELLED\x10\x07\x32\x96\x03\n\x10\x41\x64missionService\x12\x62\n\tSubmitJob\x12).stride.api.admission.v1.SubmitJobRequest\x1a*.stride.api.admission.v1.SubmitJobResponse\x12Y\n\x06GetJob\x12&.stride.api.admission.v1.GetJobRequest\x1a\'.stride.api.admission.v1.GetJobResponse\x12_\n\x08ListJobs\x12(.stride.api.admission.v1.ListJobsRequest\x1a).stride.api.admission.v1.ListJobsResponse\x12\x62\n\tCancelJob\x12).stride.api.admission.v1.CancelJobRequest\x1a*.stride.api.admission.v1.CancelJobResponseb\x06proto3')
+DESCRIPTOR = _descriptor_pool.Default().AddSerializedFile(b'\n/stride/api/admission/v1/admission_service.proto\x12\x17stride.api.admission.v1\x1a\x1fgoogle/protobuf/timestamp.proto\x1a\x1astride/events/v1/job.proto\"\x84\x02\n\x03Job\x12\x0e\n\x06job_id\x18\x01 \x01(\t\x12\'\n\x04spec\x18\x02 \x01(\x0b\x32\x19.stride.events.v1.JobSpec\x12\x30\n\x05state\x18\x03 \x01(\x0e\x32!.stride.api.admission.v1.JobState\x12\x35\n\x08\x64\x65\x63ision\x18\x04 \x01(\x0b\x32#.stride.events.v1.AdmissionDecision\x12\x30\n\x0csubmitted_at\x18\x05 \x01(\x0b\x32\x1a.google.protobuf.Timestamp\x12)\n\x05share\x18\x06 \x01(\x0b\x32\x1a.stride.events.v1.JobShare\"O\n\x10SubmitJobRequest\x12\'\n\x04spec\x18\x01 \x01(\x0b\x32\x19.stride.events.v1.JobSpec\x12\x12\n\nrequest_id\x18\x02 \x01(\t\">\n\x11SubmitJobResponse\x12)\n\x03job\x18\x01 \x01(\x0b\x32\x1c.stride.api.admission.v1.Job\"\x1f\n\rGetJobRequest\x12\x0e\n\x06job_id\x18\x01 \x01(\t\";\n\x0eGetJobResponse\x12)\n\x03job\x18\x01 \x01(\x0b\x32\x1c.stride.api.admission.v1.Job\"2\n\x0fListJobsRequest\x12\x0c\n\x04user\x18\x01 \x01(\t\x12\x11\n\tpage_size\x18\x02 \x01(\x05\">\n\x10ListJobsResponse\x12*\n\x04jobs\x18\x01 \x03(\x0b\x32\x1c.stride.api.admission.v1.Job\"\"\n\x10\x43\x61ncelJobRequest\x12\x0e\n\x06job_id\x18\x01 \x01(\t\">\n\x11\x43\x61ncelJobResponse\x12)\n\x03job\x18\x01 \x01(\x0b\x32\x1c.stride.api.admission.v1.Job\"\x81\x01\n\x05Quota\x12\r\n\x05scope\x18\x01 \x01(\t\x12\x17\n\x0fmax_active_jobs\x18\x02 \x01(\x03\x12\x17\n\x0fmax_submissions\x18\x03 \x01(\x03\x12\x16\n\x0ewindow_seconds\x18\x04 \x01(\x01\x12\x0f\n\x07members\x18\x05 \x03(\t\x12\x0e\n\x06source\x18\x06 \x01(\t\"4\n\x08QuotaUse\x12\x13\n\x0b\x61\x63tive_jobs\x18\x01 \x01(\x03\x12\x13\n\x0bsubmissions\x18\x02 \x01(\x03\"l\n\x0bQuotaStatus\x12-\n\x05quota\x18\x01 \x01(\x0b\x32\x1e.stride.api.admission.v1.Quota\x12.\n\x03use\x18\x02 \x01(\x0b\x32!.stride.api.admission.v1.QuotaUse\"@\n\x0fSetQuotaRequest\x12-\n\x05quota\x18\x01 \x01(\x0b\x32\x1e.stride.api.admission.v1.Quota\"H\n\x10SetQuotaResponse\x12\x34\n\x06status\x18\x01 \x01(\x0b\x32$.stride.api.admission.v1.QuotaStatus\" \n\x0fGetQuotaRequest\x12\r\n\x05scope\x18\x01 \x01(\t\"H\n\x10GetQuotaResponse\x12\x34\n\x06status\x18\x01 \x01(\x0b\x32$.stride.api.admission.v1.QuotaStatus\"\x13\n\x11ListQuotasRequest\"J\n\x12ListQuotasResponse\x12\x34\n\x06quotas\x18\x01 \x03(\x0b\x32$.stride.api.admission.v1.QuotaStatus\"#\n\x12\x44\x65leteQuotaRequest\x12\r\n\x05scope\x18\x01 \x01(\t\"\x15\n\x13\x44\x65leteQuotaResponse*\xcc\x01\n\x08JobState\x12\x19\n\x15JOB_STATE_UNSPECIFIED\x10\x00\x12\x17\n\x13JOB_STATE_SUBMITTED\x10\x01\x12\x16\n\x12JOB_STATE_ADMITTED\x10\x02\x12\x14\n\x10JOB_STATE_QUEUED\x10\x03\x12\x16\n\x12JOB_STATE_REJECTED\x10\x04\x12\x17\n\x13JOB_STATE_SUCCEEDED\x10\x05\x12\x14\n\x10JOB_STATE_FAILED\x10\x06\x12\x17\n\x13JOB_STATE_CANCELLED\x10\x07\x32\xa9\x06\n\x10\x41\x64missionService\x12\x62\n\tSubmitJob\x12).stride.api.admission.v1.SubmitJobRequest\x1a*.stride.api.admission.v1.SubmitJobResponse\x12Y\n\x06GetJob\x12&.stride.api.admission.v1.GetJobRequest\x1a\'.stride.api.admission.v1.GetJobResponse\x12_\n\x08ListJobs\x12(.stride.api.admission.v1.ListJobsRequest\x1a).stride.api.admission.v1.ListJobsResponse\x12\x62\n\tCancelJob\x12).stride.api.admission.v1.CancelJobRequest\x1a*.stride.api.admission.v1.CancelJobResponse\x12_\n\x08SetQuota\x12(.stride.api.admission.v1.SetQuotaRequest\x1a).stride.api.admission.v1.SetQuotaResponse\x12_\n\x08GetQuota\x12(.stride.api.admission.v1.GetQuotaRequest\x1a).stride.api.admission.v1.GetQuotaResponse\x12\x65\n\nListQuotas\x12*.stride.api.admission.v1.ListQuotasRequest\x1a+.stride.api.admission.v1.ListQuotasResponse\x12h\n\x0b\x44\x65leteQuota\x12+.stride.api.admission.v1.DeleteQuotaRequest\x1a,.stride.api.admission.v1.DeleteQuotaResponseb\x06proto3')
 
 _globals = globals()
 _builder.BuildMessageAndEnumDescriptors(DESCRIPTOR, _globals)
 _builder.BuildTopDescriptorsAndMessages(DESCRIPTOR, 'stride.api.admission.v1.admission_service_pb2', _globals)
 if not _descriptor._USE_C_DESCRIPTORS:
   DESCRIPTOR._loaded_options = None
-  _globals['_JOBSTATE']._serialized_start=856
-  _globals['_JOBSTATE']._serialized_end=1060
+  _globals['_JOBSTATE']._serialized_start=1557
+  _globals['_JOBSTATE']._serialized_end=1761
   _globals['_JOB']._serialized_start=138
   _globals['_JOB']._serialized_end=398
   _globals['_SUBMITJOBREQUEST']._serialized_start=400
@@ -53,6 +53,28 @@ if not _descriptor._USE_C_DESCRIPTORS:
   _globals['_CANCELJOBREQUEST']._serialized_end=789
   _globals['_CANCELJOBRESPONSE']._serialized_start=791
   _globals['_CANCELJOBRESPONSE']._serialized_end=853
-  _globals['_ADMISSIONSERVICE']._serialized_start=1063
-  _globals['_ADMISSIONSERVICE']._serialized_end=1469
+  _globals['_QUOTA']._serialized_start=856
+  _globals['_QUOTA']._serialized_end=985
+  _globals['_QUOTAUSE']._serialized_start=987
+  _globals['_QUOTAUSE']._serialized_end=1039
+  _globals['_QUOTASTATUS']._serialized_start=1041
+  _globals['_QUOTASTATUS']._serialized_end=1149
+  _globals['_SETQUOTAREQUEST']._serialized_start=1151
+  _globals['_SETQUOTAREQUEST']._serialized_end=1215
+  _globals['_SETQUOTARESPONSE']._serialized_start=1217
+  _globals['_SETQUOTARESPONSE']._serialized_end=1289
+  _globals['_GETQUOTAREQUEST']._serialized_start=1291
+  _globals['_GETQUOTAREQUEST']._serialized_end=1323
+  _globals['_GETQUOTARESPONSE']._serialized_start=1325
+  _globals['_GETQUOTARESPONSE']._serialized_end=1397
+  _globals['_LISTQUOTASREQUEST']._serialized_start=1399
+  _globals['_LISTQUOTASREQUEST']._serialized_end=1418
+  _globals['_LISTQUOTASRESPONSE']._serialized_start=1420
+  _globals['_LISTQUOTASRESPONSE']._serialized_end=1494
+  _globals['_DELETEQUOTAREQUEST']._serialized_start=1496
+  _globals['_DELETEQUOTAREQUEST']._serialized_end=1531
+  _globals['_DELETEQUOTARESPONSE']._serialized_start=1533
+  _globals['_DELETEQUOTARESPONSE']._serialized_end=1554
+  _globals['_ADMISSIONSERVICE']._serialized_start=1764
+  _globals['_ADMISSIONSERVICE']._serialized_end=2573
 # @@protoc_insertion_point(module_scope)

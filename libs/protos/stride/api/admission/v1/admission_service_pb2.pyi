@@ -308,3 +308,279 @@ class CancelJobResponse(_message.Message):
     def WhichOneof(self, oneof_group: _Never) -> None: ...
 
 Global___CancelJobResponse: _TypeAlias = CancelJobResponse  # noqa: Y015
+
+@_typing.final
+class Quota(_message.Message):
+    """Limits on a user or a team, checked before a job is planned (ElasticFlow sec. 4.4: the
+    operator's quotas, e.g. jobs per user per day). A job over a quota is rejected, naming it.
+    """
+
+    DESCRIPTOR: _descriptor.Descriptor
+
+    SCOPE_FIELD_NUMBER: _builtins.int
+    MAX_ACTIVE_JOBS_FIELD_NUMBER: _builtins.int
+    MAX_SUBMISSIONS_FIELD_NUMBER: _builtins.int
+    WINDOW_SECONDS_FIELD_NUMBER: _builtins.int
+    MEMBERS_FIELD_NUMBER: _builtins.int
+    SOURCE_FIELD_NUMBER: _builtins.int
+    scope: _builtins.str
+    """"user:<name>" or "team:<name>"."""
+    max_active_jobs: _builtins.int
+    """Jobs the scope may hold admitted or queued at once, this one included (0: no limit)."""
+    max_submissions: _builtins.int
+    """Jobs the scope may submit within window_seconds, this one included (0: no limit)."""
+    window_seconds: _builtins.float
+    """The submission window in seconds (0: one day)."""
+    source: _builtins.str
+    """Where it was set: "config" (the quotas file) or "api" (SetQuota, which wins)."""
+    @_builtins.property
+    def members(self) -> _containers.RepeatedScalarFieldContainer[_builtins.str]:
+        """A team's users (a team scope needs at least one; a user scope none)."""
+
+    def __init__(
+        self,
+        *,
+        scope: _builtins.str = ...,
+        max_active_jobs: _builtins.int = ...,
+        max_submissions: _builtins.int = ...,
+        window_seconds: _builtins.float = ...,
+        members: _abc.Iterable[_builtins.str] | None = ...,
+        source: _builtins.str = ...,
+    ) -> None: ...
+    _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
+    def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["max_active_jobs", b"max_active_jobs", "max_submissions", b"max_submissions", "members", b"members", "scope", b"scope", "source", b"source", "window_seconds", b"window_seconds"]  # noqa: Y015
+    def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
+    def WhichOneof(self, oneof_group: _Never) -> None: ...
+
+Global___Quota: _TypeAlias = Quota  # noqa: Y015
+
+@_typing.final
+class QuotaUse(_message.Message):
+    """What a scope holds now."""
+
+    DESCRIPTOR: _descriptor.Descriptor
+
+    ACTIVE_JOBS_FIELD_NUMBER: _builtins.int
+    SUBMISSIONS_FIELD_NUMBER: _builtins.int
+    active_jobs: _builtins.int
+    """Jobs admitted or queued."""
+    submissions: _builtins.int
+    """Jobs submitted within the quota's window."""
+    def __init__(
+        self,
+        *,
+        active_jobs: _builtins.int = ...,
+        submissions: _builtins.int = ...,
+    ) -> None: ...
+    _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
+    def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["active_jobs", b"active_jobs", "submissions", b"submissions"]  # noqa: Y015
+    def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
+    def WhichOneof(self, oneof_group: _Never) -> None: ...
+
+Global___QuotaUse: _TypeAlias = QuotaUse  # noqa: Y015
+
+@_typing.final
+class QuotaStatus(_message.Message):
+    """A quota and its use."""
+
+    DESCRIPTOR: _descriptor.Descriptor
+
+    QUOTA_FIELD_NUMBER: _builtins.int
+    USE_FIELD_NUMBER: _builtins.int
+    @_builtins.property
+    def quota(self) -> Global___Quota:
+        """The quota."""
+
+    @_builtins.property
+    def use(self) -> Global___QuotaUse:
+        """Its use now."""
+
+    def __init__(
+        self,
+        *,
+        quota: Global___Quota | None = ...,
+        use: Global___QuotaUse | None = ...,
+    ) -> None: ...
+    _HasFieldArgType: _TypeAlias = _typing.Literal["quota", b"quota", "use", b"use"]  # noqa: Y015
+    def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["quota", b"quota", "use", b"use"]  # noqa: Y015
+    def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
+    def WhichOneof(self, oneof_group: _Never) -> None: ...
+
+Global___QuotaStatus: _TypeAlias = QuotaStatus  # noqa: Y015
+
+@_typing.final
+class SetQuotaRequest(_message.Message):
+    """Request for SetQuota."""
+
+    DESCRIPTOR: _descriptor.Descriptor
+
+    QUOTA_FIELD_NUMBER: _builtins.int
+    @_builtins.property
+    def quota(self) -> Global___Quota:
+        """The quota (its source is set by the service)."""
+
+    def __init__(
+        self,
+        *,
+        quota: Global___Quota | None = ...,
+    ) -> None: ...
+    _HasFieldArgType: _TypeAlias = _typing.Literal["quota", b"quota"]  # noqa: Y015
+    def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["quota", b"quota"]  # noqa: Y015
+    def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
+    def WhichOneof(self, oneof_group: _Never) -> None: ...
+
+Global___SetQuotaRequest: _TypeAlias = SetQuotaRequest  # noqa: Y015
+
+@_typing.final
+class SetQuotaResponse(_message.Message):
+    """Response of SetQuota."""
+
+    DESCRIPTOR: _descriptor.Descriptor
+
+    STATUS_FIELD_NUMBER: _builtins.int
+    @_builtins.property
+    def status(self) -> Global___QuotaStatus:
+        """The quota as stored, with its use."""
+
+    def __init__(
+        self,
+        *,
+        status: Global___QuotaStatus | None = ...,
+    ) -> None: ...
+    _HasFieldArgType: _TypeAlias = _typing.Literal["status", b"status"]  # noqa: Y015
+    def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["status", b"status"]  # noqa: Y015
+    def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
+    def WhichOneof(self, oneof_group: _Never) -> None: ...
+
+Global___SetQuotaResponse: _TypeAlias = SetQuotaResponse  # noqa: Y015
+
+@_typing.final
+class GetQuotaRequest(_message.Message):
+    """Request for GetQuota."""
+
+    DESCRIPTOR: _descriptor.Descriptor
+
+    SCOPE_FIELD_NUMBER: _builtins.int
+    scope: _builtins.str
+    """"user:<name>" or "team:<name>"."""
+    def __init__(
+        self,
+        *,
+        scope: _builtins.str = ...,
+    ) -> None: ...
+    _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
+    def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["scope", b"scope"]  # noqa: Y015
+    def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
+    def WhichOneof(self, oneof_group: _Never) -> None: ...
+
+Global___GetQuotaRequest: _TypeAlias = GetQuotaRequest  # noqa: Y015
+
+@_typing.final
+class GetQuotaResponse(_message.Message):
+    """Response of GetQuota."""
+
+    DESCRIPTOR: _descriptor.Descriptor
+
+    STATUS_FIELD_NUMBER: _builtins.int
+    @_builtins.property
+    def status(self) -> Global___QuotaStatus:
+        """The quota and its use."""
+
+    def __init__(
+        self,
+        *,
+        status: Global___QuotaStatus | None = ...,
+    ) -> None: ...
+    _HasFieldArgType: _TypeAlias = _typing.Literal["status", b"status"]  # noqa: Y015
+    def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["status", b"status"]  # noqa: Y015
+    def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
+    def WhichOneof(self, oneof_group: _Never) -> None: ...
+
+Global___GetQuotaResponse: _TypeAlias = GetQuotaResponse  # noqa: Y015
+
+@_typing.final
+class ListQuotasRequest(_message.Message):
+    """Request for ListQuotas."""
+
+    DESCRIPTOR: _descriptor.Descriptor
+
+    def __init__(
+        self,
+    ) -> None: ...
+    _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
+    def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
+    _ClearFieldArgType: _TypeAlias = _Never  # noqa: Y015
+    def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
+    def WhichOneof(self, oneof_group: _Never) -> None: ...
+
+Global___ListQuotasRequest: _TypeAlias = ListQuotasRequest  # noqa: Y015
+
+@_typing.final
+class ListQuotasResponse(_message.Message):
+    """Response of ListQuotas."""
+
+    DESCRIPTOR: _descriptor.Descriptor
+
+    QUOTAS_FIELD_NUMBER: _builtins.int
+    @_builtins.property
+    def quotas(self) -> _containers.RepeatedCompositeFieldContainer[Global___QuotaStatus]:
+        """Every quota, by scope."""
+
+    def __init__(
+        self,
+        *,
+        quotas: _abc.Iterable[Global___QuotaStatus] | None = ...,
+    ) -> None: ...
+    _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
+    def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["quotas", b"quotas"]  # noqa: Y015
+    def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
+    def WhichOneof(self, oneof_group: _Never) -> None: ...
+
+Global___ListQuotasResponse: _TypeAlias = ListQuotasResponse  # noqa: Y015
+
+@_typing.final
+class DeleteQuotaRequest(_message.Message):
+    """Request for DeleteQuota."""
+
+    DESCRIPTOR: _descriptor.Descriptor
+
+    SCOPE_FIELD_NUMBER: _builtins.int
+    scope: _builtins.str
+    """"user:<name>" or "team:<name>"."""
+    def __init__(
+        self,
+        *,
+        scope: _builtins.str = ...,
+    ) -> None: ...
+    _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
+    def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["scope", b"scope"]  # noqa: Y015
+    def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
+    def WhichOneof(self, oneof_group: _Never) -> None: ...
+
+Global___DeleteQuotaRequest: _TypeAlias = DeleteQuotaRequest  # noqa: Y015
+
+@_typing.final
+class DeleteQuotaResponse(_message.Message):
+    """Response of DeleteQuota."""
+
+    DESCRIPTOR: _descriptor.Descriptor
+
+    def __init__(
+        self,
+    ) -> None: ...
+    _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
+    def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
+    _ClearFieldArgType: _TypeAlias = _Never  # noqa: Y015
+    def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
+    def WhichOneof(self, oneof_group: _Never) -> None: ...
+
+Global___DeleteQuotaResponse: _TypeAlias = DeleteQuotaResponse  # noqa: Y015

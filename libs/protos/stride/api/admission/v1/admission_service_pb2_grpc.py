@@ -55,6 +55,26 @@ class AdmissionServiceStub:
                 request_serializer=stride_dot_api_dot_admission_dot_v1_dot_admission__service__pb2.CancelJobRequest.SerializeToString,
                 response_deserializer=stride_dot_api_dot_admission_dot_v1_dot_admission__service__pb2.CancelJobResponse.FromString,
                 _registered_method=True)
+        self.SetQuota = channel.unary_unary(
+                '/stride.api.admission.v1.AdmissionService/SetQuota',
+                request_serializer=stride_dot_api_dot_admission_dot_v1_dot_admission__service__pb2.SetQuotaRequest.SerializeToString,
+                response_deserializer=stride_dot_api_dot_admission_dot_v1_dot_admission__service__pb2.SetQuotaResponse.FromString,
+                _registered_method=True)
+        self.GetQuota = channel.unary_unary(
+                '/stride.api.admission.v1.AdmissionService/GetQuota',
+                request_serializer=stride_dot_api_dot_admission_dot_v1_dot_admission__service__pb2.GetQuotaRequest.SerializeToString,
+                response_deserializer=stride_dot_api_dot_admission_dot_v1_dot_admission__service__pb2.GetQuotaResponse.FromString,
+                _registered_method=True)
+        self.ListQuotas = channel.unary_unary(
+                '/stride.api.admission.v1.AdmissionService/ListQuotas',
+                request_serializer=stride_dot_api_dot_admission_dot_v1_dot_admission__service__pb2.ListQuotasRequest.SerializeToString,
+                response_deserializer=stride_dot_api_dot_admission_dot_v1_dot_admission__service__pb2.ListQuotasResponse.FromString,
+                _registered_method=True)
+        self.DeleteQuota = channel.unary_unary(
+                '/stride.api.admission.v1.AdmissionService/DeleteQuota',
+                request_serializer=stride_dot_api_dot_admission_dot_v1_dot_admission__service__pb2.DeleteQuotaRequest.SerializeToString,
+                response_deserializer=stride_dot_api_dot_admission_dot_v1_dot_admission__service__pb2.DeleteQuotaResponse.FromString,
+                _registered_method=True)
 
 
 class AdmissionServiceServicer:
@@ -91,6 +111,35 @@ class AdmissionServiceServicer:
         context.set_details('Method not implemented!')
         raise NotImplementedError('Method not implemented!')
 
+    def SetQuota(self, request, context):
+        """SetQuota sets (replaces) the quota of a user or a team. INVALID_ARGUMENT names a bad
+        field; FAILED_PRECONDITION when it is below what the scope holds now (nothing changes).
+        """
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
+    def GetQuota(self, request, context):
+        """GetQuota returns a scope's quota and what the scope uses now. NOT_FOUND if it has none.
+        """
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
+    def ListQuotas(self, request, context):
+        """ListQuotas returns every quota with its use.
+        """
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
+    def DeleteQuota(self, request, context):
+        """DeleteQuota removes a scope's quota; removing none is a no-op.
+        """
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
 
 def add_AdmissionServiceServicer_to_server(servicer, server):
     rpc_method_handlers = {
@@ -113,6 +162,26 @@ def add_AdmissionServiceServicer_to_server(servicer, server):
                     servicer.CancelJob,
                     request_deserializer=stride_dot_api_dot_admission_dot_v1_dot_admission__service__pb2.CancelJobRequest.FromString,
                     response_serializer=stride_dot_api_dot_admission_dot_v1_dot_admission__service__pb2.CancelJobResponse.SerializeToString,
+            ),
+            'SetQuota': grpc.unary_unary_rpc_method_handler(
+                    servicer.SetQuota,
+                    request_deserializer=stride_dot_api_dot_admission_dot_v1_dot_admission__service__pb2.SetQuotaRequest.FromString,
+                    response_serializer=stride_dot_api_dot_admission_dot_v1_dot_admission__service__pb2.SetQuotaResponse.SerializeToString,
+            ),
+            'GetQuota': grpc.unary_unary_rpc_method_handler(
+                    servicer.GetQuota,
+                    request_deserializer=stride_dot_api_dot_admission_dot_v1_dot_admission__service__pb2.GetQuotaRequest.FromString,
+                    response_serializer=stride_dot_api_dot_admission_dot_v1_dot_admission__service__pb2.GetQuotaResponse.SerializeToString,
+            ),
+            'ListQuotas': grpc.unary_unary_rpc_method_handler(
+                    servicer.ListQuotas,
+                    request_deserializer=stride_dot_api_dot_admission_dot_v1_dot_admission__service__pb2.ListQuotasRequest.FromString,
+                    response_serializer=stride_dot_api_dot_admission_dot_v1_dot_admission__service__pb2.ListQuotasResponse.SerializeToString,
+            ),
+            'DeleteQuota': grpc.unary_unary_rpc_method_handler(
+                    servicer.DeleteQuota,
+                    request_deserializer=stride_dot_api_dot_admission_dot_v1_dot_admission__service__pb2.DeleteQuotaRequest.FromString,
+                    response_serializer=stride_dot_api_dot_admission_dot_v1_dot_admission__service__pb2.DeleteQuotaResponse.SerializeToString,
             ),
     }
     generic_handler = grpc.method_handlers_generic_handler(
@@ -224,6 +293,114 @@ class AdmissionService:
             '/stride.api.admission.v1.AdmissionService/CancelJob',
             stride_dot_api_dot_admission_dot_v1_dot_admission__service__pb2.CancelJobRequest.SerializeToString,
             stride_dot_api_dot_admission_dot_v1_dot_admission__service__pb2.CancelJobResponse.FromString,
+            options,
+            channel_credentials,
+            insecure,
+            call_credentials,
+            compression,
+            wait_for_ready,
+            timeout,
+            metadata,
+            _registered_method=True)
+
+    @staticmethod
+    def SetQuota(request,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.unary_unary(
+            request,
+            target,
+            '/stride.api.admission.v1.AdmissionService/SetQuota',
+            stride_dot_api_dot_admission_dot_v1_dot_admission__service__pb2.SetQuotaRequest.SerializeToString,
+            stride_dot_api_dot_admission_dot_v1_dot_admission__service__pb2.SetQuotaResponse.FromString,
+            options,
+            channel_credentials,
+            insecure,
+            call_credentials,
+            compression,
+            wait_for_ready,
+            timeout,
+            metadata,
+            _registered_method=True)
+
+    @staticmethod
+    def GetQuota(request,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.unary_unary(
+            request,
+            target,
+            '/stride.api.admission.v1.AdmissionService/GetQuota',
+            stride_dot_api_dot_admission_dot_v1_dot_admission__service__pb2.GetQuotaRequest.SerializeToString,
+            stride_dot_api_dot_admission_dot_v1_dot_admission__service__pb2.GetQuotaResponse.FromString,
+            options,
+            channel_credentials,
+            insecure,
+            call_credentials,
+            compression,
+            wait_for_ready,
+            timeout,
+            metadata,
+            _registered_method=True)
+
+    @staticmethod
+    def ListQuotas(request,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.unary_unary(
+            request,
+            target,
+            '/stride.api.admission.v1.AdmissionService/ListQuotas',
+            stride_dot_api_dot_admission_dot_v1_dot_admission__service__pb2.ListQuotasRequest.SerializeToString,
+            stride_dot_api_dot_admission_dot_v1_dot_admission__service__pb2.ListQuotasResponse.FromString,
+            options,
+            channel_credentials,
+            insecure,
+            call_credentials,
+            compression,
+            wait_for_ready,
+            timeout,
+            metadata,
+            _registered_method=True)
+
+    @staticmethod
+    def DeleteQuota(request,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.unary_unary(
+            request,
+            target,
+            '/stride.api.admission.v1.AdmissionService/DeleteQuota',
+            stride_dot_api_dot_admission_dot_v1_dot_admission__service__pb2.DeleteQuotaRequest.SerializeToString,
+            stride_dot_api_dot_admission_dot_v1_dot_admission__service__pb2.DeleteQuotaResponse.FromString,
             options,
             channel_credentials,
             insecure,

@@ -44,6 +44,16 @@ class AdmissionServiceStub:
     """ListJobs returns jobs, newest first, optionally filtered by user."""
     CancelJob: _grpc.UnaryUnaryMultiCallable[_admission_service_pb2.CancelJobRequest, _admission_service_pb2.CancelJobResponse]
     """CancelJob stops a job and frees its capacity. Cancelling a finished job is a no-op."""
+    SetQuota: _grpc.UnaryUnaryMultiCallable[_admission_service_pb2.SetQuotaRequest, _admission_service_pb2.SetQuotaResponse]
+    """SetQuota sets (replaces) the quota of a user or a team. INVALID_ARGUMENT names a bad
+    field; FAILED_PRECONDITION when it is below what the scope holds now (nothing changes).
+    """
+    GetQuota: _grpc.UnaryUnaryMultiCallable[_admission_service_pb2.GetQuotaRequest, _admission_service_pb2.GetQuotaResponse]
+    """GetQuota returns a scope's quota and what the scope uses now. NOT_FOUND if it has none."""
+    ListQuotas: _grpc.UnaryUnaryMultiCallable[_admission_service_pb2.ListQuotasRequest, _admission_service_pb2.ListQuotasResponse]
+    """ListQuotas returns every quota with its use."""
+    DeleteQuota: _grpc.UnaryUnaryMultiCallable[_admission_service_pb2.DeleteQuotaRequest, _admission_service_pb2.DeleteQuotaResponse]
+    """DeleteQuota removes a scope's quota; removing none is a no-op."""
 
 @_typing.type_check_only
 class AdmissionServiceAsyncStub(AdmissionServiceStub):
@@ -61,6 +71,16 @@ class AdmissionServiceAsyncStub(AdmissionServiceStub):
     """ListJobs returns jobs, newest first, optionally filtered by user."""
     CancelJob: _aio.UnaryUnaryMultiCallable[_admission_service_pb2.CancelJobRequest, _admission_service_pb2.CancelJobResponse]  # type: ignore[assignment]
     """CancelJob stops a job and frees its capacity. Cancelling a finished job is a no-op."""
+    SetQuota: _aio.UnaryUnaryMultiCallable[_admission_service_pb2.SetQuotaRequest, _admission_service_pb2.SetQuotaResponse]  # type: ignore[assignment]
+    """SetQuota sets (replaces) the quota of a user or a team. INVALID_ARGUMENT names a bad
+    field; FAILED_PRECONDITION when it is below what the scope holds now (nothing changes).
+    """
+    GetQuota: _aio.UnaryUnaryMultiCallable[_admission_service_pb2.GetQuotaRequest, _admission_service_pb2.GetQuotaResponse]  # type: ignore[assignment]
+    """GetQuota returns a scope's quota and what the scope uses now. NOT_FOUND if it has none."""
+    ListQuotas: _aio.UnaryUnaryMultiCallable[_admission_service_pb2.ListQuotasRequest, _admission_service_pb2.ListQuotasResponse]  # type: ignore[assignment]
+    """ListQuotas returns every quota with its use."""
+    DeleteQuota: _aio.UnaryUnaryMultiCallable[_admission_service_pb2.DeleteQuotaRequest, _admission_service_pb2.DeleteQuotaResponse]  # type: ignore[assignment]
+    """DeleteQuota removes a scope's quota; removing none is a no-op."""
 
 class AdmissionServiceServicer(metaclass=_abc_1.ABCMeta):
     """AdmissionService validates, stores and decides on jobs."""
@@ -99,5 +119,39 @@ class AdmissionServiceServicer(metaclass=_abc_1.ABCMeta):
         context: _ServicerContext,
     ) -> _typing.Union[_admission_service_pb2.CancelJobResponse, _abc.Awaitable[_admission_service_pb2.CancelJobResponse]]:
         """CancelJob stops a job and frees its capacity. Cancelling a finished job is a no-op."""
+
+    @_abc_1.abstractmethod
+    def SetQuota(
+        self,
+        request: _admission_service_pb2.SetQuotaRequest,
+        context: _ServicerContext,
+    ) -> _typing.Union[_admission_service_pb2.SetQuotaResponse, _abc.Awaitable[_admission_service_pb2.SetQuotaResponse]]:
+        """SetQuota sets (replaces) the quota of a user or a team. INVALID_ARGUMENT names a bad
+        field; FAILED_PRECONDITION when it is below what the scope holds now (nothing changes).
+        """
+
+    @_abc_1.abstractmethod
+    def GetQuota(
+        self,
+        request: _admission_service_pb2.GetQuotaRequest,
+        context: _ServicerContext,
+    ) -> _typing.Union[_admission_service_pb2.GetQuotaResponse, _abc.Awaitable[_admission_service_pb2.GetQuotaResponse]]:
+        """GetQuota returns a scope's quota and what the scope uses now. NOT_FOUND if it has none."""
+
+    @_abc_1.abstractmethod
+    def ListQuotas(
+        self,
+        request: _admission_service_pb2.ListQuotasRequest,
+        context: _ServicerContext,
+    ) -> _typing.Union[_admission_service_pb2.ListQuotasResponse, _abc.Awaitable[_admission_service_pb2.ListQuotasResponse]]:
+        """ListQuotas returns every quota with its use."""
+
+    @_abc_1.abstractmethod
+    def DeleteQuota(
+        self,
+        request: _admission_service_pb2.DeleteQuotaRequest,
+        context: _ServicerContext,
+    ) -> _typing.Union[_admission_service_pb2.DeleteQuotaResponse, _abc.Awaitable[_admission_service_pb2.DeleteQuotaResponse]]:
+        """DeleteQuota removes a scope's quota; removing none is a no-op."""
 
 def add_AdmissionServiceServicer_to_server(servicer: AdmissionServiceServicer, server: _typing.Union[_grpc.Server, _aio.Server]) -> None: ...

@@ -8,6 +8,7 @@ from typing import Any
 import grpc
 
 from stride.admission.adapters.convert import timestamp
+from stride.admission.domain.quotas import Quota, make_quota
 from stride.admission.usecases import StoredJob, Submissions
 from stride.api.admission.v1 import admission_service_pb2 as pb
 from stride.api.admission.v1 import admission_service_pb2_grpc as pb_grpc
@@ -50,6 +51,21 @@ def _request_id(value: str) -> str:
     return value
 
 
+def quota_status(quota: Quota, submissions: int, active: int) -> pb.QuotaStatus:
+    """The API form of a quota and its use."""
+    return pb.QuotaStatus(
+        quota=pb.Quota(
+            scope=quota.scope,
+            max_active_jobs=quota.max_active_jobs,
+            max_submissions=quota.max_submissions,
+            window_seconds=quota.window_seconds,
+            members=list(quota.members),
+            source=quota.source,
+        ),
+        use=pb.QuotaUse(active_jobs=active, submissions=submissions),
+    )
+
+
 class AdmissionApi(pb_grpc.AdmissionServiceServicer):
     """gRPC servicer; errors are raised as domain errors and mapped by the server."""
 
@@ -77,3 +93,36 @@ class AdmissionApi(pb_grpc.AdmissionServiceServicer):
     ) -> pb.CancelJobResponse:
         job = await self.submissions.cancel(check_job_id(request.job_id, raise_as=InvalidArgument))
         return pb.CancelJobResponse(job=job_to_proto(job))
+
+    async def SetQuota(self, request: pb.SetQuotaRequest, context: Context) -> pb.SetQuotaResponse:
+        if not request.HasField("quota"):
+            raise InvalidArgument("quota", "is required")
+        given = request.quota
+        if given.source and given.source != "api":
+            raise InvalidArgument("quota.source", "is set by the service; leave it empty")
+        quota = make_quota(
+            given.scope,
+            given.max_active_jobs,
+            given.max_submissions,
+            given.window_seconds,
+            list(given.members),
+            "api",
+        )
+        return pb.SetQuotaResponse(status=quota_status(*await self.submissions.set_quota(quota)))
+
+    async def GetQuota(self, request: pb.GetQuotaRequest, context: Context) -> pb.GetQuotaResponse:
+        return pb.GetQuotaResponse(
+            status=quota_status(*await self.submissions.quota(request.scope))
+        )
+
+    async def ListQuotas(
+        self, request: pb.ListQuotasRequest, context: Context
+    ) -> pb.ListQuotasResponse:
+        listed = await self.submissions.quotas()
+        return pb.ListQuotasResponse(quotas=[quota_status(*item) for item in listed])
+
+    async def DeleteQuota(
+        self, request: pb.DeleteQuotaRequest, context: Context
+    ) -> pb.DeleteQuotaResponse:
+        await self.submissions.delete_quota(request.scope)
+        return pb.DeleteQuotaResponse()

@@ -3,12 +3,14 @@
 from __future__ import annotations
 
 from dataclasses import dataclass
-from datetime import datetime
+from datetime import UTC, datetime
+from typing import Any
 
 from sqlalchemy import bindparam, func, select, update
 from sqlalchemy.ext.asyncio import AsyncSession
 
-from stride.admission.db.tables import capacity, decisions, jobs, ledger
+from stride.admission.db.tables import capacity, decisions, jobs, ledger, quotas
+from stride.admission.domain.quotas import Quota
 from stride.events.v1 import job_pb2
 
 ACTIVE_STATES = ("ADMITTED", "QUEUED")
@@ -273,3 +275,74 @@ async def save_capacity(
     )
     if not updated.rowcount:  # type: ignore[attr-defined]
         await session.execute(capacity.insert().values(kind=kind, **values))
+
+
+def _quota(row: Any) -> Quota:
+    return Quota(
+        row.scope,
+        row.max_active_jobs,
+        row.max_submissions,
+        row.window_seconds,
+        tuple(row.members),
+        row.source,
+    )
+
+
+async def all_quotas(session: AsyncSession) -> list[Quota]:
+    """Every quota, by scope."""
+    rows = await session.execute(select(quotas).order_by(quotas.c.scope))
+    return [_quota(row) for row in rows]
+
+
+async def get_quota(session: AsyncSession, scope: str) -> Quota | None:
+    """One scope's quota, or None."""
+    row = (await session.execute(select(quotas).where(quotas.c.scope == scope))).first()
+    return None if row is None else _quota(row)
+
+
+async def put_quota(session: AsyncSession, quota: Quota, at: datetime) -> None:
+    """Insert or replace a quota."""
+    values = {
+        "max_active_jobs": quota.max_active_jobs,
+        "max_submissions": quota.max_submissions,
+        "window_seconds": quota.window_seconds,
+        "members": list(quota.members),
+        "source": quota.source,
+        "updated_at": at,
+    }
+    updated = await session.execute(
+        update(quotas).where(quotas.c.scope == quota.scope).values(**values)
+    )
+    if not updated.rowcount:  # type: ignore[attr-defined]
+        await session.execute(quotas.insert().values(scope=quota.scope, **values))
+
+
+async def delete_quota(session: AsyncSession, scope: str) -> None:
+    """Remove a scope's quota (none: nothing happens)."""
+    await session.execute(quotas.delete().where(quotas.c.scope == scope))
+
+
+async def scope_use(
+    session: AsyncSession, users: tuple[str, ...], since: datetime, leave_out: str = ""
+) -> tuple[tuple[float, ...], int]:
+    """The users' submission times since ``since`` and their active (admitted or queued)
+    jobs, leaving out the job ``leave_out`` (the one being decided)."""
+    if not users:
+        return (), 0
+    recent = await session.execute(
+        select(jobs.c.submitted_at).where(
+            jobs.c.user.in_(users), jobs.c.submitted_at > since, jobs.c.job_id != leave_out
+        )
+    )
+    times = tuple(_aware(row.submitted_at).timestamp() for row in recent)
+    active = await session.scalar(
+        select(func.count())
+        .select_from(jobs)
+        .where(jobs.c.user.in_(users), jobs.c.state.in_(ACTIVE_STATES), jobs.c.job_id != leave_out)
+    )
+    return times, int(active or 0)
+
+
+def _aware(moment: datetime) -> datetime:
+    """SQLite hands back naive datetimes (stored as UTC)."""
+    return moment if moment.tzinfo is not None else moment.replace(tzinfo=UTC)
