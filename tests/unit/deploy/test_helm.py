@@ -5,12 +5,15 @@ from __future__ import annotations
 
 from collections.abc import Iterator
 from dataclasses import dataclass
+from pathlib import Path
 from typing import Any
 
 import helm_python as helm
 import kubernetes_validate
 import pytest
 import yaml
+
+from stride.admission.domain.quotas import quotas_from_config
 
 from . import (
     CHART_DIR,
@@ -34,7 +37,13 @@ OVERRIDES: dict[str, Any] = {
     "podwatcher": {"namespace": "training"},
     "ckptcache": {"store": {"persistence": {"enabled": True, "storageClass": "fast"}}},
     "optimizer": {"clusterCapacity": {"cpu": 512, "memoryGiB": 2048}},
-    "admission": {"cluster": {"gpus": 64, "cpu": 512, "memoryGiB": 2048}},
+    "admission": {
+        "cluster": {"gpus": 64, "cpu": 512, "memoryGiB": 2048},
+        "quotas": [
+            {"scope": "team:ranking", "members": ["alice", "bob"], "max_active_jobs": 8},
+            {"scope": "user:carol", "max_submissions": 20, "window_seconds": 3600},
+        ],
+    },
 }
 
 
@@ -399,4 +408,38 @@ def test_a_half_given_cluster_capacity_is_rejected(chart: helm.Chart) -> None:
     with pytest.raises(helm.HelmValuesError, match="schema"):
         chart.render(
             {"optimizer": {"clusterCapacity": {"cpu": 8}}}, name="stride", namespace=NAMESPACE
+        )
+
+
+def test_admission_loads_the_quotas_the_values_give(release: Release) -> None:
+    deployment = release.get("Deployment", "admission")
+    container = _container(deployment)
+    env = _env(container)
+    quotas = release.values.get("admission", {}).get("quotas")
+    if not quotas:
+        assert "STRIDE_ADMISSION_QUOTAS_FILE" not in env
+        return
+    path = Path(env["STRIDE_ADMISSION_QUOTAS_FILE"])
+    mount = next(m for m in container["volumeMounts"] if m["name"] == "quotas")
+    assert path.parent == Path(mount["mountPath"])
+    volume = next(
+        v for v in deployment["spec"]["template"]["spec"]["volumes"] if v["name"] == "quotas"
+    )
+    config_map = release.get("ConfigMap", "admission-quotas")
+    assert volume["configMap"]["name"] == config_map["metadata"]["name"]
+    # The file as admission reads it: the service's own loader accepts it, entry for entry.
+    loaded = quotas_from_config(yaml.safe_load(config_map["data"][path.name]))
+    assert [(q.scope, q.max_active_jobs, q.max_submissions, q.members) for q in loaded] == [
+        ("team:ranking", 8, 0, ("alice", "bob")),
+        ("user:carol", 0, 20, ()),
+    ]
+    assert loaded[1].window_seconds == 3600
+
+
+def test_a_quota_with_a_bad_scope_is_rejected(chart: helm.Chart) -> None:
+    with pytest.raises(helm.HelmValuesError, match="schema"):
+        chart.render(
+            {"admission": {"quotas": [{"scope": "alice", "max_active_jobs": 1}]}},
+            name="stride",
+            namespace=NAMESPACE,
         )

@@ -146,6 +146,10 @@ url
   value: {{ $root.Values.ckptcache.store.mountPath | quote }}
 {{- end }}
 {{- if eq $name "admission" }}
+{{- if ($root.Values.admission).quotas }}
+- name: STRIDE_ADMISSION_QUOTAS_FILE
+  value: /etc/stride/quotas/quotas.yaml
+{{- end }}
 {{- with ($root.Values.admission).cluster }}
 {{- /* Capacity pinned by the operator: node inventories do not change it. */}}
 - name: STRIDE_ADMISSION_CAPACITY_SOURCE
