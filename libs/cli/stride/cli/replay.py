@@ -73,6 +73,8 @@ class Tracked:
     curve: ScalingCurve
     job_id: str = ""
     rejected: bool = False
+    late: bool = False
+    """Refused unstored: its deadline had passed when admission could take it."""
     remaining: float = 0.0
     units: int = 0
     last: float = 0.0
@@ -188,12 +190,30 @@ class Replay:
 
     async def _submit(self, stub: Any, job: Tracked) -> None:
         spec = _spec(job)
-        try:
-            reply = await stub.SubmitJob(pb.SubmitJobRequest(spec=spec, request_id=job.name))
-        except grpc.aio.AioRpcError as error:
-            raise ReplayError(
-                f"admission refused {job.name}'s submission: {error.details()}"
-            ) from None
+        request = pb.SubmitJobRequest(spec=spec, request_id=job.name)
+        patience = time.monotonic() + STALL_SECONDS
+        while True:
+            try:
+                reply = await stub.SubmitJob(request, timeout=10)
+                break
+            except grpc.aio.AioRpcError as error:
+                retry = error.code() in (
+                    grpc.StatusCode.UNAVAILABLE,
+                    grpc.StatusCode.DEADLINE_EXCEEDED,
+                )
+                if _deadline_passed(error):
+                    # Admission was down past the job's deadline (the clock runs on while a
+                    # service restarts): refused before it was stored, as a user would be.
+                    job.rejected = job.late = True
+                    self.progress.set()
+                    return
+                if not retry or time.monotonic() > patience:
+                    raise ReplayError(
+                        f"admission refused {job.name}'s submission: {error.details()}"
+                    ) from None
+                # Admission is restarting: the same request id finds the job if it was
+                # stored before the crash, so nothing is submitted twice.
+                await asyncio.sleep(0.2)
         decided = reply.job
         job.job_id = decided.job_id
         job.remaining = float(spec.termination.max_steps)
@@ -266,6 +286,15 @@ class Replay:
             outgoing.payload,
             headers={**outgoing.headers, "Nats-Msg-Id": outgoing.message_id},
         )
+
+
+def _deadline_passed(error: grpc.aio.AioRpcError) -> bool:
+    details = error.details() or ""
+    return (
+        error.code() == grpc.StatusCode.INVALID_ARGUMENT
+        and details.startswith("spec.deadline")
+        and "not in the future" in details
+    )
 
 
 def _spec(job: Tracked) -> job_pb2.JobSpec:
@@ -344,58 +373,97 @@ def replay_trace(
     workdir = Path(state_dir or tempfile.mkdtemp(prefix="stride-replay-"))
     workdir.mkdir(parents=True, exist_ok=True)
     server = NatsServer(workdir / "nats").start()
-    admission: subprocess.Popen[bytes] | None = None
+    admission = AdmissionProcess(workdir, server.url, gpus, curves, speedup)
     try:
-        port = free_port()
-        origin = time.time()
-        env = {
+        admission.start()
+        tracked = track(trace_jobs, library, admission.first_slot_after(LEAD_SECONDS))
+        live = asyncio.run(
+            Replay(tracked, admission.address, server.url, admission.origin, speedup).run()
+        )
+    finally:
+        admission.stop()
+        server.stop()
+    return Comparison(live, sim_dsr, sim_wall, gpus, str(trace), str(cluster))
+
+
+def track(trace_jobs: Sequence[Any], library: Any, start: float) -> list[Tracked]:
+    """The trace's jobs on admission's clock, the first arriving at ``start``."""
+    offset = start - trace_jobs[0].submission_time
+    return [
+        Tracked(
+            name=f"trace-{job.line or index}",
+            model=job.model_name,
+            batch_size=job.batch_size,
+            arrival=job.submission_time + offset,
+            deadline=None if job.deadline is None else job.deadline + offset,
+            iterations=job.iterations,
+            curve=library.curve(job),
+        )
+        for index, job in enumerate(trace_jobs)
+    ]
+
+
+class AdmissionProcess:
+    """``python -m stride.admission`` on a replay clock, restartable after a kill (the
+    clock's origin is kept, so its time goes on as if it had never stopped)."""
+
+    def __init__(
+        self, workdir: Path, nats_url: str, gpus: int, curves: Path, speedup: float
+    ) -> None:
+        self.workdir = workdir
+        self.port = free_port()
+        self.origin = time.time()
+        self.speedup = speedup
+        self.log = workdir / "admission.log"
+        self.process: subprocess.Popen[bytes] | None = None
+        self.env = {
             **os.environ,
-            "STRIDE_ADMISSION_NATS_URL": server.url,
+            "STRIDE_ADMISSION_NATS_URL": nats_url,
             "STRIDE_ADMISSION_DATABASE_URL": f"sqlite:///{workdir / 'admission.db'}",
             "STRIDE_ADMISSION_GRPC_HOST": "127.0.0.1",
-            "STRIDE_ADMISSION_GRPC_PORT": str(port),
+            "STRIDE_ADMISSION_GRPC_PORT": str(self.port),
             "STRIDE_ADMISSION_CAPACITY_SOURCE": "settings",
             "STRIDE_ADMISSION_CLUSTER_GPUS": str(gpus),
             "STRIDE_ADMISSION_CURVES_DIR": str(curves),
             "STRIDE_ADMISSION_REPLAY_SPEEDUP": repr(float(speedup)),
-            "STRIDE_ADMISSION_REPLAY_ORIGIN": repr(origin),
+            "STRIDE_ADMISSION_REPLAY_ORIGIN": repr(self.origin),
             "STRIDE_ADMISSION_LOG_LEVEL": os.environ.get("STRIDE_ADMISSION_LOG_LEVEL", "warning"),
         }
-        with (workdir / "admission.log").open("ab") as log:
-            admission = subprocess.Popen(
+
+    @property
+    def address(self) -> str:
+        return f"127.0.0.1:{self.port}"
+
+    def start(self) -> None:
+        """Start (or start again) and wait until it serves."""
+        with self.log.open("ab") as log:
+            self.process = subprocess.Popen(
                 [sys.executable, "-m", "stride.admission"],
-                env=env,
+                env=self.env,
                 stdout=log,
                 stderr=subprocess.STDOUT,
             )
-        address = f"127.0.0.1:{port}"
-        _wait_serving(address, admission, workdir / "admission.log")
-        replay_now = origin + (time.time() + LEAD_SECONDS - origin) * speedup
-        # Trace time 0 falls on a slot boundary of admission's clock, as it does in the sim.
-        offset = math.ceil(replay_now / SLOT_SECONDS) * SLOT_SECONDS - trace_jobs[0].submission_time
-        tracked = [
-            Tracked(
-                name=f"trace-{job.line or index}",
-                model=job.model_name,
-                batch_size=job.batch_size,
-                arrival=job.submission_time + offset,
-                deadline=None if job.deadline is None else job.deadline + offset,
-                iterations=job.iterations,
-                curve=library.curve(job),
-            )
-            for index, job in enumerate(trace_jobs)
-        ]
-        live = asyncio.run(Replay(tracked, address, server.url, origin, speedup).run())
-    finally:
-        if admission is not None and admission.poll() is None:
-            admission.terminate()
+        _wait_serving(self.address, self.process, self.log)
+
+    def kill(self) -> None:
+        """SIGKILL, as a crash would."""
+        if self.process is not None and self.process.poll() is None:
+            self.process.kill()
+            self.process.wait()
+
+    def stop(self) -> None:
+        if self.process is not None and self.process.poll() is None:
+            self.process.terminate()
             try:
-                admission.wait(20)
+                self.process.wait(20)
             except subprocess.TimeoutExpired:
-                admission.kill()
-                admission.wait()
-        server.stop()
-    return Comparison(live, sim_dsr, sim_wall, gpus, str(trace), str(cluster))
+                self.kill()
+
+    def first_slot_after(self, lead: float) -> float:
+        """The first slot boundary of admission's clock ``lead`` wall seconds from now:
+        trace time 0 falls on one, as it does in the simulator."""
+        later = self.origin + (time.time() + lead - self.origin) * self.speedup
+        return math.ceil(later / SLOT_SECONDS) * SLOT_SECONDS
 
 
 def _wait_serving(address: str, process: subprocess.Popen[bytes], log: Path) -> None:

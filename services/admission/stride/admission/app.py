@@ -52,6 +52,7 @@ async def build(settings: AdmissionSettings) -> ServiceHost:
 
     host.add_root_task("admission-rounds", rounds_until_stop)
     await submissions.load_quotas(quotas)
+    await submissions.resume()
     await submissions.decide_pending()
     consume(
         host,

@@ -747,6 +747,16 @@ class Submissions:
         if configured:
             log.info("quotas loaded from the quotas file", count=len(configured))
 
+    async def resume(self) -> None:
+        """On start: rebuild the pools that hold jobs from storage and arm their next
+        slot-boundary rounds (a crash lost the timers)."""
+        async with self._changing():
+            for kind in ResourceKind:
+                pool = await self._pool(kind)
+                if pool.entries:
+                    pool.recover(self.clock().timestamp())
+                    self._schedule(kind, pool)
+
     async def decide_pending(self) -> int:
         """Decide every job a crash left undecided; returns how many."""
         async with self.database.sessions() as session:

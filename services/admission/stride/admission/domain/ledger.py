@@ -146,6 +146,16 @@ class Pool:
             self._view = None
         return changed
 
+    def recover(self, now: float) -> None:
+        """After a restart: when the next slot-boundary round is due for the units the
+        books hold (the timer that would have woken it died with the process)."""
+        self.advance(now)
+        view = self.view(now)
+        self.policy.minimum_shares(view)
+        held = {job_id: entry.units for job_id, entry in self.entries.items()}
+        wakeup = self.policy.wakeup(view, held)
+        self.wakeup = wakeup if wakeup is not None and wakeup > now else None
+
     def resize(self, now: float, capacity: int) -> None:
         """The cluster grew or shrank (nodes added, lost or drained): progress the books
         to ``now`` on the old capacity; the next round decides on the new one."""
