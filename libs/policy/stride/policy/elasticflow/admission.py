@@ -359,6 +359,11 @@ class AdmissionControl:
             )
         return None
 
+    def holds(self, planned: PlannedJob, plan: IntArray) -> bool:
+        """Whether ``plan`` alone still finishes ``planned`` by its deadline (capacity not
+        considered)."""
+        return self._held_problem(planned, plan) is None
+
     def hold(self, planned: PlannedJob, plan: IntArray) -> bool:
         """Add a job with a plan it held before, if that plan still finishes it by its
         deadline and fits what the jobs held so far leave free; else change nothing."""

@@ -288,19 +288,79 @@ class GuaranteePlanner:
             (job for job in view.jobs if _reservable(job, view.now, view.pause_seconds)),
             key=edf_key,
         )
-        timeline = self._fill(view, candidates, self._fresh(view))
         previous = self._built[0] if self._built is not None else None
-        if previous is not None:
-            present = {job.job_id for job in candidates}
-            kept = {planned.job.job_id for planned in timeline.jobs}
-            if any(
-                planned.job.job_id in present and planned.job.job_id not in kept
-                for planned in previous.jobs
-            ):
-                timeline = self._hold(view, candidates, previous)
+        if previous is None:
+            timeline = self._fill(view, candidates, self._fresh(view))
+        else:
+            timeline = self._keeping(view, candidates, previous)
         self._memo = (key, timeline)
         self._built = (timeline, {job.job_id for job in candidates})
         return timeline
+
+    def _keeping(
+        self, view: DeadlineView, candidates: Sequence[JobView], previous: AdmissionControl
+    ) -> AdmissionControl:
+        """Re-fill the guaranteed set, keeping every guarantee the last timeline gave to a
+        job that kept up with its plan.
+
+        Jobs guaranteed before are filled first (EDF), then the others (EDF): a job that
+        fell behind and lost its reservation does not take it back from one on plan. If
+        the re-fill still drops a job on plan (Algorithm 1 re-run in deadline order can
+        fail where the plans it replaces fit, e.g. after a job was admitted into their
+        gaps), that job is filled first and the rest again; if it cannot be kept that
+        way, every job on plan holds its plan (:meth:`_held`), which fits by construction.
+        Re-filling rather than holding old plans matters: a job that ran ahead of its plan
+        on spare devices needs less than it reserved, and holding stale plans admitted
+        half as many jobs on itp cluster04's first 3,000 (DSR 0.39 against 0.69).
+        """
+        before = {planned.job.job_id for planned in previous.jobs}
+        urgent: list[JobView] = []
+        while True:
+            first = {job.job_id for job in urgent}
+            order = [
+                *urgent,
+                *sorted(
+                    (job for job in candidates if job.job_id not in first),
+                    key=lambda job: (job.job_id not in before, edf_key(job)),
+                ),
+            ]
+            timeline = self._fill(view, order, self._fresh(view))
+            dropped = self._dropped_but_on_plan(view, candidates, previous, timeline)
+            if not dropped:
+                return timeline
+            if dropped & first:
+                on_plan = dropped | {
+                    planned.job.job_id
+                    for planned in previous.jobs
+                    if planned.job.job_id in {job.job_id for job in candidates}
+                }
+                return self._held(view, candidates, previous, on_plan)
+            urgent.extend(sorted((job for job in candidates if job.job_id in dropped), key=edf_key))
+
+    def _dropped_but_on_plan(
+        self,
+        view: DeadlineView,
+        candidates: Sequence[JobView],
+        previous: AdmissionControl,
+        fresh: AdmissionControl,
+    ) -> set[str]:
+        """Whether the EDF re-fill dropped a job the last timeline guaranteed although it
+        kept up with its plan (that plan, minus the slots that passed, still finishes it).
+        A job that fell behind (a scaling pause, a capacity loss) cannot be saved by
+        holding plans, so then the re-fill stands: holding every plan for it would keep
+        stale reservations and admit less (measured on itp cluster04's first 3,000 jobs:
+        DSR 0.30 holding on any drop, against 0.66 re-filling)."""
+        kept = {planned.job.job_id for planned in fresh.jobs}
+        by_id = {job.job_id: job for job in candidates}
+        passed = _grid_slot(view.now) - _grid_slot(previous.now)
+        dropped = set()
+        for planned, plan in zip(previous.jobs, previous.plans, strict=True):
+            job = by_id.get(planned.job.job_id)
+            if job is None or job.job_id in kept:
+                continue
+            if fresh.holds(self._planned(job, fresh, view.pause_seconds), plan[passed:]):
+                dropped.add(job.job_id)
+        return dropped
 
     @staticmethod
     def _fresh(view: DeadlineView) -> AdmissionControl:
@@ -319,20 +379,22 @@ class GuaranteePlanner:
                 timeline.commit(planned, plans)
         return timeline
 
-    def _hold(
-        self, view: DeadlineView, candidates: Sequence[JobView], previous: AdmissionControl
+    def _held(
+        self,
+        view: DeadlineView,
+        candidates: Sequence[JobView],
+        previous: AdmissionControl,
+        holding: set[str],
     ) -> AdmissionControl:
-        """The previous timeline's jobs keep their plans (minus the grid slots that passed)
-        where those still finish them in time and fit the capacity; every other candidate
-        is then offered in EDF order. Slots lie on a fixed grid (:func:`first_slot`), so a
-        plan held from an earlier instant keeps its meaning."""
+        """The ``holding`` jobs keep their plans where those still finish them and fit;
+        every other candidate is then offered in EDF order."""
         timeline = self._fresh(view)
         passed = _grid_slot(view.now) - _grid_slot(previous.now)
         by_id = {job.job_id: job for job in candidates}
         held: set[str] = set()
         for planned, plan in zip(previous.jobs, previous.plans, strict=True):
             job = by_id.get(planned.job.job_id)
-            if job is None:
+            if job is None or job.job_id not in holding:
                 continue
             current = self._planned(job, timeline, view.pause_seconds)
             if timeline.hold(current, plan[passed:]):
