@@ -146,46 +146,46 @@ async def test_a_quota_set_through_the_api_outlives_a_restart_over_the_file(
                 assert list(kept.quota.members) == ["alice"]
 
 
-@pytest.mark.parametrize(
-    ("quota", "code", "starts"),
-    [
-        (pb.Quota(scope="alice", max_active_jobs=1), "INVALID_ARGUMENT", "quota.scope: 'alice'"),
-        (pb.Quota(scope="user:al ice", max_active_jobs=1), "INVALID_ARGUMENT", "quota.scope"),
-        (pb.Quota(scope="user:alice"), "INVALID_ARGUMENT", "quota: sets no limit"),
-        (
-            pb.Quota(scope="team:x", max_active_jobs=1),
-            "INVALID_ARGUMENT",
-            "quota.members: a team needs at least one member",
-        ),
-        (
-            pb.Quota(scope="user:alice", max_active_jobs=1, members=["bob"]),
-            "INVALID_ARGUMENT",
-            "quota.members: only a team has members",
-        ),
-        (
-            pb.Quota(scope="user:alice", max_active_jobs=-1),
-            "INVALID_ARGUMENT",
-            "quota.max_active_jobs",
-        ),
-        (
-            pb.Quota(scope="user:alice", max_active_jobs=1, window_seconds=float("nan")),
-            "INVALID_ARGUMENT",
-            "quota.window_seconds",
-        ),
-        (
-            pb.Quota(scope="user:alice", max_active_jobs=1, source="config"),
-            "INVALID_ARGUMENT",
-            "quota.source",
-        ),
-    ],
-)
+BAD_QUOTAS = [
+    (pb.Quota(scope="alice", max_active_jobs=1), "INVALID_ARGUMENT", "quota.scope: 'alice'"),
+    (pb.Quota(scope="user:al ice", max_active_jobs=1), "INVALID_ARGUMENT", "quota.scope"),
+    (pb.Quota(scope="user:alice"), "INVALID_ARGUMENT", "quota: sets no limit"),
+    (
+        pb.Quota(scope="team:x", max_active_jobs=1),
+        "INVALID_ARGUMENT",
+        "quota.members: a team needs at least one member",
+    ),
+    (
+        pb.Quota(scope="user:alice", max_active_jobs=1, members=["bob"]),
+        "INVALID_ARGUMENT",
+        "quota.members: only a team has members",
+    ),
+    (
+        pb.Quota(scope="user:alice", max_active_jobs=-1),
+        "INVALID_ARGUMENT",
+        "quota.max_active_jobs",
+    ),
+    (
+        pb.Quota(scope="user:alice", max_active_jobs=1, window_seconds=float("nan")),
+        "INVALID_ARGUMENT",
+        "quota.window_seconds",
+    ),
+    (
+        pb.Quota(scope="user:alice", max_active_jobs=1, source="config"),
+        "INVALID_ARGUMENT",
+        "quota.source",
+    ),
+]
+
+
 async def test_bad_quotas_are_refused_naming_the_field(
-    stub: pb_grpc.AdmissionServiceAsyncStub, quota: pb.Quota, code: str, starts: str
+    stub: pb_grpc.AdmissionServiceAsyncStub,
 ) -> None:
-    with pytest.raises(grpc.aio.AioRpcError) as raised:
-        await stub.SetQuota(pb.SetQuotaRequest(quota=quota))
-    assert raised.value.code().name == code
-    assert str(raised.value.details()).startswith(starts), raised.value.details()
+    for quota, code, starts in BAD_QUOTAS:
+        with pytest.raises(grpc.aio.AioRpcError) as raised:
+            await stub.SetQuota(pb.SetQuotaRequest(quota=quota))
+        assert raised.value.code().name == code, quota
+        assert str(raised.value.details()).startswith(starts), raised.value.details()
     listed = (await stub.ListQuotas(pb.ListQuotasRequest())).quotas
     assert [q.quota.scope for q in listed] == ["team:ranking", "user:carol"]  # unchanged
 
