@@ -321,3 +321,16 @@ def test_warm_start_on_held_history_lands_near_the_best_found_pods() -> None:
     assert warm.workers_within > 0.8 and warm.ps_within > 0.8
     with pytest.raises(SimulationError, match="held_out"):
         warm_start_accuracy(specs, 1.0, 5)
+
+
+def test_stride_keeps_held_growths_as_claims_and_grants_them_when_capacity_frees() -> None:
+    # A cluster too small for every growth: a growth that does not fit is kept as a claim
+    # and granted by the weighted greedy when a job ends (stride.policy.contention), never
+    # beyond the cluster (``_set_pods`` asserts it at every change).
+    specs = generate_jobs(20, np.random.default_rng(3), load_straggler_covs(COVS))
+    result = simulate(specs, 600, 3000, "stride", 3)
+    assert result.claims_granted >= 1
+    assert result.completed == 20 and set(result.ends) == {1}
+    assert result.peak_cpu <= 600 and result.peak_memory_gib <= 3000
+    # The baselines keep dropping what does not fit (no claims).
+    assert simulate(specs, 600, 3000, "optimus", 3).claims_granted == 0

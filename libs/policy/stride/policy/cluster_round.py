@@ -33,6 +33,7 @@ from typing import Any
 
 import numpy as np
 
+from stride.policy.contention import growth_candidate
 from stride.policy.errors import PolicyError
 from stride.policy.fitting import MIN_SAMPLES, fit_throughput_model
 from stride.policy.registry import AlgorithmSpec
@@ -62,9 +63,6 @@ ALGORITHM_NAME = "stride-cluster-round"
 FRONTS_NAME = "stride-job-fronts"
 CHOOSE_NAME = "stride-cluster-choose"
 ALGORITHM_VERSION = 1
-HORIZON_SECONDS = 600.0
-"""H of eq. 8 (:func:`stride.policy.throughput.throughput_gain`): the time a new plan is
-expected to run before the next round, capped by the job's remaining time."""
 
 
 class InvalidRound(PolicyError):
@@ -245,10 +243,7 @@ def job_front(job: RoundJob, space: SearchSpace) -> JobFront:
         if speed[index] > best:
             front.append(index)
             best = float(speed[index])
-    horizon = min(HORIZON_SECONDS, job.remaining_samples / now) if now > 0 else HORIZON_SECONDS
-    horizon = max(horizon, 1.0)
     held = configuration(job.pods, job.shape)
-    held_cores, held_memory = job.pods.cpu, job.pods.memory_gib
     pods: list[Pods] = []
     candidates: list[Candidate] = []
     for index in front:
@@ -260,21 +255,15 @@ def job_front(job: RoundJob, space: SearchSpace) -> JobFront:
             int(lp[index]),
             int(ps_mem[index]),
         )
-        pause = overhead_seconds(held, configuration(chosen, job.shape))
-        gain = (speed[index] - now) - speed[index] * min(pause, horizon) / horizon
-        extra_cost = (cores[index] - held_cores) + GIB_PRICE * (memory[index] - held_memory)
         pods.append(chosen)
         candidates.append(
-            Candidate(
-                resources=(
-                    max(0.0, float(cores[index] - held_cores)),
-                    max(0.0, float(memory[index] - held_memory)),
-                ),
-                throughput=float(speed[index]),
-                throughput_gain=float(gain),
-                # RC of eq. 7 on the additional resources; a plan that frees as much as it
-                # takes is priced at the smallest unit so eq. 11 stays defined.
-                resource_cost=float(max(extra_cost, GIB_PRICE)),
+            growth_candidate(
+                job.pods,
+                chosen,
+                now,
+                float(speed[index]),
+                job.remaining_samples,
+                overhead_seconds(held, configuration(chosen, job.shape)),
             )
         )
     return JobFront(

@@ -100,6 +100,7 @@ from scipy.optimize import nnls
 
 from stride.policy import stages
 from stride.policy.cold_start import JobFeatures
+from stride.policy.contention import Claim, claim_of, settle
 from stride.policy.stages import (
     ALMOST_BEST_FRACTION,
     GRID_WORKERS,
@@ -450,6 +451,10 @@ class Decision:
 
     pods: Pods | None = None
     repartition: bool = False
+    claim: Claim | None = None
+    """What to claim if ``pods`` do not fit now (:mod:`stride.policy.contention`): kept
+    until the job's next decision, granted by the weighted greedy when capacity frees.
+    None: a change that does not fit is dropped (the baselines)."""
 
 
 class DlrmPolicy(Protocol):
@@ -560,10 +565,14 @@ class StridePolicy:
 
     def decide(self, view: JobView) -> Decision:
         """See the class docstring."""
-        reply = stages.stage_step(stage_request(view, self._fitted.get(view.spec.job_id, -1)))
+        request = stage_request(view, self._fitted.get(view.spec.job_id, -1))
+        reply = stages.stage_step(request)
         if reply.fitted_at >= 0:
             self._fitted[view.spec.job_id] = reply.fitted_at
-        return Decision(reply.pods, reply.repartition)
+        claim = (
+            claim_of(str(view.spec.job_id), request, reply) if view.reason != "arrival" else None
+        )
+        return Decision(reply.pods, reply.repartition, claim)
 
 
 def stage_request(view: JobView, last_fit_sample_count: int = -1) -> stages.StageRequest:
@@ -827,6 +836,8 @@ class DlrmResult:
     job_memory_utilization: tuple[float, ...]
     """Per-job GiB-seconds used over allocated, job-id order."""
     synthetic: bool = True
+    claims_granted: int = 0
+    """Contended plans granted later by the weighted greedy (Stride only)."""
 
 
 def _keep_sample(job: _Job, sample: tuple[Pods, float]) -> None:
@@ -867,6 +878,9 @@ class _Env:
         self.scaling_events = 0
         self.oom_kills = 0
         self.ends = [0] * len(jobs)
+        self.claims: dict[int, Claim] = {}
+        """Open claims (:mod:`stride.policy.contention`), settled when capacity frees."""
+        self.granted = 0
 
     # accounting
     def _advance(self, job: _Job, now: float) -> None:
@@ -1005,6 +1019,7 @@ class _Env:
         self.ends[job.spec.job_id] += 1
         self.used_cpu -= job.pods.cpu
         self.used_mem -= job.pods.memory_gib
+        self.claims.pop(job.spec.job_id, None)
         job.version += 1
         if not failed:
             p = job.pods
@@ -1023,6 +1038,26 @@ class _Env:
                 )
             )
         self._try_start()
+        self._settle()
+
+    def _settle(self) -> None:
+        """Grant the open claims that now fit, by the weighted greedy (contention.settle).
+        Jobs waiting for their first pods come first: while one waits, freed capacity is
+        theirs and no claim is settled (a running job's growth never starves a new job)."""
+        if not self.claims or self.queue:
+            return
+        settlement = settle(
+            self.claims.values(), self.cpus - self.used_cpu, self.mem - self.used_mem
+        )
+        for grant in settlement.granted:
+            job = self.jobs[int(grant.claim.job_id)]
+            del self.claims[job.spec.job_id]
+            if job.end is not None or job.pods != grant.claim.held:
+                continue
+            self._advance(job, self.sim.now)
+            self._set_pods(job, grant.claim.wanted, grant.claim.pause_seconds)
+            self.scaling_events += 1
+            self.granted += 1
 
     def _apply(self, job: _Job, decision: Decision) -> None:
         assert job.pods is not None
@@ -1036,6 +1071,7 @@ class _Env:
                 _config(job.pods, job.spec),
                 _config(replace(job.pods, ps_cpu=job.pods.ps_cpu + 1), job.spec),
             )
+        self.claims.pop(job.spec.job_id, None)
         if pods is not None and pods != job.pods:
             extra_cpu = pods.cpu - job.pods.cpu
             extra_mem = pods.memory_gib - job.pods.memory_gib
@@ -1050,7 +1086,11 @@ class _Env:
                 self._set_pods(job, pods, pause)
                 self.scaling_events += 1
                 self._try_start()
+                if extra_cpu < 0 or extra_mem < 0:
+                    self._settle()
                 return
+            if decision.claim is not None:
+                self.claims[job.spec.job_id] = decision.claim
         if changed:
             job.paused_until = max(job.paused_until, self.sim.now + pause)
             self.scaling_events += 1
@@ -1174,6 +1214,7 @@ def simulate(
         ends=tuple(env.ends),
         job_cpu_utilization=job_cpu,
         job_memory_utilization=job_mem,
+        claims_granted=env.granted,
     )
 
 

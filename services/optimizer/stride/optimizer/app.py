@@ -13,6 +13,7 @@ from stride.optimizer.adapters.inbound.bus_handlers import (
     FinishedHandler,
     MetricsHandler,
     PodFailedHandler,
+    ShareHandler,
 )
 from stride.optimizer.adapters.inbound.grpc_api import OptimizerApi
 from stride.optimizer.adapters.outbound.history import ConfigDbHistory
@@ -28,6 +29,7 @@ MIGRATIONS = Path(__file__).parent / "db" / "migrations"
 SERVICE_NAME = optimizer_service_pb2.DESCRIPTOR.services_by_name["OptimizerService"].full_name
 ADMITTED_DURABLE = "optimizer-admitted"
 FINISHED_DURABLE = "optimizer-finished"
+SHARE_DURABLE = "optimizer-shares"
 POD_FAILED_DURABLE = "optimizer-pod-failed"
 STEP_METRICS_DURABLE = "optimizer-step-metrics"
 USAGE_DURABLE = "optimizer-usage"
@@ -88,6 +90,14 @@ async def build(settings: OptimizerSettings) -> ServiceHost:
         topics.JOB_FINISHED,
         durable=FINISHED_DURABLE,
         handler=FinishedHandler(planning),
+        ack_wait=settings.ack_wait_seconds,
+    )
+    consume(
+        host,
+        bus,
+        topics.JOB_SHARE,
+        durable=SHARE_DURABLE,
+        handler=ShareHandler(planning),
         ack_wait=settings.ack_wait_seconds,
     )
     consume(

@@ -17,6 +17,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import math
 from collections.abc import Awaitable, Callable, Sequence
 from dataclasses import dataclass, replace
 from datetime import UTC, datetime
@@ -49,8 +50,10 @@ from stride.optimizer.domain.administrator import (
     on_manual_scale,
     on_pod_failure,
 )
+from stride.optimizer.domain.claims import claim_from_json, claim_to_json
 from stride.optimizer.domain.tuning import (
     Explanation,
+    on_replanned,
     on_stage_reply,
     pods_of,
     shape_of,
@@ -58,6 +61,7 @@ from stride.optimizer.domain.tuning import (
 )
 from stride.policy import dlrover, stages
 from stride.policy.cold_start import COLD_START, ColdStartRequest, JobFeatures
+from stride.policy.contention import Claim, ShareBound, claim_of, settle, within_share
 from stride.policy.plans import Plan, Role
 from stride.policy.registry import AlgorithmSpec
 from stride.policy.warm_start import HistoricalJob
@@ -98,6 +102,10 @@ class Capacity:
 
     cpu: float
     memory_gib: float
+
+
+_UNBOUNDED = 1e18
+"""Free capacity where the optimizer bounds none (claims then wait only for shares)."""
 
 
 def plan_totals(plan: Plan) -> tuple[float, float]:
@@ -262,7 +270,10 @@ class Planning:
             if not step.changed:
                 return
             await self._store(session, step, None, now)
+            await repository.delete_claims(session, [job_id])
         log.info("job administrator finished", job_id=job_id, known_before=existing is not None)
+        # Its cores and memory are free: the open claims are settled over them.
+        await self.settle_claims(f"{job_id} finished")
 
     async def _store(
         self,
@@ -311,11 +322,14 @@ class Planning:
         capacity ('' when it fits, or when capacity is not bounded here). Serializes the
         capacity-taking transactions until this one ends, so two jobs never both take the
         same free cores."""
+        want_cpu, want_memory = plan_totals(plan)
+        share = await self._share_bound(session, job_id)
+        if share is not None and (excess := share.excess(want_cpu, want_memory)):
+            return excess
         if self.capacity is None:
             return ""
         await repository.lock_capacity(session)
         cpu, memory, own_cpu, own_memory = await repository.held_capacity(session, job_id)
-        want_cpu, want_memory = plan_totals(plan)
         free_cpu = self.capacity.cpu - cpu
         free_memory = self.capacity.memory_gib - memory
         extra_cpu, extra_memory = want_cpu - own_cpu, want_memory - own_memory
@@ -326,6 +340,176 @@ class Planning:
             f"{max(extra_memory, 0):g} more GiB, {max(free_cpu, 0):g} cores and "
             f"{max(free_memory, 0):g} GiB are free"
         )
+
+    async def _share_bound(self, session: Session, job_id: str) -> ShareBound | None:
+        """The most the job may hold, from admission's newest share of it; None when
+        admission gave it no CPU share (a job sized by the optimizer alone, a GPU job's
+        devices, or a share of zero units, which only preemption may act on)."""
+        share = await repository.get_share(session, job_id)
+        if share is None or share["cpu"] <= 0 or share["memory_gib"] <= 0:
+            return None
+        return ShareBound(share["cpu"], share["memory_gib"])
+
+    async def shared(self, event: job_pb2.JobShare) -> None:
+        """Admission set the job's share: store it (an older version changes nothing), fit
+        the job's plan into it if it no longer fits, and settle the open claims (a larger
+        share may let the job's own claim through)."""
+        job_id = check_job_id(event.job_id)
+        if event.version < 1:
+            raise InvalidArgument("version", f"must be >= 1, got {event.version}")
+        gib = obs.GIB
+        values = {
+            "job_id": job_id,
+            "version": int(event.version),
+            "cpu": float(event.share.cpu),
+            "memory_gib": event.share.memory_bytes / gib,
+            "minimum_cpu": float(event.minimum.cpu),
+            "minimum_memory_gib": event.minimum.memory_bytes / gib,
+            "guaranteed": bool(event.guaranteed),
+            "reason": event.reason,
+        }
+        for name in ("cpu", "memory_gib", "minimum_cpu", "minimum_memory_gib"):
+            value = values[name]
+            assert isinstance(value, float)
+            if not math.isfinite(value) or value < 0:
+                field = {"cpu": "share.cpu", "memory_gib": "share.memory_bytes"}.get(
+                    name, name.replace("minimum_", "minimum.").replace("_gib", "_bytes")
+                )
+                raise InvalidArgument(field, f"must be a finite number >= 0, got {value!r}")
+        now = datetime.now(UTC)
+        async with self.database.transaction() as session:
+            if not await repository.put_share(session, {**values, "updated_at": now}):
+                log.info("older share ignored", job_id=job_id, version=event.version)
+                return
+            await self._fit_share(session, job_id, int(event.version), event.reason, now)
+        self.outbox.notify()
+        await self.settle_claims(f"share v{event.version} of {job_id}")
+
+    async def _fit_share(
+        self, session: Session, job_id: str, version: int, reason: str, now: datetime
+    ) -> None:
+        """Publish the job's plan shrunk into its share if its newest plan exceeds it."""
+        bound = await self._share_bound(session, job_id)
+        existing = await repository.get_administrator(session, job_id, for_update=True)
+        newest = await repository.newest_plan(session, job_id)
+        if bound is None or existing is None or newest is None:
+            return
+        if existing.stage is JobStage.FINISHED:
+            return
+        current = plan_from_proto(newest)
+        held_cpu, held_memory = plan_totals(current)
+        if bound.holds(held_cpu, held_memory):
+            return
+        pods = pods_of(current)
+        if pods is None:
+            log.warning("plan exceeds its share but has no workers and PS to shrink", job_id=job_id)
+            return
+        other_cpu = held_cpu - pods.cpu
+        other_memory = held_memory - pods.memory_gib
+        fitted = within_share(pods, bound, other_cpu, other_memory)
+        detail = f"{bound.excess(held_cpu, held_memory)} (share v{version}: {reason})"
+        if fitted is None:
+            log.warning("share too small for one worker and the PS", job_id=job_id, why=detail)
+            return
+        explanation = Explanation(
+            algorithm="stride-contention/1",
+            stage=existing.stage.value,
+            root_cause=RootCause.SHARE.value,
+            detail=f"fitted into the admission share: {detail}",
+            cost=stages.pods_cost(fitted),
+            bound="admission share",
+        )
+        step, explained = on_replanned(
+            existing,
+            current,
+            fitted,
+            RootCause.SHARE,
+            f"{job_id}.share.{version}",
+            explanation,
+            now,
+        )
+        await self._store(session, step, None, now, explanation=explained)
+        await repository.delete_claims(session, [job_id])
+        log.info("plan fitted into its share", job_id=job_id, share_version=version)
+
+    async def settle_claims(self, why: str) -> int:
+        """Grant the open claims that the free capacity now holds, by the cluster's
+        weighted greedy (:func:`stride.policy.contention.settle`), as the simulator does when
+        capacity frees. A claim whose job has a newer plan, or has finished, is void and
+        closed; one beyond its job's share stays open. Returns the plans published."""
+        now = datetime.now(UTC)
+        published = 0
+        async with self.database.transaction() as session:
+            await repository.lock_capacity(session)
+            rows = await repository.open_claims(session)
+            if not rows:
+                return 0
+            void: list[str] = []
+            claims: list[Claim] = []
+            versions: dict[str, int] = {}
+            for job_id, version, text, stage in rows:
+                administrator = await repository.get_administrator(session, job_id)
+                if (
+                    administrator is None
+                    or stage == JobStage.FINISHED.name
+                    or administrator.plan_version != version
+                ):
+                    void.append(job_id)
+                    continue
+                claim = claim_from_json(text)
+                share = await self._share_bound(session, job_id)
+                newest = await repository.newest_plan(session, job_id)
+                if newest is None:
+                    void.append(job_id)
+                    continue
+                claimed = plan_totals(with_pods(plan_from_proto(newest), claim.wanted, "-"))
+                if share is not None and not share.holds(*claimed):
+                    continue
+                claims.append(claim)
+                versions[job_id] = version
+            if self.capacity is None:
+                free_cpu = free_memory = _UNBOUNDED
+            else:
+                used_cpu, used_memory, _, _ = await repository.held_capacity(session, "")
+                free_cpu = self.capacity.cpu - used_cpu
+                free_memory = self.capacity.memory_gib - used_memory
+            settlement = settle(claims, free_cpu, free_memory)
+            for grant in settlement.granted:
+                job_id = grant.claim.job_id
+                existing = await repository.get_administrator(session, job_id, for_update=True)
+                newest = await repository.newest_plan(session, job_id)
+                assert existing is not None and newest is not None
+                explanation = Explanation(
+                    algorithm="stride-contention/1",
+                    stage=existing.stage.value,
+                    root_cause=RootCause.CONTENTION.value,
+                    detail=(
+                        f"held for capacity ({grant.claim.cause}); granted when {why}: "
+                        f"{grant.why}, rank {grant.rank} of {len(claims)}"
+                    ),
+                    predicted_throughput=grant.claim.throughput_wanted,
+                    predicted_current=grant.claim.throughput_now,
+                    cost=stages.pods_cost(grant.claim.wanted),
+                    bound="cluster capacity",
+                )
+                step, explained = on_replanned(
+                    existing,
+                    plan_from_proto(newest),
+                    grant.claim.wanted,
+                    RootCause.CONTENTION,
+                    f"{job_id}.granted.{versions[job_id]}",
+                    explanation,
+                    now,
+                )
+                await self._store(session, step, None, now, explanation=explained)
+                published += 1
+            await repository.delete_claims(
+                session, void + [grant.claim.job_id for grant in settlement.granted]
+            )
+        if published:
+            self.outbox.notify()
+            log.info("claims granted", plans=published, open=len(settlement.left), why=why)
+        return published
 
     async def newest_plan(
         self, job_id: str
@@ -436,13 +620,15 @@ class Planning:
             view = await repository.get_observations(session, job_id)
             spec = await repository.get_spec(session, job_id)
         plan: Plan | None
+        claim: Claim | None = None
         if role is Role.PS and view is not None and view.pods is not None and spec is not None:
             # The stage step's OOM rule, as the simulator applies it: memory above the
             # predicted peak once growth is measured, else doubled (002 sec. 5.3).
-            stage_reply, fallback = await self._stage_step(
-                self._stage_request(view, spec, stages.Reason.OOM), job_id
-            )
+            oom_request = self._stage_request(view, spec, stages.Reason.OOM)
+            stage_reply, fallback = await self._stage_step(oom_request, job_id)
             assert stage_reply.pods is not None
+            # Kept if the cluster cannot hold it now: a safety claim, granted first.
+            claim = claim_of(job_id, oom_request, stage_reply)
             plan = with_pods(current, stage_reply.pods, f"OOM: {stage_reply.root_cause}")
             algorithm, rule = STAGE_STEP.qualified_name, stage_reply.root_cause
         else:
@@ -473,8 +659,13 @@ class Planning:
             if not step.changed:
                 return
             if hold:
-                # The event says why; the pod watcher relaunches the pod as it was.
+                # The event says why; the pod watcher relaunches the pod as it was. The
+                # stage step's OOM plan stays open as a claim until capacity frees.
                 await self._store(session, step, None, now)
+                if claim is not None and existing is not None:
+                    await repository.put_claim(
+                        session, job_id, existing.plan_version, claim_to_json(claim), now
+                    )
                 log.warning("OOM relaunch plan held", job_id=job_id, why=hold)
                 return
             explanation = Explanation(
@@ -682,11 +873,19 @@ class Planning:
                     f"(minimum {self.min_plan_interval_seconds:g}s between plans)"
                 )
             bound = reply.bound
+            claim: Claim | None = None
             if not hold and reply.pods is not None:
                 hold = await self._capacity_hold(
                     session, job_id, with_pods(plan_from_proto(newest), reply.pods, "-")
                 )
-                bound = "cluster capacity" if hold else bound
+                if hold:
+                    bound = (
+                        "admission share"
+                        if hold.startswith("admission share")
+                        else ("cluster capacity")
+                    )
+                    # Kept as a claim: settled with the others when capacity frees.
+                    claim = claim_of(job_id, request, reply)
             explanation = Explanation(
                 algorithm=STAGE_STEP.qualified_name,
                 stage=reply.stage.value,
@@ -720,6 +919,12 @@ class Planning:
                 ),
             )
             await self._store(session, step, None, now, explanation=explained, view=settled)
+            if claim is not None:
+                await repository.put_claim(
+                    session, job_id, existing.plan_version, claim_to_json(claim), now
+                )
+            else:
+                await repository.delete_claims(session, [job_id])
             after = step.after or existing
             decided = optimization_pb2.WindowDecided(
                 job_id=job_id,
@@ -737,6 +942,8 @@ class Planning:
                 topics.WINDOW_DECIDED.outgoing(job_id, decided, f"{job_id}.decided.{view.pending}"),
             )
         self.outbox.notify()
+        if step.plans and reply.pods is not None and _frees(request.pods, reply.pods):
+            await self.settle_claims(f"{job_id} shrank")
         if step.plans:
             log.info(
                 "stage step published a plan",
@@ -833,6 +1040,11 @@ class DueDecisions:
 
 
 _ROLE_BY_EVENT = {plan_pb2.ROLE_WORKER: Role.WORKER, plan_pb2.ROLE_PS: Role.PS}
+
+
+def _frees(before: stages.Pods, after: stages.Pods) -> bool:
+    """Whether moving from ``before`` to ``after`` frees cores or memory."""
+    return after.cpu < before.cpu or after.memory_gib < before.memory_gib
 
 
 def _stage_heuristic(request: stages.StageRequest) -> stages.StageReply:

@@ -91,6 +91,10 @@ class _RootCauseEnumTypeWrapper(_enum_type_wrapper._EnumTypeWrapper[_RootCause.V
     """A sampling probe: one dimension of the plan moved to measure it."""
     ROOT_CAUSE_MEMORY_SIZING: _RootCause.ValueType  # 11
     """Memory sized to what the pods were measured or predicted to use."""
+    ROOT_CAUSE_CONTENTION: _RootCause.ValueType  # 12
+    """A plan held for capacity, granted later by the cluster's weighted greedy selection."""
+    ROOT_CAUSE_SHARE: _RootCause.ValueType  # 13
+    """Admission changed the job's share and the plan was fitted into it."""
 
 class RootCause(_RootCause, metaclass=_RootCauseEnumTypeWrapper):
     """Why the optimizer acted."""
@@ -119,6 +123,10 @@ ROOT_CAUSE_SAMPLING: RootCause.ValueType  # 10
 """A sampling probe: one dimension of the plan moved to measure it."""
 ROOT_CAUSE_MEMORY_SIZING: RootCause.ValueType  # 11
 """Memory sized to what the pods were measured or predicted to use."""
+ROOT_CAUSE_CONTENTION: RootCause.ValueType  # 12
+"""A plan held for capacity, granted later by the cluster's weighted greedy selection."""
+ROOT_CAUSE_SHARE: RootCause.ValueType  # 13
+"""Admission changed the job's share and the plan was fitted into it."""
 Global___RootCause: _TypeAlias = RootCause  # noqa: Y015
 
 class _AlgorithmStatus:

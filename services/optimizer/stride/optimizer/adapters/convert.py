@@ -40,6 +40,8 @@ ROOT_CAUSE_TO_PROTO = {
     RootCause.OVERRIDE: optimization_pb2.ROOT_CAUSE_OVERRIDE,
     RootCause.SAMPLING: optimization_pb2.ROOT_CAUSE_SAMPLING,
     RootCause.MEMORY_SIZING: optimization_pb2.ROOT_CAUSE_MEMORY_SIZING,
+    RootCause.CONTENTION: optimization_pb2.ROOT_CAUSE_CONTENTION,
+    RootCause.SHARE: optimization_pb2.ROOT_CAUSE_SHARE,
 }
 
 ROLE_TO_PROTO = {

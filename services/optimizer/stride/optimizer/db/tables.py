@@ -4,6 +4,7 @@ its dead-letter table."""
 from __future__ import annotations
 
 from sqlalchemy import (
+    Boolean,
     Column,
     DateTime,
     Float,
@@ -68,6 +69,34 @@ observations = Table(
     # Cores and GiB the job's current plan holds (every role), for the capacity check.
     Column("held_cpu", Float, nullable=False, server_default="0"),
     Column("held_memory_gib", Float, nullable=False, server_default="0"),
+)
+
+claims = Table(
+    "claims",
+    metadata,
+    Column("job_id", String(64), ForeignKey("administrators.job_id"), primary_key=True),
+    # The plan version the claim was made against (void once the job has a newer one).
+    Column("plan_version", Integer, nullable=False),
+    # The claim as JSON (domain.claims.to_json).
+    Column("claim", Text, nullable=False),
+    Column("created_at", DateTime(timezone=True), nullable=False),
+)
+
+shares = Table(
+    "shares",
+    metadata,
+    # No foreign key: a share may arrive before the job's admission is applied here.
+    Column("job_id", String(64), primary_key=True),
+    Column("version", Integer, nullable=False),
+    # The most the job may hold (0 and 0: admission gave it no CPU share to bound).
+    Column("cpu", Float, nullable=False),
+    Column("memory_gib", Float, nullable=False),
+    # What is reserved for its guarantee (held for it even while its plan is smaller).
+    Column("minimum_cpu", Float, nullable=False),
+    Column("minimum_memory_gib", Float, nullable=False),
+    Column("guaranteed", Boolean, nullable=False),
+    Column("reason", Text, nullable=False),
+    Column("updated_at", DateTime(timezone=True), nullable=False),
 )
 
 outbox = outbox_table(metadata)

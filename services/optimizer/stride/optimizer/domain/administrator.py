@@ -60,6 +60,10 @@ class RootCause(Enum):
     """A sampling probe: one dimension moved by a factor of two to measure it."""
     MEMORY_SIZING = "memory_sizing"
     """Memory sized to what the pods were measured (or predicted) to use."""
+    CONTENTION = "contention"
+    """A plan held for capacity, granted later by the cluster's weighted greedy."""
+    SHARE = "share"
+    """Admission changed the job's share; the plan was fitted into it."""
 
 
 _RUNNING = frozenset({JobStage.SAMPLING, JobStage.OPTIMIZING, JobStage.STEADY, JobStage.FINISHED})

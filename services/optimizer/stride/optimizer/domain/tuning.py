@@ -28,6 +28,7 @@ from stride.optimizer.domain.administrator import (
     JobStage,
     OptimizationEvent,
     RootCause,
+    StageError,
     Step,
 )
 from stride.policy.cold_start import JobFeatures
@@ -198,4 +199,28 @@ def on_stage_reply(
     administrator, versioned = administrator.publish(plan, now)
     return Step(existing, administrator, (event,), (versioned,)), replace(
         explanation, stage=stage.value, root_cause=cause.value
+    )
+
+
+def on_replanned(
+    existing: Administrator,
+    current: Plan,
+    pods: Pods,
+    cause: RootCause,
+    event_id: str,
+    explanation: Explanation,
+    now: datetime,
+) -> tuple[Step, Explanation]:
+    """Pods decided outside a window's stage step (a held claim granted by the cluster's
+    weighted greedy, or a plan fitted into a new share) as the job's next plan version,
+    with its event. The stage stays where the job's last decision put it."""
+    if existing.stage is JobStage.FINISHED:
+        raise StageError(f"job {existing.job_id} has finished; it gets no more plans")
+    event = OptimizationEvent(
+        event_id, existing.job_id, existing.stage, cause, explanation.detail, now
+    )
+    plan = with_pods(current, pods, f"{cause.value}: {explanation.detail}")
+    administrator, versioned = existing.publish(plan, now)
+    return Step(existing, administrator, (event,), (versioned,)), replace(
+        explanation, stage=existing.stage.value, root_cause=cause.value
     )

@@ -1,5 +1,5 @@
-"""The optimizer's bus consumers: jobs admitted (first plan), jobs finished, pods OOM-killed,
-and the metrics the stage step decides on.
+"""The optimizer's bus consumers: jobs admitted (first plan), jobs finished, admission's
+shares, pods OOM-killed, and the metrics the stage step decides on.
 
 The bus has already checked that each payload's job id is its subject's (see ``Bus.consume``).
 """
@@ -31,6 +31,16 @@ class FinishedHandler:
 
     async def __call__(self, event: job_pb2.JobFinished, delivery: Delivery) -> None:
         await self.planning.finished(event)
+
+
+class ShareHandler:
+    """Keeps the share admission grants the job; its plans stay within it."""
+
+    def __init__(self, planning: Planning) -> None:
+        self.planning = planning
+
+    async def __call__(self, event: job_pb2.JobShare, delivery: Delivery) -> None:
+        await self.planning.shared(event)
 
 
 class PodFailedHandler:

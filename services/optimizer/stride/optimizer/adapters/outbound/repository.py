@@ -9,11 +9,18 @@ from __future__ import annotations
 from datetime import UTC, datetime
 from typing import Any
 
-from sqlalchemy import func, select, text, update
+from sqlalchemy import case, delete, func, insert, select, text, update
 from sqlalchemy.ext.asyncio import AsyncSession
 
 from stride.events.v1 import optimization_pb2, plan_pb2
-from stride.optimizer.db.tables import administrators, observations, optimization_events, plans
+from stride.optimizer.db.tables import (
+    administrators,
+    claims,
+    observations,
+    optimization_events,
+    plans,
+    shares,
+)
 from stride.optimizer.domain.administrator import Administrator, JobStage
 from stride.optimizer.domain.observations import Observations, from_json, to_json
 
@@ -211,24 +218,84 @@ CAPACITY_LOCK = 0x5354524944450001
 """The advisory lock key of the optimizer's capacity check ("STRIDE" and 1)."""
 
 
+def _reserved(held: Any, minimum: Any) -> Any:
+    """The larger of a job's held resource and its share's reservation (none: held)."""
+    floor = func.coalesce(minimum, 0.0)
+    return case((floor > held, floor), else_=held)
+
+
 async def held_capacity(session: AsyncSession, job_id: str) -> tuple[float, float, float, float]:
-    """Cores and GiB held by every running job's current plan, and by ``job_id``'s."""
+    """Cores and GiB held by every running job (its current plan, or the reservation its
+    share keeps for its guarantee if that is larger), and by ``job_id``."""
     running = administrators.c.stage != JobStage.FINISHED.name
+    cpu = _reserved(observations.c.held_cpu, shares.c.minimum_cpu)
+    memory = _reserved(observations.c.held_memory_gib, shares.c.minimum_memory_gib)
+    joined = observations.join(administrators).outerjoin(
+        shares, shares.c.job_id == observations.c.job_id
+    )
     query = (
-        select(
-            func.coalesce(func.sum(observations.c.held_cpu), 0.0),
-            func.coalesce(func.sum(observations.c.held_memory_gib), 0.0),
-        )
-        .select_from(observations.join(administrators))
+        select(func.coalesce(func.sum(cpu), 0.0), func.coalesce(func.sum(memory), 0.0))
+        .select_from(joined)
         .where(running)
     )
     total = (await session.execute(query)).one()
     own = (
         await session.execute(
-            select(observations.c.held_cpu, observations.c.held_memory_gib).where(
-                observations.c.job_id == job_id
-            )
+            select(cpu.label("cpu"), memory.label("memory"))
+            .select_from(observations.outerjoin(shares, shares.c.job_id == observations.c.job_id))
+            .where(observations.c.job_id == job_id)
         )
     ).one_or_none()
-    own_cpu, own_memory = (own.held_cpu, own.held_memory_gib) if own is not None else (0.0, 0.0)
+    own_cpu, own_memory = (own.cpu, own.memory) if own is not None else (0.0, 0.0)
     return float(total[0]), float(total[1]), float(own_cpu), float(own_memory)
+
+
+# --- Claims and shares -------------------------------------------------------------------
+
+
+async def put_claim(
+    session: AsyncSession, job_id: str, plan_version: int, claim: str, at: datetime
+) -> None:
+    """Store (or replace) the job's open claim, made against its plan ``plan_version``."""
+    await session.execute(delete(claims).where(claims.c.job_id == job_id))
+    await session.execute(
+        insert(claims).values(job_id=job_id, plan_version=plan_version, claim=claim, created_at=at)
+    )
+
+
+async def delete_claims(session: AsyncSession, job_ids: list[str]) -> None:
+    """Close the claims of ``job_ids`` (granted, replaced by a decision, or void)."""
+    if job_ids:
+        await session.execute(delete(claims).where(claims.c.job_id.in_(job_ids)))
+
+
+async def open_claims(session: AsyncSession) -> list[tuple[str, int, str, str]]:
+    """Every open claim: (job, plan version it was made against, claim JSON, job stage)."""
+    rows = await session.execute(
+        select(claims.c.job_id, claims.c.plan_version, claims.c.claim, administrators.c.stage)
+        .select_from(claims.join(administrators))
+        .order_by(claims.c.job_id)
+    )
+    return [(r.job_id, r.plan_version, r.claim, r.stage) for r in rows]
+
+
+async def get_share(session: AsyncSession, job_id: str) -> dict[str, Any] | None:
+    """The job's newest share as stored (version, cpu, memory_gib, minimums, ...)."""
+    row = (await session.execute(select(shares).where(shares.c.job_id == job_id))).one_or_none()
+    return None if row is None else dict(row._mapping)
+
+
+async def put_share(session: AsyncSession, values: dict[str, Any]) -> bool:
+    """Store a share if it is newer than the job's stored one; False if it is not."""
+    stored = await session.scalar(
+        select(shares.c.version).where(shares.c.job_id == values["job_id"]).with_for_update()
+    )
+    if stored is not None and stored >= values["version"]:
+        return False
+    if stored is None:
+        await session.execute(insert(shares).values(**values))
+    else:
+        await session.execute(
+            update(shares).where(shares.c.job_id == values["job_id"]).values(**values)
+        )
+    return True
