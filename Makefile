@@ -8,6 +8,9 @@ STRIDE := $(VENV)/bin/stride
 DEMO_STATE := $(CURDIR)/.stride-demo
 # pytest prints its own summary; -p no:cacheprovider keeps the tree clean.
 PYTEST_ARGS ?=
+TEST_WORKERS ?= 2
+# Tests run in two processes (each test has its own NATS server and database, so they do
+# not meet); the TensorFlow end-to-end tests stay on one of them (tests/conftest.py).
 
 .DEFAULT_GOAL := help
 .PHONY: help install system-deps proto proto-check lint test test-unit bench demo up down lock clean
@@ -45,7 +48,7 @@ lint: install  ## ruff, mypy --strict, import contracts, buf lint
 	cd proto && ../$(VENV)/bin/buf lint
 
 test: install system-deps  ## Unit, integration (real NATS and PostgreSQL) and end-to-end tests
-	$(VENV)/bin/pytest $(PYTEST_ARGS)
+	$(VENV)/bin/pytest -n $(TEST_WORKERS) --dist loadgroup $(PYTEST_ARGS)
 
 test-unit: install  ## Only the fast unit tests
 	$(VENV)/bin/pytest tests/unit $(PYTEST_ARGS)

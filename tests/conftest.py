@@ -17,12 +17,25 @@ settings.register_profile("dev", deadline=None)
 settings.load_profile("ci" if os.environ.get("CI") else "dev")
 
 
+TENSORFLOW_FILES = frozenset(
+    {"test_training.py", "test_tf_checkpoint.py", "test_ckptclient_tf_snapshot.py"}
+)
+"""End-to-end tests that train TensorFlow jobs: each keeps both cores busy, so under
+``pytest -n 2`` (``make test``) they run one after another on one worker
+(``--dist loadgroup``), beside the lighter tests on the other, never two at once."""
+
+
 def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
-    """Tests that read the public traces need ``shared/traces`` beside the checkout.
+    """TensorFlow end-to-end tests share one xdist group (see ``TENSORFLOW_FILES``).
+
+    Tests that read the public traces need ``shared/traces`` beside the checkout.
 
     Where it is absent (a bare clone), they skip with the reason; CI has it, and there a
     missing folder fails the run instead of hiding the tests.
     """
+    for item in items:
+        if item.path.name in TENSORFLOW_FILES:
+            item.add_marker(pytest.mark.xdist_group("tensorflow"))
     if SHARED_TRACES.is_dir():
         return
     reason = f"the public traces are not at {SHARED_TRACES} (shared/ beside the checkout)"

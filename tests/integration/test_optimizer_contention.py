@@ -80,6 +80,18 @@ def open_claims(database_url: str) -> dict[str, int]:
         engine.dispose()
 
 
+def stored_share_versions(database_url: str) -> dict[str, int]:
+    """The share version the optimizer stored for each job."""
+    schema = schema_for(database_url, "optimizer")
+    engine = create_engine(database_url.replace("postgresql://", "postgresql+psycopg://"))
+    try:
+        with engine.connect() as connection:
+            rows = connection.execute(text(f'SELECT job_id, version FROM "{schema}".shares'))
+            return {row.job_id: row.version for row in rows}
+    finally:
+        engine.dispose()
+
+
 async def newest(nats_url: str, job_id: str) -> plan_pb2.ResourcePlan:
     return (await plans(nats_url, job_id, 1))[-1]
 
@@ -228,3 +240,26 @@ async def test_a_plan_stays_within_the_share_admission_grants(
         return True
 
     await assert_eventually(scaled, timeout=20)
+
+
+async def test_a_share_that_comes_before_the_admission_bounds_plan_1(
+    stub: Any, bus: Bus, nats_url: str, postgres_url: str
+) -> None:
+    job_id = "job-share-first"
+    spec = dlrm_job(seed=3, index=4)
+    # The share first (admission's two messages reach the optimizer through two consumers,
+    # in either order): plan 1 is made within it.
+    await bus.publish(
+        topics.JOB_SHARE, job_id, share_event(job_id, 1, 9.0, 200.0), f"{job_id}.share.1"
+    )
+
+    async def stored() -> bool:
+        assert stored_share_versions(postgres_url).get(job_id) == 1
+        return True
+
+    await assert_eventually(stored, timeout=10)
+    await bus.publish(topics.JOB_ADMITTED, job_id, admission(job_id, spec), f"{job_id}.adm")
+    first = await newest(nats_url, job_id)
+    assert first.version == 1 and totals(first)[0] <= 9.0, totals(first)
+    explained = await stub.GetPlanExplanation(pb.GetPlanExplanationRequest(job_id=job_id))
+    assert explained.explanations[0].bound == "admission share"

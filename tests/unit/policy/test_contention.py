@@ -251,3 +251,39 @@ def test_a_settlement_never_grants_more_than_is_free_whatever_the_order(
     # Every safety claim that fit in what was left when it was visited was taken first.
     ranks = [g.claim.safety for g in done.granted]
     assert ranks == sorted(ranks, reverse=True)
+
+
+@st.composite
+def pods(draw: st.DrawFn) -> Pods:
+    return Pods(
+        draw(st.integers(1, 32)),
+        draw(st.integers(1, 8)),
+        draw(st.integers(1, 16)),
+        draw(st.integers(1, 8)),
+        draw(st.integers(1, 8)),
+        draw(st.integers(1, 64)),
+    )
+
+
+@settings(max_examples=300, deadline=None)
+@given(pods(), st.floats(0, 300), st.floats(0, 2000), st.floats(0, 4), st.floats(0, 16))
+def test_a_plan_fitted_into_a_share_is_within_it_and_only_ever_smaller(
+    start: Pods, cpu: float, memory: float, chief_cpu: float, chief_memory: float
+) -> None:
+    share = ShareBound(cpu, memory)
+    fitted = within_share(start, share, chief_cpu, chief_memory)
+    if fitted is None:
+        # Only when even the smallest shape (one 1-core worker, 1-core PS) does not fit.
+        smallest = replace(start, workers=1, worker_cpu=1, ps_cpu=1)
+        assert not share.holds(smallest.cpu + chief_cpu, smallest.memory_gib + chief_memory)
+        return
+    assert share.holds(fitted.cpu + chief_cpu, fitted.memory_gib + chief_memory)
+    assert fitted.workers <= start.workers and fitted.worker_cpu <= start.worker_cpu
+    assert fitted.ps_cpu <= start.ps_cpu
+    assert (fitted.ps, fitted.ps_mem_gib, fitted.worker_mem_gib) == (
+        start.ps,
+        start.ps_mem_gib,
+        start.worker_mem_gib,
+    )
+    if share.holds(start.cpu + chief_cpu, start.memory_gib + chief_memory):
+        assert fitted == start

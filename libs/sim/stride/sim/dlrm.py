@@ -1152,11 +1152,14 @@ def simulate(
     policy_name: str,
     seed: int,
     tick_seconds: float = TICK_SECONDS,
+    policy: DlrmPolicy | None = None,
 ) -> DlrmResult:
     """Run ``jobs`` under a policy on a cluster of ``cluster_cpus`` cores and
     ``cluster_memory_gib`` GiB (aggregate capacity, no node packing), consulting the policy
-    every ``tick_seconds`` of a running job (``stride loadgen`` compares at its own tick)."""
-    if policy_name not in POLICIES:
+    every ``tick_seconds`` of a running job (``stride loadgen`` compares at its own tick).
+    ``policy`` runs a policy object instead of the registered ``policy_name`` (ablations in
+    ``bench/``)."""
+    if policy is None and policy_name not in POLICIES:
         raise SimulationError(f"policy_name: unknown {policy_name!r}; known: {sorted(POLICIES)}")
     for spec in jobs:
         r = spec.request
@@ -1165,7 +1168,8 @@ def simulate(
                 f"job {spec.job_id}: request ({r.cpu} cores, {r.memory_gib} GiB) exceeds the "
                 f"cluster ({cluster_cpus} cores, {cluster_memory_gib} GiB)"
             )
-    policy = POLICIES[policy_name]()
+    if policy is None:
+        policy = POLICIES[policy_name]()
     sim = Simulation(seed)
     if not tick_seconds > 0:
         raise SimulationError(f"tick_seconds: must be positive, got {tick_seconds}")

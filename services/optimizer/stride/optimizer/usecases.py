@@ -195,6 +195,7 @@ class Planning:
         now = datetime.now(UTC)
         async with self.database.transaction() as session:
             existing = await repository.get_administrator(session, job_id, for_update=True)
+            first, explanation = await self._within_share(session, job_id, first, explanation)
             step = on_admitted(existing, job_id, first, now)
             if not step.changed:
                 log.info(
@@ -215,6 +216,31 @@ class Planning:
             )
         self.outbox.notify()
         log.info("job administrator created", job_id=job_id, plans=[p.version for p in step.plans])
+
+    async def _within_share(
+        self, session: Session, job_id: str, plan: Plan, explanation: Explanation
+    ) -> tuple[Plan, Explanation]:
+        """``plan`` shrunk into the job's share if admission's share came first (the two
+        arrive through different consumers) and the plan exceeds it."""
+        bound = await self._share_bound(session, job_id)
+        pods = pods_of(plan)
+        if bound is None or pods is None:
+            return plan, explanation
+        cpu, memory = plan_totals(plan)
+        if bound.holds(cpu, memory):
+            return plan, explanation
+        fitted = within_share(pods, bound, cpu - pods.cpu, memory - pods.memory_gib)
+        if fitted is None:
+            return plan, explanation
+        why = bound.excess(cpu, memory)
+        fitted_plan = with_pods(
+            plan, fitted, f"{plan.reason}; fitted into the admission share", plan.algorithm
+        )
+        return fitted_plan, replace(
+            explanation,
+            detail=f"{explanation.detail}; fitted into the admission share ({why})",
+            bound="admission share",
+        )
 
     async def _warm_start(
         self,
