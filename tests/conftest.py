@@ -21,8 +21,8 @@ TENSORFLOW_FILES = frozenset(
     {"test_training.py", "test_tf_checkpoint.py", "test_ckptclient_tf_snapshot.py"}
 )
 """End-to-end tests that train TensorFlow jobs: each keeps both cores busy, so under
-``pytest -n 2`` (``make test``) they run one after another on one worker
-(``--dist loadgroup``), beside the lighter tests on the other, never two at once."""
+``pytest -n`` (``make test``) they run one after another on one worker
+(``--dist loadgroup``), beside the lighter tests on the others, never two at once."""
 
 
 def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:

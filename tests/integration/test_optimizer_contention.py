@@ -48,7 +48,9 @@ GIB = 1024**3
 
 @pytest.fixture
 async def optimizer(nats_url: str, postgres_url: str) -> AsyncIterator[ServiceHost]:
-    values = settings(nats_url, postgres_url, cluster_cpu=CPU, cluster_memory_gib=MEMORY)
+    values = settings(
+        nats_url, postgres_url, cluster_cpu=CPU, cluster_memory_gib=MEMORY, enforce_shares=True
+    )
     async with running_service(build, values) as host:
         yield host
 

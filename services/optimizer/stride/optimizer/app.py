@@ -68,6 +68,7 @@ async def build(settings: OptimizerSettings) -> ServiceHost:
             if settings.cluster_cpu is not None and settings.cluster_memory_gib is not None
             else None
         ),
+        enforce_shares=settings.enforce_shares,
         fallback=build_decisions(
             {STAGE_STEP.name: "inprocess"}, None, settings.decision_timeout_seconds
         ).adjust,

@@ -62,6 +62,13 @@ class OptimizerSettings(ServiceSettings, DecisionSettings):
     bound jobs once admission grants them)."""
     cluster_memory_gib: float | None = Field(default=None, gt=0, allow_inf_nan=False)
     """GiB the running jobs may hold together (as ``cluster_cpu``); both or neither."""
+    enforce_shares: bool = False
+    """Keep every plan within the share admission publishes for its job (held beyond it, shrunk
+    into a smaller one). Off by default for now: admission sizes a CPU job's share from its
+    declared profile in whole CPU units, without the chief, so a share can be smaller than the
+    job's cold-start plan, and the optimizer cannot yet ask admission for more; enforcing it
+    would hold every probe beyond the profile for good. Shares are stored and their
+    guaranteed reservations counted as held either way."""
 
     @model_validator(mode="after")
     def _capacity_pair(self) -> OptimizerSettings:

@@ -129,6 +129,7 @@ class Planning:
         fallback: DecisionPort | None = None,
         history: HistorySource | None = None,
         capacity: Capacity | None = None,
+        enforce_shares: bool = True,
     ) -> None:
         self.database = database
         self.outbox = outbox
@@ -143,6 +144,8 @@ class Planning:
         """Where similar finished jobs come from (the config DB); None: cold starts only."""
         self.capacity = capacity
         """What the running jobs may hold together; None: not bounded here."""
+        self.enforce_shares = enforce_shares
+        """Keep plans within admission's shares (``OptimizerSettings.enforce_shares``)."""
         self.fallback = fallback
         """Where the stage step runs when ``adjust`` cannot answer (the executor pool is
         down or slow): in this process, off the event loop."""
@@ -371,6 +374,8 @@ class Planning:
         """The most the job may hold, from admission's newest share of it; None when
         admission gave it no CPU share (a job sized by the optimizer alone, a GPU job's
         devices, or a share of zero units, which only preemption may act on)."""
+        if not self.enforce_shares:
+            return None
         share = await repository.get_share(session, job_id)
         if share is None or share["cpu"] <= 0 or share["memory_gib"] <= 0:
             return None
