@@ -36,7 +36,7 @@ the same inputs (the stage step's request and reply), so both decide alike.
 from __future__ import annotations
 
 import math
-from collections.abc import Iterable, Sequence
+from collections.abc import Iterable
 from dataclasses import dataclass, replace
 
 from stride.policy.errors import PolicyError
@@ -341,9 +341,3 @@ def within_share(
         else:
             return None
     return current
-
-
-def open_claims(claims: Sequence[Claim], running: Iterable[str]) -> tuple[Claim, ...]:
-    """The claims of jobs still running (a finished job's claim is void)."""
-    alive = set(running)
-    return tuple(c for c in claims if c.job_id in alive)

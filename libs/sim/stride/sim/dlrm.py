@@ -1052,8 +1052,8 @@ class _Env:
         for grant in settlement.granted:
             job = self.jobs[int(grant.claim.job_id)]
             del self.claims[job.spec.job_id]
-            if job.end is not None or job.pods != grant.claim.held:
-                continue
+            # A claim is dropped whenever its job's pods change or it ends.
+            assert job.end is None and job.pods == grant.claim.held
             self._advance(job, self.sim.now)
             self._set_pods(job, grant.claim.wanted, grant.claim.pause_seconds)
             self.scaling_events += 1

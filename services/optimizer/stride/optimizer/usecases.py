@@ -226,16 +226,10 @@ class Planning:
         """``plan`` shrunk into the job's share if admission's share came first (the two
         arrive through different consumers) and the plan exceeds it."""
         bound = await self._share_bound(session, job_id)
-        pods = pods_of(plan)
-        if bound is None or pods is None:
+        shrunk = None if bound is None else _shrunk_into(bound, plan)
+        if shrunk is None:
             return plan, explanation
-        cpu, memory = plan_totals(plan)
-        if bound.holds(cpu, memory):
-            return plan, explanation
-        fitted = within_share(pods, bound, cpu - pods.cpu, memory - pods.memory_gib)
-        if fitted is None:
-            return plan, explanation
-        why = bound.excess(cpu, memory)
+        fitted, why = shrunk
         fitted_plan = with_pods(
             plan, fitted, f"{plan.reason}; fitted into the admission share", plan.algorithm
         )
@@ -347,8 +341,10 @@ class Planning:
         )
 
     async def _capacity_hold(self, session: Session, job_id: str, plan: Plan) -> str:
-        """Why ``plan`` cannot replace the job's current one in the cluster's free
-        capacity ('' when it fits, or when capacity is not bounded here). Serializes the
+        """Why ``plan`` cannot replace the job's current one within the job's share or the
+        cluster's free capacity ('' when it fits, or when neither is bounded here); the
+        reason begins with the bound's name ("admission share: ...", "cluster capacity:
+        ..."). Serializes the
         capacity-taking transactions until this one ends, so two jobs never both take the
         same free cores."""
         want_cpu, want_memory = plan_totals(plan)
@@ -388,25 +384,25 @@ class Planning:
         job_id = check_job_id(event.job_id)
         if event.version < 1:
             raise InvalidArgument("version", f"must be >= 1, got {event.version}")
-        gib = obs.GIB
+        amounts = {
+            "share.cpu": float(event.share.cpu),
+            "share.memory_bytes": event.share.memory_bytes / obs.GIB,
+            "minimum.cpu": float(event.minimum.cpu),
+            "minimum.memory_bytes": event.minimum.memory_bytes / obs.GIB,
+        }
+        for field, value in amounts.items():
+            if not math.isfinite(value) or value < 0:
+                raise InvalidArgument(field, f"must be a finite number >= 0, got {value!r}")
         values = {
             "job_id": job_id,
             "version": int(event.version),
-            "cpu": float(event.share.cpu),
-            "memory_gib": event.share.memory_bytes / gib,
-            "minimum_cpu": float(event.minimum.cpu),
-            "minimum_memory_gib": event.minimum.memory_bytes / gib,
+            "cpu": amounts["share.cpu"],
+            "memory_gib": amounts["share.memory_bytes"],
+            "minimum_cpu": amounts["minimum.cpu"],
+            "minimum_memory_gib": amounts["minimum.memory_bytes"],
             "guaranteed": bool(event.guaranteed),
             "reason": event.reason,
         }
-        for name in ("cpu", "memory_gib", "minimum_cpu", "minimum_memory_gib"):
-            value = values[name]
-            assert isinstance(value, float)
-            if not math.isfinite(value) or value < 0:
-                field = {"cpu": "share.cpu", "memory_gib": "share.memory_bytes"}.get(
-                    name, name.replace("minimum_", "minimum.").replace("_gib", "_bytes")
-                )
-                raise InvalidArgument(field, f"must be a finite number >= 0, got {value!r}")
         now = datetime.now(UTC)
         async with self.database.transaction() as session:
             if not await repository.put_share(session, {**values, "updated_at": now}):
@@ -421,27 +417,18 @@ class Planning:
     ) -> None:
         """Publish the job's plan shrunk into its share if its newest plan exceeds it."""
         bound = await self._share_bound(session, job_id)
+        if bound is None:
+            return
         existing = await repository.get_administrator(session, job_id, for_update=True)
         newest = await repository.newest_plan(session, job_id)
-        if bound is None or existing is None or newest is None:
-            return
-        if existing.stage is JobStage.FINISHED:
+        if existing is None or newest is None or existing.stage is JobStage.FINISHED:
             return
         current = plan_from_proto(newest)
-        held_cpu, held_memory = plan_totals(current)
-        if bound.holds(held_cpu, held_memory):
+        shrunk = _shrunk_into(bound, current)
+        if shrunk is None:
             return
-        pods = pods_of(current)
-        if pods is None:
-            log.warning("plan exceeds its share but has no workers and PS to shrink", job_id=job_id)
-            return
-        other_cpu = held_cpu - pods.cpu
-        other_memory = held_memory - pods.memory_gib
-        fitted = within_share(pods, bound, other_cpu, other_memory)
-        detail = f"{bound.excess(held_cpu, held_memory)} (share v{version}: {reason})"
-        if fitted is None:
-            log.warning("share too small for one worker and the PS", job_id=job_id, why=detail)
-            return
+        fitted, excess = shrunk
+        detail = f"{excess} (share v{version}: {reason})"
         explanation = Explanation(
             algorithm="stride-contention/1",
             stage=existing.stage.value,
@@ -478,24 +465,19 @@ class Planning:
             void: list[str] = []
             claims: list[Claim] = []
             versions: dict[str, int] = {}
-            for job_id, version, text, stage in rows:
-                administrator = await repository.get_administrator(session, job_id)
-                if (
-                    administrator is None
-                    or stage == JobStage.FINISHED.name
-                    or administrator.plan_version != version
-                ):
+            for job_id, version, text, current in rows:
+                if not current:
                     void.append(job_id)
                     continue
                 claim = claim_from_json(text)
                 share = await self._share_bound(session, job_id)
-                newest = await repository.newest_plan(session, job_id)
-                if newest is None:
-                    void.append(job_id)
-                    continue
-                claimed = plan_totals(with_pods(plan_from_proto(newest), claim.wanted, "-"))
-                if share is not None and not share.holds(*claimed):
-                    continue
+                if share is not None:
+                    # The whole plan as claimed (chief and data workers as they are).
+                    newest = await repository.newest_plan(session, job_id)
+                    assert newest is not None, "a current claim is on a stored plan"
+                    claimed = with_pods(plan_from_proto(newest), claim.wanted, "-")
+                    if not share.holds(*plan_totals(claimed)):
+                        continue
                 claims.append(claim)
                 versions[job_id] = version
             if self.capacity is None:
@@ -910,11 +892,7 @@ class Planning:
                     session, job_id, with_pods(plan_from_proto(newest), reply.pods, "-")
                 )
                 if hold:
-                    bound = (
-                        "admission share"
-                        if hold.startswith("admission share")
-                        else ("cluster capacity")
-                    )
+                    bound = hold.split(":", 1)[0]
                     # Kept as a claim: settled with the others when capacity frees.
                     claim = claim_of(job_id, request, reply)
             explanation = Explanation(
@@ -1071,6 +1049,22 @@ class DueDecisions:
 
 
 _ROLE_BY_EVENT = {plan_pb2.ROLE_WORKER: Role.WORKER, plan_pb2.ROLE_PS: Role.PS}
+
+
+def _shrunk_into(bound: ShareBound, plan: Plan) -> tuple[stages.Pods, str] | None:
+    """``plan``'s workers and PS shrunk so the whole plan (chief and data workers too) fits
+    ``bound``, with why it did not; None when it fits already or cannot be made to (no
+    workers and PS to shrink, or not even the smallest shape fits: logged)."""
+    cpu, memory = plan_totals(plan)
+    excess = bound.excess(cpu, memory)
+    pods = pods_of(plan)
+    if not excess or pods is None:
+        return None
+    fitted = within_share(pods, bound, cpu - pods.cpu, memory - pods.memory_gib)
+    if fitted is None:
+        log.warning("share too small for one worker and the PS", why=excess)
+        return None
+    return fitted, excess
 
 
 def _frees(before: stages.Pods, after: stages.Pods) -> bool:

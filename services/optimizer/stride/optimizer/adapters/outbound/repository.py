@@ -269,14 +269,18 @@ async def delete_claims(session: AsyncSession, job_ids: list[str]) -> None:
         await session.execute(delete(claims).where(claims.c.job_id.in_(job_ids)))
 
 
-async def open_claims(session: AsyncSession) -> list[tuple[str, int, str, str]]:
-    """Every open claim: (job, plan version it was made against, claim JSON, job stage)."""
+async def open_claims(session: AsyncSession) -> list[tuple[str, int, str, bool]]:
+    """Every open claim: (job, plan version it was made against, claim JSON, whether it is
+    still current: the job runs that plan version and has not finished)."""
+    current = (claims.c.plan_version == administrators.c.plan_version) & (
+        administrators.c.stage != JobStage.FINISHED.name
+    )
     rows = await session.execute(
-        select(claims.c.job_id, claims.c.plan_version, claims.c.claim, administrators.c.stage)
+        select(claims.c.job_id, claims.c.plan_version, claims.c.claim, current.label("current"))
         .select_from(claims.join(administrators))
         .order_by(claims.c.job_id)
     )
-    return [(r.job_id, r.plan_version, r.claim, r.stage) for r in rows]
+    return [(r.job_id, r.plan_version, r.claim, bool(r.current)) for r in rows]
 
 
 async def get_share(session: AsyncSession, job_id: str) -> dict[str, Any] | None:
