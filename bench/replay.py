@@ -4,12 +4,13 @@ Run: ``.venv/bin/python bench/replay.py [name ...]`` (names below; default all; 
 ``bench/results/replay-<name>.txt``).
 
 Each run is the real CLI: ``stride replay`` starts an embedded nats-server and a real
-admission process whose clock runs ``speedup`` times faster than the wall clock, submits the
+admission process on a stepped clock (the replay moves it from event to event), submits the
 trace's jobs through gRPC at their arrivals, simulates their pods from the published shares,
 and also runs ``stride sim``'s Stride policy in-process on the same inputs. Recorded: both
-deadline satisfactory ratios and their difference (target: within 1 percentage point), and
-the replay's wall time beside the simulator's (the reference: the same decisions without
-services, storage or a bus).
+deadline satisfactory ratios, their difference (target: within 1 percentage point) and the
+jobs decided differently, and the replay's wall time beside the simulator's (the reference:
+the same decisions without services, storage or a bus). ``195job-300x`` is the accelerated
+clock (admission's clock runs 300 times the wall clock) for comparison.
 
 Traces (microsoft/elasticflow-traces, MIT) on the cluster shapes ElasticFlow's scripts give
 them (as ``bench/sim_deadline_suite.py``); A100 curves (pkusys/ElasticFlow tables).
@@ -30,16 +31,17 @@ from stride.testing import SHARED_TRACES
 
 ROOT = Path(__file__).resolve().parent.parent
 RESULTS = ROOT / "bench" / "results"
-RUNS: dict[str, tuple[str, str, int]] = {
-    # name: (trace, cluster spec, speedup). The speedup keeps each run to minutes of wall
-    # time: a decision's latency is multiplied by it on admission's clock.
-    "195job": ("itp-ef/195job.csv", "n16g8", 300),
-    "itp-cluster10": ("itp-ef/cluster10.csv", "n8g8", 3000),
+RUNS: dict[str, tuple[str, str, str]] = {
+    # name: (trace, cluster spec, clock: "stepped" or a speedup for the accelerated clock,
+    # where a decision's latency is multiplied by the speedup on admission's clock).
+    "195job": ("itp-ef/195job.csv", "n16g8", "stepped"),
+    "itp-cluster05": ("itp-ef/cluster05.csv", "n8g8", "stepped"),
+    "195job-300x": ("itp-ef/195job.csv", "n16g8", "300"),
 }
 
 
 def run(name: str) -> None:
-    trace, cluster, speedup = RUNS[name]
+    trace, cluster, clock = RUNS[name]
     command = [
         sys.executable,
         "-m",
@@ -51,8 +53,11 @@ def run(name: str) -> None:
         str(SHARED_TRACES / "cluster_specs" / f"{cluster}.csv"),
         "--curves",
         str(SHARED_TRACES / "throughputs_A100"),
-        "--speedup",
-        str(speedup),
+        *(
+            ["--clock", "stepped"]
+            if clock == "stepped"
+            else ["--clock", "accelerated", "--speedup", clock]
+        ),
     ]
     began = time.monotonic()
     done = subprocess.run(

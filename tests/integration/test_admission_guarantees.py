@@ -73,12 +73,34 @@ def spec(steps: int, deadline: datetime | None = None, **changes: object) -> job
     return message
 
 
+async def slot_safe_now(margin: float = 45.0) -> datetime:
+    """Now, at least ``margin`` seconds before the end of the current 300 s slot (waiting
+    for the next slot if need be): a deadline worked out from it on the slot grid then
+    holds when the job is decided a moment later, even on a loaded machine (a boundary
+    passing in between would hand the hog a whole slot of slack)."""
+    now = datetime.now(UTC)
+    left = 300 - now.timestamp() % 300
+    if left < margin:
+        await asyncio.sleep(left + 0.05)
+        now = datetime.now(UTC)
+    return now
+
+
 def hog_deadline(now: datetime) -> datetime:
     """A deadline for 200,000 steps (5,000 s on all 8 units) with the least slack the slot
     grid allows: the 17th slot end after the current 300 s slot's (5,100 to 5,400 s away),
     after the 20 s pause, plus the minute a refusal adds."""
     first = (now.timestamp() // 300 + 1) * 300 - now.timestamp()
     return now + timedelta(seconds=first + 17 * 300 + 20 + 60)
+
+
+def tight_hog(now: datetime) -> job_pb2.JobSpec:
+    """A job that needs all 8 units until :func:`hog_deadline` but for a minute, at any
+    phase of the slot: 200,000 steps leave it the rest of the current slot as slack too
+    (80 to 380 s), in which a small job may be squeezed beside it."""
+    first = (now.timestamp() // 300 + 1) * 300 - now.timestamp()
+    steps = int(40 * (first + 17 * 300 - 20 - 60))  # 40 steps/s on 8 units, after the pause
+    return spec(steps, hog_deadline(now))
 
 
 def settings(nats_url: str, database_url: str) -> AdmissionSettings:
@@ -110,7 +132,7 @@ async def test_an_impossible_deadline_is_refused_with_one_that_works(
     stub: pb_grpc.AdmissionServiceAsyncStub, nats_url: str
 ) -> None:
     # 200,000 steps at most 40 steps/s take 5,000 s: an hour cannot do it, alone or not.
-    now = datetime.now(UTC)
+    now = await slot_safe_now()
     refused = await submit(stub, spec(200_000, now + timedelta(hours=1)))
     assert refused.state == pb.JOB_STATE_REJECTED
     decision = refused.decision
@@ -165,10 +187,10 @@ async def test_a_deadline_no_curve_knows_is_refused_and_says_what_to_declare(
 async def test_a_guaranteed_job_keeps_its_reservation_and_the_rest_waits_then_runs(
     stub: pb_grpc.AdmissionServiceAsyncStub, nats_url: str
 ) -> None:
-    now = datetime.now(UTC)
-    # Needs all 8 units for 17 slots to make 2 h... 200,000 steps in ~2 h: 8 units in
-    # its first slot, so a best-effort job arriving next gets nothing until it ends.
-    hog = await submit(stub, spec(200_000, hog_deadline(now)))
+    now = await slot_safe_now()
+    # Needs all 8 units but for a minute until its deadline (about 1 h 30 min), so a
+    # best-effort job arriving next gets nothing until it ends.
+    hog = await submit(stub, tight_hog(now))
     assert hog.state == pb.JOB_STATE_ADMITTED and hog.share.units == 8
     waiting = await submit(stub, spec(1000))
     assert waiting.state == pb.JOB_STATE_QUEUED
@@ -198,7 +220,7 @@ async def test_a_guaranteed_job_keeps_its_reservation_and_the_rest_waits_then_ru
 async def test_a_finished_job_frees_its_share_for_the_queue(
     stub: pb_grpc.AdmissionServiceAsyncStub, nats_url: str
 ) -> None:
-    now = datetime.now(UTC)
+    now = await slot_safe_now()
     first = await submit(stub, spec(200_000, hog_deadline(now)))
     second = await submit(stub, spec(50_000))
     assert first.share.units == 8 and second.state == pb.JOB_STATE_QUEUED
@@ -226,13 +248,13 @@ async def test_a_finished_job_frees_its_share_for_the_queue(
 async def test_shares_are_rebuilt_from_storage_after_a_restart(
     nats_url: str, database_url: str
 ) -> None:
-    now = datetime.now(UTC)
+    now = await slot_safe_now()
     async with (
         running_service(build, settings(nats_url, database_url)) as host,
         grpc.aio.insecure_channel(f"127.0.0.1:{host.server.port}") as channel,
     ):
         stub = pb_grpc.AdmissionServiceStub(channel)
-        hog = await submit(stub, spec(200_000, hog_deadline(now)))
+        hog = await submit(stub, tight_hog(now))
         assert hog.share.units == 8
     async with (
         running_service(build, settings(nats_url, database_url)) as host,
@@ -380,7 +402,7 @@ def inventory(units: int, at: datetime, reason: str) -> cluster_pb2.NodeInventor
 async def test_a_node_loss_withdraws_a_guarantee_and_says_why_and_nodes_back_restore_it(
     nats_url: str, database_url: str
 ) -> None:
-    now = datetime.now(UTC)
+    now = await slot_safe_now()
     bus = await Bus.connect(nats_url, "test-podwatcher")
     try:
         async with (

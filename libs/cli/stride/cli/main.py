@@ -592,8 +592,17 @@ def replay(
     curves: Annotated[Path, typer.Option(help="Folder of throughput tables.")] = Path(
         "../shared/traces/throughputs_A100"
     ),
+    clock: Annotated[
+        str,
+        typer.Option(
+            help="stepped: the replay moves admission's clock event to event (the "
+            "simulator's decisions at any speed); accelerated: it runs --speedup times "
+            "the wall clock."
+        ),
+    ] = "stepped",
     speedup: Annotated[
-        float, typer.Option(min=1.0, max=100_000.0, help="Replay seconds per wall second.")
+        float,
+        typer.Option(min=1.0, max=100_000.0, help="Replay seconds per wall second (accelerated)."),
     ] = 500.0,
     window: Annotated[str, typer.Option(help="START:END seconds, first:N, or all.")] = "all",
     state_dir: Annotated[
@@ -612,7 +621,7 @@ def replay(
 
     try:
         result = replay_trace(
-            trace, cluster, curves, speedup, parse_window(window), state_dir, sim_too
+            trace, cluster, curves, speedup, parse_window(window), state_dir, sim_too, clock
         )
     except (ReplayError, SimUsageError, SimulationError, PolicyError) as error:
         fail(str(error))
@@ -628,7 +637,9 @@ def replay(
     for column in ("", "jobs", "with deadline", "refused", "met", "DSR", "wall time"):
         table.add_column(column, justify="left" if not column else "right")
     table.add_row(
-        f"live admission (x{live.speedup:g})",
+        "live admission (stepped)"
+        if live.clock == "stepped"
+        else f"live admission (x{live.speedup:g})",
         str(live.jobs),
         str(live.deadline_jobs),
         str(live.rejected),
@@ -650,6 +661,12 @@ def replay(
     if result.difference_pp is not None:
         console.print(
             f"difference: {result.difference_pp:+.2f} percentage points (live - sim)",
+            highlight=False,
+        )
+        shown = ", ".join(result.differing[:10]) + (" ..." if len(result.differing) > 10 else "")
+        console.print(
+            f"jobs decided differently: {len(result.differing)}"
+            + (f" ({shown})" if result.differing else ""),
             highlight=False,
         )
 

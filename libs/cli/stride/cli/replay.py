@@ -38,6 +38,7 @@ from typing import Any
 
 import grpc
 import nats
+from google.protobuf.timestamp_pb2 import Timestamp
 from grpc_health.v1 import health_pb2, health_pb2_grpc
 
 from stride.api.admission.v1 import admission_service_pb2 as pb
@@ -99,6 +100,8 @@ class ReplayResult:
     dsr: float | None
     wall_seconds: float
     speedup: float
+    clock: str = "accelerated"
+    """``stepped`` (moved by the replay, event to event) or ``accelerated``."""
 
 
 class Replay:
@@ -123,6 +126,7 @@ class Replay:
         self.early: dict[str, list[job_pb2.JobShare]] = {}
         """Shares that arrived before their job's SubmitJob answer."""
         self.progress = asyncio.Event()
+        self.clock = "accelerated"
         self.finishing: set[asyncio.Task[None]] = set()
         self.js: Any = None
 
@@ -154,6 +158,9 @@ class Replay:
         finally:
             await subscription.unsubscribe()
             await connection.drain()
+        return self._result(time.monotonic() - started)
+
+    def _result(self, wall_seconds: float) -> ReplayResult:
         deadline_jobs = [job for job in self.jobs if job.deadline is not None]
         met = sum(
             1
@@ -168,8 +175,9 @@ class Replay:
             rejected=sum(1 for job in self.jobs if job.rejected),
             met=met,
             dsr=met / len(deadline_jobs) if deadline_jobs else None,
-            wall_seconds=time.monotonic() - started,
+            wall_seconds=wall_seconds,
             speedup=self.speedup,
+            clock=self.clock,
         )
 
     async def _until_done(self) -> None:
@@ -214,7 +222,10 @@ class Replay:
                 # Admission is restarting: the same request id finds the job if it was
                 # stored before the crash, so nothing is submitted twice.
                 await asyncio.sleep(0.2)
-        decided = reply.job
+        self._accepted(job, spec, reply.job)
+
+    def _accepted(self, job: Tracked, spec: job_pb2.JobSpec, decided: Any) -> None:
+        """Admission answered a submission: start the job's books."""
         job.job_id = decided.job_id
         job.remaining = float(spec.termination.max_steps)
         job.last = job.arrival
@@ -288,6 +299,168 @@ class Replay:
         )
 
 
+STEPPED_ORIGIN = 0.0
+"""Where a stepped replay's clock starts: trace time 0 is the epoch, so admission's times are
+the simulator's own numbers and their arithmetic (the slot grid above all) is the same to
+the last bit."""
+RETRY_CODES = (grpc.StatusCode.UNAVAILABLE, grpc.StatusCode.DEADLINE_EXCEEDED)
+
+
+class SteppedReplay(Replay):
+    """A replay on admission's stepped clock (``replay_stepped``): the replay moves the
+    clock from event to event, as the simulator's event queue does, so no decision waits
+    on the wall clock and the live service decides what ``stride sim`` decides.
+
+    At each instant, in the simulator's order: the clock moves there
+    (``ReplayClockService.Advance``); the jobs whose work the model says is done end
+    (``stride.jobs.v1.finished``, and the replay waits until admission has taken the end);
+    the jobs arriving then are submitted; the rounds due then run (``Advance`` with
+    ``inclusive``); and the replay reads the job stream up to its last message before it
+    computes the next instant from the shares it got. A restarted admission is waited for:
+    its clock stands still meanwhile, so nothing is lost by the outage.
+    """
+
+    def __init__(
+        self,
+        jobs: Sequence[Tracked],
+        admission: str,
+        nats_url: str,
+        pause_seconds: float = SCALING_PAUSE_SECONDS,
+    ) -> None:
+        super().__init__(jobs, admission, nats_url, STEPPED_ORIGIN, 1.0, pause_seconds)
+        self.clock = "stepped"
+        self.clock_now = STEPPED_ORIGIN
+        self.seen = 0
+        """The last stream sequence of STRIDE_JOBS this replay has read."""
+        self.seen_changed = asyncio.Event()
+        self.steps = 0
+
+    def now(self) -> float:
+        return self.clock_now
+
+    async def run(self) -> ReplayResult:
+        started = time.monotonic()
+        connection = await nats.connect(self.nats_url, name="stride-replay")
+        self.js = connection.jetstream()
+        subscription = await self.js.subscribe(
+            topics.JOBS.subjects[0], cb=self._on_job_event, ordered_consumer=True
+        )
+        try:
+            async with grpc.aio.insecure_channel(self.admission) as channel:
+                await self._drive(
+                    pb_grpc.AdmissionServiceStub(channel), pb_grpc.ReplayClockServiceStub(channel)
+                )
+        finally:
+            await subscription.unsubscribe()
+            await connection.drain()
+        return self._result(time.monotonic() - started)
+
+    async def _drive(self, stub: Any, clock: Any) -> None:
+        arrivals = sorted(self.jobs, key=lambda j: j.arrival)
+        following = 0
+        next_round: float | None = None
+        while True:
+            ends = [(self._end_time(job), job) for job in self.jobs if self._running(job)]
+            instants = [end for end, _ in ends]
+            if following < len(arrivals):
+                instants.append(arrivals[following].arrival)
+            if next_round is not None:
+                instants.append(next_round)
+            if not instants:
+                break
+            at = min(instants)
+            self.steps += 1
+            await self._move_clock(clock, at, inclusive=False)
+            for end, job in sorted(ends, key=lambda item: item[0]):
+                if end <= at:
+                    await self._finish(stub, job, end)
+            while following < len(arrivals) and arrivals[following].arrival <= at:
+                await self._submit(stub, arrivals[following])
+                following += 1
+            next_round = await self._move_clock(clock, at, inclusive=True)
+            await self._read_all()
+        unfinished = [job.name for job in self.jobs if not job.done][:5]
+        if unfinished:
+            raise ReplayError(
+                f"admission left jobs without GPUs and has no round due: {', '.join(unfinished)}"
+            )
+
+    def _running(self, job: Tracked) -> bool:
+        return not job.done and job.units > 0 and bool(job.job_id)
+
+    def _end_time(self, job: Tracked) -> float:
+        return max(job.last, job.paused_until) + job.remaining / job.curve.throughput(job.units)
+
+    def _schedule_end(self, job: Tracked) -> None:
+        """Ends are the replay's next instants here, not timers."""
+
+    async def _call(self, method: Any, request: Any, what: str) -> Any:
+        """One gRPC call, retried while admission restarts (its clock stands still)."""
+        patience = time.monotonic() + STALL_SECONDS
+        while True:
+            try:
+                return await method(request, timeout=30)
+            except grpc.aio.AioRpcError as error:
+                if error.code() not in RETRY_CODES or time.monotonic() > patience:
+                    raise ReplayError(f"admission: {what}: {error.details()}") from None
+                await asyncio.sleep(0.2)
+
+    async def _move_clock(self, clock: Any, at: float, inclusive: bool) -> float | None:
+        to = Timestamp()
+        to.FromDatetime(datetime.fromtimestamp(at, UTC))
+        reply = await self._call(
+            clock.Advance, pb.AdvanceRequest(to=to, inclusive=inclusive), "moving the clock"
+        )
+        self.clock_now = at
+        if not reply.HasField("next_round"):
+            return None
+        return float(reply.next_round.ToDatetime(tzinfo=UTC).timestamp())
+
+    async def _finish(self, stub: Any, job: Tracked, end: float) -> None:
+        job.finished_at = end
+        await self._publish_end(job, end)
+        request = pb.GetJobRequest(job_id=job.job_id)
+        patience = time.monotonic() + STALL_SECONDS
+        while True:
+            reply = await self._call(stub.GetJob, request, f"reading {job.name}")
+            if reply.job.state not in (pb.JOB_STATE_ADMITTED, pb.JOB_STATE_QUEUED):
+                return
+            if time.monotonic() > patience:
+                raise ReplayError(f"admission did not take {job.name}'s end (see its log)")
+            await asyncio.sleep(0.002)
+
+    async def _submit(self, stub: Any, job: Tracked) -> None:
+        spec = _spec(job)
+        reply = await self._call(
+            stub.SubmitJob,
+            pb.SubmitJobRequest(spec=spec, request_id=job.name),
+            f"submitting {job.name}",
+        )
+        self._accepted(job, spec, reply.job)
+
+    async def _on_job_event(self, msg: Any) -> None:
+        self.seen = max(self.seen, msg.metadata.sequence.stream)
+        self.seen_changed.set()
+        if topics.JOB_SHARE.key_of(msg.subject) is not None:
+            await self._on_share(msg)
+
+    async def _read_all(self) -> None:
+        """Wait until every message now in the job stream has been read (and its share
+        applied to the books)."""
+        info = await self.js.stream_info(topics.JOBS.name)
+        last = info.state.last_seq
+        patience = time.monotonic() + STALL_SECONDS
+        while self.seen < last:
+            self.seen_changed.clear()
+            try:
+                await asyncio.wait_for(self.seen_changed.wait(), 1.0)
+            except TimeoutError:
+                if time.monotonic() > patience:
+                    raise ReplayError(
+                        f"the job stream stopped at {self.seen} of {last} messages"
+                    ) from None
+
+
 def _deadline_passed(error: grpc.aio.AioRpcError) -> bool:
     details = error.details() or ""
     return (
@@ -328,6 +501,9 @@ class Comparison:
     gpus: int
     trace: str
     cluster: str
+    differing: tuple[str, ...] = ()
+    """Jobs the live service and the simulator treated differently: refused by one only,
+    or on time in one only (empty without ``--sim``)."""
 
     @property
     def difference_pp(self) -> float | None:
@@ -344,8 +520,15 @@ def replay_trace(
     window: Any = None,
     state_dir: Path | None = None,
     simulate: bool = True,
+    clock: str = "stepped",
 ) -> Comparison:
-    """Run a trace through a fresh admission service and (``simulate``) ``stride sim``."""
+    """Run a trace through a fresh admission service and (``simulate``) ``stride sim``.
+
+    ``clock``: ``stepped`` (the replay moves admission's clock from event to event; the
+    decisions are the simulator's at any speed) or ``accelerated`` (admission's clock runs
+    ``speedup`` times the wall clock; a decision's latency is multiplied by it)."""
+    if clock not in ("stepped", "accelerated"):
+        raise ReplayError(f"--clock: {clock!r} is not stepped or accelerated")
     from stride.sim.deadline import DeadlineCluster, run_deadline
     from stride.sim.traces import load_cluster_spec, load_curves, load_deadline_trace
 
@@ -366,24 +549,54 @@ def replay_trace(
     for job in trace_jobs:
         library.curve(job)  # every job's model and batch size must be known (names the line)
     sim_dsr, sim_wall = None, 0.0
+    sim_result = None
     if simulate:
         began = time.monotonic()
-        result = run_deadline(trace_jobs, DeadlineCluster.from_spec(spec), "stride", 0, library)
-        sim_wall, sim_dsr = time.monotonic() - began, result.dsr
+        sim_result = run_deadline(trace_jobs, DeadlineCluster.from_spec(spec), "stride", 0, library)
+        sim_wall, sim_dsr = time.monotonic() - began, sim_result.dsr
     workdir = Path(state_dir or tempfile.mkdtemp(prefix="stride-replay-"))
     workdir.mkdir(parents=True, exist_ok=True)
     server = NatsServer(workdir / "nats").start()
-    admission = AdmissionProcess(workdir, server.url, gpus, curves, speedup)
+    stepped = clock == "stepped"
+    admission = AdmissionProcess(workdir, server.url, gpus, curves, speedup, stepped=stepped)
     try:
         admission.start()
-        tracked = track(trace_jobs, library, admission.first_slot_after(LEAD_SECONDS))
-        live = asyncio.run(
-            Replay(tracked, admission.address, server.url, admission.origin, speedup).run()
-        )
+        if stepped:
+            tracked = track(trace_jobs, library, trace_jobs[0].submission_time)
+            live = asyncio.run(SteppedReplay(tracked, admission.address, server.url).run())
+        else:
+            tracked = track(trace_jobs, library, admission.first_slot_after(LEAD_SECONDS))
+            live = asyncio.run(
+                Replay(tracked, admission.address, server.url, admission.origin, speedup).run()
+            )
     finally:
         admission.stop()
         server.stop()
-    return Comparison(live, sim_dsr, sim_wall, gpus, str(trace), str(cluster))
+    differing: tuple[str, ...] = ()
+    if sim_result is not None:
+        differing = _differing(trace_jobs, tracked, sim_result)
+    return Comparison(live, sim_dsr, sim_wall, gpus, str(trace), str(cluster), differing)
+
+
+def _differing(trace_jobs: Sequence[Any], tracked: Sequence[Tracked], sim: Any) -> tuple[str, ...]:
+    """The trace jobs refused by one side only, or on time on one side only."""
+    dropped = set(sim.dropped)
+    differ = []
+    for trace_job, job in zip(trace_jobs, tracked, strict=True):
+        sim_finish = sim.finish_times.get(trace_job.job_id)
+        sim_met = (
+            sim_finish is not None
+            and trace_job.deadline is not None
+            and sim_finish <= trace_job.deadline + 1e-6
+        )
+        live_met = (
+            job.finished_at is not None
+            and job.deadline is not None
+            and job.finished_at <= job.deadline + 1e-6
+        )
+        if (trace_job.job_id in dropped) != job.rejected or sim_met != live_met:
+            differ.append(job.name)
+    return tuple(differ)
 
 
 def track(trace_jobs: Sequence[Any], library: Any, start: float) -> list[Tracked]:
@@ -408,7 +621,14 @@ class AdmissionProcess:
     clock's origin is kept, so its time goes on as if it had never stopped)."""
 
     def __init__(
-        self, workdir: Path, nats_url: str, gpus: int, curves: Path, speedup: float
+        self,
+        workdir: Path,
+        nats_url: str,
+        gpus: int,
+        curves: Path,
+        speedup: float,
+        *,
+        stepped: bool = False,
     ) -> None:
         self.workdir = workdir
         self.port = free_port()
@@ -425,10 +645,14 @@ class AdmissionProcess:
             "STRIDE_ADMISSION_CAPACITY_SOURCE": "settings",
             "STRIDE_ADMISSION_CLUSTER_GPUS": str(gpus),
             "STRIDE_ADMISSION_CURVES_DIR": str(curves),
-            "STRIDE_ADMISSION_REPLAY_SPEEDUP": repr(float(speedup)),
-            "STRIDE_ADMISSION_REPLAY_ORIGIN": repr(self.origin),
             "STRIDE_ADMISSION_LOG_LEVEL": os.environ.get("STRIDE_ADMISSION_LOG_LEVEL", "warning"),
         }
+        if stepped:
+            self.env["STRIDE_ADMISSION_REPLAY_STEPPED"] = "true"
+            self.env["STRIDE_ADMISSION_REPLAY_ORIGIN"] = repr(STEPPED_ORIGIN)
+        else:
+            self.env["STRIDE_ADMISSION_REPLAY_SPEEDUP"] = repr(float(speedup))
+            self.env["STRIDE_ADMISSION_REPLAY_ORIGIN"] = repr(self.origin)
 
     @property
     def address(self) -> str:

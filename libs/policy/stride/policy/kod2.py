@@ -26,6 +26,13 @@ Choices where the paper is silent, each tested:
   fill the idlest nodes first) is :func:`greedy_placement`; :func:`place` instead finds the
   *fewest* nodes exactly, by dynamic programming over (PS placed, workers placed), since a
   job has only two task shapes. It never uses more nodes than the heuristic.
+- **Pods of any sizes, with affinity**: :func:`place_tasks` places a list of task sizes
+  (what the podwatcher creates for a plan: chief, PS, workers, data workers, per-pod
+  sizes) on the fewest nodes *beyond those the job already holds*, which count as free, so
+  a scale-out stays on the job's nodes when they have room. Exact (the same dynamic
+  program, with those nodes free) for one or two sizes; for more, the best of rounding up
+  to two sizes, a greedy over sizes and first fit decreasing, so never worse than first
+  fit decreasing.
 - **Scale-out** (Alg. 3) visits the nodes that already hold the job's tasks first (the
   paper's affinity goal), then the idlest.
 - **Jobs that can never fit** (their PS and minimum workers exceed the empty cluster) are
@@ -37,7 +44,7 @@ Choices where the paper is silent, each tested:
 from __future__ import annotations
 
 import math
-from collections.abc import Iterable, Mapping, Sequence
+from collections.abc import Collection, Iterable, Mapping, Sequence
 from dataclasses import dataclass, field, replace
 from enum import Enum
 from typing import Any
@@ -251,9 +258,16 @@ def _whole(name: str, value: object, minimum: int) -> int:
 def _check_nodes(nodes: Sequence[Node]) -> None:
     if not nodes:
         raise Kod2InputError("nodes", "needs at least one node")
+    _check_node_entries("nodes", nodes)
+    if sum(node.cpu for node in nodes) <= 0 or sum(node.memory_bytes for node in nodes) <= 0:
+        raise Kod2InputError("nodes", "the cluster has zero CPU or zero memory")
+
+
+def _check_node_entries(field_path: str, nodes: Sequence[Node]) -> None:
+    """Each entry a Node with a unique name and finite, non-negative resources."""
     seen: set[str] = set()
     for position, node in enumerate(nodes):
-        path = f"nodes[{position}]"
+        path = f"{field_path}[{position}]"
         if not isinstance(node, Node):
             raise Kod2InputError(path, f"must be a Node, got {node!r}")
         if not isinstance(node.name, str) or not node.name:
@@ -264,8 +278,6 @@ def _check_nodes(nodes: Sequence[Node]) -> None:
         if _finite(f"{path}.cpu", node.cpu) < 0:
             raise Kod2InputError(f"{path}.cpu", f"must be >= 0, got {node.cpu}")
         _whole(f"{path}.memory_bytes", node.memory_bytes, 0)
-    if sum(node.cpu for node in nodes) <= 0 or sum(node.memory_bytes for node in nodes) <= 0:
-        raise Kod2InputError("nodes", "the cluster has zero CPU or zero memory")
 
 
 def _check_job(path: str, job: object) -> None:
@@ -328,20 +340,33 @@ def _idlest_first(idle: Mapping[str, tuple[float, int]], capacity: Mapping[str, 
 
 
 def _place_fewest(
-    idle: Mapping[str, tuple[float, int]], order: Sequence[str], job: TFJob, workers: int
+    idle: Mapping[str, tuple[float, int]],
+    order: Sequence[str],
+    job: TFJob,
+    workers: int,
+    free: Collection[str] = frozenset(),
 ) -> PlacementReply:
     """The placement on the fewest nodes: DP over nodes with state (PS placed, workers placed).
 
     Putting as many workers as fit next to a chosen number of PS on a node is never worse
     (counts are capped at what is needed), so per node only the PS count is enumerated.
+
+    Nodes in ``free`` (already holding the job's tasks) are not counted: the placement adds
+    the fewest *other* nodes, and among those it puts the most tasks on free nodes (exact
+    when the free nodes come first in ``order``; without free nodes this changes nothing).
+    Among equally good placements, the one whose last node comes earliest in ``order`` wins.
     """
     total_ps = job.ps_count
-    # best[(ps, workers)] = (nodes used, path) where path lists (node, ps, workers) choices.
-    best: dict[tuple[int, int], tuple[int, tuple[tuple[str, int, int], ...]]] = {(0, 0): (0, ())}
+    # best[(ps, workers)] = (nodes used, tasks off free nodes, path) where path lists
+    # (node, ps, workers) choices.
+    best: dict[tuple[int, int], tuple[int, int, tuple[tuple[str, int, int], ...]]] = {
+        (0, 0): (0, 0, ())
+    }
     for name in order:
         cpu, memory = idle[name]
+        is_free = name in free
         updated = dict(best)
-        for (placed_ps, placed_workers), (used, path) in best.items():
+        for (placed_ps, placed_workers), (used, outside, path) in best.items():
             room_ps = min(
                 total_ps - placed_ps, _fits_count(cpu, memory, job.ps_cpu, job.ps_memory_bytes)
             )
@@ -355,8 +380,12 @@ def _place_fewest(
                 if ps_here == 0 and workers_here == 0:
                     continue
                 key = (placed_ps + ps_here, placed_workers + workers_here)
-                candidate = (used + 1, (*path, (name, ps_here, workers_here)))
-                if key not in updated or candidate[0] < updated[key][0]:
+                candidate = (
+                    used + (0 if is_free else 1),
+                    outside + (0 if is_free else ps_here + workers_here),
+                    (*path, (name, ps_here, workers_here)),
+                )
+                if key not in updated or candidate[:2] < updated[key][:2]:
                     updated[key] = candidate
         best = updated
     goal = best.get((total_ps, workers))
@@ -364,7 +393,7 @@ def _place_fewest(
         return PlacementReply(fits=False)
     ps_nodes: list[str] = []
     worker_nodes: list[str] = []
-    for name, ps_here, workers_here in goal[1]:
+    for name, ps_here, workers_here in goal[2]:
         ps_nodes += [name] * ps_here
         worker_nodes += [name] * workers_here
     return PlacementReply(True, tuple(ps_nodes), tuple(worker_nodes))
@@ -411,6 +440,235 @@ def greedy_placement(request: PlacementRequest) -> PlacementReply:
         else:
             return PlacementReply(fits=False)
     return PlacementReply(True, tuple(ps_nodes), tuple(worker_nodes))
+
+
+# --- placing a job's tasks of any sizes, with affinity ----------------------------------------
+
+
+@dataclass(frozen=True)
+class Task:
+    """The size of one task (pod) to place."""
+
+    cpu: float
+    memory_bytes: int
+
+
+@dataclass(frozen=True)
+class TaskPlacementRequest:
+    """Tasks of one job, of any sizes, to place on the nodes' idle resources.
+
+    The request of :func:`place_tasks`. Unlike :class:`PlacementRequest`, the tasks need not
+    come in just a PS size and a worker size (a chief, data workers and per-task sizes add
+    more), the job may already hold nodes (``prefer``), and nodes may be full.
+    """
+
+    nodes: tuple[Node, ...]
+    """Each node with its *idle* CPU and memory, in the caller's order (first fit's order)."""
+    tasks: tuple[Task, ...]
+    prefer: tuple[str, ...] = ()
+    """Nodes that already hold the job's tasks: using them adds no node to the job. Names
+    not in ``nodes`` are ignored."""
+    capacity: tuple[Node, ...] = ()
+    """Allocatable CPU and memory per node, to rank the idlest; a node not listed is ranked
+    as if its idle resources were its capacity."""
+
+    def __post_init__(self) -> None:
+        for name in ("nodes", "tasks", "prefer", "capacity"):
+            object.__setattr__(self, name, tuple(getattr(self, name)))
+        _check_node_entries("nodes", self.nodes)
+        _check_node_entries("capacity", self.capacity)
+        for position, task in enumerate(self.tasks):
+            path = f"tasks[{position}]"
+            if not isinstance(task, Task):
+                raise Kod2InputError(path, f"must be a Task, got {task!r}")
+            if _finite(f"{path}.cpu", task.cpu) <= 0:
+                raise Kod2InputError(f"{path}.cpu", f"must be > 0, got {task.cpu}")
+            _whole(f"{path}.memory_bytes", task.memory_bytes, 1)
+        for position, name in enumerate(self.prefer):
+            if not isinstance(name, str):
+                raise Kod2InputError(f"prefer[{position}]", f"must be a node name, got {name!r}")
+
+
+@dataclass(frozen=True)
+class TaskPlacementReply:
+    """The node of each task, or ``fits = False`` when the tasks cannot all be placed."""
+
+    fits: bool
+    nodes: tuple[str, ...] = ()
+    """The node of each task, in the order of the request's tasks."""
+
+    @property
+    def node_count(self) -> int:
+        """How many distinct nodes the placement uses."""
+        return len(set(self.nodes))
+
+
+def place_tasks(request: TaskPlacementRequest) -> TaskPlacementReply:
+    """Place a job's tasks so it spans the fewest nodes (KOD2 sec. 4.1), the nodes it already
+    holds first (the affinity of Alg. 3's scale-out), then the idlest.
+
+    The objective is the number of nodes used *beyond* ``prefer``: those nodes hold the job
+    already, so they are free. With no ``prefer`` it is :func:`place`'s fewest nodes.
+
+    - **One or two task sizes** (the common cases: a scale-out, a PS-and-worker job): exact,
+      by :func:`place`'s dynamic program with one size as the "PS" and the other as the
+      "workers".
+    - **More sizes** (a chief, data workers or per-task sizes beside PS and workers): the
+      dynamic program is exact for two sizes only, so three candidates are computed and the
+      best is kept (fewest added nodes, then most tasks on ``prefer``, then this order):
+
+      1. *rounded*: every task is rounded up to one of two sizes (the two sizes with the
+         largest total demand; each further size joins the one whose envelope, the
+         per-resource maximum, grows least) and placed exactly. A rounded task holds at
+         least its own size, so the placement is valid; it is optimal when the rounding
+         wastes nothing, e.g. a chief the size of a worker;
+      2. *greedy over sizes*: the two sizes with the largest total demand placed together
+         exactly, then each further size on its own (exactly, given what is placed), the
+         nodes used so far counted as free;
+      3. *first fit decreasing* (largest memory first, nodes in the request's order).
+
+      So it never adds more nodes than first fit decreasing, and fits whenever that does.
+
+    Among placements adding as few nodes, the one with the most tasks on ``prefer`` wins
+    (the scale-out of Alg. 3 fills the job's nodes first), then the one whose last node
+    comes earliest in the order "nodes in ``prefer``, then the rest, each most idle first"
+    (exactly so for one or two sizes).
+    """
+    tasks = request.tasks
+    if not tasks:
+        return TaskPlacementReply(True)
+    idle = {node.name: (float(node.cpu), node.memory_bytes) for node in request.nodes}
+    capacity = {node.name: node for node in request.nodes}
+    capacity.update((node.name, node) for node in request.capacity if node.name in idle)
+    prefer = frozenset(request.prefer) & idle.keys()
+    groups: dict[Task, list[int]] = {}
+    for position, task in enumerate(tasks):
+        groups.setdefault(task, []).append(position)
+    by_demand = sorted(
+        groups.items(),
+        key=lambda item: (
+            -len(item[1]) * item[0].memory_bytes,
+            -len(item[1]) * item[0].cpu,
+            -item[0].memory_bytes,
+            -item[0].cpu,
+        ),
+    )
+    if len(by_demand) <= 2:
+        return _place_by_size(idle, capacity, prefer, by_demand, len(tasks))
+    candidates = (
+        _place_by_size(idle, capacity, prefer, _rounded(by_demand), len(tasks)),
+        _place_by_size(idle, capacity, prefer, by_demand, len(tasks)),
+        _first_fit_decreasing(idle, tasks),
+    )
+    placed = [reply for reply in candidates if reply.fits]
+    if not placed:
+        return TaskPlacementReply(False)
+    # min keeps the first of equals, so the candidates' order breaks the last ties.
+    return min(
+        placed,
+        key=lambda reply: (
+            _added_nodes(reply, prefer),
+            -sum(1 for name in reply.nodes if name in prefer),
+        ),
+    )
+
+
+def _added_nodes(reply: TaskPlacementReply, prefer: Collection[str]) -> int:
+    return len(set(reply.nodes).difference(prefer))
+
+
+def _rounded(groups: Sequence[tuple[Task, list[int]]]) -> list[tuple[Task, list[int]]]:
+    """Groups of equal tasks (largest total demand first) rounded up into two groups: the
+    first two, each further group joining the one whose envelope grows least, counting
+    the room the rounding reserves for nothing, relative to the tasks' total demand."""
+    total_cpu = sum(task.cpu * len(at) for task, at in groups)
+    total_memory = sum(task.memory_bytes * len(at) for task, at in groups)
+    envelopes = [groups[0][0], groups[1][0]]
+    members = [list(groups[0][1]), list(groups[1][1])]
+
+    def grown(envelope: Task, task: Task) -> Task:
+        return Task(max(envelope.cpu, task.cpu), max(envelope.memory_bytes, task.memory_bytes))
+
+    def waste(which: int, task: Task, count: int) -> float:
+        envelope = envelopes[which]
+        bigger = grown(envelope, task)
+        cpu = len(members[which]) * (bigger.cpu - envelope.cpu) + count * (bigger.cpu - task.cpu)
+        memory = len(members[which]) * (bigger.memory_bytes - envelope.memory_bytes) + count * (
+            bigger.memory_bytes - task.memory_bytes
+        )
+        return cpu / total_cpu + memory / total_memory
+
+    for task, at in groups[2:]:
+        which = min((0, 1), key=lambda w: waste(w, task, len(at)))
+        envelopes[which] = grown(envelopes[which], task)
+        members[which] += at
+    return [(envelopes[0], members[0]), (envelopes[1], members[1])]
+
+
+def _place_by_size(
+    idle: Mapping[str, tuple[float, int]],
+    capacity: Mapping[str, Node],
+    prefer: Collection[str],
+    groups: Sequence[tuple[Task, list[int]]],
+    count: int,
+) -> TaskPlacementReply:
+    """The first two groups of equal tasks together, then each further group alone, each
+    step by :func:`_place_fewest` with the nodes used so far free (exact for <= 2 groups)."""
+    left = dict(idle)
+    held = set(prefer)
+    where = [""] * count
+    for batch in [groups[:2], *([group] for group in groups[2:])]:
+        # The smaller group plays the PS: the DP enumerates its count per node.
+        if len(batch) == 2:
+            (first, at_first), (second, at_second) = sorted(batch, key=lambda g: len(g[1]))
+        else:
+            ((second, at_second),) = batch
+            first, at_first = second, []
+        job = TFJob(
+            "tasks",
+            len(at_first),
+            first.cpu,
+            first.memory_bytes,
+            second.cpu,
+            second.memory_bytes,
+            len(at_second),
+            len(at_second),
+            0.0,
+        )
+        order = sorted(_idlest_first(left, capacity), key=lambda name: name not in held)
+        reply = _place_fewest(left, order, job, len(at_second), free=held)
+        if not reply.fits:
+            return TaskPlacementReply(False)
+        for task, positions, nodes in (
+            (first, at_first, reply.ps_nodes),
+            (second, at_second, reply.worker_nodes),
+        ):
+            for position, name in zip(positions, nodes, strict=True):
+                where[position] = name
+                cpu, memory = left[name]
+                left[name] = (cpu - task.cpu, memory - task.memory_bytes)
+                held.add(name)
+    return TaskPlacementReply(True, tuple(where))
+
+
+def _first_fit_decreasing(
+    idle: Mapping[str, tuple[float, int]], tasks: Sequence[Task]
+) -> TaskPlacementReply:
+    """Largest memory (then CPU) first, each task on the first node in order with room."""
+    left = dict(idle)
+    where = [""] * len(tasks)
+    for position in sorted(
+        range(len(tasks)), key=lambda p: (-tasks[p].memory_bytes, -tasks[p].cpu, p)
+    ):
+        task = tasks[position]
+        for name, (cpu, memory) in left.items():
+            if cpu + CPU_TOLERANCE >= task.cpu and memory >= task.memory_bytes:
+                left[name] = (cpu - task.cpu, memory - task.memory_bytes)
+                where[position] = name
+                break
+        else:
+            return TaskPlacementReply(False)
+    return TaskPlacementReply(True, tuple(where))
 
 
 # --- scheduling (Algorithms 1-3) --------------------------------------------------------------

@@ -67,6 +67,7 @@ from stride.policy.elasticflow.placement import (
     Topology,
     buddy,
 )
+from stride.policy.elasticflow.priorities import unit_weight
 from stride.sim.deadline_baselines import ChronusPolicy, ThemisPolicy, TiresiasPolicy
 from stride.sim.deadline_views import DeadlinePolicy, DeadlineView, JobView, edf_key
 from stride.sim.engine import Event, EventKind, Simulation, SimulationError
@@ -279,6 +280,10 @@ class _Job:
     rate_value: float = 0.0
     attained: float = 0.0
     cached_view: JobView | None = None
+    weight: float = 0.5
+    """KOD2's weight on this cluster (the order within a priority class)."""
+    waiting_since: float | None = None
+    """Since when the job has held no GPUs (None while it holds some), as admission keeps it."""
 
     def view(self) -> JobView:
         if self.cached_view is not None:
@@ -294,6 +299,8 @@ class _Job:
             self.paused_until,
             self.trace.iterations,
             self.attained,
+            weight=self.weight,
+            waiting_since=self.waiting_since,
         )
         return self.cached_view
 
@@ -386,6 +393,8 @@ class _Environment:
         if event.kind is EventKind.ARRIVAL:
             job = self.jobs[str(event.job_id)]
             job.last_update = sim.now
+            job.waiting_since = sim.now
+            job.cached_view = None
             if self.policy.admit(self.view(sim.now), job.view()):
                 self.active[job.trace.job_id] = job
                 self.views[job.trace.job_id] = job.view()
@@ -471,6 +480,7 @@ class _Environment:
                 job.last_update = sim.now  # progress and service count from now
             job.devices = count
             job.version += 1
+            job.waiting_since = None if count else sim.now
             if count == 0:
                 self.running.pop(job_id, None)
                 continue
@@ -553,6 +563,7 @@ def run_deadline(
                 deadline=None if best_effort[index] else trace.deadline,
                 remaining=trace.iterations,
                 unit_throughput=curve.throughputs[0] / first,
+                weight=unit_weight(first, first, cluster.num_gpus),
             )
         )
     topology = cluster.buddy_topology() if getattr(policy, "placement", "") == "buddy" else None

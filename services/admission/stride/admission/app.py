@@ -10,11 +10,11 @@ import structlog
 import yaml
 
 from stride.admission.adapters.inbound.bus_handlers import FinishedHandler, InventoryHandler
-from stride.admission.adapters.inbound.grpc_api import AdmissionApi
+from stride.admission.adapters.inbound.grpc_api import AdmissionApi, ReplayClockApi
 from stride.admission.db.tables import outbox as outbox_table
 from stride.admission.domain.quotas import Quota, quotas_from_config
 from stride.admission.settings import AdmissionSettings
-from stride.admission.usecases import Clock, Cluster, Submissions, wall_clock
+from stride.admission.usecases import Clock, Cluster, SteppedClock, Submissions, wall_clock
 from stride.api.admission.v1 import admission_service_pb2, admission_service_pb2_grpc
 from stride.bus import topics
 from stride.db.outbox import Outbox
@@ -28,12 +28,16 @@ log = structlog.get_logger(__name__)
 
 MIGRATIONS = Path(__file__).parent / "db" / "migrations"
 SERVICE_NAME = admission_service_pb2.DESCRIPTOR.services_by_name["AdmissionService"].full_name
+CLOCK_SERVICE_NAME = admission_service_pb2.DESCRIPTOR.services_by_name[
+    "ReplayClockService"
+].full_name
 
 
 async def build(settings: AdmissionSettings) -> ServiceHost:
     """Connect everything and return a host ready to run."""
     quotas = configured_quotas(settings)  # a bad file stops start-up before anything opens
-    host = create_host(settings, [SERVICE_NAME])
+    names = [SERVICE_NAME, CLOCK_SERVICE_NAME] if settings.replay_stepped else [SERVICE_NAME]
+    host = create_host(settings, names)
     bus = await connect_bus(settings, host)
     database = await open_database(settings, host, MIGRATIONS)
     outbox = Outbox(outbox_table)
@@ -43,6 +47,10 @@ async def build(settings: AdmissionSettings) -> ServiceHost:
     admission_service_pb2_grpc.add_AdmissionServiceServicer_to_server(
         AdmissionApi(submissions), host.server.server
     )
+    if settings.replay_stepped:
+        admission_service_pb2_grpc.add_ReplayClockServiceServicer_to_server(
+            ReplayClockApi(submissions), host.server.server
+        )
     relay_outbox(host, outbox, database, bus)
 
     async def rounds_until_stop() -> None:
@@ -87,7 +95,12 @@ def configured_quotas(settings: AdmissionSettings) -> tuple[Quota, ...]:
 
 
 def replay_clock(settings: AdmissionSettings) -> Clock:
-    """The wall clock, or a replay's accelerated one (``replay_speedup`` > 1)."""
+    """The wall clock, a replay's accelerated one (``replay_speedup`` > 1) or its stepped
+    one (``replay_stepped``)."""
+    if settings.replay_stepped:
+        assert settings.replay_origin is not None  # the settings require it
+        log.warning("replay clock: stepped, moved only by ReplayClockService.Advance")
+        return SteppedClock(settings.replay_origin)
     if settings.replay_speedup == 1.0:
         return wall_clock
     speedup = settings.replay_speedup

@@ -11,6 +11,9 @@ from pydantic_settings import SettingsConfigDict
 from stride.decisions.settings import DecisionSettings
 from stride.runtime.settings import MIB, ServiceSettings
 
+LOOPBACK = ("127.0.0.1", "localhost", "::1")
+"""Addresses a stepped replay clock may be served on."""
+
 
 class AdmissionSettings(ServiceSettings, DecisionSettings):
     """Settings of the admission service."""
@@ -67,7 +70,13 @@ class AdmissionSettings(ServiceSettings, DecisionSettings):
     rounds are timed on that clock). 1: the wall clock."""
     replay_origin: float | None = Field(default=None, ge=0, allow_inf_nan=False)
     """Unix seconds at which the replay clock equals the wall clock (set with
-    ``replay_speedup``; unset: the service's start)."""
+    ``replay_speedup``; unset: the service's start). With ``replay_stepped``: where the
+    stepped clock starts."""
+    replay_stepped: bool = False
+    """``stride replay --clock stepped`` only: admission's clock stands still and moves
+    only when the replay calls ``ReplayClockService.Advance`` (served only then, and only
+    on a loopback address), so no decision waits on the wall clock and a replay makes the
+    simulator's decisions at any speed."""
 
     @model_validator(mode="after")
     def _capacity_pair(self) -> AdmissionSettings:
@@ -79,4 +88,14 @@ class AdmissionSettings(ServiceSettings, DecisionSettings):
             raise ValueError(f"quotas_file: {self.quotas_file} is not a file")
         if self.curves_dir is not None and not self.curves_dir.is_dir():
             raise ValueError(f"curves_dir: {self.curves_dir} is not a folder")
+        if self.replay_stepped:
+            if self.replay_speedup != 1.0:
+                raise ValueError("replay_stepped: a stepped clock has no replay_speedup; unset it")
+            if self.replay_origin is None:
+                raise ValueError("replay_stepped: set replay_origin, where the clock starts")
+            if self.grpc_host not in LOOPBACK:
+                raise ValueError(
+                    f"replay_stepped: the clock API is served on loopback only, not on "
+                    f"grpc_host {self.grpc_host!r} (use 127.0.0.1)"
+                )
         return self

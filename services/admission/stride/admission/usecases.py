@@ -35,7 +35,7 @@ from stride.admission.adapters.convert import (
 )
 from stride.admission.adapters.outbound import repository
 from stride.admission.adapters.outbound.repository import StoredJob
-from stride.admission.domain.jobs import JobSpec, check_request_id, validate
+from stride.admission.domain.jobs import JobSpec, Priority, check_request_id, validate
 from stride.admission.domain.ledger import Entry, Pool
 from stride.admission.domain.policy import (
     POLICY,
@@ -52,8 +52,15 @@ from stride.db.outbox import Outbox
 from stride.events.v1 import cluster_pb2, job_pb2
 from stride.policy.elasticflow.curves import ScalingCurve
 from stride.policy.elasticflow.guarantees import SCALING_PAUSE_SECONDS, SLOT_SECONDS
+from stride.policy.elasticflow.priorities import HIGH, LOW, NORMAL
 from stride.policy.elasticflow.units import CpuUnit, JobCurve, cpu_capacity
-from stride.runtime.errors import AlreadyExists, FailedPrecondition, InvalidArgument, NotFound
+from stride.runtime.errors import (
+    AlreadyExists,
+    FailedPrecondition,
+    InvalidArgument,
+    NotFound,
+    Unavailable,
+)
 from stride.vocabulary.jobspec import ResourceKind
 
 __all__ = ["StoredJob", "Submissions", "new_job_id"]
@@ -102,6 +109,22 @@ def wall_clock() -> datetime:
     return datetime.now(UTC)
 
 
+class SteppedClock:
+    """A clock that stands still until told to move (``stride replay --clock stepped``):
+    no decision then waits on the wall clock, so a replay's decisions are the simulator's
+    whatever the machine's speed."""
+
+    def __init__(self, start: float) -> None:
+        self.value = datetime.fromtimestamp(start, UTC)
+
+    def __call__(self) -> datetime:
+        return self.value
+
+
+DRAIN_SECONDS = 30.0
+"""How long a stepped clock's Advance waits for the outbox to reach the bus."""
+
+
 @dataclass(frozen=True)
 class Cluster:
     """What admission plans on: GPUs, CPU units, and the curves table for known models."""
@@ -125,6 +148,10 @@ class Submissions:
         clock: Clock = wall_clock,
         speedup: float = 1.0,
     ) -> None:
+        self.stepped = clock if isinstance(clock, SteppedClock) else None
+        """The replay's stepped clock, when admission runs on one: rounds then run when
+        :meth:`advance` passes their time instead of on timers."""
+        self._advancing = asyncio.Lock()
         self.speedup = speedup
         """How much faster ``clock`` runs than the wall clock (a replay's; timers scale)."""
         self.database = database
@@ -135,7 +162,7 @@ class Submissions:
         self._pools: dict[ResourceKind, Pool] = {}
         self._versions: dict[str, int] = {}
         """Each planned job's last published share version."""
-        self._timers: dict[ResourceKind, tuple[float, asyncio.TimerHandle]] = {}
+        self._timers: dict[ResourceKind, tuple[float, asyncio.TimerHandle | None]] = {}
         self._ticks: set[asyncio.Task[None]] = set()
 
     async def submit(self, spec: job_pb2.JobSpec, request_id: str) -> StoredJob:
@@ -230,7 +257,7 @@ class Submissions:
         else:
             pool = await self._pool(spec.kind)
             total = float(spec.total_steps)
-            entry = Entry(job_id, curve, deadline, now, total, total)
+            entry = Entry(job_id, curve, deadline, now, total, total, priority=_class(spec))
             guaranteed = True
             earliest: float | None = None
             if deadline is not None and not pool.join(now, entry):
@@ -382,11 +409,14 @@ class Submissions:
         books: list[repository.Books] = []
         events = []
         admitted: list[tuple[str, Entry]] = []
+        preempted: list[tuple[str, Entry, str]] = []
+        notes = pool.notes
         for job_id in changed:
             entry = pool.entries.get(job_id)
             if entry is None:
                 continue
             version = self._versions.get(job_id, 0) + 1
+            why = f"{notes[job_id]} ({reason})" if job_id in notes else reason
             share = job_pb2.JobShare(
                 job_id=job_id,
                 version=version,
@@ -394,7 +424,7 @@ class Submissions:
                 minimum=share_to_proto(self._share(kind, entry.curve, minimum.get(job_id, 0))),
                 units=entry.units,
                 guaranteed=job_id in minimum,
-                reason=reason,
+                reason=why,
                 decided_at=timestamp(moment),
             )
             books.append(
@@ -409,17 +439,47 @@ class Submissions:
                     paused_until=entry.paused_until,
                     last_update=entry.last_update,
                     share=share,
+                    waiting_since=entry.waiting_since,
                 )
             )
             events.append(topics.JOB_SHARE.outgoing(job_id, share, f"{job_id}.share.{version}"))
             if states.get(job_id) == "QUEUED" and entry.units:
                 admitted.append((job_id, entry))
+            elif states.get(job_id) == "ADMITTED" and not entry.units and job_id in notes:
+                preempted.append((job_id, entry, notes[job_id]))
         await repository.save_books_many(session, books)
         await self.outbox.add_events(session, events)
         for entry_books in books:
             self._versions[entry_books.job_id] = entry_books.share.version
         for job_id, entry in admitted:
             await self._admit_queued(session, job_id, entry, kind, reason, moment)
+        for job_id, entry, note in preempted:
+            await self._requeue(session, job_id, entry, note, moment)
+
+    async def _requeue(
+        self, session: Any, job_id: str, entry: Entry, note: str, moment: datetime
+    ) -> None:
+        """A running job preempted for a higher class goes back to the queue, told why; it
+        is admitted again (``capacity freed``) when a round gives it units."""
+        job = await repository.get_job(session, job_id, for_update=True)
+        if job is None or job.state != "ADMITTED":
+            return
+        decision = Decision(
+            Outcome.QUEUED,
+            f"{note}: waits for capacity, then resumes from its newest checkpoint",
+            POLICY,
+            None,
+            curve_source=entry.curve.source,
+        )
+        message = decision_to_proto(job_id, decision, job.spec, moment)
+        number = await repository.decision_count(session, job_id) + 1
+        await repository.record_decision(session, message, "QUEUED", moment)
+        await self.outbox.add_event(
+            session,
+            topics.DECISION_TOPICS["queued"].outgoing(
+                job_id, message, f"{job_id}.decision.{number}"
+            ),
+        )
 
     async def _admit_queued(
         self,
@@ -457,8 +517,11 @@ class Submissions:
         armed = self._timers.get(kind)
         if wakeup is None or (armed is not None and armed[0] <= wakeup):
             return
-        if armed is not None:
+        if armed is not None and armed[1] is not None:
             armed[1].cancel()
+        if self.stepped is not None:  # run by advance() when the clock passes it
+            self._timers[kind] = (wakeup, None)
+            return
         delay = max(0.0, wakeup - self.clock().timestamp()) / self.speedup
         handle = asyncio.get_running_loop().call_later(delay, self._start_tick, kind)
         self._timers[kind] = (wakeup, handle)
@@ -489,10 +552,58 @@ class Submissions:
         self.outbox.notify()
         self._schedule(kind, pool)
 
+    async def advance(self, to: datetime, inclusive: bool) -> tuple[datetime, datetime | None, int]:
+        """Move the stepped clock to ``to``, running every round due before it (each at its
+        own time; with ``inclusive`` those due at ``to`` too), and return once their events
+        are on the bus: the clock, the next round due (None: none) and the rounds run."""
+        clock = self.stepped
+        if clock is None:
+            raise FailedPrecondition("the clock is the wall clock; only a stepped replay moves it")
+        async with self._advancing:
+            if to < clock.value:
+                raise InvalidArgument(
+                    "to", f"{_iso(to)} is before the clock ({_iso(clock.value)}); it only moves on"
+                )
+            target = to.timestamp()
+            rounds = 0
+            while True:
+                due = [
+                    (wakeup, kind.value, kind)
+                    for kind, (wakeup, _) in self._timers.items()
+                    if wakeup < target or (inclusive and wakeup <= target)
+                ]
+                if not due:
+                    break
+                wakeup, _, kind = min(due)
+                self._timers.pop(kind)
+                clock.value = max(clock.value, datetime.fromtimestamp(wakeup, UTC))
+                await self.tick(kind)
+                rounds += 1
+            clock.value = to
+            await self._drained()
+            armed = [wakeup for wakeup, _ in self._timers.values()]
+            upcoming = datetime.fromtimestamp(min(armed), UTC) if armed else None
+            return clock.value, upcoming, rounds
+
+    async def _drained(self) -> None:
+        """Wait until every event written so far has left the outbox for the bus."""
+        patience = asyncio.get_running_loop().time() + DRAIN_SECONDS
+        while True:
+            async with self.database.sessions() as session:
+                if not await repository.outbox_pending(session):
+                    return
+            if asyncio.get_running_loop().time() > patience:
+                raise Unavailable(
+                    f"the outbox did not reach the bus within {DRAIN_SECONDS:g} s; is NATS up?"
+                )
+            self.outbox.notify()
+            await asyncio.sleep(0.002)
+
     def close(self) -> None:
         """Cancel pending rounds (at shutdown)."""
         for _, handle in self._timers.values():
-            handle.cancel()
+            if handle is not None:
+                handle.cancel()
         self._timers.clear()
         for task in self._ticks:
             task.cancel()
@@ -525,6 +636,8 @@ class Submissions:
                 row.units,
                 row.paused_until,
                 row.last_update,
+                priority=_class(spec_from_proto(row.spec)),
+                waiting_since=row.waiting_since,
             )
             self._versions[row.job_id] = row.share_version
             pool.clock = max(pool.clock, row.last_update)
@@ -753,6 +866,9 @@ class Submissions:
         async with self._changing():
             for kind in ResourceKind:
                 pool = await self._pool(kind)
+                if self.stepped is not None and pool.clock > self.stepped.value.timestamp():
+                    # A stepped clock restarts where its books stopped, not at its origin.
+                    self.stepped.value = datetime.fromtimestamp(pool.clock, UTC)
                 if pool.entries:
                     pool.recover(self.clock().timestamp())
                     self._schedule(kind, pool)
@@ -830,6 +946,11 @@ class Submissions:
         if state is None:
             raise InvalidArgument("outcome", f"unknown job outcome {event.outcome}")
         await self._ended(event.job_id, state, event.message, False)
+
+
+def _class(spec: JobSpec) -> int:
+    """The spec's priority as a class number (:mod:`stride.policy.elasticflow.priorities`)."""
+    return {Priority.LOW: LOW, Priority.NORMAL: NORMAL, Priority.HIGH: HIGH}[spec.priority_level]
 
 
 def _without_curve(spec: JobSpec) -> Decision:

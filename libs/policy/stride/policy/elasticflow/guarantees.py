@@ -35,6 +35,13 @@ from stride.policy.elasticflow.admission import (
 )
 from stride.policy.elasticflow.allocation import AllocationJob, AllocationRequest, allocate
 from stride.policy.elasticflow.curves import ScalingCurve
+from stride.policy.elasticflow.priorities import (
+    NORMAL,
+    Contender,
+    by_class,
+    prioritized,
+    promotion_after,
+)
 
 __all__ = [
     "SCALING_PAUSE_SECONDS",
@@ -76,6 +83,12 @@ class JobView:
     """The job's whole work, as submitted."""
     attained_gpu_seconds: float = 0.0
     """GPU-seconds of service received so far (held GPUs x time, pauses included)."""
+    priority: int = NORMAL
+    """The spec's priority class (:mod:`.priorities`; LOW 1, NORMAL 2, HIGH 3)."""
+    weight: float = 0.5
+    """KOD2's weight (eq. 1, :func:`.priorities.unit_weight`), the order within a class."""
+    waiting_since: float | None = None
+    """Since when the job has held no units (None while it holds some): its age."""
 
 
 @dataclass(frozen=True)
@@ -535,6 +548,8 @@ class GuaranteePolicy:
     incremental: bool = True
     placement: str = "buddy"
     """Where the environment puts the GPUs (sec. 4.3): buddy allocation with migration."""
+    notes: dict[str, str] = field(default_factory=dict, repr=False)
+    """After :meth:`decide`: why jobs lost units to higher priority classes (by job id)."""
     _planner: GuaranteePlanner = field(default_factory=GuaranteePlanner, repr=False)
 
     def wakeup(self, view: DeadlineView, decision: dict[str, int]) -> float | None:
@@ -547,7 +562,34 @@ class GuaranteePolicy:
         at every boundary instead costs a pause per re-sized job for nothing: measured on
         whole itp cluster02 and 03, it met no more deadlines (DSR 0.788 vs 0.804 and 0.448
         vs 0.446), as greedy allocation usually runs admitted jobs ahead of their plans.
+
+        Also the first instant a job left waiting by ``decision`` is promoted a class by
+        aging (:mod:`.priorities`): nothing else would wake a quiet cluster for it.
         """
+        aging = self._aging(view, decision)
+        slot = self._slot_wakeup(view, decision)
+        if aging is None or (slot is not None and slot <= aging):
+            return slot
+        return aging
+
+    def _aging(self, view: DeadlineView, decision: dict[str, int]) -> float | None:
+        """When the next waiting job is promoted a class (None: nobody waits to be)."""
+        if view.capacity <= 0:
+            return None
+        shares = self._shares(view)
+        first = math.inf
+        for job in view.jobs:
+            if decision.get(job.job_id, 0) or job.job_id in shares:
+                continue
+            since = view.now if job.devices else job.waiting_since
+            if since is None:
+                since = view.now  # it loses its units in this round
+            at = promotion_after(job.priority, since, view.now)
+            if at is not None:
+                first = min(first, at)
+        return None if first == math.inf else first
+
+    def _slot_wakeup(self, view: DeadlineView, decision: dict[str, int]) -> float | None:
         timeline = self._planner.used if self.incremental else None
         if timeline is None or view.capacity <= 0:
             return None
@@ -646,10 +688,31 @@ class GuaranteePolicy:
         return {job_id: (plan[:1] or (0,))[0] for job_id, plan in _guaranteed(view).items()}
 
     def decide(self, view: DeadlineView) -> dict[str, int]:
-        """Minimum shares of this slot first, then spare GPUs by marginal return."""
+        """Minimum shares of this slot first, then spare GPUs by marginal return; with jobs
+        of more than one priority class (or a starving job), the rest by class
+        (:mod:`.priorities`, whose rule :attr:`notes` explains for jobs that lost units)."""
+        self.notes = {}
         if view.capacity <= 0:
             return {job.job_id: 0 for job in view.jobs}
         shares = self._shares(view)
+        contenders = [
+            Contender(
+                job.job_id,
+                job.curve,
+                job.priority,
+                job.weight,
+                job.submission_time,
+                job.devices,
+                job.waiting_since,
+                shares.get(job.job_id),
+                job.deadline is not None,
+            )
+            for job in view.jobs
+        ]
+        if by_class(contenders, view.now):
+            split = prioritized(contenders, view.capacity, view.now)
+            self.notes = split.notes
+            return split.units
         ordered = sorted(view.jobs, key=edf_key)
         request = AllocationRequest(
             capacity=view.capacity,

@@ -57,6 +57,7 @@ ledger = Table(
     Column("last_update", Float, nullable=False),
     Column("share_version", Integer, nullable=False),
     Column("share", LargeBinary, nullable=True),
+    Column("waiting_since", Float, nullable=True),
 )
 """A planned job's books (:class:`stride.admission.domain.ledger.Entry`), written whenever
 its units change; progress between writes follows from them (constant units)."""

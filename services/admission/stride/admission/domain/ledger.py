@@ -23,6 +23,7 @@ from stride.policy.elasticflow.guarantees import (
     GuaranteePolicy,
     JobView,
 )
+from stride.policy.elasticflow.priorities import NORMAL, unit_weight
 from stride.policy.elasticflow.units import JobCurve
 
 __all__ = ["Entry", "Pool"]
@@ -42,8 +43,15 @@ class Entry:
     units: int = 0
     paused_until: float = 0.0
     last_update: float = 0.0
+    priority: int = NORMAL
+    """The spec's priority class (LOW 1, NORMAL 2, HIGH 3)."""
+    waiting_since: float | None = None
+    """Since when it has held no units (None while it holds some): its age."""
 
-    def view(self) -> JobView:
+    def view(self, capacity: int) -> JobView:
+        smallest = self.curve.curve.sizes[0]
+        size = self.curve.size_at(smallest)
+        workers = size.workers if size is not None else smallest
         return JobView(
             self.job_id,
             self.curve.curve,
@@ -54,6 +62,9 @@ class Entry:
             self.units,
             self.paused_until,
             self.total_steps,
+            priority=self.priority,
+            weight=unit_weight(workers, smallest, capacity),
+            waiting_since=self.waiting_since,
         )
 
     def rate(self) -> float:
@@ -95,21 +106,25 @@ class Pool:
             self._view = DeadlineView(
                 now,
                 self.capacity,
-                tuple(entry.view() for entry in self.entries.values()),
+                tuple(entry.view(self.capacity) for entry in self.entries.values()),
                 self.pause_seconds,
             )
         return self._view
 
     def earliest_deadline(self, now: float, entry: Entry) -> float | None:
         """The earliest deadline at which ``entry`` would be guaranteed now (None: none)."""
-        return self.policy.earliest_deadline(self.view(now), entry.view())
+        return self.policy.earliest_deadline(self.view(now), entry.view(self.capacity))
 
     def join(self, now: float, entry: Entry) -> bool:
         """Add ``entry``; a job with a deadline joins only if the policy admits it (it keeps
         the plans that admitted it for this instant's round, as in the simulator)."""
         self.advance(now)
         entry.last_update = now
-        if entry.deadline is not None and not self.policy.admit(self.view(now), entry.view()):
+        if not entry.units and entry.waiting_since is None:
+            entry.waiting_since = now
+        if entry.deadline is not None and not self.policy.admit(
+            self.view(now), entry.view(self.capacity)
+        ):
             self.policy.forget(entry.job_id)
             return False
         self.entries[entry.job_id] = entry
@@ -141,10 +156,18 @@ class Pool:
             entry.last_update = now
             if units:
                 entry.paused_until = now + self.pause_seconds
+                entry.waiting_since = None
+            else:
+                entry.waiting_since = now
             changed[job_id] = units
         if changed:
             self._view = None
         return changed
+
+    @property
+    def notes(self) -> dict[str, str]:
+        """Why jobs lost units to higher priority classes in the last round (by job id)."""
+        return self.policy.notes
 
     def recover(self, now: float) -> None:
         """After a restart: when the next slot-boundary round is due for the units the

@@ -4,7 +4,7 @@ A plan says how many pods of each role a job has and how big each is (DLRover se
 the plan, not the pods, is the source of truth). :func:`reconcile` compares it with the
 pods the podwatcher runs and returns one :class:`Reconciliation`:
 
-- **create** the pods the plan adds (scale out), placed on a node with room;
+- **create** the pods the plan adds (a new job, a scale out), placed with KOD2 (below);
 - **relaunch** a failed pod under its own name and address, at the plan's size, so a
   ParameterServerStrategy coordinator finds its PS or worker again where it was;
 - **resize** a pod in place when its node has room for the new size (a CPU quota always
@@ -19,11 +19,42 @@ pods the podwatcher runs and returns one :class:`Reconciliation`:
 changes, in which case the chief must be told the new cluster (a RECONFIGURE command)
 before any pod it still uses is removed. Data workers are not part of that cluster.
 
-Placement is first fit decreasing (largest memory first) over the nodes' free capacity,
-counting every live pod of every job, and the pods about to be deleted too: their room
-is free only once they are gone. A pod that fits nowhere makes the whole plan
-unplaceable, with a message naming the pod, its size and the largest room left, so no
-plan is half applied.
+Placement works on the nodes' free capacity, counting every live pod of every job, and
+the pods about to be deleted too: their room is free only once they are gone. It is KOD2's
+(sec. 4.1), through :func:`stride.policy.kod2.place_tasks`, in three steps:
+
+1. **In place first**: a failed pod is relaunched on its node, and a resized pod grows
+   there, when the node has room for the growth (largest pods first).
+2. **Pods that move** (a relaunch that no longer fits its node, a migration's
+   replacement; largest first) go one at a time, on a node already holding the job's
+   other pods if one has room, else on the idlest; a replacement never on its old node.
+3. **Pods the plan creates** (a new job, or a scale out), of every role (chief, PS,
+   workers and data workers), are placed *together* on the fewest nodes beyond those the
+   job already holds: its nodes are free to use, so a scale out lands beside the job's
+   pods when they have room, even if another node is idler; a new job goes to the fewest
+   nodes (one node if one holds it all). Ties go to the job's nodes, then the idlest.
+
+Departures from the paper:
+
+- KOD2 places two task sizes (PS and workers), exactly. A plan has more: the chief, data
+  workers, per-pod overrides. One or two sizes (a scale out, or a job whose chief is the
+  size of its workers) are still placed exactly; for three or more, ``place_tasks`` keeps
+  the best of three candidates: every pod rounded up to one of two sizes and placed
+  exactly, a greedy over sizes (the two largest groups exactly, then each further size,
+  the nodes used so far first), and first fit decreasing, the placement used before. So,
+  on the same free room, it never uses more nodes than first fit decreasing, and it places
+  the pods whenever first fit decreasing could.
+- "Fewest nodes" counts the nodes the job holds as free, so a job's later pods join it
+  (the affinity Alg. 3 gives a scale out) rather than move the job: running pods are never
+  repacked, only the pods a plan adds or moves are placed.
+- Data workers, outside the paper's jobs, are placed with the group, beside the trainers
+  they feed.
+- In-place changes are settled before any pod is placed (first fit decreasing took all
+  pods in one largest-first pass), so a new pod never takes the room a resize needs.
+
+A pod that fits nowhere makes the whole plan unplaceable, with a message naming the pod,
+its size and the largest room left (for a group, the first pod first fit decreasing has no
+room for), so no plan is half applied.
 """
 
 from __future__ import annotations
@@ -34,6 +65,7 @@ from dataclasses import dataclass, field
 from stride.podwatcher.domain.cluster import PodPhase
 from stride.podwatcher.domain.nodes import NodeSpec
 from stride.podwatcher.domain.plans import Plan
+from stride.policy.kod2 import Node, Task, TaskPlacementRequest, place_tasks
 from stride.vocabulary import Role
 
 CLUSTER_ROLES = (Role.CHIEF, Role.PS, Role.WORKER)
@@ -153,23 +185,85 @@ def _fits(room: _Room, cpu: float, memory_bytes: int) -> bool:
     return room.cpu + _EPSILON >= cpu and room.memory_bytes >= memory_bytes
 
 
-def _place(
-    rooms: dict[str, _Room], name: str, cpu: float, memory_bytes: int, avoid: str = ""
-) -> str:
-    for room in rooms.values():
-        if room.name != avoid and _fits(room, cpu, memory_bytes):
-            room.cpu -= cpu
-            room.memory_bytes -= memory_bytes
-            return room.name
-    largest = max(rooms.values(), key=lambda r: (r.memory_bytes, r.cpu), default=None)
+def _claim(room: _Room, cpu: float, memory_bytes: int) -> None:
+    room.cpu -= cpu
+    room.memory_bytes -= memory_bytes
+
+
+def _unplaceable(
+    rooms: Mapping[str, _Room], name: str, cpu: float, memory_bytes: int, avoid: str = ""
+) -> Unplaceable:
+    candidates = [room for room in rooms.values() if room.name != avoid]
+    largest = max(candidates, key=lambda r: (r.memory_bytes, r.cpu), default=None)
     if largest is None:
         left = "no nodes"
     else:
         free = _size_text(max(largest.cpu, 0.0), max(largest.memory_bytes, 0))
         left = f"{largest.name} has {free} free"
-    raise Unplaceable(
+    return Unplaceable(
         f"no node has room for pod {name} ({_size_text(cpu, memory_bytes)}); the roomiest, {left}"
     )
+
+
+def _place(
+    rooms: dict[str, _Room], name: str, cpu: float, memory_bytes: int, avoid: str = ""
+) -> str:
+    """First fit (nodes in order); only to name the pod when a group cannot be placed."""
+    for room in rooms.values():
+        if room.name != avoid and _fits(room, cpu, memory_bytes):
+            _claim(room, cpu, memory_bytes)
+            return room.name
+    raise _unplaceable(rooms, name, cpu, memory_bytes, avoid)
+
+
+@dataclass(frozen=True)
+class _Pending:
+    """A pod to place: its name and size."""
+
+    name: str
+    role: Role
+    index: int
+    generation: int
+    cpu: float
+    memory_bytes: int
+
+
+def _place_together(
+    rooms: dict[str, _Room],
+    capacity: Sequence[Node],
+    pods: Sequence[_Pending],
+    holding: Iterable[str],
+    avoid: str = "",
+) -> list[str]:
+    """Place ``pods`` as one group with KOD2 (:func:`place_tasks`): on the fewest nodes
+    beyond ``holding`` (the job's nodes), never on ``avoid``. Claims their room and returns
+    each pod's node; raises :class:`Unplaceable` and claims nothing if they do not fit."""
+    if not pods:
+        return []
+    usable = [room for room in rooms.values() if room.name != avoid]
+    request = TaskPlacementRequest(
+        nodes=tuple(
+            Node(room.name, max(room.cpu, 0.0), max(room.memory_bytes, 0)) for room in usable
+        ),
+        tasks=tuple(Task(pod.cpu, pod.memory_bytes) for pod in pods),
+        prefer=tuple(sorted(set(holding))),
+        capacity=tuple(node for node in capacity if node.name != avoid),
+    )
+    reply = place_tasks(request)
+    if not reply.fits:
+        # place_tasks fits whenever first fit decreasing (``pods`` are largest first) does,
+        # so first fit stops at a pod too, on a copy of the rooms: that pod and the room
+        # left when it stopped are what the message names, as before KOD2.
+        trial = {
+            name: _Room(room.name, room.cpu, room.memory_bytes) for name, room in rooms.items()
+        }
+        for pod in pods:
+            _place(trial, pod.name, pod.cpu, pod.memory_bytes, avoid)
+        first = pods[0]  # not reached (see above); name the largest pod all the same
+        raise _unplaceable(rooms, first.name, first.cpu, first.memory_bytes, avoid)
+    for pod, node in zip(pods, reply.nodes, strict=True):
+        _claim(rooms[node], pod.cpu, pod.memory_bytes)
+    return list(reply.nodes)
 
 
 def desired_sizes(plan: Plan) -> dict[tuple[Role, int], tuple[float, int]]:
@@ -189,6 +283,14 @@ def desired_sizes(plan: Plan) -> dict[tuple[Role, int], tuple[float, int]]:
     return sizes
 
 
+def _largest_first(
+    sizes: Mapping[tuple[Role, int], tuple[float, int]],
+) -> list[tuple[tuple[Role, int], tuple[float, int]]]:
+    return sorted(
+        sizes.items(), key=lambda item: (-item[1][1], -item[1][0], item[0][0].value, item[0][1])
+    )
+
+
 def reconcile(
     plan: Plan,
     pods: Sequence[PodRecord],
@@ -196,13 +298,17 @@ def reconcile(
     others: Iterable[PodRecord] = (),
 ) -> Reconciliation:
     """What to do so ``pods`` (the job's, any phase) match ``plan`` on ``nodes``, given the
-    ``others`` (other jobs' pods) that hold room too. Raises :class:`Unplaceable`."""
+    ``others`` (other jobs' pods) that hold room too. Raises :class:`Unplaceable`.
+
+    Placement (see the module docstring): in place first, then the pods that move, each
+    beside the job's other pods when it can be, then the new pods together, with KOD2."""
     live = [pod for pod in pods if pod.live]
     current: dict[tuple[Role, int], PodRecord] = {}
     for record in sorted(live, key=lambda p: p.generation):
         current[(record.role, record.index)] = record  # the newest generation stands for it
     superseded = [pod for pod in live if current.get((pod.role, pod.index)) is not pod]
     rooms = _free_rooms(nodes, [*live, *others])
+    capacity = tuple(Node(node.name, node.cpu, node.memory_bytes) for node in nodes)
     sizes = desired_sizes(plan)
 
     create: list[PodWant] = []
@@ -210,50 +316,59 @@ def reconcile(
     resize: list[Resize] = []
     migrate: list[Migration] = []
     delete: list[PodRecord] = list(superseded)
-    # Largest first, so big pods are not left without a node by small ones.
-    for (role, index), (cpu, memory) in sorted(
-        sizes.items(), key=lambda item: (-item[1][1], -item[1][0], item[0][0].value, item[0][1])
-    ):
+    holding: set[str] = set()  # the nodes of the job's pods that stay (affinity)
+    new: list[_Pending] = []
+    moving: list[tuple[PodRecord, float, int]] = []
+    # 1. Pods that stay where they are, growing in place where their node has room.
+    for (role, index), (cpu, memory) in _largest_first(sizes):
         pod = current.get((role, index))
         if pod is None:
-            name = pod_name(plan.job_id, role, index)
-            create.append(
-                PodWant(name, role, index, 0, cpu, memory, _place(rooms, name, cpu, memory))
-            )
+            new.append(_Pending(pod_name(plan.job_id, role, index), role, index, 0, cpu, memory))
             continue
-        if pod.phase is PodPhase.FAILED:
-            # Relaunch in place: its own room is already counted; only growth needs more.
-            room = rooms.get(pod.node)
-            grow_cpu, grow_memory = cpu - pod.cpu, memory - pod.memory_bytes
-            if room is not None and _fits(room, max(grow_cpu, 0), max(grow_memory, 0)):
-                room.cpu -= grow_cpu
-                room.memory_bytes -= grow_memory
+        if pod.phase is not PodPhase.FAILED and (cpu, memory) == (pod.cpu, pod.memory_bytes):
+            holding.add(pod.node)
+            continue
+        # Relaunch or resize in place: its own room is already counted; only growth needs
+        # more.
+        room = rooms.get(pod.node)
+        grow_cpu, grow_memory = cpu - pod.cpu, memory - pod.memory_bytes
+        if room is not None and _fits(room, max(grow_cpu, 0), max(grow_memory, 0)):
+            _claim(room, grow_cpu, grow_memory)
+            holding.add(pod.node)
+            if pod.phase is PodPhase.FAILED:
                 relaunch.append(
                     PodWant(pod.name, role, index, pod.generation, cpu, memory, pod.node)
                 )
             else:
-                # The failed pod holds nothing real any more: free its room, place anew.
-                if room is not None:
-                    room.cpu += pod.cpu
-                    room.memory_bytes += pod.memory_bytes
-                node = _place(rooms, pod.name, cpu, memory)
-                relaunch.append(PodWant(pod.name, role, index, pod.generation, cpu, memory, node))
+                resize.append(Resize(pod, cpu, memory))
             continue
-        if (cpu, memory) == (pod.cpu, pod.memory_bytes):
-            continue
-        room = rooms.get(pod.node)
-        grow_cpu, grow_memory = cpu - pod.cpu, memory - pod.memory_bytes
-        if room is not None and _fits(room, max(grow_cpu, 0), max(grow_memory, 0)):
-            room.cpu -= grow_cpu
-            room.memory_bytes -= grow_memory
-            resize.append(Resize(pod, cpu, memory))
+        if pod.phase is PodPhase.FAILED and room is not None:
+            # The failed pod holds nothing real any more: free its room, place it anew.
+            _claim(room, -pod.cpu, -pod.memory_bytes)
+        moving.append((pod, cpu, memory))
+    # 2. Pods that move, beside the job's other pods where they fit; a migration's
+    # replacement never on the node it leaves.
+    for pod, cpu, memory in moving:
+        if pod.phase is PodPhase.FAILED:
+            want = _Pending(pod.name, pod.role, pod.index, pod.generation, cpu, memory)
+            (node,) = _place_together(rooms, capacity, [want], holding)
+            relaunch.append(
+                PodWant(want.name, pod.role, pod.index, want.generation, cpu, memory, node)
+            )
         else:
             generation = pod.generation + 1
-            name = pod_name(plan.job_id, role, index, generation)
-            node = _place(rooms, name, cpu, memory, avoid=pod.node)
+            name = pod_name(plan.job_id, pod.role, pod.index, generation)
+            want = _Pending(name, pod.role, pod.index, generation, cpu, memory)
+            (node,) = _place_together(rooms, capacity, [want], holding, avoid=pod.node)
             migrate.append(
-                Migration(pod, PodWant(name, role, index, generation, cpu, memory, node))
+                Migration(pod, PodWant(name, pod.role, pod.index, generation, cpu, memory, node))
             )
+        holding.add(node)
+    # 3. New pods, together on the fewest nodes beyond the job's (KOD2).
+    for want, node in zip(new, _place_together(rooms, capacity, new, holding), strict=True):
+        create.append(
+            PodWant(want.name, want.role, want.index, 0, want.cpu, want.memory_bytes, node)
+        )
     for (role, index), slot in current.items():
         if (role, index) not in sizes:
             delete.append(slot)

@@ -584,3 +584,65 @@ class DeleteQuotaResponse(_message.Message):
     def WhichOneof(self, oneof_group: _Never) -> None: ...
 
 Global___DeleteQuotaResponse: _TypeAlias = DeleteQuotaResponse  # noqa: Y015
+
+@_typing.final
+class AdvanceRequest(_message.Message):
+    """Request of Advance."""
+
+    DESCRIPTOR: _descriptor.Descriptor
+
+    TO_FIELD_NUMBER: _builtins.int
+    INCLUSIVE_FIELD_NUMBER: _builtins.int
+    inclusive: _builtins.bool
+    """Also run the rounds due exactly at `to` (after the caller's arrivals and ends there)."""
+    @_builtins.property
+    def to(self) -> _timestamp_pb2.Timestamp:
+        """Where the clock goes (admission's time, as decisions record it)."""
+
+    def __init__(
+        self,
+        *,
+        to: _timestamp_pb2.Timestamp | None = ...,
+        inclusive: _builtins.bool = ...,
+    ) -> None: ...
+    _HasFieldArgType: _TypeAlias = _typing.Literal["to", b"to"]  # noqa: Y015
+    def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["inclusive", b"inclusive", "to", b"to"]  # noqa: Y015
+    def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
+    def WhichOneof(self, oneof_group: _Never) -> None: ...
+
+Global___AdvanceRequest: _TypeAlias = AdvanceRequest  # noqa: Y015
+
+@_typing.final
+class AdvanceResponse(_message.Message):
+    """Response of Advance."""
+
+    DESCRIPTOR: _descriptor.Descriptor
+
+    NOW_FIELD_NUMBER: _builtins.int
+    NEXT_ROUND_FIELD_NUMBER: _builtins.int
+    ROUNDS_FIELD_NUMBER: _builtins.int
+    rounds: _builtins.int
+    """Rounds run by this call."""
+    @_builtins.property
+    def now(self) -> _timestamp_pb2.Timestamp:
+        """The clock after the call."""
+
+    @_builtins.property
+    def next_round(self) -> _timestamp_pb2.Timestamp:
+        """The next slot-boundary round admission wants; unset when none is due."""
+
+    def __init__(
+        self,
+        *,
+        now: _timestamp_pb2.Timestamp | None = ...,
+        next_round: _timestamp_pb2.Timestamp | None = ...,
+        rounds: _builtins.int = ...,
+    ) -> None: ...
+    _HasFieldArgType: _TypeAlias = _typing.Literal["next_round", b"next_round", "now", b"now"]  # noqa: Y015
+    def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["next_round", b"next_round", "now", b"now", "rounds", b"rounds"]  # noqa: Y015
+    def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
+    def WhichOneof(self, oneof_group: _Never) -> None: ...
+
+Global___AdvanceResponse: _TypeAlias = AdvanceResponse  # noqa: Y015

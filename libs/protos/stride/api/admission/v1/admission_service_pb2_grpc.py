@@ -410,3 +410,88 @@ class AdmissionService:
             timeout,
             metadata,
             _registered_method=True)
+
+
+class ReplayClockServiceStub:
+    """ReplayClockService steps admission's clock for `stride replay --clock stepped`. It is
+    served only when the service runs with replay_stepped (settings refuse it on any address
+    but loopback), so a production admission has no way to move its clock.
+    """
+
+    def __init__(self, channel):
+        """Constructor.
+
+        Args:
+            channel: A grpc.Channel.
+        """
+        self.Advance = channel.unary_unary(
+                '/stride.api.admission.v1.ReplayClockService/Advance',
+                request_serializer=stride_dot_api_dot_admission_dot_v1_dot_admission__service__pb2.AdvanceRequest.SerializeToString,
+                response_deserializer=stride_dot_api_dot_admission_dot_v1_dot_admission__service__pb2.AdvanceResponse.FromString,
+                _registered_method=True)
+
+
+class ReplayClockServiceServicer:
+    """ReplayClockService steps admission's clock for `stride replay --clock stepped`. It is
+    served only when the service runs with replay_stepped (settings refuse it on any address
+    but loopback), so a production admission has no way to move its clock.
+    """
+
+    def Advance(self, request, context):
+        """Advance moves the clock to `to`. Every slot-boundary round due before `to` runs first,
+        each at its own time; with inclusive, those due at `to` run too. It answers once the
+        rounds' decisions and shares are on the bus. INVALID_ARGUMENT when `to` is before the
+        clock or unset.
+        """
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
+
+def add_ReplayClockServiceServicer_to_server(servicer, server):
+    rpc_method_handlers = {
+            'Advance': grpc.unary_unary_rpc_method_handler(
+                    servicer.Advance,
+                    request_deserializer=stride_dot_api_dot_admission_dot_v1_dot_admission__service__pb2.AdvanceRequest.FromString,
+                    response_serializer=stride_dot_api_dot_admission_dot_v1_dot_admission__service__pb2.AdvanceResponse.SerializeToString,
+            ),
+    }
+    generic_handler = grpc.method_handlers_generic_handler(
+            'stride.api.admission.v1.ReplayClockService', rpc_method_handlers)
+    server.add_generic_rpc_handlers((generic_handler,))
+    server.add_registered_method_handlers('stride.api.admission.v1.ReplayClockService', rpc_method_handlers)
+
+
+ # This class is part of an EXPERIMENTAL API.
+class ReplayClockService:
+    """ReplayClockService steps admission's clock for `stride replay --clock stepped`. It is
+    served only when the service runs with replay_stepped (settings refuse it on any address
+    but loopback), so a production admission has no way to move its clock.
+    """
+
+    @staticmethod
+    def Advance(request,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.unary_unary(
+            request,
+            target,
+            '/stride.api.admission.v1.ReplayClockService/Advance',
+            stride_dot_api_dot_admission_dot_v1_dot_admission__service__pb2.AdvanceRequest.SerializeToString,
+            stride_dot_api_dot_admission_dot_v1_dot_admission__service__pb2.AdvanceResponse.FromString,
+            options,
+            channel_credentials,
+            insecure,
+            call_credentials,
+            compression,
+            wait_for_ready,
+            timeout,
+            metadata,
+            _registered_method=True)

@@ -155,3 +155,55 @@ class AdmissionServiceServicer(metaclass=_abc_1.ABCMeta):
         """DeleteQuota removes a scope's quota; removing none is a no-op."""
 
 def add_AdmissionServiceServicer_to_server(servicer: AdmissionServiceServicer, server: _typing.Union[_grpc.Server, _aio.Server]) -> None: ...
+
+class ReplayClockServiceStub:
+    """ReplayClockService steps admission's clock for `stride replay --clock stepped`. It is
+    served only when the service runs with replay_stepped (settings refuse it on any address
+    but loopback), so a production admission has no way to move its clock.
+    """
+
+    @_typing.overload
+    def __new__(cls, channel: _grpc.Channel) -> _Self: ...
+    @_typing.overload
+    def __new__(cls, channel: _aio.Channel) -> ReplayClockServiceAsyncStub: ...
+    Advance: _grpc.UnaryUnaryMultiCallable[_admission_service_pb2.AdvanceRequest, _admission_service_pb2.AdvanceResponse]
+    """Advance moves the clock to `to`. Every slot-boundary round due before `to` runs first,
+    each at its own time; with inclusive, those due at `to` run too. It answers once the
+    rounds' decisions and shares are on the bus. INVALID_ARGUMENT when `to` is before the
+    clock or unset.
+    """
+
+@_typing.type_check_only
+class ReplayClockServiceAsyncStub(ReplayClockServiceStub):
+    """ReplayClockService steps admission's clock for `stride replay --clock stepped`. It is
+    served only when the service runs with replay_stepped (settings refuse it on any address
+    but loopback), so a production admission has no way to move its clock.
+    """
+
+    def __init__(self, channel: _aio.Channel) -> None: ...
+    Advance: _aio.UnaryUnaryMultiCallable[_admission_service_pb2.AdvanceRequest, _admission_service_pb2.AdvanceResponse]  # type: ignore[assignment]
+    """Advance moves the clock to `to`. Every slot-boundary round due before `to` runs first,
+    each at its own time; with inclusive, those due at `to` run too. It answers once the
+    rounds' decisions and shares are on the bus. INVALID_ARGUMENT when `to` is before the
+    clock or unset.
+    """
+
+class ReplayClockServiceServicer(metaclass=_abc_1.ABCMeta):
+    """ReplayClockService steps admission's clock for `stride replay --clock stepped`. It is
+    served only when the service runs with replay_stepped (settings refuse it on any address
+    but loopback), so a production admission has no way to move its clock.
+    """
+
+    @_abc_1.abstractmethod
+    def Advance(
+        self,
+        request: _admission_service_pb2.AdvanceRequest,
+        context: _ServicerContext,
+    ) -> _typing.Union[_admission_service_pb2.AdvanceResponse, _abc.Awaitable[_admission_service_pb2.AdvanceResponse]]:
+        """Advance moves the clock to `to`. Every slot-boundary round due before `to` runs first,
+        each at its own time; with inclusive, those due at `to` run too. It answers once the
+        rounds' decisions and shares are on the bus. INVALID_ARGUMENT when `to` is before the
+        clock or unset.
+        """
+
+def add_ReplayClockServiceServicer_to_server(servicer: ReplayClockServiceServicer, server: _typing.Union[_grpc.Server, _aio.Server]) -> None: ...

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import unicodedata
+from datetime import UTC
 from typing import Any
 
 import grpc
@@ -126,3 +127,20 @@ class AdmissionApi(pb_grpc.AdmissionServiceServicer):
     ) -> pb.DeleteQuotaResponse:
         await self.submissions.delete_quota(request.scope)
         return pb.DeleteQuotaResponse()
+
+
+class ReplayClockApi(pb_grpc.ReplayClockServiceServicer):
+    """The stepped replay clock (served only with ``replay_stepped``, on loopback)."""
+
+    def __init__(self, submissions: Submissions) -> None:
+        self.submissions = submissions
+
+    async def Advance(self, request: pb.AdvanceRequest, context: Context) -> pb.AdvanceResponse:
+        if not request.HasField("to"):
+            raise InvalidArgument("to", "is required")
+        to = request.to.ToDatetime(tzinfo=UTC)
+        now, upcoming, rounds = await self.submissions.advance(to, request.inclusive)
+        reply = pb.AdvanceResponse(now=timestamp(now), rounds=rounds)
+        if upcoming is not None:
+            reply.next_round.CopyFrom(timestamp(upcoming))
+        return reply

@@ -9,7 +9,7 @@ from typing import Any
 from sqlalchemy import bindparam, func, select, update
 from sqlalchemy.ext.asyncio import AsyncSession
 
-from stride.admission.db.tables import capacity, decisions, jobs, ledger, quotas
+from stride.admission.db.tables import capacity, decisions, jobs, ledger, outbox, quotas
 from stride.admission.domain.quotas import Quota
 from stride.events.v1 import job_pb2
 
@@ -47,6 +47,7 @@ class LedgerRow:
     share_version: int
     spec: job_pb2.JobSpec
     state: str
+    waiting_since: float | None = None
 
 
 async def job_by_request_id(session: AsyncSession, request_id: str) -> str | None:
@@ -172,6 +173,7 @@ async def active_ledger(session: AsyncSession, kind: str) -> list[LedgerRow]:
             paused_until=row.paused_until,
             last_update=row.last_update,
             share_version=row.share_version,
+            waiting_since=row.waiting_since,
             spec=job_pb2.JobSpec.FromString(row.spec),
             state=row.state,
         )
@@ -203,6 +205,7 @@ class Books:
     paused_until: float
     last_update: float
     share: job_pb2.JobShare
+    waiting_since: float | None = None
 
 
 async def save_books_many(session: AsyncSession, books: list[Books]) -> None:
@@ -230,6 +233,7 @@ async def save_books_many(session: AsyncSession, books: list[Books]) -> None:
             "last_update": entry.last_update,
             "share_version": entry.share.version,
             "share": entry.share.SerializeToString(),
+            "waiting_since": entry.waiting_since,
         }
         for entry in books
     ]
@@ -346,3 +350,8 @@ async def scope_use(
 def _aware(moment: datetime) -> datetime:
     """SQLite hands back naive datetimes (stored as UTC)."""
     return moment if moment.tzinfo is not None else moment.replace(tzinfo=UTC)
+
+
+async def outbox_pending(session: AsyncSession) -> int:
+    """Events still in the outbox (not yet on the bus)."""
+    return int((await session.execute(select(func.count()).select_from(outbox))).scalar_one())
