@@ -5,6 +5,11 @@ simulator in its own environment. Both run ``GuaranteePolicy``. Driven by the sa
 arrivals, completions and wakeups (here by a small event loop over the pool, as the
 simulator orders them: completions, then arrivals, then one round, then timers), they must
 drop the same jobs and finish every other one at the same moment.
+
+The service runs a round on every event, not one per instant; the pool rewinds its books
+before a second round at the same instant, so driving it that way ("per event") must decide
+the same. With the cluster's tree, both place GPUs with buddy allocation and charge the
+jobs they move the same pause.
 """
 
 from __future__ import annotations
@@ -14,6 +19,7 @@ import math
 import pytest
 
 from stride.admission.domain.ledger import Entry, Pool
+from stride.policy.elasticflow.placement import Topology
 from stride.policy.elasticflow.units import JobCurve
 from stride.sim.deadline import DeadlineCluster, run_deadline
 from stride.sim.traces import CurveLibrary, TraceJob, load_curves, load_deadline_trace
@@ -21,10 +27,15 @@ from stride.testing import SHARED_TRACES
 
 JOBS = 80
 GPUS = 32
+TREE = (1, 4, 8)
+"""One switch of 4 nodes of 8 GPUs (32 GPUs)."""
 
 
-def _pool_run(jobs: list[TraceJob], curves: CurveLibrary) -> tuple[set[str], dict[str, float]]:
-    pool = Pool(GPUS)
+def _pool_run(
+    jobs: list[TraceJob], curves: CurveLibrary, per_event: bool, placed: bool
+) -> tuple[set[str], dict[str, float], int]:
+    pool = Pool(GPUS, topology=Topology(TREE) if placed else None)
+    moves = 0
     arrivals = sorted(jobs, key=lambda job: job.submission_time)  # stable: trace order
     dropped: set[str] = set()
     finished: dict[str, float] = {}
@@ -48,6 +59,8 @@ def _pool_run(jobs: list[TraceJob], curves: CurveLibrary) -> tuple[set[str], dic
                 finished[entry.job_id] = now
                 pool.leave(now, entry.job_id)
                 decided = True
+                if per_event:
+                    pool.round(now)
         while index < len(arrivals) and arrivals[index].submission_time == now:
             trace = arrivals[index]
             index += 1
@@ -61,24 +74,40 @@ def _pool_run(jobs: list[TraceJob], curves: CurveLibrary) -> tuple[set[str], dic
             )
             if pool.join(now, entry):
                 decided = True
+                if per_event:
+                    pool.round(now)
             else:
                 dropped.add(trace.job_id)
         if timer <= now:
             timer = math.inf
             decided = True
         if decided:
-            pool.round(now)
+            before = {job_id: pool.devices(job_id) for job_id in pool.entries}
+            changed = pool.round(now)
+            moves += sum(
+                1
+                for job_id in changed
+                if before.get(job_id) and len(before[job_id]) == len(pool.devices(job_id))
+            )
             if pool.wakeup is not None:
                 timer = min(timer, pool.wakeup)  # a later wakeup never cancels an earlier one
-    return dropped, finished
+    return dropped, finished, moves
 
 
+@pytest.mark.parametrize("placed", [False, True], ids=["counted", "buddy"])
+@pytest.mark.parametrize("per_event", [False, True], ids=["per-instant", "per-event"])
 @pytest.mark.parametrize("start", [0, 80])
-def test_the_pool_and_the_simulator_agree_job_by_job(start: int) -> None:
+def test_the_pool_and_the_simulator_agree_job_by_job(
+    start: int, per_event: bool, placed: bool
+) -> None:
     curves = load_curves(SHARED_TRACES / "throughputs_A100")
     jobs = load_deadline_trace(SHARED_TRACES / "itp-ef" / "195job.csv")[start : start + JOBS]
-    simulated = run_deadline(jobs, DeadlineCluster(GPUS), "stride", 0, curves)
-    dropped, finished = _pool_run(jobs, curves)
+    cluster = DeadlineCluster(GPUS, fanouts=TREE if placed else None)
+    simulated = run_deadline(jobs, cluster, "stride", 0, curves)
+    assert simulated.placement == ("buddy" if placed else "counted")
+    dropped, finished, moves = _pool_run(jobs, curves, per_event, placed)
+    if placed and not per_event:
+        assert moves == simulated.migrations  # the same jobs moved, each paying the pause
     assert dropped == set(simulated.dropped)
     assert len(dropped) < len(jobs)
     for job_id, moment in simulated.finish_times.items():

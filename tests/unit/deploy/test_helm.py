@@ -14,6 +14,7 @@ import pytest
 import yaml
 
 from stride.admission.domain.quotas import quotas_from_config
+from stride.admission.settings import AdmissionSettings
 
 from . import (
     CHART_DIR,
@@ -38,7 +39,7 @@ OVERRIDES: dict[str, Any] = {
     "ckptcache": {"store": {"persistence": {"enabled": True, "storageClass": "fast"}}},
     "optimizer": {"clusterCapacity": {"cpu": 512, "memoryGiB": 2048}},
     "admission": {
-        "cluster": {"gpus": 64, "cpu": 512, "memoryGiB": 2048},
+        "cluster": {"gpus": 64, "gpuTopology": "2x4x8", "cpu": 512, "memoryGiB": 2048},
         "quotas": [
             {"scope": "team:ranking", "members": ["alice", "bob"], "max_active_jobs": 8},
             {"scope": "user:carol", "max_submissions": 20, "window_seconds": 3600},
@@ -395,13 +396,28 @@ def test_admission_plans_on_the_cluster_given(release: Release) -> None:
     else:
         assert env["STRIDE_ADMISSION_CAPACITY_SOURCE"] == "settings"
         assert env["STRIDE_ADMISSION_CLUSTER_GPUS"] == "64"
+        assert env["STRIDE_ADMISSION_CLUSTER_TOPOLOGY"] == "2x4x8"
         assert env["STRIDE_ADMISSION_CLUSTER_CPU"] == "512"
         assert env["STRIDE_ADMISSION_CLUSTER_MEMORY_GIB"] == "2048"
+        # The service's own settings take what the chart renders (the tree holds the GPUs).
+        settings = AdmissionSettings(
+            **{
+                name.removeprefix("STRIDE_ADMISSION_").lower(): value
+                for name, value in env.items()
+                if name.startswith("STRIDE_ADMISSION_CLUSTER_")
+            }
+        )
+        assert settings.cluster_topology == "2x4x8" and settings.cluster_gpus == 64
 
 
-def test_half_an_admission_cluster_is_rejected(chart: helm.Chart) -> None:
+@pytest.mark.parametrize(
+    "cluster",
+    [{"cpu": 8}, {"gpuTopology": "2x4x8"}, {"gpus": 64, "gpuTopology": "2 switches"}],
+    ids=["cpu-without-memory", "tree-without-gpus", "tree-not-a-shape"],
+)
+def test_half_an_admission_cluster_is_rejected(chart: helm.Chart, cluster: Manifest) -> None:
     with pytest.raises(helm.HelmValuesError, match="schema"):
-        chart.render({"admission": {"cluster": {"cpu": 8}}}, name="stride", namespace=NAMESPACE)
+        chart.render({"admission": {"cluster": cluster}}, name="stride", namespace=NAMESPACE)
 
 
 def test_a_half_given_cluster_capacity_is_rejected(chart: helm.Chart) -> None:

@@ -158,6 +158,10 @@ url
 - name: STRIDE_ADMISSION_CLUSTER_GPUS
   value: {{ .gpus | quote }}
 {{- end }}
+{{- if .gpuTopology }}
+- name: STRIDE_ADMISSION_CLUSTER_TOPOLOGY
+  value: {{ .gpuTopology | quote }}
+{{- end }}
 {{- if .cpu }}
 - name: STRIDE_ADMISSION_CLUSTER_CPU
   value: {{ .cpu | quote }}

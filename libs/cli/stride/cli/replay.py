@@ -83,6 +83,13 @@ class Tracked:
     version: int = 0
     finished_at: float | None = None
     timer: asyncio.TimerHandle | None = field(default=None, repr=False)
+    gpus: tuple[tuple[str, int], ...] = ()
+    """Where admission placed its GPUs (empty where GPUs are counted)."""
+    instant: float | None = None
+    """When the share last changed, and the books as they were before that instant (a
+    later share at the same instant replaces the earlier one's effect, as admission's
+    rounds at one instant do)."""
+    before: tuple[int, float, float, tuple[tuple[str, int], ...]] = (0, 0.0, 0.0, ())
 
     @property
     def done(self) -> bool:
@@ -245,17 +252,25 @@ class Replay:
         self._apply(job, share)
 
     def _apply(self, job: Tracked, share: job_pb2.JobShare) -> None:
-        """The simulator's books for one share change (:class:`Pool`'s rule)."""
+        """The simulator's books for one share change (:class:`Pool`'s rule): a change of
+        size, or a move at the same size (a migration), pauses the job; several shares at
+        one instant count as the last one alone."""
         if share.version <= job.version or job.done:
             return
         job.version = share.version
         at = share.decided_at.ToDatetime(tzinfo=UTC).timestamp()
         self._advance(job, at)
-        units = int(share.units)
-        if units != job.units:
-            job.units = units
+        if job.instant != at:
+            job.instant = at
+            job.before = (job.units, job.paused_until, job.last, job.gpus)
+        units, paused_until, last, gpus = job.before
+        new_gpus = tuple((gpu.node, gpu.index) for gpu in share.gpus)
+        moved = bool(units and gpus and new_gpus) and new_gpus != gpus
+        job.units, job.paused_until, job.last, job.gpus = units, paused_until, last, new_gpus
+        if int(share.units) != units or moved:
+            job.units = int(share.units)
             job.last = at
-            if units:
+            if job.units:
                 job.paused_until = at + self.pause
         self._schedule_end(job)
 
@@ -558,7 +573,16 @@ def replay_trace(
     workdir.mkdir(parents=True, exist_ok=True)
     server = NatsServer(workdir / "nats").start()
     stepped = clock == "stepped"
-    admission = AdmissionProcess(workdir, server.url, gpus, curves, speedup, stepped=stepped)
+    fanouts = DeadlineCluster.from_spec(spec).fanouts
+    admission = AdmissionProcess(
+        workdir,
+        server.url,
+        gpus,
+        curves,
+        speedup,
+        stepped=stepped,
+        topology="x".join(map(str, fanouts)) if fanouts else None,
+    )
     try:
         admission.start()
         if stepped:
@@ -629,6 +653,7 @@ class AdmissionProcess:
         speedup: float,
         *,
         stepped: bool = False,
+        topology: str | None = None,
     ) -> None:
         self.workdir = workdir
         self.port = free_port()
@@ -647,6 +672,8 @@ class AdmissionProcess:
             "STRIDE_ADMISSION_CURVES_DIR": str(curves),
             "STRIDE_ADMISSION_LOG_LEVEL": os.environ.get("STRIDE_ADMISSION_LOG_LEVEL", "warning"),
         }
+        if topology is not None:  # placed on the trace cluster's tree, as stride sim places
+            self.env["STRIDE_ADMISSION_CLUSTER_TOPOLOGY"] = topology
         if stepped:
             self.env["STRIDE_ADMISSION_REPLAY_STEPPED"] = "true"
             self.env["STRIDE_ADMISSION_REPLAY_ORIGIN"] = repr(STEPPED_ORIGIN)

@@ -60,13 +60,7 @@ from stride.policy.elasticflow.guarantees import (
     GuaranteePolicy,
     admission_test,
 )
-from stride.policy.elasticflow.placement import (
-    DeviceAllocation,
-    PlacementRequest,
-    PlacementStrategy,
-    Topology,
-    buddy,
-)
+from stride.policy.elasticflow.placement import InvalidPlacement, Placements, Topology
 from stride.policy.elasticflow.priorities import unit_weight
 from stride.sim.deadline_baselines import ChronusPolicy, ThemisPolicy, TiresiasPolicy
 from stride.sim.deadline_views import DeadlinePolicy, DeadlineView, JobView, edf_key
@@ -327,7 +321,7 @@ class _Environment:
         self.policy = policy
         self.pause = pause
         self.topology = topology
-        self.placed: dict[str, tuple[int, ...]] = {}
+        self.placements = Placements(topology) if topology is not None else None
         self.active: dict[str, _Job] = {}
         self.running: dict[str, _Job] = {}
         """The active jobs holding GPUs: only they progress, so only they are advanced."""
@@ -378,7 +372,8 @@ class _Environment:
         job.finish = now
         job.devices = 0
         job.cached_view = None
-        self.placed.pop(job.trace.job_id, None)
+        if self.placements is not None:
+            self.placements.forget(job.trace.job_id)
         self.running.pop(job.trace.job_id, None)
         self.active.pop(job.trace.job_id, None)
         self.views.pop(job.trace.job_id, None)
@@ -415,40 +410,11 @@ class _Environment:
 
     def place(self, decision: dict[str, int]) -> set[str]:
         """Buddy placement (sec. 4.3) of the decision; returns the jobs that migrate."""
-        assert self.topology is not None
-        for job_id, devices in list(self.placed.items()):
-            if decision.get(job_id, 0) != len(devices):
-                del self.placed[job_id]
-        moved: set[str] = set()
-        waiting = sorted(
-            (
-                (count, job_id)
-                for job_id, count in decision.items()
-                if count and job_id not in self.placed
-            ),
-            key=lambda item: (-item[0], item[1]),
-        )
-        for count, job_id in waiting:
-            reply = buddy(
-                PlacementRequest(
-                    self.topology,
-                    job_id,
-                    count,
-                    tuple(DeviceAllocation(j, d) for j, d in self.placed.items()),
-                    PlacementStrategy.BUDDY,
-                )
-            )
-            if not reply.placed:
-                raise SimulationError(f"job {job_id}: buddy placement failed: {reply.reason}")
-            for migration in reply.migrations:
-                self.placed[migration.job_id] = migration.devices
-                moved.add(migration.job_id)
-            self.placed[job_id] = reply.devices
-        return {
-            job_id
-            for job_id in moved
-            if self.active[job_id].devices == len(self.placed[job_id])  # same size: a move
-        }
+        assert self.placements is not None
+        try:
+            return self.placements.apply(decision)
+        except InvalidPlacement as error:
+            raise SimulationError(f"buddy placement failed: {error}") from None
 
     def round(self, sim: Simulation) -> None:
         view = self.view(sim.now)

@@ -12,6 +12,7 @@ import yaml
 from stride.admission.adapters.inbound.bus_handlers import FinishedHandler, InventoryHandler
 from stride.admission.adapters.inbound.grpc_api import AdmissionApi, ReplayClockApi
 from stride.admission.db.tables import outbox as outbox_table
+from stride.admission.domain.gputree import GpuTree
 from stride.admission.domain.quotas import Quota, quotas_from_config
 from stride.admission.settings import AdmissionSettings
 from stride.admission.usecases import Clock, Cluster, SteppedClock, Submissions, wall_clock
@@ -131,6 +132,7 @@ def cluster(settings: AdmissionSettings) -> Cluster:
         cpu_units=cpu_capacity(cpu, memory, unit),
         unit=unit,
         curves=curves,
+        tree=GpuTree.parse(settings.cluster_topology) if settings.cluster_topology else None,
     )
     log.info(
         "admission plans on",
@@ -139,5 +141,6 @@ def cluster(settings: AdmissionSettings) -> Cluster:
         unit_cores=unit.cpu,
         unit_memory_gib=unit.memory_bytes / GIB,
         known_curves=len(curves),
+        gpu_tree=planned.tree.shape if planned.tree is not None else "counted",
     )
     return planned

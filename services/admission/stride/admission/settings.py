@@ -8,6 +8,7 @@ from typing import ClassVar, Literal
 from pydantic import Field, model_validator
 from pydantic_settings import SettingsConfigDict
 
+from stride.admission.domain.gputree import GpuTree, TreeError
 from stride.decisions.settings import DecisionSettings
 from stride.runtime.settings import MIB, ServiceSettings
 
@@ -43,6 +44,11 @@ class AdmissionSettings(ServiceSettings, DecisionSettings):
     pins what guaranteed jobs may use; Helm does when ``admission.cluster`` is set)."""
     cluster_gpus: int = Field(default=0, ge=0, le=1_000_000)
     """GPUs admission plans GPU jobs on (0: a GPU job's deadline cannot be guaranteed)."""
+    cluster_topology: str | None = None
+    """How ``cluster_gpus`` are wired, ``switches x nodes per switch x GPUs per node`` (e.g.
+    ``2x8x8``, an ElasticFlow ``cluster_specs`` shape): GPU jobs are then placed on that tree
+    (buddy allocation with migration, ElasticFlow sec. 4.3) as ``stride sim`` places them.
+    Unset: the tree of the node inventory's GPU nodes, or GPUs counted, not placed."""
     cluster_cpu: float | None = Field(default=None, gt=0, le=10_000_000, allow_inf_nan=False)
     """Cores admission plans PS/worker jobs on. Unset: this machine's (the embedded default
     runs every pod here). Set it, with ``cluster_memory_gib``, to the cores of the nodes
@@ -88,6 +94,16 @@ class AdmissionSettings(ServiceSettings, DecisionSettings):
             raise ValueError(f"quotas_file: {self.quotas_file} is not a file")
         if self.curves_dir is not None and not self.curves_dir.is_dir():
             raise ValueError(f"curves_dir: {self.curves_dir} is not a folder")
+        if self.cluster_topology is not None:
+            try:
+                tree = GpuTree.parse(self.cluster_topology)
+            except TreeError as error:
+                raise ValueError(f"cluster_topology: {error}") from None
+            if tree.gpus != self.cluster_gpus:
+                raise ValueError(
+                    f"cluster_topology: {tree.shape} holds {tree.gpus} GPUs, cluster_gpus is "
+                    f"{self.cluster_gpus}"
+                )
         if self.replay_stepped:
             if self.replay_speedup != 1.0:
                 raise ValueError("replay_stepped: a stepped clock has no replay_speedup; unset it")

@@ -35,6 +35,7 @@ from stride.admission.adapters.convert import (
 )
 from stride.admission.adapters.outbound import repository
 from stride.admission.adapters.outbound.repository import StoredJob
+from stride.admission.domain.gputree import GpuTree, TreeError
 from stride.admission.domain.jobs import JobSpec, Priority, check_request_id, validate
 from stride.admission.domain.ledger import Entry, Pool
 from stride.admission.domain.policy import (
@@ -135,6 +136,8 @@ class Cluster:
     curves: Mapping[tuple[str, int], ScalingCurve] = field(default_factory=dict)
     """(model name, global batch size) -> concave curve (GPU jobs of a known model)."""
     pause_seconds: float = SCALING_PAUSE_SECONDS
+    tree: GpuTree | None = None
+    """The GPU tree from settings (``cluster_topology``), until an inventory gives one."""
 
 
 class Submissions:
@@ -163,6 +166,8 @@ class Submissions:
         self._versions: dict[str, int] = {}
         """Each planned job's last published share version."""
         self._timers: dict[ResourceKind, tuple[float, asyncio.TimerHandle | None]] = {}
+        self._trees: dict[ResourceKind, GpuTree | None] = {}
+        """The tree each pool places on (GPUs only), to name the nodes in shares."""
         self._ticks: set[asyncio.Task[None]] = set()
 
     async def submit(self, spec: job_pb2.JobSpec, request_id: str) -> StoredJob:
@@ -427,6 +432,10 @@ class Submissions:
                 reason=why,
                 decided_at=timestamp(moment),
             )
+            tree = self._trees.get(kind)
+            if tree is not None:
+                for node, index in tree.where(pool.devices(job_id)):
+                    share.gpus.add(node=node, index=index)
             books.append(
                 repository.Books(
                     job_id=job_id,
@@ -615,12 +624,15 @@ class Submissions:
         if pool is not None:
             return pool
         capacity = self.cluster.gpus if kind is ResourceKind.GPU else self.cluster.cpu_units
+        tree = self.cluster.tree if kind is ResourceKind.GPU else None
         async with self.database.sessions() as session:
             rows = await repository.active_ledger(session, kind.value)
             stored = (await repository.capacities(session)).get(kind.value)
         if stored is not None:  # the newest node inventory beats the start-up settings
             capacity = stored.capacity
-        pool = Pool(capacity, self.cluster.pause_seconds)
+            tree = _stored_tree(stored.tree) if kind is ResourceKind.GPU else None
+        self._trees[kind] = tree
+        pool = Pool(capacity, self.cluster.pause_seconds, tree.topology if tree else None)
         for row in rows:
             curve = job_curve(spec_from_proto(row.spec), self.cluster.unit, self.cluster.curves)
             if curve is None:
@@ -641,6 +653,10 @@ class Submissions:
             )
             self._versions[row.job_id] = row.share_version
             pool.clock = max(pool.clock, row.last_update)
+            devices = _devices_of(row.share, tree)
+            pool.published[row.job_id] = (row.units, devices)
+            if pool.placements is not None and devices and len(devices) == row.units:
+                pool.placements.placed[row.job_id] = devices
         self._pools[kind] = pool
         if rows:
             log.info("pool rebuilt from storage", kind=kind.value, jobs=len(pool.entries))
@@ -685,13 +701,23 @@ class Submissions:
                 if any(seen.observed_at <= row.observed_at for row in stored.values()):
                     log.info("stale node inventory ignored", reason=seen.reason)
                     return
+                tree = GpuTree.from_nodes(seen.gpu_nodes)
                 for kind, units in totals.items():
+                    kind_tree = tree if kind is ResourceKind.GPU else None
                     await repository.save_capacity(
-                        session, kind.value, units, seen.observed_at, seen.reason
+                        session,
+                        kind.value,
+                        units,
+                        seen.observed_at,
+                        seen.reason,
+                        kind_tree.to_text() if kind_tree is not None else None,
                     )
                     pool = pools[kind]
-                    if pool.capacity != units:
-                        await self._resize(session, kind, pool, units, seen.reason, moment)
+                    if pool.capacity != units or self._trees.get(kind) != kind_tree:
+                        self._trees[kind] = kind_tree
+                        await self._resize(
+                            session, kind, pool, units, seen.reason, moment, kind_tree
+                        )
                         resized.append((kind, pool))
         self.outbox.notify()
         for kind, pool in resized:
@@ -712,13 +738,15 @@ class Submissions:
         units: int,
         why: str,
         moment: datetime,
+        tree: GpuTree | None = None,
     ) -> None:
-        """Re-decide a pool on a new capacity; tell jobs whose guarantee changed."""
+        """Re-decide a pool on a new capacity (and GPU tree); tell jobs whose guarantee
+        changed."""
         now = moment.timestamp()
         unit_name = "GPUs" if kind is ResourceKind.GPU else "CPU units"
         before = pool.guaranteed(now)
         old = pool.capacity
-        pool.resize(now, units)
+        pool.resize(now, units, tree.topology if tree is not None else None)
         changed = pool.round(now)
         after = pool.guaranteed(now)
         lost = sorted(job for job in before - after if job in pool.entries)
@@ -946,6 +974,32 @@ class Submissions:
         if state is None:
             raise InvalidArgument("outcome", f"unknown job outcome {event.outcome}")
         await self._ended(event.job_id, state, event.message, False)
+
+
+def _stored_tree(text: str | None) -> GpuTree | None:
+    """The GPU tree stored beside the capacity (None: counted GPUs, or unreadable)."""
+    if not text:
+        return None
+    try:
+        return GpuTree.from_text(text)
+    except TreeError as error:
+        log.warning("stored GPU tree unreadable; GPUs are counted", error=str(error))
+        return None
+
+
+def _devices_of(share: job_pb2.JobShare | None, tree: GpuTree | None) -> tuple[int, ...]:
+    """A stored share's GPUs as device indexes on ``tree`` (empty if any is not on it)."""
+    if share is None or tree is None or not share.gpus:
+        return ()
+    position = {name: n for n, name in enumerate(tree.nodes)}
+    per_node = tree.fanouts[2]
+    devices = []
+    for gpu in share.gpus:
+        node = position.get(gpu.node)
+        if node is None or not 0 <= gpu.index < per_node:
+            return ()
+        devices.append(node * per_node + gpu.index)
+    return tuple(devices)
 
 
 def _class(spec: JobSpec) -> int:

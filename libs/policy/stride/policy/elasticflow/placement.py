@@ -29,6 +29,7 @@ than needed.
 from __future__ import annotations
 
 import math
+from collections.abc import Mapping
 from dataclasses import dataclass
 from enum import Enum
 
@@ -386,3 +387,77 @@ def run(request: PlacementRequest) -> PlacementReply:
     if request.strategy is PlacementStrategy.BEST_FIT:
         return best_fit(request)
     return buddy(request)
+
+
+@dataclass
+class Placements:
+    """Where every job's devices are, kept across rounds: the placement step after each
+    allocation (sec. 4.3), shared by ``stride sim`` and the live admission service so both
+    move the same jobs and charge them the same pause.
+
+    :meth:`apply` takes a round's decision (devices per job): a job whose size changed is
+    placed anew, the largest first, with buddy allocation (repacking running jobs when
+    buddy needs it) or best fit; a job whose size did not change keeps its devices unless
+    a repack moves it. Best fit never moves a job; it is used when the tree's fan-outs
+    below the top are not powers of two, or a size is not one.
+    """
+
+    topology: Topology
+    placed: dict[str, tuple[int, ...]]
+
+    def __init__(
+        self, topology: Topology, placed: dict[str, tuple[int, ...]] | None = None
+    ) -> None:
+        self.topology = topology
+        self.placed = dict(placed or {})
+
+    def strategy(self, decision: Mapping[str, int]) -> PlacementStrategy:
+        """Buddy where the tree and every size allow it (sec. 4.3's choice), else best fit
+        (the curves of GPU jobs keep power-of-two sizes, so buddy is the rule there)."""
+        tree = all(_is_power_of_two(fanout) for fanout in self.topology.fanouts[1:])
+        sizes = all(_is_power_of_two(count) for count in decision.values() if count)
+        return PlacementStrategy.BUDDY if tree and sizes else PlacementStrategy.BEST_FIT
+
+    def forget(self, job_id: str) -> None:
+        """A job ended: its devices are free."""
+        self.placed.pop(job_id, None)
+
+    def apply(self, decision: Mapping[str, int]) -> set[str]:
+        """Place the decision's sizes; returns the jobs that moved at an unchanged size (a
+        migration, which pays the scaling pause). Raises :class:`InvalidPlacement` if a
+        size cannot be placed (more devices than are free: the decision overcommits)."""
+        for job_id, devices in list(self.placed.items()):
+            if decision.get(job_id, 0) != len(devices):
+                del self.placed[job_id]
+        kept = set(self.placed)  # same size as before: these only move in a repack
+        strategy = self.strategy(decision)
+        moved: set[str] = set()
+        waiting = sorted(
+            (
+                (count, job_id)
+                for job_id, count in decision.items()
+                if count and job_id not in self.placed
+            ),
+            key=lambda item: (-item[0], item[1]),
+        )
+        for count, job_id in waiting:
+            request = PlacementRequest(
+                self.topology,
+                job_id,
+                count,
+                tuple(DeviceAllocation(j, d) for j, d in self.placed.items()),
+                strategy,
+            )
+            reply = run(request)
+            if not reply.placed:
+                raise InvalidPlacement("decision", f"job {job_id}: {reply.reason}")
+            for migration in reply.migrations:
+                self.placed[migration.job_id] = migration.devices
+                moved.add(migration.job_id)
+            self.placed[job_id] = reply.devices
+        return moved & kept
+
+    def nodes(self, job_id: str) -> tuple[int, ...]:
+        """The node (leaf's parent, in leaf order) of each of a job's devices."""
+        per_node = self.topology.fanouts[-1]
+        return tuple(device // per_node for device in self.placed.get(job_id, ()))

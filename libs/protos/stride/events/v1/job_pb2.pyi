@@ -616,6 +616,7 @@ class JobShare(_message.Message):
     GUARANTEED_FIELD_NUMBER: _builtins.int
     REASON_FIELD_NUMBER: _builtins.int
     DECIDED_AT_FIELD_NUMBER: _builtins.int
+    GPUS_FIELD_NUMBER: _builtins.int
     job_id: _builtins.str
     """The job."""
     version: _builtins.int
@@ -640,6 +641,14 @@ class JobShare(_message.Message):
     def decided_at(self) -> _timestamp_pb2.Timestamp:
         """When admission decided it."""
 
+    @_builtins.property
+    def gpus(self) -> _containers.RepeatedCompositeFieldContainer[Global___PlacedGpu]:
+        """Where a GPU job's devices are placed (ElasticFlow sec. 4.3: buddy allocation with
+        migration on the cluster's switch/node/GPU tree), one entry per device; empty for CPU
+        jobs and where GPUs are counted, not placed. A change at the same ``units`` is a
+        migration.
+        """
+
     def __init__(
         self,
         *,
@@ -651,14 +660,41 @@ class JobShare(_message.Message):
         guaranteed: _builtins.bool = ...,
         reason: _builtins.str = ...,
         decided_at: _timestamp_pb2.Timestamp | None = ...,
+        gpus: _abc.Iterable[Global___PlacedGpu] | None = ...,
     ) -> None: ...
     _HasFieldArgType: _TypeAlias = _typing.Literal["decided_at", b"decided_at", "minimum", b"minimum", "share", b"share"]  # noqa: Y015
     def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
-    _ClearFieldArgType: _TypeAlias = _typing.Literal["decided_at", b"decided_at", "guaranteed", b"guaranteed", "job_id", b"job_id", "minimum", b"minimum", "reason", b"reason", "share", b"share", "units", b"units", "version", b"version"]  # noqa: Y015
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["decided_at", b"decided_at", "gpus", b"gpus", "guaranteed", b"guaranteed", "job_id", b"job_id", "minimum", b"minimum", "reason", b"reason", "share", b"share", "units", b"units", "version", b"version"]  # noqa: Y015
     def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
     def WhichOneof(self, oneof_group: _Never) -> None: ...
 
 Global___JobShare: _TypeAlias = JobShare  # noqa: Y015
+
+@_typing.final
+class PlacedGpu(_message.Message):
+    """One GPU of a job's placement."""
+
+    DESCRIPTOR: _descriptor.Descriptor
+
+    NODE_FIELD_NUMBER: _builtins.int
+    INDEX_FIELD_NUMBER: _builtins.int
+    node: _builtins.str
+    """The node."""
+    index: _builtins.int
+    """The GPU's index on the node."""
+    def __init__(
+        self,
+        *,
+        node: _builtins.str = ...,
+        index: _builtins.int = ...,
+    ) -> None: ...
+    _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
+    def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["index", b"index", "node", b"node"]  # noqa: Y015
+    def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
+    def WhichOneof(self, oneof_group: _Never) -> None: ...
+
+Global___PlacedGpu: _TypeAlias = PlacedGpu  # noqa: Y015
 
 @_typing.final
 class JobFinished(_message.Message):

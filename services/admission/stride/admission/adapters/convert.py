@@ -101,6 +101,8 @@ class Inventory:
     nodes: int
     observed_at: float
     reason: str
+    gpu_nodes: tuple[tuple[str, int], ...] = ()
+    """Each node's name and GPUs (the GPU tree's leaves)."""
 
 
 def inventory_from_proto(event: cluster_pb2.NodeInventory) -> Inventory:
@@ -130,6 +132,7 @@ def inventory_from_proto(event: cluster_pb2.NodeInventory) -> Inventory:
         cpu=cpu,
         memory_bytes=memory,
         nodes=len(event.nodes),
+        gpu_nodes=tuple((node.name, int(node.gpus)) for node in event.nodes),
         observed_at=event.observed_at.ToDatetime(UTC).timestamp(),
         reason=event.reason[:120] or "node inventory changed",
     )

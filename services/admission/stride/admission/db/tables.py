@@ -14,6 +14,7 @@ from sqlalchemy import (
     MetaData,
     String,
     Table,
+    Text,
 )
 
 from stride.db.outbox import outbox_dead_letter_table, outbox_table
@@ -69,8 +70,10 @@ capacity = Table(
     Column("capacity", Integer, nullable=False),
     Column("observed_at", Float, nullable=False),
     Column("reason", String(200), nullable=False),
+    Column("tree", Text, nullable=True),
 )
-"""Units of each resource kind in the newest node inventory (GPUs; CPU units)."""
+"""Units of each resource kind in the newest node inventory (GPUs; CPU units), and for GPUs
+the tree they are placed on (:meth:`stride.admission.domain.gputree.GpuTree.to_text`)."""
 
 quotas = Table(
     "quotas",

@@ -8,6 +8,20 @@ does: a job progresses at ``curve.throughput(units)`` steps per second, except f
 and capacity change) re-decides every job's units. The difference is only where events come
 from: submissions, job ends and capacity changes on admission's clock.
 
+**One instant, one round.** The simulator handles every event at an instant (ends, then
+arrivals) and then runs one round. The service runs a round on every event, so several
+events at one instant (a stepped replay's, or two submissions within a clock tick) make
+several rounds. Each later round at the same instant first rewinds the books to what they
+were before that instant's first round (units, pauses, ages, devices), so admission tests
+and the final round see what the simulator sees, and only the last round's decision takes
+effect: a job moved 4 -> 8 -> 4 units within an instant pays no pause. What was already
+published is kept apart, so the jobs whose share the last round changed are reported.
+
+**Placement** (GPU pools with a known topology): after each round the GPUs are placed with
+:class:`~stride.policy.elasticflow.placement.Placements`, the class the simulator places
+with (buddy allocation with repacking, or best fit), and a job moved at an unchanged size
+pays the scaling pause, as there.
+
 Progress is the model's (as in the simulator): admission does not read training metrics.
 A job that trains slower than its curve says can therefore miss a deadline admission
 believed kept; reconciling with measured progress is the optimizer's side of the loop.
@@ -15,7 +29,7 @@ believed kept; reconciling with measured progress is the optimizer's side of the
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 from stride.policy.elasticflow.guarantees import (
     SCALING_PAUSE_SECONDS,
@@ -23,6 +37,7 @@ from stride.policy.elasticflow.guarantees import (
     GuaranteePolicy,
     JobView,
 )
+from stride.policy.elasticflow.placement import Placements, Topology
 from stride.policy.elasticflow.priorities import NORMAL, unit_weight
 from stride.policy.elasticflow.units import JobCurve
 
@@ -70,13 +85,52 @@ class Entry:
     def rate(self) -> float:
         return self.curve.curve.throughput(self.units) if self.units else 0.0
 
+    def books(self) -> _Books:
+        return _Books(self.units, self.paused_until, self.last_update, self.waiting_since)
+
+    def restore(self, books: _Books) -> None:
+        self.units = books.units
+        self.paused_until = books.paused_until
+        self.last_update = books.last_update
+        self.waiting_since = books.waiting_since
+
+
+@dataclass(frozen=True)
+class _Books:
+    """What a round changes of an entry (progress is advanced before any round)."""
+
+    units: int
+    paused_until: float
+    last_update: float
+    waiting_since: float | None
+
+
+@dataclass
+class _Instant:
+    """The books before the first round at an instant, to rewind to for the next one."""
+
+    at: float
+    before: dict[str, _Books] = field(default_factory=dict)
+    placed: dict[str, tuple[int, ...]] = field(default_factory=dict)
+
 
 class Pool:
     """The jobs of one resource kind, their units and the policy that decides them."""
 
-    def __init__(self, capacity: int, pause_seconds: float = SCALING_PAUSE_SECONDS) -> None:
+    def __init__(
+        self,
+        capacity: int,
+        pause_seconds: float = SCALING_PAUSE_SECONDS,
+        topology: Topology | None = None,
+    ) -> None:
         self.capacity = capacity
         self.pause_seconds = pause_seconds
+        self.placements = Placements(topology) if topology is not None else None
+        """Where each job's devices are (GPU pools with a known tree; else counted)."""
+        self.published: dict[str, tuple[int, tuple[int, ...]]] = {}
+        """Each job's units and devices as the last round (or the stored books) left them:
+        what its share says."""
+        self._instant: _Instant | None = None
         self.policy = GuaranteePolicy()
         self.entries: dict[str, Entry] = {}
         """In admission order, as the simulator keeps its active jobs."""
@@ -111,13 +165,33 @@ class Pool:
             )
         return self._view
 
+    def _rewind(self, now: float) -> None:
+        """Before anything else at an instant a round already ran at: the books as they
+        were before that round (see the module docstring)."""
+        instant = self._instant
+        if instant is None or instant.at != now:
+            return
+        for job_id, books in instant.before.items():
+            entry = self.entries.get(job_id)
+            if entry is not None:
+                entry.restore(books)
+        if self.placements is not None:
+            self.placements.placed = {
+                job_id: devices
+                for job_id, devices in instant.placed.items()
+                if job_id in self.entries
+            }
+        self._view = None
+
     def earliest_deadline(self, now: float, entry: Entry) -> float | None:
         """The earliest deadline at which ``entry`` would be guaranteed now (None: none)."""
+        self._rewind(now)
         return self.policy.earliest_deadline(self.view(now), entry.view(self.capacity))
 
     def join(self, now: float, entry: Entry) -> bool:
         """Add ``entry``; a job with a deadline joins only if the policy admits it (it keeps
         the plans that admitted it for this instant's round, as in the simulator)."""
+        self._rewind(now)
         self.advance(now)
         entry.last_update = now
         if not entry.units and entry.waiting_since is None:
@@ -128,40 +202,62 @@ class Pool:
             self.policy.forget(entry.job_id)
             return False
         self.entries[entry.job_id] = entry
+        if self._instant is not None and self._instant.at == now:
+            self._instant.before[entry.job_id] = entry.books()
         self._view = None
         return True
 
     def leave(self, now: float, job_id: str) -> Entry | None:
         """Remove a job that ended; its units are free for the next round."""
+        self._rewind(now)
         self.advance(now)
         entry = self.entries.pop(job_id, None)
         self.policy.forget(job_id)
+        self.published.pop(job_id, None)
+        if self.placements is not None:
+            self.placements.forget(job_id)
         self._view = None
         return entry
 
+    def devices(self, job_id: str) -> tuple[int, ...]:
+        """The devices a job's GPUs are placed on (empty: not placed, or counted only)."""
+        if self.placements is None:
+            return ()
+        return self.placements.placed.get(job_id, ())
+
     def round(self, now: float) -> dict[str, int]:
-        """Decide every job's units (minimum shares, then spare by marginal return) and
-        apply them with the simulator's pause rule; returns the jobs whose units changed."""
+        """Decide every job's units (minimum shares, then spare by marginal return), place
+        them, and apply them with the simulator's pause rule; returns the jobs whose share
+        (units or devices) differs from what the last round published."""
+        self._rewind(now)
         self.advance(now)
+        if self._instant is None or self._instant.at != now:
+            self._instant = _Instant(
+                now,
+                {job_id: entry.books() for job_id, entry in self.entries.items()},
+                dict(self.placements.placed) if self.placements is not None else {},
+            )
         view = self.view(now)
         decision = self.policy.decide(view)
         wakeup = self.policy.wakeup(view, decision)
         self.wakeup = wakeup if wakeup is not None and wakeup > now else None
+        moved = self.placements.apply(decision) if self.placements is not None else set()
         changed: dict[str, int] = {}
         for job_id, entry in self.entries.items():
             units = decision.get(job_id, 0)
-            if units == entry.units:
-                continue
-            entry.units = units
-            entry.last_update = now
-            if units:
-                entry.paused_until = now + self.pause_seconds
-                entry.waiting_since = None
-            else:
-                entry.waiting_since = now
-            changed[job_id] = units
-        if changed:
-            self._view = None
+            if units != entry.units or job_id in moved:
+                entry.units = units
+                entry.last_update = now
+                if units:
+                    entry.paused_until = now + self.pause_seconds
+                    entry.waiting_since = None
+                else:
+                    entry.waiting_since = now
+            shown = (entry.units, self.devices(job_id))
+            if self.published.get(job_id, (0, ())) != shown:
+                changed[job_id] = entry.units
+            self.published[job_id] = shown
+        self._view = None
         return changed
 
     @property
@@ -179,11 +275,17 @@ class Pool:
         wakeup = self.policy.wakeup(view, held)
         self.wakeup = wakeup if wakeup is not None and wakeup > now else None
 
-    def resize(self, now: float, capacity: int) -> None:
+    def resize(self, now: float, capacity: int, topology: Topology | None = None) -> None:
         """The cluster grew or shrank (nodes added, lost or drained): progress the books
-        to ``now`` on the old capacity; the next round decides on the new one."""
+        to ``now`` on the old capacity; the next round decides (and places) on the new
+        one. A new tree drops every placement: the next round places every job afresh."""
+        self._rewind(now)
         self.advance(now)
         self.capacity = capacity
+        if topology is None:
+            self.placements = None
+        elif self.placements is None or self.placements.topology != topology:
+            self.placements = Placements(topology)
         self._view = None
 
     def guaranteed(self, now: float) -> set[str]:

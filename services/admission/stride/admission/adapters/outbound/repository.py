@@ -48,6 +48,8 @@ class LedgerRow:
     spec: job_pb2.JobSpec
     state: str
     waiting_since: float | None = None
+    share: job_pb2.JobShare | None = None
+    """The share last published (its placement, for GPU jobs)."""
 
 
 async def job_by_request_id(session: AsyncSession, request_id: str) -> str | None:
@@ -174,6 +176,7 @@ async def active_ledger(session: AsyncSession, kind: str) -> list[LedgerRow]:
             last_update=row.last_update,
             share_version=row.share_version,
             waiting_since=row.waiting_since,
+            share=job_pb2.JobShare.FromString(row.share) if row.share else None,
             spec=job_pb2.JobSpec.FromString(row.spec),
             state=row.state,
         )
@@ -261,19 +264,29 @@ class StoredCapacity:
     capacity: int
     observed_at: float
     reason: str
+    tree: str | None = None
+    """The GPU tree (:meth:`GpuTree.to_text`), for GPUs."""
 
 
 async def capacities(session: AsyncSession) -> dict[str, StoredCapacity]:
     """Each resource kind's capacity from the newest inventory, by kind."""
     rows = await session.execute(select(capacity))
-    return {row.kind: StoredCapacity(row.capacity, row.observed_at, row.reason) for row in rows}
+    return {
+        row.kind: StoredCapacity(row.capacity, row.observed_at, row.reason, row.tree)
+        for row in rows
+    }
 
 
 async def save_capacity(
-    session: AsyncSession, kind: str, units: int, observed_at: float, reason: str
+    session: AsyncSession,
+    kind: str,
+    units: int,
+    observed_at: float,
+    reason: str,
+    tree: str | None = None,
 ) -> None:
-    """Insert or update a resource kind's capacity."""
-    values = {"capacity": units, "observed_at": observed_at, "reason": reason[:200]}
+    """Insert or update a resource kind's capacity (and, for GPUs, its tree)."""
+    values = {"capacity": units, "observed_at": observed_at, "reason": reason[:200], "tree": tree}
     updated = await session.execute(
         update(capacity).where(capacity.c.kind == kind).values(**values)
     )
