@@ -295,10 +295,20 @@ async def test_scale_out_and_in_a_second_ps_and_a_moved_chief_while_training(
         await bus.publish(topics.PLAN, job, plan(job, 3, workers=1, ps=2), f"{job}.plan.3")
         moved = await reconfigured(suite, job, 3, "reconfigured")
         assert moved["change"] == "parameter servers", moved
+
         # The chief needs more memory than its node has left: a new chief pod starts on
         # another node as a standby, the old one checkpoints and hands over, the new one
         # restores and resumes (DLRover-RM sec. 5.2).
-        pods, nodes = pods_and_nodes(suite, job)
+        async def retired() -> tuple[list[pb.Pod], list[pb.Node]]:
+            # The workers plan 3 dropped are removed once the chief confirmed; until then
+            # they hold room (KOD2 packs the job's pods, so that room is the chief's
+            # neighbours').
+            pods, nodes = pods_and_nodes(suite, job)
+            live = sorted(p.name for p in pods if p.phase == pod_pb2.POD_PHASE_RUNNING)
+            assert len(live) == 4, live
+            return pods, nodes
+
+        pods, nodes = await assert_eventually(retired, timeout=60)
         chief = next(p for p in pods if p.role == plan_pb2.ROLE_CHIEF)
         free = {n.name: n.memory_bytes - n.memory_allocated_bytes for n in nodes}
         bigger = chief.memory_bytes + free[chief.node] + 256 * MIB

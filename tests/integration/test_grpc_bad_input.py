@@ -27,6 +27,7 @@ import math
 import pkgutil
 import re
 import threading
+import time
 from collections.abc import Callable, Coroutine, Iterator, Sequence
 from contextlib import AsyncExitStack
 from dataclasses import dataclass, field
@@ -119,7 +120,10 @@ def _api_services() -> list[ServiceDescriptor]:
 
 
 def service_key(service: ServiceDescriptor) -> str:
-    """``stride.api.<key>.v1.XService`` -> ``<key>``: which running instance serves it."""
+    """``stride.api.<key>.v1.XService`` -> ``<key>``: which running instance serves it.
+    Admission serves its replay clock only on a stepped clock: another instance does."""
+    if service.name == "ReplayClockService":
+        return "replay-clock"
     return service.full_name.split(".")[2]
 
 
@@ -197,6 +201,14 @@ class Suite:
         }
         stored = {**common, "database_url": self.database_url}
         await self._run("admission", build_admission, local_settings(AdmissionSettings, **stored))
+        stepped = local_settings(
+            AdmissionSettings,
+            **common,
+            database_url=f"sqlite:///{self.tmp / 'replay-clock.db'}",
+            replay_stepped=True,
+            replay_origin=time.time(),
+        )
+        await self._run("replay-clock", build_admission, stepped)
         await self._run("optimizer", build_optimizer, local_settings(OptimizerSettings, **stored))
         await self._run("executor", build_executor, local_settings(ExecutorSettings, **common))
         await self._run("configdb", build_configdb, local_settings(ConfigDbSettings, **stored))

@@ -265,3 +265,62 @@ async def test_a_share_that_comes_before_the_admission_bounds_plan_1(
     assert first.version == 1 and totals(first)[0] <= 9.0, totals(first)
     explained = await stub.GetPlanExplanation(pb.GetPlanExplanationRequest(job_id=job_id))
     assert explained.explanations[0].bound == "admission share"
+
+
+async def test_a_zero_share_suspends_the_job_and_a_share_back_resumes_its_plan(
+    stub: Any, bus: Bus, nats_url: str, postgres_url: str
+) -> None:
+    job_id = "job-preempted"
+    spec = dlrm_job(seed=3, index=4)
+    await bus.publish(topics.JOB_ADMITTED, job_id, admission(job_id, spec), f"{job_id}.adm")
+    first = await newest(nats_url, job_id)
+    assert sum(role.count for role in first.roles) >= 3
+    # Admission preempts it: a share of zero units. Plan 2 runs no pod (the podwatcher
+    # checkpoints the job, then removes them); the sizes stay for the resumption.
+    preempted = share_event(job_id, 2, 0.0, 0.0, "preempted for higher-priority jobs (job-x)")
+    await bus.publish(topics.JOB_SHARE, job_id, preempted, f"{job_id}.share.2")
+
+    async def suspended() -> plan_pb2.ResourcePlan:
+        plan = await newest(nats_url, job_id)
+        assert plan.version == 2, plan.version
+        return plan
+
+    second = await assert_eventually(suspended, timeout=20)
+    assert [role.count for role in second.roles] == [0] * len(first.roles)
+    assert [(r.role, r.cpu, r.memory_bytes) for r in second.roles] == [
+        (r.role, r.cpu, r.memory_bytes) for r in first.roles
+    ]
+    explained = await stub.GetPlanExplanation(pb.GetPlanExplanationRequest(job_id=job_id))
+    assert explained.explanations[-1].root_cause == "share"
+    assert explained.explanations[-1].detail.startswith("suspended: admission's share v2 is zero")
+    assert "preempted for higher-priority jobs" in explained.explanations[-1].detail
+    # While suspended, no plan with pods is made: an operator's scale is refused.
+    with pytest.raises(grpc.aio.AioRpcError) as refused:
+        await stub.ScaleJob(pb.ScaleJobRequest(job_id=job_id, workers=2), timeout=5)
+    assert refused.value.code() == grpc.StatusCode.FAILED_PRECONDITION
+    assert "suspended" in (refused.value.details() or "")
+    # The same zero share again (a redelivery, a later round) changes nothing.
+    again = share_event(job_id, 3, 0.0, 0.0, "arrival of job-y")
+    await bus.publish(topics.JOB_SHARE, job_id, again, f"{job_id}.share.3")
+    await assert_eventually(lambda: _share_version(postgres_url, job_id, 3), timeout=10)
+    assert [p.version for p in await plans(nats_url, job_id, 2)] == [1, 2]
+    # A share again: plan 3 is plan 1's pods, as before the pause.
+    back = share_event(job_id, 4, CPU, MEMORY, "capacity freed")
+    await bus.publish(topics.JOB_SHARE, job_id, back, f"{job_id}.share.4")
+
+    async def resumed() -> plan_pb2.ResourcePlan:
+        plan = await newest(nats_url, job_id)
+        assert plan.version == 3, plan.version
+        return plan
+
+    third = await assert_eventually(resumed, timeout=20)
+    assert [(r.role, r.count, r.cpu) for r in third.roles] == [
+        (r.role, r.count, r.cpu) for r in first.roles
+    ]
+    explained = await stub.GetPlanExplanation(pb.GetPlanExplanationRequest(job_id=job_id))
+    assert explained.explanations[-1].detail.startswith("resumed: admission's share v4")
+
+
+async def _share_version(database_url: str, job_id: str, version: int) -> bool:
+    assert stored_share_versions(database_url).get(job_id) == version
+    return True

@@ -683,3 +683,102 @@ async def test_a_drained_node_evicts_its_pods_which_come_back_elsewhere_and_admi
         await stub.RestoreNode(pb.RestoreNodeRequest(name="node-9"))
     assert raised.value.code() == grpc.StatusCode.NOT_FOUND
     assert not any(n.drained for n in (await stub.ListNodes(pb.ListNodesRequest())).nodes)
+
+
+def suspended(job_id: str, version: int) -> plan_pb2.ResourcePlan:
+    """A plan with no pods (the optimizer's answer to a share of zero)."""
+    message = plan(job_id, version)
+    for role in message.roles:
+        role.count = 0
+    message.reason = "share: suspended: admission's share is zero (preempted)"
+    return message
+
+
+async def plan_state(stub: Stub, job_id: str, version: int, state: int) -> pb.RecordedPlan:
+    async def probe() -> pb.RecordedPlan:
+        reply = await stub.GetJobPods(pb.GetJobPodsRequest(job_id=job_id))
+        assert reply.plan.plan.version == version and reply.plan.state == state, reply.plan
+        return reply.plan
+
+    result: pb.RecordedPlan = await assert_eventually(probe, timeout=30)
+    return result
+
+
+async def test_a_plan_without_pods_checkpoints_first_then_removes_them_and_a_later_plan_resumes(
+    harness: tuple[Podwatcher, Stub, Bus], nats_url: str
+) -> None:
+    podwatcher, stub, bus = harness
+    job = new_job()
+    chief, ps, w0 = (f"{job}-chief-0", f"{job}-ps-0", f"{job}-worker-0")
+    await admit(bus, job, script_chief="finish-on-file", script="run")
+    await bus.publish(topics.PLAN, job, plan(job, 1), f"{job}.plan.1")
+    await running(stub, job, chief, ps, w0)
+    await plan_state(stub, job, 1, pb.PLAN_STATE_APPLIED)
+
+    # Suspended: the chief is told to checkpoint (PAUSE); no pod goes before it answers.
+    await bus.publish(topics.PLAN, job, suspended(job, 2), f"{job}.plan.2")
+    pause = await command_for(nats_url, job, 2, control_pb2.CONTROL_ACTION_PAUSE)
+    assert pause.pod_name == chief and "suspends the job" in pause.reason
+    suspending = await plan_state(stub, job, 2, pb.PLAN_STATE_APPLYING)
+    assert "saves a checkpoint" in suspending.message
+    assert set(await running(stub, job, chief, ps, w0)) == {chief, ps, w0}
+    await bus.publish(
+        topics.CONTROL_ACK,
+        job,
+        control_pb2.ControlAck(
+            job_id=job,
+            pod_name=chief,
+            action=control_pb2.CONTROL_ACTION_PAUSE,
+            plan_version=2,
+            ok=True,
+            checkpoint_id="ckpt-42",
+        ),
+        f"{job}.ack.pause.2",
+    )
+    done = await plan_state(stub, job, 2, pb.PLAN_STATE_APPLIED)
+    assert done.message == "suspended after checkpoint ckpt-42"
+    await running(stub, job)
+    deleted = await at_least(nats_url, topics.POD_DELETED, job, 3)
+    assert sorted(e.pod_name for e in deleted) == sorted([chief, ps, w0])
+    assert await events(nats_url, topics.JOB_FINISHED, job) == []  # suspended, not ended
+
+    # A plan with pods again: they start anew and the chief (not a standby) restores.
+    await bus.publish(topics.PLAN, job, plan(job, 3), f"{job}.plan.3")
+    await running(stub, job, chief, ps, w0)
+    await plan_state(stub, job, 3, pb.PLAN_STATE_APPLIED)
+    starts = (podwatcher.state / "pods" / "jobs" / job / "starts.log").read_text().splitlines()
+    assert len(starts) == 2 and all("standby=false" in line for line in starts), starts
+    (podwatcher.state / "pods" / "jobs" / job / "finish").touch()
+    ends = await at_least(nats_url, topics.JOB_FINISHED, job, 1)
+    assert ends[0].outcome == job_pb2.JOB_OUTCOME_SUCCEEDED
+
+
+async def test_a_chief_that_never_answers_is_suspended_all_the_same_after_the_timeout(
+    nats_url: str, postgres_url: str, tmp_path: Path
+) -> None:
+    podwatcher = Podwatcher(
+        nats_url, postgres_url, tmp_path, STRIDE_PODWATCHER_RECONFIGURE_TIMEOUT_SECONDS="2"
+    )
+    podwatcher.process.start()
+    bus = await Bus.connect(nats_url, name="test")
+    channel = grpc.aio.insecure_channel(podwatcher.address)
+    try:
+        stub = pb_grpc.PodWatcherServiceStub(channel)
+        await serving(stub)
+        job = new_job()
+        await admit(bus, job, script="run")
+        await bus.publish(topics.PLAN, job, plan(job, 1), f"{job}.plan.1")
+        await running(stub, job, f"{job}-chief-0", f"{job}-ps-0", f"{job}-worker-0")
+        await bus.publish(topics.PLAN, job, suspended(job, 2), f"{job}.plan.2")
+        await command_for(nats_url, job, 2, control_pb2.CONTROL_ACTION_PAUSE)
+        done = await plan_state(stub, job, 2, pb.PLAN_STATE_APPLIED)
+        assert done.message.startswith("suspended without the chief's checkpoint"), done
+        await running(stub, job)
+    finally:
+        await channel.close(None)
+        await bus.close()
+        podwatcher.process.terminate()
+        leftovers = LocalPods(tmp_path / "pods")
+        for status in leftovers.adopt():
+            await leftovers.delete(status.launch.pod, grace_seconds=2)
+        await leftovers.close()

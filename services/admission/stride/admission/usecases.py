@@ -454,8 +454,11 @@ class Submissions:
             events.append(topics.JOB_SHARE.outgoing(job_id, share, f"{job_id}.share.{version}"))
             if states.get(job_id) == "QUEUED" and entry.units:
                 admitted.append((job_id, entry))
-            elif states.get(job_id) == "ADMITTED" and not entry.units and job_id in notes:
-                preempted.append((job_id, entry, notes[job_id]))
+            elif states.get(job_id) == "ADMITTED" and not entry.units and job_id not in minimum:
+                # It runs no more: back to the queue, told why (its pods checkpoint and go).
+                preempted.append(
+                    (job_id, entry, notes.get(job_id, f"its units went to other jobs ({reason})"))
+                )
         await repository.save_books_many(session, books)
         await self.outbox.add_events(session, events)
         for entry_books in books:

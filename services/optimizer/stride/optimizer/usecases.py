@@ -53,11 +53,14 @@ from stride.optimizer.domain.administrator import (
 from stride.optimizer.domain.claims import claim_from_json, claim_to_json
 from stride.optimizer.domain.tuning import (
     Explanation,
+    has_pods,
     on_replanned,
+    on_share_plan,
     on_stage_reply,
     pods_of,
     shape_of,
     with_pods,
+    without_pods,
 )
 from stride.policy import dlrover, stages
 from stride.policy.cold_start import COLD_START, ColdStartRequest, JobFeatures
@@ -348,6 +351,12 @@ class Planning:
         capacity-taking transactions until this one ends, so two jobs never both take the
         same free cores."""
         want_cpu, want_memory = plan_totals(plan)
+        newest = await repository.newest_plan(session, job_id)
+        if newest is not None and has_pods(plan) and not has_pods(plan_from_proto(newest)):
+            return (
+                "admission share: the job is suspended (admission gave it no share) and "
+                "resumes when admission gives it one"
+            )
         share = await self._share_bound(session, job_id)
         if share is not None and (excess := share.excess(want_cpu, want_memory)):
             return excess
@@ -408,9 +417,84 @@ class Planning:
             if not await repository.put_share(session, {**values, "updated_at": now}):
                 log.info("older share ignored", job_id=job_id, version=event.version)
                 return
-            await self._fit_share(session, job_id, int(event.version), event.reason, now)
+            if event.units <= 0:
+                await self._suspend(session, job_id, int(event.version), event.reason, now)
+            elif not await self._resume(session, job_id, int(event.version), event.reason, now):
+                await self._fit_share(session, job_id, int(event.version), event.reason, now)
         self.outbox.notify()
         await self.settle_claims(f"share v{event.version} of {job_id}")
+
+    async def _suspend(
+        self, session: Session, job_id: str, version: int, reason: str, now: datetime
+    ) -> None:
+        """Admission gave the job nothing (preempted for a higher class, or its units went
+        to guaranteed jobs): its next plan has no pods, so the podwatcher checkpoints it and
+        removes them. Whatever ``enforce_shares`` says: a share of zero always binds."""
+        existing = await repository.get_administrator(session, job_id, for_update=True)
+        newest = await repository.newest_plan(session, job_id)
+        if existing is None or newest is None or existing.stage is JobStage.FINISHED:
+            return
+        current = plan_from_proto(newest)
+        if not has_pods(current):
+            return
+        detail = (
+            f"suspended: admission's share v{version} is zero ({reason}); the job "
+            "checkpoints, its pods are removed, and it resumes from that checkpoint when it "
+            "gets a share again"
+        )
+        explanation = Explanation(
+            algorithm="stride-share/1",
+            stage=existing.stage.value,
+            root_cause=RootCause.SHARE.value,
+            detail=detail,
+            bound="admission share",
+        )
+        step, explained = on_share_plan(
+            existing, without_pods(current, detail), f"{job_id}.share.{version}", explanation, now
+        )
+        await self._store(session, step, None, now, explanation=explained)
+        await repository.delete_claims(session, [job_id])
+        log.info("job suspended: its share is zero", job_id=job_id, share_version=version)
+
+    async def _resume(
+        self, session: Session, job_id: str, version: int, reason: str, now: datetime
+    ) -> bool:
+        """A suspended job got a share again: its last plan with pods is its next plan
+        (fitted into the share when shares are enforced). False when it was not suspended."""
+        existing = await repository.get_administrator(session, job_id, for_update=True)
+        newest = await repository.newest_plan(session, job_id)
+        if existing is None or newest is None or existing.stage is JobStage.FINISHED:
+            return False
+        if has_pods(plan_from_proto(newest)):
+            return False
+        running = [
+            plan_from_proto(message)
+            for message in await repository.list_plans(session, job_id)
+            if has_pods(plan_from_proto(message))
+        ]
+        if not running:
+            return False
+        plan = running[-1]
+        detail = f"resumed: admission's share v{version} ({reason}); the plan before the pause"
+        bound = await self._share_bound(session, job_id)
+        shrunk = None if bound is None else _shrunk_into(bound, plan)
+        if shrunk is not None:
+            plan = with_pods(plan, shrunk[0], "-", plan.algorithm)
+            detail += f", fitted into the share ({shrunk[1]})"
+        explanation = Explanation(
+            algorithm="stride-share/1",
+            stage=existing.stage.value,
+            root_cause=RootCause.SHARE.value,
+            detail=detail,
+            bound="admission share",
+        )
+        resumed = Plan(roles=plan.roles, reason=detail, algorithm=plan.algorithm)
+        step, explained = on_share_plan(
+            existing, resumed, f"{job_id}.share.{version}", explanation, now
+        )
+        await self._store(session, step, None, now, explanation=explained)
+        log.info("job resumed: it has a share again", job_id=job_id, share_version=version)
+        return True
 
     async def _fit_share(
         self, session: Session, job_id: str, version: int, reason: str, now: datetime
@@ -626,6 +710,9 @@ class Planning:
             return
         role = _ROLE_BY_EVENT.get(event.role)
         current = plan_from_proto(newest)
+        if not has_pods(current):
+            log.info("pod failure of a suspended job; no new plan", job_id=job_id)
+            return
         if role is None or current.role(Role.PS) is None or current.role(Role.WORKER) is None:
             log.warning("OOM of a pod the OOM rule does not cover", pod=event.pod_name)
             return
@@ -847,6 +934,7 @@ class Planning:
             or view.pending < 0
             or spec is None
             or newest is None
+            or not has_pods(plan_from_proto(newest))
             or not obs.measured(view, self.window)
         ):
             return

@@ -28,6 +28,15 @@ The life of a job here (DLRover sec. 5.1, DLRover-RM sec. 5.2):
    - over budget: the job FAILED with the reason, its pods are removed, ``finished``.
 4. ``job_finished`` (a cancel from admission) removes the job's pods; checkpoints stay in
    the cache.
+5. A plan with no pods **suspends** the job (admission preempted it, or gave its units to
+   guaranteed jobs): the chief is sent PAUSE, which finishes its steps, flushes the data
+   feed and saves a flash checkpoint (with the dispatcher's shard positions) before it
+   answers; then every pod is removed. The seamless-migration path's order (checkpoint,
+   then remove), so the job resumes where it stopped: when a plan with pods comes again,
+   the new pods start and the chief restores that checkpoint, and the dispatcher puts its
+   shards back as they were, nothing lost or repeated. Without a running chief, or without
+   an answer in ``reconfigure_timeout_seconds``, the pods are removed all the same and the
+   job resumes from its newest periodic checkpoint.
 
 Each job is handled under its own lock, so a plan, a pod's end and an ack never interleave
 for one job. Every step is idempotent: the database says what was done, and running it
@@ -249,6 +258,9 @@ class PodWatcher:
                 )
             return
         plan = plan_from_proto(stored.plan)
+        if not any(resources.count for resources in plan.roles):
+            await self._suspend(job, stored, rows)
+            return
         now = now_utc()
         waiting = {
             row.record.name for row in rows if self._waits_for_oom_plan(row, plan.version, now)
@@ -373,6 +385,63 @@ class PodWatcher:
             else PlanState.APPLIED
         )
         await self._set_plan_state(job_id, plan.version, state, "; ".join(problems or notes))
+
+    async def _suspend(self, job: StoredJob, stored: StoredPlan, rows: list[StoredPod]) -> None:
+        """The newest plan runs no pod: checkpoint through the chief (PAUSE), then remove
+        every pod (see the module docstring, 5)."""
+        version, reason = stored.plan.version, stored.plan.reason
+        live = [row for row in rows if row.record.live]
+        if not live:
+            if stored.state is not PlanState.APPLIED and not job.reconfigure_version:
+                await self._set_plan_state(
+                    job.job_id, version, PlanState.APPLIED, "suspended: no pod runs"
+                )
+            return
+        if job.reconfigure_version == version:
+            return  # already suspending: the chief's answer (or the timeout) ends it
+        chief = next(
+            (
+                row
+                for row in live
+                if row.record.role is Role.CHIEF
+                and row.record.phase is PodPhase.RUNNING
+                and row.retire_after is None
+            ),
+            None,
+        )
+        await self._mark_retiring(job.job_id, [row.record for row in live], version)
+        if chief is None:
+            await self._delete_all(row.record.name for row in live)
+            await self._set_plan_state(
+                job.job_id,
+                version,
+                PlanState.APPLIED,
+                "suspended without a checkpoint (no running chief to take one); it resumes "
+                "from its newest periodic checkpoint",
+            )
+            log.warning("job suspended without a checkpoint", job_id=job.job_id)
+            return
+        now = now_utc()
+        async with self.database.transaction() as session:
+            await repository.set_reconfigure(session, job.job_id, version, now, now)
+        command = control_pb2.ControlCommand(
+            job_id=job.job_id,
+            pod_name=chief.record.name,
+            action=control_pb2.CONTROL_ACTION_PAUSE,
+            plan_version=version,
+            reason=f"plan v{version} suspends the job: {reason}"[:500],
+            issued_at=timestamp(now),
+        )
+        await self.bus.publish(
+            topics.CONTROL_COMMAND, job.job_id, command, f"{job.job_id}.pause.{version}"
+        )
+        await self._set_plan_state(
+            job.job_id,
+            version,
+            PlanState.APPLYING,
+            "suspending: the chief saves a checkpoint, then the pods are removed",
+        )
+        log.info("chief told to checkpoint before a suspension", job_id=job.job_id, version=version)
 
     def _waits_for_oom_plan(self, row: StoredPod, version: int, now: datetime) -> bool:
         """An OOM-killed pod waits a while for a plan newer than the one it ran under."""
@@ -673,7 +742,10 @@ class PodWatcher:
                 paused_seconds=round(ack.paused_seconds, 3),
             )
             return
-        if ack.action != control_pb2.CONTROL_ACTION_RECONFIGURE:
+        if ack.action not in (
+            control_pb2.CONTROL_ACTION_RECONFIGURE,
+            control_pb2.CONTROL_ACTION_PAUSE,
+        ):
             return
         async with self._locks[ack.job_id]:
             async with self.database.sessions() as session:
@@ -691,6 +763,16 @@ class PodWatcher:
                 ok=ack.ok,
                 paused_seconds=round(ack.paused_seconds, 3),
             )
+            if ack.action == control_pb2.CONTROL_ACTION_PAUSE:
+                # A suspension: the checkpoint is saved (or the chief says why not); the
+                # pods go either way, and the job resumes from its newest checkpoint.
+                message = (
+                    f"suspended after checkpoint {ack.checkpoint_id or '(newest)'}"
+                    if ack.ok
+                    else f"suspended; the chief could not checkpoint: {ack.message}"
+                )
+                await self._finish_reconfigure(job, PlanState.APPLIED, message)
+                return
             message = (
                 "" if ack.ok else f"the chief could not move to the new cluster: {ack.message}"
             )
@@ -746,6 +828,18 @@ class PodWatcher:
         for job in pending:
             if job.reconfigure_since is not None and now_utc() - job.reconfigure_since > limit:
                 async with self._locks[job.job_id]:
+                    async with self.database.sessions() as session:
+                        newest = await repository.newest_plan(session, job.job_id)
+                    if newest is not None and not any(role.count for role in newest.plan.roles):
+                        log.warning("the chief did not checkpoint in time", job_id=job.job_id)
+                        await self._finish_reconfigure(
+                            job,
+                            PlanState.APPLIED,
+                            f"suspended without the chief's checkpoint (no answer within "
+                            f"{self.timing.reconfigure_timeout_seconds:g} s); it resumes from "
+                            "its newest periodic checkpoint",
+                        )
+                        continue
                     log.warning(
                         "the chief did not confirm its new cluster in time", job_id=job.job_id
                     )

@@ -202,6 +202,39 @@ def on_stage_reply(
     )
 
 
+def has_pods(plan: Plan) -> bool:
+    """Whether ``plan`` runs any pod (a suspended job's plan runs none)."""
+    return any(resources.count for resources in plan.roles)
+
+
+def without_pods(plan: Plan, reason: str) -> Plan:
+    """``plan`` with no pod in any role (a suspension): the sizes stay, so the plan that
+    resumes the job can be read off the one before it."""
+    roles = tuple(replace(resources, count=0, overrides=()) for resources in plan.roles)
+    return Plan(roles=roles, reason=reason, algorithm=plan.algorithm)
+
+
+def on_share_plan(
+    existing: Administrator,
+    plan: Plan,
+    event_id: str,
+    explanation: Explanation,
+    now: datetime,
+) -> tuple[Step, Explanation]:
+    """A plan admission's share decided (a suspension when the share went to zero, the
+    resumption when it came back) as the job's next plan version, with its event. The
+    stage stays where the job's last decision put it."""
+    if existing.stage is JobStage.FINISHED:
+        raise StageError(f"job {existing.job_id} has finished; it gets no more plans")
+    event = OptimizationEvent(
+        event_id, existing.job_id, existing.stage, RootCause.SHARE, explanation.detail, now
+    )
+    administrator, versioned = existing.publish(plan, now)
+    return Step(existing, administrator, (event,), (versioned,)), replace(
+        explanation, stage=existing.stage.value, root_cause=RootCause.SHARE.value
+    )
+
+
 def on_replanned(
     existing: Administrator,
     current: Plan,

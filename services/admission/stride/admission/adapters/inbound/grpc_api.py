@@ -15,6 +15,7 @@ from stride.api.admission.v1 import admission_service_pb2 as pb
 from stride.api.admission.v1 import admission_service_pb2_grpc as pb_grpc
 from stride.runtime.errors import InvalidArgument
 from stride.vocabulary import InvalidWord, check_job_id, check_name, echo
+from stride.vocabulary.jobspec import MAX_DEADLINE_AHEAD
 
 Context = grpc.aio.ServicerContext[Any, Any]
 
@@ -129,6 +130,10 @@ class AdmissionApi(pb_grpc.AdmissionServiceServicer):
         return pb.DeleteQuotaResponse()
 
 
+LATEST_CLOCK_SECONDS = 253_402_300_799 - int(MAX_DEADLINE_AHEAD.total_seconds())
+"""The last second of year 9999, less the furthest a deadline may lie ahead of the clock."""
+
+
 class ReplayClockApi(pb_grpc.ReplayClockServiceServicer):
     """The stepped replay clock (served only with ``replay_stepped``, on loopback)."""
 
@@ -138,7 +143,16 @@ class ReplayClockApi(pb_grpc.ReplayClockServiceServicer):
     async def Advance(self, request: pb.AdvanceRequest, context: Context) -> pb.AdvanceResponse:
         if not request.HasField("to"):
             raise InvalidArgument("to", "is required")
-        to = request.to.ToDatetime(tzinfo=UTC)
+        stamp = request.to
+        if not 0 <= stamp.nanos < 1_000_000_000:
+            raise InvalidArgument("to", f"nanos must be in 0..999,999,999, got {stamp.nanos}")
+        if not 0 <= stamp.seconds <= LATEST_CLOCK_SECONDS:
+            raise InvalidArgument(
+                "to",
+                f"{stamp.seconds} seconds after 1970 is not a time a replay clock reaches "
+                "(1970 to 9988, so deadlines ten years on are still times)",
+            )
+        to = stamp.ToDatetime(tzinfo=UTC)
         now, upcoming, rounds = await self.submissions.advance(to, request.inclusive)
         reply = pb.AdvanceResponse(now=timestamp(now), rounds=rounds)
         if upcoming is not None:
