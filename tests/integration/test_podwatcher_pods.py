@@ -697,8 +697,9 @@ def suspended(job_id: str, version: int) -> plan_pb2.ResourcePlan:
 async def plan_state(stub: Stub, job_id: str, version: int, state: int) -> pb.RecordedPlan:
     async def probe() -> pb.RecordedPlan:
         reply = await stub.GetJobPods(pb.GetJobPodsRequest(job_id=job_id))
-        assert reply.plan.plan.version == version and reply.plan.state == state, reply.plan
-        return reply.plan
+        recorded: pb.RecordedPlan = reply.plan
+        assert recorded.plan.version == version and recorded.state == state, recorded
+        return recorded
 
     result: pb.RecordedPlan = await assert_eventually(probe, timeout=30)
     return result
