@@ -1,8 +1,8 @@
 """Admission guarantees deadlines for real: on NATS and a real database, through gRPC.
 
 The cluster is 8 CPU units (8 cores, 32 GiB; a unit is 1 core and 4 GiB). The job's
-declared profile runs 1 worker + 1 PS (2 units) at 10 steps/s up to 6 workers + 2 PS
-(8 units) at 40 steps/s, so every number below can be worked out by hand.
+declared profile runs 1 worker + 1 PS (3 units with the chief) at 21 steps/s up to 5
+workers + 2 PS (8 units) at 40 steps/s, so every number below can be worked out by hand.
 """
 
 from __future__ import annotations
@@ -44,10 +44,12 @@ def profile() -> job_pb2.ScalingProfile:
         ps_cpu=1.0,
         ps_memory_bytes=2 * GIB,
         points=[
-            job_pb2.ProfilePoint(workers=1, ps=1, steps_per_second=10.0),  # 2 units
-            job_pb2.ProfilePoint(workers=2, ps=1, steps_per_second=18.0),  # 3 units
-            job_pb2.ProfilePoint(workers=4, ps=1, steps_per_second=30.0),  # 5 units
-            job_pb2.ProfilePoint(workers=6, ps=2, steps_per_second=40.0),  # 8 units
+            # With the chief (1 core, 2 GiB) every size holds: cores dominate, so a size's
+            # units are workers + PS + 1.
+            job_pb2.ProfilePoint(workers=1, ps=1, steps_per_second=21.0),  # 3 units
+            job_pb2.ProfilePoint(workers=2, ps=1, steps_per_second=26.0),  # 4 units
+            job_pb2.ProfilePoint(workers=4, ps=1, steps_per_second=34.0),  # 6 units
+            job_pb2.ProfilePoint(workers=5, ps=2, steps_per_second=40.0),  # 8 units
         ],
     )
 
@@ -162,7 +164,7 @@ async def test_an_impossible_deadline_is_refused_with_one_that_works(
     assert admitted.decision.outcome == job_pb2.ADMISSION_OUTCOME_ADMITTED
     assert admitted.decision.guaranteed_finish.ToDatetime(tzinfo=UTC) <= earliest
     assert admitted.share.units == 8 and admitted.share.guaranteed
-    assert admitted.share.share.cpu == 8.0 and admitted.share.share.workers == 6
+    assert admitted.share.share.cpu == 8.0 and admitted.share.share.workers == 5
     assert admitted.share.minimum.cpu == 8.0  # it needs every unit in its first slot
     shares = await assert_eventually(
         lambda: stream_messages(nats_url, topics.JOB_SHARE.subject(admitted.job_id))
@@ -310,8 +312,8 @@ profile:
   ps_cpu: 1
   ps_memory_bytes: 2Gi
   points:
-    - {workers: 1, ps: 1, steps_per_second: 10}
-    - {workers: 6, ps: 2, steps_per_second: 40}
+    - {workers: 1, ps: 1, steps_per_second: 21}
+    - {workers: 5, ps: 2, steps_per_second: 40}
 """
 
 
@@ -349,7 +351,7 @@ async def test_stride_submit_refuses_and_one_command_resubmits_with_the_named_de
         assert "admitted" in out and "guaranteed under the model" in out, out
         job_id = out.split()[0]
         code, out, err = await stride_cli(address, "status", job_id)
-        assert "8 CPU units (8 cores, 32 GiB, 6 workers)" in out, (out, err)
+        assert "8 CPU units (8 cores, 32 GiB, 5 workers)" in out, (out, err)
         assert "deadline guaranteed under the model: 8 cores reserved now" in out, out
 
 
@@ -426,8 +428,8 @@ async def test_a_node_loss_withdraws_a_guarantee_and_says_why_and_nodes_back_res
 
             async def withdrawn() -> pb.Job:
                 current = await job()
-                # 4 units run the profile's 3-unit size (2 workers + 1 PS).
-                assert not current.share.guaranteed and current.share.units == 3
+                # 4 units run the profile's 4-unit size (2 workers + 1 PS and the chief).
+                assert not current.share.guaranteed and current.share.units == 4
                 assert current.decision.outcome == job_pb2.ADMISSION_OUTCOME_SOFT
                 return current
 
@@ -459,7 +461,7 @@ async def test_a_node_loss_withdraws_a_guarantee_and_says_why_and_nodes_back_res
             why = (dead[0].headers or {})["Stride-Dead-Letter-Reason"]
             assert "nodes[1].name" in why and "listed twice" in why, why
             still = await job()
-            assert not still.share.guaranteed and still.share.units == 3
+            assert not still.share.guaranteed and still.share.units == 4
 
             # The nodes come back in time: guaranteed again, and told so.
             await published(8, datetime.now(UTC), "node-4 to node-7 restored", 4)
@@ -482,12 +484,12 @@ async def test_a_node_loss_withdraws_a_guarantee_and_says_why_and_nodes_back_res
             grpc.aio.insecure_channel(f"127.0.0.1:{host.server.port}") as channel,
         ):
             stub = pb_grpc.AdmissionServiceStub(channel)
-            # 8 units could run 100,000 steps in 2,500 s; 4 units (30 steps/s at 5 units
-            # is out of reach) cannot by +1h.
+            # 8 units could run 100,000 steps in 2,500 s; 4 units (26 steps/s: 3,846 s)
+            # cannot by +1h.
             late = await submit(stub, spec(100_000, datetime.now(UTC) + timedelta(hours=1)))
             assert late.state == pb.JOB_STATE_REJECTED, late.decision.reason
             kept = (await stub.GetJob(pb.GetJobRequest(job_id=hog.job_id))).job
-            assert kept.share.units == 3 and not kept.share.guaranteed
+            assert kept.share.units == 4 and not kept.share.guaranteed
     finally:
         await bus.close()
 
@@ -496,3 +498,24 @@ async def _at_least(count: int, messages: Awaitable[list[Msg]]) -> list[Msg]:
     found = await messages
     assert len(found) >= count, f"{len(found)} messages, expected {count}"
     return found
+
+
+async def test_units_no_curve_can_use_are_lent_as_headroom_until_a_job_needs_them(
+    stub: pb_grpc.AdmissionServiceAsyncStub, nats_url: str
+) -> None:
+    small = spec(10_000_000)
+    del small.profile.points[2:]  # at most 2 workers + 1 PS: 4 units with the chief
+    first = await submit(stub, small)
+    assert first.share.units == 4 and first.share.headroom_units == 4
+    # Its share (what the optimizer plans within) is the whole cluster while it is alone.
+    assert first.share.share.cpu == 8.0 and first.share.share.memory_bytes == 32 * GIB
+    second = await submit(stub, small)
+    assert second.share.units == 4 and second.share.headroom_units == 0
+    # The first job's headroom went back the moment the second needed it: share v2.
+    now = (await stub.GetJob(pb.GetJobRequest(job_id=first.job_id))).job
+    assert now.share.version == 2 and now.share.units == 4
+    assert now.share.headroom_units == 0 and now.share.share.cpu == 4.0
+    shares = await assert_eventually(
+        lambda: _at_least(2, stream_messages(nats_url, topics.JOB_SHARE.subject(first.job_id)))
+    )
+    assert job_pb2.JobShare.FromString(shares[-1].data).share.cpu == 4.0

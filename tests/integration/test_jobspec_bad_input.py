@@ -369,8 +369,14 @@ def module_database(tmp_path_factory: pytest.TempPathFactory) -> Iterator[str]:
 
 @pytest_asyncio.fixture(scope="module", loop_scope="module")
 async def admission(module_nats: NatsServer, module_database: str) -> AsyncIterator[ServiceHost]:
+    # The cluster `stride up` gives admission on a 2-core machine (four virtual nodes of
+    # its cores), so the example's +6h deadline is guaranteed whatever machine runs this.
     settings = local_settings(
-        AdmissionSettings, nats_url=module_nats.url, database_url=module_database
+        AdmissionSettings,
+        nats_url=module_nats.url,
+        database_url=module_database,
+        cluster_cpu=8.0,
+        cluster_memory_gib=32.0,
     )
     async with running_service(build, settings) as host:
         yield host

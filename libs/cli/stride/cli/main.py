@@ -111,11 +111,16 @@ def share_line(job: admission_pb.Job) -> str:
         held = f"{share.share.devices} GPUs"
     else:
         held = (
-            f"{share.units} CPU units ({share.share.cpu:g} cores, "
+            f"{share.units} CPU units"
+            + (f" + {share.headroom_units} lent while idle" if share.headroom_units else "")
+            + f" ({share.share.cpu:g} cores, "
             f"{share.share.memory_bytes / 1024**3:g} GiB"
             + (f", {share.share.workers} workers" if share.share.workers else "")
             + ")"
         )
+    if share.gpus:
+        nodes = sorted({gpu.node for gpu in share.gpus})
+        held += f" on {', '.join(nodes[:4])}" + (" ..." if len(nodes) > 4 else "")
     if not share.units:
         held = "nothing now (waits for capacity)"
     return f"{held}, v{share.version}: {share.reason}"

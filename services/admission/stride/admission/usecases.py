@@ -383,17 +383,18 @@ class Submissions:
             curve_source=source,
         )
 
-    def _share(self, kind: ResourceKind, curve: JobCurve, units: int) -> Share:
+    def _share(self, kind: ResourceKind, curve: JobCurve, units: int, headroom: int = 0) -> Share:
         """What ``units`` of a kind are: GPUs, or CPU units' cores and memory (with the
-        workers the job's profile runs at that size)."""
+        workers the job's profile runs at that size), and the ``headroom`` lent beside them."""
         if kind is ResourceKind.GPU:
             return Share(workers=units, cpu=0.0, memory_bytes=0, devices=units)
         size = curve.size_at(units)
         unit = self.cluster.unit
+        held = units + headroom if units else 0
         return Share(
             workers=size.workers if size is not None and units else 0,
-            cpu=units * unit.cpu,
-            memory_bytes=units * unit.memory_bytes,
+            cpu=held * unit.cpu,
+            memory_bytes=held * unit.memory_bytes,
         )
 
     async def _publish_shares(
@@ -425,7 +426,10 @@ class Submissions:
             share = job_pb2.JobShare(
                 job_id=job_id,
                 version=version,
-                share=share_to_proto(self._share(kind, entry.curve, entry.units)),
+                share=share_to_proto(
+                    self._share(kind, entry.curve, entry.units, pool.headroom.get(job_id, 0))
+                ),
+                headroom_units=pool.headroom.get(job_id, 0),
                 minimum=share_to_proto(self._share(kind, entry.curve, minimum.get(job_id, 0))),
                 units=entry.units,
                 guaranteed=job_id in minimum,
@@ -635,7 +639,12 @@ class Submissions:
             capacity = stored.capacity
             tree = _stored_tree(stored.tree) if kind is ResourceKind.GPU else None
         self._trees[kind] = tree
-        pool = Pool(capacity, self.cluster.pause_seconds, tree.topology if tree else None)
+        pool = Pool(
+            capacity,
+            self.cluster.pause_seconds,
+            tree.topology if tree else None,
+            headroom=kind is ResourceKind.CPU,
+        )
         for row in rows:
             curve = job_curve(spec_from_proto(row.spec), self.cluster.unit, self.cluster.curves)
             if curve is None:
@@ -657,7 +666,10 @@ class Submissions:
             self._versions[row.job_id] = row.share_version
             pool.clock = max(pool.clock, row.last_update)
             devices = _devices_of(row.share, tree)
-            pool.published[row.job_id] = (row.units, devices)
+            headroom = int(row.share.headroom_units) if row.share is not None else 0
+            pool.published[row.job_id] = (row.units, devices, headroom)
+            if headroom:
+                pool.headroom[row.job_id] = headroom
             if pool.placements is not None and devices and len(devices) == row.units:
                 pool.placements.placed[row.job_id] = devices
         self._pools[kind] = pool

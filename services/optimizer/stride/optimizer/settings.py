@@ -62,13 +62,14 @@ class OptimizerSettings(ServiceSettings, DecisionSettings):
     bound jobs once admission grants them)."""
     cluster_memory_gib: float | None = Field(default=None, gt=0, allow_inf_nan=False)
     """GiB the running jobs may hold together (as ``cluster_cpu``); both or neither."""
-    enforce_shares: bool = False
-    """Keep every plan within the share admission publishes for its job (held beyond it, shrunk
-    into a smaller one). Off by default for now: admission sizes a CPU job's share from its
-    declared profile in whole CPU units, without the chief, so a share can be smaller than the
-    job's cold-start plan, and the optimizer cannot yet ask admission for more; enforcing it
-    would hold every probe beyond the profile for good. Shares are stored and their
-    guaranteed reservations counted as held either way."""
+    enforce_shares: bool = True
+    """Keep every plan within the share admission publishes for its job (DESIGN: admission
+    owns the share, the optimizer the plan): a plan beyond it is held, a smaller share
+    shrinks the plan into it. A share counts the chief, and the units no job's curve can use
+    are lent to running jobs as headroom, so a job alone on a quiet cluster may still grow
+    past its declared profile. A share of zero suspends the job whatever this says. Off:
+    shares only bound plan 1 and the reservations of guaranteed jobs (for clusters whose
+    admission capacity is not what the optimizer places on)."""
 
     @model_validator(mode="after")
     def _capacity_pair(self) -> OptimizerSettings:

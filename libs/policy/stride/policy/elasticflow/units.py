@@ -120,15 +120,18 @@ def profile_curve(
     ps: tuple[float, int],
     unit: CpuUnit,
     source: str = "profile",
+    fixed: tuple[float, int] = (0.0, 0),
 ) -> JobCurve:
     """A CPU job's curve in units from ``(workers, ps, steps per second)`` points and each
-    role's ``(cores, memory bytes)``. Points that take the same units keep the fastest."""
+    role's ``(cores, memory bytes)``; ``fixed`` is held at every size (the chief, which a
+    ParameterServerStrategy job always runs beside its PS and workers). Points that take
+    the same units keep the fastest."""
     if not points:
         raise InvalidUnits("profile.points", "needs at least one point")
     best: dict[int, tuple[float, ProfileSize]] = {}
     for workers, servers, rate in points:
-        cpu = workers * worker[0] + servers * ps[0]
-        memory = workers * worker[1] + servers * ps[1]
+        cpu = workers * worker[0] + servers * ps[0] + fixed[0]
+        memory = workers * worker[1] + servers * ps[1] + fixed[1]
         units = cpu_units(cpu, memory, unit)
         if units not in best or rate > best[units][0]:
             best[units] = (rate, ProfileSize(workers, servers, cpu, memory))

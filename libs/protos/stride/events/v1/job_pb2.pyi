@@ -617,6 +617,7 @@ class JobShare(_message.Message):
     REASON_FIELD_NUMBER: _builtins.int
     DECIDED_AT_FIELD_NUMBER: _builtins.int
     GPUS_FIELD_NUMBER: _builtins.int
+    HEADROOM_UNITS_FIELD_NUMBER: _builtins.int
     job_id: _builtins.str
     """The job."""
     version: _builtins.int
@@ -627,10 +628,16 @@ class JobShare(_message.Message):
     """Whether the job's deadline is guaranteed under the model."""
     reason: _builtins.str
     """Why it changed, e.g. "arrival of job-...", "completion of job-...", "capacity"."""
+    headroom_units: _builtins.int
+    """Units beyond ``units`` that no job's curve can use now, lent to this running job (CPU
+    jobs): counted in ``share`` (the optimizer may plan into them) but not in ``units``
+    (no guarantee rests on them); taken back by the next round that needs them.
+    """
     @_builtins.property
     def share(self) -> Global___ResourceShare:
-        """What the job may hold now (devices for GPU jobs; CPU and memory for CPU jobs, with
-        the workers of the declared profile at that size). All zero: the job waits.
+        """What the job may hold now (devices for GPU jobs; CPU and memory for CPU jobs, its
+        units and headroom together, with the workers of the declared profile at its units).
+        All zero: the job waits, and a running job is suspended.
         """
 
     @_builtins.property
@@ -661,10 +668,11 @@ class JobShare(_message.Message):
         reason: _builtins.str = ...,
         decided_at: _timestamp_pb2.Timestamp | None = ...,
         gpus: _abc.Iterable[Global___PlacedGpu] | None = ...,
+        headroom_units: _builtins.int = ...,
     ) -> None: ...
     _HasFieldArgType: _TypeAlias = _typing.Literal["decided_at", b"decided_at", "minimum", b"minimum", "share", b"share"]  # noqa: Y015
     def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
-    _ClearFieldArgType: _TypeAlias = _typing.Literal["decided_at", b"decided_at", "gpus", b"gpus", "guaranteed", b"guaranteed", "job_id", b"job_id", "minimum", b"minimum", "reason", b"reason", "share", b"share", "units", b"units", "version", b"version"]  # noqa: Y015
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["decided_at", b"decided_at", "gpus", b"gpus", "guaranteed", b"guaranteed", "headroom_units", b"headroom_units", "job_id", b"job_id", "minimum", b"minimum", "reason", b"reason", "share", b"share", "units", b"units", "version", b"version"]  # noqa: Y015
     def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
     def WhichOneof(self, oneof_group: _Never) -> None: ...
 

@@ -17,6 +17,14 @@ and the final round see what the simulator sees, and only the last round's decis
 effect: a job moved 4 -> 8 -> 4 units within an instant pays no pause. What was already
 published is kept apart, so the jobs whose share the last round changed are reported.
 
+**Headroom** (CPU pools): units no job's curve can use (every job at the largest size
+its declared curve knows) would sit idle, while the optimizer, which measures the job, may
+find that more helps. They are split among the running jobs as headroom, equally in whole
+units (the remainder to the earliest admitted): part of each job's share, the upper bound
+the optimizer plans within, but not of its units, so the policy, its guarantees and the
+simulator's bookkeeping never see them. The next round takes them back as soon as any job's
+units need them.
+
 **Placement** (GPU pools with a known topology): after each round the GPUs are placed with
 :class:`~stride.policy.elasticflow.placement.Placements`, the class the simulator places
 with (buddy allocation with repacking, or best fit), and a job moved at an unchanged size
@@ -122,14 +130,19 @@ class Pool:
         capacity: int,
         pause_seconds: float = SCALING_PAUSE_SECONDS,
         topology: Topology | None = None,
+        headroom: bool = False,
     ) -> None:
         self.capacity = capacity
+        self.gives_headroom = headroom
+        """Whether spare units are handed out as headroom (CPU pools; see the module)."""
+        self.headroom: dict[str, int] = {}
+        """Each running job's headroom after the last round."""
         self.pause_seconds = pause_seconds
         self.placements = Placements(topology) if topology is not None else None
         """Where each job's devices are (GPU pools with a known tree; else counted)."""
-        self.published: dict[str, tuple[int, tuple[int, ...]]] = {}
-        """Each job's units and devices as the last round (or the stored books) left them:
-        what its share says."""
+        self.published: dict[str, tuple[int, tuple[int, ...], int]] = {}
+        """Each job's units, devices and headroom as the last round (or the stored books)
+        left them: what its share says."""
         self._instant: _Instant | None = None
         self.policy = GuaranteePolicy()
         self.entries: dict[str, Entry] = {}
@@ -214,6 +227,7 @@ class Pool:
         entry = self.entries.pop(job_id, None)
         self.policy.forget(job_id)
         self.published.pop(job_id, None)
+        self.headroom.pop(job_id, None)
         if self.placements is not None:
             self.placements.forget(job_id)
         self._view = None
@@ -228,7 +242,7 @@ class Pool:
     def round(self, now: float) -> dict[str, int]:
         """Decide every job's units (minimum shares, then spare by marginal return), place
         them, and apply them with the simulator's pause rule; returns the jobs whose share
-        (units or devices) differs from what the last round published."""
+        (units, devices or headroom) differs from what the last round published."""
         self._rewind(now)
         self.advance(now)
         if self._instant is None or self._instant.at != now:
@@ -253,12 +267,27 @@ class Pool:
                     entry.waiting_since = None
                 else:
                     entry.waiting_since = now
-            shown = (entry.units, self.devices(job_id))
-            if self.published.get(job_id, (0, ())) != shown:
+        self.headroom = self._split_spare() if self.gives_headroom else {}
+        for job_id, entry in self.entries.items():
+            shown = (entry.units, self.devices(job_id), self.headroom.get(job_id, 0))
+            if self.published.get(job_id, (0, (), 0)) != shown:
                 changed[job_id] = entry.units
             self.published[job_id] = shown
         self._view = None
         return changed
+
+    def _split_spare(self) -> dict[str, int]:
+        """The units no job holds, split among the running jobs (see the module)."""
+        spare = self.capacity - sum(entry.units for entry in self.entries.values())
+        running = [job_id for job_id, entry in self.entries.items() if entry.units]
+        if spare <= 0 or not running:
+            return {}
+        each, rest = divmod(spare, len(running))
+        return {
+            job_id: each + (1 if position < rest else 0)
+            for position, job_id in enumerate(running)
+            if each or position < rest
+        }
 
     @property
     def notes(self) -> dict[str, str]:

@@ -15,12 +15,17 @@ from datetime import datetime
 from enum import Enum
 
 from stride.admission.domain.jobs import JobSpec
+from stride.policy.cold_start import CHIEF_CPU, CHIEF_MEMORY_BYTES
 from stride.policy.elasticflow.curves import ScalingCurve
 from stride.policy.elasticflow.units import CpuUnit, JobCurve, gpu_curve, profile_curve
 from stride.vocabulary.jobspec import ResourceKind
 
 POLICY = "stride-guarantees/1"
 """Name and version of the admission policy, as decisions record it."""
+
+CHIEF = (CHIEF_CPU, CHIEF_MEMORY_BYTES)
+"""What the chief holds at every size of a PS/worker job: the optimizer's plans always run
+one (:mod:`stride.policy.cold_start`), so a share counts it, and a plan fits its share."""
 
 
 class Outcome(Enum):
@@ -72,6 +77,7 @@ def job_curve(
             (profile.worker_cpu, profile.worker_memory_bytes),
             (profile.ps_cpu, profile.ps_memory_bytes),
             unit,
+            fixed=CHIEF,
         )
     if spec.kind is ResourceKind.GPU:
         curve = table.get((spec.model.name, spec.batch_size))
