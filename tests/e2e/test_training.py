@@ -470,3 +470,58 @@ async def test_an_entrypoint_with_a_loop_of_its_own_trains_on_the_dispatchers_da
     # Every batch of both epochs came through the tf.data dataset (one line per 10).
     assert len(losses) == (-(-RECORDS // BATCH) * EPOCHS) // 10, losses
     assert losses[-1] < losses[0], losses
+
+
+def no_pods(job_id: str, version: int) -> plan_pb2.ResourcePlan:
+    """The optimizer's plan for a job admission preempted (its share went to zero)."""
+    message = plan(job_id, version)
+    for role in message.roles:
+        role.count = 0
+    message.reason = "share: suspended: admission's share is zero (preempted)"
+    return message
+
+
+async def test_a_suspended_job_checkpoints_loses_its_pods_and_resumes_where_it_stopped(
+    suite: Suite,
+) -> None:
+    """Preemption's path (DLRover-RM sec. 5.2's order): the chief saves a flash checkpoint
+    after the shards it finished, every pod goes, and later new pods restore it and the
+    dispatcher's shards as they were: every sample once per epoch, no step trained twice."""
+    job = new_job()
+    bus = await submit(suite, job, workers=1, records=LONG)
+    try:
+        await trained_steps(suite, job, 10)
+        await bus.publish(topics.PLAN, job, no_pods(job, 2), f"{job}.plan.2")
+
+        async def suspended() -> pb.RecordedPlan:
+            with grpc.insecure_channel(suite.podwatcher.address) as channel:
+                reply = pb_grpc.PodWatcherServiceStub(channel).GetJobPods(
+                    pb.GetJobPodsRequest(job_id=job)
+                )
+            recorded: pb.RecordedPlan = reply.plan
+            assert recorded.plan.version == 2 and recorded.state == pb.PLAN_STATE_APPLIED
+            assert not [p for p in reply.pods if p.phase == pod_pb2.POD_PHASE_RUNNING]
+            return recorded
+
+        done = await assert_eventually(suspended, timeout=120, interval=0.5)
+        assert done.message.startswith("suspended after checkpoint "), done.message
+        saved = [
+            e
+            for e in suite.chief_events(job)
+            if e.get("event") == "checkpoint" and e.get("why") == "pause"
+        ]
+        assert len(saved) == 1 and done.message.endswith(saved[0]["id"]), (saved, done.message)
+        stopped_at = max(e["step"] for e in suite.chief_events(job) if e.get("event") == "steps")
+        state = dataset_state(suite, job)
+        assert not state.finished and state.doing == 0, state  # its shards went back
+        await bus.publish(topics.PLAN, job, plan(job, 3, workers=1), f"{job}.plan.3")
+        end = await finished(suite, job)
+    finally:
+        await bus.close()
+    assert end.outcome == job_pb2.JOB_OUTCOME_SUCCEEDED, end.message
+    check_exactly_once(suite.consumed(job), LONG)
+    restored = [e for e in suite.chief_events(job) if e.get("event") == "restored"]
+    assert [e["checkpoint"] for e in restored] == [saved[0]["id"]], restored
+    assert restored[0]["digest"] == saved[0]["digest"]  # bit-identical
+    # It went on from the step it paused at: nothing after the last reported step was lost.
+    assert restored[0]["step"] == saved[0]["step"] >= stopped_at, (restored, saved, stopped_at)

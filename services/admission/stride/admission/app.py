@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import math
 import time
 from datetime import UTC, datetime
 from pathlib import Path
@@ -117,11 +118,15 @@ def replay_clock(settings: AdmissionSettings) -> Clock:
 def cluster(settings: AdmissionSettings) -> Cluster:
     """What admission plans on, from its settings (this machine's cores and memory when no
     CPU capacity is set), with the curves table if one is configured."""
-    unit = CpuUnit(settings.cpu_unit_cores, int(settings.cpu_unit_memory_gib * GIB))
     if settings.cluster_cpu is not None and settings.cluster_memory_gib is not None:
         cpu, memory = settings.cluster_cpu, int(settings.cluster_memory_gib * GIB)
     else:
         cpu, memory = float(machine_cores()), machine_memory_bytes()
+    unit_memory = settings.cpu_unit_memory_gib
+    if unit_memory is None:  # the cluster's memory per core, in quarters of a GiB
+        per_core = memory / GIB / cpu * settings.cpu_unit_cores
+        unit_memory = max(0.25, math.floor(per_core * 4) / 4)
+    unit = CpuUnit(settings.cpu_unit_cores, int(unit_memory * GIB))
     curves = {}
     if settings.curves_dir is not None:
         from stride.sim.traces import load_curves  # the simulator's tables, made concave alike

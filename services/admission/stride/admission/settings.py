@@ -60,8 +60,11 @@ class AdmissionSettings(ServiceSettings, DecisionSettings):
     cpu_unit_cores: float = Field(default=1.0, gt=0, le=1024, allow_inf_nan=False)
     """Cores of one CPU unit, what admission counts for PS/worker jobs
     (:mod:`stride.policy.elasticflow.units`)."""
-    cpu_unit_memory_gib: float = Field(default=4.0, gt=0, le=16384, allow_inf_nan=False)
-    """GiB of memory of one CPU unit."""
+    cpu_unit_memory_gib: float | None = Field(default=None, gt=0, le=16384, allow_inf_nan=False)
+    """GiB of memory of one CPU unit. Unset: the cluster's own memory per core
+    (``cluster_memory_gib / cluster_cpu``, else this machine's, rounded down to 1/4 GiB), so
+    cores and memory run out together and a plan lean on memory does not waste units (with
+    a fixed 4 GiB, a 2-core machine with 23 GiB had 5 units for 8 virtual cores)."""
     curves_dir: Path | None = None
     """A folder of ElasticFlow throughput tables (``<model>.csv``): GPU jobs of a model and
     batch size found there need no declared profile."""
