@@ -79,3 +79,26 @@ def test_a_second_round_at_one_instant_counts_from_before_the_first() -> None:
     changed = pool.round(100.0)
     assert pool.entries["a"].units == 4 and pool.entries["a"].paused_until == paused
     assert changed == {"a": 4} and pool.headroom == {"a": 4}
+
+
+def test_a_history_curve_survives_the_books() -> None:
+    from stride.admission.domain.policy import curve_from_json, curve_to_json, history_curve
+    from stride.policy.warm_start import MeasuredPoint, MeasuredRun
+
+    runs = [
+        MeasuredRun(
+            "job-past",
+            1.0,
+            (MeasuredPoint(2, 1, 5.0, 8.0, 16 * GIB), MeasuredPoint(4, 1, 7.0, 12.0, 24 * GIB)),
+        )
+    ]
+    curve = history_curve(runs, UNIT)
+    assert curve is not None and curve.source == "history"
+    assert curve.basis == "1 similar finished job: job-past"
+    assert curve.curve.sizes == (8, 12) and curve.curve.throughputs == (5.0, 7.0)
+    stored = curve_to_json(curve)
+    assert stored is not None
+    again = curve_from_json(stored, UNIT)
+    assert again is not None and again.curve == curve.curve and again.sizes == curve.sizes
+    assert curve_to_json(job("a").curve) is None  # a profile's curve is in the spec
+    assert curve_from_json({"points": "nonsense"}, UNIT) is None

@@ -197,7 +197,8 @@ def test_postgres_is_health_checked(services: dict[str, Service]) -> None:
     assert "pg_isready" in postgres["healthcheck"]["test"]
 
 
-def test_the_optimizer_warm_starts_from_the_config_db(services: dict[str, Service]) -> None:
-    environment = _environment(services["optimizer"])
-    assert environment["STRIDE_OPTIMIZER_CONFIGDB_ADDRESS"] == "configdb:50054"
+@pytest.mark.parametrize("service", ["optimizer", "admission"])
+def test_warm_starts_come_from_the_config_db(services: dict[str, Service], service: str) -> None:
+    environment = _environment(services[service])
+    assert environment[f"STRIDE_{service.upper()}_CONFIGDB_ADDRESS"] == "configdb:50054"
     assert "configdb" in services

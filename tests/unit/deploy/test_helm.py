@@ -365,10 +365,11 @@ def test_lint_reports_bad_values() -> None:
     assert any("/services/admission/replicas" in error for error in report["errors"])
 
 
-def test_the_optimizer_warm_starts_from_the_config_db_service(release: Release) -> None:
-    deployment = release.get("Deployment", "optimizer")
+@pytest.mark.parametrize("name", ["optimizer", "admission"])
+def test_warm_starts_come_from_the_config_db_service(release: Release, name: str) -> None:
+    deployment = release.get("Deployment", name)
     (container,) = deployment["spec"]["template"]["spec"]["containers"]
-    address = _env(container)["STRIDE_OPTIMIZER_CONFIGDB_ADDRESS"]
+    address = _env(container)[f"STRIDE_{name.upper()}_CONFIGDB_ADDRESS"]
     service = release.get("Service", "configdb")
     ports = [port["port"] for port in service["spec"]["ports"]]
     assert address == f"{service['metadata']['name']}:50054" and 50054 in ports

@@ -146,6 +146,9 @@ url
   value: {{ $root.Values.ckptcache.store.mountPath | quote }}
 {{- end }}
 {{- if eq $name "admission" }}
+{{- /* A job without a profile is planned on what similar finished jobs measured. */}}
+- name: STRIDE_ADMISSION_CONFIGDB_ADDRESS
+  value: {{ printf "%s:50054" (include "stride.componentName" (list $root "configdb")) | quote }}
 {{- if ($root.Values.admission).quotas }}
 - name: STRIDE_ADMISSION_QUOTAS_FILE
   value: /etc/stride/quotas/quotas.yaml

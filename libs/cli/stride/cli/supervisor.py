@@ -333,6 +333,9 @@ class Supervisor:
             # And a job no bigger than the four virtual nodes (default_local_nodes) hold.
             env.setdefault(f"{prefix}MAX_JOB_CPU", str(4 * (os.cpu_count() or 1)))
             env[f"{prefix}CONFIGDB_ADDRESS"] = f"127.0.0.1:{ports['configdb']}"
+        if service == "admission":
+            # A job that declares no profile is planned on what similar jobs measured.
+            env[f"{prefix}CONFIGDB_ADDRESS"] = f"127.0.0.1:{ports['configdb']}"
         if service == "admission" and not os.environ.get("STRIDE_ADMISSION_CLUSTER_CPU"):
             # Admission guarantees deadlines on what the podwatcher places pods on: the four
             # virtual nodes of default_local_nodes (every core time-shared by each, the

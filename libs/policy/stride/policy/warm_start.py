@@ -35,6 +35,7 @@ Choices where the paper is silent (each tested):
 from __future__ import annotations
 
 import math
+from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Any
 
@@ -346,3 +347,81 @@ ALGORITHMS: tuple[AlgorithmSpec[Any, Any], ...] = (
     ),
 )
 """The algorithms this module registers."""
+
+
+# --- a scaling curve from similar jobs' measurements (admission's warm start) -------------
+
+
+@dataclass(frozen=True)
+class MeasuredPoint:
+    """One configuration a past job ran, and how fast: what admission's curve is built of."""
+
+    workers: int
+    ps: int
+    steps_per_second: float
+    cpu: float
+    """Cores the job held in all at this configuration (chief and data workers included)."""
+    memory_bytes: int
+
+
+@dataclass(frozen=True)
+class MeasuredRun:
+    """A similar finished job: its id, how similar, and the configurations it measured."""
+
+    job_id: str
+    similarity: float
+    points: tuple[MeasuredPoint, ...]
+
+
+def blended_points(
+    runs: Sequence[MeasuredRun],
+    top_k: int = DEFAULT_TOP_K,
+    smoothing: float = DEFAULT_SMOOTHING,
+) -> tuple[tuple[MeasuredPoint, ...], tuple[str, ...]]:
+    """The points of a new job's warm-start curve, and the runs they came from.
+
+    Algorithm 1 (DLRover-RM sec. 4.3) blends the final configurations of the top-k similar
+    jobs; admission needs a curve, so it blends what they *measured* instead: the ``top_k``
+    runs with points, least similar first (ties by job id, as :func:`top_neighbours`), and
+    per configuration (workers, PS) its speed smoothed by eq. 10 over the runs that measured
+    it, the most similar last, with that run's sizes. Departure: the paper blends
+    configurations, not measurements; a configuration only one run measured keeps that
+    run's speed. Runs with no point, or a point that is not a positive finite speed, are
+    skipped; none left gives no point."""
+    if not 0 < smoothing < 1:
+        raise InvalidWarmStartRequest("smoothing", f"must be in (0, 1), got {smoothing}")
+    if top_k < 1:
+        raise InvalidWarmStartRequest("top_k", f"must be >= 1, got {top_k}")
+    usable = []
+    for run in runs:
+        points = tuple(
+            point
+            for point in run.points
+            if point.workers >= 1
+            and point.ps >= 0
+            and math.isfinite(point.steps_per_second)
+            and point.steps_per_second > 0
+            and math.isfinite(point.cpu)
+            and point.cpu > 0
+            and point.memory_bytes > 0
+        )
+        if points and math.isfinite(run.similarity):
+            usable.append(MeasuredRun(run.job_id, run.similarity, points))
+    usable.sort(key=lambda run: (-run.similarity, run.job_id))
+    chosen = list(reversed(usable[:top_k]))  # least similar first, as A^0 .. A^{k-1}
+    blended: dict[tuple[int, int], MeasuredPoint] = {}
+    for run in chosen:
+        for point in run.points:
+            key = (point.workers, point.ps)
+            earlier = blended.get(key)
+            if earlier is None:
+                blended[key] = point
+                continue
+            rate = earlier.steps_per_second + smoothing * (
+                point.steps_per_second - earlier.steps_per_second
+            )
+            blended[key] = MeasuredPoint(
+                point.workers, point.ps, rate, point.cpu, point.memory_bytes
+            )
+    ordered = tuple(blended[key] for key in sorted(blended))
+    return ordered, tuple(run.job_id for run in reversed(chosen))

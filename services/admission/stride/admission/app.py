@@ -12,6 +12,7 @@ import yaml
 
 from stride.admission.adapters.inbound.bus_handlers import FinishedHandler, InventoryHandler
 from stride.admission.adapters.inbound.grpc_api import AdmissionApi, ReplayClockApi
+from stride.admission.adapters.outbound.history import ConfigDbRuns
 from stride.admission.db.tables import outbox as outbox_table
 from stride.admission.domain.gputree import GpuTree
 from stride.admission.domain.quotas import Quota, quotas_from_config
@@ -22,7 +23,7 @@ from stride.bus import topics
 from stride.db.outbox import Outbox
 from stride.policy.elasticflow.units import GIB, CpuUnit, cpu_capacity
 from stride.runtime.errors import InvalidArgument, StartupError
-from stride.runtime.lifecycle import ServiceHost
+from stride.runtime.lifecycle import Dependency, ServiceHost
 from stride.runtime.machine import machine_cores, machine_memory_bytes
 from stride.wiring import connect_bus, consume, create_host, open_database, relay_outbox
 
@@ -43,8 +44,17 @@ async def build(settings: AdmissionSettings) -> ServiceHost:
     bus = await connect_bus(settings, host)
     database = await open_database(settings, host, MIGRATIONS)
     outbox = Outbox(outbox_table)
+    history = None
+    if settings.configdb_address:
+        history = ConfigDbRuns(settings.configdb_address)
+        host.add_dependency(Dependency("config DB channel", _always, history.close, False))
     submissions = Submissions(
-        database, outbox, cluster(settings), replay_clock(settings), settings.replay_speedup
+        database,
+        outbox,
+        cluster(settings),
+        replay_clock(settings),
+        settings.replay_speedup,
+        history,
     )
     admission_service_pb2_grpc.add_AdmissionServiceServicer_to_server(
         AdmissionApi(submissions), host.server.server
@@ -149,3 +159,9 @@ def cluster(settings: AdmissionSettings) -> Cluster:
         gpu_tree=planned.tree.shape if planned.tree is not None else "counted",
     )
     return planned
+
+
+async def _always() -> bool:
+    """The config DB channel needs no check: a call that fails is logged and the job is
+    planned without a warm-start curve."""
+    return True

@@ -69,6 +69,10 @@ class AdmissionSettings(ServiceSettings, DecisionSettings):
     """A folder of ElasticFlow throughput tables (``<model>.csv``): GPU jobs of a model and
     batch size found there need no declared profile."""
 
+    configdb_address: str | None = Field(default=None, min_length=3, max_length=300)
+    """host:port of the config DB: a PS/worker job that declares no profile is planned on a
+    curve warm-started from what the most similar finished jobs measured. Unset: such a job
+    has no curve (a deadline is refused, naming the profile to declare)."""
     quotas_file: Path | None = None
     """A YAML file of user and team quotas (``quotas: [{scope: team:ranking, members:
     [alice, bob], max_active_jobs: 8, max_submissions: 50, window_seconds: 86400}]``),

@@ -22,7 +22,7 @@ import uuid
 from collections.abc import AsyncIterator, Callable, Mapping
 from dataclasses import dataclass, field
 from datetime import UTC, datetime, timedelta
-from typing import Any
+from typing import Any, Protocol
 
 import structlog
 
@@ -43,6 +43,9 @@ from stride.admission.domain.policy import (
     Decision,
     Outcome,
     Share,
+    curve_from_json,
+    curve_to_json,
+    history_curve,
     in_words,
     job_curve,
 )
@@ -55,6 +58,7 @@ from stride.policy.elasticflow.curves import ScalingCurve
 from stride.policy.elasticflow.guarantees import SCALING_PAUSE_SECONDS, SLOT_SECONDS
 from stride.policy.elasticflow.priorities import HIGH, LOW, NORMAL
 from stride.policy.elasticflow.units import CpuUnit, JobCurve, cpu_capacity
+from stride.policy.warm_start import MeasuredRun
 from stride.runtime.errors import (
     AlreadyExists,
     FailedPrecondition,
@@ -126,6 +130,12 @@ DRAIN_SECONDS = 30.0
 """How long a stepped clock's Advance waits for the outbox to reach the bus."""
 
 
+class RunSource(Protocol):
+    """What similar finished jobs measured (the config DB's adapter)."""
+
+    async def similar(self, spec: job_pb2.JobSpec) -> tuple[MeasuredRun, ...]: ...
+
+
 @dataclass(frozen=True)
 class Cluster:
     """What admission plans on: GPUs, CPU units, and the curves table for known models."""
@@ -150,7 +160,11 @@ class Submissions:
         cluster: Cluster,
         clock: Clock = wall_clock,
         speedup: float = 1.0,
+        history: RunSource | None = None,
     ) -> None:
+        self.history = history
+        """Where similar finished jobs' measurements come from (the config DB); None: a
+        job without a profile (or a known model) is planned without a curve."""
         self.stepped = clock if isinstance(clock, SteppedClock) else None
         """The replay's stepped clock, when admission runs on one: rounds then run when
         :meth:`advance` passes their time instead of on timers."""
@@ -246,9 +260,11 @@ class Submissions:
         if pending is None or pending.state != "SUBMITTED":
             return
         spec = spec_from_proto(pending.spec)
+        curve = job_curve(spec, self.cluster.unit, self.cluster.curves)
+        if curve is None and spec.kind is ResourceKind.CPU and self.history is not None:
+            curve = await self._history_curve(job_id, pending.spec)
         moment = self.clock()
         now = moment.timestamp()
-        curve = job_curve(spec, self.cluster.unit, self.cluster.curves)
         deadline_at = spec.deadline_at
         deadline = None if deadline_at is None else deadline_at.timestamp()
         pool: Pool | None = None
@@ -279,7 +295,9 @@ class Submissions:
                 pool.join(now, entry)
             if entry is not None:
                 changed = pool.round(now)
-            decision = self._decision(spec, pool, entry, guaranteed, earliest, now, curve.source)
+            decision = self._decision(
+                spec, pool, entry, guaranteed, earliest, now, curve.source, curve.basis
+            )
         async with self.database.transaction() as session:
             job = await repository.get_job(session, job_id, for_update=True)
             if job is None or job.state != "SUBMITTED":
@@ -311,6 +329,23 @@ class Submissions:
             reason=decision.reason,
         )
 
+    async def _history_curve(self, job_id: str, spec: job_pb2.JobSpec) -> JobCurve | None:
+        """The job's curve from what similar finished jobs measured (the config DB), or None
+        (none measured anything, or the config DB did not answer: logged, and the job is
+        decided without a curve)."""
+        assert self.history is not None
+        try:
+            runs = await self.history.similar(spec)
+        except Exception as error:  # the config DB's trouble must not fail a submission
+            log.warning(
+                "config DB unreachable; no warm-start curve", job_id=job_id, error=str(error)
+            )
+            return None
+        curve = history_curve(runs, self.cluster.unit)
+        if curve is not None:
+            log.info("curve from similar jobs", job_id=job_id, basis=curve.basis)
+        return curve
+
     def _decision(
         self,
         spec: JobSpec,
@@ -320,22 +355,31 @@ class Submissions:
         earliest: float | None,
         now: float,
         source: str,
+        basis: str = "",
     ) -> Decision:
         """The words and numbers of a decision on a job with a curve."""
         unit_name = "GPUs" if spec.kind is ResourceKind.GPU else "CPU units"
         deadline_at = spec.deadline_at
         earliest_at = None if earliest is None else datetime.fromtimestamp(earliest, UTC)
-        could = (
-            f"could guarantee by {in_words(earliest - now)} ({_iso(earliest_at)})"
-            if earliest is not None and earliest_at is not None
-            else f"it does not fit the cluster's {pool.capacity} {unit_name} even alone"
-        )
+
+        def could() -> str:
+            """What deadline would work (asked only of a job that was not guaranteed)."""
+            if earliest is not None and earliest_at is not None:
+                return f"could guarantee by {in_words(earliest - now)} ({_iso(earliest_at)})"
+            if pool.blocked(now):
+                return (
+                    "no deadline can be guaranteed now: the jobs already guaranteed hold "
+                    f"every slot Algorithm 1 can prove on the cluster's {pool.capacity} "
+                    f"{unit_name}, until some of them end"
+                )
+            return f"it does not fit the cluster's {pool.capacity} {unit_name} even alone"
+
         if entry is None:
             assert deadline_at is not None
             return Decision(
                 Outcome.REJECTED,
                 f"cannot guarantee the deadline {_iso(deadline_at)} beside the jobs already "
-                f"guaranteed; {could}. Resubmit with a later deadline "
+                f"guaranteed; {could()}. Resubmit with a later deadline "
                 "(stride submit --deadline), soft_deadline: true, or none",
                 POLICY,
                 None,
@@ -350,7 +394,8 @@ class Submissions:
             return Decision(
                 Outcome.ADMITTED,
                 f"deadline {_iso(deadline_at)} guaranteed under the model "
-                f"(curve from the {source}): at least {minimum} {unit_name} now, "
+                f"(curve from the {source}{': ' + basis if basis else ''}): at least "
+                f"{minimum} {unit_name} now, "
                 f"done by {_iso(finish)}; running on {entry.units}",
                 POLICY,
                 self._share(spec.kind, entry.curve, minimum),
@@ -360,7 +405,7 @@ class Submissions:
         if deadline_at is not None:
             return Decision(
                 Outcome.SOFT,
-                f"soft deadline {_iso(deadline_at)} cannot be guaranteed ({could}); "
+                f"soft deadline {_iso(deadline_at)} cannot be guaranteed ({could()}); "
                 + (
                     f"runs best effort on {entry.units} {unit_name}"
                     if entry.units
@@ -453,6 +498,7 @@ class Submissions:
                     last_update=entry.last_update,
                     share=share,
                     waiting_since=entry.waiting_since,
+                    curve=curve_to_json(entry.curve),
                 )
             )
             events.append(topics.JOB_SHARE.outgoing(job_id, share, f"{job_id}.share.{version}"))
@@ -646,7 +692,11 @@ class Submissions:
             headroom=kind is ResourceKind.CPU,
         )
         for row in rows:
-            curve = job_curve(spec_from_proto(row.spec), self.cluster.unit, self.cluster.curves)
+            curve = (
+                curve_from_json(row.curve, self.cluster.unit)
+                if row.curve
+                else job_curve(spec_from_proto(row.spec), self.cluster.unit, self.cluster.curves)
+            )
             if curve is None:
                 log.warning("job has books but no curve now; left out", job_id=row.job_id)
                 continue

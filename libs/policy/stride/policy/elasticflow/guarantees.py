@@ -270,6 +270,8 @@ class GuaranteePlanner:
         """The timeline jobs are allocated by and the ids of every job it considered."""
         self._considered: tuple[AdmissionControl, set[str]] | None = None
         """The last timeline built and the jobs it considered (acted on or not)."""
+        self._refill_memo: tuple[AdmissionControl, bool] | None = None
+        """The last timeline :meth:`refillable` answered for, and its answer."""
         self.used: AdmissionControl | None = None
         """The timeline the last :meth:`guaranteed` answered from (its slot 0 began at its
         ``now``), for :meth:`GuaranteePolicy.wakeup`."""
@@ -488,6 +490,23 @@ class GuaranteePlanner:
             return False
         return self._refill_keeps(view, timeline, candidate)
 
+    def refillable(self, view: DeadlineView) -> bool:
+        """Whether Algorithm 1 re-run in deadline order keeps every guaranteed job *without*
+        a candidate. When it does not (jobs admitted into the gaps of held plans, on an
+        overloaded cluster), no candidate can pass the paper's test at any deadline:
+        filling a job in only takes room from the jobs after it. Answered once per
+        timeline, so a refusal then costs no re-fill, and the earliest-deadline search
+        knows at once that there is none (same decisions, found faster)."""
+        timeline = self.timeline(view)
+        if self._refill_memo is not None and self._refill_memo[0] is timeline:
+            return self._refill_memo[1]
+        guaranteed = {planned.job.job_id for planned in timeline.jobs}
+        jobs = sorted((job for job in view.jobs if job.job_id in guaranteed), key=edf_key)
+        refill = self._fill(view, jobs, self._fresh(view))
+        answer = len(refill.jobs) == len(jobs)
+        self._refill_memo = (timeline, answer)
+        return answer
+
     def _refill_keeps(
         self, view: DeadlineView, timeline: AdmissionControl, candidate: JobView
     ) -> bool:
@@ -497,6 +516,8 @@ class GuaranteePlanner:
         job"), on top of fitting the candidate into what the held plans leave free. A job
         admitted only into the gaps of held plans is the case Algorithm 1's later re-runs
         cannot keep, and :meth:`_keeping` then has to hold stale plans for it."""
+        if not self.refillable(view):
+            return False
         guaranteed = {planned.job.job_id for planned in timeline.jobs}
         jobs = sorted(
             [*(job for job in view.jobs if job.job_id in guaranteed), candidate], key=edf_key
@@ -621,6 +642,12 @@ class GuaranteePolicy:
             return self._planner.fits(view, candidate)
         return admission_test(view, candidate)
 
+    def blocked(self, view: DeadlineView) -> bool:
+        """Whether no deadline at all can be guaranteed now: Algorithm 1 re-run over the
+        guaranteed jobs alone no longer keeps them all (:meth:`GuaranteePlanner.refillable`),
+        so the paper's admission test fails for every candidate until some of them end."""
+        return view.capacity > 0 and self.incremental and not self._planner.refillable(view)
+
     def earliest_deadline(self, view: DeadlineView, candidate: JobView) -> float | None:
         """The earliest deadline at which ``candidate`` would be admitted now, or None.
 
@@ -633,7 +660,7 @@ class GuaranteePolicy:
         not at all: its smallest size exceeds the cluster).
         """
         curve = candidate.curve
-        if view.capacity <= 0:
+        if view.capacity <= 0 or self.blocked(view):
             return None
         fastest = curve.throughput(curve.usable(min(curve.max_size, view.capacity)))
         if fastest <= 0:

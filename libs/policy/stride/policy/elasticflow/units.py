@@ -36,6 +36,7 @@ __all__ = [
     "cpu_units",
     "gpu_curve",
     "profile_curve",
+    "sized_curve",
 ]
 
 GIB = 1024**3
@@ -94,6 +95,8 @@ class JobCurve:
     """Units -> the workers, PS, cores and memory at that size (CPU jobs; empty for GPU)."""
     source: str = "profile"
     """Where it came from: ``profile``, ``curves-table`` or ``history``."""
+    basis: str = ""
+    """What the source was, in words (for ``history``: the similar jobs it blends)."""
 
     def size_at(self, units: int) -> ProfileSize | None:
         """What the job runs with when it holds ``units`` (the largest size it can use)."""
@@ -126,12 +129,32 @@ def profile_curve(
     role's ``(cores, memory bytes)``; ``fixed`` is held at every size (the chief, which a
     ParameterServerStrategy job always runs beside its PS and workers). Points that take
     the same units keep the fastest."""
+    return sized_curve(
+        [
+            (
+                workers,
+                servers,
+                rate,
+                workers * worker[0] + servers * ps[0] + fixed[0],
+                workers * worker[1] + servers * ps[1] + fixed[1],
+            )
+            for workers, servers, rate in points
+        ],
+        unit,
+        source,
+    )
+
+
+def sized_curve(
+    points: Sequence[tuple[int, int, float, float, int]], unit: CpuUnit, source: str
+) -> JobCurve:
+    """A CPU job's curve in units from ``(workers, ps, steps per second, cores, memory
+    bytes)`` points, each with what it holds in all (a measured history's plans differ in
+    their pods' sizes). Points that take the same units keep the fastest."""
     if not points:
         raise InvalidUnits("profile.points", "needs at least one point")
     best: dict[int, tuple[float, ProfileSize]] = {}
-    for workers, servers, rate in points:
-        cpu = workers * worker[0] + servers * ps[0] + fixed[0]
-        memory = workers * worker[1] + servers * ps[1] + fixed[1]
+    for workers, servers, rate, cpu, memory in points:
         units = cpu_units(cpu, memory, unit)
         if units not in best or rate > best[units][0]:
             best[units] = (rate, ProfileSize(workers, servers, cpu, memory))

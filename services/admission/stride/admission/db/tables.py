@@ -59,9 +59,11 @@ ledger = Table(
     Column("share_version", Integer, nullable=False),
     Column("share", LargeBinary, nullable=True),
     Column("waiting_since", Float, nullable=True),
+    Column("curve", JSON, nullable=True),
 )
 """A planned job's books (:class:`stride.admission.domain.ledger.Entry`), written whenever
-its units change; progress between writes follows from them (constant units)."""
+its units change; progress between writes follows from them (constant units). ``curve``
+keeps a curve that came from similar jobs' history (a spec's profile is in the spec)."""
 
 capacity = Table(
     "capacity",

@@ -201,6 +201,12 @@ class Pool:
         self._rewind(now)
         return self.policy.earliest_deadline(self.view(now), entry.view(self.capacity))
 
+    def blocked(self, now: float) -> bool:
+        """Whether no deadline can be guaranteed now beside the guaranteed jobs (see
+        :meth:`GuaranteePolicy.blocked`). Asked of a refused job, before or without a
+        round at ``now``: it reads the books as they are."""
+        return self.policy.blocked(self.view(now))
+
     def join(self, now: float, entry: Entry) -> bool:
         """Add ``entry``; a job with a deadline joins only if the policy admits it (it keeps
         the plans that admitted it for this instant's round, as in the simulator)."""

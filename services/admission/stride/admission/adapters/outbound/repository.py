@@ -50,6 +50,8 @@ class LedgerRow:
     waiting_since: float | None = None
     share: job_pb2.JobShare | None = None
     """The share last published (its placement, for GPU jobs)."""
+    curve: dict[str, Any] | None = None
+    """A history curve (:func:`curve_to_json`), else None (the spec says the curve)."""
 
 
 async def job_by_request_id(session: AsyncSession, request_id: str) -> str | None:
@@ -177,6 +179,7 @@ async def active_ledger(session: AsyncSession, kind: str) -> list[LedgerRow]:
             share_version=row.share_version,
             waiting_since=row.waiting_since,
             share=job_pb2.JobShare.FromString(row.share) if row.share else None,
+            curve=row.curve,
             spec=job_pb2.JobSpec.FromString(row.spec),
             state=row.state,
         )
@@ -209,6 +212,7 @@ class Books:
     last_update: float
     share: job_pb2.JobShare
     waiting_since: float | None = None
+    curve: dict[str, Any] | None = None
 
 
 async def save_books_many(session: AsyncSession, books: list[Books]) -> None:
@@ -237,6 +241,7 @@ async def save_books_many(session: AsyncSession, books: list[Books]) -> None:
             "share_version": entry.share.version,
             "share": entry.share.SerializeToString(),
             "waiting_since": entry.waiting_since,
+            "curve": entry.curve,
         }
         for entry in books
     ]
