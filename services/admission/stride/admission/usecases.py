@@ -281,11 +281,14 @@ class Submissions:
             entry = Entry(job_id, curve, deadline, now, total, total, priority=_class(spec))
             guaranteed = True
             earliest: float | None = None
+            blocked = False
             if deadline is not None and not pool.join(now, entry):
                 guaranteed = False
                 earliest = pool.earliest_deadline(now, entry)
                 if earliest is not None:
                     earliest += RESUBMIT_GRACE_SECONDS
+                else:  # answered by the search already (one re-fill per instant)
+                    blocked = pool.blocked(now)
                 if spec.soft_deadline:
                     entry.deadline = None
                     pool.join(now, entry)
@@ -296,7 +299,7 @@ class Submissions:
             if entry is not None:
                 changed = pool.round(now)
             decision = self._decision(
-                spec, pool, entry, guaranteed, earliest, now, curve.source, curve.basis
+                spec, pool, entry, guaranteed, earliest, now, curve.source, curve.basis, blocked
             )
         async with self.database.transaction() as session:
             job = await repository.get_job(session, job_id, for_update=True)
@@ -356,6 +359,7 @@ class Submissions:
         now: float,
         source: str,
         basis: str = "",
+        blocked: bool = False,
     ) -> Decision:
         """The words and numbers of a decision on a job with a curve."""
         unit_name = "GPUs" if spec.kind is ResourceKind.GPU else "CPU units"
@@ -366,7 +370,7 @@ class Submissions:
             """What deadline would work (asked only of a job that was not guaranteed)."""
             if earliest is not None and earliest_at is not None:
                 return f"could guarantee by {in_words(earliest - now)} ({_iso(earliest_at)})"
-            if pool.blocked(now):
+            if blocked:
                 return (
                     "no deadline can be guaranteed now: the jobs already guaranteed hold "
                     f"every slot Algorithm 1 can prove on the cluster's {pool.capacity} "

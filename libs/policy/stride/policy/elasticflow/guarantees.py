@@ -19,7 +19,7 @@ and capacity changes on the wall clock (or a replay's clock). Neither owns a cop
 from __future__ import annotations
 
 import math
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field, replace
 
 import numpy as np
@@ -481,14 +481,22 @@ class GuaranteePlanner:
 
     def fits(self, view: DeadlineView, candidate: JobView) -> bool:
         """Whether :meth:`admit` would admit ``candidate`` now, changing nothing."""
+        if not self.fits_held(view, candidate):
+            return False
+        if candidate.deadline is None:
+            return True
+        return self._refill_keeps(view, self.timeline(view), candidate)
+
+    def fits_held(self, view: DeadlineView, candidate: JobView) -> bool:
+        """The first half of :meth:`fits`, and the cheap one: ``candidate`` fits into what
+        the held plans leave free (no re-fill). Necessary for :meth:`fits`, so a search
+        may use it to find where to start checking the whole test."""
         if candidate.deadline is None:
             return True
         if not _reservable(candidate, view.now, view.pause_seconds):
             return False
         timeline = self.timeline(view)
-        if timeline.decide(self._planned(candidate, timeline, view.pause_seconds)) is None:
-            return False
-        return self._refill_keeps(view, timeline, candidate)
+        return timeline.decide(self._planned(candidate, timeline, view.pause_seconds)) is not None
 
     def refillable(self, view: DeadlineView) -> bool:
         """Whether Algorithm 1 re-run in deadline order keeps every guaranteed job *without*
@@ -516,8 +524,9 @@ class GuaranteePlanner:
         job"), on top of fitting the candidate into what the held plans leave free. A job
         admitted only into the gaps of held plans is the case Algorithm 1's later re-runs
         cannot keep, and :meth:`_keeping` then has to hold stale plans for it."""
-        if not self.refillable(view):
-            return False
+        memo = self._refill_memo
+        if memo is not None and memo[0] is timeline and not memo[1]:
+            return False  # known blocked (see refillable); not worth a re-fill to learn it
         guaranteed = {planned.job.job_id for planned in timeline.jobs}
         jobs = sorted(
             [*(job for job in view.jobs if job.job_id in guaranteed), candidate], key=edf_key
@@ -642,6 +651,15 @@ class GuaranteePolicy:
             return self._planner.fits(view, candidate)
         return admission_test(view, candidate)
 
+    def fits_held(self, view: DeadlineView, candidate: JobView) -> bool:
+        """A necessary condition of :meth:`fits`, cheaper: the candidate fits beside the
+        guaranteed jobs' held plans (the re-fill not tried)."""
+        if view.capacity <= 0:
+            return candidate.deadline is None
+        if self.incremental:
+            return self._planner.fits_held(view, candidate)
+        return admission_test(view, candidate)
+
     def blocked(self, view: DeadlineView) -> bool:
         """Whether no deadline at all can be guaranteed now: Algorithm 1 re-run over the
         guaranteed jobs alone no longer keeps them all (:meth:`GuaranteePlanner.refillable`),
@@ -673,23 +691,41 @@ class GuaranteePolicy:
         def fits(slots: int) -> bool:
             return self.fits(view, replace(candidate, deadline=deadline(slots)))
 
+        def fits_held(slots: int) -> bool:
+            return self.fits_held(view, replace(candidate, deadline=deadline(slots)))
+
         first = first_slot(view.now)
         alone = (candidate.remaining_iterations / fastest - first) / SLOT_SECONDS
         low = max(1, 1 + math.ceil(alone - 1e-9))
         if low > limit:
             return None
+        # The cheap half of the test first (it fails at least wherever the whole one does),
+        # then the whole test from there: the same answer with few re-fills, as a deadline
+        # that fits the held plans nearly always keeps the re-fill too.
+        start = self._smallest(fits_held, low, limit)
+        if start is None:
+            return None
+        found = start if fits(start) else self._smallest(fits, start + 1, limit)
+        return None if found is None else deadline(found)
+
+    @staticmethod
+    def _smallest(test: Callable[[int], bool], low: int, limit: int) -> int | None:
+        """The fewest slots in ``low .. limit`` that pass ``test`` (monotone in all but
+        rare re-fill orders): doubling until one passes, then bisecting."""
+        if low > limit:
+            return None
         failed, high = low - 1, low
-        while not fits(high):
+        while not test(high):
             if high >= limit:
                 return None
             failed, high = high, min(limit, 2 * high)
         while high - failed > 1:
             middle = (failed + high) // 2
-            if fits(middle):
+            if test(middle):
                 high = middle
             else:
                 failed = middle
-        return deadline(high)
+        return high
 
     def reservations(self, view: DeadlineView) -> dict[str, tuple[int, ...]]:
         """Each guaranteed job's reserved devices per slot (slot 0 = now), by job id."""

@@ -155,16 +155,31 @@ def prioritized(jobs: Sequence[Contender], capacity: int, now: float) -> Split:
         return job.curve.sizes[0]
 
     # Jobs holding units keep their smallest size unless a higher class needs it (rule 2):
-    # until their class's turn, those sizes are reserved.
+    # until their class's turn, those sizes are reserved. The totals are kept as units
+    # change, so each question costs O(1) whatever the number of jobs.
+    by_id = {job.job_id: job for job in jobs}
     kept = {job.job_id for job in jobs if job.holding and units[job.job_id] < smallest(job)}
+    reserved: dict[int, int] = {}
+    for job_id in kept:
+        level = ranked[job_id][0]
+        reserved[level] = reserved.get(level, 0) + smallest(by_id[job_id]) - units[job_id]
+    total = sum(units.values())
 
     def free(level: int) -> int:
-        reserved = sum(
-            smallest(job) - units[job.job_id]
-            for job in jobs
-            if job.job_id in kept and ranked[job.job_id][0] < level
-        )
-        return capacity - sum(units.values()) - reserved
+        below = sum(held for kept_level, held in reserved.items() if kept_level < level)
+        return capacity - total - below
+
+    def release(job_id: str) -> None:
+        """A kept job's reserved size is no longer held for it."""
+        if job_id in kept:
+            kept.discard(job_id)
+            level = ranked[job_id][0]
+            reserved[level] -= smallest(by_id[job_id]) - units[job_id]
+
+    def assign(job_id: str, value: int) -> None:
+        nonlocal total
+        total += value - units[job_id]
+        units[job_id] = value
 
     def order(job: Contender) -> tuple[int, int, float, float, str]:
         return (
@@ -182,7 +197,7 @@ def prioritized(jobs: Sequence[Contender], capacity: int, now: float) -> Split:
     for level in sorted({level for level, _ in ranked.values()}, reverse=True):
         members = sorted((job for job in jobs if ranked[job.job_id][0] == level), key=order)
         for job in members:  # starts: smallest sizes, by preemption of lower classes if need be
-            kept.discard(job.job_id)
+            release(job.job_id)
             need = smallest(job) - units[job.job_id]
             if need <= 0:
                 continue
@@ -200,8 +215,9 @@ def prioritized(jobs: Sequence[Contender], capacity: int, now: float) -> Split:
                     room += smallest(victim) - units[victim.job_id]
                 if need > room:
                     continue  # not even all lower classes make room: it waits, nobody moves
-                kept.difference_update(chosen)
-            units[job.job_id] = smallest(job)
+                for victim_id in chosen:
+                    release(victim_id)
+            assign(job.job_id, smallest(job))
         spare = free(level)
         if spare <= 0:
             continue
@@ -221,7 +237,7 @@ def prioritized(jobs: Sequence[Contender], capacity: int, now: float) -> Split:
             )
         )
         for job, count in zip(members, counts, strict=True):
-            units[job.job_id] = count
+            assign(job.job_id, count)
     return Split(units, _notes(jobs, units, ranked))
 
 

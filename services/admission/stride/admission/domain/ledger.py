@@ -71,11 +71,27 @@ class Entry:
     waiting_since: float | None = None
     """Since when it has held no units (None while it holds some): its age."""
 
+    _view: tuple[tuple[float, int, float, float | None, int, float | None], JobView] | None = (
+        field(default=None, init=False, repr=False, compare=False)
+    )
+    """The last view built and what it was built from: a waiting job's view, and a running
+    one's within an instant, is asked for many times per decision."""
+
     def view(self, capacity: int) -> JobView:
+        key = (
+            self.remaining,
+            self.units,
+            self.paused_until,
+            self.deadline,
+            capacity,
+            self.waiting_since,
+        )
+        if self._view is not None and self._view[0] == key:
+            return self._view[1]
         smallest = self.curve.curve.sizes[0]
         size = self.curve.size_at(smallest)
         workers = size.workers if size is not None else smallest
-        return JobView(
+        built = JobView(
             self.job_id,
             self.curve.curve,
             self.remaining,
@@ -89,6 +105,8 @@ class Entry:
             weight=unit_weight(workers, smallest, capacity),
             waiting_since=self.waiting_since,
         )
+        self._view = (key, built)
+        return built
 
     def rate(self) -> float:
         return self.curve.curve.throughput(self.units) if self.units else 0.0
