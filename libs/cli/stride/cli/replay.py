@@ -1,16 +1,20 @@
-"""``stride replay``: a deadline trace through the live admission service, on a fast clock.
+"""``stride replay``: a deadline trace through the live admission service, on its own clock.
 
 ``stride sim --env deadline`` and the admission service run one policy class
 (:class:`~stride.policy.elasticflow.guarantees.GuaranteePolicy`); this command checks that
 they also make the same decisions end to end. It starts an embedded nats-server and a real
-admission process (``python -m stride.admission``, SQLite, the cluster's GPUs and the
-curves table), whose clock runs ``--speedup`` times faster than the wall clock. Then:
+admission process (``python -m stride.admission``, SQLite, the cluster's GPUs, its
+switch/node/GPU tree and the curves table) on a replay clock: *stepped* (the default: the
+replay moves it from event to event through ``ReplayClockService.Advance``, in the
+simulator's order, so no decision waits on the wall clock and the two must agree job by
+job) or *accelerated* (``--speedup`` times the wall clock). Then:
 
 - every trace job is submitted through gRPC (``SubmitJob``) when its arrival comes on that
   clock, as a simulated GPU job of its model and batch size with its deadline;
 - the jobs' pods are simulated here, from admission's ``stride.jobs.v1.share.<job>``
   events: a job progresses at its curve's speed on the GPUs its share gives it, pausing
-  20 s after every change (the simulator's rule), and when its work is done a
+  20 s after every change of size or place (the simulator's rule; shares at one instant
+  count as the last one), and when its work is done a
   ``stride.jobs.v1.finished.<job>`` event is published (what the podwatcher does for
   real pods), at the moment the model says;
 - the deadline satisfactory ratio (jobs done by their deadline over jobs with one; a

@@ -71,8 +71,8 @@ class Entry:
     waiting_since: float | None = None
     """Since when it has held no units (None while it holds some): its age."""
 
-    _view: tuple[tuple[float, int, float, float | None, int, float | None], JobView] | None = (
-        field(default=None, init=False, repr=False, compare=False)
+    _view: tuple[tuple[float, int, float, float | None, int, float | None], JobView] | None = field(
+        default=None, init=False, repr=False, compare=False
     )
     """The last view built and what it was built from: a waiting job's view, and a running
     one's within an instant, is asked for many times per decision."""
