@@ -12,7 +12,6 @@ from datetime import UTC, datetime
 
 import grpc
 import pytest
-from google.protobuf.timestamp_pb2 import Timestamp
 
 from stride.admission.app import build
 from stride.admission.settings import AdmissionSettings
@@ -22,32 +21,21 @@ from stride.bus import topics
 from stride.bus.client import Bus
 from stride.events.v1 import cluster_pb2, job_pb2
 from stride.testing.eventually import assert_eventually
-from stride.testing.inprocess import local_settings, running_service
+from stride.testing.inprocess import running_service
+
+from .test_admission_stepped_clock import at
+from .test_admission_stepped_clock import settings as stepped_settings
 
 pytestmark = pytest.mark.integration
 
-ORIGIN = 6_000_000 * 300.0
 GIB = 1024**3
 
 
 def settings(nats_url: str, database_url: str, **changes: object) -> AdmissionSettings:
-    values: dict[str, object] = {
-        "nats_url": nats_url,
-        "database_url": database_url,
-        "cluster_gpus": 16,
-        "cluster_topology": "1x2x8",
-        "cluster_cpu": 8.0,
-        "cluster_memory_gib": 32.0,
-        "replay_stepped": True,
-        "replay_origin": ORIGIN,
-    }
-    return local_settings(AdmissionSettings, **{**values, **changes})
-
-
-def at(seconds: float) -> Timestamp:
-    stamp = Timestamp()
-    stamp.FromDatetime(datetime.fromtimestamp(ORIGIN + seconds, UTC))
-    return stamp
+    """The stepped-clock tests' admission, with 16 GPUs on a tree of 2 nodes of 8."""
+    return stepped_settings(
+        nats_url, database_url, **{"cluster_gpus": 16, "cluster_topology": "1x2x8", **changes}
+    )
 
 
 def gpu_job(name: str, steps: int, largest: int = 8) -> job_pb2.JobSpec:

@@ -11,6 +11,7 @@ Training for real is in ``tests/e2e/test_training.py``.
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 import signal
@@ -117,11 +118,12 @@ async def serving(stub: Stub) -> None:
     await assert_eventually(probe, timeout=30)
 
 
-@pytest.fixture
-async def harness(
-    nats_url: str, postgres_url: str, tmp_path: Path
+@contextlib.asynccontextmanager
+async def running_podwatcher(
+    nats_url: str, postgres_url: str, tmp_path: Path, **extra: str
 ) -> AsyncIterator[tuple[Podwatcher, Stub, Bus]]:
-    podwatcher = Podwatcher(nats_url, postgres_url, tmp_path)
+    """A podwatcher process serving, a bus connection and a stub; its pods removed after."""
+    podwatcher = Podwatcher(nats_url, postgres_url, tmp_path, **extra)
     podwatcher.process.start()
     bus = await Bus.connect(nats_url, name="test")
     channel = grpc.aio.insecure_channel(podwatcher.address)
@@ -138,6 +140,14 @@ async def harness(
         for status in leftovers.adopt():
             await leftovers.delete(status.launch.pod, grace_seconds=2)
         await leftovers.close()
+
+
+@pytest.fixture
+async def harness(
+    nats_url: str, postgres_url: str, tmp_path: Path
+) -> AsyncIterator[tuple[Podwatcher, Stub, Bus]]:
+    async with running_podwatcher(nats_url, postgres_url, tmp_path) as running:
+        yield running
 
 
 async def pods_of(stub: Stub, job_id: str) -> dict[str, pb.Pod]:
@@ -757,15 +767,9 @@ async def test_a_plan_without_pods_checkpoints_first_then_removes_them_and_a_lat
 async def test_a_chief_that_never_answers_is_suspended_all_the_same_after_the_timeout(
     nats_url: str, postgres_url: str, tmp_path: Path
 ) -> None:
-    podwatcher = Podwatcher(
-        nats_url, postgres_url, tmp_path, STRIDE_PODWATCHER_RECONFIGURE_TIMEOUT_SECONDS="2"
-    )
-    podwatcher.process.start()
-    bus = await Bus.connect(nats_url, name="test")
-    channel = grpc.aio.insecure_channel(podwatcher.address)
-    try:
-        stub = pb_grpc.PodWatcherServiceStub(channel)
-        await serving(stub)
+    timeout = {"STRIDE_PODWATCHER_RECONFIGURE_TIMEOUT_SECONDS": "2"}
+    async with running_podwatcher(nats_url, postgres_url, tmp_path, **timeout) as started:
+        _, stub, bus = started
         job = new_job()
         await admit(bus, job, script="run")
         await bus.publish(topics.PLAN, job, plan(job, 1), f"{job}.plan.1")
@@ -775,11 +779,3 @@ async def test_a_chief_that_never_answers_is_suspended_all_the_same_after_the_ti
         done = await plan_state(stub, job, 2, pb.PLAN_STATE_APPLIED)
         assert done.message.startswith("suspended without the chief's checkpoint"), done
         await running(stub, job)
-    finally:
-        await channel.close(None)
-        await bus.close()
-        podwatcher.process.terminate()
-        leftovers = LocalPods(tmp_path / "pods")
-        for status in leftovers.adopt():
-            await leftovers.delete(status.launch.pod, grace_seconds=2)
-        await leftovers.close()

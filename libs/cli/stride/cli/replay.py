@@ -255,14 +255,15 @@ class Replay:
             return
         self._apply(job, share)
 
-    def _apply(self, job: Tracked, share: job_pb2.JobShare) -> None:
+    def _apply(self, job: Tracked, share: job_pb2.JobShare, exact: float | None = None) -> None:
         """The simulator's books for one share change (:class:`Pool`'s rule): a change of
         size, or a move at the same size (a migration), pauses the job; several shares at
-        one instant count as the last one alone."""
+        one instant count as the last one alone. ``exact``: the decision's time, exactly
+        (else ``decided_at``, rounded)."""
         if share.version <= job.version or job.done:
             return
         job.version = share.version
-        at = share.decided_at.ToDatetime(tzinfo=UTC).timestamp()
+        at = exact if exact is not None else share.decided_at.ToDatetime(tzinfo=UTC).timestamp()
         self._advance(job, at)
         if job.instant != at:
             job.instant = at
@@ -427,13 +428,20 @@ class SteppedReplay(Replay):
     async def _move_clock(self, clock: Any, at: float, inclusive: bool) -> float | None:
         to = Timestamp()
         to.FromDatetime(datetime.fromtimestamp(at, UTC))
-        reply = await self._call(
-            clock.Advance, pb.AdvanceRequest(to=to, inclusive=inclusive), "moving the clock"
-        )
+        request = pb.AdvanceRequest(to=to, inclusive=inclusive, to_unix_seconds=at)
+        reply = await self._call(clock.Advance, request, "moving the clock")
         self.clock_now = at
         if not reply.HasField("next_round"):
             return None
-        return float(reply.next_round.ToDatetime(tzinfo=UTC).timestamp())
+        return float(reply.next_round_unix_seconds)
+
+    def _apply(self, job: Tracked, share: job_pb2.JobShare, exact: float | None = None) -> None:
+        """As the accelerated replay, at the clock's exact time: every share a step reads
+        was decided at the instant the clock stands at (``decided_at`` is rounded)."""
+        decided = share.decided_at.ToDatetime(tzinfo=UTC).timestamp()
+        if exact is None and abs(decided - self.clock_now) < 1e-3:
+            exact = self.clock_now
+        super()._apply(job, share, exact)
 
     async def _finish(self, stub: Any, job: Tracked, end: float) -> None:
         job.finished_at = end

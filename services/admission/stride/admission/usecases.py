@@ -114,13 +114,46 @@ def wall_clock() -> datetime:
     return datetime.now(UTC)
 
 
+class ExactMoment(datetime):
+    """A datetime that remembers the float seconds it was made from: ``timestamp()`` gives
+    them back exactly (a datetime keeps microseconds; a replay's event times are floats,
+    and the simulator plans with them to the last bit)."""
+
+    exact: float
+
+    @classmethod
+    def of(cls, seconds: float) -> ExactMoment:
+        """The moment ``seconds`` after the epoch, exactly."""
+        base = datetime.fromtimestamp(seconds, UTC)
+        moment = cls(
+            base.year,
+            base.month,
+            base.day,
+            base.hour,
+            base.minute,
+            base.second,
+            base.microsecond,
+            tzinfo=UTC,
+        )
+        moment.exact = seconds
+        return moment
+
+    def timestamp(self) -> float:
+        return self.exact
+
+
 class SteppedClock:
     """A clock that stands still until told to move (``stride replay --clock stepped``):
     no decision then waits on the wall clock, so a replay's decisions are the simulator's
-    whatever the machine's speed."""
+    whatever the machine's speed. It keeps float seconds, exactly as the replay gives them."""
 
     def __init__(self, start: float) -> None:
-        self.value = datetime.fromtimestamp(start, UTC)
+        self.seconds = start
+
+    @property
+    def value(self) -> datetime:
+        """The clock as a datetime (whose ``timestamp()`` is exact)."""
+        return ExactMoment.of(self.seconds)
 
     def __call__(self) -> datetime:
         return self.value
@@ -525,11 +558,9 @@ class Submissions:
     async def _requeue(
         self, session: Any, job_id: str, entry: Entry, note: str, moment: datetime
     ) -> None:
-        """A running job preempted for a higher class goes back to the queue, told why; it
-        is admitted again (``capacity freed``) when a round gives it units."""
-        job = await repository.get_job(session, job_id, for_update=True)
-        if job is None or job.state != "ADMITTED":
-            return
+        """A running job left without units (preempted for a higher class, or its units
+        went to others) goes back to the queue, told why; it is admitted again (``capacity
+        freed``) when a round gives it units."""
         decision = Decision(
             Outcome.QUEUED,
             f"{note}: waits for capacity, then resumes from its newest checkpoint",
@@ -537,15 +568,7 @@ class Submissions:
             None,
             curve_source=entry.curve.source,
         )
-        message = decision_to_proto(job_id, decision, job.spec, moment)
-        number = await repository.decision_count(session, job_id) + 1
-        await repository.record_decision(session, message, "QUEUED", moment)
-        await self.outbox.add_event(
-            session,
-            topics.DECISION_TOPICS["queued"].outgoing(
-                job_id, message, f"{job_id}.decision.{number}"
-            ),
-        )
+        await self._further(session, job_id, "ADMITTED", decision, "QUEUED", "queued", moment)
 
     async def _admit_queued(
         self,
@@ -556,9 +579,7 @@ class Submissions:
         reason: str,
         moment: datetime,
     ) -> None:
-        job = await repository.get_job(session, job_id, for_update=True)
-        if job is None or job.state != "QUEUED":
-            return
+        """A queued job a round gave units is admitted, told why."""
         unit_name = "GPUs" if kind is ResourceKind.GPU else "CPU units"
         decision = Decision(
             Outcome.ADMITTED,
@@ -568,12 +589,30 @@ class Submissions:
             None,
             curve_source=entry.curve.source,
         )
+        await self._further(session, job_id, "QUEUED", decision, "ADMITTED", "admitted", moment)
+
+    async def _further(
+        self,
+        session: Any,
+        job_id: str,
+        expected: str,
+        decision: Decision,
+        state: str,
+        topic: str,
+        moment: datetime,
+    ) -> None:
+        """Record one more decision on a job in state ``expected`` (else nothing: a later
+        decision got there first), move it to ``state`` and announce it on ``topic``
+        (``stride.jobs.v1.<topic>``), numbered after its earlier decisions."""
+        job = await repository.get_job(session, job_id, for_update=True)
+        if job is None or job.state != expected:
+            return
         message = decision_to_proto(job_id, decision, job.spec, moment)
         number = await repository.decision_count(session, job_id) + 1
-        await repository.record_decision(session, message, "ADMITTED", moment)
+        await repository.record_decision(session, message, state, moment)
         await self.outbox.add_event(
             session,
-            topics.JOB_ADMITTED.outgoing(job_id, message, f"{job_id}.decision.{number}"),
+            topics.DECISION_TOPICS[topic].outgoing(job_id, message, f"{job_id}.decision.{number}"),
         )
 
     def _schedule(self, kind: ResourceKind, pool: Pool) -> None:
@@ -618,19 +657,21 @@ class Submissions:
         self.outbox.notify()
         self._schedule(kind, pool)
 
-    async def advance(self, to: datetime, inclusive: bool) -> tuple[datetime, datetime | None, int]:
-        """Move the stepped clock to ``to``, running every round due before it (each at its
-        own time; with ``inclusive`` those due at ``to`` too), and return once their events
-        are on the bus: the clock, the next round due (None: none) and the rounds run."""
+    async def advance(self, target: float, inclusive: bool) -> tuple[float, float | None, int]:
+        """Move the stepped clock to ``target`` (seconds after the epoch), running every round
+        due before it (each at its own time; with ``inclusive`` those due then too), and
+        return once their events are on the bus: the clock, the next round due (None:
+        none) and the rounds run."""
         clock = self.stepped
         if clock is None:
             raise FailedPrecondition("the clock is the wall clock; only a stepped replay moves it")
         async with self._advancing:
-            if to < clock.value:
+            if target < clock.seconds:
                 raise InvalidArgument(
-                    "to", f"{_iso(to)} is before the clock ({_iso(clock.value)}); it only moves on"
+                    "to",
+                    f"{_iso(ExactMoment.of(target))} is before the clock ({_iso(clock.value)}); "
+                    "it only moves on",
                 )
-            target = to.timestamp()
             rounds = 0
             while True:
                 due = [
@@ -642,14 +683,13 @@ class Submissions:
                     break
                 wakeup, _, kind = min(due)
                 self._timers.pop(kind)
-                clock.value = max(clock.value, datetime.fromtimestamp(wakeup, UTC))
+                clock.seconds = max(clock.seconds, wakeup)
                 await self.tick(kind)
                 rounds += 1
-            clock.value = to
+            clock.seconds = target
             await self._drained()
             armed = [wakeup for wakeup, _ in self._timers.values()]
-            upcoming = datetime.fromtimestamp(min(armed), UTC) if armed else None
-            return clock.value, upcoming, rounds
+            return clock.seconds, min(armed) if armed else None, rounds
 
     async def _drained(self) -> None:
         """Wait until every event written so far has left the outbox for the bus."""
@@ -863,18 +903,9 @@ class Submissions:
     ) -> None:
         """A further decision on an admitted job (its guarantee changed), announced as
         admitted with the new outcome."""
-        job = await repository.get_job(session, job_id, for_update=True)
-        if job is None or job.state != "ADMITTED":
-            return
         decision = Decision(outcome, reason, POLICY, None, curve_source=entry.curve.source)
-        message = decision_to_proto(job_id, decision, job.spec, moment)
-        number = await repository.decision_count(session, job_id) + 1
-        await repository.record_decision(session, message, "ADMITTED", moment)
-        await self.outbox.add_event(
-            session,
-            topics.DECISION_TOPICS[outcome.value].outgoing(
-                job_id, message, f"{job_id}.decision.{number}"
-            ),
+        await self._further(
+            session, job_id, "ADMITTED", decision, "ADMITTED", outcome.value, moment
         )
 
     # --- quotas (ElasticFlow sec. 4.4: checked before the job is planned) -------------
@@ -963,9 +994,9 @@ class Submissions:
         async with self._changing():
             for kind in ResourceKind:
                 pool = await self._pool(kind)
-                if self.stepped is not None and pool.clock > self.stepped.value.timestamp():
+                if self.stepped is not None and pool.clock > self.stepped.seconds:
                     # A stepped clock restarts where its books stopped, not at its origin.
-                    self.stepped.value = datetime.fromtimestamp(pool.clock, UTC)
+                    self.stepped.seconds = pool.clock
                 if pool.entries:
                     pool.recover(self.clock().timestamp())
                     self._schedule(kind, pool)

@@ -593,8 +593,15 @@ class AdvanceRequest(_message.Message):
 
     TO_FIELD_NUMBER: _builtins.int
     INCLUSIVE_FIELD_NUMBER: _builtins.int
+    TO_UNIX_SECONDS_FIELD_NUMBER: _builtins.int
     inclusive: _builtins.bool
     """Also run the rounds due exactly at `to` (after the caller's arrivals and ends there)."""
+    to_unix_seconds: _builtins.float
+    """The same instant as `to`, as float seconds after the epoch, when the caller's times
+    are floats (a replay's, which the simulator plans with to the last bit; a Timestamp
+    rounds them to the nanosecond). When set it must lie within a millisecond of `to`,
+    and the clock goes exactly there.
+    """
     @_builtins.property
     def to(self) -> _timestamp_pb2.Timestamp:
         """Where the clock goes (admission's time, as decisions record it)."""
@@ -604,10 +611,11 @@ class AdvanceRequest(_message.Message):
         *,
         to: _timestamp_pb2.Timestamp | None = ...,
         inclusive: _builtins.bool = ...,
+        to_unix_seconds: _builtins.float = ...,
     ) -> None: ...
     _HasFieldArgType: _TypeAlias = _typing.Literal["to", b"to"]  # noqa: Y015
     def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
-    _ClearFieldArgType: _TypeAlias = _typing.Literal["inclusive", b"inclusive", "to", b"to"]  # noqa: Y015
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["inclusive", b"inclusive", "to", b"to", "to_unix_seconds", b"to_unix_seconds"]  # noqa: Y015
     def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
     def WhichOneof(self, oneof_group: _Never) -> None: ...
 
@@ -622,8 +630,11 @@ class AdvanceResponse(_message.Message):
     NOW_FIELD_NUMBER: _builtins.int
     NEXT_ROUND_FIELD_NUMBER: _builtins.int
     ROUNDS_FIELD_NUMBER: _builtins.int
+    NEXT_ROUND_UNIX_SECONDS_FIELD_NUMBER: _builtins.int
     rounds: _builtins.int
     """Rounds run by this call."""
+    next_round_unix_seconds: _builtins.float
+    """`next_round` exactly, as float seconds after the epoch (0 when none is due)."""
     @_builtins.property
     def now(self) -> _timestamp_pb2.Timestamp:
         """The clock after the call."""
@@ -638,10 +649,11 @@ class AdvanceResponse(_message.Message):
         now: _timestamp_pb2.Timestamp | None = ...,
         next_round: _timestamp_pb2.Timestamp | None = ...,
         rounds: _builtins.int = ...,
+        next_round_unix_seconds: _builtins.float = ...,
     ) -> None: ...
     _HasFieldArgType: _TypeAlias = _typing.Literal["next_round", b"next_round", "now", b"now"]  # noqa: Y015
     def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
-    _ClearFieldArgType: _TypeAlias = _typing.Literal["next_round", b"next_round", "now", b"now", "rounds", b"rounds"]  # noqa: Y015
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["next_round", b"next_round", "next_round_unix_seconds", b"next_round_unix_seconds", "now", b"now", "rounds", b"rounds"]  # noqa: Y015
     def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
     def WhichOneof(self, oneof_group: _Never) -> None: ...
 

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import math
 import unicodedata
 from datetime import UTC
 from typing import Any
@@ -10,7 +11,7 @@ import grpc
 
 from stride.admission.adapters.convert import timestamp
 from stride.admission.domain.quotas import Quota, make_quota
-from stride.admission.usecases import StoredJob, Submissions
+from stride.admission.usecases import ExactMoment, StoredJob, Submissions
 from stride.api.admission.v1 import admission_service_pb2 as pb
 from stride.api.admission.v1 import admission_service_pb2_grpc as pb_grpc
 from stride.runtime.errors import InvalidArgument
@@ -152,9 +153,18 @@ class ReplayClockApi(pb_grpc.ReplayClockServiceServicer):
                 f"{stamp.seconds} seconds after 1970 is not a time a replay clock reaches "
                 "(1970 to 9988, so deadlines ten years on are still times)",
             )
-        to = stamp.ToDatetime(tzinfo=UTC)
-        now, upcoming, rounds = await self.submissions.advance(to, request.inclusive)
-        reply = pb.AdvanceResponse(now=timestamp(now), rounds=rounds)
+        target = stamp.ToDatetime(tzinfo=UTC).timestamp()
+        exact = request.to_unix_seconds
+        if exact:
+            if not math.isfinite(exact) or abs(exact - target) > 1e-3:
+                raise InvalidArgument(
+                    "to_unix_seconds",
+                    f"{exact!r} is not the instant `to` names ({target!r}, to a millisecond)",
+                )
+            target = exact
+        now, upcoming, rounds = await self.submissions.advance(target, request.inclusive)
+        reply = pb.AdvanceResponse(now=timestamp(ExactMoment.of(now)), rounds=rounds)
         if upcoming is not None:
-            reply.next_round.CopyFrom(timestamp(upcoming))
+            reply.next_round.CopyFrom(timestamp(ExactMoment.of(upcoming)))
+            reply.next_round_unix_seconds = upcoming
         return reply
