@@ -276,7 +276,13 @@ async def reconfigured(suite: Suite, job_id: str, version: int, event: str) -> d
             for e in suite.chief_events(job_id)
             if e.get("event") == event and e["version"] == version
         ]
-        assert found, [e for e in suite.chief_events(job_id) if e.get("event") == "command"]
+        # On failure: what each chief said last besides its routine reports.
+        said = [
+            (e["pod"], e.get("event"), e.get("version"), e.get("why") or e.get("error"))
+            for e in suite.chief_events(job_id)
+            if e.get("event") not in ("steps", "checkpoint")
+        ]
+        assert found, said[-12:]
         return found[0]
 
     result: dict[str, Any] = await assert_eventually(probe, timeout=180, interval=0.5)

@@ -54,13 +54,21 @@ def _pool_run(
         assert math.isfinite(now)
         pool.advance(now)
         decided = False
+
+        def event_round(now: float = now) -> None:
+            """As the service: a round on every event that changes the pool."""
+            nonlocal timer
+            pool.round(now)
+            if pool.wakeup is not None:
+                timer = min(timer, pool.wakeup)
+
         for entry in list(pool.entries.values()):
             if entry.units and entry.remaining <= 1e-9 * max(1.0, entry.total_steps):
                 finished[entry.job_id] = now
                 pool.leave(now, entry.job_id)
                 decided = True
                 if per_event:
-                    pool.round(now)
+                    event_round()
         while index < len(arrivals) and arrivals[index].submission_time == now:
             trace = arrivals[index]
             index += 1
@@ -75,12 +83,16 @@ def _pool_run(
             if pool.join(now, entry):
                 decided = True
                 if per_event:
-                    pool.round(now)
+                    event_round()
             else:
                 dropped.add(trace.job_id)
+                if per_event:  # as the service: no round for a refusal; the last one stands
+                    pool.settle(now)
         if timer <= now:
             timer = math.inf
             decided = True
+        elif per_event:
+            decided = False  # every event had its round already
         if decided:
             before = {job_id: pool.devices(job_id) for job_id in pool.entries}
             changed = pool.round(now)

@@ -93,7 +93,16 @@ class Tracked:
     """When the share last changed, and the books as they were before that instant (a
     later share at the same instant replaces the earlier one's effect, as admission's
     rounds at one instant do)."""
-    before: tuple[int, float, float, tuple[tuple[str, int], ...]] = (0, 0.0, 0.0, ())
+    before: tuple[int, float, float, tuple[tuple[str, int], ...], float | None] = (
+        0,
+        0.0,
+        0.0,
+        (),
+        None,
+    )
+    end_at: float | None = None
+    """When its work is done, as computed when its GPUs last changed (the simulator
+    schedules its completion then, and keeps that time while nothing changes)."""
 
     @property
     def done(self) -> bool:
@@ -267,16 +276,19 @@ class Replay:
         self._advance(job, at)
         if job.instant != at:
             job.instant = at
-            job.before = (job.units, job.paused_until, job.last, job.gpus)
-        units, paused_until, last, gpus = job.before
+            job.before = (job.units, job.paused_until, job.last, job.gpus, job.end_at)
+        units, paused_until, last, gpus, end_at = job.before
         new_gpus = tuple((gpu.node, gpu.index) for gpu in share.gpus)
         moved = bool(units and gpus and new_gpus) and new_gpus != gpus
         job.units, job.paused_until, job.last, job.gpus = units, paused_until, last, new_gpus
+        job.end_at = end_at
         if int(share.units) != units or moved:
             job.units = int(share.units)
             job.last = at
+            job.end_at = None
             if job.units:
                 job.paused_until = at + self.pause
+                job.end_at = job.paused_until + job.remaining / job.curve.throughput(job.units)
         self._schedule_end(job)
 
     def _advance(self, job: Tracked, at: float) -> None:
@@ -291,10 +303,9 @@ class Replay:
         if job.timer is not None:
             job.timer.cancel()
             job.timer = None
-        if not job.units:
+        if not job.units or job.end_at is None:
             return
-        start = max(job.last, job.paused_until)
-        end = start + job.remaining / job.curve.throughput(job.units)
+        end = job.end_at
         delay = max(0.0, self.wall(end) - time.time())
         version = job.version
         job.timer = asyncio.get_running_loop().call_later(delay, self._end, job, end, version)
@@ -391,6 +402,9 @@ class SteppedReplay(Replay):
             at = min(instants)
             self.steps += 1
             await self._move_clock(clock, at, inclusive=False)
+            for job in self.jobs:  # the simulator advances its running jobs at every event
+                if self._running(job):
+                    self._advance(job, at)
             for end, job in sorted(ends, key=lambda item: item[0]):
                 if end <= at:
                     await self._finish(stub, job, end)
@@ -406,10 +420,11 @@ class SteppedReplay(Replay):
             )
 
     def _running(self, job: Tracked) -> bool:
-        return not job.done and job.units > 0 and bool(job.job_id)
+        return not job.done and job.units > 0 and bool(job.job_id) and job.end_at is not None
 
     def _end_time(self, job: Tracked) -> float:
-        return max(job.last, job.paused_until) + job.remaining / job.curve.throughput(job.units)
+        assert job.end_at is not None
+        return job.end_at
 
     def _schedule_end(self, job: Tracked) -> None:
         """Ends are the replay's next instants here, not timers."""

@@ -668,6 +668,11 @@ class TrainingContext:
                 shard = upcoming if upcoming is not None else feed.take(wait=True)
             feed.flush()
             window.report(step, self.plan_version, losses, force=True)
+            if pending is not None:
+                # Moved (or took over) with no data left to train on: the move is still
+                # complete, and whoever waits for its answer must hear it.
+                self._first_step(pending, step, trained=False)
+                pending = None
         except (ReExec, SystemExit):
             raise
         except Exception as error:
@@ -689,9 +694,10 @@ class TrainingContext:
         saver("end of data")
         say("finished", step=step, loss=round(float(np.mean(losses)), 5) if losses else None)
 
-    def _first_step(self, pending: PendingAck | None, step: int) -> None:
-        """The first step since this process started or moved has finished: the pause is
-        over; answer the command that caused it."""
+    def _first_step(self, pending: PendingAck | None, step: int, *, trained: bool = True) -> None:
+        """The first step since this process started or moved has finished (or, with
+        ``trained`` false, none will: the data ran out): the pause is over; answer the
+        command that caused it."""
         if pending is None:
             say("first step", step=step, after="start")
             return
@@ -704,7 +710,10 @@ class TrainingContext:
             checkpoint_id=pending.checkpoint_id,
             paused_seconds=paused,
         )
-        say("first step", step=step, after=pending.action, change=pending.change)
+        if trained:
+            say("first step", step=step, after=pending.action, change=pending.change)
+        else:
+            say("no step left", step=step, after=pending.action, change=pending.change)
         say(
             "reconfigured" if pending.action == "reconfigure" else "resumed",
             version=pending.plan_version,

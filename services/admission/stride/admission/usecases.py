@@ -331,6 +331,8 @@ class Submissions:
                 pool.join(now, entry)
             if entry is not None:
                 changed = pool.round(now)
+            else:
+                pool.settle(now)  # refused: the instant's last round still stands
             decision = self._decision(
                 spec, pool, entry, guaranteed, earliest, now, curve.source, curve.basis, blocked
             )

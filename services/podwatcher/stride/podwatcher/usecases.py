@@ -399,6 +399,11 @@ class PodWatcher:
             return
         if job.reconfigure_version == version:
             return  # already suspending: the chief's answer (or the timeout) ends it
+        if stored.state is PlanState.APPLIED:
+            # Suspended already (the chief's answer or the timeout ended it): its pods are
+            # on their way out; the plan's state says how it went, and stays.
+            await self._delete_all(row.record.name for row in live)
+            return
         chief = next(
             (
                 row

@@ -133,11 +133,15 @@ class _Books:
 
 @dataclass
 class _Instant:
-    """The books before the first round at an instant, to rewind to for the next one."""
+    """The books before the first round at an instant, to rewind to for the next one, and
+    (while rewound) the books the last round left, to go back to if no round follows."""
 
     at: float
     before: dict[str, _Books] = field(default_factory=dict)
     placed: dict[str, tuple[int, ...]] = field(default_factory=dict)
+    after: dict[str, _Books] | None = None
+    """Set while the books are rewound: what the last round left (see :meth:`Pool.settle`)."""
+    after_placed: dict[str, tuple[int, ...]] = field(default_factory=dict)
 
 
 class Pool:
@@ -200,8 +204,10 @@ class Pool:
         """Before anything else at an instant a round already ran at: the books as they
         were before that round (see the module docstring)."""
         instant = self._instant
-        if instant is None or instant.at != now:
+        if instant is None or instant.at != now or instant.after is not None:
             return
+        instant.after = {job_id: entry.books() for job_id, entry in self.entries.items()}
+        instant.after_placed = dict(self.placements.placed) if self.placements is not None else {}
         for job_id, books in instant.before.items():
             entry = self.entries.get(job_id)
             if entry is not None:
@@ -212,6 +218,27 @@ class Pool:
                 for job_id, devices in instant.placed.items()
                 if job_id in self.entries
             }
+        self._view = None
+
+    def settle(self, now: float) -> None:
+        """After an event at ``now`` that ran no round (a refused job): if the books were
+        rewound for it, back to what the instant's last round left, which still stands (a
+        refused arrival changes no decision; in the simulator the instant's one round runs
+        after it, and decides the same)."""
+        instant = self._instant
+        if instant is None or instant.at != now or instant.after is None:
+            return
+        for job_id, books in instant.after.items():
+            entry = self.entries.get(job_id)
+            if entry is not None:
+                entry.restore(books)
+        if self.placements is not None:
+            self.placements.placed = {
+                job_id: devices
+                for job_id, devices in instant.after_placed.items()
+                if job_id in self.entries
+            }
+        instant.after = None
         self._view = None
 
     def earliest_deadline(self, now: float, entry: Entry) -> float | None:
@@ -275,6 +302,7 @@ class Pool:
                 {job_id: entry.books() for job_id, entry in self.entries.items()},
                 dict(self.placements.placed) if self.placements is not None else {},
             )
+        self._instant.after = None  # this round decides afresh from the rewound books
         view = self.view(now)
         decision = self.policy.decide(view)
         wakeup = self.policy.wakeup(view, decision)
