@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import math
+import random
 
 import pytest
 from hypothesis import example, given
@@ -12,6 +13,7 @@ from stride.policy.elasticflow.curves import ScalingCurve
 from stride.policy.elasticflow.guarantees import (
     SLOT_SECONDS,
     DeadlineView,
+    GuaranteePlanner,
     GuaranteePolicy,
     JobView,
 )
@@ -242,3 +244,39 @@ def test_no_admitted_job_misses_its_deadline_under_the_model(
     for name, deadline in admitted.items():
         if name not in told:
             assert finished[name] <= deadline + 1e-6, (name, finished[name], deadline)
+
+
+@pytest.mark.parametrize("seed", range(4))
+def test_a_refill_from_the_candidates_place_answers_as_one_from_the_first_job(seed: int) -> None:
+    """The admission test re-fills in deadline order from the candidate's place, on the
+    running totals of the jobs before it: the same answer as Algorithm 1 re-run from the
+    first job, for every candidate. Random clusters of up to 90 jobs (drawn here rather
+    than by hypothesis, whose examples shrink towards a few jobs, short of the first
+    totals), each asked about several candidates, with guarantees kept across instants."""
+    rng = random.Random(seed)
+    curve = ScalingCurve((1, 2, 4, 8), (1.0, 1.8, 3.2, 5.6))
+    # Totals every 3 jobs: re-fills start at many different places.
+    planner = GuaranteePlanner(totals_every=3)
+    reference = GuaranteePlanner(prefix_refills=False)
+    answers = {True: 0, False: 0}
+    running: list[JobView] = []
+    for step in range(15):
+        now = step * 137.0
+
+        def drawn(job_id: str, latest: float, now: float = now) -> JobView:
+            work = rng.uniform(50.0, 20_000.0)
+            return JobView(job_id, curve, work, now + rng.uniform(400.0, latest), now, 0, 0, 0.0)
+
+        while len(running) < rng.randint(0, 90):
+            running.append(drawn(f"j{step:02d}-{len(running):03d}", 40_000.0))
+        running = [job for job in running if job.deadline is not None and job.deadline > now]
+        decision = DeadlineView(now, 12, tuple(running), PAUSE)
+        assert planner.guaranteed(decision) == reference.guaranteed(decision)
+        for index in range(6):
+            candidate = drawn(f"c{step}-{index}", 60_000.0)
+            # The re-fill half of the test alone (the other half decides most refusals).
+            keeps = planner.refill_keeps(decision, candidate)
+            assert keeps == reference.refill_keeps(decision, candidate), (seed, step, candidate)
+            assert planner.fits(decision, candidate) == reference.fits(decision, candidate)
+            answers[keeps] += 1
+    assert answers[True] and answers[False], answers  # both answers were asked for

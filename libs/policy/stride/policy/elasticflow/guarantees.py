@@ -18,9 +18,11 @@ and capacity changes on the wall clock (or a replay's clock). Neither owns a cop
 
 from __future__ import annotations
 
+import bisect
 import math
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field, replace
+from itertools import pairwise
 
 import numpy as np
 
@@ -28,6 +30,7 @@ from stride.policy.elasticflow.admission import (
     MAX_SLOTS,
     AdmissionControl,
     DeadlineJob,
+    IntArray,
     JobKind,
     PlannedJob,
     admit_from_scratch,
@@ -235,6 +238,36 @@ def admission_test(view: DeadlineView, candidate: JobView) -> bool:
 
 _ViewKey = tuple[float, int, float, tuple[str, ...]]
 
+TOTALS_EVERY = 32
+"""By default a filled timeline keeps its running reservation totals after every this many
+jobs (:class:`_EdfPrefixes`)."""
+
+
+@dataclass
+class _EdfPrefixes:
+    """A timeline whose jobs were filled in deadline order, with what their reservations
+    added up to after every ``every`` of them.
+
+    Algorithm 1 re-run in deadline order over these jobs and a candidate fills every job
+    before the candidate exactly as this timeline did (each is filled into what the earlier
+    ones leave), so the paper's admission test needs only the candidate and the jobs after
+    it, filled on top of the nearest total before the candidate's place. Same answer as the
+    whole re-fill; a candidate with a late deadline costs a few fills instead of one per
+    guaranteed job, and an earliest-deadline search many fewer.
+    """
+
+    timeline: AdmissionControl
+    size: int
+    """How many jobs the timeline held when this was taken (it is void once one joins)."""
+    keys: list[tuple[float, float, str]]
+    """The jobs' :func:`edf_key`, in the timeline's (deadline) order."""
+    totals: list[IntArray]
+    """``totals[i]``: the reservations of the first ``i * every`` jobs."""
+    every: int
+
+    def valid_for(self, timeline: AdmissionControl) -> bool:
+        return self.timeline is timeline and len(timeline.jobs) == self.size
+
 
 def _view_key(view: DeadlineView, jobs: Sequence[JobView]) -> _ViewKey:
     """Identifies a decision instant: at one ``now`` the same jobs have the same state."""
@@ -263,7 +296,14 @@ class GuaranteePlanner:
       remaining iterations.
     """
 
-    def __init__(self) -> None:
+    def __init__(self, *, prefix_refills: bool = True, totals_every: int = TOTALS_EVERY) -> None:
+        """``prefix_refills=False``: every admission test re-fills from the first job (the
+        reference :class:`_EdfPrefixes` is tested against); ``totals_every``: how often a
+        filled timeline keeps its running totals (fewer: less copying, longer re-fills)."""
+        if totals_every < 1:
+            raise ValueError(f"totals_every: must be >= 1, got {totals_every}")
+        self.prefix_refills = prefix_refills
+        self.totals_every = totals_every
         self._templates: dict[str, PlannedJob] = {}
         self._memo: tuple[_ViewKey, AdmissionControl] | None = None
         self._built: tuple[AdmissionControl, set[str]] | None = None
@@ -275,6 +315,8 @@ class GuaranteePlanner:
         self.used: AdmissionControl | None = None
         """The timeline the last :meth:`guaranteed` answered from (its slot 0 began at its
         ``now``), for :meth:`GuaranteePolicy.wakeup`."""
+        self._prefixes: _EdfPrefixes | None = None
+        """The last timeline built, if its jobs are in deadline order (see _EdfPrefixes)."""
 
     def _planned(self, job: JobView, timeline: AdmissionControl, pause: float) -> PlannedJob:
         template = self._templates.get(job.job_id)
@@ -304,8 +346,11 @@ class GuaranteePlanner:
             key=edf_key,
         )
         previous = self._built[0] if self._built is not None else None
+        self._prefixes = None
         if previous is None:
-            timeline = self._fill(view, candidates, self._fresh(view))
+            totals: list[IntArray] = []
+            timeline = self._fill(view, candidates, self._fresh(view), totals)
+            self._remember_prefixes(view, timeline, totals)
         else:
             timeline = self._keeping(view, candidates, previous)
         self._memo = (key, timeline)
@@ -359,9 +404,11 @@ class GuaranteePlanner:
                     key=lambda job: (job.job_id not in before, edf_key(job)),
                 ),
             ]
-            timeline = self._fill(view, order, self._fresh(view))
+            totals: list[IntArray] = []
+            timeline = self._fill(view, order, self._fresh(view), totals)
             dropped = self._dropped_but_on_plan(view, candidates, previous, timeline)
             if not dropped:
+                self._remember_prefixes(view, timeline, totals)
                 return timeline
             if dropped & first:
                 on_plan = dropped | {
@@ -404,15 +451,63 @@ class GuaranteePlanner:
         )
 
     def _fill(
-        self, view: DeadlineView, jobs: Sequence[JobView], timeline: AdmissionControl
+        self,
+        view: DeadlineView,
+        jobs: Sequence[JobView],
+        timeline: AdmissionControl,
+        totals: list[IntArray] | None = None,
     ) -> AdmissionControl:
-        """Offer ``jobs`` to ``timeline`` in order; keep each one that fits."""
+        """Offer ``jobs`` to ``timeline`` in order; keep each one that fits (and, given
+        ``totals``, append the reservations' sum after every ``totals_every`` kept jobs,
+        from none: see :class:`_EdfPrefixes`)."""
+        if totals is not None and not timeline.jobs:
+            totals.append(timeline.used.copy())
         for job in jobs:
             planned = self._planned(job, timeline, view.pause_seconds)
             plans = timeline.decide(planned)
             if plans is not None:
                 timeline.commit(planned, plans)
+                if totals is not None and len(timeline.jobs) % self.totals_every == 0:
+                    totals.append(timeline.used.copy())
         return timeline
+
+    def _remember_prefixes(
+        self, view: DeadlineView, timeline: AdmissionControl, totals: list[IntArray]
+    ) -> None:
+        """Keep ``timeline``'s running totals if the jobs it kept are in deadline order.
+        Then no fill re-planned an earlier job (``decide`` only re-fills jobs with later
+        deadlines, and a job kept that way would sit out of order), so every total is what
+        the jobs before it reserve."""
+        if not self.prefix_refills:
+            return
+        by_id = {job.job_id: job for job in view.jobs}
+        keys = [edf_key(by_id[planned.job.job_id]) for planned in timeline.jobs]
+        if totals and all(a < b for a, b in pairwise(keys)):
+            self._prefixes = _EdfPrefixes(
+                timeline, len(timeline.jobs), keys, totals, self.totals_every
+            )
+
+    def _refill_from_prefix(
+        self, view: DeadlineView, prefixes: _EdfPrefixes, candidate: JobView
+    ) -> bool:
+        """:meth:`_refill_keeps` from the candidate's place (see :class:`_EdfPrefixes`):
+        the candidate and every later job filled on top of the jobs before it."""
+        place = bisect.bisect_right(prefixes.keys, edf_key(candidate))
+        start = (place // prefixes.every) * prefixes.every
+        base = prefixes.timeline
+        refill = self._fresh(view)
+        refill.jobs = list(base.jobs[:start])
+        refill.plans = list(base.plans[:start])
+        refill.used = prefixes.totals[start // prefixes.every].copy()
+        by_id = {job.job_id: job for job in view.jobs}
+        rest = [by_id[planned.job.job_id] for planned in base.jobs[start:]]
+        for job in [*rest[: place - start], candidate, *rest[place - start :]]:
+            planned = self._planned(job, refill, view.pause_seconds)
+            plans = refill.decide(planned)
+            if plans is None:
+                return False  # one job dropped: the test fails, whatever follows
+            refill.commit(planned, plans)
+        return True
 
     def _held(
         self,
@@ -508,12 +603,21 @@ class GuaranteePlanner:
         timeline = self.timeline(view)
         if self._refill_memo is not None and self._refill_memo[0] is timeline:
             return self._refill_memo[1]
+        if self._prefixes is not None and self._prefixes.valid_for(timeline):
+            # Filled in deadline order already: the re-fill is this timeline, all kept.
+            self._refill_memo = (timeline, True)
+            return True
         guaranteed = {planned.job.job_id for planned in timeline.jobs}
         jobs = sorted((job for job in view.jobs if job.job_id in guaranteed), key=edf_key)
         refill = self._fill(view, jobs, self._fresh(view))
         answer = len(refill.jobs) == len(jobs)
         self._refill_memo = (timeline, answer)
         return answer
+
+    def refill_keeps(self, view: DeadlineView, candidate: JobView) -> bool:
+        """The paper's half of :meth:`fits` alone: Algorithm 1 re-run in deadline order over
+        the guaranteed jobs and a hard ``candidate`` keeps them all."""
+        return self._refill_keeps(view, self.timeline(view), candidate)
 
     def _refill_keeps(
         self, view: DeadlineView, timeline: AdmissionControl, candidate: JobView
@@ -527,6 +631,8 @@ class GuaranteePlanner:
         memo = self._refill_memo
         if memo is not None and memo[0] is timeline and not memo[1]:
             return False  # known blocked (see refillable); not worth a re-fill to learn it
+        if self._prefixes is not None and self._prefixes.valid_for(timeline):
+            return self._refill_from_prefix(view, self._prefixes, candidate)
         guaranteed = {planned.job.job_id for planned in timeline.jobs}
         jobs = sorted(
             [*(job for job in view.jobs if job.job_id in guaranteed), candidate], key=edf_key
