@@ -12,6 +12,7 @@ from stride.policy.elasticflow.placement import (
     InvalidPlacement,
     PlacementReply,
     PlacementRequest,
+    Placements,
     PlacementStrategy,
     Topology,
     run,
@@ -179,3 +180,27 @@ def test_best_fit_places_whenever_enough_devices_are_free(sizes: list[int], need
     assert reply.placed == (free >= needed)
     taken = {device for item in running for device in item.devices}
     assert not taken & set(reply.devices)
+
+
+@given(st.lists(st.sampled_from([1, 2, 4, 8]), min_size=1, max_size=8), st.randoms())
+def test_equal_sizes_are_placed_by_arrival_whatever_the_jobs_are_called(
+    sizes: list[int], rng: object
+) -> None:
+    """The live service names jobs at random, the simulator after the trace: the same jobs
+    arriving in the same order must get the same devices under either naming."""
+    topology = Topology((1, 4, 8), ("switch", "node", "gpu"))
+    total = 0
+    fitting = []
+    for size in sizes:
+        if total + size <= 32:
+            fitting.append(size)
+            total += size
+    names = [f"trace-{index}" for index in range(len(fitting))]
+    shuffled = list(names)
+    rng.shuffle(shuffled)  # type: ignore[attr-defined]
+    other = {name: f"job-{shuffled[index]}" for index, name in enumerate(names)}
+    first, second = Placements(topology), Placements(topology)
+    first.apply(dict(zip(names, fitting, strict=True)), names)
+    arrivals = [other[name] for name in names]
+    second.apply({other[name]: size for name, size in zip(names, fitting, strict=True)}, arrivals)
+    assert {other[name]: devices for name, devices in first.placed.items()} == second.placed

@@ -412,7 +412,7 @@ class _Environment:
         """Buddy placement (sec. 4.3) of the decision; returns the jobs that migrate."""
         assert self.placements is not None
         try:
-            return self.placements.apply(decision)
+            return self.placements.apply(decision, self.active)
         except InvalidPlacement as error:
             raise SimulationError(f"buddy placement failed: {error}") from None
 

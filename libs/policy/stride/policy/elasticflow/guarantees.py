@@ -104,10 +104,13 @@ class DeadlineView:
     pause_seconds: float
 
 
-def edf_key(job: JobView) -> tuple[float, float, str]:
-    """Earliest deadline first; jobs without a deadline last; then arrival, then id."""
+def edf_key(job: JobView) -> tuple[float, float]:
+    """Earliest deadline first; jobs without a deadline last; then arrival. Every sort by it
+    is stable, so jobs equal in both keep the order they arrived in (a view lists its jobs
+    that way): not their ids, which the live service draws at random and the simulator
+    takes from the trace, so the two would break such ties differently."""
     deadline = math.inf if job.deadline is None else job.deadline
-    return (deadline, job.submission_time, job.job_id)
+    return (deadline, job.submission_time)
 
 
 def first_slot(now: float) -> float:
@@ -259,7 +262,7 @@ class _EdfPrefixes:
     timeline: AdmissionControl
     size: int
     """How many jobs the timeline held when this was taken (it is void once one joins)."""
-    keys: list[tuple[float, float, str]]
+    keys: list[tuple[float, float]]
     """The jobs' :func:`edf_key`, in the timeline's (deadline) order."""
     totals: list[IntArray]
     """``totals[i]``: the reservations of the first ``i * every`` jobs."""
@@ -315,8 +318,15 @@ class GuaranteePlanner:
         self.used: AdmissionControl | None = None
         """The timeline the last :meth:`guaranteed` answered from (its slot 0 began at its
         ``now``), for :meth:`GuaranteePolicy.wakeup`."""
+        self._keyed: tuple[DeadlineView, _ViewKey] | None = None
+        """The last view asked about and its key (a search asks about one view many times)."""
         self._prefixes: _EdfPrefixes | None = None
         """The last timeline built, if its jobs are in deadline order (see _EdfPrefixes)."""
+
+    def _key(self, view: DeadlineView) -> _ViewKey:
+        if self._keyed is None or self._keyed[0] is not view:
+            self._keyed = (view, _view_key(view, view.jobs))
+        return self._keyed[1]
 
     def _planned(self, job: JobView, timeline: AdmissionControl, pause: float) -> PlannedJob:
         template = self._templates.get(job.job_id)
@@ -338,7 +348,7 @@ class GuaranteePlanner:
         in deadline order; ElasticFlow's admitted jobs hold their reservations, so a
         guarantee once given is kept as long as the job keeps up with its plan.
         """
-        key = _view_key(view, view.jobs)
+        key = self._key(view)
         if self._memo is not None and self._memo[0] == key:
             return self._memo[1]
         candidates = sorted(
@@ -482,7 +492,7 @@ class GuaranteePlanner:
             return
         by_id = {job.job_id: job for job in view.jobs}
         keys = [edf_key(by_id[planned.job.job_id]) for planned in timeline.jobs]
-        if totals and all(a < b for a, b in pairwise(keys)):
+        if totals and all(a <= b for a, b in pairwise(keys)):
             self._prefixes = _EdfPrefixes(
                 timeline, len(timeline.jobs), keys, totals, self.totals_every
             )
@@ -556,7 +566,7 @@ class GuaranteePlanner:
         Re-uses the last timeline when only completions happened since it was built, in the
         same slot (:meth:`_still_valid`); otherwise re-derives it (:meth:`timeline`).
         """
-        key_matches = self._memo is not None and self._memo[0] == _view_key(view, view.jobs)
+        key_matches = self._memo is not None and self._memo[0] == self._key(view)
         reused = None if key_matches else self._still_valid(view)
         if reused is not None:
             self.used = reused

@@ -29,7 +29,7 @@ than needed.
 from __future__ import annotations
 
 import math
-from collections.abc import Mapping
+from collections.abc import Iterable, Mapping
 from dataclasses import dataclass
 from enum import Enum
 
@@ -389,6 +389,11 @@ def run(request: PlacementRequest) -> PlacementReply:
     return buddy(request)
 
 
+def _scrambled(index: int) -> int:
+    """A fixed permutation of place numbers (Knuth's multiplicative hash, 32 bits)."""
+    return (index * 2654435761) & 0xFFFFFFFF
+
+
 @dataclass
 class Placements:
     """Where every job's devices are, kept across rounds: the placement step after each
@@ -422,10 +427,20 @@ class Placements:
         """A job ended: its devices are free."""
         self.placed.pop(job_id, None)
 
-    def apply(self, decision: Mapping[str, int]) -> set[str]:
+    def apply(self, decision: Mapping[str, int], arrivals: Iterable[str] = ()) -> set[str]:
         """Place the decision's sizes; returns the jobs that moved at an unchanged size (a
         migration, which pays the scaling pause). Raises :class:`InvalidPlacement` if a
-        size cannot be placed (more devices than are free: the decision overcommits)."""
+        size cannot be placed (more devices than are free: the decision overcommits).
+
+        Jobs to place go largest first; equal sizes in a fixed pseudo-random order of their
+        places in ``arrivals`` (the active jobs' ids, first arrived first; others after, in
+        the decision's order). Not by id: the live service draws its ids at random and the
+        simulator takes the trace's, so an id order placed the same jobs differently in the
+        two. Pseudo-random because the trace ids it replaces were (UUIDs), and plain orders
+        pack worse: on the first 1,000 jobs of itp clusters 1-8 and 195job (``n8g8``) the
+        mean deadline ratio was 0.547 by trace id, 0.541 here, 0.526 in deadline order and
+        0.522 in arrival order (cluster04 0.21 / 0.26 / 0.16 / 0.12)."""
+        rank = {job_id: _scrambled(index) for index, job_id in enumerate(arrivals)}
         for job_id, devices in list(self.placed.items()):
             if decision.get(job_id, 0) != len(devices):
                 del self.placed[job_id]
@@ -438,7 +453,7 @@ class Placements:
                 for job_id, count in decision.items()
                 if count and job_id not in self.placed
             ),
-            key=lambda item: (-item[0], item[1]),
+            key=lambda item: (-item[0], rank.get(item[1], len(rank))),
         )
         for count, job_id in waiting:
             request = PlacementRequest(

@@ -181,18 +181,19 @@ def prioritized(jobs: Sequence[Contender], capacity: int, now: float) -> Split:
         total += value - units[job_id]
         units[job_id] = value
 
-    def order(job: Contender) -> tuple[int, int, float, float, str]:
+    # Both orders are used by stable sorts: jobs equal in every key keep their arrival
+    # order (not their ids, random in the live service; see edf_key).
+    def order(job: Contender) -> tuple[int, int, float, float]:
         return (
             0 if job.holding else 1,  # rule 3: holders of the class keep their smallest size
             0 if ranked[job.job_id][1] else 1,  # rule 4: then the starving, first in line
             -job.weight,
             job.submitted,
-            job.job_id,
         )
 
-    def victim_order(job: Contender) -> tuple[int, float, float, str]:
+    def victim_order(job: Contender) -> tuple[int, float, float]:
         """Who is preempted first: the lowest class, the lowest weight, the latest."""
-        return (ranked[job.job_id][0], job.weight, -job.submitted, job.job_id)
+        return (ranked[job.job_id][0], job.weight, -job.submitted)
 
     for level in sorted({level for level, _ in ranked.values()}, reverse=True):
         members = sorted((job for job in jobs if ranked[job.job_id][0] == level), key=order)

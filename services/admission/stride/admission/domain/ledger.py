@@ -307,7 +307,9 @@ class Pool:
         decision = self.policy.decide(view)
         wakeup = self.policy.wakeup(view, decision)
         self.wakeup = wakeup if wakeup is not None and wakeup > now else None
-        moved = self.placements.apply(decision) if self.placements is not None else set()
+        moved = (
+            self.placements.apply(decision, self.entries) if self.placements is not None else set()
+        )
         changed: dict[str, int] = {}
         for job_id, entry in self.entries.items():
             units = decision.get(job_id, 0)

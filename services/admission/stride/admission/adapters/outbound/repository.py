@@ -157,12 +157,20 @@ async def decision_count(session: AsyncSession, job_id: str) -> int:
 
 
 async def active_ledger(session: AsyncSession, kind: str) -> list[LedgerRow]:
-    """The books of every active job of a resource kind, in admission order."""
+    """The books of every active job of a resource kind, in admission order: by arrival,
+    then by first decision (jobs that arrived together, in the order they were decided; the
+    policy breaks ties by that order, as the simulator by its trace's)."""
+    first = (
+        select(decisions.c.job_id, func.min(decisions.c.id).label("first"))
+        .group_by(decisions.c.job_id)
+        .subquery()
+    )
     query = (
         select(ledger, jobs.c.spec, jobs.c.state)
         .join(jobs, jobs.c.job_id == ledger.c.job_id)
+        .join(first, first.c.job_id == ledger.c.job_id, isouter=True)
         .where(ledger.c.kind == kind, jobs.c.state.in_(ACTIVE_STATES))
-        .order_by(ledger.c.submitted, ledger.c.job_id)
+        .order_by(ledger.c.submitted, first.c.first, ledger.c.job_id)
     )
     rows = (await session.execute(query)).all()
     return [
