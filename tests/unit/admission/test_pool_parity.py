@@ -15,6 +15,7 @@ jobs they move the same pause.
 from __future__ import annotations
 
 import math
+import random
 
 import pytest
 
@@ -39,6 +40,10 @@ def _pool_run(
     arrivals = sorted(jobs, key=lambda job: job.submission_time)  # stable: trace order
     dropped: set[str] = set()
     finished: dict[str, float] = {}
+    # As the live service does, the pool knows jobs by ids drawn at random (the simulator by
+    # the trace's): no decision may depend on them.
+    rng = random.Random(len(jobs))
+    traced: dict[str, str] = {}
     timer = math.inf
     index = 0
     while index < len(arrivals) or pool.entries:
@@ -64,7 +69,7 @@ def _pool_run(
 
         for entry in list(pool.entries.values()):
             if entry.units and entry.remaining <= 1e-9 * max(1.0, entry.total_steps):
-                finished[entry.job_id] = now
+                finished[traced[entry.job_id]] = now
                 pool.leave(now, entry.job_id)
                 decided = True
                 if per_event:
@@ -72,8 +77,10 @@ def _pool_run(
         while index < len(arrivals) and arrivals[index].submission_time == now:
             trace = arrivals[index]
             index += 1
+            live_id = f"job-{rng.getrandbits(48):012x}"
+            traced[live_id] = trace.job_id
             entry = Entry(
-                trace.job_id,
+                live_id,
                 JobCurve(curves.curve(trace), {}, "curves-table"),
                 trace.deadline,
                 now,

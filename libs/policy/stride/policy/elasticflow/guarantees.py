@@ -606,10 +606,11 @@ class GuaranteePlanner:
     def refillable(self, view: DeadlineView) -> bool:
         """Whether Algorithm 1 re-run in deadline order keeps every guaranteed job *without*
         a candidate. When it does not (jobs admitted into the gaps of held plans, on an
-        overloaded cluster), no candidate can pass the paper's test at any deadline:
-        filling a job in only takes room from the jobs after it. Answered once per
-        timeline, so a refusal then costs no re-fill, and the earliest-deadline search
-        knows at once that there is none (same decisions, found faster)."""
+        overloaded cluster), the earliest-deadline search reports that no deadline can be
+        guaranteed now: filling a job in only takes room from the jobs after it. (Exactly
+        so for curves of contiguous sizes; with gaps in a curve a job at a larger size can
+        use fewer devices in a slot, so this only shapes a refusal's message, never the
+        admission test.) Answered once per timeline."""
         timeline = self.timeline(view)
         if self._refill_memo is not None and self._refill_memo[0] is timeline:
             return self._refill_memo[1]
@@ -638,9 +639,9 @@ class GuaranteePlanner:
         job"), on top of fitting the candidate into what the held plans leave free. A job
         admitted only into the gaps of held plans is the case Algorithm 1's later re-runs
         cannot keep, and :meth:`_keeping` then has to hold stale plans for it."""
-        memo = self._refill_memo
-        if memo is not None and memo[0] is timeline and not memo[1]:
-            return False  # known blocked (see refillable); not worth a re-fill to learn it
+        # Not answered from refillable's "blocked": that a candidate only takes room from
+        # the jobs after it holds for contiguous sizes, not exactly for curves with gaps, and
+        # the simulator never asks; the test re-fills, so both decide alike.
         if self._prefixes is not None and self._prefixes.valid_for(timeline):
             return self._refill_from_prefix(view, self._prefixes, candidate)
         guaranteed = {planned.job.job_id for planned in timeline.jobs}
