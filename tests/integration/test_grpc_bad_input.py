@@ -213,7 +213,9 @@ class Suite:
         await self._run("executor", build_executor, local_settings(ExecutorSettings, **common))
         await self._run("configdb", build_configdb, local_settings(ConfigDbSettings, **stored))
         await self._run(
-            "podwatcher", build_podwatcher, local_settings(PodWatcherSettings, **stored)
+            "podwatcher",
+            build_podwatcher,
+            local_settings(PodWatcherSettings, **stored, local_state_dir=self.tmp / "pods"),
         )
         await self._run(
             "dispatcher", build_dispatcher, local_settings(DispatcherSettings, **stored)
