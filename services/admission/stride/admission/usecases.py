@@ -124,17 +124,7 @@ class ExactMoment(datetime):
     @classmethod
     def of(cls, seconds: float) -> ExactMoment:
         """The moment ``seconds`` after the epoch, exactly."""
-        base = datetime.fromtimestamp(seconds, UTC)
-        moment = cls(
-            base.year,
-            base.month,
-            base.day,
-            base.hour,
-            base.minute,
-            base.second,
-            base.microsecond,
-            tzinfo=UTC,
-        )
+        moment = cls.fromtimestamp(seconds, UTC)
         moment.exact = seconds
         return moment
 

@@ -262,8 +262,10 @@ class _EdfPrefixes:
     timeline: AdmissionControl
     size: int
     """How many jobs the timeline held when this was taken (it is void once one joins)."""
+    jobs: list[JobView]
+    """The timeline's jobs as the view saw them, in its (deadline) order."""
     keys: list[tuple[float, float]]
-    """The jobs' :func:`edf_key`, in the timeline's (deadline) order."""
+    """Their :func:`edf_key`."""
     totals: list[IntArray]
     """``totals[i]``: the reservations of the first ``i * every`` jobs."""
     every: int
@@ -318,15 +320,8 @@ class GuaranteePlanner:
         self.used: AdmissionControl | None = None
         """The timeline the last :meth:`guaranteed` answered from (its slot 0 began at its
         ``now``), for :meth:`GuaranteePolicy.wakeup`."""
-        self._keyed: tuple[DeadlineView, _ViewKey] | None = None
-        """The last view asked about and its key (a search asks about one view many times)."""
         self._prefixes: _EdfPrefixes | None = None
         """The last timeline built, if its jobs are in deadline order (see _EdfPrefixes)."""
-
-    def _key(self, view: DeadlineView) -> _ViewKey:
-        if self._keyed is None or self._keyed[0] is not view:
-            self._keyed = (view, _view_key(view, view.jobs))
-        return self._keyed[1]
 
     def _planned(self, job: JobView, timeline: AdmissionControl, pause: float) -> PlannedJob:
         template = self._templates.get(job.job_id)
@@ -348,7 +343,7 @@ class GuaranteePlanner:
         in deadline order; ElasticFlow's admitted jobs hold their reservations, so a
         guarantee once given is kept as long as the job keeps up with its plan.
         """
-        key = self._key(view)
+        key = _view_key(view, view.jobs)
         if self._memo is not None and self._memo[0] == key:
             return self._memo[1]
         candidates = sorted(
@@ -491,10 +486,11 @@ class GuaranteePlanner:
         if not self.prefix_refills:
             return
         by_id = {job.job_id: job for job in view.jobs}
-        keys = [edf_key(by_id[planned.job.job_id]) for planned in timeline.jobs]
+        jobs = [by_id[planned.job.job_id] for planned in timeline.jobs]
+        keys = [edf_key(job) for job in jobs]
         if totals and all(a <= b for a, b in pairwise(keys)):
             self._prefixes = _EdfPrefixes(
-                timeline, len(timeline.jobs), keys, totals, self.totals_every
+                timeline, len(timeline.jobs), jobs, keys, totals, self.totals_every
             )
 
     def _refill_from_prefix(
@@ -509,9 +505,8 @@ class GuaranteePlanner:
         refill.jobs = list(base.jobs[:start])
         refill.plans = list(base.plans[:start])
         refill.used = prefixes.totals[start // prefixes.every].copy()
-        by_id = {job.job_id: job for job in view.jobs}
-        rest = [by_id[planned.job.job_id] for planned in base.jobs[start:]]
-        for job in [*rest[: place - start], candidate, *rest[place - start :]]:
+        rest = prefixes.jobs
+        for job in [*rest[start:place], candidate, *rest[place:]]:
             planned = self._planned(job, refill, view.pause_seconds)
             plans = refill.decide(planned)
             if plans is None:
@@ -566,7 +561,7 @@ class GuaranteePlanner:
         Re-uses the last timeline when only completions happened since it was built, in the
         same slot (:meth:`_still_valid`); otherwise re-derives it (:meth:`timeline`).
         """
-        key_matches = self._memo is not None and self._memo[0] == self._key(view)
+        key_matches = self._memo is not None and self._memo[0] == _view_key(view, view.jobs)
         reused = None if key_matches else self._still_valid(view)
         if reused is not None:
             self.used = reused

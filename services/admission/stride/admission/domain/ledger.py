@@ -200,25 +200,31 @@ class Pool:
             )
         return self._view
 
+    def _snapshot(self) -> tuple[dict[str, _Books], dict[str, tuple[int, ...]]]:
+        """Every job's books and devices as they stand."""
+        placed = dict(self.placements.placed) if self.placements is not None else {}
+        return {job_id: entry.books() for job_id, entry in self.entries.items()}, placed
+
+    def _restore(self, books: dict[str, _Books], placed: dict[str, tuple[int, ...]]) -> None:
+        """Back to a :meth:`_snapshot` (jobs that left since stay gone)."""
+        for job_id, kept in books.items():
+            entry = self.entries.get(job_id)
+            if entry is not None:
+                entry.restore(kept)
+        if self.placements is not None:
+            self.placements.placed = {
+                job_id: devices for job_id, devices in placed.items() if job_id in self.entries
+            }
+        self._view = None
+
     def _rewind(self, now: float) -> None:
         """Before anything else at an instant a round already ran at: the books as they
         were before that round (see the module docstring)."""
         instant = self._instant
         if instant is None or instant.at != now or instant.after is not None:
             return
-        instant.after = {job_id: entry.books() for job_id, entry in self.entries.items()}
-        instant.after_placed = dict(self.placements.placed) if self.placements is not None else {}
-        for job_id, books in instant.before.items():
-            entry = self.entries.get(job_id)
-            if entry is not None:
-                entry.restore(books)
-        if self.placements is not None:
-            self.placements.placed = {
-                job_id: devices
-                for job_id, devices in instant.placed.items()
-                if job_id in self.entries
-            }
-        self._view = None
+        instant.after, instant.after_placed = self._snapshot()
+        self._restore(instant.before, instant.placed)
 
     def settle(self, now: float) -> None:
         """After an event at ``now`` that ran no round (a refused job): if the books were
@@ -228,18 +234,8 @@ class Pool:
         instant = self._instant
         if instant is None or instant.at != now or instant.after is None:
             return
-        for job_id, books in instant.after.items():
-            entry = self.entries.get(job_id)
-            if entry is not None:
-                entry.restore(books)
-        if self.placements is not None:
-            self.placements.placed = {
-                job_id: devices
-                for job_id, devices in instant.after_placed.items()
-                if job_id in self.entries
-            }
+        self._restore(instant.after, instant.after_placed)
         instant.after = None
-        self._view = None
 
     def earliest_deadline(self, now: float, entry: Entry) -> float | None:
         """The earliest deadline at which ``entry`` would be guaranteed now (None: none)."""
@@ -297,11 +293,7 @@ class Pool:
         self._rewind(now)
         self.advance(now)
         if self._instant is None or self._instant.at != now:
-            self._instant = _Instant(
-                now,
-                {job_id: entry.books() for job_id, entry in self.entries.items()},
-                dict(self.placements.placed) if self.placements is not None else {},
-            )
+            self._instant = _Instant(now, *self._snapshot())
         self._instant.after = None  # this round decides afresh from the rewound books
         view = self.view(now)
         decision = self.policy.decide(view)
