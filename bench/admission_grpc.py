@@ -17,7 +17,11 @@ whatever the guarantees allow; then the next 200 submissions are timed end to en
 - ``cpu``: the same curves as PS/worker jobs on 1,024 CPU units (1 core and 2 GiB; a size of
   ``n`` is ``n`` workers and ``max(1, n // 8)`` PS of a core and 2 GiB, and the chief).
 
-The admission service runs in-process on real NATS and PostgreSQL.
+The admission service runs as its own process (``python -m stride.admission``, as
+deployed) on real NATS and PostgreSQL; this process is the client. (Until 11-26 it ran in
+the client's process and event loop, where the reference below and the client's own work
+held the loop between requests and delayed the service's background work into the next
+timed request.)
 
 Reference, same run: the from-scratch decision (``admit_from_scratch``: Algorithm 1 re-run
 over every guaranteed job and the candidate, in deadline order) at each timed submission,
@@ -30,6 +34,7 @@ from __future__ import annotations
 import asyncio
 import os
 import sys
+import tempfile
 import time
 from datetime import UTC, datetime, timedelta
 from pathlib import Path
@@ -37,9 +42,7 @@ from pathlib import Path
 import grpc
 from suite import percentile, record
 
-from stride.admission.app import build
 from stride.admission.domain.policy import CHIEF
-from stride.admission.settings import AdmissionSettings
 from stride.api.admission.v1 import admission_service_pb2 as pb
 from stride.api.admission.v1 import admission_service_pb2_grpc as pb_grpc
 from stride.events.v1 import job_pb2
@@ -50,13 +53,16 @@ from stride.policy.elasticflow.units import CpuUnit, profile_curve
 from stride.sim.traces import TraceJob, load_curves, load_deadline_trace
 from stride.testing import SHARED_TRACES
 from stride.testing.databases import create_database, drop_database
-from stride.testing.inprocess import local_settings, running_service
+from stride.testing.eventually import assert_eventually
+from stride.testing.health import SERVING, equals, health
+from stride.testing.processes import ServiceProcess
 
 ACTIVE = 1000
 TIMED = 200
 CAPACITY = 1024
 GIB = 1024**3
 RESULT = Path(__file__).parent / "results" / "admission_grpc.txt"
+SERVICE = "stride.api.admission.v1.AdmissionService"
 
 
 def job_spec(trace: TraceJob, curve: ScalingCurve, now: datetime, kind: str) -> job_pb2.JobSpec:
@@ -117,16 +123,23 @@ async def phase(kind: str) -> list[str]:
     jobs = load_deadline_trace(SHARED_TRACES / "itp-ef" / "cluster04.csv")
     database = create_database("stride_bench")
     capacity = (
-        {"cluster_gpus": CAPACITY}
+        {"STRIDE_ADMISSION_CLUSTER_GPUS": str(CAPACITY)}
         if kind == "gpu"
-        else {"cluster_cpu": float(CAPACITY), "cluster_memory_gib": 2.0 * CAPACITY}
+        else {
+            "STRIDE_ADMISSION_CLUSTER_CPU": str(float(CAPACITY)),
+            "STRIDE_ADMISSION_CLUSTER_MEMORY_GIB": str(2.0 * CAPACITY),
+        }
     )
-    settings = local_settings(
-        AdmissionSettings,
-        nats_url=os.environ.get("STRIDE_NATS_URL", "nats://127.0.0.1:4222"),
-        database_url=database,
-        log_level="WARNING",
-        **capacity,
+    logs = Path(tempfile.mkdtemp(prefix="stride-bench-"))
+    service = ServiceProcess(
+        "admission",
+        {
+            "STRIDE_NATS_URL": os.environ.get("STRIDE_NATS_URL", "nats://127.0.0.1:4222"),
+            "STRIDE_ADMISSION_DATABASE_URL": database,
+            "STRIDE_ADMISSION_LOG_LEVEL": "WARNING",
+            **capacity,
+        },
+        logs,
     )
     latencies: list[float] = []
     reference: list[float] = []
@@ -137,10 +150,11 @@ async def phase(kind: str) -> list[str]:
     index = 0
     started_all = time.perf_counter()
     try:
-        async with (
-            running_service(build, settings) as host,
-            grpc.aio.insecure_channel(f"127.0.0.1:{host.server.port}") as channel,
-        ):
+        service.start()
+        await assert_eventually(
+            lambda: equals(health(service.port, SERVICE), SERVING), timeout=60, interval=0.2
+        )
+        async with grpc.aio.insecure_channel(service.address) as channel:
             stub = pb_grpc.AdmissionServiceStub(channel)
             active = 0
             while active < ACTIVE + TIMED and index < len(jobs):
@@ -176,6 +190,8 @@ async def phase(kind: str) -> list[str]:
                     latencies.append(elapsed)
                     by_state.setdefault(outcome, []).append(1000 * elapsed)
     finally:
+        if service.terminate() != 0:
+            print(service.log_text()[-4000:], file=sys.stderr)
         drop_database(database)
     ms = [1000 * value for value in latencies]
     ref = [1000 * value for value in reference]

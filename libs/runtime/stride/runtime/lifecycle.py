@@ -5,6 +5,9 @@ crashes, all stop. Shutdown goes health NOT_SERVING, then the gRPC server's grac
 and the bus drain, then the root tasks are cancelled with a bounded wait, then storage is
 disposed and telemetry flushed. A hard-exit watchdog ends the process if any of that hangs.
 
+Garbage: full collections run from a root task when the loop is quiet, not in the middle
+of a request (:mod:`.collector`).
+
 Health: the service names report readiness (their dependencies reachable). A host may also
 report health names of its own (:meth:`ServiceHost.add_health_check`), for conditions an
 operator must be alerted to that do not make the service unready, such as parked outbox
@@ -28,6 +31,7 @@ import structlog
 from stride.obs.logging import configure_logging
 from stride.obs.metrics import start_metrics_server
 from stride.obs.tracing import configure_tracing, shutdown_tracing
+from stride.runtime.collector import Collector
 from stride.runtime.errors import StartupError
 from stride.runtime.grpc_server import GrpcServer
 from stride.runtime.settings import ServiceSettings, SettingsT, load_settings
@@ -68,6 +72,8 @@ class ServiceHost:
         self._serving = False
         self._health_checks: dict[str, Callable[[], Awaitable[bool]]] = {}
         self._health_reported: dict[str, bool] = {}
+        self.collector = Collector()
+        """Runs full garbage collections when the loop is quiet (:mod:`.collector`)."""
 
     def add_dependency(self, dependency: Dependency) -> None:
         """Track a dependency for health and shutdown."""
@@ -120,6 +126,9 @@ class ServiceHost:
             await self.server.set_health(name, healthy)
             self._health_reported[name] = healthy
 
+    async def _collect_garbage(self) -> None:
+        await self.collector.run(self.stop)
+
     async def _health_monitor(self) -> None:
         while not self.stop.is_set():
             await self._check_health()
@@ -139,10 +148,12 @@ class ServiceHost:
         await self._check_health()
         self.started.set()
         log.info("service started", grpc_port=port, services=self.server.service_names)
-        tasks = {
-            asyncio.create_task(factory(), name=name)
-            for name, factory in {**self._root_factories, "health": self._health_monitor}.items()
+        factories = {
+            **self._root_factories,
+            "health": self._health_monitor,
+            "garbage collector": self._collect_garbage,
         }
+        tasks = {asyncio.create_task(factory(), name=name) for name, factory in factories.items()}
         stop_waiter = asyncio.create_task(self.stop.wait())
         done, _ = await asyncio.wait({*tasks, stop_waiter}, return_when=asyncio.FIRST_COMPLETED)
         exit_code = EXIT_OK

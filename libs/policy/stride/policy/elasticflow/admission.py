@@ -63,6 +63,10 @@ def _needed(remaining: float) -> float:
     return remaining - PROGRESS_TOLERANCE * max(1.0, remaining)
 
 
+_LOOKAHEAD = 16
+"""Slots a fill first looks through for the one its job completes in (:meth:`PlannedJob.
+fill`); only a speed-up: the answer is the same."""
+
 IntArray = npt.NDArray[np.int64]
 FloatArray = npt.NDArray[np.float64]
 
@@ -263,10 +267,20 @@ class PlannedJob:
         low = int(meets.argmax())  # the smallest cap j that meets the deadline (monotone in j)
         if not meets[low]:
             return None
-        offered = np.minimum(self.size_steps[low], window)
-        gained = self.progress[offered]  # a copy (fancy indexing)
-        gained[0] *= self.first
-        done = np.cumsum(gained)
+        # The slot it completes in: first within the slots it needs at full speed (twice
+        # over, and at least a few), else anywhere in the window. A prefix's cumulative sum
+        # is the whole one's prefix (summed in order), so both find the same slot.
+        cap = self.size_steps[low]
+        rate = float(self.progress[cap])
+        full_speed = int(needed / rate) + 1 if rate > 0 else window.size
+        ahead = window[: max(_LOOKAHEAD, 2 * full_speed)]
+        for part in (ahead, window) if ahead.size < window.size else (window,):
+            offered = np.minimum(cap, part)
+            gained = self.progress[offered]  # a copy (fancy indexing)
+            gained[0] *= self.first
+            done = np.cumsum(gained)
+            if done[-1] >= needed or part is window:
+                break
         last = int(np.searchsorted(done, needed))  # slot in which the job completes
         return self.usable[offered[: last + 1]]
 
@@ -376,9 +390,15 @@ class AdmissionControl:
         return True
 
     def _add(self, plan: IntArray, sign: int = 1) -> None:
+        if not plan.size:
+            return
         if plan.size > self.used.size:
             self.used = np.concatenate([self.used, np.zeros(plan.size - self.used.size, np.int64)])
-        self.used[: plan.size] += sign * plan
+        part = self.used[: plan.size]
+        if sign > 0:
+            np.add(part, plan, out=part)
+        else:
+            np.subtract(part, plan, out=part)
 
     def _free(self, used: IntArray, slots: int) -> IntArray:
         free = np.full(slots, self.capacity, dtype=np.int64)

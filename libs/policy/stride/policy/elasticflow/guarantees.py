@@ -41,7 +41,8 @@ from stride.policy.elasticflow.curves import ScalingCurve
 from stride.policy.elasticflow.priorities import (
     NORMAL,
     Contender,
-    by_class,
+    class_of,
+    mixed,
     prioritized,
     promotion_after,
 )
@@ -248,30 +249,53 @@ jobs (:class:`_EdfPrefixes`)."""
 
 @dataclass
 class _EdfPrefixes:
-    """A timeline whose jobs were filled in deadline order, with what their reservations
-    added up to after every ``every`` of them.
+    """Algorithm 1 re-run in deadline order over a timeline's guaranteed jobs, with what
+    their reservations added up to after every ``every`` of them.
 
     Algorithm 1 re-run in deadline order over these jobs and a candidate fills every job
-    before the candidate exactly as this timeline did (each is filled into what the earlier
+    before the candidate exactly as this re-fill did (each is filled into what the earlier
     ones leave), so the paper's admission test needs only the candidate and the jobs after
-    it, filled on top of the nearest total before the candidate's place. Same answer as the
-    whole re-fill; a candidate with a late deadline costs a few fills instead of one per
-    guaranteed job, and an earliest-deadline search many fewer.
+    it, filled on top of the nearest total before the candidate's place; and if the re-fill
+    already dropped a job before that place, the test fails without filling anything. Same
+    answer as the whole re-fill; a candidate with a late deadline costs a few fills instead
+    of one per guaranteed job, and an earliest-deadline search many fewer.
+
+    The re-fill stops at the first job it drops (:attr:`dropped_at`): nothing after it can
+    change a test's answer. When the timeline itself was filled in deadline order, it is
+    that re-fill (nothing dropped), and so is the first pass of :meth:`GuaranteePlanner.
+    _keeping` over the jobs it goes on to keep.
     """
 
     timeline: AdmissionControl
+    """The timeline whose guaranteed jobs these are."""
     size: int
     """How many jobs the timeline held when this was taken (it is void once one joins)."""
     jobs: list[JobView]
-    """The timeline's jobs as the view saw them, in its (deadline) order."""
+    """The timeline's guaranteed jobs as the view saw them, in deadline order."""
     keys: list[tuple[float, float]]
     """Their :func:`edf_key`."""
     totals: list[IntArray]
-    """``totals[i]``: the reservations of the first ``i * every`` jobs."""
+    """``totals[i]``: the reservations of the first ``i * every`` jobs (up to the drop)."""
     every: int
+    filled: list[PlannedJob]
+    """The re-fill's jobs before the drop (``jobs``' first ones, prepared), and ..."""
+    plans: list[IntArray]
+    """... the plans it gave them."""
+    dropped_at: int | None = None
+    """Where in :attr:`jobs` the re-fill dropped its first job (None: it kept them all)."""
 
     def valid_for(self, timeline: AdmissionControl) -> bool:
         return self.timeline is timeline and len(timeline.jobs) == self.size
+
+
+@dataclass
+class _Pass:
+    """What one :meth:`GuaranteePlanner._fill` pass did, for :class:`_EdfPrefixes`."""
+
+    totals: list[IntArray] = field(default_factory=list)
+    """The timeline's reservations after every ``totals_every`` kept jobs (from none)."""
+    dropped: list[int] = field(default_factory=list)
+    """Positions (in the order offered) of the jobs that did not fit."""
 
 
 def _view_key(view: DeadlineView, jobs: Sequence[JobView]) -> _ViewKey:
@@ -315,13 +339,12 @@ class GuaranteePlanner:
         """The timeline jobs are allocated by and the ids of every job it considered."""
         self._considered: tuple[AdmissionControl, set[str]] | None = None
         """The last timeline built and the jobs it considered (acted on or not)."""
-        self._refill_memo: tuple[AdmissionControl, bool] | None = None
-        """The last timeline :meth:`refillable` answered for, and its answer."""
         self.used: AdmissionControl | None = None
         """The timeline the last :meth:`guaranteed` answered from (its slot 0 began at its
         ``now``), for :meth:`GuaranteePolicy.wakeup`."""
         self._prefixes: _EdfPrefixes | None = None
-        """The last timeline built, if its jobs are in deadline order (see _EdfPrefixes)."""
+        """The deadline-order re-fill of the last timeline's guaranteed jobs (built with the
+        timeline where that costs nothing, else on first use: :meth:`_edf_refill`)."""
 
     def _planned(self, job: JobView, timeline: AdmissionControl, pause: float) -> PlannedJob:
         template = self._templates.get(job.job_id)
@@ -353,9 +376,9 @@ class GuaranteePlanner:
         previous = self._built[0] if self._built is not None else None
         self._prefixes = None
         if previous is None:
-            totals: list[IntArray] = []
-            timeline = self._fill(view, candidates, self._fresh(view), totals)
-            self._remember_prefixes(view, timeline, totals)
+            record = _Pass()
+            timeline = self._fill(view, candidates, self._fresh(view), record)
+            self._remember_prefixes(view, timeline, record.totals)
         else:
             timeline = self._keeping(view, candidates, previous)
         self._memo = (key, timeline)
@@ -400,6 +423,7 @@ class GuaranteePlanner:
         """
         before = {planned.job.job_id for planned in previous.jobs}
         urgent: list[JobView] = []
+        first_pass: _EdfPrefixes | None = None
         while True:
             first = {job.job_id for job in urgent}
             order = [
@@ -409,11 +433,20 @@ class GuaranteePlanner:
                     key=lambda job: (job.job_id not in before, edf_key(job)),
                 ),
             ]
-            totals: list[IntArray] = []
-            timeline = self._fill(view, order, self._fresh(view), totals)
+            record = _Pass()
+            timeline = self._fresh(view)
+            if urgent:
+                self._fill(view, order, timeline, record)
+            else:
+                # The jobs guaranteed before come first, in deadline order: up to its first
+                # drop, this pass is the deadline-order re-fill of those jobs.
+                held = sum(1 for job in order if job.job_id in before)
+                self._fill(view, order[:held], timeline, record)
+                first_pass = self._pass_prefixes(timeline, order[:held], record)
+                self._fill(view, order[held:], timeline, record)
             dropped = self._dropped_but_on_plan(view, candidates, previous, timeline)
             if not dropped:
-                self._remember_prefixes(view, timeline, totals)
+                self._remember_prefixes(view, timeline, record.totals, first_pass)
                 return timeline
             if dropped & first:
                 on_plan = dropped | {
@@ -460,38 +493,105 @@ class GuaranteePlanner:
         view: DeadlineView,
         jobs: Sequence[JobView],
         timeline: AdmissionControl,
-        totals: list[IntArray] | None = None,
+        record: _Pass | None = None,
+        *,
+        stop: bool = False,
     ) -> AdmissionControl:
-        """Offer ``jobs`` to ``timeline`` in order; keep each one that fits (and, given
-        ``totals``, append the reservations' sum after every ``totals_every`` kept jobs,
-        from none: see :class:`_EdfPrefixes`)."""
-        if totals is not None and not timeline.jobs:
-            totals.append(timeline.used.copy())
-        for job in jobs:
+        """Offer ``jobs`` to ``timeline`` in order; keep each one that fits. ``record``
+        notes the reservations' sum after every ``totals_every`` kept jobs (from none: see
+        :class:`_EdfPrefixes`) and where jobs were dropped; ``stop``: stop at the first
+        job dropped."""
+        if record is not None and not timeline.jobs:
+            record.totals.append(timeline.used.copy())
+        for position, job in enumerate(jobs):
             planned = self._planned(job, timeline, view.pause_seconds)
             plans = timeline.decide(planned)
-            if plans is not None:
-                timeline.commit(planned, plans)
-                if totals is not None and len(timeline.jobs) % self.totals_every == 0:
-                    totals.append(timeline.used.copy())
+            if plans is None:
+                if record is not None:
+                    record.dropped.append(position)
+                if stop:
+                    break
+                continue
+            timeline.commit(planned, plans)
+            if record is not None and len(timeline.jobs) % self.totals_every == 0:
+                record.totals.append(timeline.used.copy())
         return timeline
 
+    def _pass_prefixes(
+        self, timeline: AdmissionControl, jobs: list[JobView], record: _Pass
+    ) -> _EdfPrefixes:
+        """What a fresh pass that offered ``jobs`` (in deadline order) to ``timeline`` knows
+        of their deadline-order re-fill: everything up to its first drop (there the number
+        of jobs kept stops matching their place, so the totals after it are cut). Its
+        :attr:`~_EdfPrefixes.timeline` is set once the timeline it answers for is known."""
+        limit = record.dropped[0] if record.dropped else len(jobs)
+        return _EdfPrefixes(
+            timeline,
+            0,
+            jobs,
+            [edf_key(job) for job in jobs],
+            record.totals[: limit // self.totals_every + 1],
+            self.totals_every,
+            timeline.jobs[:limit],
+            timeline.plans[:limit],
+            record.dropped[0] if record.dropped else None,
+        )
+
     def _remember_prefixes(
-        self, view: DeadlineView, timeline: AdmissionControl, totals: list[IntArray]
+        self,
+        view: DeadlineView,
+        timeline: AdmissionControl,
+        totals: list[IntArray],
+        first_pass: _EdfPrefixes | None = None,
     ) -> None:
-        """Keep ``timeline``'s running totals if the jobs it kept are in deadline order.
-        Then no fill re-planned an earlier job (``decide`` only re-fills jobs with later
-        deadlines, and a job kept that way would sit out of order), so every total is what
-        the jobs before it reserve."""
-        if not self.prefix_refills:
-            return
+        """Keep the deadline-order re-fill of ``timeline``'s jobs when it costs nothing:
+
+        - the jobs it kept are in deadline order: then no fill re-planned an earlier job
+          (``decide`` only re-fills jobs with later deadlines, and a job kept that way would
+          sit out of order), so the timeline is that re-fill and ``totals`` its totals;
+        - else ``first_pass`` (:meth:`_keeping`'s, over the jobs guaranteed before), if it
+          offered exactly the jobs the timeline kept.
+        """
         by_id = {job.job_id: job for job in view.jobs}
         jobs = [by_id[planned.job.job_id] for planned in timeline.jobs]
         keys = [edf_key(job) for job in jobs]
         if totals and all(a <= b for a, b in pairwise(keys)):
             self._prefixes = _EdfPrefixes(
-                timeline, len(timeline.jobs), jobs, keys, totals, self.totals_every
+                timeline,
+                len(timeline.jobs),
+                jobs,
+                keys,
+                totals,
+                self.totals_every,
+                list(timeline.jobs),
+                list(timeline.plans),
             )
+        elif first_pass is not None and {job.job_id for job in first_pass.jobs} == {
+            job.job_id for job in jobs
+        }:
+            self._prefixes = replace(first_pass, timeline=timeline, size=len(timeline.jobs))
+
+    def _edf_refill(self, view: DeadlineView, timeline: AdmissionControl) -> _EdfPrefixes:
+        """Algorithm 1 re-run in deadline order over ``timeline``'s guaranteed jobs, up to
+        the first it drops (once per timeline; see :class:`_EdfPrefixes`)."""
+        if self._prefixes is not None and self._prefixes.valid_for(timeline):
+            return self._prefixes
+        guaranteed = {planned.job.job_id for planned in timeline.jobs}
+        jobs = sorted((job for job in view.jobs if job.job_id in guaranteed), key=edf_key)
+        record = _Pass()
+        refill = self._fill(view, jobs, self._fresh(view), record, stop=True)
+        self._prefixes = _EdfPrefixes(
+            timeline,
+            len(timeline.jobs),
+            jobs,
+            [edf_key(job) for job in jobs],
+            record.totals,
+            self.totals_every,
+            refill.jobs,
+            refill.plans,
+            record.dropped[0] if record.dropped else None,
+        )
+        return self._prefixes
 
     def _refill_from_prefix(
         self, view: DeadlineView, prefixes: _EdfPrefixes, candidate: JobView
@@ -499,11 +599,12 @@ class GuaranteePlanner:
         """:meth:`_refill_keeps` from the candidate's place (see :class:`_EdfPrefixes`):
         the candidate and every later job filled on top of the jobs before it."""
         place = bisect.bisect_right(prefixes.keys, edf_key(candidate))
+        if prefixes.dropped_at is not None and prefixes.dropped_at < place:
+            return False  # a job before the candidate is dropped whatever it asks
         start = (place // prefixes.every) * prefixes.every
-        base = prefixes.timeline
         refill = self._fresh(view)
-        refill.jobs = list(base.jobs[:start])
-        refill.plans = list(base.plans[:start])
+        refill.jobs = list(prefixes.filled[:start])
+        refill.plans = list(prefixes.plans[:start])
         refill.used = prefixes.totals[start // prefixes.every].copy()
         rest = prefixes.jobs
         for job in [*rest[start:place], candidate, *rest[place:]]:
@@ -605,20 +706,10 @@ class GuaranteePlanner:
         guaranteed now: filling a job in only takes room from the jobs after it. (Exactly
         so for curves of contiguous sizes; with gaps in a curve a job at a larger size can
         use fewer devices in a slot, so this only shapes a refusal's message, never the
-        admission test.) Answered once per timeline."""
+        admission test.) Answered once per timeline, by the re-fill the admission test
+        starts from (:meth:`_edf_refill`)."""
         timeline = self.timeline(view)
-        if self._refill_memo is not None and self._refill_memo[0] is timeline:
-            return self._refill_memo[1]
-        if self._prefixes is not None and self._prefixes.valid_for(timeline):
-            # Filled in deadline order already: the re-fill is this timeline, all kept.
-            self._refill_memo = (timeline, True)
-            return True
-        guaranteed = {planned.job.job_id for planned in timeline.jobs}
-        jobs = sorted((job for job in view.jobs if job.job_id in guaranteed), key=edf_key)
-        refill = self._fill(view, jobs, self._fresh(view))
-        answer = len(refill.jobs) == len(jobs)
-        self._refill_memo = (timeline, answer)
-        return answer
+        return self._edf_refill(view, timeline).dropped_at is None
 
     def refill_keeps(self, view: DeadlineView, candidate: JobView) -> bool:
         """The paper's half of :meth:`fits` alone: Algorithm 1 re-run in deadline order over
@@ -637,8 +728,8 @@ class GuaranteePlanner:
         # Not answered from refillable's "blocked": that a candidate only takes room from
         # the jobs after it holds for contiguous sizes, not exactly for curves with gaps, and
         # the simulator never asks; the test re-fills, so both decide alike.
-        if self._prefixes is not None and self._prefixes.valid_for(timeline):
-            return self._refill_from_prefix(view, self._prefixes, candidate)
+        if self.prefix_refills:
+            return self._refill_from_prefix(view, self._edf_refill(view, timeline), candidate)
         guaranteed = {planned.job.job_id for planned in timeline.jobs}
         jobs = sorted(
             [*(job for job in view.jobs if job.job_id in guaranteed), candidate], key=edf_key
@@ -870,21 +961,25 @@ class GuaranteePolicy:
         if view.capacity <= 0:
             return {job.job_id: 0 for job in view.jobs}
         shares = self._shares(view)
-        contenders = [
-            Contender(
-                job.job_id,
-                job.curve,
-                job.priority,
-                job.weight,
-                job.submission_time,
-                job.devices,
-                job.waiting_since,
-                shares.get(job.job_id),
-                job.deadline is not None,
-            )
+        now = view.now
+        if mixed(
+            class_of(job.priority, shares.get(job.job_id), job.waiting_since, job.devices, now)
             for job in view.jobs
-        ]
-        if by_class(contenders, view.now):
+        ):
+            contenders = [
+                Contender(
+                    job.job_id,
+                    job.curve,
+                    job.priority,
+                    job.weight,
+                    job.submission_time,
+                    job.devices,
+                    job.waiting_since,
+                    shares.get(job.job_id),
+                    job.deadline is not None,
+                )
+                for job in view.jobs
+            ]
             split = prioritized(contenders, view.capacity, view.now)
             self.notes = split.notes
             return split.units

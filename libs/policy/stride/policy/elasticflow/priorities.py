@@ -42,7 +42,7 @@ with no smallest-size pass, so priorities change nothing there.
 from __future__ import annotations
 
 import math
-from collections.abc import Mapping, Sequence
+from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass
 
 from stride.policy.elasticflow.admission import JobKind
@@ -58,7 +58,9 @@ __all__ = [
     "Contender",
     "Split",
     "by_class",
+    "class_of",
     "effective_class",
+    "mixed",
     "prioritized",
     "promotion_after",
     "unit_weight",
@@ -102,10 +104,23 @@ def effective_class(
     job: Contender, now: float, limit: float = STARVE_LIMIT_SECONDS
 ) -> tuple[int, bool]:
     """The class a job competes in now and whether it is starving (rule 4)."""
-    base = job.priority if job.priority in CLASS_NAMES else NORMAL
-    if job.guaranteed is not None or job.waiting_since is None or job.holding:
+    return class_of(job.priority, job.guaranteed, job.waiting_since, job.holding, now, limit)
+
+
+def class_of(
+    priority: int,
+    guaranteed: int | None,
+    waiting_since: float | None,
+    holding: int,
+    now: float,
+    limit: float = STARVE_LIMIT_SECONDS,
+) -> tuple[int, bool]:
+    """:func:`effective_class` from the fields it reads (a caller with many jobs need not
+    build a :class:`Contender` for each to learn that classes decide nothing)."""
+    base = priority if priority in CLASS_NAMES else NORMAL
+    if guaranteed is not None or waiting_since is None or holding:
         return base, False
-    steps = _limits_waited(now - job.waiting_since, limit)
+    steps = _limits_waited(now - waiting_since, limit)
     if steps < 1:
         return base, False
     return min(HIGH, base + steps), True
@@ -141,8 +156,18 @@ class Split:
 def by_class(jobs: Sequence[Contender], now: float) -> bool:
     """Whether priorities decide anything here: jobs of more than one effective class, or a
     starving job (else :func:`prioritized` is ElasticFlow's Algorithm 2 and is not run)."""
-    ranked = [effective_class(job, now) for job in jobs]
-    return len({level for level, _ in ranked}) > 1 or any(starving for _, starving in ranked)
+    return mixed(effective_class(job, now) for job in jobs)
+
+
+def mixed(ranked: Iterable[tuple[int, bool]]) -> bool:
+    """Whether jobs ranked by :func:`effective_class` are of more than one class, or one
+    of them starves: then :func:`prioritized` decides."""
+    levels = set()
+    for level, starving in ranked:
+        if starving:
+            return True
+        levels.add(level)
+    return len(levels) > 1
 
 
 def prioritized(jobs: Sequence[Contender], capacity: int, now: float) -> Split:

@@ -38,6 +38,7 @@ believed kept; reconciling with measured progress is the optimizer's side of the
 from __future__ import annotations
 
 from dataclasses import dataclass, field
+from typing import NamedTuple
 
 from stride.policy.elasticflow.guarantees import (
     SCALING_PAUSE_SECONDS,
@@ -121,9 +122,9 @@ class Entry:
         self.waiting_since = books.waiting_since
 
 
-@dataclass(frozen=True)
-class _Books:
-    """What a round changes of an entry (progress is advanced before any round)."""
+class _Books(NamedTuple):
+    """What a round changes of an entry (progress is advanced before any round). A tuple:
+    every round at a new instant takes one per job."""
 
     units: int
     paused_until: float

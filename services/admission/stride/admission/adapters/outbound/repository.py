@@ -103,32 +103,33 @@ async def set_state(session: AsyncSession, job_id: str, state: str, at: datetime
     )
 
 
-async def _latest_decision(session: AsyncSession, job_id: str) -> job_pb2.AdmissionDecision | None:
-    row = await session.scalar(
+async def get_job(session: AsyncSession, job_id: str, for_update: bool = False) -> StoredJob | None:
+    """One job with its latest decision and its share, or None (one round trip: a
+    submission reads its job three times)."""
+    latest = (
         select(decisions.c.decision)
-        .where(decisions.c.job_id == job_id)
+        .where(decisions.c.job_id == jobs.c.job_id)
         .order_by(decisions.c.id.desc())
         .limit(1)
+        .scalar_subquery()
     )
-    return None if row is None else job_pb2.AdmissionDecision.FromString(row)
-
-
-async def get_job(session: AsyncSession, job_id: str, for_update: bool = False) -> StoredJob | None:
-    """One job with its latest decision, or None."""
-    query = select(jobs).where(jobs.c.job_id == job_id)
+    share = select(ledger.c.share).where(ledger.c.job_id == jobs.c.job_id).scalar_subquery()
+    query = select(jobs, latest.label("latest_decision"), share.label("ledger_share")).where(
+        jobs.c.job_id == job_id
+    )
     if for_update:
-        query = query.with_for_update()
+        query = query.with_for_update(of=jobs)
     row = (await session.execute(query)).one_or_none()
     if row is None:
         return None
-    share = await session.scalar(select(ledger.c.share).where(ledger.c.job_id == job_id))
+    decision = row.latest_decision
     return StoredJob(
         job_id=row.job_id,
         spec=job_pb2.JobSpec.FromString(row.spec),
         state=row.state,
-        decision=await _latest_decision(session, row.job_id),
+        decision=None if decision is None else job_pb2.AdmissionDecision.FromString(decision),
         submitted_at=row.submitted_at,
-        share=None if share is None else job_pb2.JobShare.FromString(share),
+        share=None if row.ledger_share is None else job_pb2.JobShare.FromString(row.ledger_share),
     )
 
 
