@@ -76,6 +76,8 @@ def suite(
         "STRIDE_NATS_URL": nats_url,
         "STRIDE_OTLP_ENDPOINT": collector.endpoint,
         "STRIDE_CKPTCACHE_STORE_DIR": str(tmp_path / "checkpoints"),
+        # Its pods' folders with the test's files, not in the working directory.
+        "STRIDE_PODWATCHER_LOCAL_STATE_DIR": str(tmp_path / "pods"),
         # A killed optimizer's unacked message comes back after ack_wait; keep the test short.
         "STRIDE_OPTIMIZER_ACK_WAIT_SECONDS": "3",
         # Room for two wide-deep jobs at once (each reserves 2 CPU units of 1 core, 4 GiB):
