@@ -41,8 +41,16 @@ def test_up_submit_status_down_with_the_embedded_defaults(tmp_path: Path) -> Non
     assert not_up.returncode == 2
     assert "no running suite" in not_up.stderr and "stride up" in not_up.stderr
 
+    # A state folder anyone could read, as a user may have made it.
+    (tmp_path / "state").mkdir(mode=0o755)
     up = stride("up", "--executors", "2", env=env)
     assert up.returncode == 0, up.stdout + up.stderr
+    # The suite's state is its user's alone: the folder 0700, what it made 0600 / 0700.
+    assert (tmp_path / "state").stat().st_mode & 0o777 == 0o700
+    made = [*(tmp_path / "state" / "db").iterdir(), *(tmp_path / "state" / "logs").iterdir()]
+    assert made and all(path.stat().st_mode & 0o077 == 0 for path in made), [
+        (path.name, oct(path.stat().st_mode)) for path in made
+    ]
     state = SuiteState.read(tmp_path / "state")
     assert state is not None and state.ready and state.embedded_nats
     assert state.database.startswith("sqlite files in")

@@ -47,6 +47,30 @@ def test_unreachable_nats(tmp_path: Path) -> None:
     assert "Traceback" not in result.stderr
 
 
+@pytest.mark.parametrize(
+    ("url", "shown"),
+    [
+        ("nats://stride:hunter2@127.0.0.1:{port}", "nats://stride:***@127.0.0.1:"),
+        ("nats://hunter2@127.0.0.1:{port}", "nats://***@127.0.0.1:"),  # a NATS token
+    ],
+)
+def test_a_password_in_the_nats_url_is_never_shown(tmp_path: Path, url: str, shown: str) -> None:
+    """The URL is named in the error, with its credentials masked, on stderr and in every
+    log line (the service logs the same error as JSON)."""
+    result = run_admission(
+        {
+            "STRIDE_NATS_URL": url.format(port=free_port()),
+            "STRIDE_DATABASE_URL": f"sqlite:///{tmp_path / 'a.db'}",
+            "STRIDE_ADMISSION_LOG_LEVEL": "DEBUG",
+        }
+    )
+    assert result.returncode == 2
+    assert "hunter2" not in result.stdout + result.stderr
+    said = [line for line in result.stderr.splitlines() if line.startswith("stride.admission:")]
+    assert said and said[0].startswith(f"stride.admission: cannot connect to NATS at {shown}")
+    assert '"startup failed"' in result.stderr  # the JSON line was written, and masked
+
+
 def test_malformed_nats_url(tmp_path: Path) -> None:
     result = run_admission(
         {

@@ -34,6 +34,7 @@ from stride.cli.jobspec import SpecError, load_submission
 from stride.cli.running import register as register_running
 from stride.cli.shards import register as register_shards
 from stride.events.v1 import job_pb2, optimization_pb2, plan_pb2
+from stride.obs.secrets import redact
 
 app = typer.Typer(
     help="Stride: training jobs that size themselves. Submit a job without resources.",
@@ -895,13 +896,15 @@ def up(
     table.add_column("state")
     table.add_row(
         "nats" + (" (embedded)" if state.embedded_nats else ""),
-        state.nats_url,
+        redact(state.nats_url),
         _phase_text(state.nats_process) if state.nats_process else "external",
     )
     for service, target in state.services.items():
         table.add_row(service, target, _phase_text(state.processes.get(service)))
     console.print(table)
-    console.print(f"database: {state.database}; logs: {state_dir / 'logs'}", highlight=False)
+    console.print(
+        f"database: {redact(state.database)}; logs: {state_dir / 'logs'}", highlight=False
+    )
     _report_nodes(state_dir)
     _report_suite_problems(state_dir)
 

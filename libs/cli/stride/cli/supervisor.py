@@ -52,6 +52,7 @@ from stride.cli.endpoints import (
     SuiteState,
     describe_exit,
 )
+from stride.obs.secrets import redact
 from stride.runtime.embedded_nats import NatsServer, free_port
 from stride.runtime.healthcheck import check
 from stride.runtime.machine import machine_cores, machine_memory_bytes
@@ -145,7 +146,7 @@ class Backoff:
 
 
 def _log(message: str) -> None:
-    print(f"{time.strftime('%H:%M:%S')} supervisor: {message}", flush=True)
+    print(f"{time.strftime('%H:%M:%S')} supervisor: {redact(message)}", flush=True)
 
 
 def log_tail(
@@ -289,6 +290,21 @@ def default_local_nodes() -> str:
     return f"4x(cpu={cores},memory={max(memory // 4 // 1024**2, 512)}Mi)"
 
 
+STATE_DIR_MODE = 0o700
+PRIVATE_UMASK = 0o077
+"""What the suite's processes create is their user's alone: files 0600, folders 0700."""
+
+
+def private_state(state_dir: Path) -> None:
+    """Make the suite's state (databases, logs, NATS store, pods, checkpoints on disk) its
+    user's alone: the folder 0700, however an earlier run or the user left it (nobody else
+    can then reach anything inside, whatever its own mode), and everything this process
+    and the services it starts create 0600 / 0700 (their umask is inherited)."""
+    os.umask(PRIVATE_UMASK)
+    state_dir.mkdir(parents=True, exist_ok=True)
+    os.chmod(state_dir, STATE_DIR_MODE)
+
+
 class Supervisor:
     """Starts, watches, restarts and stops the suite."""
 
@@ -356,6 +372,7 @@ class Supervisor:
         """Run until SIGTERM/SIGINT; returns the exit code."""
         signal.signal(signal.SIGTERM, lambda *_: self.stop_requested.set())
         signal.signal(signal.SIGINT, lambda *_: self.stop_requested.set())
+        private_state(self.state_dir)
         (self.state_dir / "db").mkdir(parents=True, exist_ok=True)
         (self.state_dir / "logs").mkdir(parents=True, exist_ok=True)
         nats_url = os.environ.get("STRIDE_NATS_URL", "")

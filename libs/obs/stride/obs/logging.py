@@ -1,7 +1,9 @@
 """Structured JSON logs (structlog) that carry the current trace and span ids.
 
 A log line inside a span can be joined with the trace in any backend, which is what makes
-a cross-service path debuggable.
+a cross-service path debuggable. Every line has its secrets masked on the way out
+(:mod:`stride.obs.secrets`): credentials in URLs, and fields named like ``password`` or
+``token``.
 """
 
 from __future__ import annotations
@@ -12,6 +14,8 @@ from typing import Any
 
 import structlog
 from opentelemetry import trace
+
+from stride.obs.secrets import redact_event
 
 
 def _add_trace_context(
@@ -58,6 +62,7 @@ def configure_logging(service: str, level: str = "INFO", json: bool = True) -> N
         processors=[
             structlog.stdlib.ProcessorFormatter.remove_processors_meta,
             structlog.processors.format_exc_info,
+            redact_event,  # last before rendering: nothing added after it escapes
             renderer,
         ],
     )

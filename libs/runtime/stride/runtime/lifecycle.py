@@ -30,6 +30,7 @@ import structlog
 
 from stride.obs.logging import configure_logging
 from stride.obs.metrics import start_metrics_server
+from stride.obs.secrets import redact
 from stride.obs.tracing import configure_tracing, shutdown_tracing
 from stride.runtime.collector import Collector
 from stride.runtime.errors import StartupError
@@ -239,7 +240,7 @@ def run_service(
         return asyncio.run(_serve(build, settings))
     except StartupError as error:
         log.error("startup failed", error=str(error))
-        print(f"stride.{service}: {error}", file=sys.stderr)
+        print(f"stride.{service}: {redact(str(error))}", file=sys.stderr)
         return EXIT_STARTUP_FAILED
 
 
