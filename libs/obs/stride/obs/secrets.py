@@ -10,7 +10,7 @@ to remember to.
 from __future__ import annotations
 
 import re
-from collections.abc import Mapping, Sequence
+from collections.abc import Mapping, MutableMapping, Sequence
 from typing import Any
 
 MASK = "***"
@@ -66,7 +66,9 @@ def _redact_value(value: Any) -> Any:
     return value
 
 
-def redact_event(_logger: Any, _method: str, event_dict: dict[str, Any]) -> dict[str, Any]:
+def redact_event(
+    _logger: Any, _method: str, event_dict: MutableMapping[str, Any]
+) -> dict[str, Any]:
     """A structlog processor: masks secret fields and credentials in every value."""
     return {
         key: MASK if secret_key(key) and value is not None else _redact_value(value)
