@@ -205,3 +205,67 @@ async def test_errors_over_grpc(
         await stub.RunAlgorithm(request_message)
     assert raised.value.code() == code
     assert (raised.value.details() or "").startswith(detail)
+
+
+@pytest.fixture
+async def limited(nats_url: str) -> AsyncIterator[ServiceHost]:
+    """One replica with one worker process and a one-second limit per request."""
+    settings = ExecutorSettings(
+        nats_url=nats_url,
+        grpc_port=0,
+        grpc_host="127.0.0.1",
+        replica_name="limited",
+        request_concurrency=1,
+        request_time_limit_seconds=1.0,
+        registry="stride.testing.algorithms:registry",
+        health_interval_seconds=0.2,
+        shutdown_grace_seconds=2,
+    )
+    async with running_service(build, settings) as host:
+        yield host
+
+
+async def test_a_run_past_the_time_limit_is_stopped_and_the_slot_serves_again(
+    limited: ServiceHost, nats_url: str
+) -> None:
+    """A request that would hold a core for a minute is stopped at the limit (its worker
+    process killed, DEADLINE_EXCEEDED through gRPC, the same status on NATS); the slot's
+    new worker then answers as before, and failures inside a worker stay INTERNAL."""
+    async with grpc.aio.insecure_channel(f"127.0.0.1:{limited.server.port}") as channel:
+        stub: Stub = pb_grpc.ExecutorServiceStub(channel)
+        started = asyncio.get_running_loop().time()
+        with pytest.raises(grpc.aio.AioRpcError) as raised:
+            await stub.RunAlgorithm(
+                pb.RunAlgorithmRequest(request=algorithm_request({"seconds": 60.0}, "test-spin"))
+            )
+        waited = asyncio.get_running_loop().time() - started
+        assert raised.value.code() == grpc.StatusCode.DEADLINE_EXCEEDED
+        assert "time limit of 1 s" in (raised.value.details() or "")
+        assert 1.0 <= waited < 10.0, waited
+        # The slot's worker was replaced: a short run is answered (after its imports).
+        reply = await stub.RunAlgorithm(
+            pb.RunAlgorithmRequest(request=algorithm_request({"seconds": 0.05}, "test-spin"))
+        )
+        assert reply.reply.status == events.ALGORITHM_STATUS_OK
+        assert struct_to_dict(reply.reply.result)["spun_seconds"] >= 0.05
+        with pytest.raises(grpc.aio.AioRpcError) as failed:
+            await stub.RunAlgorithm(
+                pb.RunAlgorithmRequest(request=algorithm_request({}, "test-explode"))
+            )
+        assert failed.value.code() == grpc.StatusCode.INTERNAL
+        assert "ZeroDivisionError: this algorithm always fails" in (failed.value.details() or "")
+        with pytest.raises(grpc.aio.AioRpcError) as invalid:
+            await stub.RunAlgorithm(
+                pb.RunAlgorithmRequest(request=algorithm_request({"seconds": "long"}, "test-spin"))
+            )
+        assert invalid.value.code() == grpc.StatusCode.INVALID_ARGUMENT
+    bus = await Bus.connect(nats_url, name="test-optimizer")
+    try:
+        over = algorithm_request({"seconds": 60.0}, "test-spin", request_id="over")
+        answer = events.AlgorithmReply.FromString(
+            await bus.request(topics.EXECUTOR_RUN, over.algorithm, over, timeout=30)
+        )
+    finally:
+        await bus.close()
+    assert answer.status == events.ALGORITHM_STATUS_DEADLINE_EXCEEDED
+    assert answer.request_id == "over" and "time limit" in answer.error

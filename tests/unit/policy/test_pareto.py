@@ -143,6 +143,10 @@ def test_front_approaches_the_exhaustive_front_on_a_small_grid() -> None:
         (lambda: request(seed=-1), "seed"),
         (lambda: request(population_size=2), "population_size"),
         (lambda: request(generations=0), "generations"),
+        # The work one request may ask for is bounded (an executor slot is shared).
+        (lambda: request(population_size=10**9), "population_size"),
+        (lambda: request(generations=10**9), "generations"),
+        (lambda: request(population_size=1_000, generations=1_000), "generations"),
         (lambda: request(bounds=None), "bounds"),
     ],
 )

@@ -70,6 +70,13 @@ GENERATIONS = 40
 """NSGA-II generations (pymoo ``("n_gen", 40)``). The paper picks NSGA-II for "its rapid
 convergence ... in low-dimensional multi-objective problems"; on the benchmark's grids the
 front stops improving well before 40 generations."""
+MAX_POPULATION_SIZE = 1_000
+MAX_GENERATIONS = 1_000
+MAX_EVALUATIONS = 200_000
+"""Upper bounds on what one request may ask of NSGA-II (population x generations
+evaluations; the defaults make 1,600). 200,000 evaluations is about two orders of magnitude
+past any front this search needs, and well inside the executor's time limit per request,
+which stops whatever gets past these."""
 CROSSOVER_ETA = 3.0
 """SBX distribution index. pymoo's integer example uses 3.0 (its default of 15 keeps
 children so close to their parents that rounding returns the parents on small grids)."""
@@ -211,13 +218,25 @@ class ParetoRequest:
             )
         if not _is_integer(self.seed) or self.seed < 0:
             raise InvalidSearch("seed", f"must be a whole number >= 0, got {self.seed!r}")
-        if not _is_integer(self.population_size) or self.population_size < 4:
+        if (
+            not _is_integer(self.population_size)
+            or not 4 <= self.population_size <= MAX_POPULATION_SIZE
+        ):
             raise InvalidSearch(
-                "population_size", f"must be a whole number >= 4, got {self.population_size!r}"
+                "population_size",
+                f"must be a whole number in [4, {MAX_POPULATION_SIZE}], "
+                f"got {self.population_size!r}",
             )
-        if not _is_integer(self.generations) or self.generations < 1:
+        if not _is_integer(self.generations) or not 1 <= self.generations <= MAX_GENERATIONS:
             raise InvalidSearch(
-                "generations", f"must be a whole number >= 1, got {self.generations!r}"
+                "generations",
+                f"must be a whole number in [1, {MAX_GENERATIONS}], got {self.generations!r}",
+            )
+        if self.population_size * self.generations > MAX_EVALUATIONS:
+            raise InvalidSearch(
+                "generations",
+                f"{self.population_size} x {self.generations} evaluations exceed "
+                f"{MAX_EVALUATIONS:,}; ask for a smaller population or fewer generations",
             )
 
 

@@ -40,5 +40,9 @@ class Unavailable(StrideError):
     """A dependency (NATS, the database) cannot be reached right now; retrying may help."""
 
 
+class DeadlineExceeded(StrideError):
+    """The work ran past its time limit and was stopped; asking for less may help."""
+
+
 class StartupError(Exception):
     """A service cannot start; the message says what to fix. Printed as one line, no traceback."""

@@ -13,10 +13,11 @@ from stride.api.executor.v1 import executor_service_pb2, executor_service_pb2_gr
 from stride.bus import topics
 from stride.executor.adapters.inbound.bus_handlers import RequestHandler
 from stride.executor.adapters.inbound.grpc_api import ExecutorApi
+from stride.executor.adapters.outbound.workers import WorkerPool, load_registry
 from stride.executor.settings import ExecutorSettings
 from stride.executor.usecases import AlgorithmRunner
-from stride.policy.registry import default_registry
-from stride.runtime.lifecycle import ServiceHost
+from stride.runtime.errors import StartupError
+from stride.runtime.lifecycle import Dependency, ServiceHost
 from stride.wiring import connect_bus, create_host
 
 SERVICE_NAME = executor_service_pb2.DESCRIPTOR.services_by_name["ExecutorService"].full_name
@@ -26,7 +27,20 @@ async def build(settings: ExecutorSettings) -> ServiceHost:
     """Connect everything and return a host ready to run."""
     host = create_host(settings, [SERVICE_NAME])
     bus = await connect_bus(settings, host)
-    runner = AlgorithmRunner(default_registry(), settings.replica_name)
+    try:
+        registry = load_registry(settings.registry)
+    except (ImportError, AttributeError) as error:
+        raise StartupError(f"registry {settings.registry!r} cannot be loaded: {error}") from None
+    workers = WorkerPool(
+        settings.request_concurrency, settings.request_time_limit_seconds, settings.registry
+    )
+    await workers.start()
+
+    async def always() -> bool:
+        return True
+
+    host.add_dependency(Dependency("algorithm workers", always, workers.close, False))
+    runner = AlgorithmRunner(registry, settings.replica_name, workers)
     executor_service_pb2_grpc.add_ExecutorServiceServicer_to_server(
         ExecutorApi(runner), host.server.server
     )

@@ -31,6 +31,17 @@ class ExecutorSettings(ServiceSettings):
     replica_name: str = Field(default_factory=socket.gethostname, min_length=1, max_length=128)
     """Which replica ran a request, in logs and spans. The host name by default: the pod
     name on Kubernetes, so a slow or failing run can be traced to its pod."""
+    request_time_limit_seconds: float = Field(default=120.0, gt=0, le=3600, allow_inf_nan=False)
+    """Longest one request may run. Each of the ``request_concurrency`` slots is a worker
+    process; a run past this is stopped (its worker killed and replaced) and answered
+    DEADLINE_EXCEEDED. The optimizer's NSGA-II search at its defaults takes about a second;
+    two minutes leaves room for a loaded node without letting one request hold a core for
+    good."""
+    registry: str = Field(
+        default="stride.policy.registry:default_registry", pattern=r"^[\w.]+:\w+$"
+    )
+    """``module:function`` that makes the algorithm registry, in the service and in each
+    worker process (tests add their own algorithms this way)."""
     request_concurrency: int = Field(default=4, ge=1, le=64)
     """Requests one replica runs at once. Each is its own subscription in the queue group,
     because a NATS subscription hands its messages to the handler one after another. Four

@@ -10,9 +10,10 @@ from __future__ import annotations
 
 import asyncio
 import time
-from typing import Any
+from typing import Any, Protocol
 
 import structlog
+from google.protobuf import struct_pb2
 from opentelemetry import trace
 
 from stride.events.v1 import optimization_pb2, plan_pb2
@@ -29,7 +30,7 @@ from stride.policy.registry import (
     UnknownAlgorithm,
     to_dict,
 )
-from stride.runtime.errors import InvalidArgument, NotFound, StrideError
+from stride.runtime.errors import DeadlineExceeded, InvalidArgument, NotFound, StrideError
 
 log = structlog.get_logger(__name__)
 tracer = trace.get_tracer("stride.executor")
@@ -39,12 +40,54 @@ class AlgorithmFailed(StrideError):
     """The algorithm itself raised: a bug or a case it cannot handle (status INTERNAL)."""
 
 
+class TimedOut(DeadlineExceeded):
+    """The algorithm ran past the replica's time limit per request and was stopped."""
+
+
+Outcome = tuple[struct_pb2.Struct, list[plan_pb2.ResourcePlan]]
+"""An algorithm's reply as a Struct, and the plans it proposes."""
+
+
+class Runs(Protocol):
+    """Where algorithms run: :class:`InThreads` here, or worker processes that a time limit
+    can stop (the service's, ``adapters.outbound.workers.WorkerPool``)."""
+
+    async def run(
+        self, name: str, version: int | None, arguments: dict[str, Any], job_id: str
+    ) -> Outcome:
+        """Run one algorithm; raises InvalidArgument, AlgorithmFailed or TimedOut."""
+        ...
+
+
+class InThreads:
+    """Algorithms run in this process's threads: no time limit (a thread cannot be
+    stopped), for embedding the runner; the service runs them in worker processes."""
+
+    def __init__(self, registry: Registry) -> None:
+        self.registry = registry
+
+    async def run(
+        self, name: str, version: int | None, arguments: dict[str, Any], job_id: str
+    ) -> Outcome:
+        spec = self.registry.get(name, version)
+        try:
+            return await asyncio.to_thread(_run, spec, arguments, job_id)
+        except InvalidRequest as error:
+            raise InvalidArgument(f"arguments.{error.field}", error.problem) from None
+        except Exception as error:
+            log.exception("algorithm failed", algorithm=spec.qualified_name, job_id=job_id)
+            raise AlgorithmFailed(
+                f"{spec.qualified_name} failed: {type(error).__name__}: {error}"
+            ) from error
+
+
 class AlgorithmRunner:
     """Runs registered algorithms on protobuf requests."""
 
-    def __init__(self, registry: Registry, replica: str) -> None:
+    def __init__(self, registry: Registry, replica: str, runs: Runs | None = None) -> None:
         self.registry = registry
         self.replica = replica
+        self.runs: Runs = runs if runs is not None else InThreads(registry)
 
     def algorithms(self) -> list[AlgorithmSpec[Any, Any]]:
         """Every registered algorithm and version."""
@@ -53,7 +96,7 @@ class AlgorithmRunner:
     async def run(
         self, request: optimization_pb2.AlgorithmRequest
     ) -> optimization_pb2.AlgorithmReply:
-        """Run ``request``; raises InvalidArgument, NotFound or AlgorithmFailed."""
+        """Run ``request``; raises InvalidArgument, NotFound, AlgorithmFailed or TimedOut."""
         started = time.perf_counter()
         if not request.algorithm:
             raise InvalidArgument("algorithm", "is required")
@@ -81,20 +124,7 @@ class AlgorithmRunner:
                 "stride.executor.replica": self.replica,
             },
         ):
-            try:
-                result, plans = await asyncio.to_thread(_run, spec, arguments, request.job_id)
-            except InvalidRequest as error:
-                raise InvalidArgument(f"arguments.{error.field}", error.problem) from None
-            except Exception as error:
-                log.exception(
-                    "algorithm failed",
-                    algorithm=spec.qualified_name,
-                    job_id=request.job_id,
-                    request_id=request.request_id,
-                )
-                raise AlgorithmFailed(
-                    f"{spec.qualified_name} failed: {type(error).__name__}: {error}"
-                ) from error
+            result, plans = await self.runs.run(spec.name, spec.version, arguments, request.job_id)
         elapsed = time.perf_counter() - started
         log.info(
             "algorithm ran",
@@ -126,6 +156,9 @@ class AlgorithmRunner:
             status, message = optimization_pb2.ALGORITHM_STATUS_NOT_FOUND, error.message
         except AlgorithmFailed as error:
             status, message = optimization_pb2.ALGORITHM_STATUS_INTERNAL, error.message
+        except TimedOut as error:
+            status = optimization_pb2.ALGORITHM_STATUS_DEADLINE_EXCEEDED
+            message = error.message
         except Exception as error:
             log.exception(
                 "request failed", algorithm=request.algorithm, request_id=request.request_id

@@ -145,6 +145,8 @@ class _AlgorithmStatusEnumTypeWrapper(_enum_type_wrapper._EnumTypeWrapper[_Algor
     """No algorithm with that name and version is registered."""
     ALGORITHM_STATUS_INTERNAL: _AlgorithmStatus.ValueType  # 4
     """The algorithm failed."""
+    ALGORITHM_STATUS_DEADLINE_EXCEEDED: _AlgorithmStatus.ValueType  # 5
+    """The algorithm ran past the executor's time limit per request and was stopped."""
 
 class AlgorithmStatus(_AlgorithmStatus, metaclass=_AlgorithmStatusEnumTypeWrapper):
     """Status of an algorithm run."""
@@ -159,6 +161,8 @@ ALGORITHM_STATUS_NOT_FOUND: AlgorithmStatus.ValueType  # 3
 """No algorithm with that name and version is registered."""
 ALGORITHM_STATUS_INTERNAL: AlgorithmStatus.ValueType  # 4
 """The algorithm failed."""
+ALGORITHM_STATUS_DEADLINE_EXCEEDED: AlgorithmStatus.ValueType  # 5
+"""The algorithm ran past the executor's time limit per request and was stopped."""
 Global___AlgorithmStatus: _TypeAlias = AlgorithmStatus  # noqa: Y015
 
 @_typing.final

@@ -1,0 +1,78 @@
+"""The executor's worker processes: stopped at the time limit, when their caller goes away,
+and replaced when they die, with the slot serving again each time."""
+
+from __future__ import annotations
+
+import asyncio
+import os
+import signal
+from collections.abc import AsyncIterator
+
+import pytest
+
+from stride.executor.adapters.outbound.workers import WorkerPool
+from stride.executor.usecases import AlgorithmFailed, TimedOut
+from stride.runtime.errors import InvalidArgument
+
+REGISTRY = "stride.testing.algorithms:registry"
+
+
+@pytest.fixture
+async def pool() -> AsyncIterator[WorkerPool]:
+    started = WorkerPool(1, 1.0, REGISTRY)
+    await started.start()
+    yield started
+    await started.close()
+
+
+async def spin(pool: WorkerPool, seconds: float) -> float:
+    result, plans = await pool.run("test-spin", 1, {"seconds": seconds}, "job-1")
+    assert plans == []
+    return float(result.fields["spun_seconds"].number_value)
+
+
+async def test_a_run_past_the_limit_is_stopped_and_its_worker_replaced(pool: WorkerPool) -> None:
+    (first,) = pool._all
+    with pytest.raises(TimedOut, match="time limit of 1 s"):
+        await spin(pool, 30.0)
+    assert pool.stopped == 1
+    assert await asyncio.wait_for(spin(pool, 0.01), 30) >= 0.01  # the new worker answers
+    assert not first.process.is_alive()  # the one that ran past the limit is gone
+
+
+async def test_a_caller_that_goes_away_frees_its_slot(pool: WorkerPool) -> None:
+    (first,) = pool._all
+    abandoned = asyncio.create_task(spin(pool, 0.9))
+    await asyncio.sleep(0.3)
+    abandoned.cancel()
+    with pytest.raises(asyncio.CancelledError):
+        await abandoned
+    assert await asyncio.wait_for(spin(pool, 0.01), 30) >= 0.01
+    assert pool.stopped == 1 and not first.process.is_alive()
+
+
+async def test_a_worker_that_dies_is_a_failure_and_is_replaced(pool: WorkerPool) -> None:
+    (first,) = pool._all
+    running = asyncio.create_task(spin(pool, 0.9))
+    await asyncio.sleep(0.3)
+    assert first.process.pid is not None
+    os.kill(first.process.pid, signal.SIGKILL)  # the kernel's OOM killer, say
+    with pytest.raises(AlgorithmFailed, match="worker process died"):
+        await running
+    assert await asyncio.wait_for(spin(pool, 0.01), 30) >= 0.01
+
+
+async def test_errors_inside_a_worker_keep_their_kind(pool: WorkerPool) -> None:
+    with pytest.raises(InvalidArgument) as invalid:
+        await pool.run("test-spin", 1, {"seconds": "long"}, "job-1")
+    assert invalid.value.field == "arguments.seconds"
+    with pytest.raises(AlgorithmFailed, match="ZeroDivisionError: this algorithm always fails"):
+        await pool.run("test-explode", 1, {}, "job-1")
+    assert await spin(pool, 0.01) >= 0.01  # the same worker serves on
+
+
+async def test_a_registry_that_cannot_load_fails_start() -> None:
+    broken = WorkerPool(1, 1.0, "stride.testing.algorithms:no_such_function", 30.0)
+    with pytest.raises(RuntimeError, match="did not load"):
+        await broken.start()
+    await broken.close()
