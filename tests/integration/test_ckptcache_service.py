@@ -760,3 +760,77 @@ async def test_an_event_left_unpublished_by_a_crash_goes_out_on_start(
         assert checkpoint_pb2.CheckpointStored.FromString(events[0].data).step == 7
         await assert_eventually((store_dir / JOB / "step-7" / "published").exists)
     assert time.monotonic() > 0
+
+
+def held_bytes(path: Path) -> int:
+    """Bytes of memory the files under ``path`` hold (allocated blocks, not sizes)."""
+    return sum(p.stat().st_blocks * 512 for p in path.rglob("*") if p.is_file())
+
+
+async def test_a_stream_that_declares_much_and_sends_nothing_holds_nothing(
+    nats_url: str, store_dir: Path, shm_dir: Path
+) -> None:
+    """Memory is reserved as data arrives: three uploads that each declare 64 MiB and then
+    wait hold no memory between them (they held 192 MiB when the declared size was
+    reserved up front), and each is discarded when its client goes away."""
+    settings = settings_for(nats_url, store_dir, shm_dir, max_checkpoint_bytes=64 * 1024 * 1024)
+    async with (
+        running_service(build, settings) as host,
+        grpc.aio.insecure_channel(address(host)) as opened,
+    ):
+        stub = pb_grpc.CheckpointCacheServiceStub(opened)
+        release = asyncio.Event()
+
+        async def header_only(index: int) -> AsyncIterator[pb.SaveCheckpointRequest]:
+            declared = header(b"", checkpoint_id=f"big-{index}", size_bytes=64 * 1024 * 1024)
+            yield pb.SaveCheckpointRequest(header=declared)
+            await release.wait()
+
+        before = held_bytes(shm_dir)
+        calls = [stub.SaveCheckpoint(header_only(index), metadata=MD) for index in range(3)]
+        await asyncio.sleep(1.0)  # each header is in, each segment created
+        assert segments(shm_dir) == 3
+        assert held_bytes(shm_dir) - before < 1024 * 1024
+        for call in calls:
+            call.cancel()
+        release.set()
+        await assert_eventually(lambda: no_segments(shm_dir))
+
+
+def segments(path: Path) -> int:
+    return len(list(path.rglob("*.seg")))
+
+
+async def no_segments(path: Path) -> bool:
+    return segments(path) == 0
+
+
+async def test_a_job_past_its_memory_quota_is_refused_others_are_not(
+    nats_url: str, store_dir: Path, shm_dir: Path
+) -> None:
+    settings = settings_for(nats_url, store_dir, shm_dir, max_job_memory_bytes=1024 * 1024)
+    async with (
+        running_service(build, settings) as host,
+        grpc.aio.insecure_channel(address(host)) as opened,
+    ):
+        stub = pb_grpc.CheckpointCacheServiceStub(opened)
+        first = payload(600 * 1024)
+        saved = await save(stub, save_stream(header(first, "step-1", 1), first))
+        assert saved.tier == MEMORY
+        second = payload(600 * 1024, seed=2)
+        details = await expect_error(
+            save(stub, save_stream(header(second, "step-2", 2), second)),
+            grpc.StatusCode.RESOURCE_EXHAUSTED,
+            f"job {JOB!r} holds 614,400 bytes",
+        )
+        assert (
+            "quota is 1,048,576" in details and "STRIDE_CKPTCACHE_MAX_JOB_MEMORY_BYTES" in details
+        )
+        # Nothing of the refused save is left, and the first one still loads.
+        assert [c.checkpoint_id for c in await listed(stub)] == ["step-1"]
+        _, data, _ = await load(stub, "step-1")
+        assert data == first
+        # Another job's quota is its own.
+        other = header(second, "step-2", 2, job_id=OTHER)
+        other_md = (("stride-job-id", OTHER),)
+        assert (await save(stub, save_stream(other, second), other_md)).tier == MEMORY

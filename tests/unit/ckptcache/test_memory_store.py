@@ -88,12 +88,19 @@ def test_released_segments_fill_the_free_pool_then_are_unlinked(store: MemorySto
     assert len(list((store.root / "job-1" / FREE).iterdir())) == 1  # pool of one
 
 
-def test_a_stream_segment_reserves_its_pages_or_says_why_not(store: MemoryStore) -> None:
-    path, descriptor = store.create_incoming("job-1", 4096)
+def test_a_stream_segment_reserves_its_pages_as_data_arrives_or_says_why_not(
+    store: MemoryStore,
+) -> None:
+    path, descriptor = store.create_incoming("job-1", 8192)
     try:
-        assert path.stat().st_size == 4096 and path.parent.name == INCOMING
+        # Declared 8 KiB, nothing arrived: nothing held yet.
+        assert path.stat().st_size == 0 and path.parent.name == INCOMING
+        assert path.stat().st_blocks == 0
+        store.reserve(descriptor, 0, 4096)  # the first chunk's pages
+        assert path.stat().st_size == 4096 and path.stat().st_blocks * 512 >= 4096
     finally:
         os.close(descriptor)
+    # A declared size the filesystem cannot hold now is refused before any data is sent.
     with pytest.raises(FailedPrecondition, match="--shm-size"):
         store.create_incoming("job-1", 1 << 60)
 

@@ -40,6 +40,10 @@ class Unavailable(StrideError):
     """A dependency (NATS, the database) cannot be reached right now; retrying may help."""
 
 
+class ResourceExhausted(StrideError):
+    """A quota of the caller's is used up; the message says which and what frees it."""
+
+
 class DeadlineExceeded(StrideError):
     """The work ran past its time limit and was stopped; asking for less may help."""
 

@@ -57,6 +57,7 @@ async def build(settings: CheckpointCacheSettings) -> ServiceHost:
     bus = await connect_bus(settings, host)
     limits = CacheLimits(
         max_size_bytes=settings.max_checkpoint_bytes,
+        max_job_memory_bytes=settings.max_job_memory_bytes,
         chunk_bytes=settings.chunk_bytes,
         retention=RetentionPolicy(settings.retain_last, settings.retain_every_steps),
         memory_keep=settings.memory_keep,

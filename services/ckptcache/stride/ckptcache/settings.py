@@ -59,6 +59,11 @@ class CheckpointCacheSettings(ServiceSettings):
     """The largest checkpoint accepted. 64 GiB covers the sparse models in DLRover-RM's
     evaluation (a 20 GB model in sec. 5.2) with room to spare; a bigger declared size is
     refused before any data is sent."""
+    max_job_memory_bytes: int | None = Field(default=None, gt=0)
+    """Shared memory one job's checkpoints may hold through this cache: the shards it
+    keeps and those arriving (reserved as their data arrives, not as declared). A save past
+    it is refused RESOURCE_EXHAUSTED, so one job cannot fill the node's memory for the
+    others. Unset: twice ``max_checkpoint_bytes`` (a checkpoint kept and the next one)."""
     shm_dir: Path | None = None
     """Where checkpoints land first: a directory on a memory filesystem (tmpfs) that the
     trainers on this node can also write, so a save is one memory copy. Checkpoints here

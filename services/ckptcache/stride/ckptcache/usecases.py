@@ -53,7 +53,13 @@ from stride.ckptcache.domain.checkpoints import (
 )
 from stride.ckptcache.domain.retention import RetentionPolicy
 from stride.ckptcache.domain.tiers import DurableStore, ShardSource, StoredCheckpoint
-from stride.runtime.errors import AlreadyExists, InvalidArgument, NotFound, StrideError
+from stride.runtime.errors import (
+    AlreadyExists,
+    InvalidArgument,
+    NotFound,
+    ResourceExhausted,
+    StrideError,
+)
 
 log = structlog.get_logger(__name__)
 
@@ -188,6 +194,17 @@ class CacheLimits:
     persist_bytes_per_second: float | None = None
     settle_seconds: float = 30.0
     memory_ttl_seconds: float = 3600.0
+    max_job_memory_bytes: int | None = None
+    """Shared memory one job's checkpoints may hold through the cache (shards kept and
+    shards arriving); None: twice ``max_size_bytes``."""
+
+    @property
+    def job_memory_quota(self) -> int:
+        return (
+            self.max_job_memory_bytes
+            if self.max_job_memory_bytes is not None
+            else 2 * self.max_size_bytes
+        )
 
 
 class Checkpoints:
@@ -214,6 +231,8 @@ class Checkpoints:
         self._changed = asyncio.Condition()
         self._publish_wanted = asyncio.Event()
         self._background: set[asyncio.Future[None]] = set()
+        self._arriving: dict[str, int] = {}
+        """Bytes of shards being streamed in, by job (reserved as they arrive)."""
 
     # ---- startup -------------------------------------------------------------------------
 
@@ -336,6 +355,7 @@ class Checkpoints:
     async def register(self, header: CheckpointHeader, blob: bytes, segment_name: str) -> Tier:
         """Index a segment the client filled; its checksum is computed in the background."""
         validate_header(header, self.limits.max_size_bytes)
+        self._check_quota(header.job_id, header.size_bytes)
         entry = await self._reserve(header, None)
         assert isinstance(entry, MemoryCheckpoint)  # only a streamed retry can be a no-op
         try:
@@ -368,7 +388,9 @@ class Checkpoints:
             return entry  # an identical retry of a save that already happened
         descriptor = -1
         path: Path | None = None
+        held = 0
         try:
+            self._check_quota(header.job_id, header.size_bytes)
             path, descriptor = await asyncio.to_thread(
                 self.memory.create_incoming, header.job_id, header.size_bytes
             )
@@ -377,6 +399,8 @@ class Checkpoints:
             index = 0
             async for chunk, chunk_crc in chunks:
                 index += 1
+                self._hold(header.job_id, len(chunk))
+                held += len(chunk)
                 if chunk_crc is not None and checksum.checksum(chunk) != chunk_crc:
                     raise InvalidArgument(
                         "data_crc32c",
@@ -388,7 +412,9 @@ class Checkpoints:
                         f"declared {header.size_bytes} bytes, but more data arrived",
                     )
                 crc = checksum.extend(crc, chunk)
-                await asyncio.to_thread(_write_at, descriptor, chunk, received)
+                await asyncio.to_thread(
+                    _reserve_and_write, self.memory.reserve, descriptor, chunk, received
+                )
                 received += len(chunk)
             if received != header.size_bytes:
                 raise InvalidArgument(
@@ -414,18 +440,54 @@ class Checkpoints:
             )
         except BaseException:
             # A client that goes away cancels this task; the cleanup must still finish.
+            self._unhold(header.job_id, held)
             self._unreserve(entry, header.shard_index)
             cleanup = asyncio.ensure_future(asyncio.to_thread(_discard, descriptor, path))
             self._background.add(cleanup)
             cleanup.add_done_callback(self._background.discard)
             await asyncio.shield(cleanup)
             raise
+        self._unhold(header.job_id, held)  # now counted as the shard it became
         shard = entry.shards[header.shard_index]
         shard.path = final
         shard.blob = blob
         self._checksumming[header.job_id] = self._checksumming.get(header.job_id, 0) + 1
         await self._finish_shard(entry, shard, crc)
         return Tier.MEMORY
+
+    def _kept_bytes(self, job_id: str) -> int:
+        """Shared memory the job's indexed shards hold (being checksummed, ready, kept)."""
+        return sum(
+            shard.header.size_bytes
+            for entry in self.in_memory.values()
+            if entry.job_id == job_id
+            for shard in entry.shards.values()
+            if shard.path is not None
+        )
+
+    def _check_quota(self, job_id: str, more: int) -> None:
+        """Refuse a save that would take the job past its shared-memory quota."""
+        quota = self.limits.job_memory_quota
+        held = self._kept_bytes(job_id) + self._arriving.get(job_id, 0)
+        if held + more > quota:
+            raise ResourceExhausted(
+                f"job {job_id!r} holds {held:,} bytes of checkpoints in this node's shared "
+                f"memory and this save needs {more:,} more; its quota is {quota:,} "
+                "(STRIDE_CKPTCACHE_MAX_JOB_MEMORY_BYTES). Delete old checkpoints or wait "
+                "for them to persist and leave memory"
+            )
+
+    def _hold(self, job_id: str, size: int) -> None:
+        """Count ``size`` more bytes arriving for the job, within its quota."""
+        self._check_quota(job_id, size)
+        self._arriving[job_id] = self._arriving.get(job_id, 0) + size
+
+    def _unhold(self, job_id: str, size: int) -> None:
+        left = self._arriving.get(job_id, 0) - size
+        if left > 0:
+            self._arriving[job_id] = left
+        else:
+            self._arriving.pop(job_id, None)
 
     def _spawn(self, work: Coroutine[Any, Any, None]) -> None:
         task: asyncio.Future[None] = asyncio.ensure_future(work)
@@ -904,6 +966,13 @@ class Checkpoints:
         """Let background checksum work finish (it is short) before the host stops."""
         if self._background:
             await asyncio.wait(self._background, timeout=10)
+
+
+def _reserve_and_write(
+    reserve: Callable[[int, int, int], None], descriptor: int, chunk: bytes, offset: int
+) -> None:
+    reserve(descriptor, offset, len(chunk))
+    _write_at(descriptor, chunk, offset)
 
 
 def _write_at(descriptor: int, chunk: bytes, offset: int) -> None:

@@ -165,10 +165,13 @@ class MemoryStore:
         return target
 
     def create_incoming(self, job_id: str, size_bytes: int) -> tuple[Path, int]:
-        """A new segment of ``size_bytes`` with its pages reserved, and an open descriptor.
+        """A new, empty segment for a shard of ``size_bytes`` streamed in, and an open
+        descriptor. Its pages are reserved as data arrives (:meth:`reserve`), not for the
+        declared size up front: a stream that declares 64 GiB and sends nothing holds
+        nothing.
 
-        Raises FailedPrecondition (with the fix) if shared memory has no room, rather than
-        letting a later write fail with SIGBUS.
+        Raises FailedPrecondition (with the fix) if shared memory has no room for the
+        declared size now, so a save that cannot fit fails before any data is sent.
         """
         incoming = self.job_dir(job_id) / INCOMING
         incoming.mkdir(parents=True, exist_ok=True)
@@ -178,14 +181,17 @@ class MemoryStore:
             raise FailedPrecondition(problem)
         path = incoming / f"{uuid.uuid4().hex}.seg"
         descriptor = os.open(path, os.O_RDWR | os.O_CREAT | os.O_EXCL, 0o600)
-        try:
-            if size_bytes:
-                os.posix_fallocate(descriptor, 0, size_bytes)
-        except OSError as error:
-            os.close(descriptor)
-            path.unlink(missing_ok=True)
-            raise FailedPrecondition(no_room(str(self.root), 0, size_bytes) or str(error)) from None
         return path, descriptor
+
+    def reserve(self, descriptor: int, offset: int, length: int) -> None:
+        """Reserve the pages of ``[offset, offset + length)`` before writing them: a full
+        memory filesystem is then a clear FailedPrecondition, not SIGBUS on a later write."""
+        if length <= 0:
+            return
+        try:
+            os.posix_fallocate(descriptor, offset, length)
+        except OSError as error:
+            raise FailedPrecondition(no_room(str(self.root), 0, length) or str(error)) from None
 
     def compute_checksum(self, path: Path, size_bytes: int) -> int:
         """CRC-32C of the first ``size_bytes`` of a segment (of all of it if it is shorter,
