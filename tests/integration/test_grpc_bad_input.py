@@ -58,7 +58,6 @@ from stride.agent.settings import AgentSettings
 from stride.api.admission.v1 import admission_service_pb2 as admission_pb
 from stride.api.ckptcache.v1 import ckptcache_service_pb2 as ckpt_pb
 from stride.api.dispatcher.v1 import dispatcher_service_pb2 as dispatcher_pb
-from stride.api.optimizer.v1 import optimizer_service_pb2 as optimizer_pb
 from stride.ckptcache.app import build as build_ckptcache
 from stride.ckptcache.domain.checksum import checksum
 from stride.ckptcache.settings import CheckpointCacheSettings
@@ -75,7 +74,7 @@ from stride.optimizer.settings import OptimizerSettings
 from stride.podwatcher.app import build as build_podwatcher
 from stride.podwatcher.settings import PodWatcherSettings
 from stride.runtime.embedded_nats import NatsServer
-from stride.runtime.grpc_server import MAX_STATUS_MESSAGE_BYTES
+from stride.runtime.grpc_server import MAX_STATUS_MESSAGE_BYTES, request_limit
 from stride.runtime.lifecycle import ServiceHost
 from stride.runtime.settings import ServiceSettings
 from stride.testing.databases import create_database, drop_database, require_postgres
@@ -1176,15 +1175,55 @@ def test_each_server_applies_its_services_message_limits(suite: Suite) -> None:
     assert suite.settings["ckptcache"].grpc_max_receive_message_bytes == 16 * MIB
 
 
-def test_a_request_over_the_limit_is_resource_exhausted(suite: Suite) -> None:
-    method = method_named("optimizer.GetPlan")
-    limit = suite.settings["optimizer"].grpc_max_receive_message_bytes
-    request = optimizer_pb.GetPlanRequest(job_id="x" * (limit + 1))
-    outcome = suite.call(method, request.SerializeToString())
+def test_a_request_over_the_servers_limit_is_resource_exhausted(suite: Suite) -> None:
+    method = method_named("executor.RunAlgorithm")  # its own limit is the server's
+    limit = suite.settings["executor"].grpc_max_receive_message_bytes
+    assert request_limit(method_path(method)) == limit
+    baseline = filled(method.input_type, suite.words["executor"]).SerializeToString()
+    outcome = suite.call(method, padded(baseline, limit + 16))
     assert outcome.code == grpc.StatusCode.RESOURCE_EXHAUSTED, outcome
     assert "larger than max" in outcome.details, outcome.details
 
-    just_under = optimizer_pb.GetPlanRequest(job_id="x" * (limit - 16))
-    assert suite.call(method, just_under.SerializeToString()).code != (
-        grpc.StatusCode.RESOURCE_EXHAUSTED
+
+def padded(payload: bytes, size: int) -> bytes:
+    """``payload`` with an unknown length-delimited field (number 999, which no request
+    uses: decoders keep it aside) that makes it exactly ``size`` bytes."""
+
+    def varint(value: int) -> bytes:
+        out = bytearray()
+        while True:
+            byte, value = value & 0x7F, value >> 7
+            out.append(byte | (0x80 if value else 0))
+            if not value:
+                return bytes(out)
+
+    key = varint((999 << 3) | 2)
+    length = max(0, size - len(payload) - len(key) - 1)
+    while len(payload) + len(key) + len(varint(length)) + length > size and length:
+        length -= 1
+    result = payload + key + varint(length) + b"x" * length
+    assert len(result) == size, (len(result), size)
+    return result
+
+
+@pytest.mark.parametrize("method", METHODS, ids=method_id)
+def test_each_method_applies_its_own_request_limit(suite: Suite, method: MethodDescriptor) -> None:
+    """Every method's limit is its proto's ``max_request_bytes`` (64 KiB unset): a request
+    one byte over it is RESOURCE_EXHAUSTED naming the method and the limit, before it is
+    decoded; one at the limit is not refused for its size."""
+    key = service_key(method.containing_service)
+    limit = request_limit(method_path(method))
+    assert limit is not None
+    server = suite.settings[key].grpc_max_receive_message_bytes
+    assert limit <= server, f"{method.full_name}: {limit:,} is over its server's {server:,}"
+    if limit == server:
+        return  # the server's own limit answers first (the test above)
+    baseline = filled(method.input_type, suite.words[key]).SerializeToString()
+    over = suite.call(method, padded(baseline, limit + 1))
+    assert over.code == grpc.StatusCode.RESOURCE_EXHAUSTED, over
+    assert over.details == (
+        f"{method_path(method)}: the request is {limit + 1:,} bytes, over the method's limit "
+        f"of {limit:,} (max_request_bytes in its proto)"
     )
+    at = suite.call(method, padded(baseline, limit))
+    assert at.code != grpc.StatusCode.RESOURCE_EXHAUSTED or "over the method" not in at.details

@@ -16,7 +16,11 @@ huge value in the first place (:func:`stride.vocabulary.echo`); this is the back
 
 The server's message size limits are set on purpose per service
 (:attr:`~stride.runtime.settings.ServiceSettings.grpc_max_receive_message_bytes` and
-``grpc_max_send_message_bytes``); grpc itself answers RESOURCE_EXHAUSTED past them.
+``grpc_max_send_message_bytes``); grpc itself answers RESOURCE_EXHAUSTED past them. Within
+that, each method has its own request limit, declared in its proto
+(``stride.api.limits.v1.max_request_bytes``, 64 KiB where unset): a request over it is
+RESOURCE_EXHAUSTED naming the method and the limit, before it is decoded. A GetJob's id
+need not be allowed the megabytes a checkpoint header may take.
 """
 
 from __future__ import annotations
@@ -26,16 +30,21 @@ from typing import Any
 
 import grpc
 import structlog
+from google.protobuf import descriptor_pool
 from grpc_health.v1 import health_pb2, health_pb2_grpc
 from grpc_health.v1._async import HealthServicer
 from grpc_reflection.v1alpha import reflection
 from opentelemetry.instrumentation.grpc import aio_server_interceptor, filters
 
+from stride.api.limits.v1 import limits_pb2
 from stride.runtime import errors
 
 log = structlog.get_logger(__name__)
 
 DEFAULT_MAX_MESSAGE_BYTES = 4 * 1024 * 1024
+DEFAULT_MAX_REQUEST_BYTES = 64 * 1024
+"""A Stride method's request limit when its proto sets no ``max_request_bytes``: enough
+for any request made of ids, names and a few numbers, and 1/64 of a server's default."""
 """gRPC's own default receive limit, which every client also applies to what it receives."""
 
 MAX_STATUS_MESSAGE_BYTES = 1024
@@ -83,13 +92,42 @@ async def _abort(
     await context.abort(grpc.StatusCode.INTERNAL, f"internal error in {method}; see the server log")
 
 
-class UndecodableRequest:
-    """Stands in for a request whose bytes did not decode; the handler refuses it.
+class RefusedRequest:
+    """Stands in for a request refused before it was decoded; the handler aborts with
+    :attr:`code` and :attr:`message`.
 
     grpc calls the deserializer before any handler code runs and turns its exception into
-    INTERNAL with no way to choose the status, so the deserializer returns this instead and
-    the intercepted handler aborts with INVALID_ARGUMENT.
+    INTERNAL with no way to choose the status, so the deserializer returns this instead.
     """
+
+    code = grpc.StatusCode.INVALID_ARGUMENT
+    method: str
+
+    @property
+    def message(self) -> str:
+        raise NotImplementedError
+
+
+class OversizedRequest(RefusedRequest):
+    """A request larger than its method's ``max_request_bytes`` (RESOURCE_EXHAUSTED)."""
+
+    code = grpc.StatusCode.RESOURCE_EXHAUSTED
+
+    def __init__(self, method: str, size: int, limit: int) -> None:
+        self.method = method
+        self.size = size
+        self.limit = limit
+
+    @property
+    def message(self) -> str:
+        return (
+            f"{self.method}: the request is {self.size:,} bytes, over the method's limit of "
+            f"{self.limit:,} (max_request_bytes in its proto)"
+        )
+
+
+class UndecodableRequest(RefusedRequest):
+    """A request whose bytes did not decode (INVALID_ARGUMENT naming the method)."""
 
     def __init__(self, method: str, type_name: str, error: Exception) -> None:
         self.method = method
@@ -114,10 +152,29 @@ def _request_type_name(deserializer: Callable[[bytes], Any]) -> str:
     return full_name if isinstance(full_name, str) else "the method's request type"
 
 
+def request_limit(method: str) -> int | None:
+    """The largest request ``method`` (``/package.Service/Method``) accepts: its proto's
+    ``max_request_bytes`` option, else :data:`DEFAULT_MAX_REQUEST_BYTES` for Stride's own
+    APIs; None for others (health, reflection), which only the server's limit bounds."""
+    name = method.lstrip("/").replace("/", ".")
+    try:
+        descriptor = descriptor_pool.Default().FindMethodByName(name)
+    except KeyError:
+        return None
+    options = descriptor.GetOptions()
+    if options.HasExtension(limits_pb2.max_request_bytes):
+        return int(options.Extensions[limits_pb2.max_request_bytes])
+    if descriptor.containing_service.full_name.startswith("stride.api."):
+        return DEFAULT_MAX_REQUEST_BYTES
+    return None
+
+
 def tolerant_deserializer(
-    deserializer: Callable[[bytes], Any] | None, method: str
+    deserializer: Callable[[bytes], Any] | None, method: str, limit: int | None = None
 ) -> Callable[[bytes], Any] | None:
-    """``deserializer``, returning :class:`UndecodableRequest` where it would raise.
+    """``deserializer``, returning a :class:`RefusedRequest` where the request is over
+    ``limit`` bytes (:class:`OversizedRequest`) or it would raise
+    (:class:`UndecodableRequest`).
 
     Any exception counts: whatever a deserializer raises means the bytes are not a request
     of its type (protobuf raises DecodeError for bad wire data and invalid UTF-8 alike).
@@ -128,6 +185,8 @@ def tolerant_deserializer(
     decode = deserializer
 
     def deserialize(data: bytes) -> Any:
+        if limit is not None and len(data) > limit:
+            return OversizedRequest(method, len(data), limit)
         try:
             return decode(data)
         except Exception as error:
@@ -136,20 +195,18 @@ def tolerant_deserializer(
     return deserialize
 
 
-async def _refuse_undecodable(
-    context: grpc.aio.ServicerContext[Any, Any], request: UndecodableRequest
-) -> None:
-    log.info("rpc rejected", method=request.method, code="INVALID_ARGUMENT", error=request.message)
-    await context.abort(grpc.StatusCode.INVALID_ARGUMENT, request.message)
+async def _refuse(context: grpc.aio.ServicerContext[Any, Any], request: RefusedRequest) -> None:
+    log.info("rpc rejected", method=request.method, code=request.code.name, error=request.message)
+    await context.abort(request.code, request.message)
 
 
 async def _decoded(
     requests: AsyncIterator[Any], context: grpc.aio.ServicerContext[Any, Any]
 ) -> AsyncIterator[Any]:
-    """A request stream that aborts the call at the first message that did not decode."""
+    """A request stream that aborts the call at the first message refused undecoded."""
     async for request in requests:
-        if isinstance(request, UndecodableRequest):
-            await _refuse_undecodable(context, request)
+        if isinstance(request, RefusedRequest):
+            await _refuse(context, request)
         yield request
 
 
@@ -157,7 +214,8 @@ class ErrorMappingInterceptor(grpc.aio.ServerInterceptor):  # type: ignore[type-
     """Maps :class:`~stride.runtime.errors.StrideError` to a status; anything else is INTERNAL.
 
     A request that does not decode is INVALID_ARGUMENT naming the method
-    (:class:`UndecodableRequest`); for a request stream, at the message that does not.
+    (:class:`UndecodableRequest`), one over its method's ``max_request_bytes`` is
+    RESOURCE_EXHAUSTED (:class:`OversizedRequest`); for a request stream, at that message.
     """
 
     async def intercept_service(
@@ -171,14 +229,16 @@ class ErrorMappingInterceptor(grpc.aio.ServerInterceptor):  # type: ignore[type-
         if handler is None:
             return handler
         method = handler_call_details.method
-        deserializer = tolerant_deserializer(handler.request_deserializer, method)
+        deserializer = tolerant_deserializer(
+            handler.request_deserializer, method, request_limit(method)
+        )
 
         if handler.unary_unary:
             inner_uu: Any = handler.unary_unary
 
             async def unary_unary(request: Any, context: grpc.aio.ServicerContext[Any, Any]) -> Any:
-                if isinstance(request, UndecodableRequest):
-                    await _refuse_undecodable(context, request)
+                if isinstance(request, RefusedRequest):
+                    await _refuse(context, request)
                 try:
                     return await inner_uu(request, context)
                 except (grpc.aio.AbortError, grpc.aio.UsageError):
@@ -211,8 +271,8 @@ class ErrorMappingInterceptor(grpc.aio.ServerInterceptor):  # type: ignore[type-
         async def streaming(
             request: Any, context: grpc.aio.ServicerContext[Any, Any]
         ) -> AsyncIterator[Any]:
-            if isinstance(request, UndecodableRequest):
-                await _refuse_undecodable(context, request)
+            if isinstance(request, RefusedRequest):
+                await _refuse(context, request)
             if streams_requests:
                 request = _decoded(request, context)
             try:

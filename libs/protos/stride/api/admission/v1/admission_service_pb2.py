@@ -23,64 +23,69 @@ _sym_db = _symbol_database.Default()
 
 
 from google.protobuf import timestamp_pb2 as google_dot_protobuf_dot_timestamp__pb2
+from stride.api.limits.v1 import limits_pb2 as stride_dot_api_dot_limits_dot_v1_dot_limits__pb2
 from stride.events.v1 import job_pb2 as stride_dot_events_dot_v1_dot_job__pb2
 
 
-DESCRIPTOR = _descriptor_pool.Default().AddSerializedFile(b'\n/stride/api/admission/v1/admission_service.proto\x12\x17stride.api.admission.v1\x1a\x1fgoogle/protobuf/timestamp.proto\x1a\x1astride/events/v1/job.proto\"\x84\x02\n\x03Job\x12\x0e\n\x06job_id\x18\x01 \x01(\t\x12\'\n\x04spec\x18\x02 \x01(\x0b\x32\x19.stride.events.v1.JobSpec\x12\x30\n\x05state\x18\x03 \x01(\x0e\x32!.stride.api.admission.v1.JobState\x12\x35\n\x08\x64\x65\x63ision\x18\x04 \x01(\x0b\x32#.stride.events.v1.AdmissionDecision\x12\x30\n\x0csubmitted_at\x18\x05 \x01(\x0b\x32\x1a.google.protobuf.Timestamp\x12)\n\x05share\x18\x06 \x01(\x0b\x32\x1a.stride.events.v1.JobShare\"O\n\x10SubmitJobRequest\x12\'\n\x04spec\x18\x01 \x01(\x0b\x32\x19.stride.events.v1.JobSpec\x12\x12\n\nrequest_id\x18\x02 \x01(\t\">\n\x11SubmitJobResponse\x12)\n\x03job\x18\x01 \x01(\x0b\x32\x1c.stride.api.admission.v1.Job\"\x1f\n\rGetJobRequest\x12\x0e\n\x06job_id\x18\x01 \x01(\t\";\n\x0eGetJobResponse\x12)\n\x03job\x18\x01 \x01(\x0b\x32\x1c.stride.api.admission.v1.Job\"2\n\x0fListJobsRequest\x12\x0c\n\x04user\x18\x01 \x01(\t\x12\x11\n\tpage_size\x18\x02 \x01(\x05\">\n\x10ListJobsResponse\x12*\n\x04jobs\x18\x01 \x03(\x0b\x32\x1c.stride.api.admission.v1.Job\"\"\n\x10\x43\x61ncelJobRequest\x12\x0e\n\x06job_id\x18\x01 \x01(\t\">\n\x11\x43\x61ncelJobResponse\x12)\n\x03job\x18\x01 \x01(\x0b\x32\x1c.stride.api.admission.v1.Job\"\x81\x01\n\x05Quota\x12\r\n\x05scope\x18\x01 \x01(\t\x12\x17\n\x0fmax_active_jobs\x18\x02 \x01(\x03\x12\x17\n\x0fmax_submissions\x18\x03 \x01(\x03\x12\x16\n\x0ewindow_seconds\x18\x04 \x01(\x01\x12\x0f\n\x07members\x18\x05 \x03(\t\x12\x0e\n\x06source\x18\x06 \x01(\t\"4\n\x08QuotaUse\x12\x13\n\x0b\x61\x63tive_jobs\x18\x01 \x01(\x03\x12\x13\n\x0bsubmissions\x18\x02 \x01(\x03\"l\n\x0bQuotaStatus\x12-\n\x05quota\x18\x01 \x01(\x0b\x32\x1e.stride.api.admission.v1.Quota\x12.\n\x03use\x18\x02 \x01(\x0b\x32!.stride.api.admission.v1.QuotaUse\"@\n\x0fSetQuotaRequest\x12-\n\x05quota\x18\x01 \x01(\x0b\x32\x1e.stride.api.admission.v1.Quota\"H\n\x10SetQuotaResponse\x12\x34\n\x06status\x18\x01 \x01(\x0b\x32$.stride.api.admission.v1.QuotaStatus\" \n\x0fGetQuotaRequest\x12\r\n\x05scope\x18\x01 \x01(\t\"H\n\x10GetQuotaResponse\x12\x34\n\x06status\x18\x01 \x01(\x0b\x32$.stride.api.admission.v1.QuotaStatus\"\x13\n\x11ListQuotasRequest\"J\n\x12ListQuotasResponse\x12\x34\n\x06quotas\x18\x01 \x03(\x0b\x32$.stride.api.admission.v1.QuotaStatus\"#\n\x12\x44\x65leteQuotaRequest\x12\r\n\x05scope\x18\x01 \x01(\t\"\x15\n\x13\x44\x65leteQuotaResponse\"d\n\x0e\x41\x64vanceRequest\x12&\n\x02to\x18\x01 \x01(\x0b\x32\x1a.google.protobuf.Timestamp\x12\x11\n\tinclusive\x18\x02 \x01(\x08\x12\x17\n\x0fto_unix_seconds\x18\x03 \x01(\x01\"\x9b\x01\n\x0f\x41\x64vanceResponse\x12\'\n\x03now\x18\x01 \x01(\x0b\x32\x1a.google.protobuf.Timestamp\x12.\n\nnext_round\x18\x02 \x01(\x0b\x32\x1a.google.protobuf.Timestamp\x12\x0e\n\x06rounds\x18\x03 \x01(\x05\x12\x1f\n\x17next_round_unix_seconds\x18\x04 \x01(\x01*\xcc\x01\n\x08JobState\x12\x19\n\x15JOB_STATE_UNSPECIFIED\x10\x00\x12\x17\n\x13JOB_STATE_SUBMITTED\x10\x01\x12\x16\n\x12JOB_STATE_ADMITTED\x10\x02\x12\x14\n\x10JOB_STATE_QUEUED\x10\x03\x12\x16\n\x12JOB_STATE_REJECTED\x10\x04\x12\x17\n\x13JOB_STATE_SUCCEEDED\x10\x05\x12\x14\n\x10JOB_STATE_FAILED\x10\x06\x12\x17\n\x13JOB_STATE_CANCELLED\x10\x07\x32\xa9\x06\n\x10\x41\x64missionService\x12\x62\n\tSubmitJob\x12).stride.api.admission.v1.SubmitJobRequest\x1a*.stride.api.admission.v1.SubmitJobResponse\x12Y\n\x06GetJob\x12&.stride.api.admission.v1.GetJobRequest\x1a\'.stride.api.admission.v1.GetJobResponse\x12_\n\x08ListJobs\x12(.stride.api.admission.v1.ListJobsRequest\x1a).stride.api.admission.v1.ListJobsResponse\x12\x62\n\tCancelJob\x12).stride.api.admission.v1.CancelJobRequest\x1a*.stride.api.admission.v1.CancelJobResponse\x12_\n\x08SetQuota\x12(.stride.api.admission.v1.SetQuotaRequest\x1a).stride.api.admission.v1.SetQuotaResponse\x12_\n\x08GetQuota\x12(.stride.api.admission.v1.GetQuotaRequest\x1a).stride.api.admission.v1.GetQuotaResponse\x12\x65\n\nListQuotas\x12*.stride.api.admission.v1.ListQuotasRequest\x1a+.stride.api.admission.v1.ListQuotasResponse\x12h\n\x0b\x44\x65leteQuota\x12+.stride.api.admission.v1.DeleteQuotaRequest\x1a,.stride.api.admission.v1.DeleteQuotaResponse2r\n\x12ReplayClockService\x12\\\n\x07\x41\x64vance\x12\'.stride.api.admission.v1.AdvanceRequest\x1a(.stride.api.admission.v1.AdvanceResponseb\x06proto3')
+DESCRIPTOR = _descriptor_pool.Default().AddSerializedFile(b'\n/stride/api/admission/v1/admission_service.proto\x12\x17stride.api.admission.v1\x1a\x1fgoogle/protobuf/timestamp.proto\x1a!stride/api/limits/v1/limits.proto\x1a\x1astride/events/v1/job.proto\"\x84\x02\n\x03Job\x12\x0e\n\x06job_id\x18\x01 \x01(\t\x12\'\n\x04spec\x18\x02 \x01(\x0b\x32\x19.stride.events.v1.JobSpec\x12\x30\n\x05state\x18\x03 \x01(\x0e\x32!.stride.api.admission.v1.JobState\x12\x35\n\x08\x64\x65\x63ision\x18\x04 \x01(\x0b\x32#.stride.events.v1.AdmissionDecision\x12\x30\n\x0csubmitted_at\x18\x05 \x01(\x0b\x32\x1a.google.protobuf.Timestamp\x12)\n\x05share\x18\x06 \x01(\x0b\x32\x1a.stride.events.v1.JobShare\"O\n\x10SubmitJobRequest\x12\'\n\x04spec\x18\x01 \x01(\x0b\x32\x19.stride.events.v1.JobSpec\x12\x12\n\nrequest_id\x18\x02 \x01(\t\">\n\x11SubmitJobResponse\x12)\n\x03job\x18\x01 \x01(\x0b\x32\x1c.stride.api.admission.v1.Job\"\x1f\n\rGetJobRequest\x12\x0e\n\x06job_id\x18\x01 \x01(\t\";\n\x0eGetJobResponse\x12)\n\x03job\x18\x01 \x01(\x0b\x32\x1c.stride.api.admission.v1.Job\"2\n\x0fListJobsRequest\x12\x0c\n\x04user\x18\x01 \x01(\t\x12\x11\n\tpage_size\x18\x02 \x01(\x05\">\n\x10ListJobsResponse\x12*\n\x04jobs\x18\x01 \x03(\x0b\x32\x1c.stride.api.admission.v1.Job\"\"\n\x10\x43\x61ncelJobRequest\x12\x0e\n\x06job_id\x18\x01 \x01(\t\">\n\x11\x43\x61ncelJobResponse\x12)\n\x03job\x18\x01 \x01(\x0b\x32\x1c.stride.api.admission.v1.Job\"\x81\x01\n\x05Quota\x12\r\n\x05scope\x18\x01 \x01(\t\x12\x17\n\x0fmax_active_jobs\x18\x02 \x01(\x03\x12\x17\n\x0fmax_submissions\x18\x03 \x01(\x03\x12\x16\n\x0ewindow_seconds\x18\x04 \x01(\x01\x12\x0f\n\x07members\x18\x05 \x03(\t\x12\x0e\n\x06source\x18\x06 \x01(\t\"4\n\x08QuotaUse\x12\x13\n\x0b\x61\x63tive_jobs\x18\x01 \x01(\x03\x12\x13\n\x0bsubmissions\x18\x02 \x01(\x03\"l\n\x0bQuotaStatus\x12-\n\x05quota\x18\x01 \x01(\x0b\x32\x1e.stride.api.admission.v1.Quota\x12.\n\x03use\x18\x02 \x01(\x0b\x32!.stride.api.admission.v1.QuotaUse\"@\n\x0fSetQuotaRequest\x12-\n\x05quota\x18\x01 \x01(\x0b\x32\x1e.stride.api.admission.v1.Quota\"H\n\x10SetQuotaResponse\x12\x34\n\x06status\x18\x01 \x01(\x0b\x32$.stride.api.admission.v1.QuotaStatus\" \n\x0fGetQuotaRequest\x12\r\n\x05scope\x18\x01 \x01(\t\"H\n\x10GetQuotaResponse\x12\x34\n\x06status\x18\x01 \x01(\x0b\x32$.stride.api.admission.v1.QuotaStatus\"\x13\n\x11ListQuotasRequest\"J\n\x12ListQuotasResponse\x12\x34\n\x06quotas\x18\x01 \x03(\x0b\x32$.stride.api.admission.v1.QuotaStatus\"#\n\x12\x44\x65leteQuotaRequest\x12\r\n\x05scope\x18\x01 \x01(\t\"\x15\n\x13\x44\x65leteQuotaResponse\"d\n\x0e\x41\x64vanceRequest\x12&\n\x02to\x18\x01 \x01(\x0b\x32\x1a.google.protobuf.Timestamp\x12\x11\n\tinclusive\x18\x02 \x01(\x08\x12\x17\n\x0fto_unix_seconds\x18\x03 \x01(\x01\"\x9b\x01\n\x0f\x41\x64vanceResponse\x12\'\n\x03now\x18\x01 \x01(\x0b\x32\x1a.google.protobuf.Timestamp\x12.\n\nnext_round\x18\x02 \x01(\x0b\x32\x1a.google.protobuf.Timestamp\x12\x0e\n\x06rounds\x18\x03 \x01(\x05\x12\x1f\n\x17next_round_unix_seconds\x18\x04 \x01(\x01*\xcc\x01\n\x08JobState\x12\x19\n\x15JOB_STATE_UNSPECIFIED\x10\x00\x12\x17\n\x13JOB_STATE_SUBMITTED\x10\x01\x12\x16\n\x12JOB_STATE_ADMITTED\x10\x02\x12\x14\n\x10JOB_STATE_QUEUED\x10\x03\x12\x16\n\x12JOB_STATE_REJECTED\x10\x04\x12\x17\n\x13JOB_STATE_SUCCEEDED\x10\x05\x12\x14\n\x10JOB_STATE_FAILED\x10\x06\x12\x17\n\x13JOB_STATE_CANCELLED\x10\x07\x32\xba\x06\n\x10\x41\x64missionService\x12k\n\tSubmitJob\x12).stride.api.admission.v1.SubmitJobRequest\x1a*.stride.api.admission.v1.SubmitJobResponse\"\x07\xc8\xf3\x18\x80\x80\x80\x02\x12Y\n\x06GetJob\x12&.stride.api.admission.v1.GetJobRequest\x1a\'.stride.api.admission.v1.GetJobResponse\x12_\n\x08ListJobs\x12(.stride.api.admission.v1.ListJobsRequest\x1a).stride.api.admission.v1.ListJobsResponse\x12\x62\n\tCancelJob\x12).stride.api.admission.v1.CancelJobRequest\x1a*.stride.api.admission.v1.CancelJobResponse\x12g\n\x08SetQuota\x12(.stride.api.admission.v1.SetQuotaRequest\x1a).stride.api.admission.v1.SetQuotaResponse\"\x06\xc8\xf3\x18\x80\x80@\x12_\n\x08GetQuota\x12(.stride.api.admission.v1.GetQuotaRequest\x1a).stride.api.admission.v1.GetQuotaResponse\x12\x65\n\nListQuotas\x12*.stride.api.admission.v1.ListQuotasRequest\x1a+.stride.api.admission.v1.ListQuotasResponse\x12h\n\x0b\x44\x65leteQuota\x12+.stride.api.admission.v1.DeleteQuotaRequest\x1a,.stride.api.admission.v1.DeleteQuotaResponse2r\n\x12ReplayClockService\x12\\\n\x07\x41\x64vance\x12\'.stride.api.admission.v1.AdvanceRequest\x1a(.stride.api.admission.v1.AdvanceResponseb\x06proto3')
 
 _globals = globals()
 _builder.BuildMessageAndEnumDescriptors(DESCRIPTOR, _globals)
 _builder.BuildTopDescriptorsAndMessages(DESCRIPTOR, 'stride.api.admission.v1.admission_service_pb2', _globals)
 if not _descriptor._USE_C_DESCRIPTORS:
   DESCRIPTOR._loaded_options = None
-  _globals['_JOBSTATE']._serialized_start=1817
-  _globals['_JOBSTATE']._serialized_end=2021
-  _globals['_JOB']._serialized_start=138
-  _globals['_JOB']._serialized_end=398
-  _globals['_SUBMITJOBREQUEST']._serialized_start=400
-  _globals['_SUBMITJOBREQUEST']._serialized_end=479
-  _globals['_SUBMITJOBRESPONSE']._serialized_start=481
-  _globals['_SUBMITJOBRESPONSE']._serialized_end=543
-  _globals['_GETJOBREQUEST']._serialized_start=545
-  _globals['_GETJOBREQUEST']._serialized_end=576
-  _globals['_GETJOBRESPONSE']._serialized_start=578
-  _globals['_GETJOBRESPONSE']._serialized_end=637
-  _globals['_LISTJOBSREQUEST']._serialized_start=639
-  _globals['_LISTJOBSREQUEST']._serialized_end=689
-  _globals['_LISTJOBSRESPONSE']._serialized_start=691
-  _globals['_LISTJOBSRESPONSE']._serialized_end=753
-  _globals['_CANCELJOBREQUEST']._serialized_start=755
-  _globals['_CANCELJOBREQUEST']._serialized_end=789
-  _globals['_CANCELJOBRESPONSE']._serialized_start=791
-  _globals['_CANCELJOBRESPONSE']._serialized_end=853
-  _globals['_QUOTA']._serialized_start=856
-  _globals['_QUOTA']._serialized_end=985
-  _globals['_QUOTAUSE']._serialized_start=987
-  _globals['_QUOTAUSE']._serialized_end=1039
-  _globals['_QUOTASTATUS']._serialized_start=1041
-  _globals['_QUOTASTATUS']._serialized_end=1149
-  _globals['_SETQUOTAREQUEST']._serialized_start=1151
-  _globals['_SETQUOTAREQUEST']._serialized_end=1215
-  _globals['_SETQUOTARESPONSE']._serialized_start=1217
-  _globals['_SETQUOTARESPONSE']._serialized_end=1289
-  _globals['_GETQUOTAREQUEST']._serialized_start=1291
-  _globals['_GETQUOTAREQUEST']._serialized_end=1323
-  _globals['_GETQUOTARESPONSE']._serialized_start=1325
-  _globals['_GETQUOTARESPONSE']._serialized_end=1397
-  _globals['_LISTQUOTASREQUEST']._serialized_start=1399
-  _globals['_LISTQUOTASREQUEST']._serialized_end=1418
-  _globals['_LISTQUOTASRESPONSE']._serialized_start=1420
-  _globals['_LISTQUOTASRESPONSE']._serialized_end=1494
-  _globals['_DELETEQUOTAREQUEST']._serialized_start=1496
-  _globals['_DELETEQUOTAREQUEST']._serialized_end=1531
-  _globals['_DELETEQUOTARESPONSE']._serialized_start=1533
-  _globals['_DELETEQUOTARESPONSE']._serialized_end=1554
-  _globals['_ADVANCEREQUEST']._serialized_start=1556
-  _globals['_ADVANCEREQUEST']._serialized_end=1656
-  _globals['_ADVANCERESPONSE']._serialized_start=1659
-  _globals['_ADVANCERESPONSE']._serialized_end=1814
-  _globals['_ADMISSIONSERVICE']._serialized_start=2024
-  _globals['_ADMISSIONSERVICE']._serialized_end=2833
-  _globals['_REPLAYCLOCKSERVICE']._serialized_start=2835
-  _globals['_REPLAYCLOCKSERVICE']._serialized_end=2949
+  _globals['_ADMISSIONSERVICE'].methods_by_name['SubmitJob']._loaded_options = None
+  _globals['_ADMISSIONSERVICE'].methods_by_name['SubmitJob']._serialized_options = b'\310\363\030\200\200\200\002'
+  _globals['_ADMISSIONSERVICE'].methods_by_name['SetQuota']._loaded_options = None
+  _globals['_ADMISSIONSERVICE'].methods_by_name['SetQuota']._serialized_options = b'\310\363\030\200\200@'
+  _globals['_JOBSTATE']._serialized_start=1852
+  _globals['_JOBSTATE']._serialized_end=2056
+  _globals['_JOB']._serialized_start=173
+  _globals['_JOB']._serialized_end=433
+  _globals['_SUBMITJOBREQUEST']._serialized_start=435
+  _globals['_SUBMITJOBREQUEST']._serialized_end=514
+  _globals['_SUBMITJOBRESPONSE']._serialized_start=516
+  _globals['_SUBMITJOBRESPONSE']._serialized_end=578
+  _globals['_GETJOBREQUEST']._serialized_start=580
+  _globals['_GETJOBREQUEST']._serialized_end=611
+  _globals['_GETJOBRESPONSE']._serialized_start=613
+  _globals['_GETJOBRESPONSE']._serialized_end=672
+  _globals['_LISTJOBSREQUEST']._serialized_start=674
+  _globals['_LISTJOBSREQUEST']._serialized_end=724
+  _globals['_LISTJOBSRESPONSE']._serialized_start=726
+  _globals['_LISTJOBSRESPONSE']._serialized_end=788
+  _globals['_CANCELJOBREQUEST']._serialized_start=790
+  _globals['_CANCELJOBREQUEST']._serialized_end=824
+  _globals['_CANCELJOBRESPONSE']._serialized_start=826
+  _globals['_CANCELJOBRESPONSE']._serialized_end=888
+  _globals['_QUOTA']._serialized_start=891
+  _globals['_QUOTA']._serialized_end=1020
+  _globals['_QUOTAUSE']._serialized_start=1022
+  _globals['_QUOTAUSE']._serialized_end=1074
+  _globals['_QUOTASTATUS']._serialized_start=1076
+  _globals['_QUOTASTATUS']._serialized_end=1184
+  _globals['_SETQUOTAREQUEST']._serialized_start=1186
+  _globals['_SETQUOTAREQUEST']._serialized_end=1250
+  _globals['_SETQUOTARESPONSE']._serialized_start=1252
+  _globals['_SETQUOTARESPONSE']._serialized_end=1324
+  _globals['_GETQUOTAREQUEST']._serialized_start=1326
+  _globals['_GETQUOTAREQUEST']._serialized_end=1358
+  _globals['_GETQUOTARESPONSE']._serialized_start=1360
+  _globals['_GETQUOTARESPONSE']._serialized_end=1432
+  _globals['_LISTQUOTASREQUEST']._serialized_start=1434
+  _globals['_LISTQUOTASREQUEST']._serialized_end=1453
+  _globals['_LISTQUOTASRESPONSE']._serialized_start=1455
+  _globals['_LISTQUOTASRESPONSE']._serialized_end=1529
+  _globals['_DELETEQUOTAREQUEST']._serialized_start=1531
+  _globals['_DELETEQUOTAREQUEST']._serialized_end=1566
+  _globals['_DELETEQUOTARESPONSE']._serialized_start=1568
+  _globals['_DELETEQUOTARESPONSE']._serialized_end=1589
+  _globals['_ADVANCEREQUEST']._serialized_start=1591
+  _globals['_ADVANCEREQUEST']._serialized_end=1691
+  _globals['_ADVANCERESPONSE']._serialized_start=1694
+  _globals['_ADVANCERESPONSE']._serialized_end=1849
+  _globals['_ADMISSIONSERVICE']._serialized_start=2059
+  _globals['_ADMISSIONSERVICE']._serialized_end=2885
+  _globals['_REPLAYCLOCKSERVICE']._serialized_start=2887
+  _globals['_REPLAYCLOCKSERVICE']._serialized_end=3001
 # @@protoc_insertion_point(module_scope)

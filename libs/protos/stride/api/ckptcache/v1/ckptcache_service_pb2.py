@@ -23,50 +23,55 @@ _sym_db = _symbol_database.Default()
 
 
 from google.protobuf import timestamp_pb2 as google_dot_protobuf_dot_timestamp__pb2
+from stride.api.limits.v1 import limits_pb2 as stride_dot_api_dot_limits_dot_v1_dot_limits__pb2
 from stride.events.v1 import checkpoint_pb2 as stride_dot_events_dot_v1_dot_checkpoint__pb2
 
 
-DESCRIPTOR = _descriptor_pool.Default().AddSerializedFile(b'\n/stride/api/ckptcache/v1/ckptcache_service.proto\x12\x17stride.api.ckptcache.v1\x1a\x1fgoogle/protobuf/timestamp.proto\x1a!stride/events/v1/checkpoint.proto\"Y\n\x0bTensorEntry\x12\x0c\n\x04name\x18\x01 \x01(\t\x12\r\n\x05\x64type\x18\x02 \x01(\t\x12\r\n\x05shape\x18\x03 \x03(\x03\x12\x0e\n\x06offset\x18\x04 \x01(\x03\x12\x0e\n\x06length\x18\x05 \x01(\x03\"\xff\x01\n\x10\x43heckpointHeader\x12\x0e\n\x06job_id\x18\x01 \x01(\t\x12\x15\n\rcheckpoint_id\x18\x02 \x01(\t\x12\x0c\n\x04step\x18\x03 \x01(\x03\x12\x12\n\nsize_bytes\x18\x04 \x01(\x03\x12\x35\n\x07tensors\x18\x05 \x03(\x0b\x32$.stride.api.ckptcache.v1.TensorEntry\x12\x0e\n\x06\x63rc32c\x18\x06 \x01(\r\x12\x16\n\x0eshard_snapshot\x18\x07 \x01(\x0c\x12\x19\n\x11shard_snapshot_id\x18\x08 \x01(\t\x12\x13\n\x0bshard_index\x18\t \x01(\x05\x12\x13\n\x0bshard_count\x18\n \x01(\x05\"\x15\n\x13GetCacheInfoRequest\"W\n\x14GetCacheInfoResponse\x12\x19\n\x11shared_memory_dir\x18\x01 \x01(\t\x12\x0f\n\x07node_id\x18\x02 \x01(\t\x12\x13\n\x0b\x63hunk_bytes\x18\x03 \x01(\x03\"i\n\x16RegisterSegmentRequest\x12\x39\n\x06header\x18\x01 \x01(\x0b\x32).stride.api.ckptcache.v1.CheckpointHeader\x12\x14\n\x0csegment_name\x18\x02 \x01(\t\"I\n\x17RegisterSegmentResponse\x12.\n\x04tier\x18\x01 \x01(\x0e\x32 .stride.events.v1.CheckpointTier\"\x97\x01\n\x15SaveCheckpointRequest\x12;\n\x06header\x18\x01 \x01(\x0b\x32).stride.api.ckptcache.v1.CheckpointHeaderH\x00\x12\x0e\n\x04\x64\x61ta\x18\x02 \x01(\x0cH\x00\x12\x18\n\x0b\x64\x61ta_crc32c\x18\x03 \x01(\rH\x01\x88\x01\x01\x42\x07\n\x05\x63hunkB\x0e\n\x0c_data_crc32c\"H\n\x16SaveCheckpointResponse\x12.\n\x04tier\x18\x01 \x01(\x0e\x32 .stride.events.v1.CheckpointTier\"U\n\x17LocateCheckpointRequest\x12\x0e\n\x06job_id\x18\x01 \x01(\t\x12\x15\n\rcheckpoint_id\x18\x02 \x01(\t\x12\x13\n\x0bshard_index\x18\x03 \x01(\x05\"\x9b\x01\n\x18LocateCheckpointResponse\x12\x39\n\x06header\x18\x01 \x01(\x0b\x32).stride.api.ckptcache.v1.CheckpointHeader\x12.\n\x04tier\x18\x02 \x01(\x0e\x32 .stride.events.v1.CheckpointTier\x12\x14\n\x0csegment_path\x18\x03 \x01(\t\"S\n\x15LoadCheckpointRequest\x12\x0e\n\x06job_id\x18\x01 \x01(\t\x12\x15\n\rcheckpoint_id\x18\x02 \x01(\t\x12\x13\n\x0bshard_index\x18\x03 \x01(\x05\"\x98\x01\n\x16LoadCheckpointResponse\x12;\n\x06header\x18\x01 \x01(\x0b\x32).stride.api.ckptcache.v1.CheckpointHeaderH\x00\x12\x0e\n\x04\x64\x61ta\x18\x02 \x01(\x0cH\x00\x12\x18\n\x0b\x64\x61ta_crc32c\x18\x03 \x01(\rH\x01\x88\x01\x01\x42\x07\n\x05\x63hunkB\x0e\n\x0c_data_crc32c\"\xfe\x01\n\x0e\x43heckpointInfo\x12\x0e\n\x06job_id\x18\x01 \x01(\t\x12\x15\n\rcheckpoint_id\x18\x02 \x01(\t\x12\x0c\n\x04step\x18\x03 \x01(\x03\x12\x12\n\nsize_bytes\x18\x04 \x01(\x03\x12.\n\x04tier\x18\x05 \x01(\x0e\x32 .stride.events.v1.CheckpointTier\x12,\n\x08saved_at\x18\x06 \x01(\x0b\x32\x1a.google.protobuf.Timestamp\x12\x13\n\x0bshard_count\x18\x07 \x01(\x05\x12\x19\n\x11shard_snapshot_id\x18\x08 \x01(\t\x12\x15\n\rpersist_error\x18\t \x01(\t\"(\n\x16ListCheckpointsRequest\x12\x0e\n\x06job_id\x18\x01 \x01(\t\"W\n\x17ListCheckpointsResponse\x12<\n\x0b\x63heckpoints\x18\x01 \x03(\x0b\x32\'.stride.api.ckptcache.v1.CheckpointInfo\"@\n\x17\x44\x65leteCheckpointRequest\x12\x0e\n\x06job_id\x18\x01 \x01(\t\x12\x15\n\rcheckpoint_id\x18\x02 \x01(\t\"\x1a\n\x18\x44\x65leteCheckpointResponse2\xcd\x06\n\x16\x43heckpointCacheService\x12k\n\x0cGetCacheInfo\x12,.stride.api.ckptcache.v1.GetCacheInfoRequest\x1a-.stride.api.ckptcache.v1.GetCacheInfoResponse\x12t\n\x0fRegisterSegment\x12/.stride.api.ckptcache.v1.RegisterSegmentRequest\x1a\x30.stride.api.ckptcache.v1.RegisterSegmentResponse\x12s\n\x0eSaveCheckpoint\x12..stride.api.ckptcache.v1.SaveCheckpointRequest\x1a/.stride.api.ckptcache.v1.SaveCheckpointResponse(\x01\x12w\n\x10LocateCheckpoint\x12\x30.stride.api.ckptcache.v1.LocateCheckpointRequest\x1a\x31.stride.api.ckptcache.v1.LocateCheckpointResponse\x12s\n\x0eLoadCheckpoint\x12..stride.api.ckptcache.v1.LoadCheckpointRequest\x1a/.stride.api.ckptcache.v1.LoadCheckpointResponse0\x01\x12t\n\x0fListCheckpoints\x12/.stride.api.ckptcache.v1.ListCheckpointsRequest\x1a\x30.stride.api.ckptcache.v1.ListCheckpointsResponse\x12w\n\x10\x44\x65leteCheckpoint\x12\x30.stride.api.ckptcache.v1.DeleteCheckpointRequest\x1a\x31.stride.api.ckptcache.v1.DeleteCheckpointResponseb\x06proto3')
+DESCRIPTOR = _descriptor_pool.Default().AddSerializedFile(b'\n/stride/api/ckptcache/v1/ckptcache_service.proto\x12\x17stride.api.ckptcache.v1\x1a\x1fgoogle/protobuf/timestamp.proto\x1a!stride/api/limits/v1/limits.proto\x1a!stride/events/v1/checkpoint.proto\"Y\n\x0bTensorEntry\x12\x0c\n\x04name\x18\x01 \x01(\t\x12\r\n\x05\x64type\x18\x02 \x01(\t\x12\r\n\x05shape\x18\x03 \x03(\x03\x12\x0e\n\x06offset\x18\x04 \x01(\x03\x12\x0e\n\x06length\x18\x05 \x01(\x03\"\xff\x01\n\x10\x43heckpointHeader\x12\x0e\n\x06job_id\x18\x01 \x01(\t\x12\x15\n\rcheckpoint_id\x18\x02 \x01(\t\x12\x0c\n\x04step\x18\x03 \x01(\x03\x12\x12\n\nsize_bytes\x18\x04 \x01(\x03\x12\x35\n\x07tensors\x18\x05 \x03(\x0b\x32$.stride.api.ckptcache.v1.TensorEntry\x12\x0e\n\x06\x63rc32c\x18\x06 \x01(\r\x12\x16\n\x0eshard_snapshot\x18\x07 \x01(\x0c\x12\x19\n\x11shard_snapshot_id\x18\x08 \x01(\t\x12\x13\n\x0bshard_index\x18\t \x01(\x05\x12\x13\n\x0bshard_count\x18\n \x01(\x05\"\x15\n\x13GetCacheInfoRequest\"W\n\x14GetCacheInfoResponse\x12\x19\n\x11shared_memory_dir\x18\x01 \x01(\t\x12\x0f\n\x07node_id\x18\x02 \x01(\t\x12\x13\n\x0b\x63hunk_bytes\x18\x03 \x01(\x03\"i\n\x16RegisterSegmentRequest\x12\x39\n\x06header\x18\x01 \x01(\x0b\x32).stride.api.ckptcache.v1.CheckpointHeader\x12\x14\n\x0csegment_name\x18\x02 \x01(\t\"I\n\x17RegisterSegmentResponse\x12.\n\x04tier\x18\x01 \x01(\x0e\x32 .stride.events.v1.CheckpointTier\"\x97\x01\n\x15SaveCheckpointRequest\x12;\n\x06header\x18\x01 \x01(\x0b\x32).stride.api.ckptcache.v1.CheckpointHeaderH\x00\x12\x0e\n\x04\x64\x61ta\x18\x02 \x01(\x0cH\x00\x12\x18\n\x0b\x64\x61ta_crc32c\x18\x03 \x01(\rH\x01\x88\x01\x01\x42\x07\n\x05\x63hunkB\x0e\n\x0c_data_crc32c\"H\n\x16SaveCheckpointResponse\x12.\n\x04tier\x18\x01 \x01(\x0e\x32 .stride.events.v1.CheckpointTier\"U\n\x17LocateCheckpointRequest\x12\x0e\n\x06job_id\x18\x01 \x01(\t\x12\x15\n\rcheckpoint_id\x18\x02 \x01(\t\x12\x13\n\x0bshard_index\x18\x03 \x01(\x05\"\x9b\x01\n\x18LocateCheckpointResponse\x12\x39\n\x06header\x18\x01 \x01(\x0b\x32).stride.api.ckptcache.v1.CheckpointHeader\x12.\n\x04tier\x18\x02 \x01(\x0e\x32 .stride.events.v1.CheckpointTier\x12\x14\n\x0csegment_path\x18\x03 \x01(\t\"S\n\x15LoadCheckpointRequest\x12\x0e\n\x06job_id\x18\x01 \x01(\t\x12\x15\n\rcheckpoint_id\x18\x02 \x01(\t\x12\x13\n\x0bshard_index\x18\x03 \x01(\x05\"\x98\x01\n\x16LoadCheckpointResponse\x12;\n\x06header\x18\x01 \x01(\x0b\x32).stride.api.ckptcache.v1.CheckpointHeaderH\x00\x12\x0e\n\x04\x64\x61ta\x18\x02 \x01(\x0cH\x00\x12\x18\n\x0b\x64\x61ta_crc32c\x18\x03 \x01(\rH\x01\x88\x01\x01\x42\x07\n\x05\x63hunkB\x0e\n\x0c_data_crc32c\"\xfe\x01\n\x0e\x43heckpointInfo\x12\x0e\n\x06job_id\x18\x01 \x01(\t\x12\x15\n\rcheckpoint_id\x18\x02 \x01(\t\x12\x0c\n\x04step\x18\x03 \x01(\x03\x12\x12\n\nsize_bytes\x18\x04 \x01(\x03\x12.\n\x04tier\x18\x05 \x01(\x0e\x32 .stride.events.v1.CheckpointTier\x12,\n\x08saved_at\x18\x06 \x01(\x0b\x32\x1a.google.protobuf.Timestamp\x12\x13\n\x0bshard_count\x18\x07 \x01(\x05\x12\x19\n\x11shard_snapshot_id\x18\x08 \x01(\t\x12\x15\n\rpersist_error\x18\t \x01(\t\"(\n\x16ListCheckpointsRequest\x12\x0e\n\x06job_id\x18\x01 \x01(\t\"W\n\x17ListCheckpointsResponse\x12<\n\x0b\x63heckpoints\x18\x01 \x03(\x0b\x32\'.stride.api.ckptcache.v1.CheckpointInfo\"@\n\x17\x44\x65leteCheckpointRequest\x12\x0e\n\x06job_id\x18\x01 \x01(\t\x12\x15\n\rcheckpoint_id\x18\x02 \x01(\t\"\x1a\n\x18\x44\x65leteCheckpointResponse2\xdf\x06\n\x16\x43heckpointCacheService\x12k\n\x0cGetCacheInfo\x12,.stride.api.ckptcache.v1.GetCacheInfoRequest\x1a-.stride.api.ckptcache.v1.GetCacheInfoResponse\x12}\n\x0fRegisterSegment\x12/.stride.api.ckptcache.v1.RegisterSegmentRequest\x1a\x30.stride.api.ckptcache.v1.RegisterSegmentResponse\"\x07\xc8\xf3\x18\x80\x80\x80\x08\x12|\n\x0eSaveCheckpoint\x12..stride.api.ckptcache.v1.SaveCheckpointRequest\x1a/.stride.api.ckptcache.v1.SaveCheckpointResponse\"\x07\xc8\xf3\x18\x80\x80\x80\x08(\x01\x12w\n\x10LocateCheckpoint\x12\x30.stride.api.ckptcache.v1.LocateCheckpointRequest\x1a\x31.stride.api.ckptcache.v1.LocateCheckpointResponse\x12s\n\x0eLoadCheckpoint\x12..stride.api.ckptcache.v1.LoadCheckpointRequest\x1a/.stride.api.ckptcache.v1.LoadCheckpointResponse0\x01\x12t\n\x0fListCheckpoints\x12/.stride.api.ckptcache.v1.ListCheckpointsRequest\x1a\x30.stride.api.ckptcache.v1.ListCheckpointsResponse\x12w\n\x10\x44\x65leteCheckpoint\x12\x30.stride.api.ckptcache.v1.DeleteCheckpointRequest\x1a\x31.stride.api.ckptcache.v1.DeleteCheckpointResponseb\x06proto3')
 
 _globals = globals()
 _builder.BuildMessageAndEnumDescriptors(DESCRIPTOR, _globals)
 _builder.BuildTopDescriptorsAndMessages(DESCRIPTOR, 'stride.api.ckptcache.v1.ckptcache_service_pb2', _globals)
 if not _descriptor._USE_C_DESCRIPTORS:
   DESCRIPTOR._loaded_options = None
-  _globals['_TENSORENTRY']._serialized_start=144
-  _globals['_TENSORENTRY']._serialized_end=233
-  _globals['_CHECKPOINTHEADER']._serialized_start=236
-  _globals['_CHECKPOINTHEADER']._serialized_end=491
-  _globals['_GETCACHEINFOREQUEST']._serialized_start=493
-  _globals['_GETCACHEINFOREQUEST']._serialized_end=514
-  _globals['_GETCACHEINFORESPONSE']._serialized_start=516
-  _globals['_GETCACHEINFORESPONSE']._serialized_end=603
-  _globals['_REGISTERSEGMENTREQUEST']._serialized_start=605
-  _globals['_REGISTERSEGMENTREQUEST']._serialized_end=710
-  _globals['_REGISTERSEGMENTRESPONSE']._serialized_start=712
-  _globals['_REGISTERSEGMENTRESPONSE']._serialized_end=785
-  _globals['_SAVECHECKPOINTREQUEST']._serialized_start=788
-  _globals['_SAVECHECKPOINTREQUEST']._serialized_end=939
-  _globals['_SAVECHECKPOINTRESPONSE']._serialized_start=941
-  _globals['_SAVECHECKPOINTRESPONSE']._serialized_end=1013
-  _globals['_LOCATECHECKPOINTREQUEST']._serialized_start=1015
-  _globals['_LOCATECHECKPOINTREQUEST']._serialized_end=1100
-  _globals['_LOCATECHECKPOINTRESPONSE']._serialized_start=1103
-  _globals['_LOCATECHECKPOINTRESPONSE']._serialized_end=1258
-  _globals['_LOADCHECKPOINTREQUEST']._serialized_start=1260
-  _globals['_LOADCHECKPOINTREQUEST']._serialized_end=1343
-  _globals['_LOADCHECKPOINTRESPONSE']._serialized_start=1346
-  _globals['_LOADCHECKPOINTRESPONSE']._serialized_end=1498
-  _globals['_CHECKPOINTINFO']._serialized_start=1501
-  _globals['_CHECKPOINTINFO']._serialized_end=1755
-  _globals['_LISTCHECKPOINTSREQUEST']._serialized_start=1757
-  _globals['_LISTCHECKPOINTSREQUEST']._serialized_end=1797
-  _globals['_LISTCHECKPOINTSRESPONSE']._serialized_start=1799
-  _globals['_LISTCHECKPOINTSRESPONSE']._serialized_end=1886
-  _globals['_DELETECHECKPOINTREQUEST']._serialized_start=1888
-  _globals['_DELETECHECKPOINTREQUEST']._serialized_end=1952
-  _globals['_DELETECHECKPOINTRESPONSE']._serialized_start=1954
-  _globals['_DELETECHECKPOINTRESPONSE']._serialized_end=1980
-  _globals['_CHECKPOINTCACHESERVICE']._serialized_start=1983
-  _globals['_CHECKPOINTCACHESERVICE']._serialized_end=2828
+  _globals['_CHECKPOINTCACHESERVICE'].methods_by_name['RegisterSegment']._loaded_options = None
+  _globals['_CHECKPOINTCACHESERVICE'].methods_by_name['RegisterSegment']._serialized_options = b'\310\363\030\200\200\200\010'
+  _globals['_CHECKPOINTCACHESERVICE'].methods_by_name['SaveCheckpoint']._loaded_options = None
+  _globals['_CHECKPOINTCACHESERVICE'].methods_by_name['SaveCheckpoint']._serialized_options = b'\310\363\030\200\200\200\010'
+  _globals['_TENSORENTRY']._serialized_start=179
+  _globals['_TENSORENTRY']._serialized_end=268
+  _globals['_CHECKPOINTHEADER']._serialized_start=271
+  _globals['_CHECKPOINTHEADER']._serialized_end=526
+  _globals['_GETCACHEINFOREQUEST']._serialized_start=528
+  _globals['_GETCACHEINFOREQUEST']._serialized_end=549
+  _globals['_GETCACHEINFORESPONSE']._serialized_start=551
+  _globals['_GETCACHEINFORESPONSE']._serialized_end=638
+  _globals['_REGISTERSEGMENTREQUEST']._serialized_start=640
+  _globals['_REGISTERSEGMENTREQUEST']._serialized_end=745
+  _globals['_REGISTERSEGMENTRESPONSE']._serialized_start=747
+  _globals['_REGISTERSEGMENTRESPONSE']._serialized_end=820
+  _globals['_SAVECHECKPOINTREQUEST']._serialized_start=823
+  _globals['_SAVECHECKPOINTREQUEST']._serialized_end=974
+  _globals['_SAVECHECKPOINTRESPONSE']._serialized_start=976
+  _globals['_SAVECHECKPOINTRESPONSE']._serialized_end=1048
+  _globals['_LOCATECHECKPOINTREQUEST']._serialized_start=1050
+  _globals['_LOCATECHECKPOINTREQUEST']._serialized_end=1135
+  _globals['_LOCATECHECKPOINTRESPONSE']._serialized_start=1138
+  _globals['_LOCATECHECKPOINTRESPONSE']._serialized_end=1293
+  _globals['_LOADCHECKPOINTREQUEST']._serialized_start=1295
+  _globals['_LOADCHECKPOINTREQUEST']._serialized_end=1378
+  _globals['_LOADCHECKPOINTRESPONSE']._serialized_start=1381
+  _globals['_LOADCHECKPOINTRESPONSE']._serialized_end=1533
+  _globals['_CHECKPOINTINFO']._serialized_start=1536
+  _globals['_CHECKPOINTINFO']._serialized_end=1790
+  _globals['_LISTCHECKPOINTSREQUEST']._serialized_start=1792
+  _globals['_LISTCHECKPOINTSREQUEST']._serialized_end=1832
+  _globals['_LISTCHECKPOINTSRESPONSE']._serialized_start=1834
+  _globals['_LISTCHECKPOINTSRESPONSE']._serialized_end=1921
+  _globals['_DELETECHECKPOINTREQUEST']._serialized_start=1923
+  _globals['_DELETECHECKPOINTREQUEST']._serialized_end=1987
+  _globals['_DELETECHECKPOINTRESPONSE']._serialized_start=1989
+  _globals['_DELETECHECKPOINTRESPONSE']._serialized_end=2015
+  _globals['_CHECKPOINTCACHESERVICE']._serialized_start=2018
+  _globals['_CHECKPOINTCACHESERVICE']._serialized_end=2881
 # @@protoc_insertion_point(module_scope)

@@ -23,37 +23,40 @@ _sym_db = _symbol_database.Default()
 
 
 from google.protobuf import timestamp_pb2 as google_dot_protobuf_dot_timestamp__pb2
+from stride.api.limits.v1 import limits_pb2 as stride_dot_api_dot_limits_dot_v1_dot_limits__pb2
 from stride.events.v1 import job_pb2 as stride_dot_events_dot_v1_dot_job__pb2
 from stride.events.v1 import plan_pb2 as stride_dot_events_dot_v1_dot_plan__pb2
 
 
-DESCRIPTOR = _descriptor_pool.Default().AddSerializedFile(b'\n-stride/api/configdb/v1/configdb_service.proto\x12\x16stride.api.configdb.v1\x1a\x1fgoogle/protobuf/timestamp.proto\x1a\x1astride/events/v1/job.proto\x1a\x1bstride/events/v1/plan.proto\"\xbe\x02\n\tJobRecord\x12\x0e\n\x06job_id\x18\x01 \x01(\t\x12\'\n\x04spec\x18\x02 \x01(\x0b\x32\x19.stride.events.v1.JobSpec\x12-\n\x05plans\x18\x03 \x03(\x0b\x32\x1e.stride.events.v1.ResourcePlan\x12-\n\x07outcome\x18\x04 \x01(\x0e\x32\x1c.stride.events.v1.JobOutcome\x12/\n\x0brecorded_at\x18\x05 \x01(\x0b\x32\x1a.google.protobuf.Timestamp\x12/\n\x0b\x66inished_at\x18\x06 \x01(\x0b\x32\x1a.google.protobuf.Timestamp\x12\x38\n\x08profiles\x18\x07 \x03(\x0b\x32&.stride.api.configdb.v1.RuntimeProfile\"\xaa\x01\n\x0eRuntimeProfile\x12\x14\n\x0cplan_version\x18\x01 \x01(\x03\x12\x0f\n\x07windows\x18\x02 \x01(\x03\x12\r\n\x05steps\x18\x03 \x01(\x03\x12\x14\n\x0cstep_seconds\x18\x04 \x01(\x01\x12\x1a\n\x12samples_per_second\x18\x05 \x01(\x01\x12\x30\n\x05roles\x18\x06 \x03(\x0b\x32!.stride.api.configdb.v1.RoleUsage\"\xcb\x01\n\tRoleUsage\x12$\n\x04role\x18\x01 \x01(\x0e\x32\x16.stride.events.v1.Role\x12\x0c\n\x04pods\x18\x02 \x01(\x05\x12\x0f\n\x07samples\x18\x03 \x01(\x03\x12\x15\n\rcpu_used_mean\x18\x04 \x01(\x01\x12\x14\n\x0c\x63pu_used_max\x18\x05 \x01(\x01\x12\x1d\n\x15memory_used_max_bytes\x18\x06 \x01(\x03\x12\x11\n\tcpu_limit\x18\x07 \x01(\x01\x12\x1a\n\x12memory_limit_bytes\x18\x08 \x01(\x03\"%\n\x13GetJobRecordRequest\x12\x0e\n\x06job_id\x18\x01 \x01(\t\"I\n\x14GetJobRecordResponse\x12\x31\n\x06record\x18\x01 \x01(\x0b\x32!.stride.api.configdb.v1.JobRecord\"*\n\x15ListJobRecordsRequest\x12\x11\n\tpage_size\x18\x01 \x01(\x05\"L\n\x16ListJobRecordsResponse\x12\x32\n\x07records\x18\x01 \x03(\x0b\x32!.stride.api.configdb.v1.JobRecord\"L\n\x16\x46indSimilarJobsRequest\x12\'\n\x04spec\x18\x01 \x01(\x0b\x32\x19.stride.events.v1.JobSpec\x12\t\n\x01k\x18\x02 \x01(\x05\"S\n\nSimilarJob\x12\x31\n\x06record\x18\x01 \x01(\x0b\x32!.stride.api.configdb.v1.JobRecord\x12\x12\n\nsimilarity\x18\x02 \x01(\x01\"K\n\x17\x46indSimilarJobsResponse\x12\x30\n\x04jobs\x18\x01 \x03(\x0b\x32\".stride.api.configdb.v1.SimilarJob2\xe1\x02\n\x0f\x43onfigDbService\x12i\n\x0cGetJobRecord\x12+.stride.api.configdb.v1.GetJobRecordRequest\x1a,.stride.api.configdb.v1.GetJobRecordResponse\x12o\n\x0eListJobRecords\x12-.stride.api.configdb.v1.ListJobRecordsRequest\x1a..stride.api.configdb.v1.ListJobRecordsResponse\x12r\n\x0f\x46indSimilarJobs\x12..stride.api.configdb.v1.FindSimilarJobsRequest\x1a/.stride.api.configdb.v1.FindSimilarJobsResponseb\x06proto3')
+DESCRIPTOR = _descriptor_pool.Default().AddSerializedFile(b'\n-stride/api/configdb/v1/configdb_service.proto\x12\x16stride.api.configdb.v1\x1a\x1fgoogle/protobuf/timestamp.proto\x1a!stride/api/limits/v1/limits.proto\x1a\x1astride/events/v1/job.proto\x1a\x1bstride/events/v1/plan.proto\"\xbe\x02\n\tJobRecord\x12\x0e\n\x06job_id\x18\x01 \x01(\t\x12\'\n\x04spec\x18\x02 \x01(\x0b\x32\x19.stride.events.v1.JobSpec\x12-\n\x05plans\x18\x03 \x03(\x0b\x32\x1e.stride.events.v1.ResourcePlan\x12-\n\x07outcome\x18\x04 \x01(\x0e\x32\x1c.stride.events.v1.JobOutcome\x12/\n\x0brecorded_at\x18\x05 \x01(\x0b\x32\x1a.google.protobuf.Timestamp\x12/\n\x0b\x66inished_at\x18\x06 \x01(\x0b\x32\x1a.google.protobuf.Timestamp\x12\x38\n\x08profiles\x18\x07 \x03(\x0b\x32&.stride.api.configdb.v1.RuntimeProfile\"\xaa\x01\n\x0eRuntimeProfile\x12\x14\n\x0cplan_version\x18\x01 \x01(\x03\x12\x0f\n\x07windows\x18\x02 \x01(\x03\x12\r\n\x05steps\x18\x03 \x01(\x03\x12\x14\n\x0cstep_seconds\x18\x04 \x01(\x01\x12\x1a\n\x12samples_per_second\x18\x05 \x01(\x01\x12\x30\n\x05roles\x18\x06 \x03(\x0b\x32!.stride.api.configdb.v1.RoleUsage\"\xcb\x01\n\tRoleUsage\x12$\n\x04role\x18\x01 \x01(\x0e\x32\x16.stride.events.v1.Role\x12\x0c\n\x04pods\x18\x02 \x01(\x05\x12\x0f\n\x07samples\x18\x03 \x01(\x03\x12\x15\n\rcpu_used_mean\x18\x04 \x01(\x01\x12\x14\n\x0c\x63pu_used_max\x18\x05 \x01(\x01\x12\x1d\n\x15memory_used_max_bytes\x18\x06 \x01(\x03\x12\x11\n\tcpu_limit\x18\x07 \x01(\x01\x12\x1a\n\x12memory_limit_bytes\x18\x08 \x01(\x03\"%\n\x13GetJobRecordRequest\x12\x0e\n\x06job_id\x18\x01 \x01(\t\"I\n\x14GetJobRecordResponse\x12\x31\n\x06record\x18\x01 \x01(\x0b\x32!.stride.api.configdb.v1.JobRecord\"*\n\x15ListJobRecordsRequest\x12\x11\n\tpage_size\x18\x01 \x01(\x05\"L\n\x16ListJobRecordsResponse\x12\x32\n\x07records\x18\x01 \x03(\x0b\x32!.stride.api.configdb.v1.JobRecord\"L\n\x16\x46indSimilarJobsRequest\x12\'\n\x04spec\x18\x01 \x01(\x0b\x32\x19.stride.events.v1.JobSpec\x12\t\n\x01k\x18\x02 \x01(\x05\"S\n\nSimilarJob\x12\x31\n\x06record\x18\x01 \x01(\x0b\x32!.stride.api.configdb.v1.JobRecord\x12\x12\n\nsimilarity\x18\x02 \x01(\x01\"K\n\x17\x46indSimilarJobsResponse\x12\x30\n\x04jobs\x18\x01 \x03(\x0b\x32\".stride.api.configdb.v1.SimilarJob2\xea\x02\n\x0f\x43onfigDbService\x12i\n\x0cGetJobRecord\x12+.stride.api.configdb.v1.GetJobRecordRequest\x1a,.stride.api.configdb.v1.GetJobRecordResponse\x12o\n\x0eListJobRecords\x12-.stride.api.configdb.v1.ListJobRecordsRequest\x1a..stride.api.configdb.v1.ListJobRecordsResponse\x12{\n\x0f\x46indSimilarJobs\x12..stride.api.configdb.v1.FindSimilarJobsRequest\x1a/.stride.api.configdb.v1.FindSimilarJobsResponse\"\x07\xc8\xf3\x18\x80\x80\x80\x02\x62\x06proto3')
 
 _globals = globals()
 _builder.BuildMessageAndEnumDescriptors(DESCRIPTOR, _globals)
 _builder.BuildTopDescriptorsAndMessages(DESCRIPTOR, 'stride.api.configdb.v1.configdb_service_pb2', _globals)
 if not _descriptor._USE_C_DESCRIPTORS:
   DESCRIPTOR._loaded_options = None
-  _globals['_JOBRECORD']._serialized_start=164
-  _globals['_JOBRECORD']._serialized_end=482
-  _globals['_RUNTIMEPROFILE']._serialized_start=485
-  _globals['_RUNTIMEPROFILE']._serialized_end=655
-  _globals['_ROLEUSAGE']._serialized_start=658
-  _globals['_ROLEUSAGE']._serialized_end=861
-  _globals['_GETJOBRECORDREQUEST']._serialized_start=863
-  _globals['_GETJOBRECORDREQUEST']._serialized_end=900
-  _globals['_GETJOBRECORDRESPONSE']._serialized_start=902
-  _globals['_GETJOBRECORDRESPONSE']._serialized_end=975
-  _globals['_LISTJOBRECORDSREQUEST']._serialized_start=977
-  _globals['_LISTJOBRECORDSREQUEST']._serialized_end=1019
-  _globals['_LISTJOBRECORDSRESPONSE']._serialized_start=1021
-  _globals['_LISTJOBRECORDSRESPONSE']._serialized_end=1097
-  _globals['_FINDSIMILARJOBSREQUEST']._serialized_start=1099
-  _globals['_FINDSIMILARJOBSREQUEST']._serialized_end=1175
-  _globals['_SIMILARJOB']._serialized_start=1177
-  _globals['_SIMILARJOB']._serialized_end=1260
-  _globals['_FINDSIMILARJOBSRESPONSE']._serialized_start=1262
-  _globals['_FINDSIMILARJOBSRESPONSE']._serialized_end=1337
-  _globals['_CONFIGDBSERVICE']._serialized_start=1340
-  _globals['_CONFIGDBSERVICE']._serialized_end=1693
+  _globals['_CONFIGDBSERVICE'].methods_by_name['FindSimilarJobs']._loaded_options = None
+  _globals['_CONFIGDBSERVICE'].methods_by_name['FindSimilarJobs']._serialized_options = b'\310\363\030\200\200\200\002'
+  _globals['_JOBRECORD']._serialized_start=199
+  _globals['_JOBRECORD']._serialized_end=517
+  _globals['_RUNTIMEPROFILE']._serialized_start=520
+  _globals['_RUNTIMEPROFILE']._serialized_end=690
+  _globals['_ROLEUSAGE']._serialized_start=693
+  _globals['_ROLEUSAGE']._serialized_end=896
+  _globals['_GETJOBRECORDREQUEST']._serialized_start=898
+  _globals['_GETJOBRECORDREQUEST']._serialized_end=935
+  _globals['_GETJOBRECORDRESPONSE']._serialized_start=937
+  _globals['_GETJOBRECORDRESPONSE']._serialized_end=1010
+  _globals['_LISTJOBRECORDSREQUEST']._serialized_start=1012
+  _globals['_LISTJOBRECORDSREQUEST']._serialized_end=1054
+  _globals['_LISTJOBRECORDSRESPONSE']._serialized_start=1056
+  _globals['_LISTJOBRECORDSRESPONSE']._serialized_end=1132
+  _globals['_FINDSIMILARJOBSREQUEST']._serialized_start=1134
+  _globals['_FINDSIMILARJOBSREQUEST']._serialized_end=1210
+  _globals['_SIMILARJOB']._serialized_start=1212
+  _globals['_SIMILARJOB']._serialized_end=1295
+  _globals['_FINDSIMILARJOBSRESPONSE']._serialized_start=1297
+  _globals['_FINDSIMILARJOBSRESPONSE']._serialized_end=1372
+  _globals['_CONFIGDBSERVICE']._serialized_start=1375
+  _globals['_CONFIGDBSERVICE']._serialized_end=1737
 # @@protoc_insertion_point(module_scope)

@@ -22,26 +22,29 @@ _runtime_version.ValidateProtobufRuntimeVersion(
 _sym_db = _symbol_database.Default()
 
 
+from stride.api.limits.v1 import limits_pb2 as stride_dot_api_dot_limits_dot_v1_dot_limits__pb2
 from stride.events.v1 import optimization_pb2 as stride_dot_events_dot_v1_dot_optimization__pb2
 
 
-DESCRIPTOR = _descriptor_pool.Default().AddSerializedFile(b'\n-stride/api/executor/v1/executor_service.proto\x12\x16stride.api.executor.v1\x1a#stride/events/v1/optimization.proto\"J\n\x13RunAlgorithmRequest\x12\x33\n\x07request\x18\x01 \x01(\x0b\x32\".stride.events.v1.AlgorithmRequest\"G\n\x14RunAlgorithmResponse\x12/\n\x05reply\x18\x01 \x01(\x0b\x32 .stride.events.v1.AlgorithmReply\"\x17\n\x15ListAlgorithmsRequest\"D\n\rAlgorithmInfo\x12\x0c\n\x04name\x18\x01 \x01(\t\x12\x10\n\x08versions\x18\x02 \x03(\x05\x12\x13\n\x0b\x64\x65scription\x18\x03 \x01(\t\"S\n\x16ListAlgorithmsResponse\x12\x39\n\nalgorithms\x18\x01 \x03(\x0b\x32%.stride.api.executor.v1.AlgorithmInfo2\xed\x01\n\x0f\x45xecutorService\x12i\n\x0cRunAlgorithm\x12+.stride.api.executor.v1.RunAlgorithmRequest\x1a,.stride.api.executor.v1.RunAlgorithmResponse\x12o\n\x0eListAlgorithms\x12-.stride.api.executor.v1.ListAlgorithmsRequest\x1a..stride.api.executor.v1.ListAlgorithmsResponseb\x06proto3')
+DESCRIPTOR = _descriptor_pool.Default().AddSerializedFile(b'\n-stride/api/executor/v1/executor_service.proto\x12\x16stride.api.executor.v1\x1a!stride/api/limits/v1/limits.proto\x1a#stride/events/v1/optimization.proto\"J\n\x13RunAlgorithmRequest\x12\x33\n\x07request\x18\x01 \x01(\x0b\x32\".stride.events.v1.AlgorithmRequest\"G\n\x14RunAlgorithmResponse\x12/\n\x05reply\x18\x01 \x01(\x0b\x32 .stride.events.v1.AlgorithmReply\"\x17\n\x15ListAlgorithmsRequest\"D\n\rAlgorithmInfo\x12\x0c\n\x04name\x18\x01 \x01(\t\x12\x10\n\x08versions\x18\x02 \x03(\x05\x12\x13\n\x0b\x64\x65scription\x18\x03 \x01(\t\"S\n\x16ListAlgorithmsResponse\x12\x39\n\nalgorithms\x18\x01 \x03(\x0b\x32%.stride.api.executor.v1.AlgorithmInfo2\xf6\x01\n\x0f\x45xecutorService\x12r\n\x0cRunAlgorithm\x12+.stride.api.executor.v1.RunAlgorithmRequest\x1a,.stride.api.executor.v1.RunAlgorithmResponse\"\x07\xc8\xf3\x18\x80\x80\x80\x02\x12o\n\x0eListAlgorithms\x12-.stride.api.executor.v1.ListAlgorithmsRequest\x1a..stride.api.executor.v1.ListAlgorithmsResponseb\x06proto3')
 
 _globals = globals()
 _builder.BuildMessageAndEnumDescriptors(DESCRIPTOR, _globals)
 _builder.BuildTopDescriptorsAndMessages(DESCRIPTOR, 'stride.api.executor.v1.executor_service_pb2', _globals)
 if not _descriptor._USE_C_DESCRIPTORS:
   DESCRIPTOR._loaded_options = None
-  _globals['_RUNALGORITHMREQUEST']._serialized_start=110
-  _globals['_RUNALGORITHMREQUEST']._serialized_end=184
-  _globals['_RUNALGORITHMRESPONSE']._serialized_start=186
-  _globals['_RUNALGORITHMRESPONSE']._serialized_end=257
-  _globals['_LISTALGORITHMSREQUEST']._serialized_start=259
-  _globals['_LISTALGORITHMSREQUEST']._serialized_end=282
-  _globals['_ALGORITHMINFO']._serialized_start=284
-  _globals['_ALGORITHMINFO']._serialized_end=352
-  _globals['_LISTALGORITHMSRESPONSE']._serialized_start=354
-  _globals['_LISTALGORITHMSRESPONSE']._serialized_end=437
-  _globals['_EXECUTORSERVICE']._serialized_start=440
-  _globals['_EXECUTORSERVICE']._serialized_end=677
+  _globals['_EXECUTORSERVICE'].methods_by_name['RunAlgorithm']._loaded_options = None
+  _globals['_EXECUTORSERVICE'].methods_by_name['RunAlgorithm']._serialized_options = b'\310\363\030\200\200\200\002'
+  _globals['_RUNALGORITHMREQUEST']._serialized_start=145
+  _globals['_RUNALGORITHMREQUEST']._serialized_end=219
+  _globals['_RUNALGORITHMRESPONSE']._serialized_start=221
+  _globals['_RUNALGORITHMRESPONSE']._serialized_end=292
+  _globals['_LISTALGORITHMSREQUEST']._serialized_start=294
+  _globals['_LISTALGORITHMSREQUEST']._serialized_end=317
+  _globals['_ALGORITHMINFO']._serialized_start=319
+  _globals['_ALGORITHMINFO']._serialized_end=387
+  _globals['_LISTALGORITHMSRESPONSE']._serialized_start=389
+  _globals['_LISTALGORITHMSRESPONSE']._serialized_end=472
+  _globals['_EXECUTORSERVICE']._serialized_start=475
+  _globals['_EXECUTORSERVICE']._serialized_end=721
 # @@protoc_insertion_point(module_scope)
