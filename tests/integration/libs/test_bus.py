@@ -10,6 +10,7 @@ from nats.aio.msg import Msg
 from opentelemetry import trace
 from opentelemetry.sdk.trace.export.in_memory_span_exporter import InMemorySpanExporter
 
+from stride.bus import client as client_module
 from stride.bus import topics
 from stride.bus.client import Bus, Delivery, Handler, PermanentError
 from stride.events.v1 import job_pb2
@@ -201,3 +202,36 @@ async def test_a_batch_handler_settles_each_message_by_its_own_outcome(
 async def test_consume_needs_exactly_one_handler(bus: Bus) -> None:
     with pytest.raises(ValueError, match="exactly one"):
         await bus.consume(topics.JOB_FINISHED, durable="test-none", stop=asyncio.Event())
+
+
+async def test_a_deleted_consumer_is_recreated_from_what_it_had_acked(
+    bus: Bus, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Deleting a service's durable consumer (six times over, as stopped the suite once)
+    neither stops the service nor makes it wait forever: it makes the consumer again from
+    its ack floor, so later events arrive once and the ones it handled are not replayed."""
+    monkeypatch.setattr(client_module, "CONSUMER_CHECK_SECONDS", 0.2)
+    seen: list[str] = []
+    stop = asyncio.Event()
+
+    async def handler(message: job_pb2.JobFinished, delivery: Delivery) -> None:
+        seen.append(message.job_id)
+
+    async def floor_is(sequence: int) -> bool:
+        info = await bus.js.consumer_info(topics.JOBS.name, "test-consumer")
+        return info.ack_floor.stream_seq == sequence
+
+    task = await run_consumer(bus, handler, stop)
+    for index in range(3):
+        await bus.publish(topics.JOB_FINISHED, f"j{index}", finished(f"j{index}"), f"j{index}.f")
+    await assert_eventually(lambda: seen == ["j0", "j1", "j2"])
+    for index in range(3, 9):
+        await assert_eventually(lambda index=index: floor_is(index))
+        await asyncio.sleep(1.5)  # idle past a fetch (1 s): the consumer notes its floor
+        await bus.js.delete_consumer(topics.JOBS.name, "test-consumer")
+        await bus.publish(topics.JOB_FINISHED, f"j{index}", finished(f"j{index}"), f"j{index}.f")
+        await assert_eventually(lambda index=index: seen[-1:] == [f"j{index}"], timeout=10)
+        assert not task.done()
+    assert seen == [f"j{index}" for index in range(9)]  # each once, in order
+    stop.set()
+    await task

@@ -12,7 +12,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 from collections.abc import Awaitable, Callable, Mapping, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from typing import TypeVar
 
 import nats
@@ -23,7 +23,7 @@ from nats.aio.msg import Msg
 from nats.aio.subscription import Subscription
 from nats.errors import TimeoutError as NatsTimeoutError
 from nats.js import JetStreamContext, api
-from nats.js.errors import BadRequestError, NotFoundError
+from nats.js.errors import BadRequestError, NotFoundError, ServiceUnavailableError
 from opentelemetry import trace
 
 from stride.bus.topics import (
@@ -46,6 +46,13 @@ tracer = trace.get_tracer("stride.bus")
 MSG_ID_HEADER = "Nats-Msg-Id"
 
 ACK_WAIT_SECONDS = 5.0
+CONSUMER_CHECK_SECONDS = 5.0
+"""How often an idle consumer asks JetStream whether its durable consumer still exists (and
+notes how far it has acked): a deleted consumer makes fetches time out as if nothing came,
+so without asking, the service would wait forever."""
+CONSUMER_RETRY_SECONDS = 0.5
+"""Pause before fetching again when JetStream answers neither a fetch nor a question about
+the consumer (a server restarting): the consumer waits instead of crashing its service."""
 """How long JetStream waits for an ack before it redelivers a message to another consumer
 of the durable. Short, so a message whose consumer crashed mid-handler (a plan interrupted by
 an optimizer crash) is redelivered within seconds; a handler that takes longer is not
@@ -233,18 +240,37 @@ class Bus:
             max_deliver=-1,
             ack_wait=ack_wait,
         )
+        stream = topic.stream.name
         subscription = await self.js.pull_subscribe(
-            filter_subject, durable=durable, stream=topic.stream.name, config=config
+            filter_subject, durable=durable, stream=stream, config=config
         )
         log.info("consumer started", durable=durable, subject=filter_subject)
         current = asyncio.current_task()
         if current is not None:
             self._consumers.add(current)
+        loop = asyncio.get_running_loop()
+        checked = loop.time()
+        acked = 0
+        """The consumer's ack floor when last seen: every message up to it was handled."""
         try:
             while not stop.is_set():
                 try:
                     messages = await subscription.fetch(batch=batch, timeout=1.0)
                 except (NatsTimeoutError, TimeoutError):
+                    if loop.time() - checked < CONSUMER_CHECK_SECONDS:
+                        continue
+                    checked = loop.time()
+                    subscription, acked = await self._ensure_consumer(
+                        subscription, filter_subject, stream, config, acked
+                    )
+                    continue
+                except (ServiceUnavailableError, NotFoundError):
+                    # The fetch was answered "no responders": the consumer is gone (someone
+                    # deleted it) or JetStream is not answering for a moment.
+                    checked = loop.time()
+                    subscription, acked = await self._ensure_consumer(
+                        subscription, filter_subject, stream, config, acked
+                    )
                     continue
                 except nats.errors.ConnectionClosedError:
                     if stop.is_set():
@@ -268,6 +294,57 @@ class Bus:
                 self._consumers.discard(current)
             with contextlib.suppress(Exception):
                 await subscription.unsubscribe()
+
+    async def _ensure_consumer(
+        self,
+        subscription: JetStreamContext.PullSubscription,
+        filter_subject: str,
+        stream: str,
+        config: api.ConsumerConfig,
+        acked: int,
+    ) -> tuple[JetStreamContext.PullSubscription, int]:
+        """The subscription to fetch from next and the ack floor: the same one if the
+        consumer exists (its floor noted), a new one if it was deleted (:meth:`_recreate`),
+        and the same one after a pause if JetStream does not answer now."""
+        try:
+            info = await self.js.consumer_info(stream, config.durable_name or "")
+            return subscription, max(acked, info.ack_floor.stream_seq)
+        except NotFoundError:
+            pass
+        except (ServiceUnavailableError, NatsTimeoutError, TimeoutError) as error:
+            log.warning(
+                "jetstream not answering; retrying",
+                durable=config.durable_name,
+                error=f"{type(error).__name__}: {error}",
+            )
+            await asyncio.sleep(CONSUMER_RETRY_SECONDS)
+            return subscription, acked
+        with contextlib.suppress(Exception):
+            await subscription.unsubscribe()
+        return await self._recreate(filter_subject, stream, config, acked), acked
+
+    async def _recreate(
+        self, filter_subject: str, stream: str, config: api.ConsumerConfig, acked: int
+    ) -> JetStreamContext.PullSubscription:
+        """A durable consumer someone deleted, made again from just after what it had
+        acked (the messages since are delivered again; handlers are idempotent, as for any
+        redelivery), not a service that silently waits forever."""
+        again = (
+            replace(
+                config, deliver_policy=api.DeliverPolicy.BY_START_SEQUENCE, opt_start_seq=acked + 1
+            )
+            if acked
+            else config
+        )
+        log.warning(
+            "consumer was deleted; recreated",
+            durable=config.durable_name,
+            stream=stream,
+            from_sequence=acked + 1,
+        )
+        return await self.js.pull_subscribe(
+            filter_subject, durable=config.durable_name, stream=stream, config=again
+        )
 
     async def _deliver(
         self,
