@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import asyncio
 from collections.abc import AsyncIterator, Sequence
+from functools import partial
 
 import pytest
 from nats.aio.msg import Msg
@@ -219,18 +220,21 @@ async def test_a_deleted_consumer_is_recreated_from_what_it_had_acked(
 
     async def floor_is(sequence: int) -> bool:
         info = await bus.js.consumer_info(topics.JOBS.name, "test-consumer")
-        return info.ack_floor.stream_seq == sequence
+        return bool(info.ack_floor.stream_seq == sequence)
+
+    async def last_seen(job_id: str) -> bool:
+        return seen[-1:] == [job_id]
 
     task = await run_consumer(bus, handler, stop)
     for index in range(3):
         await bus.publish(topics.JOB_FINISHED, f"j{index}", finished(f"j{index}"), f"j{index}.f")
     await assert_eventually(lambda: seen == ["j0", "j1", "j2"])
     for index in range(3, 9):
-        await assert_eventually(lambda index=index: floor_is(index))
+        await assert_eventually(partial(floor_is, index))
         await asyncio.sleep(1.5)  # idle past a fetch (1 s): the consumer notes its floor
         await bus.js.delete_consumer(topics.JOBS.name, "test-consumer")
         await bus.publish(topics.JOB_FINISHED, f"j{index}", finished(f"j{index}"), f"j{index}.f")
-        await assert_eventually(lambda index=index: seen[-1:] == [f"j{index}"], timeout=10)
+        await assert_eventually(partial(last_seen, f"j{index}"), timeout=10)
         assert not task.done()
     assert seen == [f"j{index}" for index in range(9)]  # each once, in order
     stop.set()
