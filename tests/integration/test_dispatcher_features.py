@@ -399,11 +399,18 @@ async def test_a_slow_worker_is_flagged_gets_smaller_shards_and_is_published(
     smaller = await get(stub, "slow", tokens["slow"])
     assert smaller.straggler
     assert smaller.shard.end - smaller.shard.start - smaller.shard.offset <= 20  # half of 40
-    events = await assert_eventually(
-        lambda: stream_messages(nats_url, topics.STRAGGLER_DETECTED.subject(JOB))
-    )
-    signal = shard_pb2.StragglerDetected.FromString(events[0].data)
-    assert (signal.job_id, signal.worker) == (JOB, "slow")
+
+    async def slow_signal() -> shard_pb2.StragglerDetected:
+        events = await stream_messages(nats_url, topics.STRAGGLER_DETECTED.subject(JOB))
+        signals = [shard_pb2.StragglerDetected.FromString(event.data) for event in events]
+        # A fast worker whose report straddled a pause of a loaded machine may be flagged
+        # for a moment too; the slow one must be.
+        found = [signal for signal in signals if signal.worker == "slow"]
+        assert found, [signal.worker for signal in signals]
+        return found[0]
+
+    signal = await assert_eventually(slow_signal)
+    assert signal.job_id == JOB
     assert signal.rate < signal.peer_median_rate / 2
 
 
