@@ -76,3 +76,19 @@ async def test_a_registry_that_cannot_load_fails_start() -> None:
     with pytest.raises(RuntimeError, match="did not load"):
         await broken.start()
     await broken.close()
+
+
+async def test_slots_past_the_first_start_when_requests_first_overlap() -> None:
+    grown = WorkerPool(2, 30.0, REGISTRY)
+    await grown.start()
+    try:
+        assert len(grown._all) == 1  # one worker's memory until two runs overlap
+        assert await spin(grown, 0.01) >= 0.01
+        assert len(grown._all) == 1  # one at a time needs no second
+        both = await asyncio.gather(spin(grown, 0.3), spin(grown, 0.3))
+        assert all(spun >= 0.3 for spun in both)
+        assert len(grown._all) == 2
+        await asyncio.gather(*(spin(grown, 0.05) for _ in range(6)))
+        assert len(grown._all) == 2  # never past the slots
+    finally:
+        await grown.close()

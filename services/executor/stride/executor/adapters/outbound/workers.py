@@ -2,8 +2,9 @@
 
 A thread cannot be stopped, so an algorithm run in one (as the executor did) holds a core
 for as long as its arguments make it run, and a request with a huge search keeps it busy
-indefinitely. Here each of the replica's ``request_concurrency`` slots is a warm worker
-process (``spawn``: no forked locks or event loop) that has imported the registry once.
+indefinitely. Here each of the replica's ``request_concurrency`` slots is a worker process
+(``spawn``: no forked locks or event loop) that imports the registry once and stays warm;
+the first starts with the service, the others when requests first overlap.
 A run that passes the time limit is stopped by killing its worker; a new worker takes its
 place (in the background, a second or two of imports), and the caller gets
 :class:`TimedOut`. A caller that goes away (a cancelled RPC) has its run stopped the same
@@ -124,15 +125,17 @@ class WorkerPool:
         self._idle: asyncio.Queue[_Worker] = asyncio.Queue()
         self._replacing: set[asyncio.Task[None]] = set()
         self._all: set[_Worker] = set()
+        self._starting = 0
+        """Workers being spawned (counted in the slots until they are ready or fail)."""
         self.stopped = 0
         """Runs stopped at the time limit (or abandoned by their caller)."""
 
     async def start(self) -> None:
-        """Start the workers; returns once the first has imported the registry (so a
-        broken registry fails start-up), the others join as they become ready."""
+        """Start the first worker; returns once it has imported the registry (so a broken
+        registry fails start-up). The others start when requests first overlap
+        (:meth:`run`), so a replica that never runs two at once holds one worker's memory
+        and start-up costs one worker's imports."""
         await self._add()
-        for _ in range(self.size - 1):
-            self._in_background(self._add())
 
     def _in_background(self, work: Coroutine[Any, Any, None]) -> None:
         async def logged() -> None:
@@ -146,7 +149,14 @@ class WorkerPool:
         task.add_done_callback(self._replacing.discard)
 
     async def _add(self) -> None:
-        worker = await asyncio.to_thread(_Worker, self._context, self.registry)
+        self._starting += 1
+        try:
+            worker = await asyncio.to_thread(_Worker, self._context, self.registry)
+        finally:
+            self._starting -= 1
+        if len(self._all) >= self.size:  # a replacement and a new slot crossed: one too many
+            await asyncio.to_thread(worker.close)
+            return
         self._all.add(worker)
         if not await asyncio.to_thread(worker.ready, self.start_timeout_seconds):
             self._all.discard(worker)
@@ -171,6 +181,8 @@ class WorkerPool:
         self, name: str, version: int | None, arguments: dict[str, Any], job_id: str
     ) -> Outcome:
         """Run one algorithm in a worker; raises InvalidArgument, AlgorithmFailed, TimedOut."""
+        if self._idle.empty() and len(self._all) + self._starting < self.size:
+            self._in_background(self._add())  # requests overlap: one more slot
         worker = await self._idle.get()
         limit = self.time_limit_seconds
         healthy = False
