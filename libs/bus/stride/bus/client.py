@@ -256,17 +256,17 @@ class Bus:
             while not stop.is_set():
                 try:
                     messages = await subscription.fetch(batch=batch, timeout=1.0)
-                except (NatsTimeoutError, TimeoutError):
-                    if loop.time() - checked < CONSUMER_CHECK_SECONDS:
+                except (
+                    NatsTimeoutError,
+                    TimeoutError,
+                    ServiceUnavailableError,
+                    NotFoundError,
+                ) as e:
+                    # Nothing came (idle: ask now and then), or the fetch was answered "no
+                    # responders" (the consumer is gone, or JetStream is not answering).
+                    idle = isinstance(e, NatsTimeoutError | TimeoutError)
+                    if idle and loop.time() - checked < CONSUMER_CHECK_SECONDS:
                         continue
-                    checked = loop.time()
-                    subscription, acked = await self._ensure_consumer(
-                        subscription, filter_subject, stream, config, acked
-                    )
-                    continue
-                except (ServiceUnavailableError, NotFoundError):
-                    # The fetch was answered "no responders": the consumer is gone (someone
-                    # deleted it) or JetStream is not answering for a moment.
                     checked = loop.time()
                     subscription, acked = await self._ensure_consumer(
                         subscription, filter_subject, stream, config, acked

@@ -442,7 +442,7 @@ class GuaranteePlanner:
                 # drop, this pass is the deadline-order re-fill of those jobs.
                 held = sum(1 for job in order if job.job_id in before)
                 self._fill(view, order[:held], timeline, record)
-                first_pass = self._pass_prefixes(timeline, order[:held], record)
+                first_pass = self._prefixes_of(timeline, order[:held], record)
                 self._fill(view, order[held:], timeline, record)
             dropped = self._dropped_but_on_plan(view, candidates, previous, timeline)
             if not dropped:
@@ -517,24 +517,26 @@ class GuaranteePlanner:
                 record.totals.append(timeline.used.copy())
         return timeline
 
-    def _pass_prefixes(
-        self, timeline: AdmissionControl, jobs: list[JobView], record: _Pass
+    def _prefixes_of(
+        self, filled: AdmissionControl, jobs: list[JobView], record: _Pass
     ) -> _EdfPrefixes:
-        """What a fresh pass that offered ``jobs`` (in deadline order) to ``timeline`` knows
-        of their deadline-order re-fill: everything up to its first drop (there the number
-        of jobs kept stops matching their place, so the totals after it are cut). Its
-        :attr:`~_EdfPrefixes.timeline` is set once the timeline it answers for is known."""
-        limit = record.dropped[0] if record.dropped else len(jobs)
+        """What a fresh pass that offered ``jobs`` (in deadline order) to ``filled`` knows of
+        their deadline-order re-fill: everything up to its first drop (there the number of
+        jobs kept stops matching their place, so the totals after it are cut). It answers
+        for ``filled`` as it stands; a caller whose guaranteed jobs these are puts its own
+        timeline in (``replace``)."""
+        dropped = record.dropped[0] if record.dropped else None
+        limit = len(jobs) if dropped is None else dropped
         return _EdfPrefixes(
-            timeline,
-            0,
+            filled,
+            len(filled.jobs),
             jobs,
             [edf_key(job) for job in jobs],
             record.totals[: limit // self.totals_every + 1],
             self.totals_every,
-            timeline.jobs[:limit],
-            timeline.plans[:limit],
-            record.dropped[0] if record.dropped else None,
+            filled.jobs[:limit],
+            filled.plans[:limit],
+            dropped,
         )
 
     def _remember_prefixes(
@@ -554,18 +556,8 @@ class GuaranteePlanner:
         """
         by_id = {job.job_id: job for job in view.jobs}
         jobs = [by_id[planned.job.job_id] for planned in timeline.jobs]
-        keys = [edf_key(job) for job in jobs]
-        if totals and all(a <= b for a, b in pairwise(keys)):
-            self._prefixes = _EdfPrefixes(
-                timeline,
-                len(timeline.jobs),
-                jobs,
-                keys,
-                totals,
-                self.totals_every,
-                list(timeline.jobs),
-                list(timeline.plans),
-            )
+        if totals and all(a <= b for a, b in pairwise(edf_key(job) for job in jobs)):
+            self._prefixes = self._prefixes_of(timeline, jobs, _Pass(totals))
         elif first_pass is not None and {job.job_id for job in first_pass.jobs} == {
             job.job_id for job in jobs
         }:
@@ -580,16 +572,8 @@ class GuaranteePlanner:
         jobs = sorted((job for job in view.jobs if job.job_id in guaranteed), key=edf_key)
         record = _Pass()
         refill = self._fill(view, jobs, self._fresh(view), record, stop=True)
-        self._prefixes = _EdfPrefixes(
-            timeline,
-            len(timeline.jobs),
-            jobs,
-            [edf_key(job) for job in jobs],
-            record.totals,
-            self.totals_every,
-            refill.jobs,
-            refill.plans,
-            record.dropped[0] if record.dropped else None,
+        self._prefixes = replace(
+            self._prefixes_of(refill, jobs, record), timeline=timeline, size=len(timeline.jobs)
         )
         return self._prefixes
 
