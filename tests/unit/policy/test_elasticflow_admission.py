@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import math
 
+import numpy as np
 import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
@@ -386,3 +387,37 @@ def test_cpu_job_admitted_on_the_dlrover_rm_throughput_model() -> None:
     )
     assert reply.decision is AdmissionDecision.ADMITTED
     assert max(reply.candidate_share) <= 4
+
+
+@settings(max_examples=300, deadline=None)
+@given(
+    concave_curves(),
+    st.floats(0, 200),
+    st.integers(1, 40),
+    st.integers(1, 12),
+    st.lists(st.integers(0, 12), max_size=50),
+    st.sampled_from([None, 0.25, 0.5, 1.0]),
+)
+def test_compiled_fill_answers_as_the_numpy_reference(
+    curve: ScalingCurve,
+    iterations: float,
+    slots: int,
+    capacity: int,
+    reserved: list[int],
+    first: float | None,
+) -> None:
+    """The compiled progressive filling (stride.policy.elasticflow.kernels) gives the
+    numpy form's plan, or its refusal, whatever the reservations: shorter or longer than
+    the job's window, full slots, partial first slots, jobs larger than the cluster."""
+    timeline = AdmissionControl(capacity, 0.0, 1.0, first_slot=first)
+    if curve.sizes[0] > capacity:
+        return  # prepare refuses such a job before any fill
+    planned = timeline.prepare(hard("j", curve, iterations, slots - 1 + timeline.first_slot))
+    used = np.minimum(np.asarray(reserved, dtype=np.int64), capacity)
+    compiled = planned.fill(used, capacity)
+    reference = planned.fill_reference(timeline._free(used, planned.slots))
+    assert (compiled is None) == (reference is None)
+    if compiled is not None and reference is not None:
+        assert compiled.tolist() == reference.tolist()
+    if compiled is not None and compiled.size:  # and it fits what the reservations leave
+        assert np.all(compiled <= timeline._free(used, compiled.size))

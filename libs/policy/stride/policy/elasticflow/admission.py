@@ -47,6 +47,7 @@ import numpy as np
 import numpy.typing as npt
 
 from stride.policy.elasticflow.curves import ScalingCurve
+from stride.policy.elasticflow.kernels import fill_slots
 from stride.policy.elasticflow.quotas import UserQuota, quota_violation
 from stride.policy.errors import PolicyError
 
@@ -202,6 +203,7 @@ class PlannedJob:
         "remaining",
         "size_steps",
         "slots",
+        "steps",
         "usable",
     )
 
@@ -225,6 +227,7 @@ class PlannedJob:
         self.usable: IntArray = np.asarray(usable, dtype=np.int64)
         self.progress: FloatArray = np.asarray(values, dtype=np.float64) * slot_seconds
         self.size_steps = [size for size in job.curve.sizes if size <= capacity]
+        self.steps: IntArray = np.asarray(self.size_steps, dtype=np.int64)
         self.remaining = job.remaining_iterations
         largest = self.size_steps[-1] if self.size_steps else 0
         caps = np.asarray(self.size_steps, dtype=np.int64)[:, None]
@@ -244,13 +247,35 @@ class PlannedJob:
         clone.progress = self.progress
         clone.progress_by_cap = self.progress_by_cap
         clone.size_steps = self.size_steps
+        clone.steps = self.steps
         clone.usable = self.usable
         clone.slots = slots
         clone.remaining = remaining
         return clone
 
-    def fill(self, free: IntArray) -> IntArray | None:
-        """Algorithm 1's ProgressiveFilling: the minimum satisfactory share, or None."""
+    def fill(self, used: IntArray, capacity: int) -> IntArray | None:
+        """Algorithm 1's ProgressiveFilling into what the reservations ``used`` (devices per
+        slot; later slots are free) leave of ``capacity``: the minimum satisfactory share,
+        or None. Compiled (:mod:`.kernels`); :meth:`fill_reference` is the same in numpy."""
+        needed = _needed(self.remaining)
+        if needed <= 0:
+            return np.zeros(0, dtype=np.int64)
+        plan = fill_slots(
+            used,
+            capacity,
+            self.slots,
+            self.first,
+            needed,
+            self.steps,
+            self.progress,
+            self.progress_by_cap,
+            self.usable,
+        )
+        return plan if plan.size else None
+
+    def fill_reference(self, free: IntArray) -> IntArray | None:
+        """:meth:`fill` written in numpy, given the free devices of each of the job's
+        slots: the reference the compiled fill is tested against."""
         needed = _needed(self.remaining)
         if needed <= 0:
             return np.zeros(0, dtype=np.int64)
@@ -423,7 +448,7 @@ class AdmissionControl:
         First the candidate alone in what the held reservations leave free; then the
         candidate and every later-deadline job re-filled in deadline order.
         """
-        share = candidate.fill(self._free(self.used, candidate.slots))
+        share = candidate.fill(self.used, self.capacity)
         new_index = len(self.jobs)
         if share is not None:
             return {new_index: share}
@@ -439,7 +464,7 @@ class AdmissionControl:
         order = sorted(later, key=lambda index: (self.jobs[index].slots, index))
         replanned: dict[int, IntArray] = {}
         for index, planned in [(new_index, candidate)] + [(i, self.jobs[i]) for i in order]:
-            plan = planned.fill(self._free(used, planned.slots))
+            plan = planned.fill(used, self.capacity)
             if plan is None:
                 return None
             if plan.size > used.size:
@@ -483,7 +508,7 @@ def admit_from_scratch(
     plans: dict[int, IntArray] = {}
     used = np.zeros(0, dtype=np.int64)
     for index in order:
-        plan = prepared[index].fill(timeline._free(used, prepared[index].slots))
+        plan = prepared[index].fill(used, capacity)
         if plan is None:
             return None
         if plan.size > used.size:
