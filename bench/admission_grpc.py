@@ -39,7 +39,6 @@ import time
 from datetime import UTC, datetime, timedelta
 from pathlib import Path
 
-import grpc
 from suite import percentile, record
 
 from stride.admission.domain.policy import CHIEF
@@ -52,6 +51,7 @@ from stride.policy.elasticflow.guarantees import SLOT_SECONDS
 from stride.policy.elasticflow.units import CpuUnit, profile_curve
 from stride.sim.traces import TraceJob, load_curves, load_deadline_trace
 from stride.testing import SHARED_TRACES
+from stride.testing.channels import aio_channel, ensure_certificates
 from stride.testing.databases import create_database, drop_database
 from stride.testing.eventually import assert_eventually
 from stride.testing.health import SERVING, equals, health
@@ -154,7 +154,7 @@ async def phase(kind: str) -> list[str]:
         await assert_eventually(
             lambda: equals(health(service.port, SERVICE), SERVING), timeout=60, interval=0.2
         )
-        async with grpc.aio.insecure_channel(service.address) as channel:
+        async with aio_channel(service.address, "admission") as channel:
             stub = pb_grpc.AdmissionServiceStub(channel)
             active = 0
             while active < ACTIVE + TIMED and index < len(jobs):
@@ -232,6 +232,7 @@ async def main(kinds: list[str]) -> int:
 
 
 if __name__ == "__main__":
+    ensure_certificates()  # the services it starts serve mutual TLS
     chosen = sys.argv[1:] or ["gpu", "cpu"]
     unknown = [kind for kind in chosen if kind not in ("gpu", "cpu")]
     if unknown:

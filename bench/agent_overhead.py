@@ -29,6 +29,8 @@ import time
 import uuid
 from pathlib import Path
 
+from stride.testing.channels import ensure_certificates, sync_channel
+
 RESULTS = Path(__file__).parent / "results" / "agent_overhead.txt"
 RECORDS = 160_000
 BATCH = 256
@@ -177,6 +179,7 @@ def main() -> str:
     }
     servers = []
     base = {k: v for k, v in os.environ.items() if not k.startswith("STRIDE_")}
+    base["STRIDE_TLS_DIR"] = os.environ["STRIDE_TLS_DIR"]  # the trainers' agent client
     for role in ("ps", "worker"):
         for index in range(len(cluster[role])):
             env = {
@@ -218,9 +221,8 @@ def main() -> str:
                 shards_file = root / f"{job}.jsonl"
                 if variant == "file":
                     # The dispatcher's own shards of an identical dataset, dumped first.
-                    import grpc
 
-                    with grpc.insecure_channel(dispatcher.address) as channel:
+                    with sync_channel(dispatcher.address, "dispatcher") as channel:
                         stub = pb_grpc.DispatcherServiceStub(channel)
                         stub.CreateDataset(
                             pb.CreateDatasetRequest(
@@ -357,6 +359,7 @@ def main() -> str:
 
 
 if __name__ == "__main__":
+    ensure_certificates()  # the services it starts serve mutual TLS
     if len(sys.argv) >= 3 and sys.argv[1] == "--child":
         child(sys.argv[2])
     else:

@@ -60,6 +60,7 @@ import numpy as np
 from stride.ckptclient import CheckpointClient
 from stride.runtime.embedded_nats import NatsServer
 from stride.runtime.healthcheck import check
+from stride.testing.channels import ensure_certificates
 from stride.testing.processes import ServiceProcess
 
 MIB = 1024 * 1024
@@ -535,4 +536,5 @@ def main() -> None:
 
 
 if __name__ == "__main__":
+    ensure_certificates()  # the services it starts serve mutual TLS
     main()

@@ -48,11 +48,11 @@ import textwrap
 import time
 from pathlib import Path
 
-import grpc
 import psycopg
 
 from stride.runtime.embedded_nats import NatsServer
 from stride.runtime.healthcheck import check
+from stride.testing.channels import ensure_certificates, sync_channel
 from stride.testing.processes import ServiceProcess
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -92,7 +92,7 @@ DRIVER = textwrap.dedent(
         import grpc
         from stride.api.dispatcher.v1 import dispatcher_service_pb2 as pb
         from stride.api.dispatcher.v1 import dispatcher_service_pb2_grpc as pb_grpc
-        channel = grpc.insecure_channel(address)
+        channel = sync_channel(address, "dispatcher")
         stub = pb_grpc.DispatcherServiceStub(channel)
 
         def worker(number):
@@ -211,7 +211,7 @@ def create_dataset(system: str, address: str, job: str) -> None:
     from stride.api.dispatcher.v1 import dispatcher_service_pb2_grpc as pb_grpc
     from stride.events.v1 import shard_pb2
 
-    with grpc.insecure_channel(address) as channel:
+    with sync_channel(address, "dispatcher") as channel:
         pb_grpc.DispatcherServiceStub(channel).CreateDataset(
             pb.CreateDatasetRequest(
                 job_id=job,
@@ -409,4 +409,5 @@ def main() -> int:
 
 
 if __name__ == "__main__":
+    ensure_certificates()  # the services it starts serve mutual TLS
     sys.exit(main())

@@ -46,6 +46,7 @@ from stride.bus import topics
 from stride.bus.client import Bus
 from stride.events.v1 import job_pb2, plan_pb2
 from stride.runtime.embedded_nats import NatsServer
+from stride.testing.channels import ensure_certificates, sync_channel
 from stride.testing.processes import ServiceProcess
 
 MIB = 1024**2
@@ -167,12 +168,11 @@ class Suite:
     def chief_move(self, job_id: str) -> int:
         """Chief memory (MiB) more than its node has left and less than another node has
         free: a plan asking for it moves the chief."""
-        import grpc
 
         from stride.api.podwatcher.v1 import podwatcher_service_pb2 as pw_pb
         from stride.api.podwatcher.v1 import podwatcher_service_pb2_grpc as pw_grpc
 
-        with grpc.insecure_channel(self.podwatcher.address) as channel:
+        with sync_channel(self.podwatcher.address, "podwatcher") as channel:
             stub = pw_grpc.PodWatcherServiceStub(channel)
             pods = stub.GetJobPods(pw_pb.GetJobPodsRequest(job_id=job_id)).pods
             nodes = stub.ListNodes(pw_pb.ListNodesRequest()).nodes
@@ -327,6 +327,7 @@ async def main(models: list[str], modes: list[str]) -> str:
 
 
 if __name__ == "__main__":
+    ensure_certificates()  # the services it starts serve mutual TLS
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--models", default="demo,1gib")
     parser.add_argument(

@@ -67,6 +67,8 @@ def play(
             concurrency=concurrency,
             window_seconds=window_seconds,
             pace_seconds=pace_seconds,
+            # The suite's own certificates, which `stride up` made in its state folder.
+            tls_environ={**os.environ, "STRIDE_TLS_DIR": suite["tls_dir"]},
         )
     )
     return played, population, time.monotonic() - started

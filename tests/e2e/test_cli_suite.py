@@ -9,9 +9,12 @@ import time
 from collections.abc import Callable
 from pathlib import Path
 
+import grpc
 import pytest
+from grpc_health.v1 import health_pb2, health_pb2_grpc
 
 from stride.cli.endpoints import SuiteState, pid_alive
+from stride.runtime.tls import IDENTITIES
 from stride.testing.processes import run_cli
 
 pytestmark = [pytest.mark.e2e, pytest.mark.timeout(420)]
@@ -53,6 +56,20 @@ def test_up_submit_status_down_with_the_embedded_defaults(tmp_path: Path) -> Non
     ]
     state = SuiteState.read(tmp_path / "state")
     assert state is not None and state.ready and state.embedded_nats
+    # Mutual TLS by default: certificates made in the state folder, every key its user's
+    # alone, and a client without a certificate gets nothing from any service.
+    assert state.tls_dir == str(tmp_path / "state" / "tls") and not state.insecure
+    assert "gRPC: mutual TLS" in up.stdout
+    keys = sorted((tmp_path / "state" / "tls").glob("*.key"))
+    assert len(keys) == len(IDENTITIES) + 1, keys  # and the CA's
+    assert all(key.stat().st_mode & 0o077 == 0 for key in keys)
+    for service in ("admission", "dispatcher", "ckptcache"):
+        with (
+            grpc.insecure_channel(state.services[service]) as plain,
+            pytest.raises(grpc.RpcError) as refused,
+        ):
+            health_pb2_grpc.HealthStub(plain).Check(health_pb2.HealthCheckRequest(), timeout=5)
+        assert refused.value.code() == grpc.StatusCode.UNAVAILABLE, service
     assert state.database.startswith("sqlite files in")
     # Two replicas of the executor pool, each its own process and log.
     assert {"executor", "executor-2"} <= set(state.services)

@@ -8,6 +8,7 @@ plan was published and that one OpenTelemetry trace spans every hop.
 from __future__ import annotations
 
 import json
+import os
 import re
 import subprocess
 import sys
@@ -27,6 +28,9 @@ from stride.api.podwatcher.v1 import podwatcher_service_pb2 as podwatcher_pb
 from stride.api.podwatcher.v1 import podwatcher_service_pb2_grpc as podwatcher_grpc
 from stride.bus import topics
 from stride.events.v1 import plan_pb2
+from stride.runtime.healthcheck import probe_identity
+from stride.runtime.tls import TLS_DIR_ENV
+from stride.testing.channels import aio_channel, sync_channel
 from stride.testing.databases import create_database, drop_database, optional_postgres_problem
 from stride.testing.eventually import assert_eventually
 from stride.testing.otlp_collector import OtlpCollector
@@ -116,7 +120,7 @@ def suite(
 
 
 def serving(address: str, service: str) -> bool:
-    with grpc.insecure_channel(address) as channel:
+    with sync_channel(address, probe_identity(service)) as channel:
         try:
             reply = health_pb2_grpc.HealthStub(channel).Check(
                 health_pb2.HealthCheckRequest(service=service), timeout=1
@@ -160,9 +164,16 @@ async def plan_messages(nats_url: str, job_id: str) -> list[plan_pb2.ResourcePla
 async def test_all_services_answer_health_and_reflection(suite: dict[str, ServiceProcess]) -> None:
     await wait_healthy(suite)
     grpcurl = str(Path(sys.executable).parent / "grpcurl")
+    folder = Path(os.environ[TLS_DIR_ENV])
     for name, process in suite.items():
+        # As an operator runs it: the deployment's CA, the cli certificate, and the name of
+        # the service the server's certificate must carry.
+        mtls = [
+            "-cacert", str(folder / "ca.crt"), "-cert", str(folder / "cli.crt"),
+            "-key", str(folder / "cli.key"), "-servername", name,
+        ]  # fmt: skip
         listed = subprocess.run(
-            [grpcurl, "-plaintext", process.address, "list"],
+            [grpcurl, *mtls, process.address, "list"],
             capture_output=True,
             text=True,
             timeout=30,
@@ -174,7 +185,7 @@ async def test_all_services_answer_health_and_reflection(suite: dict[str, Servic
         health = subprocess.run(
             [
                 grpcurl,
-                "-plaintext",
+                *mtls,
                 "-d",
                 json.dumps({"service": HEALTH_NAMES[name]}),
                 process.address,
@@ -187,13 +198,22 @@ async def test_all_services_answer_health_and_reflection(suite: dict[str, Servic
         )
         assert json.loads(health.stdout) == {"status": "SERVING"}
         described = subprocess.run(
-            [grpcurl, "-plaintext", process.address, "describe", HEALTH_NAMES[name]],
+            [grpcurl, *mtls, process.address, "describe", HEALTH_NAMES[name]],
             capture_output=True,
             text=True,
             timeout=30,
             check=True,
         )
         assert "rpc " in described.stdout
+        # Without a client certificate the same server answers nothing.
+        refused = subprocess.run(
+            [grpcurl, "-insecure", process.address, "list"],
+            capture_output=True,
+            text=True,
+            timeout=30,
+            check=False,
+        )
+        assert refused.returncode != 0, refused.stdout
 
 
 async def test_submit_reaches_plan_exactly_once_across_an_optimizer_crash(
@@ -205,6 +225,8 @@ async def test_submit_reaches_plan_exactly_once_across_an_optimizer_crash(
         "HOME": str(tmp_path),
         "STRIDE_STATE_DIR": str(tmp_path / "cli-state"),
         **{f"STRIDE_{name.upper()}_ADDRESS": process.address for name, process in suite.items()},
+        # A deployment the CLI did not start: its certificates named, as a user names them.
+        TLS_DIR_ENV: os.environ[TLS_DIR_ENV],
     }
     invalid = cli("submit", str(ROOT / "examples" / "invalid-job.yaml"), env=env)
     assert invalid.returncode == 2
@@ -221,18 +243,18 @@ async def test_submit_reaches_plan_exactly_once_across_an_optimizer_crash(
     await wait_healthy({"optimizer": suite["optimizer"]})
 
     async def recorded_everywhere() -> bool:
-        async with grpc.aio.insecure_channel(suite["podwatcher"].address) as channel:
+        async with aio_channel(suite["podwatcher"].address, "podwatcher") as channel:
             pods = await podwatcher_grpc.PodWatcherServiceStub(channel).GetJobPods(
                 podwatcher_pb.GetJobPodsRequest(job_id=job_id)
             )
-        async with grpc.aio.insecure_channel(suite["configdb"].address) as channel:
+        async with aio_channel(suite["configdb"].address, "configdb") as channel:
             record = await configdb_grpc.ConfigDbServiceStub(channel).GetJobRecord(
                 configdb_pb.GetJobRecordRequest(job_id=job_id)
             )
         return pods.plan.plan.version == 1 and [p.version for p in record.record.plans] == [1]
 
     await assert_eventually(recorded_everywhere, timeout=60, interval=0.3, message="plan recorded")
-    async with grpc.aio.insecure_channel(suite["optimizer"].address) as channel:
+    async with aio_channel(suite["optimizer"].address, "optimizer") as channel:
         plans = await optimizer_grpc.OptimizerServiceStub(channel).ListPlans(
             optimizer_pb.ListPlansRequest(job_id=job_id)
         )

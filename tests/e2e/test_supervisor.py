@@ -16,12 +16,15 @@ import time
 from collections.abc import Iterator
 from pathlib import Path
 
+import grpc
 import nats
 import pytest
+from grpc_health.v1 import health_pb2, health_pb2_grpc
 
 from stride.cli.endpoints import SUITE, Phase, ProcessState, SuiteState, pid_alive
 from stride.cli.supervisor import HEALTH_NAMES, SERVICE_RESTARTS
 from stride.runtime.healthcheck import check
+from stride.runtime.tls import TLS_DIR_ENV
 from stride.testing.eventually import assert_eventually
 from stride.testing.processes import run_cli
 
@@ -74,6 +77,9 @@ def suite_env(tmp_path: Path) -> Iterator[dict[str, str]]:
     state_dir = tmp_path / "state"
     env = {k: v for k, v in os.environ.items() if not k.startswith("STRIDE_")}
     env.update({"STRIDE_STATE_DIR": str(state_dir), "COLUMNS": "200"})
+    # The session's certificates (`stride up` uses a given folder): this test's own health
+    # checks then reach the suite's servers.
+    env[TLS_DIR_ENV] = os.environ[TLS_DIR_ENV]
     try:
         yield env
     finally:
@@ -262,3 +268,25 @@ async def test_up_fails_and_leaves_nothing_running_when_admission_crash_loops(
     down = stride("down", env=suite_env)
     assert down.returncode == 0 and "no suite running" in down.stdout
     assert SuiteState.read(state_dir) is None
+
+
+def test_up_insecure_runs_plain_text_and_says_so(suite_env: dict[str, str]) -> None:
+    """Plain text only when asked, with a warning; the CLI then follows the suite's choice."""
+    state_dir = Path(suite_env["STRIDE_STATE_DIR"])
+    up = stride("up", "--insecure", env=suite_env)
+    assert up.returncode == 0, up.stdout + up.stderr
+    assert "plain text without peer authentication" in up.stderr
+    assert "gRPC: plain text (--insecure)" in up.stdout
+    state = read_state(state_dir)
+    assert state.insecure and not state.tls_dir
+    with grpc.insecure_channel(state.services["admission"]) as plain:
+        reply = health_pb2_grpc.HealthStub(plain).Check(
+            health_pb2.HealthCheckRequest(service=HEALTH_NAMES["admission"]), timeout=5
+        )
+    assert reply.status == health_pb2.HealthCheckResponse.SERVING
+    without_env = {k: v for k, v in suite_env.items() if k != TLS_DIR_ENV}
+    assert stride("status", env=without_env).returncode == 0
+    assert (
+        "plain text without peer authentication"
+        in (state_dir / "logs" / "admission.log").read_text()
+    )

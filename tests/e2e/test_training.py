@@ -19,7 +19,6 @@ from collections.abc import AsyncIterator
 from pathlib import Path
 from typing import Any
 
-import grpc
 import pytest
 
 from stride.api.dispatcher.v1 import dispatcher_service_pb2 as dispatcher_pb
@@ -29,6 +28,7 @@ from stride.api.podwatcher.v1 import podwatcher_service_pb2_grpc as pb_grpc
 from stride.bus import topics
 from stride.bus.client import Bus
 from stride.events.v1 import job_pb2, plan_pb2, pod_pb2
+from stride.testing.channels import sync_channel
 from stride.testing.eventually import assert_eventually
 from stride.testing.processes import ServiceProcess
 from stride.testing.streams import stream_messages
@@ -235,7 +235,7 @@ def check_exactly_once(
 
 
 def dataset_state(suite: Suite, job_id: str) -> dispatcher_pb.GetDatasetStateResponse:
-    with grpc.insecure_channel(suite.dispatcher.address) as channel:
+    with sync_channel(suite.dispatcher.address, "dispatcher") as channel:
         reply: dispatcher_pb.GetDatasetStateResponse = dispatcher_grpc.DispatcherServiceStub(
             channel
         ).GetDatasetState(dispatcher_pb.GetDatasetStateRequest(job_id=job_id, dataset="train"))
@@ -257,7 +257,7 @@ async def test_wide_and_deep_trains_to_completion_on_every_sample_once(suite: Su
     assert len(losses) >= 3 and losses[-1] < losses[0], losses
 
     def only_the_chief_is_left() -> bool:
-        with grpc.insecure_channel(suite.podwatcher.address) as channel:
+        with sync_channel(suite.podwatcher.address, "podwatcher") as channel:
             pods = (
                 pb_grpc.PodWatcherServiceStub(channel)
                 .GetJobPods(pb.GetJobPodsRequest(job_id=job))
@@ -271,7 +271,7 @@ async def test_wide_and_deep_trains_to_completion_on_every_sample_once(suite: Su
 
 
 def pods_and_nodes(suite: Suite, job_id: str) -> tuple[list[pb.Pod], list[pb.Node]]:
-    with grpc.insecure_channel(suite.podwatcher.address) as channel:
+    with sync_channel(suite.podwatcher.address, "podwatcher") as channel:
         stub = pb_grpc.PodWatcherServiceStub(channel)
         pods = list(stub.GetJobPods(pb.GetJobPodsRequest(job_id=job_id)).pods)
         nodes = list(stub.ListNodes(pb.ListNodesRequest()).nodes)
@@ -467,7 +467,7 @@ async def test_a_worker_under_its_need_is_oom_killed_and_the_oom_rule_relaunches
     finally:
         await bus.close()
     assert end.outcome == job_pb2.JOB_OUTCOME_SUCCEEDED, end.message
-    with grpc.insecure_channel(suite.podwatcher.address) as channel:
+    with sync_channel(suite.podwatcher.address, "podwatcher") as channel:
         pods = pb_grpc.PodWatcherServiceStub(channel).GetJobPods(pb.GetJobPodsRequest(job_id=job))
     assert pods.plan.plan.version == 2
 
@@ -512,7 +512,7 @@ async def test_a_suspended_job_checkpoints_loses_its_pods_and_resumes_where_it_s
         await bus.publish(topics.PLAN, job, no_pods(job, 2), f"{job}.plan.2")
 
         async def suspended() -> pb.RecordedPlan:
-            with grpc.insecure_channel(suite.podwatcher.address) as channel:
+            with sync_channel(suite.podwatcher.address, "podwatcher") as channel:
                 reply = pb_grpc.PodWatcherServiceStub(channel).GetJobPods(
                     pb.GetJobPodsRequest(job_id=job)
                 )

@@ -26,6 +26,7 @@ from stride.api.admission.v1 import admission_service_pb2_grpc as pb_grpc
 from stride.bus import topics
 from stride.bus.client import Bus
 from stride.events.v1 import cluster_pb2, job_pb2
+from stride.testing.channels import aio_channel
 from stride.testing.eventually import assert_eventually
 from stride.testing.inprocess import local_settings, running_service
 from stride.testing.streams import stream_messages
@@ -121,7 +122,7 @@ async def stub(
 ) -> AsyncIterator[pb_grpc.AdmissionServiceAsyncStub]:
     async with (
         running_service(build, settings(nats_url, database_url)) as host,
-        grpc.aio.insecure_channel(f"127.0.0.1:{host.server.port}") as channel,
+        aio_channel(f"127.0.0.1:{host.server.port}", "admission") as channel,
     ):
         yield pb_grpc.AdmissionServiceStub(channel)
 
@@ -253,14 +254,14 @@ async def test_shares_are_rebuilt_from_storage_after_a_restart(
     now = await slot_safe_now()
     async with (
         running_service(build, settings(nats_url, database_url)) as host,
-        grpc.aio.insecure_channel(f"127.0.0.1:{host.server.port}") as channel,
+        aio_channel(f"127.0.0.1:{host.server.port}", "admission") as channel,
     ):
         stub = pb_grpc.AdmissionServiceStub(channel)
         hog = await submit(stub, tight_hog(now))
         assert hog.share.units == 8
     async with (
         running_service(build, settings(nats_url, database_url)) as host,
-        grpc.aio.insecure_channel(f"127.0.0.1:{host.server.port}") as channel,
+        aio_channel(f"127.0.0.1:{host.server.port}", "admission") as channel,
     ):
         stub = pb_grpc.AdmissionServiceStub(channel)
         # Were the pool empty, 20,000 steps in an hour would fit easily.
@@ -365,7 +366,7 @@ async def test_stride_submit_takes_an_elasticjob_and_a_tfjob_as_they_are(
     unknown.write_text("apiVersion: kubeflow.org/v1\nkind: PyTorchJob\nmetadata: {name: x}\n")
     async with (
         running_service(build, settings(nats_url, database_url)) as host,
-        grpc.aio.insecure_channel(f"127.0.0.1:{host.server.port}") as channel,
+        aio_channel(f"127.0.0.1:{host.server.port}", "admission") as channel,
     ):
         address = f"127.0.0.1:{host.server.port}"
         code, out, err = await stride_cli(
@@ -409,7 +410,7 @@ async def test_a_node_loss_withdraws_a_guarantee_and_says_why_and_nodes_back_res
     try:
         async with (
             running_service(build, settings(nats_url, database_url)) as host,
-            grpc.aio.insecure_channel(f"127.0.0.1:{host.server.port}") as channel,
+            aio_channel(f"127.0.0.1:{host.server.port}", "admission") as channel,
         ):
             stub = pb_grpc.AdmissionServiceStub(channel)
             # 200,000 steps at 40 steps/s need all 8 units for 5,000 s of its 5,100.
@@ -481,7 +482,7 @@ async def test_a_node_loss_withdraws_a_guarantee_and_says_why_and_nodes_back_res
             await assert_eventually(withdrawn)
         async with (
             running_service(build, settings(nats_url, database_url)) as host,
-            grpc.aio.insecure_channel(f"127.0.0.1:{host.server.port}") as channel,
+            aio_channel(f"127.0.0.1:{host.server.port}", "admission") as channel,
         ):
             stub = pb_grpc.AdmissionServiceStub(channel)
             # 8 units could run 100,000 steps in 2,500 s; 4 units (26 steps/s: 3,846 s)

@@ -13,7 +13,6 @@ from __future__ import annotations
 from collections.abc import AsyncIterator
 from datetime import UTC, datetime, timedelta
 
-import grpc
 import pytest
 
 from stride.admission.app import build as build_admission
@@ -28,6 +27,7 @@ from stride.configdb.app import build as build_configdb
 from stride.configdb.settings import ConfigDbSettings
 from stride.events.v1 import job_pb2
 from stride.runtime.lifecycle import ServiceHost
+from stride.testing.channels import aio_channel
 from stride.testing.eventually import assert_eventually
 from stride.testing.inprocess import local_settings, running_service
 
@@ -72,7 +72,7 @@ async def past_job(nats_url: str, configdb: ServiceHost) -> None:
         await bus.publish(topics.JOB_FINISHED, job, finished(job), f"{job}.finished")
     finally:
         await bus.close()
-    async with grpc.aio.insecure_channel(f"127.0.0.1:{configdb.server.port}") as channel:
+    async with aio_channel(f"127.0.0.1:{configdb.server.port}", "configdb") as channel:
         stub = configdb_grpc.ConfigDbServiceStub(channel)
 
         async def recorded() -> bool:
@@ -105,7 +105,7 @@ async def test_a_job_without_a_profile_is_planned_on_similar_jobs_measurements(
     deadline = datetime.now(UTC) + timedelta(hours=2)
     async with (
         running_service(build_admission, settings) as host,
-        grpc.aio.insecure_channel(f"127.0.0.1:{host.server.port}") as channel,
+        aio_channel(f"127.0.0.1:{host.server.port}", "admission") as channel,
     ):
         stub = pb_grpc.AdmissionServiceStub(channel)
         job = (await stub.SubmitJob(pb.SubmitJobRequest(spec=new_job(deadline)))).job
@@ -118,7 +118,7 @@ async def test_a_job_without_a_profile_is_planned_on_similar_jobs_measurements(
     # DB, which could have changed).
     async with (
         running_service(build_admission, settings) as host,
-        grpc.aio.insecure_channel(f"127.0.0.1:{host.server.port}") as channel,
+        aio_channel(f"127.0.0.1:{host.server.port}", "admission") as channel,
     ):
         stub = pb_grpc.AdmissionServiceStub(channel)
         kept = (await stub.GetJob(pb.GetJobRequest(job_id=job.job_id))).job
@@ -137,7 +137,7 @@ async def test_without_the_config_db_the_job_is_decided_without_a_curve(
     settings = admission_settings(nats_url, postgres_url, "127.0.0.1:1")
     async with (
         running_service(build_admission, settings) as host,
-        grpc.aio.insecure_channel(f"127.0.0.1:{host.server.port}") as channel,
+        aio_channel(f"127.0.0.1:{host.server.port}", "admission") as channel,
     ):
         stub = pb_grpc.AdmissionServiceStub(channel)
         deadline = datetime.now(UTC) + timedelta(hours=2)

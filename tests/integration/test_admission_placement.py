@@ -20,6 +20,7 @@ from stride.api.admission.v1 import admission_service_pb2_grpc as pb_grpc
 from stride.bus import topics
 from stride.bus.client import Bus
 from stride.events.v1 import cluster_pb2, job_pb2
+from stride.testing.channels import aio_channel
 from stride.testing.eventually import assert_eventually
 from stride.testing.inprocess import running_service
 
@@ -68,7 +69,7 @@ def placed(share: job_pb2.JobShare) -> list[tuple[str, int]]:
 async def channel(nats_url: str, database_url: str) -> AsyncIterator[grpc.aio.Channel]:
     async with (
         running_service(build, settings(nats_url, database_url)) as host,
-        grpc.aio.insecure_channel(f"127.0.0.1:{host.server.port}") as opened,
+        aio_channel(f"127.0.0.1:{host.server.port}", "admission") as opened,
     ):
         yield opened
 
@@ -107,7 +108,7 @@ async def test_the_tree_follows_the_node_inventory_and_survives_a_restart(
     try:
         async with (
             running_service(build, node_settings) as host,
-            grpc.aio.insecure_channel(f"127.0.0.1:{host.server.port}") as opened,
+            aio_channel(f"127.0.0.1:{host.server.port}", "admission") as opened,
         ):
             inventory = cluster_pb2.NodeInventory(
                 cluster="local",
@@ -134,7 +135,7 @@ async def test_the_tree_follows_the_node_inventory_and_survives_a_restart(
             assert placed(first.share) == [("gpu-a", i) for i in range(8)]
         async with (
             running_service(build, node_settings) as host,
-            grpc.aio.insecure_channel(f"127.0.0.1:{host.server.port}") as opened,
+            aio_channel(f"127.0.0.1:{host.server.port}", "admission") as opened,
         ):
             stub = pb_grpc.AdmissionServiceStub(opened)
             kept = (await stub.GetJob(pb.GetJobRequest(job_id=first.job_id))).job

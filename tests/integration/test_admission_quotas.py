@@ -19,6 +19,7 @@ from stride.api.admission.v1 import admission_service_pb2 as pb
 from stride.api.admission.v1 import admission_service_pb2_grpc as pb_grpc
 from stride.events.v1 import job_pb2
 from stride.runtime.errors import StartupError
+from stride.testing.channels import aio_channel
 from stride.testing.inprocess import local_settings, running_service
 
 pytestmark = pytest.mark.integration
@@ -67,7 +68,7 @@ async def stub(
 ) -> AsyncIterator[pb_grpc.AdmissionServiceAsyncStub]:
     async with (
         running_service(build, settings(nats_url, database_url, quotas_file)) as host,
-        grpc.aio.insecure_channel(f"127.0.0.1:{host.server.port}") as channel,
+        aio_channel(f"127.0.0.1:{host.server.port}", "admission") as channel,
     ):
         yield pb_grpc.AdmissionServiceStub(channel)
 
@@ -131,7 +132,7 @@ async def test_a_quota_set_through_the_api_outlives_a_restart_over_the_file(
     for round_ in range(2):
         async with (
             running_service(build, settings(nats_url, database_url, quotas_file)) as host,
-            grpc.aio.insecure_channel(f"127.0.0.1:{host.server.port}") as channel,
+            aio_channel(f"127.0.0.1:{host.server.port}", "admission") as channel,
         ):
             stub = pb_grpc.AdmissionServiceStub(channel)
             if round_ == 0:

@@ -18,6 +18,7 @@ from stride.api.admission.v1 import admission_service_pb2_grpc as pb_grpc
 from stride.bus import topics
 from stride.events.v1 import job_pb2
 from stride.runtime.lifecycle import ServiceHost
+from stride.testing.channels import aio_channel
 from stride.testing.eventually import assert_eventually
 from stride.testing.inprocess import local_settings, running_service
 from stride.testing.streams import stream_messages
@@ -51,7 +52,7 @@ async def admission(nats_url: str, database_url: str) -> AsyncIterator[ServiceHo
 
 @pytest.fixture
 async def stub(admission: ServiceHost) -> AsyncIterator[pb_grpc.AdmissionServiceAsyncStub]:
-    async with grpc.aio.insecure_channel(f"127.0.0.1:{admission.server.port}") as channel:
+    async with aio_channel(f"127.0.0.1:{admission.server.port}", "admission") as channel:
         yield pb_grpc.AdmissionServiceStub(channel)
 
 

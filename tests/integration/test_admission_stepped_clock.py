@@ -19,6 +19,7 @@ from stride.admission.settings import AdmissionSettings
 from stride.api.admission.v1 import admission_service_pb2 as pb
 from stride.api.admission.v1 import admission_service_pb2_grpc as pb_grpc
 from stride.events.v1 import job_pb2
+from stride.testing.channels import aio_channel
 from stride.testing.inprocess import local_settings, running_service
 
 from .test_admission_guarantees import spec, submit
@@ -51,7 +52,7 @@ def at(seconds: float) -> Timestamp:
 async def channel(nats_url: str, database_url: str) -> AsyncIterator[grpc.aio.Channel]:
     async with (
         running_service(build, settings(nats_url, database_url)) as host,
-        grpc.aio.insecure_channel(f"127.0.0.1:{host.server.port}") as opened,
+        aio_channel(f"127.0.0.1:{host.server.port}", "admission") as opened,
     ):
         yield opened
 
@@ -98,7 +99,7 @@ async def test_a_restarted_service_resumes_its_stepped_clock_from_its_books(
     origin = datetime.fromtimestamp(ORIGIN, UTC)
     async with (
         running_service(build, settings(nats_url, database_url)) as host,
-        grpc.aio.insecure_channel(f"127.0.0.1:{host.server.port}") as opened,
+        aio_channel(f"127.0.0.1:{host.server.port}", "admission") as opened,
     ):
         await pb_grpc.ReplayClockServiceStub(opened).Advance(pb.AdvanceRequest(to=at(600)))
         job = await submit(
@@ -107,7 +108,7 @@ async def test_a_restarted_service_resumes_its_stepped_clock_from_its_books(
         assert job.share.units > 0
     async with (
         running_service(build, settings(nats_url, database_url)) as host,
-        grpc.aio.insecure_channel(f"127.0.0.1:{host.server.port}") as opened,
+        aio_channel(f"127.0.0.1:{host.server.port}", "admission") as opened,
     ):
         clock = pb_grpc.ReplayClockServiceStub(opened)
         # The books stopped at 600 s: the clock may not be moved back before them.
@@ -126,7 +127,7 @@ async def test_a_service_on_the_wall_clock_does_not_serve_the_clock(
     wall = settings(nats_url, database_url, replay_stepped=False, replay_origin=None)
     async with (
         running_service(build, wall) as host,
-        grpc.aio.insecure_channel(f"127.0.0.1:{host.server.port}") as opened,
+        aio_channel(f"127.0.0.1:{host.server.port}", "admission") as opened,
     ):
         with pytest.raises(grpc.aio.AioRpcError) as refused:
             await pb_grpc.ReplayClockServiceStub(opened).Advance(pb.AdvanceRequest(to=at(1)))

@@ -31,6 +31,7 @@ from stride.dispatcher.app import build as build_dispatcher
 from stride.dispatcher.settings import DispatcherSettings
 from stride.events.v1 import checkpoint_pb2, control_pb2, metrics_pb2, shard_pb2
 from stride.runtime.lifecycle import ServiceHost
+from stride.testing.channels import aio_channel
 from stride.testing.eventually import assert_eventually
 from stride.testing.inprocess import running_service
 from stride.testing.streams import stream_messages
@@ -91,9 +92,9 @@ async def stack(nats_url: str, database_url: str, tmp_path: Path) -> AsyncIterat
         settings = agent_settings(nats_url, dispatcher_address, ckptcache_address)
         async with (
             running_service(build_agent, settings) as agent,
-            grpc.aio.insecure_channel(f"127.0.0.1:{agent.server.port}") as agent_channel,
-            grpc.aio.insecure_channel(dispatcher_address) as dispatcher_channel,
-            grpc.aio.insecure_channel(ckptcache_address) as ckptcache_channel,
+            aio_channel(f"127.0.0.1:{agent.server.port}", "agent") as agent_channel,
+            aio_channel(dispatcher_address, "dispatcher") as dispatcher_channel,
+            aio_channel(ckptcache_address, "ckptcache") as ckptcache_channel,
         ):
             yield Stack(
                 agent,
@@ -342,7 +343,7 @@ async def test_an_unreachable_upstream_is_named(nats_url: str) -> None:
     settings = agent_settings(nats_url, closed, closed)
     async with (
         running_service(build_agent, settings) as agent,
-        grpc.aio.insecure_channel(f"127.0.0.1:{agent.server.port}") as channel,
+        aio_channel(f"127.0.0.1:{agent.server.port}", "agent") as channel,
     ):
         stub = pb_grpc.AgentServiceStub(channel)
         details = await expect_error(

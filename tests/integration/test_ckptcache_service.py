@@ -31,6 +31,7 @@ from stride.ckptcache.settings import CheckpointCacheSettings
 from stride.ckptclient import CheckpointCacheError, CheckpointClient
 from stride.events.v1 import checkpoint_pb2
 from stride.runtime.lifecycle import ServiceHost
+from stride.testing.channels import aio_channel
 from stride.testing.eventually import assert_eventually
 from stride.testing.inprocess import running_service
 from stride.testing.streams import stream_messages
@@ -87,7 +88,7 @@ def address(host: ServiceHost) -> str:
 
 @pytest.fixture
 async def channel(cache: ServiceHost) -> AsyncIterator[grpc.aio.Channel]:
-    async with grpc.aio.insecure_channel(address(cache)) as opened:
+    async with aio_channel(address(cache), "ckptcache") as opened:
         yield opened
 
 
@@ -631,7 +632,7 @@ async def test_a_save_overlaps_the_persistence_of_the_previous_one(
             first = await asyncio.to_thread(client.save, 1, big)
             second = await asyncio.to_thread(client.save, 2, tensors(2, 500_000))
             assert first.blocking_seconds < 0.5 and second.blocking_seconds < 0.5
-            async with grpc.aio.insecure_channel(address(host)) as opened:
+            async with aio_channel(address(host), "ckptcache") as opened:
                 stub = pb_grpc.CheckpointCacheServiceStub(opened)
                 assert not await durable(stub, "step-1")  # still being written
             restored = await asyncio.to_thread(client.restore)
@@ -776,7 +777,7 @@ async def test_a_stream_that_declares_much_and_sends_nothing_holds_nothing(
     settings = settings_for(nats_url, store_dir, shm_dir, max_checkpoint_bytes=64 * 1024 * 1024)
     async with (
         running_service(build, settings) as host,
-        grpc.aio.insecure_channel(address(host)) as opened,
+        aio_channel(address(host), "ckptcache") as opened,
     ):
         stub = pb_grpc.CheckpointCacheServiceStub(opened)
         release = asyncio.Event()
@@ -811,7 +812,7 @@ async def test_a_job_past_its_memory_quota_is_refused_others_are_not(
     settings = settings_for(nats_url, store_dir, shm_dir, max_job_memory_bytes=1024 * 1024)
     async with (
         running_service(build, settings) as host,
-        grpc.aio.insecure_channel(address(host)) as opened,
+        aio_channel(address(host), "ckptcache") as opened,
     ):
         stub = pb_grpc.CheckpointCacheServiceStub(opened)
         first = payload(600 * 1024)

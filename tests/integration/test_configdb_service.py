@@ -20,6 +20,7 @@ from stride.configdb.app import build
 from stride.configdb.settings import ConfigDbSettings
 from stride.events.v1 import job_pb2, metrics_pb2, plan_pb2, pod_pb2
 from stride.runtime.lifecycle import ServiceHost
+from stride.testing.channels import aio_channel
 from stride.testing.eventually import assert_eventually
 from stride.testing.inprocess import local_settings, running_service
 from stride.testing.streams import stream_messages
@@ -95,7 +96,7 @@ async def configdb(nats_url: str, database_url: str) -> AsyncIterator[ServiceHos
 
 @pytest.fixture
 async def stub(configdb: ServiceHost) -> AsyncIterator[Stub]:
-    async with grpc.aio.insecure_channel(f"127.0.0.1:{configdb.server.port}") as channel:
+    async with aio_channel(f"127.0.0.1:{configdb.server.port}", "configdb") as channel:
         yield pb_grpc.ConfigDbServiceStub(channel)
 
 

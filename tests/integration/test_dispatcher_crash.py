@@ -35,6 +35,7 @@ from stride.bus.client import Bus
 from stride.dispatcher.app import SERVICE_NAME
 from stride.events.v1 import plan_pb2, pod_pb2, shard_pb2
 from stride.shardclient import Committed, LeasedShard, ShardClient, ShardReader
+from stride.testing.channels import aio_channel
 from stride.testing.eventually import assert_eventually
 from stride.testing.processes import ServiceProcess
 
@@ -49,7 +50,7 @@ WORKERS = [f"{JOB}-worker-{n}" for n in range(8)]
 
 async def wait_until_serving(address: str) -> None:
     async def serving() -> bool:
-        async with grpc.aio.insecure_channel(address) as channel:
+        async with aio_channel(address, "dispatcher") as channel:
             try:
                 reply = await health_pb2_grpc.HealthStub(channel).Check(
                     health_pb2.HealthCheckRequest(service=SERVICE_NAME), timeout=1

@@ -27,6 +27,7 @@ from stride.events.v1 import plan_pb2, pod_pb2, shard_pb2
 from stride.runtime.lifecycle import ServiceHost
 from stride.shardclient import Revoked, ShardClient
 from stride.shardclient.steps import StepOrderer
+from stride.testing.channels import aio_channel
 from stride.testing.eventually import assert_eventually
 from stride.testing.inprocess import local_settings, running_service
 from stride.testing.streams import stream_messages
@@ -75,7 +76,7 @@ async def dispatcher(settings: DispatcherSettings) -> AsyncIterator[ServiceHost]
 
 @pytest.fixture
 async def stub(dispatcher: ServiceHost) -> AsyncIterator[Stub]:
-    async with grpc.aio.insecure_channel(f"127.0.0.1:{dispatcher.server.port}") as channel:
+    async with aio_channel(f"127.0.0.1:{dispatcher.server.port}", "dispatcher") as channel:
         yield pb_grpc.DispatcherServiceStub(channel)
 
 

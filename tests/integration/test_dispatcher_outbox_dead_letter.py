@@ -77,13 +77,17 @@ async def test_the_fast_path_parks_an_event_over_max_payload_and_goes_on(
         )
         assert row["created_at"] is not None and row["parked_at"] is not None
         assert relaying.fast is not None and relaying.fast.commits > 0
-        await assert_eventually(lambda: equals(health(port, HEALTH_NAME), NOT_SERVING))
+        await assert_eventually(
+            lambda: equals(health(port, HEALTH_NAME, "dispatcher"), NOT_SERVING)
+        )
         assert await health(port, SERVICE_NAME) == SERVING
 
     restarted = FastRelaying()
     async with running_service(restarted.build, settings) as host:
         port = host.server.port
-        await assert_eventually(lambda: equals(health(port, HEALTH_NAME), NOT_SERVING))
+        await assert_eventually(
+            lambda: equals(health(port, HEALTH_NAME, "dispatcher"), NOT_SERVING)
+        )
         await restarted.add(("after", b"after"))
         await assert_eventually(
             lambda: equals(published_ids(nats_url, STREAM), ["first", "last", "after"])
@@ -93,7 +97,7 @@ async def test_the_fast_path_parks_an_event_over_max_payload_and_goes_on(
         assert restarted.database is not None and restarted.outbox is not None
         async with restarted.database.transaction() as session:
             await session.execute(delete(restarted.outbox.dead_letter))
-        await assert_eventually(lambda: equals(health(port, HEALTH_NAME), SERVING))
+        await assert_eventually(lambda: equals(health(port, HEALTH_NAME, "dispatcher"), SERVING))
 
 
 async def test_the_relay_reads_deletes_and_parks_only_through_the_fast_path(

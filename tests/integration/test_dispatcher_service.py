@@ -21,6 +21,7 @@ from stride.dispatcher.app import SERVICE_NAME, build
 from stride.dispatcher.settings import DispatcherSettings
 from stride.events.v1 import shard_pb2
 from stride.runtime.lifecycle import ServiceHost
+from stride.testing.channels import aio_channel
 from stride.testing.eventually import assert_eventually
 from stride.testing.inprocess import local_settings, running_service
 from stride.testing.streams import stream_messages
@@ -57,7 +58,7 @@ async def dispatcher(nats_url: str, database_url: str) -> AsyncIterator[ServiceH
 
 @pytest.fixture
 async def channel(dispatcher: ServiceHost) -> AsyncIterator[grpc.aio.Channel]:
-    async with grpc.aio.insecure_channel(f"127.0.0.1:{dispatcher.server.port}") as opened:
+    async with aio_channel(f"127.0.0.1:{dispatcher.server.port}", "dispatcher") as opened:
         yield opened
 
 
@@ -405,7 +406,7 @@ async def test_queue_state_survives_a_restart(nats_url: str, database_url: str) 
     settings = settings_for(nats_url, database_url)
     async with (
         running_service(build, settings) as host,
-        grpc.aio.insecure_channel(f"127.0.0.1:{host.server.port}") as channel,
+        aio_channel(f"127.0.0.1:{host.server.port}", "dispatcher") as channel,
     ):
         stub = pb_grpc.DispatcherServiceStub(channel)
         await stub.CreateDataset(
@@ -418,7 +419,7 @@ async def test_queue_state_survives_a_restart(nats_url: str, database_url: str) 
         )
     async with (
         running_service(build, settings) as host,
-        grpc.aio.insecure_channel(f"127.0.0.1:{host.server.port}") as channel,
+        aio_channel(f"127.0.0.1:{host.server.port}", "dispatcher") as channel,
     ):
         stub = pb_grpc.DispatcherServiceStub(channel)
         state = await stub.GetDatasetState(pb.GetDatasetStateRequest(job_id=JOB, dataset="train"))

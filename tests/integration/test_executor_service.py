@@ -23,6 +23,7 @@ from stride.executor.settings import ExecutorSettings
 from stride.policy.cold_start import ColdStartReply
 from stride.policy.registry import default_registry, from_dict
 from stride.runtime.lifecycle import ServiceHost
+from stride.testing.channels import aio_channel
 from stride.testing.inprocess import running_service
 
 if TYPE_CHECKING:
@@ -84,7 +85,7 @@ async def bus(executors: list[ServiceHost], nats_url: str) -> AsyncIterator[Bus]
 
 @pytest.fixture
 async def stub(executors: list[ServiceHost]) -> AsyncIterator[Stub]:
-    async with grpc.aio.insecure_channel(f"127.0.0.1:{executors[0].server.port}") as channel:
+    async with aio_channel(f"127.0.0.1:{executors[0].server.port}", "executor") as channel:
         yield pb_grpc.ExecutorServiceStub(channel)
 
 
@@ -168,7 +169,7 @@ async def test_run_and_list_over_grpc(stub: Stub, executors: list[ServiceHost]) 
     ) in listed_names
     assert all(a.description for a in listed.algorithms)
 
-    async with grpc.aio.insecure_channel(f"127.0.0.1:{executors[1].server.port}") as channel:
+    async with aio_channel(f"127.0.0.1:{executors[1].server.port}", "executor") as channel:
         health = await health_pb2_grpc.HealthStub(channel).Check(
             health_pb2.HealthCheckRequest(service=SERVICE_NAME)
         )
@@ -231,7 +232,7 @@ async def test_a_run_past_the_time_limit_is_stopped_and_the_slot_serves_again(
     """A request that would hold a core for a minute is stopped at the limit (its worker
     process killed, DEADLINE_EXCEEDED through gRPC, the same status on NATS); the slot's
     new worker then answers as before, and failures inside a worker stay INTERNAL."""
-    async with grpc.aio.insecure_channel(f"127.0.0.1:{limited.server.port}") as channel:
+    async with aio_channel(f"127.0.0.1:{limited.server.port}", "executor") as channel:
         stub: Stub = pb_grpc.ExecutorServiceStub(channel)
         started = asyncio.get_running_loop().time()
         with pytest.raises(grpc.aio.AioRpcError) as raised:

@@ -77,6 +77,7 @@ from stride.runtime.embedded_nats import NatsServer
 from stride.runtime.grpc_server import MAX_STATUS_MESSAGE_BYTES, request_limit
 from stride.runtime.lifecycle import ServiceHost
 from stride.runtime.settings import ServiceSettings
+from stride.testing.channels import sync_channel
 from stride.testing.databases import create_database, drop_database, require_postgres
 from stride.testing.inprocess import local_settings, running_service
 
@@ -187,8 +188,9 @@ class Suite:
         self.thread.start()
         self.run(self._start(), timeout=120)
         for key, host in self.hosts.items():
-            self.channels[key] = grpc.insecure_channel(
+            self.channels[key] = sync_channel(
                 f"127.0.0.1:{host.server.port}",
+                "admission" if key == "replay-clock" else key,
                 options=[("grpc.max_receive_message_length", 64 * MIB)],
             )
 

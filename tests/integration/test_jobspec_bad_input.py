@@ -34,6 +34,7 @@ from stride.bus import topics
 from stride.events.v1 import job_pb2
 from stride.runtime.embedded_nats import NatsServer
 from stride.runtime.lifecycle import ServiceHost
+from stride.testing.channels import aio_channel
 from stride.testing.databases import create_database, drop_database, optional_postgres_problem
 from stride.testing.inprocess import local_settings, running_service
 from stride.testing.streams import stream_messages
@@ -384,7 +385,7 @@ async def admission(module_nats: NatsServer, module_database: str) -> AsyncItera
 
 @pytest_asyncio.fixture(scope="module", loop_scope="module")
 async def stub(admission: ServiceHost) -> AsyncIterator[pb_grpc.AdmissionServiceAsyncStub]:
-    async with grpc.aio.insecure_channel(f"127.0.0.1:{admission.server.port}") as channel:
+    async with aio_channel(f"127.0.0.1:{admission.server.port}", "admission") as channel:
         yield pb_grpc.AdmissionServiceStub(channel)
 
 
@@ -394,6 +395,7 @@ def cli_env(admission: ServiceHost, tmp_path_factory: pytest.TempPathFactory) ->
     env.update(
         {
             "STRIDE_ADMISSION_ADDRESS": f"127.0.0.1:{admission.server.port}",
+            "STRIDE_TLS_DIR": os.environ["STRIDE_TLS_DIR"],
             "STRIDE_STATE_DIR": str(tmp_path_factory.mktemp("cli-state")),
             "COLUMNS": "80",
         }

@@ -25,6 +25,7 @@ from stride.optimizer.app import ADMITTED_DURABLE
 from stride.optimizer.app import build as build_optimizer
 from stride.optimizer.settings import OptimizerSettings
 from stride.runtime.lifecycle import ServiceHost
+from stride.testing.channels import aio_channel
 from stride.testing.databases import create_database, drop_database
 from stride.testing.eventually import assert_eventually
 from stride.testing.inprocess import local_settings, running_service
@@ -84,7 +85,7 @@ async def test_an_oversized_spec_is_refused_and_the_next_job_is_admitted_and_pla
     big = valid_spec("too-big")
     big.hyperparameters["blob"] = "x" * TWO_MIB
     assert big.ByteSize() > TWO_MIB
-    async with grpc.aio.insecure_channel(f"127.0.0.1:{admission.server.port}") as channel:
+    async with aio_channel(f"127.0.0.1:{admission.server.port}", "admission") as channel:
         stub = admission_grpc.AdmissionServiceStub(channel)
         with pytest.raises(grpc.aio.AioRpcError) as raised:
             await stub.SubmitJob(admission_pb.SubmitJobRequest(spec=big))
@@ -99,7 +100,7 @@ async def test_an_oversized_spec_is_refused_and_the_next_job_is_admitted_and_pla
             job.job_id
         ]
 
-    async with grpc.aio.insecure_channel(f"127.0.0.1:{optimizer.server.port}") as channel:
+    async with aio_channel(f"127.0.0.1:{optimizer.server.port}", "optimizer") as channel:
         planner = optimizer_grpc.OptimizerServiceStub(channel)
 
         async def plan_v1() -> optimizer_pb.GetPlanResponse:
@@ -123,6 +124,7 @@ async def test_an_oversized_spec_is_refused_and_the_next_job_is_admitted_and_pla
     spec_file.write_text(EXAMPLE.replace("optimizer: adam", "blob: " + "x" * TWO_MIB))
     env = {k: v for k, v in os.environ.items() if not k.startswith("STRIDE_")}
     env["STRIDE_ADMISSION_ADDRESS"] = f"127.0.0.1:{admission.server.port}"
+    env["STRIDE_TLS_DIR"] = os.environ["STRIDE_TLS_DIR"]
     result = subprocess.run(
         [sys.executable, "-m", "stride.cli", "submit", str(spec_file)],
         env=env,
@@ -143,7 +145,7 @@ async def test_a_negative_embedding_dim_is_refused_at_submit_not_dead_lettered(
     admission, _ = services
     spec = valid_spec("negative-embedding")
     spec.model.embedding_dim = -7
-    async with grpc.aio.insecure_channel(f"127.0.0.1:{admission.server.port}") as channel:
+    async with aio_channel(f"127.0.0.1:{admission.server.port}", "admission") as channel:
         stub = admission_grpc.AdmissionServiceStub(channel)
         with pytest.raises(grpc.aio.AioRpcError) as raised:
             await stub.SubmitJob(admission_pb.SubmitJobRequest(spec=spec))

@@ -22,6 +22,7 @@ from stride.events.v1 import plan_pb2
 from stride.optimizer.app import build
 from stride.optimizer.domain.tuning import pods_of
 from stride.runtime.lifecycle import ServiceHost
+from stride.testing.channels import aio_channel
 from stride.testing.eventually import assert_eventually
 from stride.testing.inprocess import running_service
 from stride.testing.streams import stream_messages
@@ -60,7 +61,7 @@ async def optimizer(nats_url: str, postgres_url: str) -> AsyncIterator[ServiceHo
 
 @pytest.fixture
 async def stub(optimizer: ServiceHost) -> AsyncIterator[Any]:
-    async with grpc.aio.insecure_channel(f"127.0.0.1:{optimizer.server.port}") as channel:
+    async with aio_channel(f"127.0.0.1:{optimizer.server.port}", "optimizer") as channel:
         yield pb_grpc.OptimizerServiceStub(channel)
 
 

@@ -28,6 +28,7 @@ from stride.optimizer.db.tables import outbox as outbox_table
 from stride.optimizer.settings import OptimizerSettings
 from stride.optimizer.usecases import Planning
 from stride.runtime.lifecycle import ServiceHost
+from stride.testing.channels import aio_channel
 from stride.testing.eventually import assert_eventually
 from stride.testing.inprocess import running_service
 from stride.testing.processes import ServiceProcess
@@ -129,7 +130,7 @@ async def optimizer(nats_url: str, database_url: str) -> AsyncIterator[ServiceHo
 
 @pytest.fixture
 async def stub(optimizer: ServiceHost) -> AsyncIterator[Stub]:
-    async with grpc.aio.insecure_channel(f"127.0.0.1:{optimizer.server.port}") as channel:
+    async with aio_channel(f"127.0.0.1:{optimizer.server.port}", "optimizer") as channel:
         yield pb_grpc.OptimizerServiceStub(channel)
 
 
@@ -324,7 +325,7 @@ async def test_exactly_one_plan_across_crash_and_restarts(nats_url: str, databas
         bus = await Bus.connect(nats_url, name="test-producer")
         await publish_admission(bus, admission("job-before"))
         await published_plans(nats_url, "job-before")
-        async with grpc.aio.insecure_channel(f"127.0.0.1:{host.server.port}") as channel:
+        async with aio_channel(f"127.0.0.1:{host.server.port}", "optimizer") as channel:
             await assert_eventually(
                 lambda: newest_plan(pb_grpc.OptimizerServiceStub(channel), "job-before")
             )
@@ -347,7 +348,7 @@ async def test_exactly_one_plan_across_crash_and_restarts(nats_url: str, databas
         await publish_admission(bus, admission("job-before"))  # a late duplicate, too
         await publish_admission(bus, admission("job-marker"))
         await published_plans(nats_url, "job-marker")
-        async with grpc.aio.insecure_channel(f"127.0.0.1:{host.server.port}") as channel:
+        async with aio_channel(f"127.0.0.1:{host.server.port}", "optimizer") as channel:
             stub = pb_grpc.OptimizerServiceStub(channel)
             for job_id in ("job-before", "job-crash"):
                 plans = (await stub.ListPlans(pb.ListPlansRequest(job_id=job_id))).plans
@@ -360,7 +361,7 @@ async def test_exactly_one_plan_across_crash_and_restarts(nats_url: str, databas
 
 async def wait_until_serving(address: str) -> None:
     async def serving() -> bool:
-        async with grpc.aio.insecure_channel(address) as channel:
+        async with aio_channel(address, "optimizer") as channel:
             try:
                 reply = await health_pb2_grpc.HealthStub(channel).Check(
                     health_pb2.HealthCheckRequest(service=SERVICE_NAME), timeout=1
@@ -405,7 +406,7 @@ async def test_sigkill_at_any_point_leaves_exactly_one_plan(
         process.kill()
         process.start()
         await wait_until_serving(process.address)
-        async with grpc.aio.insecure_channel(process.address) as channel:
+        async with aio_channel(process.address, "optimizer") as channel:
             stub = pb_grpc.OptimizerServiceStub(channel)
             for job_id in jobs:
                 await assert_eventually(functools.partial(newest_plan, stub, job_id))

@@ -14,7 +14,6 @@ from datetime import UTC, datetime, timedelta
 from pathlib import Path
 from typing import Any
 
-import grpc
 import numpy as np
 import pytest
 from google.protobuf.timestamp_pb2 import Timestamp
@@ -48,6 +47,7 @@ from stride.sim.dlrm import (
     ps_memory_gib,
 )
 from stride.testing import SHARED_TRACES
+from stride.testing.channels import aio_channel
 from stride.testing.eventually import assert_eventually
 from stride.testing.inprocess import local_settings, running_service
 from stride.testing.processes import ServiceProcess
@@ -86,7 +86,7 @@ async def optimizer(nats_url: str, postgres_url: str) -> AsyncIterator[ServiceHo
 
 @pytest.fixture
 async def stub(optimizer: ServiceHost) -> AsyncIterator[Stub]:
-    async with grpc.aio.insecure_channel(f"127.0.0.1:{optimizer.server.port}") as channel:
+    async with aio_channel(f"127.0.0.1:{optimizer.server.port}", "optimizer") as channel:
         yield pb_grpc.OptimizerServiceStub(channel)
 
 
@@ -425,7 +425,7 @@ async def test_an_operator_plan_holds_and_a_min_interval_holds_too(
 
             await assert_eventually(held, timeout=20)
             assert len(await plans(nats_url, job_id, 1)) == 1
-            async with grpc.aio.insecure_channel(f"127.0.0.1:{host.server.port}") as channel:
+            async with aio_channel(f"127.0.0.1:{host.server.port}", "optimizer") as channel:
                 stub = pb_grpc.OptimizerServiceStub(channel)
                 events = await stub.ListOptimizationEvents(
                     pb.ListOptimizationEventsRequest(job_id=job_id)
@@ -525,7 +525,7 @@ async def test_an_optimizer_sigkilled_mid_round_resumes_with_no_plan_duplicated_
         messages = await stream_messages(nats_url, topics.PLAN.subject(job_id))
         ids = [(m.headers or {})["Nats-Msg-Id"] for m in messages]
         assert ids == [f"{job_id}.plan.{v}" for v in range(1, version + 1)]
-        async with grpc.aio.insecure_channel(process.address) as channel:
+        async with aio_channel(process.address, "optimizer") as channel:
             stub = pb_grpc.OptimizerServiceStub(channel)
             listed = await stub.ListPlans(pb.ListPlansRequest(job_id=job_id))
             assert [p.version for p in listed.plans] == list(range(1, version + 1))
@@ -620,8 +620,8 @@ async def test_a_new_job_warm_starts_from_similar_finished_jobs_as_the_simulator
                 )
                 assert reference.pods is not None and reference.pods != cold
                 assert pods_of(as_policy_plan(first)) == reference.pods
-                async with grpc.aio.insecure_channel(
-                    f"127.0.0.1:{optimizer.server.port}"
+                async with aio_channel(
+                    f"127.0.0.1:{optimizer.server.port}", "optimizer"
                 ) as channel:
                     stub = pb_grpc.OptimizerServiceStub(channel)
                     explained = await stub.GetPlanExplanation(

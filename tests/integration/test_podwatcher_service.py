@@ -24,6 +24,7 @@ from stride.events.v1 import job_pb2, plan_pb2
 from stride.podwatcher.app import build
 from stride.podwatcher.settings import PodWatcherSettings
 from stride.runtime.lifecycle import ServiceHost
+from stride.testing.channels import aio_channel
 from stride.testing.eventually import assert_eventually
 from stride.testing.inprocess import local_settings, running_service
 from stride.testing.streams import stream_messages
@@ -66,7 +67,7 @@ async def podwatcher(
 
 @pytest.fixture
 async def stub(podwatcher: ServiceHost) -> AsyncIterator[Stub]:
-    async with grpc.aio.insecure_channel(f"127.0.0.1:{podwatcher.server.port}") as channel:
+    async with aio_channel(f"127.0.0.1:{podwatcher.server.port}", "podwatcher") as channel:
         yield pb_grpc.PodWatcherServiceStub(channel)
 
 

@@ -73,7 +73,7 @@ async def test_an_event_over_max_payload_is_parked_and_the_rest_go_out_in_order(
     relaying = Relaying()
     async with running_service(relaying.build, settings) as host:
         port = host.server.port
-        await assert_eventually(lambda: equals(health(port, HEALTH_NAME), SERVING))
+        await assert_eventually(lambda: equals(health(port, HEALTH_NAME, "admission"), SERVING))
         await relaying.add(("first", b"first"), ("big", b"x" * (2 * MIB)), ("last", b"last"))
 
         await assert_eventually(lambda: equals(published_ids(nats_url, STREAM), ["first", "last"]))
@@ -88,8 +88,8 @@ async def test_an_event_over_max_payload_is_parked_and_the_rest_go_out_in_order(
         assert row["created_at"] is not None and row["parked_at"] is not None
 
         # The alert: its own health name goes NOT_SERVING; the service itself still serves.
-        await assert_eventually(lambda: equals(health(port, HEALTH_NAME), NOT_SERVING))
-        assert await health(port, SERVICE_NAME) == SERVING
+        await assert_eventually(lambda: equals(health(port, HEALTH_NAME, "admission"), NOT_SERVING))
+        assert await health(port, SERVICE_NAME, "admission") == SERVING
         assert sample("stride_outbox_parked_messages") == 1
         assert sample("stride_outbox_parked_total") == parked_before + 1
 
@@ -97,7 +97,7 @@ async def test_an_event_over_max_payload_is_parked_and_the_rest_go_out_in_order(
     restarted = Relaying()
     async with running_service(restarted.build, settings) as host:
         port = host.server.port
-        await assert_eventually(lambda: equals(health(port, HEALTH_NAME), NOT_SERVING))
+        await assert_eventually(lambda: equals(health(port, HEALTH_NAME, "admission"), NOT_SERVING))
         await restarted.add(("after", b"after"))
         await assert_eventually(
             lambda: equals(published_ids(nats_url, STREAM), ["first", "last", "after"])
@@ -110,7 +110,7 @@ async def test_an_event_over_max_payload_is_parked_and_the_rest_go_out_in_order(
         assert restarted.database is not None and restarted.outbox is not None
         async with restarted.database.transaction() as session:
             await session.execute(delete(restarted.outbox.dead_letter))
-        await assert_eventually(lambda: equals(health(port, HEALTH_NAME), SERVING))
+        await assert_eventually(lambda: equals(health(port, HEALTH_NAME, "admission"), SERVING))
         assert sample("stride_outbox_parked_messages") == 0
     assert await published_ids(nats_url, STREAM) == ["first", "last", "after"]
 

@@ -9,7 +9,6 @@ import time
 import urllib.request
 from pathlib import Path
 
-import grpc
 import nats
 import pytest
 from grpc_health.v1 import health_pb2
@@ -21,6 +20,7 @@ from stride.api.admission.v1 import admission_service_pb2_grpc as pb_grpc
 from stride.bus import topics
 from stride.events.v1 import job_pb2
 from stride.runtime.embedded_nats import NatsServer, free_port
+from stride.testing.channels import aio_channel
 from stride.testing.eventually import assert_eventually
 from stride.testing.health import equals, health
 from stride.testing.inprocess import running_service
@@ -70,9 +70,9 @@ async def test_health_follows_nats_and_the_outbox_catches_up(tmp_path: Path) -> 
             await assert_eventually(lambda: equals(health(port, SERVICE), serving))
             server.kill()
             await assert_eventually(lambda: equals(health(port, SERVICE), not_serving), timeout=10)
-            assert await health(port, "") == serving  # liveness: the process is fine
+            assert await health(port, "", "admission") == serving  # liveness: the process is fine
 
-            async with grpc.aio.insecure_channel(f"127.0.0.1:{port}") as channel:
+            async with aio_channel(f"127.0.0.1:{port}", "admission") as channel:
                 reply = await pb_grpc.AdmissionServiceStub(channel).SubmitJob(
                     pb.SubmitJobRequest(spec=spec())
                 )

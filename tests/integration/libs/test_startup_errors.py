@@ -20,6 +20,7 @@ def run_admission(env: dict[str, str], *args: str) -> subprocess.CompletedProces
         {
             "STRIDE_ADMISSION_GRPC_PORT": str(free_port()),
             "STRIDE_CONNECT_TIMEOUT_SECONDS": "2",
+            "STRIDE_TLS_DIR": os.environ["STRIDE_TLS_DIR"],  # the session's certificates
             **env,
         }
     )
@@ -115,6 +116,26 @@ def test_unmigrated_database_fails_clearly_then_migrate_fixes_it(
     assert "python -m stride.admission migrate" in result.stderr
     migrated = run_admission(env, "migrate")
     assert migrated.returncode == 0, migrated.stderr
+
+
+def test_without_certificates_it_refuses_to_start_and_says_what_to_set(tmp_path: Path) -> None:
+    """mTLS is on by default: no TLS material and no explicit STRIDE_INSECURE, no server."""
+    result = run_admission(
+        {"STRIDE_NATS_URL": f"nats://127.0.0.1:{free_port()}", "STRIDE_TLS_DIR": ""}
+    )
+    assert result.returncode != 0
+    assert "no TLS material for 'admission'" in result.stderr
+    assert "stride certs init" in result.stderr and "STRIDE_INSECURE=1" in result.stderr
+    assert "Traceback" not in result.stderr
+
+
+def test_a_folder_without_the_services_certificate_is_named(tmp_path: Path) -> None:
+    result = run_admission(
+        {"STRIDE_NATS_URL": f"nats://127.0.0.1:{free_port()}", "STRIDE_TLS_DIR": str(tmp_path)}
+    )
+    assert result.returncode != 0
+    assert f"STRIDE_TLS_DIR={tmp_path} has no certificate for 'admission'" in result.stderr
+    assert "Traceback" not in result.stderr
 
 
 def test_unknown_command() -> None:

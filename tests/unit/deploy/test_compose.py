@@ -11,6 +11,8 @@ from typing import Any
 import pytest
 import yaml
 
+from stride.runtime import tls
+
 from . import (
     COMPOSE_FILE,
     DATABASE_SERVICES,
@@ -25,11 +27,20 @@ pytestmark = pytest.mark.deploy
 
 Service = dict[str, Any]
 
+TLS_DIR = "/etc/stride/tls"
+# The health check in a server's container presents that server's certificate.
+IDENTITY_ENV = "STRIDE_TLS_IDENTITY"
+
 
 @pytest.fixture(scope="module")
-def services() -> dict[str, Service]:
-    document = yaml.safe_load(COMPOSE_FILE.read_text())
-    assert isinstance(document, dict)
+def document() -> dict[str, Any]:
+    loaded = yaml.safe_load(COMPOSE_FILE.read_text())
+    assert isinstance(loaded, dict)
+    return loaded
+
+
+@pytest.fixture(scope="module")
+def services(document: dict[str, Any]) -> dict[str, Service]:
     compose_services = document["services"]
     assert isinstance(compose_services, dict)
     return compose_services
@@ -202,3 +213,75 @@ def test_warm_starts_come_from_the_config_db(services: dict[str, Service], servi
     environment = _environment(services[service])
     assert environment[f"STRIDE_{service.upper()}_CONFIGDB_ADDRESS"] == "configdb:50054"
     assert "configdb" in services
+
+
+def _volumes(service: Service) -> dict[str, tuple[str, str]]:
+    """Short-syntax volumes: container path -> (source, mode)."""
+    mounts = {}
+    for volume in service.get("volumes", []):
+        source, target, *mode = str(volume).split(":")
+        mounts[target] = (source, mode[0] if mode else "rw")
+    return mounts
+
+
+def test_a_one_shot_issues_the_certificates_into_a_volume(
+    document: dict[str, Any], services: dict[str, Service]
+) -> None:
+    certs = services["certs"]
+    command = certs["command"]
+    assert command[:5] == ["python", "-m", "stride.runtime.certs", "init", command[4]]
+    folder = command[4]
+    # Root only to hand the files to the images' user.
+    assert _option(command, "--owner") == "10001:10001"
+    assert str(certs["user"]) == "0:0"
+    assert certs["restart"] == "no"
+    assert _volumes(certs)[folder] == ("tls", "rw")
+    assert "tls" in document["volumes"]
+    # The CA's key lives in a volume only this one-shot mounts.
+    ca_key = _option(command, "--ca-key")
+    assert ca_key is not None and not ca_key.startswith(folder + "/")
+    ca_folder = ca_key.rsplit("/", 1)[0]
+    assert _volumes(certs)[ca_folder] == ("ca", "rw") and "ca" in document["volumes"]
+    assert all(
+        "ca" not in {volume for volume, _ in _volumes(service).values()}
+        for name, service in services.items()
+        if name != "certs"
+    )
+    # Built with the stack (nothing to pull), from an image that carries stride.runtime.
+    assert certs["image"] == services["admission"]["image"]
+    assert certs["build"] == services["admission"]["build"]
+
+
+@pytest.mark.parametrize("contract", DEPLOYED_SERVICES, ids=lambda contract: contract.name)
+def test_server_speaks_mutual_tls_with_the_issued_certificates(
+    services: dict[str, Service], contract: ServiceContract
+) -> None:
+    service = services[contract.name]
+    environment = _environment(service)
+    assert environment[tls.TLS_DIR_ENV] == TLS_DIR
+    # Its health check (run in the container, same environment) presents its own identity.
+    assert environment[IDENTITY_ENV] == contract.name
+    assert contract.name in tls.IDENTITIES
+    assert tls.INSECURE_ENV not in environment
+    assert _volumes(service)[TLS_DIR] == ("tls", "ro")
+    assert service["depends_on"]["certs"]["condition"] == "service_completed_successfully"
+
+
+def test_the_local_pods_inherit_the_certificates(services: dict[str, Service]) -> None:
+    # The trainer and agent processes run in the podwatcher's container with its environment.
+    environment = _environment(services["podwatcher"])
+    assert environment[tls.TLS_DIR_ENV] == TLS_DIR
+    assert {"trainer", "agent"} <= set(tls.IDENTITIES)
+
+
+def test_only_servers_get_tls(services: dict[str, Service]) -> None:
+    # Migrations talk to PostgreSQL only.
+    for name, service in services.items():
+        if name.endswith("-migrate"):
+            assert tls.TLS_DIR_ENV not in _environment(service), name
+            assert TLS_DIR not in _volumes(service), name
+
+
+def test_plain_text_is_never_the_default(services: dict[str, Service]) -> None:
+    for name, service in services.items():
+        assert tls.INSECURE_ENV not in _environment(service), name

@@ -15,6 +15,7 @@ import yaml
 
 from stride.admission.domain.quotas import quotas_from_config
 from stride.admission.settings import AdmissionSettings
+from stride.runtime import tls
 
 from . import (
     CHART_DIR,
@@ -29,6 +30,12 @@ pytestmark = pytest.mark.deploy
 KUBE_VERSION = "1.33"
 NAMESPACE = "ml"
 Manifest = dict[str, Any]
+
+TLS_DIR = Path("/etc/stride/tls")
+# The probe in a server's container presents that server's certificate.
+IDENTITY_ENV = "STRIDE_TLS_IDENTITY"
+# Where the training pods run, so their certificates (Secrets) must be there too.
+POD_IDENTITIES = {"agent", "trainer"}
 
 OVERRIDES: dict[str, Any] = {
     "image": {"repository": "registry.example.com:5000/team/stride", "tag": "1.2.3"},
@@ -45,7 +52,15 @@ OVERRIDES: dict[str, Any] = {
             {"scope": "user:carol", "max_submissions": 20, "window_seconds": 3600},
         ],
     },
+    "tls": {
+        "certManager": {
+            "enabled": True,
+            "issuerRef": {"name": "stride-ca", "kind": "ClusterIssuer"},
+            "duration": "720h",
+        }
+    },
 }
+INSECURE: dict[str, Any] = {"tls": {"insecure": True}}
 
 
 @dataclass(frozen=True)
@@ -73,6 +88,18 @@ class Release:
 
     def of_kind(self, kind: str) -> list[Manifest]:
         return [manifest for manifest in self.manifests if manifest["kind"] == kind]
+
+    @property
+    def tls(self) -> bool:
+        # Mirrors "stride.tls": tls.insecure wins, tls.enabled=false alone fails.
+        return not self.values["tls"]["insecure"]
+
+    @property
+    def cert_manager(self) -> bool:
+        return self.tls and bool(self.values["tls"]["certManager"]["enabled"])
+
+    def tls_secret(self, identity: str) -> str:
+        return f"{self.prefix()}-{identity}-tls"
 
 
 def _render(chart: helm.Chart, name: str, values: dict[str, Any]) -> Release:
@@ -105,7 +132,12 @@ def override_release(chart: helm.Chart) -> Release:
     return _render(chart, "prod", OVERRIDES)
 
 
-@pytest.fixture(params=["default", "override"])
+@pytest.fixture(scope="module")
+def insecure_release(chart: helm.Chart) -> Release:
+    return _render(chart, "stride", INSECURE)
+
+
+@pytest.fixture(params=["default", "override", "insecure"])
 def release(request: pytest.FixtureRequest) -> Release:
     rendered: Release = request.getfixturevalue(f"{request.param}_release")
     return rendered
@@ -134,6 +166,8 @@ def test_every_manifest_is_valid_kubernetes(release: Release) -> None:
     assert release.manifests
     failures = []
     for manifest in release.manifests:
+        if manifest["apiVersion"].startswith("cert-manager.io/"):
+            continue  # a CRD kubernetes-validate has no schema for: see the Certificate tests
         try:
             kubernetes_validate.validate(manifest, KUBE_VERSION, strict=True)
         except kubernetes_validate.ValidationError as error:
@@ -147,10 +181,31 @@ def test_server_deployment_probes_its_grpc_health_service(
 ) -> None:
     deployment = release.get("Deployment", contract.name)
     container = _container(deployment)
-    expected_probe = {"port": contract.grpc_port, "service": contract.health_service}
-    assert container["readinessProbe"]["grpc"] == expected_probe
     # Liveness asks for the whole server (""), so losing NATS does not restart the pod.
-    assert container["livenessProbe"]["grpc"] == {"port": contract.grpc_port, "service": ""}
+    probes = {
+        "startupProbe": contract.health_service,
+        "readinessProbe": contract.health_service,
+        "livenessProbe": "",
+    }
+    for probe, service in probes.items():
+        if release.tls:
+            # The kubelet's gRPC probe has no client certificate: the probe runs in the
+            # container, with its TLS settings, as the service itself.
+            assert "grpc" not in container[probe], probe
+            assert container[probe]["exec"]["command"] == [
+                "python",
+                "-m",
+                "stride.runtime.healthcheck",
+                "--address",
+                f"127.0.0.1:{contract.grpc_port}",
+                "--service",
+                service,
+            ], probe
+            # Starting Python takes longer than the default second.
+            assert container[probe]["timeoutSeconds"] >= 5, probe
+        else:
+            assert "exec" not in container[probe], probe
+            assert container[probe]["grpc"] == {"port": contract.grpc_port, "service": service}
     ports = {port["name"]: port["containerPort"] for port in container["ports"]}
     assert ports == {"grpc": contract.grpc_port, "metrics": METRICS_PORT}
     assert container["name"] == contract.name
@@ -179,12 +234,160 @@ def test_server_settings(release: Release, contract: ServiceContract) -> None:
 
 
 @pytest.mark.parametrize("contract", DEPLOYED_SERVICES, ids=lambda contract: contract.name)
+def test_server_has_its_tls_identity_or_runs_insecure_only_when_asked(
+    release: Release, contract: ServiceContract
+) -> None:
+    deployment = release.get("Deployment", contract.name)
+    container = _container(deployment)
+    env = _env(container)
+    volumes = {v["name"]: v for v in deployment["spec"]["template"]["spec"]["volumes"]}
+    mounts = {Path(m["mountPath"]): m for m in container["volumeMounts"]}
+    # The health probe runs as the service: it presents this certificate, expects it back.
+    assert env[IDENTITY_ENV] == contract.name
+    if release.tls:
+        mount = mounts[TLS_DIR]
+        assert mount["readOnly"] is True
+        secret = volumes[mount["name"]]["secret"]
+        assert secret["secretName"] == release.tls_secret(contract.name)
+        # Owner root, group fsGroup (the images' user): readable to the service only.
+        assert secret["defaultMode"] == 0o440
+        assert release.values["podSecurityContext"]["fsGroup"] == 10001
+        # cert-manager's Secret layout, read by stride.runtime.tls.
+        assert env[tls.CERT_FILE_ENV] == str(TLS_DIR / "tls.crt")
+        assert env[tls.KEY_FILE_ENV] == str(TLS_DIR / "tls.key")
+        assert env[tls.CA_FILE_ENV] == str(TLS_DIR / "ca.crt")
+        assert tls.INSECURE_ENV not in env
+        assert tls.TLS_DIR_ENV not in env
+    else:
+        assert env[tls.INSECURE_ENV] == "1"
+        assert tls.insecure({tls.INSECURE_ENV: env[tls.INSECURE_ENV]})
+        assert TLS_DIR not in mounts
+        assert not any("secret" in volume for volume in volumes.values())
+        for name in (tls.CERT_FILE_ENV, tls.KEY_FILE_ENV, tls.CA_FILE_ENV, tls.TLS_DIR_ENV):
+            assert name not in env
+
+
+def test_tls_off_must_be_asked_for_as_insecure(chart: helm.Chart) -> None:
+    with pytest.raises(helm.HelmRenderError, match=r"tls\.enabled=false.*tls\.insecure=true"):
+        chart.render({"tls": {"enabled": False}}, name="stride", namespace=NAMESPACE)
+    # Asked for: plain text, whatever tls.enabled says.
+    for enabled in (False, True):
+        release = _render(chart, "stride", {"tls": {"enabled": enabled, "insecure": True}})
+        env = _env(_container(release.get("Deployment", "admission")))
+        assert env[tls.INSECURE_ENV] == "1"
+
+
+def test_insecure_is_warned_about_in_the_notes(release: Release) -> None:
+    notes = release.files["stride/templates/NOTES.txt"]
+    assert ("WARNING: tls.insecure=true" in notes) is not release.tls
+    assert ("mutual TLS" in notes) is release.tls
+
+
+def test_the_podwatcher_passes_the_training_pods_tls_secret(release: Release) -> None:
+    env = _env(_container(release.get("Deployment", "podwatcher")))
+    if release.tls:
+        assert env["STRIDE_PODWATCHER_POD_TLS_SECRET"] == release.tls_secret("trainer")
+    else:
+        assert "STRIDE_PODWATCHER_POD_TLS_SECRET" not in env
+
+
+def test_migrations_need_no_tls(release: Release) -> None:
+    # They talk to PostgreSQL only, and run as hooks before cert-manager could issue.
+    for job in release.of_kind("Job"):
+        pod_spec = job["spec"]["template"]["spec"]
+        assert not any("secret" in volume for volume in pod_spec["volumes"])
+
+
+def test_certificates_come_from_cert_manager_when_asked(release: Release) -> None:
+    certificates = release.of_kind("Certificate")
+    if not release.cert_manager:
+        assert not certificates
+        return
+    pod_namespace = release.values["podwatcher"]["namespace"] or NAMESPACE
+    cert_manager = release.values["tls"]["certManager"]
+    by_identity = {c["spec"]["commonName"]: c for c in certificates}
+    assert len(by_identity) == len(certificates)
+    # The same identities `stride certs init` issues, and every Deployment's among them.
+    assert set(by_identity) == set(tls.IDENTITIES)
+    for identity, certificate in by_identity.items():
+        assert certificate["apiVersion"] == "cert-manager.io/v1"
+        name = f"{release.prefix()}-{identity}"
+        namespace = pod_namespace if identity in POD_IDENTITIES else NAMESPACE
+        metadata = certificate["metadata"]
+        assert metadata["name"] == name
+        assert metadata["namespace"] == namespace
+        assert metadata["labels"]["app.kubernetes.io/component"] == identity
+        spec = certificate["spec"]
+        assert spec["secretName"] == release.tls_secret(identity)
+        # Clients check the bare identity (grpc.ssl_target_name_override).
+        assert spec["dnsNames"] == [identity, name, f"{name}.{namespace}.svc"]
+        assert set(spec["usages"]) == {
+            "server auth",
+            "client auth",
+            "digital signature",
+            "key encipherment",
+        }
+        assert spec["duration"] == cert_manager["duration"]
+        assert spec["issuerRef"] == {
+            "name": cert_manager["issuerRef"]["name"],
+            "kind": cert_manager["issuerRef"]["kind"],
+            "group": "cert-manager.io",
+        }
+        # The subset of the CRD's schema the chart uses.
+        assert set(spec) <= {
+            "secretName",
+            "secretTemplate",
+            "commonName",
+            "dnsNames",
+            "usages",
+            "duration",
+            "privateKey",
+            "issuerRef",
+        }
+        assert spec["privateKey"]["rotationPolicy"] in {"Always", "Never"}
+        assert len(spec["commonName"]) <= 64
+    for contract in DEPLOYED_SERVICES:
+        volumes = release.get("Deployment", contract.name)["spec"]["template"]["spec"]["volumes"]
+        secrets = {v["secret"]["secretName"] for v in volumes if "secret" in v}
+        assert secrets == {by_identity[contract.name]["spec"]["secretName"]}
+
+
+def test_cert_manager_needs_an_issuer(chart: helm.Chart) -> None:
+    with pytest.raises(helm.HelmRenderError, match=r"tls\.certManager\.issuerRef\.name"):
+        chart.render(
+            {"tls": {"certManager": {"enabled": True}}}, name="stride", namespace=NAMESPACE
+        )
+
+
+def test_without_cert_manager_the_notes_say_how_to_make_the_secrets(
+    default_release: Release,
+) -> None:
+    notes = default_release.files["stride/templates/NOTES.txt"]
+    command = (
+        "python -m stride.runtime.certs init DIR --kubernetes-secrets secrets.yaml \\\n"
+        f"    --fullname {default_release.prefix()} --namespace {NAMESPACE}"
+    )
+    assert command in notes
+    assert "kubectl apply -f secrets.yaml" in notes
+    assert default_release.tls_secret("<component>") in notes
+
+
+def test_pod_secrets_go_to_the_pod_namespace_too(chart: helm.Chart) -> None:
+    release = _render(chart, "stride", {"podwatcher": {"namespace": "training"}})
+    notes = release.files["stride/templates/NOTES.txt"]
+    assert f"--fullname {release.prefix()} --namespace training" in notes
+
+
+@pytest.mark.parametrize("contract", DEPLOYED_SERVICES, ids=lambda contract: contract.name)
 def test_server_service_exposes_grpc_and_metrics(
     release: Release, contract: ServiceContract
 ) -> None:
     service = release.get("Service", contract.name)
     ports = {port["name"]: (port["port"], port["targetPort"]) for port in service["spec"]["ports"]}
     assert ports == {"grpc": (contract.grpc_port, "grpc"), "metrics": (METRICS_PORT, "metrics")}
+    grpc_port = next(port for port in service["spec"]["ports"] if port["name"] == "grpc")
+    # Cleartext HTTP/2 only without TLS; with it, nothing in between may parse the stream.
+    assert grpc_port.get("appProtocol") == (None if release.tls else "kubernetes.io/h2c")
     pod_labels = release.get("Deployment", contract.name)["spec"]["template"]["metadata"]["labels"]
     assert service["spec"]["selector"].items() <= pod_labels.items()
 
@@ -241,6 +444,7 @@ def test_default_database_url_secret_exists_before_the_migrations(
 
 
 def test_existing_database_secret_is_used_instead(override_release: Release) -> None:
+    # (The TLS Secrets are cert-manager's or the operator's, never the chart's.)
     assert not override_release.of_kind("Secret")
     for contract in DATABASE_SERVICES:
         env = _env(_container(override_release.get("Deployment", contract.name)))
@@ -335,6 +539,9 @@ def test_notes_point_at_the_admission_api(release: Release) -> None:
         ({"database": {"url": "", "existingSecret": ""}}, "/database"),
         ({"services": {"agent": {"replicas": 1}}}, "agent"),
         ({"replicaCount": 2}, "replicaCount"),
+        ({"tls": {"insecure": "yes"}}, "/tls/insecure"),
+        ({"tls": {"enable": False}}, "enable"),
+        ({"tls": {"certManager": {"duration": "90d"}}}, "/tls/certManager/duration"),
     ],
     ids=[
         "negative-replicas",
@@ -345,6 +552,9 @@ def test_notes_point_at_the_admission_api(release: Release) -> None:
         "no-database",
         "agent-deployment",
         "unknown-key",
+        "string-insecure",
+        "tls-typo",
+        "days-duration",
     ],
 )
 def test_bad_values_are_rejected_by_the_schema(

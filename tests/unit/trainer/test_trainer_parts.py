@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import os
 import subprocess
 import sys
 
@@ -86,6 +87,7 @@ def test_a_chief_whose_entrypoint_does_not_import_exits_2_with_one_line() -> Non
         "STRIDE_TRAINER_POD_NAME": "job-1-chief-0",
         "STRIDE_TRAINER_CLUSTER_JSON": CLUSTER,
         "STRIDE_TRAINER_SPEC_JSON": '{"model": {"entrypoint": "nowhere_at_all:train"}}',
+        "STRIDE_TLS_DIR": os.environ["STRIDE_TLS_DIR"],
     }
     done = subprocess.run(
         [sys.executable, "-m", "stride.trainer"],

@@ -104,6 +104,64 @@ url
 {{- end }}
 {{- end }}
 
+{{/*
+"true" when gRPC runs with mutual TLS, "" for plain text. TLS is on by default;
+tls.insecure=true is the one way to plain text (it wins over tls.enabled), and
+tls.enabled=false without it fails the rendering instead of silently dropping TLS.
+*/}}
+{{- define "stride.tls" -}}
+{{- $tls := .Values.tls | default dict }}
+{{- if $tls.insecure }}
+{{- else if $tls.enabled -}}
+true
+{{- else }}
+{{- fail "tls.enabled=false: Stride runs gRPC with mutual TLS by default; plain text (no peer authentication) must be asked for with tls.insecure=true" }}
+{{- end }}
+{{- end }}
+
+{{/* Where a container finds its TLS Secret (tls.crt, tls.key, ca.crt). */}}
+{{- define "stride.tlsMountPath" -}}
+/etc/stride/tls
+{{- end }}
+
+{{/* The kubernetes.io/tls Secret of one identity. Call with (list $ "admission"). */}}
+{{- define "stride.tlsSecretName" -}}
+{{- include "stride.componentName" (list (index . 0) (printf "%s-tls" (index . 1))) }}
+{{- end }}
+
+{{/*
+Every identity that gets a certificate, as stride.runtime.certs issues them: the servers,
+the training pods' agent sidecar and trainer, and the CLI.
+*/}}
+{{- define "stride.tlsIdentities" -}}
+{{- $catalog := include "stride.catalog" . | fromYaml }}
+{{- concat (keys $catalog | sortAlpha) (list "agent" "trainer" "cli") | toJson }}
+{{- end }}
+
+{{/*
+TLS settings of one server's container. STRIDE_TLS_IDENTITY names the service, so the
+health probe running in its container presents that certificate and expects it back.
+Call with (list $ "admission").
+*/}}
+{{- define "stride.tlsEnv" -}}
+{{- $root := index . 0 }}
+{{- $name := index . 1 }}
+{{- $path := include "stride.tlsMountPath" $root }}
+- name: STRIDE_TLS_IDENTITY
+  value: {{ $name | quote }}
+{{- if include "stride.tls" $root }}
+- name: STRIDE_TLS_CERT_FILE
+  value: {{ printf "%s/tls.crt" $path | quote }}
+- name: STRIDE_TLS_KEY_FILE
+  value: {{ printf "%s/tls.key" $path | quote }}
+- name: STRIDE_TLS_CA_FILE
+  value: {{ printf "%s/ca.crt" $path | quote }}
+{{- else }}
+- name: STRIDE_INSECURE
+  value: "1"
+{{- end }}
+{{- end }}
+
 {{/* Settings every process reads. */}}
 {{- define "stride.commonEnv" -}}
 - name: STRIDE_NATS_URL
@@ -131,6 +189,7 @@ url
 {{- $spec := index . 2 }}
 {{- $prefix := printf "STRIDE_%s_" (upper $name) }}
 {{ include "stride.commonEnv" $root }}
+{{ include "stride.tlsEnv" (list $root $name) | trim }}
 - name: {{ $prefix }}GRPC_PORT
   value: {{ $spec.grpcPort | quote }}
 - name: {{ $prefix }}METRICS_PORT
@@ -196,6 +255,11 @@ url
   value: {{ printf "%s:50055" (include "stride.componentName" (list $root "dispatcher")) | quote }}
 - name: STRIDE_PODWATCHER_CKPTCACHE_ADDRESS
   value: {{ printf "%s:50056" (include "stride.componentName" (list $root "ckptcache")) | quote }}
+{{- if include "stride.tls" $root }}
+{{- /* The training pods' certificate (trainer identity). */}}
+- name: STRIDE_PODWATCHER_POD_TLS_SECRET
+  value: {{ include "stride.tlsSecretName" (list $root "trainer") | quote }}
+{{- end }}
 {{- end }}
 {{- end }}
 
@@ -227,20 +291,44 @@ tolerations:
 {{- end }}
 {{- end }}
 
-{{/* A gRPC probe against the server's own health service. Call with the catalog entry. */}}
-{{- define "stride.grpcProbe" -}}
+{{/*
+A probe of one health service name of the server. The kubelet's gRPC probe cannot present
+a client certificate, so with TLS it is an exec probe: stride.runtime.healthcheck in the
+container, as the service's own identity (STRIDE_TLS_IDENTITY). Call with
+(list $ $catalogEntry $healthService).
+*/}}
+{{- define "stride.healthProbe" -}}
+{{- $root := index . 0 }}
+{{- $spec := index . 1 }}
+{{- $service := index . 2 }}
+{{- if include "stride.tls" $root }}
+exec:
+  command:
+    - python
+    - -m
+    - stride.runtime.healthcheck
+    - --address
+    - {{ printf "127.0.0.1:%v" $spec.grpcPort | quote }}
+    - --service
+    - {{ $service | quote }}
+{{- else }}
 grpc:
-  port: {{ .grpcPort }}
-  service: {{ .healthService }}
+  port: {{ $spec.grpcPort }}
+  service: {{ $service | quote }}
+{{- end }}
+{{- end }}
+
+{{/* A probe against the server's own health service. Call with (list $ $catalogEntry). */}}
+{{- define "stride.grpcProbe" -}}
+{{- include "stride.healthProbe" (list (index . 0) (index . 1) (index . 1).healthService) | trim }}
 {{- end }}
 
 {{/*
 Liveness asks for the overall server status (service ""), which stays SERVING while the
 process runs; the per-service name is readiness and drops while NATS or the database is
 unreachable, which must take the pod out of rotation, not restart it.
+Call with (list $ $catalogEntry).
 */}}
 {{- define "stride.grpcLivenessProbe" -}}
-grpc:
-  port: {{ .grpcPort }}
-  service: ""
+{{- include "stride.healthProbe" (list (index . 0) (index . 1) "") | trim }}
 {{- end }}

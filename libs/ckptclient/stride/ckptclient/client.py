@@ -32,6 +32,7 @@ from stride.api.ckptcache.v1 import ckptcache_service_pb2_grpc as pb_grpc
 from stride.ckptclient.layout import TensorRecord, as_bytes, plan, views
 from stride.ckptclient.shared_memory import SegmentPool, map_segment, same_node
 from stride.events.v1 import checkpoint_pb2
+from stride.runtime import tls
 
 JOB_METADATA_KEY = "stride-job-id"
 DEFAULT_ADDRESS = "127.0.0.1:50056"
@@ -110,6 +111,7 @@ class CheckpointClient:
         *,
         transport: Transport = "auto",
         timeout: float = 300.0,
+        identity: str = "trainer",
     ) -> None:
         self.address = address or os.environ.get("STRIDE_CKPTCACHE_ADDRESS", DEFAULT_ADDRESS)
         found_job = (
@@ -121,8 +123,10 @@ class CheckpointClient:
         self.transport = transport
         self.timeout = timeout
         self.metadata = ((JOB_METADATA_KEY, self.job_id),)
-        self.channel = grpc.insecure_channel(
+        self.channel = tls.sync_channel(
             self.address,
+            server="ckptcache",
+            identity=identity,
             options=[
                 ("grpc.max_receive_message_length", 8 * CHUNK_BYTES),
                 ("grpc.max_send_message_length", 8 * CHUNK_BYTES),

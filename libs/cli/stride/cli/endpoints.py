@@ -124,6 +124,10 @@ class SuiteState:
     """The embedded nats-server; None when NATS is external."""
     processes: dict[str, ProcessState] = field(default_factory=dict)
     """Each service's process."""
+    tls_dir: str = ""
+    """The folder of the certificates the services and clients use (mutual TLS)."""
+    insecure: bool = False
+    """True when the suite runs gRPC in plain text (``stride up --insecure``)."""
 
     def problems(self, now: float | None = None) -> list[tuple[str, ProcessState]]:
         """(line, process) for every supervised process that is not running healthily."""

@@ -26,7 +26,7 @@ import json
 import math
 import statistics
 import time
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from dataclasses import asdict, dataclass, field, replace
 from datetime import UTC, datetime, timedelta
 from pathlib import Path
@@ -45,6 +45,7 @@ from stride.bus.client import Bus
 from stride.events.v1 import job_pb2, metrics_pb2, optimization_pb2, plan_pb2, pod_pb2
 from stride.policy.stages import MEMORY_WINDOW, SAMPLES_PER_CONFIG, Pods
 from stride.policy.throughput import overhead_seconds
+from stride.runtime import tls
 from stride.sim.dlrm import (
     MAX_OOM_KILLS,
     RESTART_SECONDS,
@@ -508,6 +509,7 @@ async def run(
     concurrency: int = 64,
     window_seconds: float = 0.0,
     pace_seconds: float = math.inf,
+    tls_environ: Mapping[str, str] | None = None,
 ) -> tuple[list[Played], list[DlrmJobSpec]]:
     """Play ``jobs`` jobs of the seeded population against the suite; returns what each
     job did and the population. ``concurrency`` jobs play at once; ``window_seconds``
@@ -534,8 +536,12 @@ async def run(
     try:
         await watch.start(bus)
         async with (
-            grpc.aio.insecure_channel(admission_address) as channel,
-            grpc.aio.insecure_channel(optimizer_address) as optimizer_channel,
+            tls.aio_channel(
+                admission_address, server="admission", identity="cli", environ=tls_environ
+            ) as channel,
+            tls.aio_channel(
+                optimizer_address, server="optimizer", identity="cli", environ=tls_environ
+            ) as optimizer_channel,
         ):
             stub = admission_grpc.AdmissionServiceStub(channel)
             optimizer = optimizer_grpc.OptimizerServiceStub(optimizer_channel)

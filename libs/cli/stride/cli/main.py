@@ -29,12 +29,14 @@ from stride.api.optimizer.v1 import optimizer_service_pb2 as optimizer_pb
 from stride.api.optimizer.v1 import optimizer_service_pb2_grpc as optimizer_grpc
 from stride.api.podwatcher.v1 import podwatcher_service_pb2 as podwatcher_pb
 from stride.api.podwatcher.v1 import podwatcher_service_pb2_grpc as podwatcher_grpc
+from stride.cli import channels
 from stride.cli.endpoints import NoSuite, Phase, ProcessState, SuiteState, address, pid_alive
 from stride.cli.jobspec import SpecError, load_submission
 from stride.cli.running import register as register_running
 from stride.cli.shards import register as register_shards
 from stride.events.v1 import job_pb2, optimization_pb2, plan_pb2
 from stride.obs.secrets import redact
+from stride.runtime.tls import INSECURE_WARNING, TlsConfigError
 
 app = typer.Typer(
     help="Stride: training jobs that size themselves. Submit a job without resources.",
@@ -74,7 +76,11 @@ def fail(message: str) -> None:
 def call(service: str, state_dir: Path, rpc: Callable[[grpc.Channel], T]) -> T:
     """Run ``rpc`` against ``service``; gRPC and discovery errors become one clear line."""
     target = address(service, state_dir)
-    with grpc.insecure_channel(target) as channel:
+    try:
+        opened = channels.channel(target, service, state_dir)
+    except TlsConfigError as error:
+        raise CliError(str(error)) from None
+    with opened as channel:
         try:
             return rpc(channel)
         except grpc.RpcError as error:
@@ -788,9 +794,10 @@ def loadgen(
                     concurrency=concurrency,
                     window_seconds=window_seconds,
                     pace_seconds=pace_seconds,
+                    tls_environ=channels.client_environ(state_dir),
                 )
             )
-    except (NoSuite, LoadgenError) as error:
+    except (NoSuite, LoadgenError, TlsConfigError) as error:
         fail(str(error))
         return
     report = compare(played, population, seed, tick_seconds)
@@ -833,8 +840,19 @@ def up(
     executors: Annotated[
         int, typer.Option(min=1, max=32, help="Replicas of the executor pool (a queue group).")
     ] = 1,
+    insecure: Annotated[
+        bool,
+        typer.Option(
+            help="Run gRPC in plain text, without certificates: anyone who can reach a port "
+            "can call it. Only on a machine of your own."
+        ),
+    ] = False,
 ) -> None:
     """Start the whole suite locally (embedded NATS and SQLite unless URLs are configured).
+
+    Every gRPC server and client speaks mutual TLS with certificates made on first start in
+    the state folder (``tls/``, by ``stride certs init``), unless ``STRIDE_TLS_DIR`` (or the
+    ``STRIDE_TLS_*_FILE`` trio) names others, or ``--insecure``.
 
     Succeeds once NATS and admission are up, naming any other service that crash-loops (it
     keeps being restarted with back-off); fails, leaving nothing running, if they are not.
@@ -855,7 +873,12 @@ def up(
         str(state_dir),
         "--executors",
         str(executors),
+        *(["--insecure"] if insecure else []),
     ]
+    if insecure:
+        errors.print(
+            f"[bold yellow]warning:[/] {escape(INSECURE_WARNING)}", highlight=False, soft_wrap=True
+        )
     if foreground:
         raise typer.Exit(subprocess.call(command))
     log_path = state_dir / "supervisor.log"
@@ -905,6 +928,12 @@ def up(
     console.print(
         f"database: {redact(state.database)}; logs: {state_dir / 'logs'}", highlight=False
     )
+    console.print(
+        "gRPC: plain text (--insecure)"
+        if state.insecure
+        else f"gRPC: mutual TLS; certificates in {state.tls_dir}",
+        highlight=False,
+    )
     _report_nodes(state_dir)
     _report_suite_problems(state_dir)
 
@@ -937,6 +966,51 @@ def _report_nodes(state_dir: Path) -> None:
         "rlimit": "no cgroup here: memory enforced by sampling, no CPU quota",
     }.get(enforcement, enforcement)
     console.print(f"nodes: {described}; limits: {meaning}", highlight=False)
+
+
+certs_app = typer.Typer(help="Certificates for the suite's mutual TLS.", no_args_is_help=True)
+app.add_typer(certs_app, name="certs")
+
+
+@certs_app.command("init")
+def certs_init(
+    folder: Annotated[Path, typer.Argument(help="Where to write them (made 0700).")],
+    san: Annotated[
+        list[str] | None,
+        typer.Option(help="Another DNS name or IP every certificate names (repeatable)."),
+    ] = None,
+    days: Annotated[int, typer.Option(min=1, help="Validity of each certificate.")] = 365,
+    kubernetes_secrets: Annotated[
+        Path | None,
+        typer.Option(help="Also write one kubernetes.io/tls Secret per identity to this file."),
+    ] = None,
+    fullname: Annotated[
+        str, typer.Option(help="The Helm release's fullname (Secret names' prefix).")
+    ] = "stride",
+    namespace: Annotated[str | None, typer.Option(help="The Secrets' namespace.")] = None,
+) -> None:
+    """Make a CA and a certificate per identity (services, agent, trainer, CLI).
+
+    Running it again keeps what is there and still good; `stride up` does it for its state
+    folder by itself. Compose runs it in its `certs` service; for Helm, apply the file of
+    ``--kubernetes-secrets`` (or let cert-manager issue them: see the chart's values).
+    """
+    from stride.runtime.certs import CertificateError, init
+    from stride.runtime.certs import kubernetes_secrets as secrets
+
+    try:
+        issued = init(folder, extra_sans=san or (), days=days)
+        if kubernetes_secrets is not None:
+            kubernetes_secrets.write_text(secrets(folder, fullname, namespace))
+            os.chmod(kubernetes_secrets, 0o600)
+    except (CertificateError, OSError) as error:
+        fail(str(error))
+        return
+    console.print(
+        f"{issued.folder}: {len(issued.created)} files written, {len(issued.kept)} "
+        "certificates kept" + (f"; Secrets in {kubernetes_secrets}" if kubernetes_secrets else ""),
+        highlight=False,
+    )
 
 
 nodes_app = typer.Typer(

@@ -34,7 +34,7 @@ import subprocess
 import sys
 import tempfile
 import time
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from datetime import UTC, datetime
 from pathlib import Path
@@ -51,6 +51,8 @@ from stride.bus import topics
 from stride.events.v1 import job_pb2
 from stride.policy.elasticflow.curves import ScalingCurve
 from stride.policy.elasticflow.guarantees import SCALING_PAUSE_SECONDS, SLOT_SECONDS
+from stride.runtime import tls
+from stride.runtime.certs import init as init_certs
 from stride.runtime.embedded_nats import NatsServer, free_port
 
 LEAD_SECONDS = 2.0
@@ -142,6 +144,9 @@ class Replay:
         self.origin = origin
         self.speedup = speedup
         self.pause = pause_seconds
+        self.tls_environ: Mapping[str, str] = os.environ
+        """Where the admission client's TLS material comes from (:mod:`stride.runtime.tls`):
+        the replay's own admission process's, by default the caller's environment."""
         self.by_id: dict[str, Tracked] = {}
         self.early: dict[str, list[job_pb2.JobShare]] = {}
         """Shares that arrived before their job's SubmitJob answer."""
@@ -166,7 +171,9 @@ class Replay:
             topics.JOB_SHARE.pattern(), cb=self._on_share, ordered_consumer=True
         )
         try:
-            async with grpc.aio.insecure_channel(self.admission) as channel:
+            async with tls.aio_channel(
+                self.admission, server="admission", identity="cli", environ=self.tls_environ
+            ) as channel:
                 stub = pb_grpc.AdmissionServiceStub(channel)
                 async with asyncio.TaskGroup() as group:  # a failed submission stops it all
                     for job in sorted(self.jobs, key=lambda j: j.arrival):
@@ -377,7 +384,9 @@ class SteppedReplay(Replay):
             topics.JOBS.subjects[0], cb=self._on_job_event, ordered_consumer=True
         )
         try:
-            async with grpc.aio.insecure_channel(self.admission) as channel:
+            async with tls.aio_channel(
+                self.admission, server="admission", identity="cli", environ=self.tls_environ
+            ) as channel:
                 await self._drive(
                     pb_grpc.AdmissionServiceStub(channel), pb_grpc.ReplayClockServiceStub(channel)
                 )
@@ -614,12 +623,14 @@ def replay_trace(
         admission.start()
         if stepped:
             tracked = track(trace_jobs, library, trace_jobs[0].submission_time)
-            live = asyncio.run(SteppedReplay(tracked, admission.address, server.url).run())
+            stepped_replay = SteppedReplay(tracked, admission.address, server.url)
+            stepped_replay.tls_environ = admission.env
+            live = asyncio.run(stepped_replay.run())
         else:
             tracked = track(trace_jobs, library, admission.first_slot_after(LEAD_SECONDS))
-            live = asyncio.run(
-                Replay(tracked, admission.address, server.url, admission.origin, speedup).run()
-            )
+            replay = Replay(tracked, admission.address, server.url, admission.origin, speedup)
+            replay.tls_environ = admission.env
+            live = asyncio.run(replay.run())
     finally:
         admission.stop()
         server.stop()
@@ -699,6 +710,11 @@ class AdmissionProcess:
             "STRIDE_ADMISSION_CURVES_DIR": str(curves),
             "STRIDE_ADMISSION_LOG_LEVEL": os.environ.get("STRIDE_ADMISSION_LOG_LEVEL", "warning"),
         }
+        explicit = (tls.TLS_DIR_ENV, tls.CERT_FILE_ENV, tls.INSECURE_ENV)
+        if not any(os.environ.get(name) for name in explicit):
+            # A replay's admission service is its own: certificates of its own, in its folder.
+            init_certs(workdir / "tls", identities=("admission", "cli"))
+            self.env[tls.TLS_DIR_ENV] = str(workdir / "tls")
         if topology is not None:  # placed on the trace cluster's tree, as stride sim places
             self.env["STRIDE_ADMISSION_CLUSTER_TOPOLOGY"] = topology
         if stepped:
@@ -721,7 +737,7 @@ class AdmissionProcess:
                 stdout=log,
                 stderr=subprocess.STDOUT,
             )
-        _wait_serving(self.address, self.process, self.log)
+        _wait_serving(self.address, self.process, self.log, self.env)
 
     def kill(self) -> None:
         """SIGKILL, as a crash would."""
@@ -744,9 +760,11 @@ class AdmissionProcess:
         return math.ceil(later / SLOT_SECONDS) * SLOT_SECONDS
 
 
-def _wait_serving(address: str, process: subprocess.Popen[bytes], log: Path) -> None:
+def _wait_serving(
+    address: str, process: subprocess.Popen[bytes], log: Path, environ: Mapping[str, str]
+) -> None:
     deadline = time.monotonic() + 60
-    with grpc.insecure_channel(address) as channel:
+    with tls.sync_channel(address, server="admission", identity="cli", environ=environ) as channel:
         stub = health_pb2_grpc.HealthStub(channel)
         while time.monotonic() < deadline:
             if process.poll() is not None:

@@ -29,8 +29,10 @@ from stride.api.optimizer.v1 import optimizer_service_pb2 as optimizer_pb
 from stride.api.optimizer.v1 import optimizer_service_pb2_grpc as optimizer_grpc
 from stride.api.podwatcher.v1 import podwatcher_service_pb2 as podwatcher_pb
 from stride.api.podwatcher.v1 import podwatcher_service_pb2_grpc as podwatcher_grpc
+from stride.cli import channels
 from stride.cli.endpoints import NoSuite, address
 from stride.events.v1 import optimization_pb2, plan_pb2, pod_pb2
+from stride.runtime.tls import TlsConfigError
 
 T = TypeVar("T")
 RPC_TIMEOUT_SECONDS = 10.0
@@ -55,9 +57,10 @@ def ask(service: str, state_dir: Path, rpc: Callable[[grpc.Channel], T]) -> T:
     """Run ``rpc`` against ``service``; errors become :class:`Unanswered`."""
     try:
         target = address(service, state_dir)
-    except NoSuite as error:
+        opened = channels.channel(target, service, state_dir)
+    except (NoSuite, TlsConfigError) as error:
         raise Unanswered(str(error)) from None
-    with grpc.insecure_channel(target) as channel:
+    with opened as channel:
         try:
             return rpc(channel)
         except grpc.RpcError as error:

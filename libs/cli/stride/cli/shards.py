@@ -12,8 +12,10 @@ from rich.table import Table
 
 from stride.api.dispatcher.v1 import dispatcher_service_pb2 as pb
 from stride.api.dispatcher.v1 import dispatcher_service_pb2_grpc as pb_grpc
+from stride.cli import channels
 from stride.cli.endpoints import NoSuite, address
 from stride.events.v1 import shard_pb2
+from stride.runtime.tls import TlsConfigError
 
 RPC_TIMEOUT_SECONDS = 10.0
 
@@ -79,7 +81,7 @@ def register(app: typer.Typer, state_dir_default: Path, console: Console, errors
         """Show the TODO, DOING and done shards of a job's datasets, and who holds what."""
         try:
             target = address("dispatcher", state_dir)
-            with grpc.insecure_channel(target) as channel:
+            with channels.channel(target, "dispatcher", state_dir) as channel:
                 stub = pb_grpc.DispatcherServiceStub(channel)
                 listed = stub.ListDatasets(
                     pb.ListDatasetsRequest(job_id=job_id), timeout=RPC_TIMEOUT_SECONDS
@@ -91,7 +93,7 @@ def register(app: typer.Typer, state_dir_default: Path, console: Console, errors
                     )
                     for d in listed.datasets
                 ]
-        except NoSuite as error:
+        except (NoSuite, TlsConfigError) as error:
             errors.print(f"[bold red]error:[/] {error}", highlight=False, soft_wrap=True)
             raise typer.Exit(2) from None
         except grpc.RpcError as error:

@@ -53,6 +53,9 @@ from stride.cli.endpoints import (
     describe_exit,
 )
 from stride.obs.secrets import redact
+from stride.runtime import tls
+from stride.runtime.certs import CertificateError
+from stride.runtime.certs import init as init_certs
 from stride.runtime.embedded_nats import NatsServer, free_port
 from stride.runtime.healthcheck import check
 from stride.runtime.machine import machine_cores, machine_memory_bytes
@@ -308,8 +311,10 @@ def private_state(state_dir: Path) -> None:
 class Supervisor:
     """Starts, watches, restarts and stops the suite."""
 
-    def __init__(self, state_dir: Path, executors: int = 1) -> None:
+    def __init__(self, state_dir: Path, executors: int = 1, *, insecure: bool = False) -> None:
         self.state_dir = state_dir
+        self.insecure = insecure
+        """Plain-text gRPC (``stride up --insecure``); else mutual TLS (:meth:`_secure`)."""
         if executors < 1:
             raise ValueError(f"executors: must be at least 1, got {executors}")
         self.executors = executors
@@ -368,6 +373,32 @@ class Supervisor:
             env[f"{prefix}CKPTCACHE_ADDRESS"] = f"127.0.0.1:{ports['ckptcache']}"
         return env
 
+    def _secure(self) -> None:
+        """Mutual TLS for the suite: the certificates in ``STRIDE_TLS_DIR`` if set, else
+        those in the state folder's ``tls/`` (made on first start, re-issued when they near
+        expiry); plain text only when asked (``--insecure`` or ``STRIDE_INSECURE=1``), with
+        a warning. Set in this process's environment, which every service, every local pod
+        and this supervisor's own health checks inherit."""
+        given = os.environ.get(tls.TLS_DIR_ENV, "").strip()
+        if self.insecure or (tls.insecure() and not given):
+            for name in (tls.TLS_DIR_ENV, tls.CERT_FILE_ENV, tls.KEY_FILE_ENV, tls.CA_FILE_ENV):
+                os.environ.pop(name, None)
+            os.environ[tls.INSECURE_ENV] = "1"
+            self.state.insecure = True
+            _log(f"warning: {tls.INSECURE_WARNING}")
+            return
+        if os.environ.get(tls.CERT_FILE_ENV):
+            raise tls.TlsConfigError(
+                f"{tls.CERT_FILE_ENV} names one identity's certificate, and `stride up` runs "
+                f"several: give {tls.TLS_DIR_ENV} (a folder made by `stride certs init`)"
+            )
+        folder = Path(given) if given else self.state_dir / "tls"
+        if not given:
+            init_certs(folder)
+        os.environ.pop(tls.INSECURE_ENV, None)
+        os.environ[tls.TLS_DIR_ENV] = str(folder)
+        self.state.tls_dir = str(folder)
+
     def run(self) -> int:
         """Run until SIGTERM/SIGINT; returns the exit code."""
         signal.signal(signal.SIGTERM, lambda *_: self.stop_requested.set())
@@ -383,6 +414,10 @@ class Supervisor:
             database=os.environ.get("STRIDE_DATABASE_URL")
             or f"sqlite files in {self.state_dir / 'db'}",
         )
+        try:
+            self._secure()
+        except (CertificateError, tls.TlsConfigError, OSError) as error:
+            return self._fail(f"no certificates for mutual TLS: {error}")
         try:
             if not nats_url:
                 self.nats = NatsServer(store_dir=self.state_dir / "nats")
@@ -616,9 +651,10 @@ def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__)
     parser.add_argument("--state-dir", type=Path, required=True)
     parser.add_argument("--executors", type=int, default=1)
+    parser.add_argument("--insecure", action="store_true", help="plain-text gRPC")
     args = parser.parse_args(argv)
     args.state_dir.mkdir(parents=True, exist_ok=True)
-    return Supervisor(args.state_dir.resolve(), args.executors).run()
+    return Supervisor(args.state_dir.resolve(), args.executors, insecure=args.insecure).run()
 
 
 if __name__ == "__main__":

@@ -38,6 +38,7 @@ from opentelemetry.instrumentation.grpc import aio_server_interceptor, filters
 
 from stride.api.limits.v1 import limits_pb2
 from stride.runtime import errors
+from stride.runtime.tls import TlsMaterial, server_credentials
 
 log = structlog.get_logger(__name__)
 
@@ -309,8 +310,12 @@ class GrpcServer:
         *,
         max_receive_message_bytes: int = DEFAULT_MAX_MESSAGE_BYTES,
         max_send_message_bytes: int = DEFAULT_MAX_MESSAGE_BYTES,
+        tls: TlsMaterial | None = None,
     ) -> None:
+        """``tls``: serve mutual TLS with this identity's certificate (:mod:`.tls`); None
+        serves plain text, which the caller has made sure was asked for explicitly."""
         self.service_names = list(service_names)
+        self.tls = tls
         self.address = f"{host}:{port}"
         self.max_receive_message_bytes = max_receive_message_bytes
         self.max_send_message_bytes = max_send_message_bytes
@@ -340,7 +345,10 @@ class GrpcServer:
 
     async def start(self) -> int:
         """Bind and start serving; returns the bound port (useful when 0 was asked for)."""
-        self.port = self.server.add_insecure_port(self.address)
+        if self.tls is None:
+            self.port = self.server.add_insecure_port(self.address)
+        else:
+            self.port = self.server.add_secure_port(self.address, server_credentials(self.tls))
         if self.port == 0:
             raise errors.StartupError(f"cannot bind gRPC to {self.address}: address in use?")
         await self.server.start()

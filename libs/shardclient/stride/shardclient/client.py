@@ -40,6 +40,7 @@ import structlog
 from stride.api.dispatcher.v1 import dispatcher_service_pb2 as pb
 from stride.api.dispatcher.v1 import dispatcher_service_pb2_grpc as pb_grpc
 from stride.events.v1 import shard_pb2
+from stride.runtime import tls
 
 log = structlog.get_logger(__name__)
 
@@ -306,6 +307,7 @@ class ShardClient:
         retry: RetryPolicy | None = None,
         channel: grpc.Channel | None = None,
         session: bool = True,
+        identity: str = "trainer",
     ) -> None:
         self.address = address
         self.job_id = job_id
@@ -313,7 +315,9 @@ class ShardClient:
         self.timeout = timeout
         self.retry = retry or RetryPolicy()
         self._own_channel = channel is None
-        self.channel = channel or grpc.insecure_channel(address, options=CHANNEL_OPTIONS)
+        self.channel = channel or tls.sync_channel(
+            address, server="dispatcher", identity=identity, options=CHANNEL_OPTIONS
+        )
         self.stub = pb_grpc.DispatcherServiceStub(self.channel)
         self._session = _Session(self.stub) if session else None
         self._token = _Token()

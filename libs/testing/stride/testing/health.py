@@ -7,13 +7,20 @@ from collections.abc import Awaitable
 import grpc
 from grpc_health.v1 import health_pb2, health_pb2_grpc
 
+from stride.runtime.healthcheck import probe_identity
+from stride.testing.channels import aio_channel
+
 SERVING = health_pb2.HealthCheckResponse.SERVING
 NOT_SERVING = health_pb2.HealthCheckResponse.NOT_SERVING
 
 
-async def health(port: int, name: str) -> int:
-    """The status of health name ``name`` on a local server, or -1 while it does not answer."""
-    async with grpc.aio.insecure_channel(f"127.0.0.1:{port}") as channel:
+async def health(port: int, name: str, server: str | None = None) -> int:
+    """The status of health name ``name`` on a local server, or -1 while it does not answer.
+
+    ``server``: the service's identity, by default read off ``name``
+    (``stride.api.admission.v1.AdmissionService`` is ``admission``)."""
+    identity = probe_identity(name, server)
+    async with aio_channel(f"127.0.0.1:{port}", identity) as channel:
         try:
             reply = await health_pb2_grpc.HealthStub(channel).Check(
                 health_pb2.HealthCheckRequest(service=name), timeout=2

@@ -7,6 +7,11 @@
 
 On a machine without PostgreSQL the PostgreSQL cases skip with the reason, so the suite still
 runs there on SQLite; ``STRIDE_TEST_REQUIRE_POSTGRES=1`` (set by CI) turns that into a failure.
+
+Every gRPC server and client needs certificates (mutual TLS is on by default): each test
+process makes a CA and a certificate per identity once, and sets ``STRIDE_TLS_DIR`` for
+itself and everything it starts (:func:`pytest_configure`). A test of plain text or of
+missing certificates changes the environment it gives its own processes.
 """
 
 from __future__ import annotations
@@ -20,7 +25,13 @@ from opentelemetry.sdk.trace.export.in_memory_span_exporter import InMemorySpanE
 
 from stride.obs.tracing import configure_tracing
 from stride.runtime.embedded_nats import NatsServer
+from stride.testing.channels import ensure_certificates
 from stride.testing.databases import create_database, drop_database, require_postgres
+
+
+def pytest_configure(config: pytest.Config) -> None:
+    """The session's certificates (see the module docstring), unless the caller set some."""
+    ensure_certificates()
 
 
 @pytest.fixture

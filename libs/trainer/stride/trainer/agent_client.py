@@ -20,6 +20,7 @@ from stride.api.agent.v1 import agent_service_pb2 as pb
 from stride.api.agent.v1 import agent_service_pb2_grpc as pb_grpc
 from stride.api.dispatcher.v1 import dispatcher_service_pb2 as dispatcher_pb
 from stride.events.v1 import control_pb2, shard_pb2
+from stride.runtime import tls
 
 T = TypeVar("T")
 RETRIED = frozenset({grpc.StatusCode.UNAVAILABLE, grpc.StatusCode.DEADLINE_EXCEEDED})
@@ -56,8 +57,10 @@ class AgentClient:
         self.address = address
         self.patience = patience
         self.timeout = timeout
-        self.channel = grpc.insecure_channel(
+        self.channel = tls.sync_channel(
             address,
+            server="agent",
+            identity="trainer",
             options=[
                 ("grpc.max_receive_message_length", 64 * 1024 * 1024),
                 ("grpc.max_send_message_length", 64 * 1024 * 1024),

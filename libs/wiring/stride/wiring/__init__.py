@@ -15,10 +15,12 @@ from collections.abc import Callable, Sequence
 from pathlib import Path
 from typing import TYPE_CHECKING, TypeVar
 
+import structlog
 from google.protobuf.message import Message
 
 from stride.bus.client import ACK_WAIT_SECONDS, BatchHandler, Bus, Handler
 from stride.bus.topics import Topic
+from stride.runtime import tls
 from stride.runtime.grpc_server import GrpcServer
 from stride.runtime.lifecycle import Dependency, ServiceHost
 from stride.runtime.settings import ServiceSettings
@@ -32,13 +34,20 @@ if TYPE_CHECKING:
 
 def create_host(settings: ServiceSettings, service_names: Sequence[str]) -> ServiceHost:
     """A host with a gRPC server (health, reflection, error mapping, the service's message
-    size limits) for ``service_names``."""
+    size limits, mutual TLS as the service's identity) for ``service_names``.
+
+    Without TLS material the service does not start (:func:`stride.runtime.tls.load` says
+    what to set); plain text only with ``STRIDE_INSECURE=1``, and then with a warning."""
+    material = tls.load(settings.service_name)
+    if material is None:
+        structlog.get_logger("stride.wiring").warning("insecure", detail=tls.INSECURE_WARNING)
     server = GrpcServer(
         service_names,
         settings.grpc_host,
         settings.grpc_port,
         max_receive_message_bytes=settings.grpc_max_receive_message_bytes,
         max_send_message_bytes=settings.grpc_max_send_message_bytes,
+        tls=material,
     )
     return ServiceHost(settings, server)
 

@@ -9,8 +9,6 @@ reporting NOT_SERVING because the dispatcher restarts would only get its pod res
 
 from __future__ import annotations
 
-import grpc
-
 from stride.agent.adapters.inbound.grpc_api import AgentApi, command_from_proto
 from stride.agent.adapters.outbound.checkpoints import CheckpointClient
 from stride.agent.adapters.outbound.control import AckPublisher, subscribe_commands
@@ -20,6 +18,7 @@ from stride.agent.settings import AgentSettings
 from stride.agent.usecases import ControlChannel, PodAgent
 from stride.api.agent.v1 import agent_service_pb2, agent_service_pb2_grpc
 from stride.events.v1 import control_pb2
+from stride.runtime import tls
 from stride.runtime.lifecycle import Dependency, ServiceHost
 from stride.wiring import connect_bus, create_host
 
@@ -36,8 +35,12 @@ async def build(settings: AgentSettings) -> ServiceHost:
     """Connect everything and return a host ready to run."""
     host = create_host(settings, [SERVICE_NAME])
     bus = await connect_bus(settings, host)
-    dispatcher = grpc.aio.insecure_channel(settings.dispatcher_address, options=CHANNEL_OPTIONS)
-    ckptcache = grpc.aio.insecure_channel(settings.ckptcache_address, options=CHANNEL_OPTIONS)
+    dispatcher = tls.aio_channel(
+        settings.dispatcher_address, server="dispatcher", identity="agent", options=CHANNEL_OPTIONS
+    )
+    ckptcache = tls.aio_channel(
+        settings.ckptcache_address, server="ckptcache", identity="agent", options=CHANNEL_OPTIONS
+    )
 
     async def always_ready() -> bool:
         return True

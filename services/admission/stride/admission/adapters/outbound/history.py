@@ -6,13 +6,13 @@ from __future__ import annotations
 
 import math
 
-import grpc
 import structlog
 
 from stride.api.configdb.v1 import configdb_service_pb2 as configdb_pb
 from stride.api.configdb.v1 import configdb_service_pb2_grpc as configdb_grpc
 from stride.events.v1 import job_pb2, plan_pb2
 from stride.policy.warm_start import MeasuredPoint, MeasuredRun
+from stride.runtime import tls
 
 log = structlog.get_logger(__name__)
 
@@ -28,7 +28,7 @@ class ConfigDbRuns:
         self.timeout_seconds = timeout_seconds
         """Kept short: a submission waits for it, and without it the job is only planned
         without a curve (a deadline is then refused, saying to declare a profile)."""
-        self._channel = grpc.aio.insecure_channel(address)
+        self._channel = tls.aio_channel(address, server="configdb", identity="admission")
         self._stub = configdb_grpc.ConfigDbServiceStub(self._channel)
 
     async def similar(self, spec: job_pb2.JobSpec) -> tuple[MeasuredRun, ...]:

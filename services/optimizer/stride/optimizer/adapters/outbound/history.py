@@ -3,7 +3,6 @@ start's history (DLRover-RM sec. 3: the Config DB; Algorithm 1 takes its top-k).
 
 from __future__ import annotations
 
-import grpc
 import structlog
 
 from stride.api.configdb.v1 import configdb_service_pb2 as configdb_pb
@@ -11,6 +10,7 @@ from stride.api.configdb.v1 import configdb_service_pb2_grpc as configdb_grpc
 from stride.events.v1 import job_pb2, plan_pb2
 from stride.optimizer.adapters.convert import features_from_spec
 from stride.policy.warm_start import HistoricalJob, ResourceConfiguration
+from stride.runtime import tls
 from stride.runtime.errors import InvalidArgument
 
 log = structlog.get_logger(__name__)
@@ -26,7 +26,7 @@ class ConfigDbHistory:
     def __init__(self, address: str, timeout_seconds: float = 5.0) -> None:
         self.address = address
         self.timeout_seconds = timeout_seconds
-        self._channel = grpc.aio.insecure_channel(address)
+        self._channel = tls.aio_channel(address, server="configdb", identity="optimizer")
         self._stub = configdb_grpc.ConfigDbServiceStub(self._channel)
 
     async def similar(self, spec: job_pb2.JobSpec) -> tuple[HistoricalJob, ...]:

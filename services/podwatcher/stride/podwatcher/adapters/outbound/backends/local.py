@@ -105,8 +105,18 @@ class PodEnvironment:
     trainer_module: str = "stride.trainer"
 
 
+_POD_TLS = frozenset({"STRIDE_TLS_DIR", "STRIDE_INSECURE"})
+"""The podwatcher's own TLS settings its pods keep (:mod:`stride.runtime.tls`): the agent
+and the trainer's clients present the ``agent`` and ``trainer`` certificates of the same
+folder, or run in plain text when the suite does."""
+
+
 def _base_environment(source: Mapping[str, str]) -> dict[str, str]:
-    return {key: value for key, value in source.items() if not key.startswith("STRIDE_")}
+    return {
+        key: value
+        for key, value in source.items()
+        if not key.startswith("STRIDE_") or key in _POD_TLS
+    }
 
 
 class LocalBackend:
