@@ -56,6 +56,15 @@ async def _check(channel: grpc.aio.Channel) -> int:
     return int(reply.status)
 
 
+async def _refused(address: str, credentials: grpc.ChannelCredentials) -> grpc.StatusCode:
+    """The code a health check through ``credentials`` to admission's server fails with."""
+    options = [("grpc.ssl_target_name_override", "admission")]
+    async with grpc.aio.secure_channel(address, credentials, options) as channel:
+        with pytest.raises(grpc.aio.AioRpcError) as refused:
+            await _check(channel)
+    return refused.value.code()
+
+
 async def test_a_client_of_the_ca_is_answered_and_known_by_its_certificate(
     admission_server: str,
 ) -> None:
@@ -77,11 +86,7 @@ async def test_a_client_without_a_certificate_gets_nothing(admission_server: str
     assert material is not None
     ca = material.ca
     credentials = grpc.ssl_channel_credentials(root_certificates=ca)  # server auth only
-    options = [("grpc.ssl_target_name_override", "admission")]
-    async with grpc.aio.secure_channel(admission_server, credentials, options) as channel:
-        with pytest.raises(grpc.aio.AioRpcError) as refused:
-            await _check(channel)
-    assert refused.value.code() == grpc.StatusCode.UNAVAILABLE
+    assert await _refused(admission_server, credentials) == grpc.StatusCode.UNAVAILABLE
 
 
 async def test_a_certificate_of_another_ca_gets_nothing(
@@ -97,11 +102,7 @@ async def test_a_certificate_of_another_ca_gets_nothing(
     credentials = grpc.ssl_channel_credentials(
         root_certificates=ours.ca, private_key=other.key, certificate_chain=other.certificate
     )
-    options = [("grpc.ssl_target_name_override", "admission")]
-    async with grpc.aio.secure_channel(admission_server, credentials, options) as channel:
-        with pytest.raises(grpc.aio.AioRpcError) as refused:
-            await _check(channel)
-    assert refused.value.code() == grpc.StatusCode.UNAVAILABLE
+    assert await _refused(admission_server, credentials) == grpc.StatusCode.UNAVAILABLE
 
 
 async def test_a_client_that_meant_another_service_does_not_trust_this_one(

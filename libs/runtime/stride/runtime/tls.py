@@ -43,7 +43,7 @@ INSECURE_ENV = "STRIDE_INSECURE"
 CA_CERT_NAME = "ca.crt"
 """The CA's certificate in a :data:`TLS_DIR_ENV` folder."""
 
-IDENTITIES = (
+SERVICE_IDENTITIES = (
     "admission",
     "optimizer",
     "executor",
@@ -52,9 +52,10 @@ IDENTITIES = (
     "ckptcache",
     "podwatcher",
     "agent",
-    "trainer",
-    "cli",
 )
+"""Every service (its ``service_name``), in start order."""
+
+IDENTITIES = (*SERVICE_IDENTITIES, "trainer", "cli")
 """Every identity ``stride certs init`` issues a certificate to: the services, the agent
 sidecar, the trainer's clients (checkpoints, shards, its agent) and the CLI."""
 

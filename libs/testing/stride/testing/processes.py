@@ -10,17 +10,9 @@ from collections.abc import Mapping
 from pathlib import Path
 
 from stride.runtime.embedded_nats import free_port
+from stride.runtime.tls import SERVICE_IDENTITIES
 
-SERVICES = (
-    "admission",
-    "optimizer",
-    "executor",
-    "configdb",
-    "dispatcher",
-    "ckptcache",
-    "podwatcher",
-    "agent",
-)
+SERVICES = SERVICE_IDENTITIES
 """Every service, in start order."""
 
 
