@@ -400,6 +400,9 @@ class TrainingContext:
         the new pod), and wait to be removed. Never returns."""
         checkpoint_id = self.checkpoint("reconfigure")
         new_chief = parse_cluster(command.cluster_json)["chief"][0]
+        # Said before the ack: the ack lets the podwatcher delete this pod, and its SIGTERM
+        # can arrive before a line written after it (seen on a loaded 2-core machine).
+        say("handed over", version=command.plan_version, to=new_chief, checkpoint=checkpoint_id)
         self.agent.ack(
             "reconfigure",
             command.plan_version,
@@ -408,7 +411,6 @@ class TrainingContext:
             checkpoint_id=checkpoint_id,
             paused_seconds=time.time() - paused,
         )
-        say("handed over", version=command.plan_version, to=new_chief, checkpoint=checkpoint_id)
         if self._leases is not None:  # the new chief restores the shards from the checkpoint
             self._leases.close()
         while True:  # the podwatcher deletes this pod (SIGTERM) once the standby has it
