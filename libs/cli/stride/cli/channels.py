@@ -19,18 +19,10 @@ from stride.runtime import tls
 
 IDENTITY = "cli"
 
-_EXPLICIT = (
-    tls.TLS_DIR_ENV,
-    tls.CERT_FILE_ENV,
-    tls.KEY_FILE_ENV,
-    tls.CA_FILE_ENV,
-    tls.INSECURE_ENV,
-)
-
 
 def client_environ(state_dir: Path) -> Mapping[str, str]:
     """The environment :func:`stride.runtime.tls.load` reads for a CLI call."""
-    if any(os.environ.get(name) for name in _EXPLICIT):
+    if tls.configured():
         return os.environ
     state = SuiteState.read(state_dir)
     if state is not None and state.tls_dir:

@@ -710,8 +710,7 @@ class AdmissionProcess:
             "STRIDE_ADMISSION_CURVES_DIR": str(curves),
             "STRIDE_ADMISSION_LOG_LEVEL": os.environ.get("STRIDE_ADMISSION_LOG_LEVEL", "warning"),
         }
-        explicit = (tls.TLS_DIR_ENV, tls.CERT_FILE_ENV, tls.INSECURE_ENV)
-        if not any(os.environ.get(name) for name in explicit):
+        if not tls.configured():
             # A replay's admission service is its own: certificates of its own, in its folder.
             init_certs(workdir / "tls", identities=("admission", "cli"))
             self.env[tls.TLS_DIR_ENV] = str(workdir / "tls")

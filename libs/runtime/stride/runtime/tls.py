@@ -81,6 +81,15 @@ class TlsMaterial:
     """Where it was read from (for messages)."""
 
 
+def configured(environ: Mapping[str, str] | None = None) -> bool:
+    """Whether the environment names TLS material or plain text at all (else a caller with
+    a default of its own, like ``stride up``'s state folder, may supply it)."""
+    env = os.environ if environ is None else environ
+    return any(
+        env.get(name) for name in (TLS_DIR_ENV, CERT_FILE_ENV, KEY_FILE_ENV, CA_FILE_ENV)
+    ) or insecure(env)
+
+
 def insecure(environ: Mapping[str, str] | None = None) -> bool:
     """Whether plain text was asked for explicitly (``STRIDE_INSECURE`` 1/true/yes)."""
     value = (os.environ if environ is None else environ).get(INSECURE_ENV, "")
@@ -160,9 +169,19 @@ def channel_credentials(material: TlsMaterial) -> grpc.ChannelCredentials:
     )
 
 
-def _options(server: str, options: Sequence[tuple[str, Any]]) -> list[tuple[str, Any]]:
+def _dialling(
+    server: str,
+    identity: str,
+    options: Sequence[tuple[str, Any]],
+    environ: Mapping[str, str] | None,
+) -> tuple[grpc.ChannelCredentials | None, list[tuple[str, Any]]]:
+    """A client's credentials (None: plain text) and channel options."""
+    material = load(identity, environ)
+    if material is None:
+        return None, list(options)
     # The server's certificate must name the service dialled, whatever the address.
-    return [("grpc.ssl_target_name_override", server), *options]
+    override = ("grpc.ssl_target_name_override", server)
+    return channel_credentials(material), [override, *options]
 
 
 def aio_channel(
@@ -176,15 +195,10 @@ def aio_channel(
 ) -> grpc.aio.Channel:
     """A grpc.aio channel to the service ``server`` at ``address``, as ``identity``: mutual
     TLS unless plain text was asked for (:func:`load`)."""
-    material = load(identity, environ)
-    if material is None:
-        return grpc.aio.insecure_channel(address, options=list(options), interceptors=interceptors)
-    return grpc.aio.secure_channel(
-        address,
-        channel_credentials(material),
-        options=_options(server, options),
-        interceptors=interceptors,
-    )
+    credentials, settings = _dialling(server, identity, options, environ)
+    if credentials is None:
+        return grpc.aio.insecure_channel(address, options=settings, interceptors=interceptors)
+    return grpc.aio.secure_channel(address, credentials, settings, interceptors=interceptors)
 
 
 def sync_channel(
@@ -196,12 +210,10 @@ def sync_channel(
     environ: Mapping[str, str] | None = None,
 ) -> grpc.Channel:
     """:func:`aio_channel` for blocking clients."""
-    material = load(identity, environ)
-    if material is None:
-        return grpc.insecure_channel(address, options=list(options))
-    return grpc.secure_channel(
-        address, channel_credentials(material), options=_options(server, options)
-    )
+    credentials, settings = _dialling(server, identity, options, environ)
+    if credentials is None:
+        return grpc.insecure_channel(address, options=settings)
+    return grpc.secure_channel(address, credentials, options=settings)
 
 
 def peer_identities(context: Any) -> tuple[str, ...]:

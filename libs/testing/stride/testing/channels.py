@@ -33,8 +33,7 @@ def ensure_certificates() -> None:
     """Point ``STRIDE_TLS_DIR`` at fresh certificates for this process and everything it
     starts, unless the environment already names TLS material or plain text (the pytest
     plugin and the benchmarks that start services call it first)."""
-    explicit = (tls.TLS_DIR_ENV, tls.CERT_FILE_ENV, tls.INSECURE_ENV)
-    if not any(os.environ.get(name) for name in explicit):
+    if not tls.configured():
         os.environ[tls.TLS_DIR_ENV] = str(make_session_certificates())
 
 

@@ -260,7 +260,7 @@ class PlannedJob:
         needed = _needed(self.remaining)
         if needed <= 0:
             return np.zeros(0, dtype=np.int64)
-        plan = fill_slots(
+        plan = fill_slots()(
             used,
             capacity,
             self.slots,

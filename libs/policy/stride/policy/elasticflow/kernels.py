@@ -86,25 +86,9 @@ def _fill_slots(
     return plan
 
 
-def fill_slots(
-    used: IntArray,
-    capacity: int,
-    slots: int,
-    first: float,
-    needed: float,
-    steps: IntArray,
-    progress: FloatArray,
-    progress_by_cap: FloatArray,
-    usable: IntArray,
-) -> IntArray:
-    """:func:`_fill_slots`, compiled on first use."""
-    return _compiled()(
-        used, capacity, slots, first, needed, steps, progress, progress_by_cap, usable
-    )
-
-
 @functools.cache
-def _compiled() -> Callable[..., IntArray]:
+def fill_slots() -> Callable[..., IntArray]:
+    """:func:`_fill_slots`, compiled on the first call (then the same function)."""
     import numba
 
     options: dict[str, Any] = {"nogil": True}
