@@ -46,6 +46,7 @@ from stride.bus import topics
 from stride.bus.client import Bus
 from stride.events.v1 import job_pb2, plan_pb2
 from stride.runtime.embedded_nats import NatsServer
+from stride.testing.bus import producer_bus
 from stride.testing.channels import ensure_certificates, sync_channel
 from stride.testing.processes import ServiceProcess
 
@@ -284,7 +285,7 @@ async def main(models: list[str], modes: list[str]) -> str:
     suite = Suite(root, nats.url)
     suite.start()
     await asyncio.sleep(3)
-    bus = await Bus.connect(nats.url, name="bench")
+    bus = await producer_bus(nats.url, name="bench")  # plays admission and the optimizer
     await bus.ensure_streams()
     lines = [
         "$ .venv/bin/python bench/migration.py " + " ".join(sys.argv[1:]),

@@ -87,6 +87,26 @@ def test_up_submit_status_down_with_the_embedded_defaults(tmp_path: Path) -> Non
 
         listed = stride("status", env=env)
         assert job_id.group(0) in listed.stdout and "admitted" in listed.stdout
+        # Users: the CLI is the suite's admin by default (`stride up` made the token); the
+        # demo user sees none of the admin's jobs and cannot cancel them; a minted token
+        # names its user, whose jobs are theirs.
+        tokens = tmp_path / "state" / "tokens"
+        assert f"tokens: admin {tokens / 'admin.token'}" in up.stdout, up.stdout
+        assert all(path.stat().st_mode & 0o077 == 0 for path in tokens.iterdir())
+        demo = {**env, "STRIDE_TOKEN_FILE": str(tokens / "demo.token")}
+        as_demo = stride("status", env=demo)
+        assert as_demo.returncode == 0 and job_id.group(0) not in as_demo.stdout, as_demo
+        not_theirs = stride("cancel", job_id.group(0), env=demo)
+        assert not_theirs.returncode == 2, not_theirs
+        assert "another user's job" in not_theirs.stderr, not_theirs
+        minted = stride("token", "create", "carol", env=env)
+        assert minted.returncode == 0, minted.stderr
+        carol = {**env, "STRIDE_TOKEN": minted.stdout.strip()}
+        theirs = stride("submit", str(ROOT / "examples" / "wide-deep.yaml"), env=carol)
+        assert theirs.returncode == 0, theirs.stderr
+        assert job_id.group(0) not in stride("status", env=carol).stdout
+        forged = stride("status", env={**env, "STRIDE_TOKEN": "not.a.token"})
+        assert forged.returncode == 2 and "not a JWT" in forged.stderr, forged
         assert (tmp_path / "state" / "db" / "admission.db").exists()
         assert stride("cancel", job_id.group(0), env=env).returncode == 0
 

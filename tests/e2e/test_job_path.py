@@ -30,7 +30,7 @@ from stride.bus import topics
 from stride.events.v1 import plan_pb2
 from stride.runtime.healthcheck import probe_identity
 from stride.runtime.tls import TLS_DIR_ENV
-from stride.testing.channels import aio_channel, sync_channel
+from stride.testing.channels import aio_channel, job_token_file, sync_channel
 from stride.testing.databases import create_database, drop_database, optional_postgres_problem
 from stride.testing.eventually import assert_eventually
 from stride.testing.otlp_collector import OtlpCollector
@@ -105,6 +105,9 @@ def suite(
             "STRIDE_AGENT_ROLE": "worker",
             "STRIDE_AGENT_DISPATCHER_ADDRESS": processes["dispatcher"].address,
             "STRIDE_AGENT_CKPTCACHE_ADDRESS": processes["ckptcache"].address,
+            "STRIDE_AGENT_JOB_TOKEN_FILE": str(
+                job_token_file(tmp_path, "job-e2eprobe", "job-e2eprobe-worker-0")
+            ),
         }
     )
     for process in processes.values():
@@ -225,8 +228,10 @@ async def test_submit_reaches_plan_exactly_once_across_an_optimizer_crash(
         "HOME": str(tmp_path),
         "STRIDE_STATE_DIR": str(tmp_path / "cli-state"),
         **{f"STRIDE_{name.upper()}_ADDRESS": process.address for name, process in suite.items()},
-        # A deployment the CLI did not start: its certificates named, as a user names them.
+        # A deployment the CLI did not start: its certificates and the user's token named,
+        # as a user names them.
         TLS_DIR_ENV: os.environ[TLS_DIR_ENV],
+        "STRIDE_TOKEN": os.environ["STRIDE_TOKEN"],
     }
     invalid = cli("submit", str(ROOT / "examples" / "invalid-job.yaml"), env=env)
     assert invalid.returncode == 2

@@ -152,6 +152,7 @@ async def test_admission_sigkilled_mid_replay_loses_and_repeats_no_decision(
         admission.start()
         tracked = track(jobs, library, jobs[0].submission_time)
         replay = SteppedReplay(tracked, admission.address, server.url)
+        replay.token = admission.token
         running = asyncio.create_task(replay.run())
 
         async def halfway() -> bool:

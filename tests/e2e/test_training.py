@@ -28,6 +28,7 @@ from stride.api.podwatcher.v1 import podwatcher_service_pb2_grpc as pb_grpc
 from stride.bus import topics
 from stride.bus.client import Bus
 from stride.events.v1 import job_pb2, plan_pb2, pod_pb2
+from stride.testing.bus import producer_bus
 from stride.testing.channels import sync_channel
 from stride.testing.eventually import assert_eventually
 from stride.testing.processes import ServiceProcess
@@ -184,7 +185,7 @@ async def submit(
     entrypoint: str = "stride_examples.wide_deep:train",
     epochs: int = EPOCHS,
 ) -> Bus:
-    bus = await Bus.connect(suite.nats_url, name="test")
+    bus = await producer_bus(suite.nats_url, name="test")
     await bus.ensure_streams()
     decision = job_pb2.AdmissionDecision(
         job_id=job_id,
@@ -421,7 +422,7 @@ async def test_a_worker_under_its_need_is_oom_killed_and_the_oom_rule_relaunches
     from stride.policy.plans import Plan, Role, RoleResources
 
     job = new_job()
-    bus = await Bus.connect(suite.nats_url, name="test")
+    bus = await producer_bus(suite.nats_url, name="test")
     await bus.ensure_streams()
     try:
         decision = job_pb2.AdmissionDecision(

@@ -24,8 +24,8 @@ from stride.admission.settings import AdmissionSettings
 from stride.api.admission.v1 import admission_service_pb2 as pb
 from stride.api.admission.v1 import admission_service_pb2_grpc as pb_grpc
 from stride.bus import topics
-from stride.bus.client import Bus
 from stride.events.v1 import cluster_pb2, job_pb2
+from stride.testing.bus import producer_bus
 from stride.testing.channels import aio_channel
 from stride.testing.eventually import assert_eventually
 from stride.testing.inprocess import local_settings, running_service
@@ -227,7 +227,7 @@ async def test_a_finished_job_frees_its_share_for_the_queue(
     first = await submit(stub, spec(200_000, hog_deadline(now)))
     second = await submit(stub, spec(50_000))
     assert first.share.units == 8 and second.state == pb.JOB_STATE_QUEUED
-    bus = await Bus.connect(nats_url, "test-finisher")
+    bus = await producer_bus(nats_url, "test-finisher")
     try:
         await bus.publish(
             topics.JOB_FINISHED,
@@ -406,7 +406,7 @@ async def test_a_node_loss_withdraws_a_guarantee_and_says_why_and_nodes_back_res
     nats_url: str, database_url: str
 ) -> None:
     now = await slot_safe_now()
-    bus = await Bus.connect(nats_url, "test-podwatcher")
+    bus = await producer_bus(nats_url, "test-podwatcher")
     try:
         async with (
             running_service(build, settings(nats_url, database_url)) as host,

@@ -22,11 +22,11 @@ from stride.api.admission.v1 import admission_service_pb2_grpc as pb_grpc
 from stride.api.configdb.v1 import configdb_service_pb2 as configdb_pb
 from stride.api.configdb.v1 import configdb_service_pb2_grpc as configdb_grpc
 from stride.bus import topics
-from stride.bus.client import Bus
 from stride.configdb.app import build as build_configdb
 from stride.configdb.settings import ConfigDbSettings
 from stride.events.v1 import job_pb2
 from stride.runtime.lifecycle import ServiceHost
+from stride.testing.bus import producer_bus
 from stride.testing.channels import aio_channel
 from stride.testing.eventually import assert_eventually
 from stride.testing.inprocess import local_settings, running_service
@@ -56,7 +56,7 @@ async def configdb(nats_url: str, postgres_url: str) -> AsyncIterator[ServiceHos
 
 async def past_job(nats_url: str, configdb: ServiceHost) -> None:
     """A finished job like the new one, measured under two plans."""
-    bus = await Bus.connect(nats_url, name="test-history")
+    bus = await producer_bus(nats_url, name="test-history")
     job = "job-past"
     chief = f"{job}-chief-0"
     try:

@@ -18,8 +18,8 @@ from stride.admission.settings import AdmissionSettings
 from stride.api.admission.v1 import admission_service_pb2 as pb
 from stride.api.admission.v1 import admission_service_pb2_grpc as pb_grpc
 from stride.bus import topics
-from stride.bus.client import Bus
 from stride.events.v1 import cluster_pb2, job_pb2
+from stride.testing.bus import producer_bus
 from stride.testing.channels import aio_channel
 from stride.testing.eventually import assert_eventually
 from stride.testing.inprocess import running_service
@@ -104,7 +104,7 @@ async def test_the_tree_follows_the_node_inventory_and_survives_a_restart(
     node_settings = settings(
         nats_url, database_url, cluster_topology=None, cluster_gpus=0, capacity_source="nodes"
     )
-    bus = await Bus.connect(nats_url, "test-podwatcher")
+    bus = await producer_bus(nats_url, "test-podwatcher")
     try:
         async with (
             running_service(build, node_settings) as host,

@@ -91,7 +91,7 @@ async def test_submit_stores_decides_and_publishes(
     [
         (valid_spec(batch_size=-4), "spec.batch_size"),
         (valid_spec(dataset=job_pb2.DatasetSpec(name="d")), "spec.dataset.record_count"),
-        (valid_spec(user=""), "spec.user"),
+        (valid_spec(user="a/b"), "spec.user"),
         (valid_spec(termination=job_pb2.Termination()), "spec.termination"),
         (valid_spec(termination=job_pb2.Termination(max_steps=-1)), "spec.termination.max_steps"),
         (

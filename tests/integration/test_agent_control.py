@@ -15,6 +15,7 @@ from stride.api.dispatcher.v1 import dispatcher_service_pb2 as disp_pb
 from stride.bus import topics
 from stride.bus.client import Bus
 from stride.events.v1 import control_pb2, shard_pb2
+from stride.testing.bus import producer_bus
 from stride.testing.eventually import assert_eventually
 from stride.testing.streams import stream_messages
 
@@ -107,7 +108,7 @@ async def read(stream: Any) -> pb.WatchControlResponse:
 async def test_commands_reach_the_trainer_for_this_pod_only_and_newest_first(
     stack: Stack, nats_url: str
 ) -> None:
-    bus = await Bus.connect(nats_url, name="test-podwatcher")
+    bus = await producer_bus(nats_url, name="test-podwatcher")
     try:
         # Published before anyone watches: kept for the first watcher.
         await command(bus, POD, 2, '{"worker": ["a:1", "b:2"]}')

@@ -31,7 +31,7 @@ from stride.dispatcher.app import build as build_dispatcher
 from stride.dispatcher.settings import DispatcherSettings
 from stride.events.v1 import checkpoint_pb2, control_pb2, metrics_pb2, shard_pb2
 from stride.runtime.lifecycle import ServiceHost
-from stride.testing.channels import aio_channel
+from stride.testing.channels import aio_channel, job_token_file
 from stride.testing.eventually import assert_eventually
 from stride.testing.inprocess import running_service
 from stride.testing.streams import stream_messages
@@ -51,7 +51,7 @@ class Stack:
     channel: grpc.aio.Channel
 
 
-def agent_settings(nats_url: str, dispatcher: str, ckptcache: str) -> AgentSettings:
+def agent_settings(nats_url: str, dispatcher: str, ckptcache: str, tokens: Path) -> AgentSettings:
     return AgentSettings(
         job_id=JOB,
         pod_name=POD,
@@ -62,6 +62,7 @@ def agent_settings(nats_url: str, dispatcher: str, ckptcache: str) -> AgentSetti
         grpc_port=0,
         health_interval_seconds=0.2,
         upstream_timeout_seconds=5,
+        job_token_file=job_token_file(tokens, JOB, POD),
     )
 
 
@@ -89,7 +90,7 @@ async def stack(nats_url: str, database_url: str, tmp_path: Path) -> AsyncIterat
     ):
         dispatcher_address = f"127.0.0.1:{dispatcher.server.port}"
         ckptcache_address = f"127.0.0.1:{ckptcache.server.port}"
-        settings = agent_settings(nats_url, dispatcher_address, ckptcache_address)
+        settings = agent_settings(nats_url, dispatcher_address, ckptcache_address, tmp_path)
         async with (
             running_service(build_agent, settings) as agent,
             aio_channel(f"127.0.0.1:{agent.server.port}", "agent") as agent_channel,
@@ -338,9 +339,9 @@ def closed_address() -> str:
         return f"127.0.0.1:{probe.getsockname()[1]}"
 
 
-async def test_an_unreachable_upstream_is_named(nats_url: str) -> None:
+async def test_an_unreachable_upstream_is_named(nats_url: str, tmp_path: Path) -> None:
     closed = closed_address()
-    settings = agent_settings(nats_url, closed, closed)
+    settings = agent_settings(nats_url, closed, closed, tmp_path)
     async with (
         running_service(build_agent, settings) as agent,
         aio_channel(f"127.0.0.1:{agent.server.port}", "agent") as channel,

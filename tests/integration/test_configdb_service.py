@@ -20,6 +20,7 @@ from stride.configdb.app import build
 from stride.configdb.settings import ConfigDbSettings
 from stride.events.v1 import job_pb2, metrics_pb2, plan_pb2, pod_pb2
 from stride.runtime.lifecycle import ServiceHost
+from stride.testing.bus import producer_bus
 from stride.testing.channels import aio_channel
 from stride.testing.eventually import assert_eventually
 from stride.testing.inprocess import local_settings, running_service
@@ -103,7 +104,7 @@ async def stub(configdb: ServiceHost) -> AsyncIterator[Stub]:
 @pytest.fixture
 async def bus(configdb: ServiceHost, nats_url: str) -> AsyncIterator[Bus]:
     """A producer's connection (the service has declared the streams by now)."""
-    producer = await Bus.connect(nats_url, name="test-producer")
+    producer = await producer_bus(nats_url, name="test-producer")
     try:
         yield producer
     finally:

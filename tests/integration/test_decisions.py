@@ -32,6 +32,7 @@ from stride.policy.pareto import ALGORITHMS as PARETO_ALGORITHMS
 from stride.policy.pareto import ClusterLimits, ParetoRequest, SearchBounds
 from stride.policy.throughput import PAPER_PARAMETERS, Configuration, throughput
 from stride.runtime.lifecycle import ServiceHost
+from stride.testing.bus import producer_bus
 from stride.testing.eventually import assert_eventually
 from stride.testing.inprocess import local_settings, running_service
 from stride.testing.processes import ServiceProcess
@@ -75,7 +76,7 @@ async def executor(nats_url: str, replica: str = "replica-a") -> AsyncIterator[S
 
 @pytest.fixture
 async def bus(nats_url: str) -> AsyncIterator[Bus]:
-    connected = await Bus.connect(nats_url, name="test-decisions")
+    connected = await producer_bus(nats_url, name="test-decisions")
     await connected.ensure_streams()
     try:
         yield connected

@@ -35,6 +35,7 @@ from stride.bus.client import Bus
 from stride.dispatcher.app import SERVICE_NAME
 from stride.events.v1 import plan_pb2, pod_pb2, shard_pb2
 from stride.shardclient import Committed, LeasedShard, ShardClient, ShardReader
+from stride.testing.bus import producer_bus
 from stride.testing.channels import aio_channel
 from stride.testing.eventually import assert_eventually
 from stride.testing.processes import ServiceProcess
@@ -187,7 +188,7 @@ async def test_exactly_once_through_a_dispatcher_sigkill_and_two_dead_workers(
         await assert_eventually(lambda: committed_records(ledger) >= total // 2, timeout=60)
         by_event, by_expiry = workers[-2], workers[-1]
         orphaned = by_event.kill() | by_expiry.kill()
-        bus = await Bus.connect(nats_url, name="test-podwatcher")
+        bus = await producer_bus(nats_url, name="test-podwatcher")
         occurred = Timestamp()
         occurred.FromDatetime(datetime.now(UTC))
         await bus.publish(

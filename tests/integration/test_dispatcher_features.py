@@ -20,13 +20,13 @@ from google.protobuf.timestamp_pb2 import Timestamp
 from stride.api.dispatcher.v1 import dispatcher_service_pb2 as pb
 from stride.api.dispatcher.v1 import dispatcher_service_pb2_grpc as pb_grpc
 from stride.bus import topics
-from stride.bus.client import Bus
 from stride.dispatcher.app import build
 from stride.dispatcher.settings import DispatcherSettings
 from stride.events.v1 import plan_pb2, pod_pb2, shard_pb2
 from stride.runtime.lifecycle import ServiceHost
 from stride.shardclient import Revoked, ShardClient
 from stride.shardclient.steps import StepOrderer
+from stride.testing.bus import producer_bus
 from stride.testing.channels import aio_channel
 from stride.testing.eventually import assert_eventually
 from stride.testing.inprocess import local_settings, running_service
@@ -161,7 +161,7 @@ async def test_a_failed_pod_event_marks_its_worker_lost(stub: Stub, nats_url: st
     tokens = {w: await register(stub, w) for w in ("pod-a", "pod-b")}
     held = await get(stub, "pod-a", tokens["pod-a"])
     await get(stub, "pod-b", tokens["pod-b"])
-    bus = await Bus.connect(nats_url, name="test-podwatcher")
+    bus = await producer_bus(nats_url, name="test-podwatcher")
     try:
         occurred = Timestamp()
         occurred.FromDatetime(datetime.now(UTC))

@@ -11,7 +11,6 @@ import pytest
 from sqlalchemy import delete, select
 
 from stride.bus import topics
-from stride.bus.client import Bus
 from stride.db.engine import Database
 from stride.db.migrations import upgrade
 from stride.db.outbox import HEALTH_NAME, Outbox
@@ -20,6 +19,7 @@ from stride.dispatcher.app import MIGRATIONS, SERVICE_NAME, open_fast_path
 from stride.dispatcher.db.tables import outbox as outbox_table
 from stride.dispatcher.settings import DispatcherSettings
 from stride.runtime.lifecycle import Dependency, ServiceHost
+from stride.testing.bus import producer_bus
 from stride.testing.eventually import assert_eventually
 from stride.testing.health import NOT_SERVING, SERVING, equals, health
 from stride.testing.inprocess import local_settings, running_service
@@ -43,7 +43,7 @@ class FastRelaying(OutboxHarness):
         self.fast: FastPath | None = None
 
     async def build(self, settings: DispatcherSettings) -> ServiceHost:
-        host = create_host(settings, [SERVICE_NAME])
+        host = create_host(settings, [SERVICE_NAME], {})  # no methods of its own are called
         bus = await connect_bus(settings, host)
         database = self.database = await open_database(settings, host, MIGRATIONS)
         fast = self.fast = open_fast_path(
@@ -111,7 +111,7 @@ async def test_the_relay_reads_deletes_and_parks_only_through_the_fast_path(
     elsewhere = Database(f"sqlite:///{tmp_path / 'empty.db'}", "dispatcher")
     fast = open_fast_path(database, timedelta(seconds=60), timedelta(seconds=30), False)
     outbox = Outbox(outbox_table, hooks=fast.relay_hooks())
-    bus = await Bus.connect(nats_url, "dispatcher-test")
+    bus = await producer_bus(nats_url, "dispatcher-test")
     try:
         await bus.ensure_streams()
         async with database.transaction() as session:

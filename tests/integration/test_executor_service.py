@@ -23,6 +23,7 @@ from stride.executor.settings import ExecutorSettings
 from stride.policy.cold_start import ColdStartReply
 from stride.policy.registry import default_registry, from_dict
 from stride.runtime.lifecycle import ServiceHost
+from stride.testing.bus import producer_bus
 from stride.testing.channels import aio_channel
 from stride.testing.inprocess import running_service
 
@@ -76,7 +77,7 @@ async def executors(nats_url: str) -> AsyncIterator[list[ServiceHost]]:
 
 @pytest.fixture
 async def bus(executors: list[ServiceHost], nats_url: str) -> AsyncIterator[Bus]:
-    connected = await Bus.connect(nats_url, name="test-optimizer")
+    connected = await producer_bus(nats_url, name="test-optimizer")
     try:
         yield connected
     finally:
@@ -260,7 +261,7 @@ async def test_a_run_past_the_time_limit_is_stopped_and_the_slot_serves_again(
                 pb.RunAlgorithmRequest(request=algorithm_request({"seconds": "long"}, "test-spin"))
             )
         assert invalid.value.code() == grpc.StatusCode.INVALID_ARGUMENT
-    bus = await Bus.connect(nats_url, name="test-optimizer")
+    bus = await producer_bus(nats_url, name="test-optimizer")
     try:
         over = algorithm_request({"seconds": 60.0}, "test-spin", request_id="over")
         answer = events.AlgorithmReply.FromString(

@@ -77,7 +77,7 @@ from stride.runtime.embedded_nats import NatsServer
 from stride.runtime.grpc_server import MAX_STATUS_MESSAGE_BYTES, request_limit
 from stride.runtime.lifecycle import ServiceHost
 from stride.runtime.settings import ServiceSettings
-from stride.testing.channels import sync_channel
+from stride.testing.channels import job_token_file, sync_channel
 from stride.testing.databases import create_database, drop_database, require_postgres
 from stride.testing.inprocess import local_settings, running_service
 
@@ -240,6 +240,7 @@ class Suite:
             dispatcher_address=f"127.0.0.1:{self.hosts['dispatcher'].server.port}",
             ckptcache_address=f"127.0.0.1:{self.hosts['ckptcache'].server.port}",
             upstream_timeout_seconds=5,
+            job_token_file=job_token_file(self.tmp, JOB, POD),
         )
         await self._run("agent", build_agent, agent_settings)
 

@@ -101,8 +101,7 @@ CASES = [
     Case("name-missing", "spec.name", {"name": DELETE}, words="is required"),
     Case("name-with-space", "spec.name", {"name": "has space"}),
     Case("name-too-long", "spec.name", {"name": "n" * 129}),
-    # user (2)
-    Case("user-missing", "spec.user", {"user": DELETE}, words="quotas are per user"),
+    # user (1): a spec without one is its submitter's (the token's; test_authorization.py)
     Case("user-with-slash", "spec.user", {"user": "a/b"}),
     # model (3)
     Case("model-missing", "spec.model.name", {"model": DELETE}),
@@ -396,6 +395,7 @@ def cli_env(admission: ServiceHost, tmp_path_factory: pytest.TempPathFactory) ->
         {
             "STRIDE_ADMISSION_ADDRESS": f"127.0.0.1:{admission.server.port}",
             "STRIDE_TLS_DIR": os.environ["STRIDE_TLS_DIR"],
+            "STRIDE_TOKEN": os.environ["STRIDE_TOKEN"],
             "STRIDE_STATE_DIR": str(tmp_path_factory.mktemp("cli-state")),
             "COLUMNS": "80",
         }

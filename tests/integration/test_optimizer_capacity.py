@@ -22,6 +22,7 @@ from stride.events.v1 import plan_pb2
 from stride.optimizer.app import build
 from stride.optimizer.domain.tuning import pods_of
 from stride.runtime.lifecycle import ServiceHost
+from stride.testing.bus import producer_bus
 from stride.testing.channels import aio_channel
 from stride.testing.eventually import assert_eventually
 from stride.testing.inprocess import running_service
@@ -67,7 +68,7 @@ async def stub(optimizer: ServiceHost) -> AsyncIterator[Any]:
 
 @pytest.fixture
 async def bus(optimizer: ServiceHost, nats_url: str) -> AsyncIterator[Bus]:
-    producer = await Bus.connect(nats_url, name="test-agent")
+    producer = await producer_bus(nats_url, name="test-agent")
     try:
         yield producer
     finally:

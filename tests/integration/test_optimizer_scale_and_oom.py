@@ -17,6 +17,7 @@ from stride.bus.client import Bus
 from stride.events.v1 import optimization_pb2, plan_pb2, pod_pb2
 from stride.optimizer.app import build
 from stride.runtime.lifecycle import ServiceHost
+from stride.testing.bus import producer_bus
 from stride.testing.channels import aio_channel
 from stride.testing.eventually import assert_eventually
 from stride.testing.inprocess import running_service
@@ -43,7 +44,7 @@ async def stub(optimizer: ServiceHost) -> AsyncIterator[Stub]:
 
 @pytest.fixture
 async def bus(optimizer: ServiceHost, nats_url: str) -> AsyncIterator[Bus]:
-    producer = await Bus.connect(nats_url, name="test-producer")
+    producer = await producer_bus(nats_url, name="test-producer")
     try:
         yield producer
     finally:

@@ -28,6 +28,7 @@ from stride.optimizer.db.tables import outbox as outbox_table
 from stride.optimizer.settings import OptimizerSettings
 from stride.optimizer.usecases import Planning
 from stride.runtime.lifecycle import ServiceHost
+from stride.testing.bus import producer_bus
 from stride.testing.channels import aio_channel
 from stride.testing.eventually import assert_eventually
 from stride.testing.inprocess import running_service
@@ -136,7 +137,7 @@ async def stub(optimizer: ServiceHost) -> AsyncIterator[Stub]:
 
 @pytest.fixture
 async def bus(optimizer: ServiceHost, nats_url: str) -> AsyncIterator[Bus]:
-    connected = await Bus.connect(nats_url, name="test-producer")
+    connected = await producer_bus(nats_url, name="test-producer")
     try:
         yield connected
     finally:
@@ -278,17 +279,15 @@ async def test_bad_and_unknown_job_ids_over_grpc(stub: Stub) -> None:
 async def test_malformed_messages_are_dead_lettered_and_do_not_block(
     stub: Stub, bus: Bus, nats_url: str
 ) -> None:
-    await bus.js.publish(
-        topics.JOB_ADMITTED.subject("job-raw"), b"not protobuf", headers={"Nats-Msg-Id": "raw-1"}
-    )
-    await bus.js.publish(
+    # A producer's bugs (signed by the right producer: publish_raw signs as it).
+    await bus.publish_raw(topics.JOB_ADMITTED.subject("job-raw"), b"not protobuf", "raw-1", {})
+    await bus.publish_raw(
         topics.JOB_ADMITTED.subject("job-json"),
         b'{"job_id": "job-json"}',
-        headers={"Nats-Msg-Id": "json-1", "Stride-Type": "stride.events.v1.AdmissionDecision"},
+        "json-1",
+        {"Stride-Type": "stride.events.v1.AdmissionDecision"},
     )
-    await bus.js.publish(
-        topics.JOB_FINISHED.subject("job-raw"), b"not protobuf", headers={"Nats-Msg-Id": "raw-2"}
-    )
+    await bus.publish_raw(topics.JOB_FINISHED.subject("job-raw"), b"not protobuf", "raw-2", {})
     await publish_admission(bus, admission("job-bad-spec", batch_size=0))
     wrong_subject = admission("job-other")
     await bus.publish(topics.JOB_ADMITTED, "job-elsewhere", wrong_subject, "wrong-subject-1")
@@ -322,7 +321,7 @@ async def test_exactly_one_plan_across_crash_and_restarts(nats_url: str, databas
     settings = optimizer_settings(nats_url, database_url)
     # First run: migrate, declare streams, and handle one admission normally.
     async with running_service(build, settings) as host:
-        bus = await Bus.connect(nats_url, name="test-producer")
+        bus = await producer_bus(nats_url, name="test-producer")
         await publish_admission(bus, admission("job-before"))
         await published_plans(nats_url, "job-before")
         async with aio_channel(f"127.0.0.1:{host.server.port}", "optimizer") as channel:
@@ -396,7 +395,7 @@ async def test_sigkill_at_any_point_leaves_exactly_one_plan(
     bus: Bus | None = None
     try:
         await wait_until_serving(process.address)
-        bus = await Bus.connect(nats_url, name="test-producer")
+        bus = await producer_bus(nats_url, name="test-producer")
         jobs = [f"job-killed-{number}" for number in range(6)]
         for job_id in jobs[:3]:
             await publish_admission(bus, admission(job_id))

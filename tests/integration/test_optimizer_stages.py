@@ -47,6 +47,7 @@ from stride.sim.dlrm import (
     ps_memory_gib,
 )
 from stride.testing import SHARED_TRACES
+from stride.testing.bus import producer_bus
 from stride.testing.channels import aio_channel
 from stride.testing.eventually import assert_eventually
 from stride.testing.inprocess import local_settings, running_service
@@ -92,7 +93,7 @@ async def stub(optimizer: ServiceHost) -> AsyncIterator[Stub]:
 
 @pytest.fixture
 async def bus(optimizer: ServiceHost, nats_url: str) -> AsyncIterator[Bus]:
-    producer = await Bus.connect(nats_url, name="test-agent")
+    producer = await producer_bus(nats_url, name="test-agent")
     try:
         yield producer
     finally:
@@ -405,7 +406,7 @@ async def test_an_operator_plan_holds_and_a_min_interval_holds_too(
     async with running_service(
         build, settings(nats_url, postgres_url, min_plan_interval_seconds=3600)
     ) as host:
-        producer = await Bus.connect(nats_url, name="test-agent")
+        producer = await producer_bus(nats_url, name="test-agent")
         try:
             job_id = "job-dlrm-3"
             spec = dlrm_job(seed=3, index=4)
@@ -485,7 +486,7 @@ async def test_an_optimizer_sigkilled_mid_round_resumes_with_no_plan_duplicated_
     bus: Bus | None = None
     try:
         await wait_until_serving(process.address)
-        bus = await Bus.connect(nats_url, name="test-agent")
+        bus = await producer_bus(nats_url, name="test-agent")
         job_id = "job-dlrm-killed"
         spec = dlrm_job(seed=3, index=4)
         await bus.publish(
@@ -565,7 +566,7 @@ async def test_a_new_job_warm_starts_from_similar_finished_jobs_as_the_simulator
         address = f"127.0.0.1:{configdb.server.port}"
         optimizer_settings = settings(nats_url, postgres_url, configdb_address=address)
         async with running_service(build, optimizer_settings) as optimizer:
-            producer = await Bus.connect(nats_url, name="test-history")
+            producer = await producer_bus(nats_url, name="test-history")
             history_source = ConfigDbHistory(address)
             try:
                 spec = dlrm_job(seed=3, index=4)
@@ -641,7 +642,7 @@ async def test_without_a_reachable_config_db_a_job_starts_cold(
 ) -> None:
     unreachable = settings(nats_url, postgres_url, configdb_address="127.0.0.1:9")
     async with running_service(build, unreachable):
-        producer = await Bus.connect(nats_url, name="test-cold")
+        producer = await producer_bus(nats_url, name="test-cold")
         try:
             job_id = "job-dlrm-cold"
             spec = dlrm_job(seed=3, index=4)

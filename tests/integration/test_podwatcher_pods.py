@@ -31,6 +31,7 @@ from stride.bus import topics
 from stride.bus.client import Bus
 from stride.events.v1 import cluster_pb2, control_pb2, job_pb2, plan_pb2, pod_pb2
 from stride.podwatcher.adapters.outbound.backends.localpods import LocalPods
+from stride.testing.bus import producer_bus
 from stride.testing.channels import aio_channel
 from stride.testing.eventually import assert_eventually
 from stride.testing.processes import ServiceProcess
@@ -126,7 +127,7 @@ async def running_podwatcher(
     """A podwatcher process serving, a bus connection and a stub; its pods removed after."""
     podwatcher = Podwatcher(nats_url, postgres_url, tmp_path, **extra)
     podwatcher.process.start()
-    bus = await Bus.connect(nats_url, name="test")
+    bus = await producer_bus(nats_url, name="test")
     channel = aio_channel(podwatcher.address, "podwatcher")
     try:
         stub = pb_grpc.PodWatcherServiceStub(channel)

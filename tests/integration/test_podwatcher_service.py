@@ -24,6 +24,7 @@ from stride.events.v1 import job_pb2, plan_pb2
 from stride.podwatcher.app import build
 from stride.podwatcher.settings import PodWatcherSettings
 from stride.runtime.lifecycle import ServiceHost
+from stride.testing.bus import producer_bus
 from stride.testing.channels import aio_channel
 from stride.testing.eventually import assert_eventually
 from stride.testing.inprocess import local_settings, running_service
@@ -74,7 +75,7 @@ async def stub(podwatcher: ServiceHost) -> AsyncIterator[Stub]:
 @pytest.fixture
 async def bus(podwatcher: ServiceHost, nats_url: str) -> AsyncIterator[Bus]:
     """A producer's connection (the service has declared the streams by now)."""
-    producer = await Bus.connect(nats_url, name="test-producer")
+    producer = await producer_bus(nats_url, name="test-producer")
     try:
         yield producer
     finally:
@@ -198,7 +199,7 @@ async def test_invalid_plans_are_dead_lettered_and_later_ones_processed(
     await newest_version_becomes(stub, "job-good", 1)
     bad = invalid_plans()
     for index, (subject, payload, headers) in enumerate(bad):
-        await bus.js.publish(subject, payload, headers={**headers, "Nats-Msg-Id": f"bad-{index}"})
+        await bus.publish_raw(subject, payload, f"bad-{index}", headers)  # signed as optimizer
     await bus.publish(topics.PLAN, "job-good", plan("job-good", 3), "good-3")
     await newest_version_becomes(stub, "job-good", 3)
 

@@ -14,11 +14,12 @@ import pytest
 from nats.aio.msg import Msg
 
 from stride.bus import topics
-from stride.bus.client import ACK_WAIT_SECONDS, Bus, Delivery
+from stride.bus.client import ACK_WAIT_SECONDS, Delivery
 from stride.events.v1 import job_pb2
 from stride.optimizer.app import build as build_optimizer
 from stride.optimizer.settings import OptimizerSettings
 from stride.runtime.errors import Unavailable
+from stride.testing.bus import producer_bus
 from stride.testing.eventually import assert_eventually
 from stride.testing.inprocess import local_settings, running_service
 from stride.testing.processes import ServiceProcess
@@ -70,7 +71,7 @@ async def test_a_plan_interrupted_by_an_optimizer_crash_comes_within_seconds(
         },
         tmp_path,
     ).start()
-    bus = await Bus.connect(nats_url, name="test-redelivery")
+    bus = await producer_bus(nats_url, name="test-redelivery")
     try:
         await bus.ensure_streams()
         await bus.publish(topics.JOB_ADMITTED, "job-crash", admitted("job-crash"), "a.1")
@@ -103,7 +104,7 @@ async def test_a_plan_interrupted_by_an_optimizer_crash_comes_within_seconds(
 
 
 async def test_a_slow_handler_is_not_redelivered_under_itself(nats_url: str) -> None:
-    bus = await Bus.connect(nats_url, name="test-slow")
+    bus = await producer_bus(nats_url, name="test-slow")
     await bus.ensure_streams()
     calls: list[str] = []
     stop = asyncio.Event()
@@ -127,7 +128,7 @@ async def test_a_slow_handler_is_not_redelivered_under_itself(nats_url: str) -> 
 
 
 async def test_a_fact_waiting_for_a_dependency_is_never_dead_lettered(nats_url: str) -> None:
-    bus = await Bus.connect(nats_url, name="test-waiting")
+    bus = await producer_bus(nats_url, name="test-waiting")
     await bus.ensure_streams()
     attempts: list[int] = []
     stop = asyncio.Event()

@@ -18,6 +18,8 @@ from stride.api.dispatcher.v1 import dispatcher_service_pb2 as disp_pb
 from stride.dispatcher.app import build as build_dispatcher
 from stride.dispatcher.settings import DispatcherSettings
 from stride.events.v1 import shard_pb2
+from stride.runtime.tokens import TokenSource
+from stride.testing.channels import job_token_file
 from stride.testing.inprocess import running_service
 from stride.trainer.agent_client import AgentClient
 from stride.trainer.feed import LeaseKeeper
@@ -50,9 +52,15 @@ async def agent(nats_url: str, database_url: str, tmp_path: Path) -> AsyncIterat
             grpc_port=0,
             health_interval_seconds=0.2,
             upstream_timeout_seconds=5,
+            job_token_file=job_token_file(tmp_path, JOB, f"{JOB}-chief-0", "chief"),
         )
         async with running_service(build_agent, settings) as host:
-            client = AgentClient(f"127.0.0.1:{host.server.port}", patience=10, timeout=10)
+            client = AgentClient(
+                f"127.0.0.1:{host.server.port}",
+                patience=10,
+                timeout=10,
+                token=TokenSource(path=tmp_path / f"{JOB}-chief-0.token"),
+            )
             try:
                 yield client
             finally:

@@ -167,3 +167,35 @@ def test_the_cas_key_can_live_outside_the_folder_every_service_mounts(tmp_path: 
     # ... and a run that forgot where the key is says so instead of making a second CA.
     with pytest.raises(CertificateError, match=r"has only one of ca\.key"):
         init(folder)
+
+
+def test_stride_token_create_as_an_administrator_runs_it(tmp_path: Path) -> None:
+    """A token minted with the folder's users key verifies as its user; bad input and a
+    folder without the key get one clear line, and no token."""
+    from stride.runtime.tokens import UserIdentity, Verifier
+
+    env = {"PATH": "/usr/bin:/bin", "COLUMNS": "200"}
+    init(tmp_path / "tls")
+    made = run_cli("token", "create", "alice", "--tls-dir", str(tmp_path / "tls"), env=env)
+    assert made.returncode == 0, made.stderr
+    identity = Verifier((tmp_path / "tls" / "ca.crt").read_bytes()).verify(made.stdout.strip())
+    assert isinstance(identity, UserIdentity) and identity == UserIdentity(
+        "alice", False, identity.token_id, identity.expires
+    )
+    admin = run_cli(
+        "token", "create", "root", "--admin", "--days", "1",
+        "--tls-dir", str(tmp_path / "tls"), "--out", str(tmp_path / "root.token"),
+        env=env,
+    )  # fmt: skip
+    assert admin.returncode == 0 and "valid 1 days" in admin.stdout
+    assert (tmp_path / "root.token").stat().st_mode & 0o777 == 0o600
+    saved = Verifier((tmp_path / "tls" / "ca.crt").read_bytes()).verify(
+        (tmp_path / "root.token").read_text().strip()
+    )
+    assert isinstance(saved, UserIdentity) and saved.admin
+    bad_name = run_cli("token", "create", "a/b", "--tls-dir", str(tmp_path / "tls"), env=env)
+    assert bad_name.returncode == 2 and "user" in bad_name.stderr and not bad_name.stdout
+    init(tmp_path / "services", identities=("admission",))
+    no_key = run_cli("token", "create", "alice", "--tls-dir", str(tmp_path / "services"), env=env)
+    assert no_key.returncode == 2 and "users.key" in no_key.stderr and not no_key.stdout
+    assert "Traceback" not in no_key.stderr + bad_name.stderr

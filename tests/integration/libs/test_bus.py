@@ -16,6 +16,7 @@ from stride.bus import topics
 from stride.bus.client import Bus, Delivery, Handler, PermanentError
 from stride.events.v1 import job_pb2
 from stride.runtime.errors import InvalidArgument
+from stride.testing.bus import producer_bus
 from stride.testing.eventually import assert_eventually
 from stride.testing.streams import dead_letters
 
@@ -24,7 +25,7 @@ pytestmark = pytest.mark.integration
 
 @pytest.fixture
 async def bus(nats_url: str) -> AsyncIterator[Bus]:
-    connected = await Bus.connect(nats_url, "test")
+    connected = await producer_bus(nats_url, "test")
     await connected.ensure_streams()
     yield connected
     await connected.close()
@@ -84,7 +85,9 @@ async def test_malformed_and_mistyped_messages_are_dead_lettered_not_retried(
         seen.append(message.job_id)
 
     task = await run_consumer(bus, handler, stop)
-    await bus.js.publish(topics.JOB_FINISHED.subject("bad"), b'{"job_id": "json is not protobuf"}')
+    await bus.publish_raw(
+        topics.JOB_FINISHED.subject("bad"), b'{"job_id": "json is not protobuf"}', "bad", {}
+    )
     wrong = job_pb2.JobSubmitted(job_id="x")
     await bus.publish_raw(
         topics.JOB_FINISHED.subject("wrong"),

@@ -22,7 +22,6 @@ from stride.admission.app import SERVICE_NAME
 from stride.admission.db.tables import outbox as admission_outbox
 from stride.admission.settings import AdmissionSettings
 from stride.bus import topics
-from stride.bus.client import Bus
 from stride.db.engine import Database, schema_for, sync_url
 from stride.db.migrations import current_and_head, downgrade, upgrade
 from stride.db.outbox import HEALTH_NAME, Outbox, outbox_table
@@ -30,6 +29,7 @@ from stride.dispatcher.app import MIGRATIONS as DISPATCHER_MIGRATIONS
 from stride.optimizer.app import MIGRATIONS as OPTIMIZER_MIGRATIONS
 from stride.runtime.embedded_nats import NatsServer
 from stride.runtime.lifecycle import ServiceHost
+from stride.testing.bus import producer_bus
 from stride.testing.eventually import assert_eventually
 from stride.testing.health import NOT_SERVING, SERVING, equals, health
 from stride.testing.inprocess import local_settings, running_service
@@ -52,7 +52,7 @@ class Relaying(OutboxHarness):
         super().__init__(SUBJECT, HEADERS)
 
     async def build(self, settings: AdmissionSettings) -> ServiceHost:
-        host = create_host(settings, [SERVICE_NAME])
+        host = create_host(settings, [SERVICE_NAME], {})  # no methods of its own are called
         bus = await connect_bus(settings, host)
         self.database = await open_database(settings, host, ADMISSION_MIGRATIONS)
         self.outbox = Outbox(admission_outbox)
@@ -144,7 +144,7 @@ async def test_an_event_its_headers_push_over_max_payload_is_parked_unsent(
     # nats-py checks the payload alone; the server checks payload and headers together and
     # closes the connection of a client over the limit. The relay checks before sending.
     database, outbox = sqlite_outbox
-    bus = await Bus.connect(nats_url, "outbox-test")
+    bus = await producer_bus(nats_url, "outbox-test")
     try:
         await bus.ensure_streams()
         limit = bus.nc.max_payload
@@ -173,7 +173,7 @@ async def test_a_transient_failure_is_retried_never_parked(
     sqlite_outbox: tuple[Database, Outbox], nats_server: NatsServer
 ) -> None:
     database, outbox = sqlite_outbox
-    bus = await Bus.connect(nats_server.url, "outbox-test")
+    bus = await producer_bus(nats_server.url, "outbox-test")
     stop = asyncio.Event()
     relay: asyncio.Task[None] | None = None
     try:

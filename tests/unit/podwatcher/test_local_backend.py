@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import asyncio
 import os
 from pathlib import Path
 
@@ -11,11 +12,15 @@ from stride.podwatcher.adapters.outbound.backends.local import (
     PodEnvironment,
     detect_local_node,
     parse_meminfo_total,
+    pod_tls_folder,
 )
 from stride.podwatcher.adapters.outbound.backends.localpods import Enforcement, LocalPods
 from stride.podwatcher.domain.cluster import PodPhase
 from stride.podwatcher.domain.nodes import NodeSpec
 from stride.podwatcher.domain.reconcile import PodRecord
+from stride.runtime import tls
+from stride.runtime.certs import init
+from stride.runtime.tokens import JobIdentity, Signer, Verifier
 from stride.vocabulary import Role
 
 GIB = 1024**3
@@ -43,16 +48,20 @@ def test_the_local_node_is_this_machine() -> None:
     assert node.memory_bytes > 0
 
 
-def test_a_pod_runs_its_trainer_and_agent_with_its_identity_and_nothing_of_ours(
-    tmp_path: Path,
-) -> None:
-    environment = PodEnvironment(
+def pod_environment(tmp_path: Path) -> PodEnvironment:
+    return PodEnvironment(
         nats_url="nats://127.0.0.1:4222",
         dispatcher_address="127.0.0.1:1",
         ckptcache_address="127.0.0.1:2",
         checkpoint_every_steps=7,
         jobs_dir=tmp_path / "jobs",
     )
+
+
+def test_a_pod_runs_its_trainer_and_agent_with_its_identity_and_nothing_of_ours(
+    tmp_path: Path,
+) -> None:
+    environment = pod_environment(tmp_path)
     backend = LocalBackend(
         LocalPods(tmp_path / "pods", enforcement=Enforcement.RLIMIT),
         (NodeSpec("node-0", 2.0, GIB),),
@@ -76,3 +85,71 @@ def test_a_pod_runs_its_trainer_and_agent_with_its_identity_and_nothing_of_ours(
     for process in launch.processes:
         assert "STRIDE_PODWATCHER_DATABASE_URL" not in process.env
         assert process.env["PATH"] == "/bin"
+
+
+def test_each_pod_gets_a_job_token_for_itself_and_a_tls_folder_without_signing_keys(
+    tmp_path: Path,
+) -> None:
+    """A pod's agent and trainer read a job token naming its (job, pod, role), signed by the
+    pod watcher; it is rewritten for running pods and goes with the pod. The TLS folder pods
+    are given holds only the agent's and the trainer's keys (not the podwatcher's or the
+    users' key, which sign tokens)."""
+    certificates = tmp_path / "tls"
+    init(certificates)
+    material = tls.load("podwatcher", {tls.TLS_DIR_ENV: str(certificates)})
+    assert material is not None
+    pod_tls = pod_tls_folder(certificates, tmp_path / "pod-tls")
+    assert sorted(path.name for path in pod_tls.iterdir()) == [
+        "agent.crt",
+        "agent.key",
+        "ca.crt",
+        "trainer.crt",
+        "trainer.key",
+    ]
+    environment = pod_environment(tmp_path)
+    backend = LocalBackend(
+        LocalPods(tmp_path / "pods", enforcement=Enforcement.RLIMIT),
+        (NodeSpec("node-0", 2.0, GIB),),
+        environment,
+        base_environment={"STRIDE_TLS_DIR": str(pod_tls)},
+        signer=Signer(material),
+        tokens_dir=tmp_path / "tokens",
+    )
+    record = PodRecord(
+        "job-1-worker-2", "job-1", Role.WORKER, 2, 0, 0.5, GIB, "node-0", PodPhase.PENDING
+    )
+    launch = backend.launch(PodStart(record, 4000, 4001, 3, "{}", "{}"))
+    processes = {p.name: p for p in launch.processes}
+    path = Path(processes["trainer"].env["STRIDE_JOB_TOKEN_FILE"])
+    assert processes["agent"].env["STRIDE_AGENT_JOB_TOKEN_FILE"] == str(path)
+    assert path.stat().st_mode & 0o777 == 0o600
+    assert (tmp_path / "tokens").stat().st_mode & 0o777 == 0o700
+    verifier = Verifier((certificates / "ca.crt").read_bytes())
+    identity = verifier.verify(path.read_text().strip())
+    assert isinstance(identity, JobIdentity)
+    assert (identity.job_id, identity.pod, identity.role) == ("job-1", "job-1-worker-2", "worker")
+    assert processes["trainer"].env["STRIDE_TLS_DIR"] == str(pod_tls)
+    # Nothing runs in this test, so a refresh rewrites nothing; an issued token is rewritten
+    # with a new id, and the pod's end takes its token with it.
+    assert backend.refresh_tokens() == 0
+    first = path.read_text()
+    backend.issue_token("job-1-worker-2", "job-1", "worker")
+    assert path.read_text() != first
+    asyncio.run(backend.acknowledge("job-1-worker-2"))
+    assert not path.exists()
+
+
+def test_without_tls_pods_get_no_token(tmp_path: Path) -> None:
+    environment = pod_environment(tmp_path)
+    backend = LocalBackend(
+        LocalPods(tmp_path / "pods", enforcement=Enforcement.RLIMIT),
+        (NodeSpec("node-0", 2.0, GIB),),
+        environment,
+        base_environment={"STRIDE_INSECURE": "1"},
+    )
+    record = PodRecord(
+        "job-1-worker-0", "job-1", Role.WORKER, 0, 0, 0.5, GIB, "node-0", PodPhase.PENDING
+    )
+    launch = backend.launch(PodStart(record, 4000, 4001, 3, "{}", "{}"))
+    for process in launch.processes:
+        assert not any("TOKEN" in key for key in process.env)

@@ -131,11 +131,13 @@ true
 
 {{/*
 Every identity that gets a certificate, as stride.runtime.certs issues them: the servers,
-the training pods' agent sidecar and trainer, and the CLI.
+the training pods' agent sidecar and trainer, the CLI, and "users", whose key signs user
+tokens (no Deployment mounts its Secret: the administrator mints tokens with it,
+`stride token create`).
 */}}
 {{- define "stride.tlsIdentities" -}}
 {{- $catalog := include "stride.catalog" . | fromYaml }}
-{{- concat (keys $catalog | sortAlpha) (list "agent" "trainer" "cli") | toJson }}
+{{- concat (keys $catalog | sortAlpha) (list "agent" "trainer" "cli" "users") | toJson }}
 {{- end }}
 
 {{/*

@@ -26,6 +26,7 @@ from nats.js import JetStreamContext, api
 from nats.js.errors import BadRequestError, NotFoundError, ServiceUnavailableError
 from opentelemetry import trace
 
+from stride.bus.signing import ForgedSender, MessageSigner, SenderVerifier, SignerFor
 from stride.bus.topics import (
     DUPLICATE_WINDOW,
     STREAMS,
@@ -38,6 +39,7 @@ from stride.bus.topics import (
     message_headers,
 )
 from stride.obs.tracing import extract_context, inject_headers
+from stride.runtime import tls
 from stride.runtime.errors import InvalidArgument, StartupError, Unavailable
 
 log = structlog.get_logger(__name__)
@@ -98,18 +100,55 @@ or retried as a single handler's would be)."""
 class Bus:
     """A NATS connection with JetStream, opened by :meth:`connect`."""
 
-    def __init__(self, nc: NatsClient, name: str) -> None:
+    def __init__(
+        self,
+        nc: NatsClient,
+        name: str,
+        signer_for: SignerFor | None = None,
+        verifier: SenderVerifier | None = None,
+    ) -> None:
+        """``signer_for``: who signs the events published on a subject (None: unsigned);
+        ``verifier``: checks the sender of every event consumed (None: nothing checked).
+        See :mod:`stride.bus.signing`."""
         self.nc = nc
         self.js: JetStreamContext = nc.jetstream()
         self.name = name
+        self.signer_for = signer_for
+        self.verifier = verifier
         self._consumers: set[asyncio.Task[None]] = set()
 
     @classmethod
-    async def connect(cls, url: str, name: str, timeout: float = 10.0) -> Bus:
+    async def connect(
+        cls,
+        url: str,
+        name: str,
+        timeout: float = 10.0,
+        *,
+        identity: str | None = None,
+        signer_for: SignerFor | None = None,
+        environ: Mapping[str, str] | None = None,
+    ) -> Bus:
         """Connect, retrying for up to ``timeout`` seconds, then reconnecting forever.
+
+        ``identity``: sign every event published as this TLS identity and check the sender
+        of every event consumed (:mod:`stride.bus.signing`; nothing in plain text), as
+        every service does. ``signer_for`` instead: who signs each subject (a tool playing
+        several parts), events consumed checked against the same CA. Neither: unsigned and
+        unchecked (a reader of streams, a test's own bus). ``environ``: where the TLS
+        material is named (default: this process's environment).
 
         Fails with a one-line :class:`StartupError` naming the URL if no server answers.
         """
+        verifier: SenderVerifier | None = None
+        if identity is not None:
+            material = tls.load(identity, environ)
+            if material is not None:
+                signer = MessageSigner(material)
+                verifier = SenderVerifier(material.ca)
+                signer_for = lambda _subject: signer  # noqa: E731
+        elif signer_for is not None:
+            material = tls.load("cli", environ)
+            verifier = SenderVerifier(material.ca) if material is not None else None
         last_error: list[str] = []
 
         async def on_error(error: Exception) -> None:
@@ -141,7 +180,14 @@ class Bus:
             raise StartupError(
                 f"cannot connect to NATS at {url} within {timeout:g}s ({reason})"
             ) from None
-        return cls(nc, name)
+        return cls(nc, name, signer_for, verifier)
+
+    def _signed(self, subject: str, payload: bytes, headers: dict[str, str]) -> dict[str, str]:
+        """``headers`` with the publisher's signature, if it signs."""
+        signer = self.signer_for(subject) if self.signer_for is not None else None
+        if signer is not None:
+            headers.update(signer.headers(subject, headers.get(TYPE_HEADER, ""), payload))
+        return headers
 
     @property
     def is_connected(self) -> bool:
@@ -190,6 +236,7 @@ class Bus:
         ):
             headers = {**event.headers, MSG_ID_HEADER: event.message_id}
             inject_headers(headers)
+            self._signed(event.subject, event.payload, headers)
             return await self.js.publish(event.subject, event.payload, headers=headers)
 
     async def publish_raw(
@@ -202,7 +249,7 @@ class Bus:
             kind=trace.SpanKind.PRODUCER,
             attributes={"messaging.system": "nats", "messaging.destination.name": subject},
         ):
-            all_headers = {**headers, MSG_ID_HEADER: message_id}
+            all_headers = self._signed(subject, payload, {**headers, MSG_ID_HEADER: message_id})
             return await self.js.publish(subject, payload, headers=all_headers)
 
     async def consume(
@@ -441,6 +488,14 @@ class Bus:
         message_type = topic.message_type
         expected = message_type.DESCRIPTOR.full_name
         sent_type = headers.get(TYPE_HEADER)
+        if self.verifier is not None:
+            try:
+                self.verifier.check(
+                    msg.subject, sent_type or "", msg.data, headers, topic.producers
+                )
+            except ForgedSender as error:
+                await self._dead_letter(msg, durable, f"sender: {error}")
+                return None
         if sent_type is not None and sent_type != expected:
             await self._dead_letter(msg, durable, f"payload type {sent_type}, expected {expected}")
             return None
@@ -538,9 +593,22 @@ class Bus:
 
         async def on_message(msg: Msg) -> None:
             key = topic.key_of(msg.subject)
-            sent_type = (msg.headers or {}).get(TYPE_HEADER)
+            headers = msg.headers or {}
+            sent_type = headers.get(TYPE_HEADER)
             if key is None or (sent_type is not None and sent_type != expected):
                 return
+            if self.verifier is not None:
+                try:
+                    self.verifier.check(
+                        msg.subject, sent_type or "", msg.data, headers, topic.producers
+                    )
+                except ForgedSender as error:
+                    log.warning(
+                        "event of an unverified sender skipped",
+                        subject=msg.subject,
+                        reason=str(error),
+                    )
+                    return
             try:
                 message = topic.message_type.FromString(msg.data)
             except DecodeError as error:

@@ -126,6 +126,9 @@ class Topic(Generic[M]):
     message_type: type[M]
     suffix: str = ""
     description: str = field(default="", compare=False)
+    producers: tuple[str, ...] = field(default=(), compare=False)
+    """The identities (:data:`stride.runtime.tls.SERVICE_IDENTITIES`) that may publish it:
+    consumers refuse an event signed by anyone else (:mod:`stride.bus.signing`)."""
 
     def subject(self, key: str) -> str:
         """The subject of one event; ``key`` (a job id) must be one subject token."""
@@ -184,6 +187,13 @@ def message_headers(message: Message) -> dict[str, str]:
     return headers
 
 
+ADMISSION = ("admission",)
+OPTIMIZER = ("optimizer",)
+PODWATCHER = ("podwatcher",)
+DISPATCHER = ("dispatcher",)
+CKPTCACHE = ("ckptcache",)
+AGENT = ("agent",)
+
 # --- jobs (admission publishes; the optimizer, configdb and admission consume) -----------
 JOB_SUBMITTED = Topic(
     "job-submitted",
@@ -191,6 +201,7 @@ JOB_SUBMITTED = Topic(
     "stride.jobs.v1.submitted",
     job_pb2.JobSubmitted,
     description="admission stored a valid job",
+    producers=ADMISSION,
 )
 JOB_ADMITTED = Topic(
     "job-admitted",
@@ -198,6 +209,7 @@ JOB_ADMITTED = Topic(
     "stride.jobs.v1.admitted",
     job_pb2.AdmissionDecision,
     description="admission admitted a job, with its minimum share",
+    producers=ADMISSION,
 )
 JOB_REJECTED = Topic(
     "job-rejected",
@@ -205,6 +217,7 @@ JOB_REJECTED = Topic(
     "stride.jobs.v1.rejected",
     job_pb2.AdmissionDecision,
     description="admission rejected a job, with the reason",
+    producers=ADMISSION,
 )
 JOB_QUEUED = Topic(
     "job-queued",
@@ -212,6 +225,7 @@ JOB_QUEUED = Topic(
     "stride.jobs.v1.queued",
     job_pb2.AdmissionDecision,
     description="admission queued a job for capacity",
+    producers=ADMISSION,
 )
 JOB_FINISHED = Topic(
     "job-finished",
@@ -219,6 +233,7 @@ JOB_FINISHED = Topic(
     "stride.jobs.v1.finished",
     job_pb2.JobFinished,
     description="a job ended: succeeded, failed or cancelled",
+    producers=("admission", "podwatcher"),
 )
 
 JOB_SHARE = Topic(
@@ -227,6 +242,7 @@ JOB_SHARE = Topic(
     "stride.jobs.v1.share",
     job_pb2.JobShare,
     description="admission set a job's share of the cluster (the optimizer plans within it)",
+    producers=ADMISSION,
 )
 
 DECISION_TOPICS: Mapping[str, Topic[job_pb2.AdmissionDecision]] = {
@@ -245,6 +261,7 @@ PLAN = Topic(
     "stride.plans.v1",
     plan_pb2.ResourcePlan,
     description="a new plan version for a job; the highest version wins",
+    producers=OPTIMIZER,
 )
 
 WINDOW_DECIDED = Topic(
@@ -254,27 +271,69 @@ WINDOW_DECIDED = Topic(
     optimization_pb2.WindowDecided,
     "decided",
     description="the optimizer decided on a job's measurement window: plan kept, changed or held",
+    producers=OPTIMIZER,
 )
 
 # --- pods (the pod watcher publishes; the dispatcher and the optimizer consume) ----------
-POD_STARTED = Topic("pod-started", PODS, "stride.pods.v1", pod_pb2.PodEvent, "started")
-POD_FAILED = Topic("pod-failed", PODS, "stride.pods.v1", pod_pb2.PodEvent, "failed")
-POD_DELETED = Topic("pod-deleted", PODS, "stride.pods.v1", pod_pb2.PodEvent, "deleted")
-POD_SUCCEEDED = Topic("pod-succeeded", PODS, "stride.pods.v1", pod_pb2.PodEvent, "succeeded")
-POD_USAGE = Topic("pod-usage", PODS, "stride.pods.v1", pod_pb2.UsageSample, "usage")
+POD_STARTED = Topic(
+    "pod-started", PODS, "stride.pods.v1", pod_pb2.PodEvent, "started", producers=PODWATCHER
+)
+POD_FAILED = Topic(
+    "pod-failed", PODS, "stride.pods.v1", pod_pb2.PodEvent, "failed", producers=PODWATCHER
+)
+POD_DELETED = Topic(
+    "pod-deleted", PODS, "stride.pods.v1", pod_pb2.PodEvent, "deleted", producers=PODWATCHER
+)
+POD_SUCCEEDED = Topic(
+    "pod-succeeded", PODS, "stride.pods.v1", pod_pb2.PodEvent, "succeeded", producers=PODWATCHER
+)
+POD_USAGE = Topic(
+    "pod-usage", PODS, "stride.pods.v1", pod_pb2.UsageSample, "usage", producers=PODWATCHER
+)
 
 # --- shards (the dispatcher publishes) ----------------------------------------------------
 SHARD_PROGRESS = Topic(
-    "shard-progress", SHARDS, "stride.shards.v1", shard_pb2.ShardProgress, "progress"
+    "shard-progress",
+    SHARDS,
+    "stride.shards.v1",
+    shard_pb2.ShardProgress,
+    "progress",
+    producers=DISPATCHER,
 )
-SHARD_DONE = Topic("shard-done", SHARDS, "stride.shards.v1", shard_pb2.ShardProgress, "done")
-SHARD_FAILED = Topic("shard-failed", SHARDS, "stride.shards.v1", shard_pb2.ShardProgress, "failed")
+SHARD_DONE = Topic(
+    "shard-done", SHARDS, "stride.shards.v1", shard_pb2.ShardProgress, "done", producers=DISPATCHER
+)
+SHARD_FAILED = Topic(
+    "shard-failed",
+    SHARDS,
+    "stride.shards.v1",
+    shard_pb2.ShardProgress,
+    "failed",
+    producers=DISPATCHER,
+)
 SHARD_REQUEUED = Topic(
-    "shard-requeued", SHARDS, "stride.shards.v1", shard_pb2.ShardProgress, "requeued"
+    "shard-requeued",
+    SHARDS,
+    "stride.shards.v1",
+    shard_pb2.ShardProgress,
+    "requeued",
+    producers=DISPATCHER,
 )
-SHARD_EPOCH = Topic("shard-epoch", SHARDS, "stride.shards.v1", shard_pb2.ShardProgress, "epoch")
+SHARD_EPOCH = Topic(
+    "shard-epoch",
+    SHARDS,
+    "stride.shards.v1",
+    shard_pb2.ShardProgress,
+    "epoch",
+    producers=DISPATCHER,
+)
 STRAGGLER_DETECTED = Topic(
-    "straggler-detected", SHARDS, "stride.shards.v1", shard_pb2.StragglerDetected, "straggler"
+    "straggler-detected",
+    SHARDS,
+    "stride.shards.v1",
+    shard_pb2.StragglerDetected,
+    "straggler",
+    producers=DISPATCHER,
 )
 
 SHARD_TOPICS: Mapping[str, Topic[shard_pb2.ShardProgress]] = {
@@ -287,7 +346,9 @@ SHARD_TOPICS: Mapping[str, Topic[shard_pb2.ShardProgress]] = {
 """The topic of each shard event that carries a :class:`ShardProgress`."""
 
 # --- metrics (agents publish) -------------------------------------------------------------
-STEP_METRICS = Topic("step-metrics", METRICS, "stride.metrics.v1", metrics_pb2.StepMetrics, "steps")
+STEP_METRICS = Topic(
+    "step-metrics", METRICS, "stride.metrics.v1", metrics_pb2.StepMetrics, "steps", producers=AGENT
+)
 
 # --- checkpoints (the checkpoint cache publishes) -----------------------------------------
 CHECKPOINT_SAVED = Topic(
@@ -296,6 +357,7 @@ CHECKPOINT_SAVED = Topic(
     "stride.checkpoints.v1",
     checkpoint_pb2.CheckpointStored,
     "saved",
+    producers=CKPTCACHE,
 )
 CHECKPOINT_PERSISTED = Topic(
     "checkpoint-persisted",
@@ -303,6 +365,7 @@ CHECKPOINT_PERSISTED = Topic(
     "stride.checkpoints.v1",
     checkpoint_pb2.CheckpointStored,
     "persisted",
+    producers=CKPTCACHE,
 )
 
 # --- control (the podwatcher commands a job's pods; their agents answer) ------------------
@@ -312,8 +375,11 @@ CONTROL_COMMAND = Topic(
     "stride.control.v1",
     control_pb2.ControlCommand,
     "command",
+    producers=PODWATCHER,
 )
-CONTROL_ACK = Topic("control-ack", CONTROL, "stride.control.v1", control_pb2.ControlAck, "ack")
+CONTROL_ACK = Topic(
+    "control-ack", CONTROL, "stride.control.v1", control_pb2.ControlAck, "ack", producers=AGENT
+)
 
 # --- cluster (the podwatcher publishes its node inventory; admission plans on it) ---------
 NODE_INVENTORY = Topic(
@@ -322,6 +388,7 @@ NODE_INVENTORY = Topic(
     "stride.cluster.v1.nodes",
     cluster_pb2.NodeInventory,
     description="every node pods may be placed on now (the newest replaces the rest)",
+    producers=PODWATCHER,
 )
 
 TOPICS: tuple[Topic[Any], ...] = (

@@ -33,6 +33,7 @@ from stride.ckptclient.layout import TensorRecord, as_bytes, plan, views
 from stride.ckptclient.shared_memory import SegmentPool, map_segment, same_node
 from stride.events.v1 import checkpoint_pb2
 from stride.runtime import tls
+from stride.runtime.tokens import TokenSource
 
 JOB_METADATA_KEY = "stride-job-id"
 DEFAULT_ADDRESS = "127.0.0.1:50056"
@@ -112,7 +113,10 @@ class CheckpointClient:
         transport: Transport = "auto",
         timeout: float = 300.0,
         identity: str = "trainer",
+        token: tls.Token | None = None,
     ) -> None:
+        """``token``: the pod's job token (default: the file ``STRIDE_JOB_TOKEN_FILE`` names);
+        the cache takes the job from it and refuses any other job's checkpoints."""
         self.address = address or os.environ.get("STRIDE_CKPTCACHE_ADDRESS", DEFAULT_ADDRESS)
         found_job = (
             job_id or os.environ.get("STRIDE_JOB_ID") or os.environ.get("STRIDE_AGENT_JOB_ID")
@@ -131,6 +135,7 @@ class CheckpointClient:
                 ("grpc.max_receive_message_length", 8 * CHUNK_BYTES),
                 ("grpc.max_send_message_length", 8 * CHUNK_BYTES),
             ],
+            token=token or TokenSource.for_pod(),
         )
         self.stub = pb_grpc.CheckpointCacheServiceStub(self.channel)
         self._pool: SegmentPool | None = None

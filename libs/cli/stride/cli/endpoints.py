@@ -128,6 +128,8 @@ class SuiteState:
     """The folder of the certificates the services and clients use (mutual TLS)."""
     insecure: bool = False
     """True when the suite runs gRPC in plain text (``stride up --insecure``)."""
+    tokens_dir: str = ""
+    """Where `stride up` wrote the admin's and the demo user's tokens (empty: none)."""
 
     def problems(self, now: float | None = None) -> list[tuple[str, ProcessState]]:
         """(line, process) for every supervised process that is not running healthily."""

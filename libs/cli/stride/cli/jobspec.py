@@ -17,6 +17,7 @@ first run created instead of making a second one.
 
 from __future__ import annotations
 
+import dataclasses
 import hashlib
 import re
 from dataclasses import dataclass
@@ -380,6 +381,11 @@ def request_id_for(spec: job_pb2.JobSpec, relative_deadline: timedelta | None = 
     return REQUEST_ID_PREFIX + digest.hexdigest()[:40]
 
 
+TOKEN_USER_PLACEHOLDER = "from-token"
+"""Stands in for a spec's empty ``user`` while the CLI checks the rest: the user is the one
+the submitter's token names (admission fills it in)."""
+
+
 def load_submission(
     path: Path, now: datetime | None = None, deadline: str | None = None
 ) -> Submission:
@@ -395,7 +401,10 @@ def load_submission(
         written = reader.deadline(deadline, "--deadline")
         spec.deadline.seconds, spec.deadline.nanos = written.seconds, written.nanos
     try:
-        validate(JobSpec.from_message(spec), moment)
+        checked = JobSpec.from_message(spec)
+        if not spec.user:  # admission takes the user from the submitter's token
+            checked = dataclasses.replace(checked, user=TOKEN_USER_PLACEHOLDER)
+        validate(checked, moment)
     except InvalidWord as error:
         problem = SpecError(error.field, error.problem)
         if reader.imported is not None:

@@ -42,6 +42,7 @@ from stride.api.optimizer.v1 import optimizer_service_pb2 as optimizer_pb
 from stride.api.optimizer.v1 import optimizer_service_pb2_grpc as optimizer_grpc
 from stride.bus import topics
 from stride.bus.client import Bus
+from stride.bus.signing import as_producers
 from stride.events.v1 import job_pb2, metrics_pb2, optimization_pb2, plan_pb2, pod_pb2
 from stride.policy.stages import MEMORY_WINDOW, SAMPLES_PER_CONFIG, Pods
 from stride.policy.throughput import overhead_seconds
@@ -164,11 +165,12 @@ def _pods(plan: plan_pb2.ResourcePlan) -> Pods | None:
     )
 
 
-def job_spec(index: int, spec: DlrmJobSpec, prefix: str) -> job_pb2.JobSpec:
-    """The job as a user would submit it, marked simulated."""
+def job_spec(index: int, spec: DlrmJobSpec, prefix: str, user: str = "loadgen") -> job_pb2.JobSpec:
+    """The job as a user would submit it, marked simulated. ``user``: empty when the
+    submitter's token names the user (admission takes it from there)."""
     return job_pb2.JobSpec(
         name=f"{prefix}-{index}",
-        user="loadgen",
+        user=user,
         model=job_pb2.ModelReference(
             name=spec.model_name,
             family="dlrm",
@@ -510,6 +512,7 @@ async def run(
     window_seconds: float = 0.0,
     pace_seconds: float = math.inf,
     tls_environ: Mapping[str, str] | None = None,
+    token: tls.Token | None = None,
 ) -> tuple[list[Played], list[DlrmJobSpec]]:
     """Play ``jobs`` jobs of the seeded population against the suite; returns what each
     job did and the population. ``concurrency`` jobs play at once; ``window_seconds``
@@ -530,17 +533,31 @@ async def run(
         replace(spec, hot_factor=1.0)
         for spec in generate_jobs(jobs, np.random.default_rng(seed), load_straggler_covs(covs_path))
     ]
-    bus = await Bus.connect(nats_url, name="stride-loadgen")
+    # It plays the pods' agents and the pod watcher, signing their events as they would.
+    bus = await Bus.connect(
+        nats_url,
+        name="stride-loadgen",
+        signer_for=as_producers(lambda identity: tls.load(identity, tls_environ)),
+        environ=tls_environ,
+    )
     limit = asyncio.Semaphore(concurrency)
     watch = DecisionWatch()
     try:
         await watch.start(bus)
         async with (
             tls.aio_channel(
-                admission_address, server="admission", identity="cli", environ=tls_environ
+                admission_address,
+                server="admission",
+                identity="cli",
+                environ=tls_environ,
+                token=token,
             ) as channel,
             tls.aio_channel(
-                optimizer_address, server="optimizer", identity="cli", environ=tls_environ
+                optimizer_address,
+                server="optimizer",
+                identity="cli",
+                environ=tls_environ,
+                token=token,
             ) as optimizer_channel,
         ):
             stub = admission_grpc.AdmissionServiceStub(channel)
@@ -550,7 +567,9 @@ async def run(
                 async with limit:
                     reply = await stub.SubmitJob(
                         admission_pb.SubmitJobRequest(
-                            spec=job_spec(index, spec, f"loadgen-s{seed}"),
+                            spec=job_spec(
+                                index, spec, f"loadgen-s{seed}", "" if token else "loadgen"
+                            ),
                             request_id=f"loadgen-{seed}-{index}-{datetime.now(UTC).timestamp()}",
                         ),
                         timeout=30,

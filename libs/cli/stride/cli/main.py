@@ -36,6 +36,7 @@ from stride.cli.running import register as register_running
 from stride.cli.shards import register as register_shards
 from stride.events.v1 import job_pb2, optimization_pb2, plan_pb2
 from stride.obs.secrets import redact
+from stride.runtime import tls
 from stride.runtime.tls import INSECURE_WARNING, TlsConfigError
 
 app = typer.Typer(
@@ -795,6 +796,7 @@ def loadgen(
                     window_seconds=window_seconds,
                     pace_seconds=pace_seconds,
                     tls_environ=channels.client_environ(state_dir),
+                    token=channels.client_token(state_dir),
                 )
             )
     except (NoSuite, LoadgenError, TlsConfigError) as error:
@@ -934,6 +936,13 @@ def up(
         else f"gRPC: mutual TLS; certificates in {state.tls_dir}",
         highlight=False,
     )
+    if state.tokens_dir:
+        console.print(
+            f"tokens: admin {Path(state.tokens_dir) / channels.ADMIN_TOKEN} (the CLI's "
+            f"default); user 'demo' {Path(state.tokens_dir) / channels.DEMO_TOKEN} "
+            "(STRIDE_TOKEN_FILE=... to act as them)",
+            highlight=False,
+        )
     _report_nodes(state_dir)
     _report_suite_problems(state_dir)
 
@@ -1011,6 +1020,65 @@ def certs_init(
         "certificates kept" + (f"; Secrets in {kubernetes_secrets}" if kubernetes_secrets else ""),
         highlight=False,
     )
+
+
+token_app = typer.Typer(help="User tokens: who a CLI or API caller is.", no_args_is_help=True)
+app.add_typer(token_app, name="token")
+
+
+@token_app.command("create")
+def token_create(
+    user: Annotated[str, typer.Argument(help="The user the token names (jobs are theirs).")],
+    admin: Annotated[
+        bool, typer.Option("--admin", help="Sees and manages every user's jobs and quotas.")
+    ] = False,
+    days: Annotated[float, typer.Option(min=0.001, help="How long the token is valid.")] = 90.0,
+    tls_dir: Annotated[
+        Path | None,
+        typer.Option(
+            help="The folder of `stride certs init` holding users.key (default: "
+            "$STRIDE_TLS_DIR, else the suite's state folder's)."
+        ),
+    ] = None,
+    out: Annotated[
+        Path | None, typer.Option(help="Write it to this file (0600) instead of printing it.")
+    ] = None,
+    state_dir: StateDir = DEFAULT_STATE_DIR,
+) -> None:
+    """Mint a user token, signed with the ``users`` key (only an administrator has it).
+
+    Give it to the user: the CLI sends it from ``STRIDE_TOKEN`` or ``STRIDE_TOKEN_FILE``,
+    and admission takes the job's user from it.
+    """
+    from stride.runtime.tokens import USER_ISSUER, Signer, TokenError, write_token
+    from stride.vocabulary import InvalidWord, check_name
+
+    try:
+        check_name(user, "user")
+    except InvalidWord as error:
+        fail(f"{error.field}: {error.problem}")
+        return
+    folder = tls_dir or (
+        Path(os.environ[tls.TLS_DIR_ENV])
+        if os.environ.get(tls.TLS_DIR_ENV)
+        else Path(state_dir) / "tls"
+    )
+    try:
+        material = tls.load(USER_ISSUER, {tls.TLS_DIR_ENV: str(folder)})
+        assert material is not None
+        token = Signer(material).user_token(user, admin=admin, ttl=days * 86400.0)
+        if out is not None:
+            write_token(out, token)
+    except (TlsConfigError, TokenError, OSError) as error:
+        fail(f"cannot sign a token with {folder / (USER_ISSUER + '.key')}: {error}")
+        return
+    if out is None:
+        print(token)
+    else:
+        console.print(
+            f"token for {user!r}{' (admin)' if admin else ''}, valid {days:g} days: {out}",
+            highlight=False,
+        )
 
 
 nodes_app = typer.Typer(

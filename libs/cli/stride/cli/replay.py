@@ -28,6 +28,7 @@ plans to make, and their pods are the model's, simulated here.
 from __future__ import annotations
 
 import asyncio
+import functools
 import math
 import os
 import subprocess
@@ -48,13 +49,18 @@ from grpc_health.v1 import health_pb2, health_pb2_grpc
 from stride.api.admission.v1 import admission_service_pb2 as pb
 from stride.api.admission.v1 import admission_service_pb2_grpc as pb_grpc
 from stride.bus import topics
+from stride.bus.signing import SignerFor, as_producers
+from stride.bus.topics import TYPE_HEADER
 from stride.events.v1 import job_pb2
 from stride.policy.elasticflow.curves import ScalingCurve
 from stride.policy.elasticflow.guarantees import SCALING_PAUSE_SECONDS, SLOT_SECONDS
 from stride.runtime import tls
 from stride.runtime.certs import init as init_certs
 from stride.runtime.embedded_nats import NatsServer, free_port
+from stride.runtime.tokens import USER_ISSUER, Signer
 
+REPLAY_USER = "replay"
+"""Whose jobs a replay submits (an admin token of that name)."""
 LEAD_SECONDS = 2.0
 """Wall seconds between the admission service answering and the first arrival."""
 STALL_SECONDS = 120.0
@@ -145,6 +151,8 @@ class Replay:
         self.speedup = speedup
         self.pause = pause_seconds
         self.tls_environ: Mapping[str, str] = os.environ
+        self.token: str | None = None
+        """The submitter's user token (:attr:`AdmissionProcess.token`)."""
         """Where the admission client's TLS material comes from (:mod:`stride.runtime.tls`):
         the replay's own admission process's, by default the caller's environment."""
         self.by_id: dict[str, Tracked] = {}
@@ -154,6 +162,13 @@ class Replay:
         self.clock = "accelerated"
         self.finishing: set[asyncio.Task[None]] = set()
         self.js: Any = None
+
+    def _token(self) -> str | None:
+        return self.token
+
+    @functools.cached_property
+    def _signers(self) -> SignerFor:
+        return as_producers(lambda identity: tls.load(identity, self.tls_environ))
 
     def now(self) -> float:
         """Admission's clock (replay seconds)."""
@@ -172,7 +187,11 @@ class Replay:
         )
         try:
             async with tls.aio_channel(
-                self.admission, server="admission", identity="cli", environ=self.tls_environ
+                self.admission,
+                server="admission",
+                identity="cli",
+                environ=self.tls_environ,
+                token=self._token,
             ) as channel:
                 stub = pb_grpc.AdmissionServiceStub(channel)
                 async with asyncio.TaskGroup() as group:  # a failed submission stops it all
@@ -330,11 +349,12 @@ class Replay:
         event = job_pb2.JobFinished(job_id=job.job_id, outcome=job_pb2.JOB_OUTCOME_SUCCEEDED)
         event.finished_at.FromDatetime(datetime.fromtimestamp(end, UTC))
         outgoing = topics.JOB_FINISHED.outgoing(job.job_id, event, f"{job.job_id}.finished")
-        await self.js.publish(
-            outgoing.subject,
-            outgoing.payload,
-            headers={**outgoing.headers, "Nats-Msg-Id": outgoing.message_id},
-        )
+        headers = {**outgoing.headers, "Nats-Msg-Id": outgoing.message_id}
+        # The replay plays the pod watcher, which admission trusts for a job's end.
+        signer = self._signers(outgoing.subject)
+        if signer is not None:
+            headers.update(signer.headers(outgoing.subject, headers[TYPE_HEADER], outgoing.payload))
+        await self.js.publish(outgoing.subject, outgoing.payload, headers=headers)
 
 
 STEPPED_ORIGIN = 0.0
@@ -385,7 +405,11 @@ class SteppedReplay(Replay):
         )
         try:
             async with tls.aio_channel(
-                self.admission, server="admission", identity="cli", environ=self.tls_environ
+                self.admission,
+                server="admission",
+                identity="cli",
+                environ=self.tls_environ,
+                token=self._token,
             ) as channel:
                 await self._drive(
                     pb_grpc.AdmissionServiceStub(channel), pb_grpc.ReplayClockServiceStub(channel)
@@ -525,7 +549,7 @@ def _spec(job: Tracked) -> job_pb2.JobSpec:
     """A trace job as a user would submit it: a simulated GPU job of a known model."""
     spec = job_pb2.JobSpec(
         name=job.name,
-        user="replay",
+        user=REPLAY_USER,
         model=job_pb2.ModelReference(name=job.model, entrypoint="stride_replay.simulated:train"),
         dataset=job_pb2.DatasetSpec(
             name="trace",
@@ -625,11 +649,13 @@ def replay_trace(
             tracked = track(trace_jobs, library, trace_jobs[0].submission_time)
             stepped_replay = SteppedReplay(tracked, admission.address, server.url)
             stepped_replay.tls_environ = admission.env
+            stepped_replay.token = admission.token
             live = asyncio.run(stepped_replay.run())
         else:
             tracked = track(trace_jobs, library, admission.first_slot_after(LEAD_SECONDS))
             replay = Replay(tracked, admission.address, server.url, admission.origin, speedup)
             replay.tls_environ = admission.env
+            replay.token = admission.token
             live = asyncio.run(replay.run())
     finally:
         admission.stop()
@@ -712,8 +738,15 @@ class AdmissionProcess:
         }
         if not tls.configured():
             # A replay's admission service is its own: certificates of its own, in its folder.
-            init_certs(workdir / "tls", identities=("admission", "cli"))
+            init_certs(workdir / "tls", identities=("admission", "cli", "podwatcher", USER_ISSUER))
             self.env[tls.TLS_DIR_ENV] = str(workdir / "tls")
+        material = tls.load(USER_ISSUER, self.env)
+        self.token: str | None = (
+            None
+            if material is None
+            else Signer(material).user_token(REPLAY_USER, admin=True, ttl=30 * 24 * 3600.0)
+        )
+        """The replay's user token (an admin: a stepped replay drives the clock)."""
         if topology is not None:  # placed on the trace cluster's tree, as stride sim places
             self.env["STRIDE_ADMISSION_CLUSTER_TOPOLOGY"] = topology
         if stepped:

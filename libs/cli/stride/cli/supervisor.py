@@ -43,6 +43,7 @@ import time
 from dataclasses import dataclass, field
 from pathlib import Path
 
+from stride.cli.channels import ADMIN_TOKEN, DEMO_TOKEN
 from stride.cli.endpoints import (
     CORE,
     STATE_FILE,
@@ -59,6 +60,7 @@ from stride.runtime.certs import init as init_certs
 from stride.runtime.embedded_nats import NatsServer, free_port
 from stride.runtime.healthcheck import check
 from stride.runtime.machine import machine_cores, machine_memory_bytes
+from stride.runtime.tokens import USER_ISSUER, Signer, write_token
 
 READY_TIMEOUT_SECONDS = 90.0
 """Seven Python processes start on two cores in about ten seconds; allow for slow disks."""
@@ -398,6 +400,27 @@ class Supervisor:
         os.environ.pop(tls.INSECURE_ENV, None)
         os.environ[tls.TLS_DIR_ENV] = str(folder)
         self.state.tls_dir = str(folder)
+        self._user_tokens(folder)
+
+    def _user_tokens(self, folder: Path) -> None:
+        """An admin token (the CLI's default) and a demo user's token in ``<state>/tokens``,
+        signed with the ``users`` key of ``folder`` (rewritten at every start, so they
+        never expire while the suite is used); none if the folder has no such key."""
+        if not (folder / f"{USER_ISSUER}.key").is_file():
+            _log(
+                f"note: {folder} has no {USER_ISSUER}.key, so no user tokens were made; "
+                "`stride token create` with the key that signs them makes one"
+            )
+            return
+        material = tls.load(USER_ISSUER, {tls.TLS_DIR_ENV: str(folder)})
+        assert material is not None  # a folder was named: never plain text
+        signer = Signer(material)
+        tokens = self.state_dir / "tokens"
+        tokens.mkdir(parents=True, exist_ok=True)
+        os.chmod(tokens, 0o700)
+        write_token(tokens / ADMIN_TOKEN, signer.user_token("admin", admin=True))
+        write_token(tokens / DEMO_TOKEN, signer.user_token("demo"))
+        self.state.tokens_dir = str(tokens)
 
     def run(self) -> int:
         """Run until SIGTERM/SIGINT; returns the exit code."""

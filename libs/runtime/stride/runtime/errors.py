@@ -48,5 +48,13 @@ class DeadlineExceeded(StrideError):
     """The work ran past its time limit and was stopped; asking for less may help."""
 
 
+class Unauthenticated(StrideError):
+    """The call carries no valid credentials (no token, an expired or forged one)."""
+
+
+class PermissionDenied(StrideError):
+    """The caller is known but may not do this (another user's job, another job's data)."""
+
+
 class StartupError(Exception):
     """A service cannot start; the message says what to fix. Printed as one line, no traceback."""

@@ -37,7 +37,7 @@ from grpc_reflection.v1alpha import reflection
 from opentelemetry.instrumentation.grpc import aio_server_interceptor, filters
 
 from stride.api.limits.v1 import limits_pb2
-from stride.runtime import errors
+from stride.runtime import auth, errors
 from stride.runtime.tls import TlsMaterial, server_credentials
 
 log = structlog.get_logger(__name__)
@@ -61,6 +61,8 @@ _STATUS_BY_ERROR: dict[type[errors.StrideError], grpc.StatusCode] = {
     errors.Unavailable: grpc.StatusCode.UNAVAILABLE,
     errors.DeadlineExceeded: grpc.StatusCode.DEADLINE_EXCEEDED,
     errors.ResourceExhausted: grpc.StatusCode.RESOURCE_EXHAUSTED,
+    errors.Unauthenticated: grpc.StatusCode.UNAUTHENTICATED,
+    errors.PermissionDenied: grpc.StatusCode.PERMISSION_DENIED,
 }
 
 
@@ -217,7 +219,20 @@ class ErrorMappingInterceptor(grpc.aio.ServerInterceptor):  # type: ignore[type-
     A request that does not decode is INVALID_ARGUMENT naming the method
     (:class:`UndecodableRequest`), one over its method's ``max_request_bytes`` is
     RESOURCE_EXHAUSTED (:class:`OversizedRequest`); for a request stream, at that message.
+
+    Before the handler runs, ``access`` (:mod:`.auth`) decides whether the caller may call
+    the method (UNAUTHENTICATED or PERMISSION_DENIED if not) and the handler finds the
+    verified caller in :func:`.auth.current`. Without ``access`` every call is allowed as
+    an unauthenticated caller (plain text, or a test server of one servicer).
     """
+
+    def __init__(self, access: auth.Access | None = None) -> None:
+        self.access = access
+
+    def _authorize(self, method: str, context: grpc.aio.ServicerContext[Any, Any]) -> auth.Caller:
+        if self.access is None:
+            return auth.UNAUTHENTICATED
+        return self.access.authorize(method, context)
 
     async def intercept_service(
         self,
@@ -241,6 +256,7 @@ class ErrorMappingInterceptor(grpc.aio.ServerInterceptor):  # type: ignore[type-
                 if isinstance(request, RefusedRequest):
                     await _refuse(context, request)
                 try:
+                    auth.set_current(self._authorize(method, context))
                     return await inner_uu(request, context)
                 except (grpc.aio.AbortError, grpc.aio.UsageError):
                     raise
@@ -257,6 +273,7 @@ class ErrorMappingInterceptor(grpc.aio.ServerInterceptor):  # type: ignore[type-
                 requests: Any, context: grpc.aio.ServicerContext[Any, Any]
             ) -> Any:
                 try:
+                    auth.set_current(self._authorize(method, context))
                     return await inner_su(_decoded(requests, context), context)
                 except (grpc.aio.AbortError, grpc.aio.UsageError):
                     raise
@@ -277,6 +294,7 @@ class ErrorMappingInterceptor(grpc.aio.ServerInterceptor):  # type: ignore[type-
             if streams_requests:
                 request = _decoded(request, context)
             try:
+                auth.set_current(self._authorize(method, context))
                 async for response in inner_stream(request, context):
                     yield response
             except (grpc.aio.AbortError, grpc.aio.UsageError):
@@ -311,9 +329,11 @@ class GrpcServer:
         max_receive_message_bytes: int = DEFAULT_MAX_MESSAGE_BYTES,
         max_send_message_bytes: int = DEFAULT_MAX_MESSAGE_BYTES,
         tls: TlsMaterial | None = None,
+        access: auth.Access | None = None,
     ) -> None:
         """``tls``: serve mutual TLS with this identity's certificate (:mod:`.tls`); None
-        serves plain text, which the caller has made sure was asked for explicitly."""
+        serves plain text, which the caller has made sure was asked for explicitly.
+        ``access``: who may call which method (:mod:`.auth`)."""
         self.service_names = list(service_names)
         self.tls = tls
         self.address = f"{host}:{port}"
@@ -323,7 +343,7 @@ class GrpcServer:
         self.server = grpc.aio.server(
             interceptors=[
                 aio_server_interceptor(filter_=not_health),  # type: ignore[no-untyped-call]
-                ErrorMappingInterceptor(),
+                ErrorMappingInterceptor(access),
             ],
             options=[
                 ("grpc.so_reuseport", 0),

@@ -70,6 +70,13 @@ class ServiceSettings(BaseSettings):
     with RESOURCE_EXHAUSTED instead (gRPC itself has no send limit). 4 MiB is what a client
     with gRPC's defaults accepts, so anything bigger would fail at the client anyway; each
     service's subclass sets its default from its largest response."""
+    grpc_rate_per_second: float = Field(default=500.0, ge=0, le=1e6)
+    """Calls per second one identity (a user, a pod's job token, a service) may make to this
+    server, sustained; past it (and its burst) a call is RESOURCE_EXHAUSTED with when to
+    retry. 0 turns the limit off. Generous on purpose: it stops one caller from starving
+    the others, not normal use (a ShardSession's messages are one call)."""
+    grpc_rate_burst: int = Field(default=1000, ge=1, le=10_000_000)
+    """Calls one identity may make at once above the sustained rate."""
     metrics_port: int = Field(default=0, ge=0, le=65535)
     """Prometheus port. Off (0) by default because several services on one host would
     collide on any fixed default; compose and Helm set 9464 per container."""

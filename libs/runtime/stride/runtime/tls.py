@@ -25,7 +25,7 @@ says what to set: TLS is on by default.
 from __future__ import annotations
 
 import os
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -55,9 +55,10 @@ SERVICE_IDENTITIES = (
 )
 """Every service (its ``service_name``), in start order."""
 
-IDENTITIES = (*SERVICE_IDENTITIES, "trainer", "cli")
+IDENTITIES = (*SERVICE_IDENTITIES, "trainer", "cli", "users")
 """Every identity ``stride certs init`` issues a certificate to: the services, the agent
-sidecar, the trainer's clients (checkpoints, shards, its agent) and the CLI."""
+sidecar, the trainer's clients (checkpoints, shards, its agent), the CLI, and ``users``,
+whose key signs user tokens (:mod:`.tokens`; only the administrator holds it)."""
 
 INSECURE_WARNING = (
     f"{INSECURE_ENV} is set: gRPC runs in plain text without peer authentication; anyone "
@@ -169,19 +170,48 @@ def channel_credentials(material: TlsMaterial) -> grpc.ChannelCredentials:
     )
 
 
+Token = Callable[[], "str | None"]
+"""Where a client's bearer token comes from (:class:`.tokens.TokenSource`), asked per call."""
+
+
+class _BearerPlugin(grpc.AuthMetadataPlugin):
+    """Adds ``authorization: Bearer <token>`` to every call (a token file is re-read when
+    it changed, so a pod's rewritten job token is picked up without a new channel)."""
+
+    def __init__(self, token: Token) -> None:
+        self.token = token
+
+    def __call__(
+        self, context: grpc.AuthMetadataContext, callback: grpc.AuthMetadataPluginCallback
+    ) -> None:
+        try:
+            value = self.token()
+        except Exception as error:  # a gRPC thread: the call fails with this message
+            callback((), error)
+            return
+        callback((("authorization", f"Bearer {value}"),) if value else (), None)
+
+
 def _dialling(
     server: str,
     identity: str,
     options: Sequence[tuple[str, Any]],
     environ: Mapping[str, str] | None,
+    token: Token | None = None,
 ) -> tuple[grpc.ChannelCredentials | None, list[tuple[str, Any]]]:
-    """A client's credentials (None: plain text) and channel options."""
+    """A client's credentials (None: plain text) and channel options. ``token``: a bearer
+    token sent with every call (only over TLS: in plain text nothing verifies it)."""
     material = load(identity, environ)
     if material is None:
         return None, list(options)
     # The server's certificate must name the service dialled, whatever the address.
     override = ("grpc.ssl_target_name_override", server)
-    return channel_credentials(material), [override, *options]
+    credentials = channel_credentials(material)
+    if token is not None:
+        credentials = grpc.composite_channel_credentials(
+            credentials, grpc.metadata_call_credentials(_BearerPlugin(token), name="stride")
+        )
+    return credentials, [override, *options]
 
 
 def aio_channel(
@@ -192,10 +222,12 @@ def aio_channel(
     options: Sequence[tuple[str, Any]] = (),
     environ: Mapping[str, str] | None = None,
     interceptors: Sequence[Any] | None = None,
+    token: Token | None = None,
 ) -> grpc.aio.Channel:
     """A grpc.aio channel to the service ``server`` at ``address``, as ``identity``: mutual
-    TLS unless plain text was asked for (:func:`load`)."""
-    credentials, settings = _dialling(server, identity, options, environ)
+    TLS unless plain text was asked for (:func:`load`); ``token``: the caller's bearer
+    token (a user's or a job's, :mod:`.tokens`), asked for at every call."""
+    credentials, settings = _dialling(server, identity, options, environ, token)
     if credentials is None:
         return grpc.aio.insecure_channel(address, options=settings, interceptors=interceptors)
     return grpc.aio.secure_channel(address, credentials, settings, interceptors=interceptors)
@@ -208,9 +240,10 @@ def sync_channel(
     identity: str,
     options: Sequence[tuple[str, Any]] = (),
     environ: Mapping[str, str] | None = None,
+    token: Token | None = None,
 ) -> grpc.Channel:
     """:func:`aio_channel` for blocking clients."""
-    credentials, settings = _dialling(server, identity, options, environ)
+    credentials, settings = _dialling(server, identity, options, environ, token)
     if credentials is None:
         return grpc.insecure_channel(address, options=settings)
     return grpc.secure_channel(address, credentials, options=settings)

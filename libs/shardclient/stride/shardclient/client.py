@@ -41,6 +41,7 @@ from stride.api.dispatcher.v1 import dispatcher_service_pb2 as pb
 from stride.api.dispatcher.v1 import dispatcher_service_pb2_grpc as pb_grpc
 from stride.events.v1 import shard_pb2
 from stride.runtime import tls
+from stride.runtime.tokens import TokenSource
 
 log = structlog.get_logger(__name__)
 
@@ -308,7 +309,10 @@ class ShardClient:
         channel: grpc.Channel | None = None,
         session: bool = True,
         identity: str = "trainer",
+        token: tls.Token | None = None,
     ) -> None:
+        """``token``: the pod's job token (default: the file ``STRIDE_JOB_TOKEN_FILE`` names,
+        which the pod watcher keeps fresh); the dispatcher takes the job from it."""
         self.address = address
         self.job_id = job_id
         self.worker = worker
@@ -316,7 +320,11 @@ class ShardClient:
         self.retry = retry or RetryPolicy()
         self._own_channel = channel is None
         self.channel = channel or tls.sync_channel(
-            address, server="dispatcher", identity=identity, options=CHANNEL_OPTIONS
+            address,
+            server="dispatcher",
+            identity=identity,
+            options=CHANNEL_OPTIONS,
+            token=token or TokenSource.for_pod(),
         )
         self.stub = pb_grpc.DispatcherServiceStub(self.channel)
         self._session = _Session(self.stub) if session else None

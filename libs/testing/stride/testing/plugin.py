@@ -30,7 +30,8 @@ from stride.testing.databases import create_database, drop_database, require_pos
 
 
 def pytest_configure(config: pytest.Config) -> None:
-    """The session's certificates (see the module docstring), unless the caller set some."""
+    """The session's certificates and admin token (see :func:`ensure_certificates`), unless
+    the caller set some."""
     ensure_certificates()
 
 

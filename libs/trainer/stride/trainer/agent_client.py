@@ -21,6 +21,7 @@ from stride.api.agent.v1 import agent_service_pb2_grpc as pb_grpc
 from stride.api.dispatcher.v1 import dispatcher_service_pb2 as dispatcher_pb
 from stride.events.v1 import control_pb2, shard_pb2
 from stride.runtime import tls
+from stride.runtime.tokens import TokenSource
 
 T = TypeVar("T")
 RETRIED = frozenset({grpc.StatusCode.UNAVAILABLE, grpc.StatusCode.DEADLINE_EXCEEDED})
@@ -53,7 +54,15 @@ _ACTION_VALUES = {name: value for value, name in _ACTIONS.items()}
 class AgentClient:
     """Calls the agent on behalf of the trainer."""
 
-    def __init__(self, address: str, patience: float = 120.0, timeout: float = 60.0) -> None:
+    def __init__(
+        self,
+        address: str,
+        patience: float = 120.0,
+        timeout: float = 60.0,
+        token: tls.Token | None = None,
+    ) -> None:
+        """``token``: the pod's job token (default: ``STRIDE_JOB_TOKEN_FILE``'s); the agent
+        serves only its own job's token."""
         self.address = address
         self.patience = patience
         self.timeout = timeout
@@ -65,6 +74,7 @@ class AgentClient:
                 ("grpc.max_receive_message_length", 64 * 1024 * 1024),
                 ("grpc.max_send_message_length", 64 * 1024 * 1024),
             ],
+            token=token or TokenSource.for_pod(),
         )
         self.stub = pb_grpc.AgentServiceStub(self.channel)
         self.commands: queue.Queue[Command] = queue.Queue()

@@ -11,7 +11,7 @@ checkpoint cache own no tables, and their images do not install SQLAlchemy.
 from __future__ import annotations
 
 import asyncio
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from pathlib import Path
 from typing import TYPE_CHECKING, TypeVar
 
@@ -21,9 +21,12 @@ from google.protobuf.message import Message
 from stride.bus.client import ACK_WAIT_SECONDS, BatchHandler, Bus, Handler
 from stride.bus.topics import Topic
 from stride.runtime import tls
+from stride.runtime.auth import Access, RateLimiter, Rule
+from stride.runtime.errors import StartupError
 from stride.runtime.grpc_server import GrpcServer
 from stride.runtime.lifecycle import Dependency, ServiceHost
 from stride.runtime.settings import ServiceSettings
+from stride.runtime.tokens import TokenError, Verifier
 
 M = TypeVar("M", bound=Message)
 
@@ -32,15 +35,28 @@ if TYPE_CHECKING:
     from stride.db.outbox import Outbox
 
 
-def create_host(settings: ServiceSettings, service_names: Sequence[str]) -> ServiceHost:
+def create_host(
+    settings: ServiceSettings,
+    service_names: Sequence[str],
+    access: Mapping[str, Rule],
+    *,
+    only_job: str | None = None,
+) -> ServiceHost:
     """A host with a gRPC server (health, reflection, error mapping, the service's message
-    size limits, mutual TLS as the service's identity) for ``service_names``.
+    size limits, mutual TLS as the service's identity, ``access``: who may call each
+    method, :mod:`stride.runtime.auth`; ``only_job``: a server for one job's pod) for
+    ``service_names``.
 
     Without TLS material the service does not start (:func:`stride.runtime.tls.load` says
-    what to set); plain text only with ``STRIDE_INSECURE=1``, and then with a warning."""
+    what to set); plain text only with ``STRIDE_INSECURE=1``, and then with a warning (and
+    no caller is authenticated: tokens need the CA to be verified)."""
     material = tls.load(settings.service_name)
     if material is None:
         structlog.get_logger("stride.wiring").warning("insecure", detail=tls.INSECURE_WARNING)
+    try:
+        verifier = Verifier(material.ca) if material is not None else None
+    except TokenError as error:
+        raise StartupError(f"{material.source if material else ''}: {error}") from None
     server = GrpcServer(
         service_names,
         settings.grpc_host,
@@ -48,6 +64,13 @@ def create_host(settings: ServiceSettings, service_names: Sequence[str]) -> Serv
         max_receive_message_bytes=settings.grpc_max_receive_message_bytes,
         max_send_message_bytes=settings.grpc_max_send_message_bytes,
         tls=material,
+        access=Access(
+            access,
+            verifier,
+            only_job=only_job,
+            limiter=RateLimiter(settings.grpc_rate_per_second, settings.grpc_rate_burst),
+            service=settings.service_name,
+        ),
     )
     return ServiceHost(settings, server)
 
@@ -58,6 +81,7 @@ async def connect_bus(settings: ServiceSettings, host: ServiceHost) -> Bus:
         settings.require_nats_url(),
         name=f"stride-{settings.service_name}",
         timeout=settings.connect_timeout_seconds,
+        identity=settings.service_name,
     )
     await bus.ensure_streams()
 

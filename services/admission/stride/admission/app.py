@@ -11,7 +11,7 @@ import structlog
 import yaml
 
 from stride.admission.adapters.inbound.bus_handlers import FinishedHandler, InventoryHandler
-from stride.admission.adapters.inbound.grpc_api import AdmissionApi, ReplayClockApi
+from stride.admission.adapters.inbound.grpc_api import ACCESS, AdmissionApi, ReplayClockApi
 from stride.admission.adapters.outbound.history import ConfigDbRuns
 from stride.admission.db.tables import outbox as outbox_table
 from stride.admission.domain.gputree import GpuTree
@@ -40,7 +40,7 @@ async def build(settings: AdmissionSettings) -> ServiceHost:
     """Connect everything and return a host ready to run."""
     quotas = configured_quotas(settings)  # a bad file stops start-up before anything opens
     names = [SERVICE_NAME, CLOCK_SERVICE_NAME] if settings.replay_stepped else [SERVICE_NAME]
-    host = create_host(settings, names)
+    host = create_host(settings, names, ACCESS)
     bus = await connect_bus(settings, host)
     database = await open_database(settings, host, MIGRATIONS)
     outbox = Outbox(outbox_table)

@@ -18,6 +18,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import hashlib
 import uuid
 from collections.abc import AsyncIterator, Callable, Mapping
 from dataclasses import dataclass, field
@@ -108,6 +109,14 @@ RESUBMIT_GRACE_SECONDS = 60.0
 """Added to the earliest deadline a refusal names: the policy's answer holds at the instant
 of the decision (a whole number of slots from now), and a resubmission comes a little later.
 """
+
+
+def request_key(user: str, request_id: str) -> str:
+    """What a request id is stored as: one user's key (two users choosing the same request
+    id, as two CLIs submitting the same file do, name two jobs, and neither gets the other's
+    job back), of a fixed length whatever the id's."""
+    digest = hashlib.sha256(f"{user}\0{request_id}".encode()).hexdigest()
+    return f"u1:{digest}"
 
 
 def wall_clock() -> datetime:
@@ -234,10 +243,13 @@ class Submissions:
         return await self.get(job_id)
 
     async def _earlier_submission(self, request_id: str, spec: job_pb2.JobSpec) -> StoredJob | None:
-        """The job an earlier submission with ``request_id`` created, if any. The same key
-        with another spec is a client bug: reusing it would silently drop the new spec."""
+        """The job an earlier submission of the same user with ``request_id`` created, if
+        any. The same key with another spec is a client bug: reusing it would silently drop
+        the new spec."""
         async with self.database.sessions() as session:
-            existing = await repository.job_by_request_id(session, request_id)
+            existing = await repository.job_by_request_id(
+                session, request_key(spec.user, request_id)
+            )
         if existing is None:
             return None
         job = await self.get(existing)
@@ -253,7 +265,8 @@ class Submissions:
         """Store a new job and its ``submitted`` event in one transaction; its id."""
         async with self.database.transaction() as session:
             job_id = new_job_id()
-            await repository.insert_job(session, job_id, request_id or None, spec, now)
+            key = request_key(spec.user, request_id) if request_id else None
+            await repository.insert_job(session, job_id, key, spec, now)
             event = job_pb2.JobSubmitted(job_id=job_id, spec=spec, submitted_at=timestamp(now))
             await self.outbox.add_event(
                 session, topics.JOB_SUBMITTED.outgoing(job_id, event, f"{job_id}.submitted")

@@ -9,7 +9,7 @@ reporting NOT_SERVING because the dispatcher restarts would only get its pod res
 
 from __future__ import annotations
 
-from stride.agent.adapters.inbound.grpc_api import AgentApi, command_from_proto
+from stride.agent.adapters.inbound.grpc_api import ACCESS, AgentApi, command_from_proto
 from stride.agent.adapters.outbound.checkpoints import CheckpointClient
 from stride.agent.adapters.outbound.control import AckPublisher, subscribe_commands
 from stride.agent.adapters.outbound.shards import ShardClient
@@ -19,7 +19,9 @@ from stride.agent.usecases import ControlChannel, PodAgent
 from stride.api.agent.v1 import agent_service_pb2, agent_service_pb2_grpc
 from stride.events.v1 import control_pb2
 from stride.runtime import tls
+from stride.runtime.errors import StartupError
 from stride.runtime.lifecycle import Dependency, ServiceHost
+from stride.runtime.tokens import TokenSource
 from stride.wiring import connect_bus, create_host
 
 SERVICE_NAME = agent_service_pb2.DESCRIPTOR.services_by_name["AgentService"].full_name
@@ -31,15 +33,37 @@ CHANNEL_OPTIONS = [
 ]
 
 
+def job_token(settings: AgentSettings) -> TokenSource | None:
+    """The pod's job token, which the agent forwards upstream (the dispatcher and the cache
+    take the job from it). Required over TLS; plain text sends none."""
+    if settings.job_token_file is not None:
+        return TokenSource(path=settings.job_token_file)
+    if not tls.insecure():
+        raise StartupError(
+            "STRIDE_AGENT_JOB_TOKEN_FILE is not set: the pod watcher gives every pod a job "
+            "token file; without it the dispatcher and the checkpoint cache refuse this pod"
+        )
+    return None
+
+
 async def build(settings: AgentSettings) -> ServiceHost:
     """Connect everything and return a host ready to run."""
-    host = create_host(settings, [SERVICE_NAME])
+    host = create_host(settings, [SERVICE_NAME], ACCESS, only_job=settings.job_id)
+    token = job_token(settings)
     bus = await connect_bus(settings, host)
     dispatcher = tls.aio_channel(
-        settings.dispatcher_address, server="dispatcher", identity="agent", options=CHANNEL_OPTIONS
+        settings.dispatcher_address,
+        server="dispatcher",
+        identity="agent",
+        options=CHANNEL_OPTIONS,
+        token=token,
     )
     ckptcache = tls.aio_channel(
-        settings.ckptcache_address, server="ckptcache", identity="agent", options=CHANNEL_OPTIONS
+        settings.ckptcache_address,
+        server="ckptcache",
+        identity="agent",
+        options=CHANNEL_OPTIONS,
+        token=token,
     )
 
     async def always_ready() -> bool:
@@ -51,6 +75,7 @@ async def build(settings: AgentSettings) -> ServiceHost:
         settings.job_id,
         settings.pod_name,
         settings.upstream_timeout_seconds,
+        token,
     )
 
     async def close_channels() -> None:

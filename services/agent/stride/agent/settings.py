@@ -7,6 +7,7 @@ variable's name, e.g. ``STRIDE_AGENT_JOB_ID: Field required``.
 
 from __future__ import annotations
 
+from pathlib import Path
 from typing import Any, ClassVar
 
 from pydantic import Field, field_validator
@@ -52,6 +53,9 @@ class AgentSettings(ServiceSettings):
     request is a few numbers."""
     grpc_max_send_message_bytes: int = Field(default=16 * MIB, ge=64 * 1024, le=2**31 - 1)
     """Load chunks and headers come from the cache unchanged: the cache's 16 MiB."""
+    job_token_file: Path | None = None
+    """The pod's job token (the pod watcher writes it and keeps it fresh), which the agent
+    forwards to the dispatcher and the cache. Required over TLS."""
     upstream_timeout_seconds: float = Field(default=30.0, gt=0, le=600)
     """Deadline of each unary call to the dispatcher. The dispatcher answers in
     milliseconds; thirty seconds rides out its restart without hanging a trainer forever.

@@ -10,7 +10,7 @@ import asyncio
 
 from stride.api.ckptcache.v1 import ckptcache_service_pb2, ckptcache_service_pb2_grpc
 from stride.ckptcache.adapters.convert import parse_header, with_checksum
-from stride.ckptcache.adapters.inbound.grpc_api import CheckpointCacheApi
+from stride.ckptcache.adapters.inbound.grpc_api import ACCESS, CheckpointCacheApi
 from stride.ckptcache.adapters.outbound.directory_store import DirectoryStore
 from stride.ckptcache.adapters.outbound.events import BusCheckpointEvents
 from stride.ckptcache.adapters.outbound.memory_store import MemoryStore, SharedMemoryTooSmall
@@ -40,7 +40,7 @@ async def build(settings: CheckpointCacheSettings) -> ServiceHost:
             f"cannot use shared memory at {settings.shared_memory_dir}: {error.strerror or error} "
             "(set STRIDE_CKPTCACHE_SHM_DIR to a writable directory on a tmpfs)"
         ) from None
-    host = create_host(settings, [SERVICE_NAME])
+    host = create_host(settings, [SERVICE_NAME], ACCESS)
     store = DirectoryStore(settings.store_dir)
     try:
         await asyncio.to_thread(store.prepare)

@@ -13,7 +13,7 @@ from stride.configdb.adapters.inbound.bus_handlers import (
     PlanHandler,
     SubmittedHandler,
 )
-from stride.configdb.adapters.inbound.grpc_api import ConfigDbApi
+from stride.configdb.adapters.inbound.grpc_api import ACCESS, ConfigDbApi
 from stride.configdb.settings import ConfigDbSettings
 from stride.configdb.usecases import JobHistory
 from stride.runtime.lifecycle import ServiceHost
@@ -54,7 +54,7 @@ def _add_consumers(host: ServiceHost, bus: Bus, history: JobHistory) -> None:
 
 async def build(settings: ConfigDbSettings) -> ServiceHost:
     """Connect everything and return a host ready to run."""
-    host = create_host(settings, [SERVICE_NAME])
+    host = create_host(settings, [SERVICE_NAME], ACCESS)
     bus = await connect_bus(settings, host)
     database = await open_database(settings, host, MIGRATIONS)
     # Configdb publishes nothing, so it has no outbox: it only records and answers.

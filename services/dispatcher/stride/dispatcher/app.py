@@ -13,7 +13,7 @@ from stride.bus import topics
 from stride.db.engine import Database
 from stride.db.outbox import Outbox
 from stride.dispatcher.adapters.inbound.bus_handlers import PodEventHandler
-from stride.dispatcher.adapters.inbound.grpc_api import DispatcherApi
+from stride.dispatcher.adapters.inbound.grpc_api import ACCESS, DispatcherApi
 from stride.dispatcher.adapters.outbound.fastpath import FastPath, PostgresFastPath, SqliteFastPath
 from stride.dispatcher.db.tables import outbox as outbox_table
 from stride.dispatcher.settings import DispatcherSettings
@@ -60,7 +60,7 @@ def open_fast_path(
 
 async def build(settings: DispatcherSettings) -> ServiceHost:
     """Connect everything and return a host ready to run."""
-    host = create_host(settings, [SERVICE_NAME])
+    host = create_host(settings, [SERVICE_NAME], ACCESS)
     bus = await connect_bus(settings, host)
     database = await open_database(settings, host, MIGRATIONS)
     if not settings.sync_commits:

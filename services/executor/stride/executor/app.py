@@ -12,7 +12,7 @@ import contextlib
 from stride.api.executor.v1 import executor_service_pb2, executor_service_pb2_grpc
 from stride.bus import topics
 from stride.executor.adapters.inbound.bus_handlers import RequestHandler
-from stride.executor.adapters.inbound.grpc_api import ExecutorApi
+from stride.executor.adapters.inbound.grpc_api import ACCESS, ExecutorApi
 from stride.executor.adapters.outbound.workers import WorkerPool, load_registry
 from stride.executor.settings import ExecutorSettings
 from stride.executor.usecases import AlgorithmRunner
@@ -25,7 +25,7 @@ SERVICE_NAME = executor_service_pb2.DESCRIPTOR.services_by_name["ExecutorService
 
 async def build(settings: ExecutorSettings) -> ServiceHost:
     """Connect everything and return a host ready to run."""
-    host = create_host(settings, [SERVICE_NAME])
+    host = create_host(settings, [SERVICE_NAME], ACCESS)
     bus = await connect_bus(settings, host)
     try:
         registry = load_registry(settings.registry)

@@ -15,7 +15,7 @@ from stride.optimizer.adapters.inbound.bus_handlers import (
     PodFailedHandler,
     ShareHandler,
 )
-from stride.optimizer.adapters.inbound.grpc_api import OptimizerApi
+from stride.optimizer.adapters.inbound.grpc_api import ACCESS, OptimizerApi
 from stride.optimizer.adapters.outbound.history import ConfigDbHistory
 from stride.optimizer.db.tables import outbox as outbox_table
 from stride.optimizer.domain.observations import WindowRule
@@ -39,7 +39,7 @@ METRICS_BATCH = 128
 
 async def build(settings: OptimizerSettings) -> ServiceHost:
     """Connect everything and return a host ready to run."""
-    host = create_host(settings, [SERVICE_NAME])
+    host = create_host(settings, [SERVICE_NAME], ACCESS)
     bus = await connect_bus(settings, host)
     database = await open_database(settings, host, MIGRATIONS)
     outbox = Outbox(outbox_table)

@@ -608,6 +608,13 @@ class Planning:
             log.info("claims granted", plans=published, open=len(settlement.left), why=why)
         return published
 
+    async def job_owner(self, job_id: str) -> str | None:
+        """The user who submitted a job the optimizer knows (None: no such admitted job)."""
+        check_job_id(job_id)
+        async with self.database.sessions() as session:
+            spec = await repository.get_spec(session, job_id)
+        return None if spec is None else job_pb2.JobSpec.FromString(spec).user
+
     async def newest_plan(
         self, job_id: str
     ) -> tuple[plan_pb2.ResourcePlan, JobStage, obs.Observations | None]:

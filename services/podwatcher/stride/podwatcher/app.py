@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import os
 from pathlib import Path
 
 import structlog
@@ -17,20 +18,23 @@ from stride.podwatcher.adapters.inbound.bus_handlers import (
     FinishedHandler,
     PlanHandler,
 )
-from stride.podwatcher.adapters.inbound.grpc_api import PodWatcherApi
+from stride.podwatcher.adapters.inbound.grpc_api import ACCESS, PodWatcherApi
 from stride.podwatcher.adapters.outbound.backends.base import Backend
 from stride.podwatcher.adapters.outbound.backends.local import (
     LocalBackend,
     PodEnvironment,
     detect_local_node,
+    pod_tls_folder,
 )
 from stride.podwatcher.adapters.outbound.backends.localpods import Enforcement, LocalPods
 from stride.podwatcher.db.tables import outbox as outbox_table
 from stride.podwatcher.domain.nodes import parse_nodes
 from stride.podwatcher.settings import PodWatcherSettings
 from stride.podwatcher.usecases import PodWatcher, Timing
+from stride.runtime import tls
 from stride.runtime.errors import StartupError
 from stride.runtime.lifecycle import Dependency, ServiceHost
+from stride.runtime.tokens import JOB_TOKEN_TTL, Signer
 from stride.wiring import connect_bus, consume, create_host, open_database, relay_outbox
 
 log = structlog.get_logger(__name__)
@@ -75,7 +79,19 @@ def make_backend(settings: PodWatcherSettings) -> Backend:
         log_level=settings.log_level,
         trainer_module=settings.trainer_module,
     )
-    backend = LocalBackend(runtime, tuple(nodes), environment)
+    base = dict(os.environ)
+    material = tls.load(settings.service_name)
+    folder = base.get(tls.TLS_DIR_ENV, "").strip()
+    if material is not None and folder:
+        base[tls.TLS_DIR_ENV] = str(pod_tls_folder(Path(folder), state_dir / "pod-tls"))
+    backend = LocalBackend(
+        runtime,
+        tuple(nodes),
+        environment,
+        base,
+        signer=Signer(material) if material is not None else None,
+        tokens_dir=state_dir / "tokens",
+    )
     log.info(
         "local pod backend",
         nodes=len(nodes),
@@ -89,7 +105,7 @@ def make_backend(settings: PodWatcherSettings) -> Backend:
 async def build(settings: PodWatcherSettings) -> ServiceHost:
     """Connect everything and return a host ready to run."""
     backend = make_backend(settings)
-    host = create_host(settings, [SERVICE_NAME])
+    host = create_host(settings, [SERVICE_NAME], ACCESS)
     bus = await connect_bus(settings, host)
     database = await open_database(settings, host, MIGRATIONS)
     outbox = Outbox(outbox_table)
@@ -157,6 +173,14 @@ async def build(settings: PodWatcherSettings) -> ServiceHost:
         "reconfigures", lambda: every(RECONFIGURE_CHECK_SECONDS, pods.check_reconfigures, 5.0)
     )
     host.add_root_task("sweep-lost", sweep_once)
+
+    async def refresh_tokens() -> None:
+        written = backend.refresh_tokens()
+        log.debug("job tokens rewritten", pods=written)
+
+    # Job tokens live an hour; rewritten at a quarter of that (and at once, for pods an
+    # earlier podwatcher started, whose tokens may have expired meanwhile).
+    host.add_root_task("job-tokens", lambda: every(JOB_TOKEN_TTL / 4, refresh_tokens))
     host.add_root_task(
         "inventory", lambda: every(settings.inventory_interval_seconds, pods.check_inventory)
     )

@@ -1153,6 +1153,12 @@ class PodWatcher:
             except Exception:
                 log.warning("usage sample not published", pod=row.record.name, exc_info=True)
 
+    async def job_owner(self, job_id: str) -> str | None:
+        """The user who submitted a job this podwatcher knows (None: it knows no such job)."""
+        async with self.database.sessions() as session:
+            stored = await repository.get_job(session, job_id)
+        return None if stored is None else stored.spec.user
+
     async def job_pods(self, job_id: str) -> tuple[StoredPlan, list[PodView]]:
         """The job's newest plan and its pods (newest generation first), or NotFound."""
         if not job_id:

@@ -1,4 +1,17 @@
-"""The job API (``stride.api.admission.v1.AdmissionService``) over :class:`Submissions`."""
+"""The job API (``stride.api.admission.v1.AdmissionService``) over :class:`Submissions`.
+
+Who may call (:data:`ACCESS`), by the caller's verified user token:
+
+- any user submits jobs, and sees, lists and cancels **their own**; a job's ``user`` is the
+  token's, never the spec's (a spec naming someone else is PERMISSION_DENIED), except
+  that an admin may submit on another user's behalf by naming them in ``spec.user`` (as
+  ``kubectl --as``; replays and load generators submit many users' jobs this way);
+- a user reads the quotas that bind them; admins see and manage every job and quota, and
+  drive a stepped replay clock.
+
+In plain text (``STRIDE_INSECURE=1``) nothing is verified: the spec's ``user`` stands, and
+a spec without one is :data:`ANONYMOUS`'s.
+"""
 
 from __future__ import annotations
 
@@ -14,7 +27,8 @@ from stride.admission.domain.quotas import Quota, make_quota
 from stride.admission.usecases import ExactMoment, StoredJob, Submissions
 from stride.api.admission.v1 import admission_service_pb2 as pb
 from stride.api.admission.v1 import admission_service_pb2_grpc as pb_grpc
-from stride.runtime.errors import InvalidArgument
+from stride.runtime import auth
+from stride.runtime.errors import InvalidArgument, PermissionDenied
 from stride.vocabulary import InvalidWord, check_job_id, check_name, echo
 from stride.vocabulary.jobspec import MAX_DEADLINE_AHEAD
 
@@ -69,32 +83,84 @@ def quota_status(quota: Quota, submissions: int, active: int) -> pb.QuotaStatus:
     )
 
 
+ANONYMOUS = "anonymous"
+"""Whose a job without a ``user`` is when nobody is authenticated (plain text)."""
+_USERS = auth.rule(users=True)
+_ADMINS = auth.rule(admins=True)
+SERVICE = pb.DESCRIPTOR.services_by_name["AdmissionService"].full_name
+CLOCK_SERVICE = pb.DESCRIPTOR.services_by_name["ReplayClockService"].full_name
+ACCESS = {
+    **auth.rules(
+        SERVICE,
+        {
+            "SubmitJob": _USERS,
+            "GetJob": _USERS,
+            "ListJobs": _USERS,
+            "CancelJob": _USERS,
+            "SetQuota": _ADMINS,
+            "GetQuota": _USERS,
+            "ListQuotas": _USERS,
+            "DeleteQuota": _ADMINS,
+        },
+    ),
+    **auth.rules(CLOCK_SERVICE, {"Advance": _ADMINS}),
+}
+
+
+def _not_yours(what: str, caller: auth.Caller) -> PermissionDenied:
+    return PermissionDenied(f"{what}; {caller.describe()} sees and acts on their own only")
+
+
 class AdmissionApi(pb_grpc.AdmissionServiceServicer):
     """gRPC servicer; errors are raised as domain errors and mapped by the server."""
 
     def __init__(self, submissions: Submissions) -> None:
         self.submissions = submissions
 
+    async def _own_job(self, job_id: str) -> StoredJob:
+        """The job, if the caller may see it (its submitter, or an admin)."""
+        job = await self.submissions.get(check_job_id(job_id, raise_as=InvalidArgument))
+        auth.require_owner(job_id, job.spec.user, "not found")
+        return job
+
     async def SubmitJob(
         self, request: pb.SubmitJobRequest, context: Context
     ) -> pb.SubmitJobResponse:
         if not request.HasField("spec"):
             raise InvalidArgument("spec", "is required")
-        job = await self.submissions.submit(request.spec, _request_id(request.request_id))
+        spec = request.spec
+        caller = auth.current()
+        if not caller.authenticated and not spec.user:
+            spec.user = ANONYMOUS
+        if caller.user is not None and not (caller.user.admin and spec.user):
+            if spec.user and spec.user != caller.user.user:
+                raise PermissionDenied(
+                    f"spec.user: {echo(spec.user)} is not the submitter: a job's user comes "
+                    f"from the token ({caller.user.user!r}); leave spec.user empty"
+                )
+            spec.user = caller.user.user
+        job = await self.submissions.submit(spec, _request_id(request.request_id))
         return pb.SubmitJobResponse(job=job_to_proto(job))
 
     async def GetJob(self, request: pb.GetJobRequest, context: Context) -> pb.GetJobResponse:
-        job = await self.submissions.get(check_job_id(request.job_id, raise_as=InvalidArgument))
-        return pb.GetJobResponse(job=job_to_proto(job))
+        return pb.GetJobResponse(job=job_to_proto(await self._own_job(request.job_id)))
 
     async def ListJobs(self, request: pb.ListJobsRequest, context: Context) -> pb.ListJobsResponse:
-        jobs = await self.submissions.list(_user(request.user) or "", request.page_size)
+        wanted = _user(request.user) or ""
+        caller = auth.current()
+        if not caller.admin:
+            assert caller.user is not None  # the rule admits users only
+            if wanted and wanted != caller.user.user:
+                raise _not_yours(f"user: {wanted!r} is another user", caller)
+            wanted = caller.user.user
+        jobs = await self.submissions.list(wanted, request.page_size)
         return pb.ListJobsResponse(jobs=[job_to_proto(job) for job in jobs])
 
     async def CancelJob(
         self, request: pb.CancelJobRequest, context: Context
     ) -> pb.CancelJobResponse:
-        job = await self.submissions.cancel(check_job_id(request.job_id, raise_as=InvalidArgument))
+        job = await self._own_job(request.job_id)
+        job = await self.submissions.cancel(job.job_id)
         return pb.CancelJobResponse(job=job_to_proto(job))
 
     async def SetQuota(self, request: pb.SetQuotaRequest, context: Context) -> pb.SetQuotaResponse:
@@ -114,14 +180,19 @@ class AdmissionApi(pb_grpc.AdmissionServiceServicer):
         return pb.SetQuotaResponse(status=quota_status(*await self.submissions.set_quota(quota)))
 
     async def GetQuota(self, request: pb.GetQuotaRequest, context: Context) -> pb.GetQuotaResponse:
-        return pb.GetQuotaResponse(
-            status=quota_status(*await self.submissions.quota(request.scope))
-        )
+        found = await self.submissions.quota(request.scope)
+        caller = auth.current()
+        if not _binds_caller(found[0], caller):
+            raise _not_yours(f"scope: {request.scope!r} does not bind you", caller)
+        return pb.GetQuotaResponse(status=quota_status(*found))
 
     async def ListQuotas(
         self, request: pb.ListQuotasRequest, context: Context
     ) -> pb.ListQuotasResponse:
-        listed = await self.submissions.quotas()
+        caller = auth.current()
+        listed = [
+            item for item in await self.submissions.quotas() if _binds_caller(item[0], caller)
+        ]
         return pb.ListQuotasResponse(quotas=[quota_status(*item) for item in listed])
 
     async def DeleteQuota(
@@ -129,6 +200,11 @@ class AdmissionApi(pb_grpc.AdmissionServiceServicer):
     ) -> pb.DeleteQuotaResponse:
         await self.submissions.delete_quota(request.scope)
         return pb.DeleteQuotaResponse()
+
+
+def _binds_caller(quota: Quota, caller: auth.Caller) -> bool:
+    """Whether a user may read ``quota``: it binds them (admins read every quota)."""
+    return caller.admin or (caller.user is not None and quota.binds(caller.user.user))
 
 
 LATEST_CLOCK_SECONDS = 253_402_300_799 - int(MAX_DEADLINE_AHEAD.total_seconds())

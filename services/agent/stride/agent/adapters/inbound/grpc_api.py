@@ -3,6 +3,10 @@
 Each method checks what the agent itself knows (field names in errors are the agent
 request's own), then forwards. Refusals from the dispatcher or the cache reach the trainer
 with their original status code.
+
+Who may call (:data:`ACCESS`): a holder of a job token for the agent's own job (the trainer
+in its pod), or an admin; the server refuses a token for any other job
+(``create_host(only_job=...)``). The agent forwards upstream with its own copy of that token.
 """
 
 from __future__ import annotations
@@ -20,9 +24,19 @@ from stride.api.agent.v1 import agent_service_pb2 as pb
 from stride.api.agent.v1 import agent_service_pb2_grpc as pb_grpc
 from stride.api.ckptcache.v1 import ckptcache_service_pb2 as ckpt_pb
 from stride.events.v1 import control_pb2
+from stride.runtime import auth
 from stride.runtime.errors import InvalidArgument
 
 Context = grpc.aio.ServicerContext[Any, Any]
+
+SERVICE = pb.DESCRIPTOR.services_by_name["AgentService"].full_name
+ACCESS = auth.rules(
+    SERVICE,
+    {
+        method.name: auth.rule(admins=True, jobs=True)
+        for method in pb.DESCRIPTOR.services_by_name["AgentService"].methods
+    },
+)
 
 ACTION_TO_PROTO = {
     ControlAction.PAUSE: control_pb2.CONTROL_ACTION_PAUSE,

@@ -20,6 +20,7 @@ from stride.agent.adapters.outbound.upstream import UpstreamError
 from stride.api.dispatcher.v1 import dispatcher_service_pb2 as pb
 from stride.api.dispatcher.v1 import dispatcher_service_pb2_grpc as pb_grpc
 from stride.events.v1 import shard_pb2
+from stride.runtime import tls
 from stride.shardclient import LeasedShard, RetryPolicy, Revoked
 from stride.shardclient import ShardClient as SessionClient
 from stride.vocabulary import echo
@@ -45,8 +46,15 @@ class ShardClient:
     """Calls the dispatcher on behalf of one pod."""
 
     def __init__(
-        self, channel: grpc.aio.Channel, address: str, job_id: str, worker: str, timeout: float
+        self,
+        channel: grpc.aio.Channel,
+        address: str,
+        job_id: str,
+        worker: str,
+        timeout: float,
+        token: tls.Token | None = None,
     ) -> None:
+        """``token``: the pod's job token, sent on the session stream as on ``channel``."""
         self.stub = pb_grpc.DispatcherServiceStub(channel)
         self.address = address
         self.job_id = job_id
@@ -55,7 +63,13 @@ class ShardClient:
         # The session client retries an unreachable dispatcher for up to ``timeout`` (a
         # restart rides through), then the trainer hears UNAVAILABLE naming it.
         self.sessions = SessionClient(
-            address, job_id, worker, timeout=timeout, retry=RetryPolicy(give_up_after=timeout)
+            address,
+            job_id,
+            worker,
+            timeout=timeout,
+            retry=RetryPolicy(give_up_after=timeout),
+            identity="agent",
+            token=token,
         )
         self.leased: dict[tuple[str, int], LeasedShard] = {}
 

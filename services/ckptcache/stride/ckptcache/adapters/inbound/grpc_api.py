@@ -1,12 +1,13 @@
 """The checkpoint API (``stride.api.ckptcache.v1.CheckpointCacheService``) over
 :class:`~stride.ckptcache.usecases.Checkpoints`, with per-job isolation.
 
-Every call except GetCacheInfo carries the caller's job in the gRPC metadata key
-``stride-job-id`` (the agent sets it from its pod's identity; the client library from
-``STRIDE_JOB_ID``). A request may only touch that job's checkpoints: naming another job is
-PERMISSION_DENIED, and names that could escape the job's space (``..``, ``/``) are
-INVALID_ARGUMENT, both naming the field. The metadata is not authenticated: isolation
-against a malicious pod needs mTLS or per-pod tokens on top, which Stride does not have yet.
+Every call needs the pod's job token (:data:`ACCESS`; the agent and the client library send
+the one the pod watcher gave the pod), and the job comes from that verified token: a
+request may only touch that job's checkpoints. Naming another job is PERMISSION_DENIED,
+and names that could escape the job's space (``..``, ``/``) are INVALID_ARGUMENT, both
+naming the field. An admin's user token may work on any job, named by the request or the
+``stride-job-id`` metadata; so may any caller in plain text (``STRIDE_INSECURE=1``, where
+nothing is verified).
 """
 
 from __future__ import annotations
@@ -27,12 +28,30 @@ from stride.ckptcache.adapters.convert import (
 from stride.ckptcache.domain import checksum
 from stride.ckptcache.domain.checkpoints import check_job_id
 from stride.ckptcache.usecases import Checkpoints, CorruptCheckpoint
+from stride.runtime import auth
 from stride.runtime.errors import InvalidArgument
 
 Context = grpc.aio.ServicerContext[Any, Any]
 
 JOB_METADATA_KEY = "stride-job-id"
 JOB_METADATA_FIELD = f"metadata {JOB_METADATA_KEY}"
+
+SERVICE = pb.DESCRIPTOR.services_by_name["CheckpointCacheService"].full_name
+ACCESS = auth.rules(
+    SERVICE,
+    {
+        method: auth.rule(admins=True, jobs=True)
+        for method in (
+            "GetCacheInfo",
+            "RegisterSegment",
+            "SaveCheckpoint",
+            "LocateCheckpoint",
+            "LoadCheckpoint",
+            "ListCheckpoints",
+            "DeleteCheckpoint",
+        )
+    },
+)
 
 
 async def _deny(context: Context, field: str, problem: str) -> NoReturn:
@@ -41,17 +60,26 @@ async def _deny(context: Context, field: str, problem: str) -> NoReturn:
 
 
 async def caller_job(context: Context, requested: str, field: str) -> str:
-    """The caller's job from the metadata; ``requested`` must be empty or the same job."""
-    values = [
-        value
-        for key, value in (context.invocation_metadata() or ())
-        if key == JOB_METADATA_KEY and isinstance(value, str)
-    ]
-    if not values:
-        raise InvalidArgument(
-            JOB_METADATA_FIELD, "is required: every call names the caller's job in it"
-        )
-    job_id = values[0]
+    """The caller's job: its token's (an admin or plain text: the metadata's, else the
+    request's); ``requested`` must be empty or the same job."""
+    caller = auth.current()
+    if caller.job is not None:
+        job_id = caller.job.job_id
+        source = "this caller holds a token for job"
+    else:
+        values = [
+            value
+            for key, value in (context.invocation_metadata() or ())
+            if key == JOB_METADATA_KEY and isinstance(value, str)
+        ]
+        if not values:
+            if not requested:
+                raise InvalidArgument(
+                    JOB_METADATA_FIELD, "is required: every call names the caller's job"
+                )
+            values = [requested]
+        job_id = values[0]
+        source = "this call is for job"
     check_job_id(job_id, JOB_METADATA_FIELD)
     if requested:
         check_job_id(requested, field)
@@ -59,8 +87,8 @@ async def caller_job(context: Context, requested: str, field: str) -> str:
         await _deny(
             context,
             field,
-            f"{requested!r} is another job; this caller is job {job_id!r} and may only use "
-            "its own checkpoints",
+            f"{requested!r} is another job; {source} {job_id!r} and may only use its own "
+            "checkpoints",
         )
     return job_id
 

@@ -1,4 +1,10 @@
-"""The shard API (``stride.api.dispatcher.v1.DispatcherService``) over :class:`ShardDispatcher`."""
+"""The shard API (``stride.api.dispatcher.v1.DispatcherService``) over :class:`ShardDispatcher`.
+
+Who may call (:data:`ACCESS`): a pod's agent and trainer with their job token, which names
+the only job whose datasets, workers and shards they may touch (another job's answers
+PERMISSION_DENIED, whatever ``job_id`` the request says); admins (user tokens) may call
+everything for any job (``stride shards``); the pod watcher may fence a lost worker.
+"""
 
 from __future__ import annotations
 
@@ -20,6 +26,7 @@ from stride.dispatcher.adapters.convert import (
 )
 from stride.dispatcher.domain.queue import Grant
 from stride.dispatcher.usecases import ShardDispatcher, WorkerRef
+from stride.runtime import auth
 from stride.runtime.errors import InvalidArgument, StrideError
 from stride.runtime.grpc_server import bounded_message, status_for
 
@@ -28,11 +35,40 @@ log = structlog.get_logger(__name__)
 _tracer = trace.get_tracer(__name__)
 
 
+SERVICE = pb.DESCRIPTOR.services_by_name["DispatcherService"].full_name
+_JOB = auth.rule(admins=True, jobs=True)
+ACCESS = auth.rules(
+    SERVICE,
+    {
+        "CreateDataset": _JOB,
+        "RegisterWorker": _JOB,
+        "GetShard": _JOB,
+        "ReportProgress": _JOB,
+        "ShardSession": _JOB,
+        "ReportShardDone": _JOB,
+        "ReportShardFailed": _JOB,
+        "GetDatasetState": _JOB,
+        "ListDatasets": _JOB,
+        "SnapshotShards": _JOB,
+        "RestoreShards": _JOB,
+        "MarkWorkerLost": auth.rule("podwatcher", admins=True, jobs=True),
+        "FetchBatches": _JOB,
+        "ReportConsumed": _JOB,
+    },
+)
+
+
+def _own(job_id: str, field: str = "job_id") -> str:
+    """``job_id``, once the caller may touch it (a job token only its own job)."""
+    auth.current().require_job(job_id, field)
+    return job_id
+
+
 def _worker_ref(request: Any) -> WorkerRef:
     if not request.HasField("worker"):
         raise InvalidArgument("worker", "is required")
     ref = request.worker
-    return WorkerRef(ref.job_id, ref.dataset, ref.worker, ref.incarnation)
+    return WorkerRef(_own(ref.job_id, "worker.job_id"), ref.dataset, ref.worker, ref.incarnation)
 
 
 def _lease(value: int, field: str = "lease") -> int | None:
@@ -66,14 +102,14 @@ class DispatcherApi(pb_grpc.DispatcherServiceServicer):
         if not request.HasField("parameters"):
             raise InvalidArgument("parameters", "is required")
         created = await self.dispatcher.create_dataset(
-            request.job_id, request.dataset, parameters_from_proto(request.parameters)
+            _own(request.job_id), request.dataset, parameters_from_proto(request.parameters)
         )
         return pb.CreateDatasetResponse(created=created)
 
     async def RegisterWorker(
         self, request: pb.RegisterWorkerRequest, context: Context
     ) -> pb.RegisterWorkerResponse:
-        incarnation = await self.dispatcher.register_worker(request.job_id, request.worker)
+        incarnation = await self.dispatcher.register_worker(_own(request.job_id), request.worker)
         return pb.RegisterWorkerResponse(
             incarnation=incarnation, lease=_duration(self.dispatcher.lease_duration)
         )
@@ -162,7 +198,7 @@ class DispatcherApi(pb_grpc.DispatcherServiceServicer):
     async def GetDatasetState(
         self, request: pb.GetDatasetStateRequest, context: Context
     ) -> pb.GetDatasetStateResponse:
-        state = await self.dispatcher.dataset_state(request.job_id, request.dataset)
+        state = await self.dispatcher.dataset_state(_own(request.job_id), request.dataset)
         return pb.GetDatasetStateResponse(
             epoch=state.counts.epoch,
             todo=state.counts.todo,
@@ -184,7 +220,7 @@ class DispatcherApi(pb_grpc.DispatcherServiceServicer):
     async def ListDatasets(
         self, request: pb.ListDatasetsRequest, context: Context
     ) -> pb.ListDatasetsResponse:
-        stored = await self.dispatcher.list_datasets(request.job_id)
+        stored = await self.dispatcher.list_datasets(_own(request.job_id))
         return pb.ListDatasetsResponse(
             datasets=[
                 pb.DatasetSummary(dataset=d.dataset, parameters=parameters_to_proto(d.parameters))
@@ -196,7 +232,7 @@ class DispatcherApi(pb_grpc.DispatcherServiceServicer):
         self, request: pb.FetchBatchesRequest, context: Context
     ) -> pb.FetchBatchesResponse:
         batches, end, consumed = await self.dispatcher.fetch_batches(
-            request.job_id, request.dataset, request.data_worker, request.max_batches
+            _own(request.job_id), request.dataset, request.data_worker, request.max_batches
         )
         return pb.FetchBatchesResponse(
             batches=[
@@ -210,14 +246,14 @@ class DispatcherApi(pb_grpc.DispatcherServiceServicer):
         self, request: pb.ReportConsumedRequest, context: Context
     ) -> pb.ReportConsumedResponse:
         consumed = await self.dispatcher.report_consumed(
-            request.job_id, request.dataset, request.step_id
+            _own(request.job_id), request.dataset, request.step_id
         )
         return pb.ReportConsumedResponse(consumed_step=consumed)
 
     async def SnapshotShards(
         self, request: pb.SnapshotShardsRequest, context: Context
     ) -> pb.SnapshotShardsResponse:
-        snapshot = await self.dispatcher.snapshot(request.job_id, request.dataset)
+        snapshot = await self.dispatcher.snapshot(_own(request.job_id), request.dataset)
         return pb.SnapshotShardsResponse(
             snapshot=snapshot.data,
             snapshot_id=snapshot.snapshot_id,
@@ -229,12 +265,12 @@ class DispatcherApi(pb_grpc.DispatcherServiceServicer):
         self, request: pb.RestoreShardsRequest, context: Context
     ) -> pb.RestoreShardsResponse:
         snapshot_id, revoked = await self.dispatcher.restore(
-            request.job_id, request.dataset, request.snapshot
+            _own(request.job_id), request.dataset, request.snapshot
         )
         return pb.RestoreShardsResponse(snapshot_id=snapshot_id, revoked=revoked)
 
     async def MarkWorkerLost(
         self, request: pb.MarkWorkerLostRequest, context: Context
     ) -> pb.MarkWorkerLostResponse:
-        requeued = await self.dispatcher.mark_worker_lost(request.job_id, request.worker)
+        requeued = await self.dispatcher.mark_worker_lost(_own(request.job_id), request.worker)
         return pb.MarkWorkerLostResponse(requeued=requeued)

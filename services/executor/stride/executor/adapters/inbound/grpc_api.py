@@ -1,4 +1,7 @@
-"""The executor's direct API (``stride.api.executor.v1.ExecutorService``), for tools."""
+"""The executor's direct API (``stride.api.executor.v1.ExecutorService``), for tools.
+
+Who may call (:data:`ACCESS`): admins (the optimizer reaches the pool over the bus).
+"""
 
 from __future__ import annotations
 
@@ -10,11 +13,18 @@ from stride.api.executor.v1 import executor_service_pb2 as pb
 from stride.api.executor.v1 import executor_service_pb2_grpc as pb_grpc
 from stride.executor.usecases import AlgorithmFailed, AlgorithmRunner
 from stride.policy.registry import NAME_PATTERN
+from stride.runtime import auth
 from stride.runtime.errors import InvalidArgument
 from stride.runtime.grpc_server import bounded_message
 from stride.vocabulary import echo
 
 Context = grpc.aio.ServicerContext[Any, Any]
+
+
+SERVICE = pb.DESCRIPTOR.services_by_name["ExecutorService"].full_name
+ACCESS = auth.rules(
+    SERVICE, {"RunAlgorithm": auth.rule(admins=True), "ListAlgorithms": auth.rule(admins=True)}
+)
 
 
 class ExecutorApi(pb_grpc.ExecutorServiceServicer):

@@ -1,4 +1,8 @@
-"""The plan API (``stride.api.optimizer.v1.OptimizerService``) over :class:`Planning`."""
+"""The plan API (``stride.api.optimizer.v1.OptimizerService``) over :class:`Planning`.
+
+Who may call (:data:`ACCESS`): users, for their own jobs (the owner is the admitted spec's
+user, which admission took from the submitter's token); admins for every job.
+"""
 
 from __future__ import annotations
 
@@ -10,8 +14,19 @@ from stride.api.optimizer.v1 import optimizer_service_pb2 as pb
 from stride.api.optimizer.v1 import optimizer_service_pb2_grpc as pb_grpc
 from stride.optimizer.adapters.convert import STAGE_TO_PROTO
 from stride.optimizer.usecases import Planning
+from stride.runtime import auth
 
 Context = grpc.aio.ServicerContext[Any, Any]
+
+
+SERVICE = pb.DESCRIPTOR.services_by_name["OptimizerService"].full_name
+ACCESS = auth.rules(
+    SERVICE,
+    {
+        method.name: auth.rule(users=True)
+        for method in pb.DESCRIPTOR.services_by_name["OptimizerService"].methods
+    },
+)
 
 
 class OptimizerApi(pb_grpc.OptimizerServiceServicer):
@@ -20,8 +35,15 @@ class OptimizerApi(pb_grpc.OptimizerServiceServicer):
     def __init__(self, planning: Planning) -> None:
         self.planning = planning
 
+    async def _visible(self, job_id: str) -> str:
+        """``job_id`` once the caller may see and act on it (its owner, or an admin)."""
+        if not auth.current().admin:
+            owner = await self.planning.job_owner(job_id)
+            auth.require_owner(job_id, owner, "the optimizer knows no such admitted job")
+        return job_id
+
     async def GetPlan(self, request: pb.GetPlanRequest, context: Context) -> pb.GetPlanResponse:
-        plan, stage, view = await self.planning.newest_plan(request.job_id)
+        plan, stage, view = await self.planning.newest_plan(await self._visible(request.job_id))
         return pb.GetPlanResponse(
             plan=plan,
             stage=STAGE_TO_PROTO[stage],
@@ -32,24 +54,26 @@ class OptimizerApi(pb_grpc.OptimizerServiceServicer):
     async def ListPlans(
         self, request: pb.ListPlansRequest, context: Context
     ) -> pb.ListPlansResponse:
-        return pb.ListPlansResponse(plans=await self.planning.plans(request.job_id))
+        return pb.ListPlansResponse(
+            plans=await self.planning.plans(await self._visible(request.job_id))
+        )
 
     async def ListOptimizationEvents(
         self, request: pb.ListOptimizationEventsRequest, context: Context
     ) -> pb.ListOptimizationEventsResponse:
-        events = await self.planning.events(request.job_id)
+        events = await self.planning.events(await self._visible(request.job_id))
         return pb.ListOptimizationEventsResponse(events=events)
 
     async def ScaleJob(self, request: pb.ScaleJobRequest, context: Context) -> pb.ScaleJobResponse:
         plan = await self.planning.scale(
-            request.job_id, request.workers, request.ps, request.reason
+            await self._visible(request.job_id), request.workers, request.ps, request.reason
         )
         return pb.ScaleJobResponse(plan=plan)
 
     async def GetPlanExplanation(
         self, request: pb.GetPlanExplanationRequest, context: Context
     ) -> pb.GetPlanExplanationResponse:
-        rows = await self.planning.explanations(request.job_id)
+        rows = await self.planning.explanations(await self._visible(request.job_id))
         explanations = []
         for plan, why in rows:
             if why is None:

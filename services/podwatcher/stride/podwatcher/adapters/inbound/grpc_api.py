@@ -1,4 +1,9 @@
-"""The pod API (``stride.api.podwatcher.v1.PodWatcherService``) over :class:`PodWatcher`."""
+"""The pod API (``stride.api.podwatcher.v1.PodWatcherService``) over :class:`PodWatcher`.
+
+Who may call (:data:`ACCESS`): any user may list nodes and read the pods and logs of their
+own jobs (the owner is the admitted spec's user, which admission took from the submitter's
+token); admins see every job and drain and restore nodes.
+"""
 
 from __future__ import annotations
 
@@ -12,6 +17,7 @@ from stride.api.podwatcher.v1 import podwatcher_service_pb2 as pb
 from stride.api.podwatcher.v1 import podwatcher_service_pb2_grpc as pb_grpc
 from stride.podwatcher.adapters.convert import node_to_proto, pod_to_proto, recorded_plan_to_proto
 from stride.podwatcher.usecases import PodWatcher
+from stride.runtime import auth
 from stride.runtime.errors import InvalidArgument
 from stride.vocabulary import check_job_id, check_pod_name
 
@@ -22,6 +28,19 @@ MAX_TAIL_LINES = 10_000
 DEFAULT_TAIL_LINES = 100
 
 
+SERVICE = pb.DESCRIPTOR.services_by_name["PodWatcherService"].full_name
+ACCESS = auth.rules(
+    SERVICE,
+    {
+        "GetJobPods": auth.rule(users=True),
+        "ListNodes": auth.rule(users=True),
+        "DrainNode": auth.rule(admins=True),
+        "RestoreNode": auth.rule(admins=True),
+        "GetPodLogs": auth.rule(users=True),
+    },
+)
+
+
 class PodWatcherApi(pb_grpc.PodWatcherServiceServicer):
     """gRPC servicer; errors are raised as domain errors and mapped by the server."""
 
@@ -29,13 +48,19 @@ class PodWatcherApi(pb_grpc.PodWatcherServiceServicer):
         self.pods = pods
         self.enforcement = enforcement
 
+    async def _visible(self, job_id: str) -> str:
+        """``job_id`` once the caller may see it (its owner, or an admin)."""
+        check_job_id(job_id, raise_as=InvalidArgument)
+        if not auth.current().admin:
+            owner = await self.pods.job_owner(job_id)
+            auth.require_owner(job_id, owner, "this podwatcher runs no such job")
+        return job_id
+
     @override
     async def GetJobPods(
         self, request: pb.GetJobPodsRequest, context: Context
     ) -> pb.GetJobPodsResponse:
-        stored, views = await self.pods.job_pods(
-            check_job_id(request.job_id, raise_as=InvalidArgument)
-        )
+        stored, views = await self.pods.job_pods(await self._visible(request.job_id))
         return pb.GetJobPodsResponse(
             plan=recorded_plan_to_proto(stored),
             pods=[pod_to_proto(view.pod, view.usage, view.address) for view in views],
@@ -77,7 +102,7 @@ class PodWatcherApi(pb_grpc.PodWatcherServiceServicer):
     async def GetPodLogs(
         self, request: pb.GetPodLogsRequest, context: Context
     ) -> AsyncIterator[pb.GetPodLogsResponse]:
-        job_id = check_job_id(request.job_id, raise_as=InvalidArgument)
+        job_id = await self._visible(request.job_id)
         if request.pod_name:
             check_pod_name(request.pod_name, "pod_name", raise_as=InvalidArgument)
         if not 0 <= request.tail_lines <= MAX_TAIL_LINES:

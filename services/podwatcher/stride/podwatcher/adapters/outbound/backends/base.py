@@ -127,6 +127,10 @@ class Backend(Protocol):
         """The end of ``name`` was recorded; forget it."""
         ...
 
+    def refresh_tokens(self) -> int:
+        """Rewrite the job token of every running pod before it expires; how many."""
+        ...
+
     def usage(self, name: str) -> PodUsage | None:
         """The pod's usage since its previous sample, or None if it is not running."""
         ...

@@ -40,6 +40,7 @@ from stride.podwatcher.adapters.outbound.backends.localpods import (
     ResizeRefused as RuntimeResizeRefused,
 )
 from stride.podwatcher.domain.nodes import NodeSpec
+from stride.runtime.tokens import JOB_TOKEN_FILE_ENV, JOB_TOKEN_TTL, Signer, write_token
 from stride.vocabulary import Role
 
 log = structlog.get_logger(__name__)
@@ -107,8 +108,27 @@ class PodEnvironment:
 
 _POD_TLS = frozenset({"STRIDE_TLS_DIR", "STRIDE_INSECURE"})
 """The podwatcher's own TLS settings its pods keep (:mod:`stride.runtime.tls`): the agent
-and the trainer's clients present the ``agent`` and ``trainer`` certificates of the same
-folder, or run in plain text when the suite does."""
+and the trainer's clients present the ``agent`` and ``trainer`` certificates, or run in
+plain text when the suite does. The folder pods are given holds only the CA and those two
+identities (:func:`pod_tls_folder`), not the keys that sign tokens."""
+
+POD_IDENTITIES = ("agent", "trainer")
+
+
+def pod_tls_folder(source: Path, target: Path) -> Path:
+    """A TLS folder for pods: ``source``'s CA and the ``agent`` and ``trainer`` certificates
+    and keys only (re-copied at every start, so renewed certificates reach new pods)."""
+    target.mkdir(parents=True, exist_ok=True)
+    os.chmod(target, 0o700)
+    names = ["ca.crt"] + [f"{who}.{kind}" for who in POD_IDENTITIES for kind in ("crt", "key")]
+    for name in names:
+        data = (source / name).read_bytes()
+        temporary = target / f".{name}.tmp"
+        descriptor = os.open(temporary, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
+        with os.fdopen(descriptor, "wb") as handle:
+            handle.write(data)
+        os.replace(temporary, target / name)
+    return target
 
 
 def _base_environment(source: Mapping[str, str]) -> dict[str, str]:
@@ -120,7 +140,15 @@ def _base_environment(source: Mapping[str, str]) -> dict[str, str]:
 
 
 class LocalBackend:
-    """Runs pods as local process groups through :class:`LocalPods`."""
+    """Runs pods as local process groups through :class:`LocalPods`.
+
+    **Job tokens.** With a ``signer`` (the pod watcher's own key: TLS is on), every pod gets
+    a token for its (job, pod, role) in ``tokens_dir/<pod>.token`` (0600), named to both
+    processes by ``STRIDE_JOB_TOKEN_FILE``. Tokens live :data:`~stride.runtime.tokens.
+    JOB_TOKEN_TTL`; :meth:`refresh_tokens` rewrites the running pods' at half that age (the
+    clients re-read a file that changed), and a pod's token goes when its end is
+    acknowledged.
+    """
 
     name = "local"
 
@@ -130,7 +158,19 @@ class LocalBackend:
         nodes: tuple[NodeSpec, ...],
         environment: PodEnvironment,
         base_environment: Mapping[str, str] | None = None,
+        *,
+        signer: Signer | None = None,
+        tokens_dir: Path | None = None,
+        token_ttl: float = JOB_TOKEN_TTL,
     ) -> None:
+        if signer is not None and tokens_dir is None:
+            raise ValueError("tokens_dir: required with a signer")
+        self.signer = signer
+        self.tokens_dir = tokens_dir
+        self.token_ttl = token_ttl
+        if tokens_dir is not None:
+            tokens_dir.mkdir(parents=True, exist_ok=True)
+            os.chmod(tokens_dir, 0o700)
         self.runtime = runtime
         self._nodes = nodes
         self._drained: set[str] = set()
@@ -168,6 +208,30 @@ class LocalBackend:
         """Pods of this backend reach each other on loopback."""
         return LOOPBACK
 
+    def _token_path(self, pod: str) -> Path:
+        assert self.tokens_dir is not None
+        return self.tokens_dir / f"{pod}.token"
+
+    def issue_token(self, pod: str, job_id: str, role: str) -> Path | None:
+        """Write a fresh job token for ``pod`` (None: no signer, plain text)."""
+        if self.signer is None:
+            return None
+        path = self._token_path(pod)
+        write_token(path, self.signer.job_token(job_id, pod, role, ttl=self.token_ttl))
+        return path
+
+    def refresh_tokens(self) -> int:
+        """Rewrite the job token of every running pod (and adopt those an earlier pod
+        watcher started); returns how many were written."""
+        if self.signer is None:
+            return 0
+        written = 0
+        for status in self.runtime.pods():
+            launch = status.launch
+            self.issue_token(launch.pod, launch.job_id, launch.role)
+            written += 1
+        return written
+
     def launch(self, pod: PodStart) -> PodLaunch:
         """The processes of ``pod`` and their environments."""
         record = pod.record
@@ -177,6 +241,7 @@ class LocalBackend:
             "PYTHONUNBUFFERED": "1",
             "TF_CPP_MIN_LOG_LEVEL": self.base.get("TF_CPP_MIN_LOG_LEVEL", "2"),
         }
+        token = self.issue_token(record.name, record.job_id, record.role.value)
         agent = {
             **common,
             "STRIDE_AGENT_JOB_ID": record.job_id,
@@ -190,6 +255,8 @@ class LocalBackend:
             "STRIDE_AGENT_LOG_LEVEL": env.log_level,
             "STRIDE_AGENT_LOG_JSON": "true",
         }
+        if token is not None:
+            agent["STRIDE_AGENT_JOB_TOKEN_FILE"] = str(token)
         trainer = {
             **common,
             "STRIDE_TRAINER_ROLE": record.role.value,
@@ -205,6 +272,8 @@ class LocalBackend:
             "STRIDE_TRAINER_VERIFY_RESTORES": "true" if env.verify_restores else "false",
             "STRIDE_TRAINER_REPORT_INTERVAL_SECONDS": str(env.step_report_seconds),
         }
+        if token is not None:
+            trainer[JOB_TOKEN_FILE_ENV] = str(token)
         if pod.standby:
             trainer["STRIDE_TRAINER_STANDBY"] = "true"
         if record.role is Role.CHIEF:
@@ -279,8 +348,10 @@ class LocalBackend:
             yield PodEnded(end.pod, end.job_id, end.reason.value, end.exit_code, end.message)
 
     async def acknowledge(self, name: str) -> None:
-        """Forget a recorded end."""
+        """Forget a recorded end (and the pod's token)."""
         await self.runtime.acknowledge(name)
+        if self.tokens_dir is not None and name not in self.running():
+            self._token_path(name).unlink(missing_ok=True)
 
     def usage(self, name: str) -> PodUsage | None:
         """CPU and memory use from the pod's cgroup (or process tree)."""

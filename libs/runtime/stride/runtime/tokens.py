@@ -1,0 +1,359 @@
+"""Signed bearer tokens: who a user is, and which job a pod works for.
+
+mTLS (:mod:`.tls`) says which *program* calls (the CLI, a trainer, the optimizer); it does
+not say which user runs the CLI, nor which job a trainer's pod belongs to, and every pod
+holds the same ``trainer`` certificate. Those two come from tokens, JWTs (RFC 7519) signed
+with ES256 and sent as ``authorization: Bearer <token>``:
+
+- **user tokens** (``typ: user``): ``sub`` is the user (whose quotas apply: a team's
+  quota lists its members), ``admin`` whether the user sees and manages every job.
+  Signed with the key of the ``users`` identity, which only the suite's administrator
+  holds (``stride up`` keeps it in the state folder; ``stride token create`` mints one).
+- **job tokens** (``typ: job``): ``job``, ``pod`` and ``role``, signed by the pod watcher
+  when it creates the pod, short-lived (an hour by default) and rewritten before they
+  expire into a file the pod's processes read on every call (as Kubernetes projects
+  service-account tokens).
+
+A token carries its signer's certificate (the JWS ``x5c`` header, RFC 7515 sec. 4.1.6). A
+verifier needs nothing but the deployment's CA, which every process already trusts for
+mTLS: it checks that the CA issued that certificate, that the certificate is the right
+signer's (its common name is ``users`` for user tokens, ``podwatcher`` for job tokens, so
+a service cannot mint tokens with its own key), that the signature is the certificate's
+key's, and the audience, expiry and claims. Nothing a caller says about itself outside a
+verified token is trusted.
+"""
+
+from __future__ import annotations
+
+import base64
+import functools
+import os
+import time
+import uuid
+from collections.abc import Mapping
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import jwt
+from cryptography import x509
+from cryptography.exceptions import InvalidSignature
+from cryptography.hazmat.primitives import serialization
+from cryptography.hazmat.primitives.asymmetric import ec
+from cryptography.x509.oid import NameOID
+
+from stride.runtime.tls import TlsMaterial
+
+USER_ISSUER = "users"
+"""The identity whose key signs user tokens (:data:`.tls.IDENTITIES`)."""
+JOB_ISSUER = "podwatcher"
+"""The identity whose key signs job tokens: the service that creates pods."""
+AUDIENCE = "stride"
+ALGORITHM = "ES256"
+
+TOKEN_ENV = "STRIDE_TOKEN"
+"""A user token itself (the CLI and other user clients)."""
+TOKEN_FILE_ENV = "STRIDE_TOKEN_FILE"
+"""A file holding a user token (``stride up`` writes them into its state folder)."""
+JOB_TOKEN_FILE_ENV = "STRIDE_JOB_TOKEN_FILE"
+"""A file holding the pod's job token, rewritten by the pod watcher before it expires."""
+
+USER_TOKEN_TTL = 90 * 24 * 3600.0
+"""Default life of a user token (``stride token create --days``)."""
+JOB_TOKEN_TTL = 3600.0
+"""Life of a job token; the pod watcher rewrites it at half that age."""
+LEEWAY_SECONDS = 30.0
+"""Clock skew tolerated between the signer and a verifier."""
+MAX_TOKEN_BYTES = 8192
+"""Longer bearer values are refused before any parsing."""
+_NAME_LIMIT = 128
+_VERIFIED_CACHE = 4096
+"""Verified tokens a verifier remembers (a few hundred bytes each)."""
+
+
+class TokenError(Exception):
+    """A token could not be made or is not valid; the message says why."""
+
+
+@dataclass(frozen=True)
+class UserIdentity:
+    """A verified user token."""
+
+    user: str
+    admin: bool = False
+    token_id: str = ""
+    expires: float = 0.0
+
+    def describe(self) -> str:
+        return f"user {self.user!r}" + (" (admin)" if self.admin else "")
+
+
+@dataclass(frozen=True)
+class JobIdentity:
+    """A verified job token: the pod it was given to and the job it works for."""
+
+    job_id: str
+    pod: str
+    role: str
+    token_id: str = ""
+    expires: float = 0.0
+
+    def describe(self) -> str:
+        return f"job {self.job_id!r} (pod {self.pod!r}, {self.role})"
+
+
+Identity = UserIdentity | JobIdentity
+
+
+def _check_name(value: Any, field: str) -> str:
+    if not isinstance(value, str) or not value or len(value) > _NAME_LIMIT:
+        raise TokenError(f"{field}: must be a non-empty string of at most {_NAME_LIMIT} chars")
+    if any(ord(char) < 32 or char in "\x7f" for char in value):
+        raise TokenError(f"{field}: control characters are not allowed")
+    return value
+
+
+class Signer:
+    """Mints tokens with one identity's key; the token carries that identity's certificate."""
+
+    def __init__(self, material: TlsMaterial) -> None:
+        try:
+            key = serialization.load_pem_private_key(material.key, password=None)
+            chain = x509.load_pem_x509_certificates(material.certificate)
+        except ValueError as error:
+            raise TokenError(f"the key or certificate of {material.identity!r}: {error}") from None
+        if not isinstance(key, ec.EllipticCurvePrivateKey) or not chain:
+            raise TokenError(f"{material.identity!r} needs an EC P-256 key and a certificate")
+        self.identity = material.identity
+        self._key = key
+        der = chain[0].public_bytes(serialization.Encoding.DER)
+        self._x5c = [base64.b64encode(der).decode()]
+
+    def _mint(self, claims: dict[str, Any], ttl: float) -> str:
+        if not ttl > 0:
+            raise TokenError(f"ttl: must be > 0 seconds, got {ttl!r}")
+        now = time.time()
+        payload = {
+            **claims,
+            "iss": self.identity,
+            "aud": AUDIENCE,
+            "iat": int(now),
+            "nbf": int(now),
+            "exp": int(now + ttl),
+            "jti": uuid.uuid4().hex,
+        }
+        return jwt.encode(payload, self._key, algorithm=ALGORITHM, headers={"x5c": self._x5c})
+
+    def user_token(
+        self,
+        user: str,
+        *,
+        admin: bool = False,
+        ttl: float = USER_TOKEN_TTL,
+    ) -> str:
+        """A token for ``user`` (only the ``users`` identity's tokens are accepted as such)."""
+        _check_name(user, "user")
+        claims = {"sub": user, "typ": "user", "admin": bool(admin)}
+        return self._mint(claims, ttl)
+
+    def job_token(self, job_id: str, pod: str, role: str, *, ttl: float = JOB_TOKEN_TTL) -> str:
+        """A token for one pod of one job (only the pod watcher's are accepted as such)."""
+        claims = {
+            "sub": f"{_check_name(job_id, 'job')}/{_check_name(pod, 'pod')}",
+            "typ": "job",
+            "job": job_id,
+            "pod": pod,
+            "role": _check_name(role, "role"),
+        }
+        return self._mint(claims, ttl)
+
+
+_EXPECTED_SIGNER = {"user": USER_ISSUER, "job": JOB_ISSUER}
+
+
+class Verifier:
+    """Checks tokens against the deployment's CA (see the module docstring)."""
+
+    def __init__(self, ca_pem: bytes) -> None:
+        try:
+            self._cas = tuple(x509.load_pem_x509_certificates(ca_pem))
+        except ValueError as error:
+            raise TokenError(f"the CA certificate: {error}") from None
+        self._verified: dict[str, Identity] = {}
+        """Tokens verified before, oldest first (see :meth:`verify`)."""
+
+    @functools.lru_cache(maxsize=256)  # noqa: B019 - a verifier lives as long as its server
+    def _signer(self, der: bytes) -> tuple[str, ec.EllipticCurvePublicKey, float, float]:
+        """A signer certificate's name, key and validity, once its CA signature checked."""
+        try:
+            certificate = x509.load_der_x509_certificate(der)
+        except ValueError as error:
+            raise TokenError(f"x5c: not a certificate ({error})") from None
+        for ca in self._cas:
+            try:
+                certificate.verify_directly_issued_by(ca)
+            except (ValueError, TypeError, InvalidSignature):
+                continue
+            break
+        else:
+            raise TokenError("x5c: the signer's certificate was not issued by this deployment's CA")
+        names = certificate.subject.get_attributes_for_oid(NameOID.COMMON_NAME)
+        name = str(names[0].value) if names else ""
+        key = certificate.public_key()
+        if not isinstance(key, ec.EllipticCurvePublicKey):
+            raise TokenError("x5c: the signer's key is not an EC key")
+        return (
+            name,
+            key,
+            certificate.not_valid_before_utc.timestamp(),
+            certificate.not_valid_after_utc.timestamp(),
+        )
+
+    def verify(self, token: str) -> Identity:
+        """The identity in ``token``; :class:`TokenError` says why it is not accepted.
+
+        A token verified before is answered from a small cache (a pod sends the same token
+        on every call) until it expires; a signature is checked once per token."""
+        if not token or len(token) > MAX_TOKEN_BYTES:
+            raise TokenError(f"must be 1 to {MAX_TOKEN_BYTES} characters")
+        known = self._verified.get(token)
+        if known is not None:
+            if time.time() <= known.expires + LEEWAY_SECONDS:
+                return known
+            del self._verified[token]
+        identity = self._verify(token)
+        if len(self._verified) >= _VERIFIED_CACHE:
+            self._verified.pop(next(iter(self._verified)))
+        self._verified[token] = identity
+        return identity
+
+    def _verify(self, token: str) -> Identity:
+        try:
+            header = jwt.get_unverified_header(token)
+        except jwt.PyJWTError as error:
+            raise TokenError(f"not a JWT ({error})") from None
+        if header.get("alg") != ALGORITHM:
+            raise TokenError(f"alg: must be {ALGORITHM}, got {header.get('alg')!r}")
+        chain = header.get("x5c")
+        if not isinstance(chain, list) or len(chain) != 1 or not isinstance(chain[0], str):
+            raise TokenError("x5c: must hold exactly the signer's certificate")
+        try:
+            der = base64.b64decode(chain[0], validate=True)
+        except ValueError:
+            raise TokenError("x5c: not base64") from None
+        signer, key, not_before, not_after = self._signer(der)
+        now = time.time()
+        if not not_before - LEEWAY_SECONDS <= now <= not_after + LEEWAY_SECONDS:
+            raise TokenError(f"the signer's certificate ({signer!r}) is expired or not yet valid")
+        try:
+            claims = jwt.decode(
+                token,
+                key,
+                algorithms=[ALGORITHM],
+                audience=AUDIENCE,
+                leeway=LEEWAY_SECONDS,
+                options={"require": ["exp", "iat", "iss", "sub", "aud"]},
+            )
+        except jwt.ExpiredSignatureError:
+            raise TokenError("expired; ask for a new one") from None
+        except jwt.PyJWTError as error:
+            raise TokenError(str(error)) from None
+        kind = claims.get("typ")
+        expected = _EXPECTED_SIGNER.get(kind) if isinstance(kind, str) else None
+        if expected is None:
+            raise TokenError(f"typ: must be 'user' or 'job', got {kind!r}")
+        if signer != expected or claims.get("iss") != expected:
+            raise TokenError(
+                f"a {kind} token must be signed by {expected!r}; this one is by {signer!r}"
+            )
+        token_id = str(claims.get("jti", ""))
+        expires = float(claims["exp"])
+        if kind == "user":
+            return UserIdentity(
+                _check_name(claims["sub"], "sub"),
+                claims.get("admin") is True,
+                token_id,
+                expires,
+            )
+        return JobIdentity(
+            _check_name(claims.get("job"), "job"),
+            _check_name(claims.get("pod"), "pod"),
+            _check_name(claims.get("role"), "role"),
+            token_id,
+            expires,
+        )
+
+
+def bearer(metadata: Any) -> str | None:
+    """The bearer token of a call's metadata (None: no ``authorization`` entry).
+
+    Raises :class:`TokenError` for an ``authorization`` value that is not ``Bearer <token>``.
+    """
+    values = [
+        value
+        for key, value in (metadata or ())
+        if key == "authorization" and isinstance(value, str)
+    ]
+    if not values:
+        return None
+    if len(values) > 1:
+        raise TokenError("authorization: sent more than once")
+    scheme, _, token = values[0].strip().partition(" ")
+    if scheme.lower() != "bearer" or not token.strip():
+        raise TokenError("authorization: must be 'Bearer <token>'")
+    return token.strip()
+
+
+class TokenSource:
+    """Where a client's bearer token comes from: a value, or a file read again whenever it
+    changed (the pod watcher rewrites job tokens before they expire)."""
+
+    def __init__(self, token: str | None = None, path: Path | None = None) -> None:
+        self._token = token
+        self.path = path
+        self._seen: tuple[float, int] | None = None
+
+    def __call__(self) -> str | None:
+        if self.path is None:
+            return self._token
+        try:
+            status = self.path.stat()
+            stamp = (status.st_mtime, status.st_size)
+            if stamp != self._seen:
+                self._token = self.path.read_text().strip() or None
+                self._seen = stamp
+        except OSError as error:
+            raise TokenError(f"cannot read the token file {self.path}: {error}") from None
+        return self._token
+
+    @classmethod
+    def for_pod(cls, environ: Mapping[str, str] | None = None) -> TokenSource | None:
+        """The token of a job's clients (checkpoints, shards, the agent): the pod's job token
+        (``STRIDE_JOB_TOKEN_FILE``), else a user's (an admin running them as a tool)."""
+        return cls.from_environment(environ, job=True) or cls.from_environment(environ)
+
+    @classmethod
+    def from_environment(
+        cls, environ: Mapping[str, str] | None = None, *, job: bool = False
+    ) -> TokenSource | None:
+        """The token the environment names: ``STRIDE_JOB_TOKEN_FILE`` for a pod's clients
+        (``job``), else ``STRIDE_TOKEN`` or ``STRIDE_TOKEN_FILE``; None if it names none."""
+        env = os.environ if environ is None else environ
+        if job:
+            path = env.get(JOB_TOKEN_FILE_ENV, "").strip()
+            return cls(path=Path(path)) if path else None
+        value = env.get(TOKEN_ENV, "").strip()
+        if value:
+            return cls(token=value)
+        path = env.get(TOKEN_FILE_ENV, "").strip()
+        return cls(path=Path(path)) if path else None
+
+
+def write_token(path: Path, token: str) -> None:
+    """Write a token readable by its owner only, replacing any older one atomically."""
+    temporary = path.with_name(f".{path.name}.tmp")
+    descriptor = os.open(temporary, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
+    with os.fdopen(descriptor, "w") as handle:
+        handle.write(token + "\n")
+    os.chmod(temporary, 0o600)
+    os.replace(temporary, path)
