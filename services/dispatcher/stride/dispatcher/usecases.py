@@ -16,6 +16,7 @@ import hashlib
 import statistics
 from dataclasses import dataclass, replace
 from datetime import UTC, datetime, timedelta
+from typing import Any
 
 import structlog
 
@@ -46,6 +47,17 @@ from stride.dispatcher.domain.stragglers import decayed_rate, judge, straggler_s
 from stride.runtime.errors import AlreadyExists, FailedPrecondition, InvalidArgument, NotFound
 
 log = structlog.get_logger(__name__)
+
+
+def _retrieve(task: asyncio.Future[Any]) -> None:
+    """Log the failure of a shielded call whose caller had gone (nobody else sees it)."""
+    if not task.cancelled() and task.exception() is not None:
+        log.info("a call finished after its caller left", error=str(task.exception()))
+
+
+def _planned_records(parameters: DatasetParameters, epoch: int) -> list[ShardRecord]:
+    """An epoch's shards as queue records (CPU only: run off the event loop)."""
+    return [ShardRecord.planned(p) for p in plan_epoch(parameters, epoch)]
 
 
 @dataclass(frozen=True)
@@ -238,6 +250,16 @@ class ShardDispatcher:
             )
             if not isinstance(fast, SlowPath):
                 return ShardGrant(fast.shard, fast.parameters, fast.why_none)
+        # Shielded: a caller that gives up (a client timeout while a big epoch is cut) must
+        # not roll the cut back, or its retry would start it over; its answer is then lost,
+        # which the protocol already survives (the lease lapses or the retry gets it).
+        task = asyncio.ensure_future(self._get_shard_general(ref, done_shard_id, done_lease))
+        task.add_done_callback(_retrieve)
+        return await asyncio.shield(task)
+
+    async def _get_shard_general(
+        self, ref: WorkerRef, done_shard_id: int | None, done_lease: int | None
+    ) -> ShardGrant:
         async with self.database.transaction() as session:
             now = datetime.now(UTC)
             dataset = await self._lock_dataset(session, ref.job_id, ref.dataset)
@@ -297,9 +319,11 @@ class ShardDispatcher:
     async def _cut_epoch(
         self, session: Session, ref: WorkerRef, dataset: StoredDataset, now: datetime
     ) -> None:
-        # Cut the next epoch lazily, when the TODO queue runs dry (DLRover sec. 5.2).
+        # Cut the next epoch lazily, when the TODO queue runs dry (DLRover sec. 5.2). Planned
+        # on a worker thread and written in chunks (repository.insert_shards), in this one
+        # transaction: a million-shard epoch leaves the event loop free for everyone else.
         epoch = dataset.epochs_created
-        planned = [ShardRecord.planned(p) for p in plan_epoch(dataset.parameters, epoch)]
+        planned = await asyncio.to_thread(_planned_records, dataset.parameters, epoch)
         await repository.add_epoch(session, dataset.id, epoch, planned, now)
         log.info(
             "epoch started",

@@ -87,6 +87,9 @@ class SlowPath:
 SLOW: Final = SlowPath()
 
 BUSY_TIMEOUT: Final = 5.0
+
+FAST_CUT_SHARDS: Final = 20_000
+"""Epochs of more shards are cut on the general path (see :meth:`FastPath.get_shard`)."""
 """Seconds a batch waits for another connection's write lock before answering UNAVAILABLE."""
 
 
@@ -325,6 +328,12 @@ class FastPath:
                 )
             leased = self._lease_next(connection, stored.id, holder, now)
             if leased is None and stored.epochs_created < stored.parameters.epochs:
+                if stored.parameters.shards_per_epoch > FAST_CUT_SHARDS:
+                    # A big epoch is cut on the general path: planned off the event loop and
+                    # written in chunks, so health checks and other jobs' calls go on meanwhile
+                    # (here, on SQLite, it would hold the loop; on PostgreSQL, this path's one
+                    # thread, for seconds). Rolled back: the general path redoes the call.
+                    return SLOW
                 # The TODO queue ran dry: cut the next epoch here, in this same transaction
                 # (DLRover sec. 5.2). On the general path every caller that found the queue
                 # empty queued behind the SQLite lock and the cut stalled them all.

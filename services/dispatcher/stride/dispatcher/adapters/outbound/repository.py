@@ -183,28 +183,33 @@ async def add_epoch(
     )
 
 
+INSERT_CHUNK = 5_000
+"""Rows per INSERT of an epoch's shards: the event loop builds one chunk's parameters at a
+time and serves other calls while the database writes it."""
+
+
 async def insert_shards(
     session: AsyncSession, dataset_id: int, new_shards: Sequence[ShardRecord], at: datetime
 ) -> None:
-    """Insert shards (a new epoch, a split-off part, a restored snapshot)."""
-    if not new_shards:
-        return
-    await session.execute(
-        shards.insert(),
-        [
-            {
-                "dataset_id": dataset_id,
-                "shard_id": shard.shard_id,
-                "epoch": shard.epoch,
-                "position": shard.position,
-                "start_index": shard.start,
-                "partition": shard.partition,
-                "updated_at": at,
-                **_shard_values(shard),
-            }
-            for shard in new_shards
-        ],
-    )
+    """Insert shards (a new epoch, a split-off part, a restored snapshot), in chunks of
+    :data:`INSERT_CHUNK` within the caller's transaction."""
+    for first in range(0, len(new_shards), INSERT_CHUNK):
+        await session.execute(
+            shards.insert(),
+            [
+                {
+                    "dataset_id": dataset_id,
+                    "shard_id": shard.shard_id,
+                    "epoch": shard.epoch,
+                    "position": shard.position,
+                    "start_index": shard.start,
+                    "partition": shard.partition,
+                    "updated_at": at,
+                    **_shard_values(shard),
+                }
+                for shard in new_shards[first : first + INSERT_CHUNK]
+            ],
+        )
 
 
 _TODO = shards.alias("todo")  # not correlated with the row being updated
