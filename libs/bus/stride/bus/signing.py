@@ -30,8 +30,8 @@ from cryptography import x509
 from cryptography.exceptions import InvalidSignature
 from cryptography.hazmat.primitives import hashes, serialization
 from cryptography.hazmat.primitives.asymmetric import ec
-from cryptography.x509.oid import NameOID
 
+from stride.runtime.certs import verified_signer
 from stride.runtime.tls import TlsMaterial
 
 SIGNER_HEADER = "Stride-Signer"
@@ -87,22 +87,11 @@ class SenderVerifier:
     @functools.lru_cache(maxsize=64)  # noqa: B019 - one verifier per connection
     def _signer(self, encoded: str) -> tuple[str, ec.EllipticCurvePublicKey]:
         try:
-            certificate = x509.load_der_x509_certificate(base64.b64decode(encoded, validate=True))
-        except ValueError as error:
-            raise ForgedSender(f"{SIGNER_HEADER}: not a certificate ({error})") from None
-        for ca in self._cas:
-            try:
-                certificate.verify_directly_issued_by(ca)
-            except (ValueError, TypeError, InvalidSignature):
-                continue
-            break
-        else:
-            raise ForgedSender(f"{SIGNER_HEADER}: not issued by this deployment's CA")
-        names = certificate.subject.get_attributes_for_oid(NameOID.COMMON_NAME)
-        key = certificate.public_key()
-        if not names or not isinstance(key, ec.EllipticCurvePublicKey):
-            raise ForgedSender(f"{SIGNER_HEADER}: no identity or no EC key")
-        return str(names[0].value), key
+            der = base64.b64decode(encoded, validate=True)
+            signer = verified_signer(der, self._cas)
+        except ValueError as error:  # CertificateError included
+            raise ForgedSender(f"{SIGNER_HEADER}: {error}") from None
+        return signer.identity, signer.key
 
     def sender(
         self, subject: str, type_name: str, payload: bytes, headers: Mapping[str, str]

@@ -150,6 +150,44 @@ def _load_ca(
     return key, x509.load_pem_x509_certificate(cert_path.read_bytes())
 
 
+@dataclass(frozen=True)
+class Signer:
+    """A signer's certificate, once checked against the CA: its name and public key."""
+
+    identity: str
+    """The certificate's common name (the identity it was issued to)."""
+    key: ec.EllipticCurvePublicKey
+    not_before: float
+    not_after: float
+
+
+def verified_signer(der: bytes, cas: Sequence[x509.Certificate]) -> Signer:
+    """The identity and key of the DER certificate ``der`` if one of ``cas`` issued it (the
+    check of a token's or an event's signer); :class:`CertificateError` says why not."""
+    try:
+        certificate = x509.load_der_x509_certificate(der)
+    except ValueError as error:
+        raise CertificateError(f"not a certificate ({error})") from None
+    for ca in cas:
+        try:
+            certificate.verify_directly_issued_by(ca)
+        except (ValueError, TypeError, InvalidSignature):
+            continue
+        break
+    else:
+        raise CertificateError("not issued by this deployment's CA")
+    names = certificate.subject.get_attributes_for_oid(NameOID.COMMON_NAME)
+    key = certificate.public_key()
+    if not names or not isinstance(key, ec.EllipticCurvePublicKey):
+        raise CertificateError("no identity (common name) or no EC key")
+    return Signer(
+        str(names[0].value),
+        key,
+        certificate.not_valid_before_utc.timestamp(),
+        certificate.not_valid_after_utc.timestamp(),
+    )
+
+
 def _still_good(path: Path, ca: x509.Certificate, names: set[str]) -> bool:
     """An existing certificate signed by ``ca``, naming at least ``names``, that does not
     expire soon."""

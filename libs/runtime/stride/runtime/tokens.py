@@ -37,11 +37,10 @@ from typing import Any
 
 import jwt
 from cryptography import x509
-from cryptography.exceptions import InvalidSignature
 from cryptography.hazmat.primitives import serialization
 from cryptography.hazmat.primitives.asymmetric import ec
-from cryptography.x509.oid import NameOID
 
+from stride.runtime.certs import CertificateError, verified_signer
 from stride.runtime.tls import TlsMaterial
 
 USER_ISSUER = "users"
@@ -186,28 +185,10 @@ class Verifier:
     def _signer(self, der: bytes) -> tuple[str, ec.EllipticCurvePublicKey, float, float]:
         """A signer certificate's name, key and validity, once its CA signature checked."""
         try:
-            certificate = x509.load_der_x509_certificate(der)
-        except ValueError as error:
-            raise TokenError(f"x5c: not a certificate ({error})") from None
-        for ca in self._cas:
-            try:
-                certificate.verify_directly_issued_by(ca)
-            except (ValueError, TypeError, InvalidSignature):
-                continue
-            break
-        else:
-            raise TokenError("x5c: the signer's certificate was not issued by this deployment's CA")
-        names = certificate.subject.get_attributes_for_oid(NameOID.COMMON_NAME)
-        name = str(names[0].value) if names else ""
-        key = certificate.public_key()
-        if not isinstance(key, ec.EllipticCurvePublicKey):
-            raise TokenError("x5c: the signer's key is not an EC key")
-        return (
-            name,
-            key,
-            certificate.not_valid_before_utc.timestamp(),
-            certificate.not_valid_after_utc.timestamp(),
-        )
+            signer = verified_signer(der, self._cas)
+        except CertificateError as error:
+            raise TokenError(f"x5c: the signer's certificate: {error}") from None
+        return signer.identity, signer.key, signer.not_before, signer.not_after
 
     def verify(self, token: str) -> Identity:
         """The identity in ``token``; :class:`TokenError` says why it is not accepted.
