@@ -7,6 +7,7 @@ plan was published and that one OpenTelemetry trace spans every hop.
 
 from __future__ import annotations
 
+import asyncio
 import json
 import os
 import re
@@ -28,6 +29,7 @@ from stride.api.podwatcher.v1 import podwatcher_service_pb2 as podwatcher_pb
 from stride.api.podwatcher.v1 import podwatcher_service_pb2_grpc as podwatcher_grpc
 from stride.bus import topics
 from stride.events.v1 import plan_pb2
+from stride.podwatcher.adapters.outbound.backends.localpods import LocalPods
 from stride.runtime.healthcheck import probe_identity
 from stride.runtime.tls import TLS_DIR_ENV
 from stride.testing.channels import aio_channel, job_token_file, sync_channel
@@ -116,10 +118,19 @@ def suite(
         yield processes
     finally:
         codes = {name: process.terminate() for name, process in processes.items()}
+        asyncio.run(_delete_pods(tmp_path / "pods"))  # they outlive the podwatcher by design
         for name, process in processes.items():
             if codes[name] != 0:
                 print(f"--- {name} log ---\n{process.log_text()[-3000:]}")
         assert codes == dict.fromkeys(processes, 0), f"unclean shutdown: {codes}"
+
+
+async def _delete_pods(state_dir: Path) -> None:
+    """Stop the pods a test's podwatcher left running (a later test would pay for them)."""
+    leftovers = LocalPods(state_dir)
+    for status in leftovers.adopt():
+        await leftovers.delete(status.launch.pod, grace_seconds=2)
+    await leftovers.close()
 
 
 def serving(address: str, service: str) -> bool:
