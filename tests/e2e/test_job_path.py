@@ -259,14 +259,18 @@ async def test_submit_reaches_plan_exactly_once_across_an_optimizer_crash(
     await wait_healthy({"optimizer": suite["optimizer"]})
 
     async def recorded_everywhere() -> bool:
-        async with aio_channel(suite["podwatcher"].address, "podwatcher") as channel:
-            pods = await podwatcher_grpc.PodWatcherServiceStub(channel).GetJobPods(
-                podwatcher_pb.GetJobPodsRequest(job_id=job_id)
-            )
-        async with aio_channel(suite["configdb"].address, "configdb") as channel:
-            record = await configdb_grpc.ConfigDbServiceStub(channel).GetJobRecord(
-                configdb_pb.GetJobRecordRequest(job_id=job_id)
-            )
+        try:
+            async with aio_channel(suite["podwatcher"].address, "podwatcher") as channel:
+                pods = await podwatcher_grpc.PodWatcherServiceStub(channel).GetJobPods(
+                    podwatcher_pb.GetJobPodsRequest(job_id=job_id)
+                )
+            async with aio_channel(suite["configdb"].address, "configdb") as channel:
+                record = await configdb_grpc.ConfigDbServiceStub(channel).GetJobRecord(
+                    configdb_pb.GetJobRecordRequest(job_id=job_id)
+                )
+        except grpc.aio.AioRpcError as error:  # not there yet: the optimizer was just killed
+            assert error.code() == grpc.StatusCode.NOT_FOUND, error.details()
+            return False
         return pods.plan.plan.version == 1 and [p.version for p in record.record.plans] == [1]
 
     await assert_eventually(recorded_everywhere, timeout=60, interval=0.3, message="plan recorded")
