@@ -66,6 +66,11 @@ async def code_of(call: Awaitable[Any]) -> tuple[grpc.StatusCode, str]:
     return raised.value.code(), raised.value.details() or ""
 
 
+async def drained(stream: Any) -> list[Any]:
+    """Every message of a server stream (its status, if not OK, raised as AioRpcError)."""
+    return [message async for message in stream]
+
+
 def parameters() -> disp_pb.DatasetParameters:
     return disp_pb.DatasetParameters(
         record_count=64,
@@ -215,10 +220,9 @@ async def test_every_checkpoint_method_refuses_another_jobs_checkpoints(ckptcach
             return await stub.SaveCheckpoint(requests())
 
         async def load() -> Any:
-            async for _ in stub.LoadCheckpoint(
-                ckpt_pb.LoadCheckpointRequest(job_id=B, checkpoint_id="step-1")
-            ):
-                pass
+            return await drained(
+                stub.LoadCheckpoint(ckpt_pb.LoadCheckpointRequest(job_id=B, checkpoint_id="step-1"))
+            )
 
         calls: dict[str, Callable[[], Awaitable[Any]]] = {
             "RegisterSegment": lambda: stub.RegisterSegment(
@@ -284,13 +288,7 @@ async def test_the_agent_serves_its_own_jobs_token_only(nats_url: str, tmp_path:
             if method.client_streaming:
                 call: Any = channel.stream_unary(path, None, None)(iter([b""]))
             elif method.server_streaming:
-                stream = channel.unary_stream(path, None, None)(b"")
-
-                async def drain(stream: Any = stream) -> None:
-                    async for _ in stream:
-                        pass
-
-                call = drain()
+                call = drained(channel.unary_stream(path, None, None)(b""))
             else:
                 call = channel.unary_unary(path, None, None)(b"")
             code, details = await code_of(call)
@@ -524,11 +522,7 @@ async def test_pods_are_their_owners(nats_url: str, database_url: str, tmp_path:
                 timeout=30,
             )
 
-            async def logs() -> None:
-                async for _ in bob.GetPodLogs(pw_pb.GetPodLogsRequest(job_id=A)):
-                    pass
-
-            code, _ = await code_of(logs())
+            code, _ = await code_of(drained(bob.GetPodLogs(pw_pb.GetPodLogsRequest(job_id=A))))
             assert code == grpc.StatusCode.PERMISSION_DENIED
             assert (await bob.ListNodes(pw_pb.ListNodesRequest())).nodes
             code, details = await code_of(bob.DrainNode(pw_pb.DrainNodeRequest(name="node-0")))

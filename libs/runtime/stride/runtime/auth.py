@@ -142,10 +142,6 @@ def set_current(caller: Caller) -> contextvars.Token[Caller]:
     return _current.set(caller)
 
 
-def reset_current(token: contextvars.Token[Caller]) -> None:
-    _current.reset(token)
-
-
 def require_owner(job_id: str, owner: str | None, unknown: str) -> None:
     """The current caller may see and act on job ``job_id``, which ``owner`` submitted:
     they are its owner or an admin. ``owner`` None: the service knows no such job (NOT_FOUND,
