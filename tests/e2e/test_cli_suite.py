@@ -104,7 +104,12 @@ def test_up_submit_status_down_with_the_embedded_defaults(tmp_path: Path) -> Non
         carol = {**env, "STRIDE_TOKEN": minted.stdout.strip()}
         theirs = stride("submit", str(ROOT / "examples" / "wide-deep.yaml"), env=carol)
         assert theirs.returncode == 0, theirs.stderr
+        carol_job = re.search(r"job-[0-9a-f]{12}", theirs.stdout)
+        assert carol_job is not None, theirs.stdout
         assert job_id.group(0) not in stride("status", env=carol).stdout
+        # Carol cancels her own job (a user acts on their own jobs), which also frees the
+        # machine for the small job below.
+        assert stride("cancel", carol_job.group(0), env=carol).returncode == 0
         forged = stride("status", env={**env, "STRIDE_TOKEN": "not.a.token"})
         assert forged.returncode == 2 and "not a JWT" in forged.stderr, forged
         assert (tmp_path / "state" / "db" / "admission.db").exists()
