@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import asyncio
+import uuid
 from collections.abc import AsyncIterator
 from datetime import UTC, datetime, timedelta
 
@@ -11,11 +12,13 @@ import pytest
 from google.protobuf.message import Message
 from google.protobuf.timestamp_pb2 import Timestamp
 
+from stride.admission.adapters.outbound import repository
 from stride.admission.app import build
 from stride.admission.settings import AdmissionSettings
 from stride.api.admission.v1 import admission_service_pb2 as pb
 from stride.api.admission.v1 import admission_service_pb2_grpc as pb_grpc
 from stride.bus import topics
+from stride.db.engine import Database
 from stride.events.v1 import job_pb2
 from stride.runtime.lifecycle import ServiceHost
 from stride.testing.channels import aio_channel
@@ -84,6 +87,35 @@ async def test_submit_stores_decides_and_publishes(
     assert fetched.job.spec == valid_spec()
     listed = await stub.ListJobs(pb.ListJobsRequest(user="alice"))
     assert [j.job_id for j in listed.jobs] == [job.job_id]
+
+
+async def test_a_job_left_submitted_is_decided_on_the_next_start(
+    nats_url: str, database_url: str
+) -> None:
+    """A job stored but not decided (by a version that stored first and crashed before
+    deciding) is decided when admission starts, with its decision event."""
+    settings = local_settings(AdmissionSettings, nats_url=nats_url, database_url=database_url)
+    async with running_service(build, settings):
+        pass  # the schema exists
+    job_id = f"job-{uuid.uuid4().hex[:12]}"
+    database = Database(database_url, settings.service_name)
+    try:
+        async with database.transaction() as session:
+            await repository.insert_job(session, job_id, None, valid_spec(), datetime.now(UTC))
+    finally:
+        await database.dispose()
+    async with (
+        running_service(build, settings) as host,
+        aio_channel(f"127.0.0.1:{host.server.port}", "admission") as channel,
+    ):
+        stub = pb_grpc.AdmissionServiceStub(channel)
+        job = (await stub.GetJob(pb.GetJobRequest(job_id=job_id))).job
+        assert job.state == pb.JOB_STATE_ADMITTED, job
+        assert job.decision.outcome == job_pb2.ADMISSION_OUTCOME_ADMITTED
+        admitted = await assert_eventually(
+            lambda: stream_messages(nats_url, topics.JOB_ADMITTED.subject(job_id))
+        )
+        assert len(admitted) == 1
 
 
 @pytest.mark.parametrize(

@@ -7,10 +7,12 @@ import gc
 import time
 import weakref
 
+import grpc
 import pytest
 
 from stride.runtime import collector as module
 from stride.runtime.collector import Collector
+from stride.runtime.grpc_server import GrpcServer
 
 
 class _Node:
@@ -112,3 +114,78 @@ async def test_hosts_in_one_process_share_the_thresholds(hosts: int) -> None:
     stops[-1].set()
     await tasks[-1]
     assert gc.get_threshold() == before
+
+
+async def test_no_early_collection_while_a_request_is_in_flight() -> None:
+    """A request awaiting its database leaves the loop responsive; the collection waits for
+    it to end rather than landing inside it."""
+    collector = Collector(every_seconds=60.0, tick_seconds=0.01, quiet_ticks=3)
+    stop = asyncio.Event()
+    task = await _started(collector, stop)
+    try:
+        _make_due()
+        with module.working():
+            assert module.in_flight() == 1
+            await asyncio.sleep(0.2)  # twenty ticks, all on time, one request in flight
+            assert collector.collections == 0
+        assert module.in_flight() == 0
+        for _ in range(50):
+            await asyncio.sleep(0.01)
+            if collector.collections:
+                break
+        assert collector.collections == 1 and collector.forced == 0
+    finally:
+        stop.set()
+        await task
+
+
+async def test_a_forced_collection_waits_for_a_gap_between_requests_then_runs_anyway() -> None:
+    collector = Collector(every_seconds=0.2, tick_seconds=0.01, quiet_ticks=100)
+    stop = asyncio.Event()
+    task = await _started(collector, stop)
+    try:
+        _make_due()
+        started = time.monotonic()
+        with module.working():
+            for _ in range(500):
+                await asyncio.sleep(0.01)
+                if collector.collections:
+                    break
+        waited = time.monotonic() - started
+        # Never a gap: forced at twice the limit, not at the limit.
+        assert collector.forced == 1, (collector.collections, collector.forced)
+        assert waited >= 0.4, f"forced after {waited:.2f} s inside a request"
+    finally:
+        stop.set()
+        await task
+
+
+async def test_a_server_counts_its_unary_calls_in_flight() -> None:
+    """The gRPC server's interceptor marks every unary call as work in flight, and the mark
+    is gone once the call answered (also when it failed)."""
+    seen: list[int] = []
+
+    async def count(request: bytes, context: grpc.aio.ServicerContext[bytes, bytes]) -> bytes:
+        seen.append(module.in_flight())
+        if request == b"fail":
+            raise RuntimeError("the handler broke")
+        return b"ok"
+
+    handler = grpc.method_handlers_generic_handler(
+        "stride.test.Count",
+        {"Me": grpc.unary_unary_rpc_method_handler(count)},
+    )
+    server = GrpcServer(["stride.test.Count"], "127.0.0.1", 0)
+    server.server.add_generic_rpc_handlers([handler])
+    port = await server.start()
+    try:
+        async with grpc.aio.insecure_channel(f"127.0.0.1:{port}") as channel:
+            call = channel.unary_unary("/stride.test.Count/Me", None, None)
+            assert await call(b"", timeout=5) == b"ok"
+            with pytest.raises(grpc.aio.AioRpcError) as failed:
+                await call(b"fail", timeout=5)
+            assert failed.value.code() == grpc.StatusCode.INTERNAL
+    finally:
+        await server.stop(0)
+    assert seen == [1, 1]
+    assert module.in_flight() == 0

@@ -37,7 +37,7 @@ from grpc_reflection.v1alpha import reflection
 from opentelemetry.instrumentation.grpc import aio_server_interceptor, filters
 
 from stride.api.limits.v1 import limits_pb2
-from stride.runtime import auth, errors
+from stride.runtime import auth, collector, errors
 from stride.runtime.tls import TlsMaterial, server_credentials
 
 log = structlog.get_logger(__name__)
@@ -224,6 +224,10 @@ class ErrorMappingInterceptor(grpc.aio.ServerInterceptor):  # type: ignore[type-
     the method (UNAUTHENTICATED or PERMISSION_DENIED if not) and the handler finds the
     verified caller in :func:`.auth.current`. Without ``access`` every call is allowed as
     an unauthenticated caller (plain text, or a test server of one servicer).
+
+    Unary and client-streaming calls count as work in flight (:func:`.collector.working`),
+    so no early full garbage collection lands inside one; server streams (watches that
+    mostly wait) do not.
     """
 
     def __init__(self, access: auth.Access | None = None) -> None:
@@ -257,7 +261,8 @@ class ErrorMappingInterceptor(grpc.aio.ServerInterceptor):  # type: ignore[type-
                     await _refuse(context, request)
                 try:
                     auth.set_current(self._authorize(method, context))
-                    return await inner_uu(request, context)
+                    with collector.working():
+                        return await inner_uu(request, context)
                 except (grpc.aio.AbortError, grpc.aio.UsageError):
                     raise
                 except Exception as error:
@@ -274,7 +279,8 @@ class ErrorMappingInterceptor(grpc.aio.ServerInterceptor):  # type: ignore[type-
             ) -> Any:
                 try:
                     auth.set_current(self._authorize(method, context))
-                    return await inner_su(_decoded(requests, context), context)
+                    with collector.working():
+                        return await inner_su(_decoded(requests, context), context)
                 except (grpc.aio.AbortError, grpc.aio.UsageError):
                     raise
                 except Exception as error:

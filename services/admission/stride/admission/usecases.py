@@ -10,8 +10,9 @@ Admission is therefore one active replica.
 
 Each step commits its state change and its events (through the outbox) in one transaction,
 so a job is never stored without its ``submitted`` event or decided without its decision
-event. A crash between storing and deciding leaves the job SUBMITTED, and
-:meth:`Submissions.decide_pending` finishes it on the next start.
+event. A new job is decided first and stored with its decision in one transaction; a job
+left SUBMITTED (by a version that stored before deciding) is decided by
+:meth:`Submissions.decide_pending` on the next start.
 """
 
 from __future__ import annotations
@@ -20,7 +21,7 @@ import asyncio
 import contextlib
 import hashlib
 import uuid
-from collections.abc import AsyncIterator, Callable, Mapping
+from collections.abc import AsyncIterator, Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 from datetime import UTC, datetime, timedelta
 from typing import Any, Protocol
@@ -52,6 +53,7 @@ from stride.admission.domain.policy import (
 )
 from stride.admission.domain.quotas import Quota, below_use, check_scope, violation
 from stride.bus import topics
+from stride.bus.topics import Outgoing
 from stride.db.engine import ConflictingWrite, Database
 from stride.db.outbox import Outbox
 from stride.events.v1 import cluster_pb2, job_pb2
@@ -84,6 +86,14 @@ _STATE_BY_JOB_OUTCOME = {
     job_pb2.JOB_OUTCOME_FAILED: "FAILED",
     job_pb2.JOB_OUTCOME_CANCELLED: "CANCELLED",
 }
+
+
+def _decided_state(ruling: _Ruling) -> str:
+    """The state a job is in once its ruling is stored."""
+    decision, entry = ruling.decision, ruling.entry
+    if decision.outcome in (Outcome.SOFT, Outcome.ADMITTED) and entry is not None:
+        return "ADMITTED" if entry.units else "QUEUED"
+    return _STATE_BY_OUTCOME[decision.outcome]
 
 
 def new_job_id() -> str:
@@ -182,6 +192,22 @@ class Cluster:
     """The GPU tree from settings (``cluster_topology``), until an inventory gives one."""
 
 
+@dataclass
+class _Ruling:
+    """A decision on one job, taken in memory, before it is stored."""
+
+    job_id: str
+    spec: JobSpec
+    moment: datetime
+    decision: Decision
+    pool: Pool | None
+    """The pool it was decided in (None: refused before, over quota or without a curve)."""
+    entry: Entry | None
+    """Its books there (None: it did not join)."""
+    changed: dict[str, int]
+    """The jobs whose share the round changed."""
+
+
 class Submissions:
     """Submits, decides and ends jobs against the database, outbox and policy."""
 
@@ -215,6 +241,10 @@ class Submissions:
         self._trees: dict[ResourceKind, GpuTree | None] = {}
         """The tree each pool places on (GPUs only), to name the nodes in shares."""
         self._ticks: set[asyncio.Task[None]] = set()
+        self._quotas: tuple[Quota, ...] | None = None
+        """Every stored quota (:meth:`_all_quotas`; None: read them on the next use)."""
+        self._quota_generation = 0
+        """Counts quota writes, so a read that raced one is not kept."""
 
     async def submit(self, spec: job_pb2.JobSpec, request_id: str) -> StoredJob:
         """Validate, store and decide a job. Invalid specs raise before anything is written."""
@@ -230,16 +260,13 @@ class Submissions:
         now = self.clock()
         validate(view, now)
         try:
-            job_id = await self._store(spec, request_id, now)
+            job_id = await self._store_and_decide(spec, request_id, now)
         except ConflictingWrite:
             # A concurrent submission with the same request id stored first.
             earlier = await self._earlier_submission(request_id, spec) if request_id else None
             if earlier is None:
                 raise
             return earlier
-        self.outbox.notify()
-        log.info("job submitted", job_id=job_id, user=spec.user, name=spec.name)
-        await self.decide(job_id)
         return await self.get(job_id)
 
     async def _earlier_submission(self, request_id: str, spec: job_pb2.JobSpec) -> StoredJob | None:
@@ -261,23 +288,41 @@ class Submissions:
         log.info("duplicate submission", job_id=existing, request_id=request_id)
         return job
 
-    async def _store(self, spec: job_pb2.JobSpec, request_id: str, now: datetime) -> str:
-        """Store a new job and its ``submitted`` event in one transaction; its id."""
-        async with self.database.transaction() as session:
+    async def _store_and_decide(self, spec: job_pb2.JobSpec, request_id: str, now: datetime) -> str:
+        """Decide a new job and store it with its ``submitted`` event, its decision and the
+        shares that changed, in one transaction; its id. Deciding before anything is stored
+        saves the submission a commit and two reads of its own row (``bench/
+        admission_grpc.py``); a crash before the commit stores nothing, and the client,
+        which got no answer, retries (with its request id, safely)."""
+        async with self._changing():
             job_id = new_job_id()
-            key = request_key(spec.user, request_id) if request_id else None
-            await repository.insert_job(session, job_id, key, spec, now)
-            event = job_pb2.JobSubmitted(job_id=job_id, spec=spec, submitted_at=timestamp(now))
-            await self.outbox.add_event(
-                session, topics.JOB_SUBMITTED.outgoing(job_id, event, f"{job_id}.submitted")
-            )
+            ruling = await self._rule(job_id, spec)
+            async with self.database.transaction() as session:
+                key = request_key(spec.user, request_id) if request_id else None
+                state = _decided_state(ruling)
+                await repository.insert_job(session, job_id, key, spec, now, state)
+                event = job_pb2.JobSubmitted(job_id=job_id, spec=spec, submitted_at=timestamp(now))
+                submitted = topics.JOB_SUBMITTED.outgoing(job_id, event, f"{job_id}.submitted")
+                await self._record(session, ruling, spec, stored=True, first=[submitted])
+            log.info("job submitted", job_id=job_id, user=spec.user, name=spec.name)
+            self._decided(ruling)
         return job_id
 
     async def decide(self, job_id: str) -> None:
-        """Decide a SUBMITTED job against its pool and publish the decision and the shares
-        that changed, in one transaction."""
+        """Decide a SUBMITTED job (one a crash left undecided) against its pool and publish
+        the decision and the shares that changed, in one transaction."""
         async with self._changing():
-            await self._decide(job_id)
+            async with self.database.sessions() as session:
+                pending = await repository.get_job(session, job_id)
+            if pending is None or pending.state != "SUBMITTED":
+                return
+            ruling = await self._rule(job_id, pending.spec)
+            async with self.database.transaction() as session:
+                job = await repository.get_job(session, job_id, for_update=True)
+                if job is None or job.state != "SUBMITTED":
+                    raise ConflictingWrite(f"job {job_id} was decided concurrently")
+                await self._record(session, ruling, job.spec)
+            self._decided(ruling)
 
     @contextlib.asynccontextmanager
     async def _changing(self) -> AsyncIterator[None]:
@@ -290,15 +335,12 @@ class Submissions:
                 self._pools.clear()
                 raise
 
-    async def _decide(self, job_id: str) -> None:
-        async with self.database.sessions() as session:
-            pending = await repository.get_job(session, job_id)
-        if pending is None or pending.state != "SUBMITTED":
-            return
-        spec = spec_from_proto(pending.spec)
+    async def _rule(self, job_id: str, message: job_pb2.JobSpec) -> _Ruling:
+        """Decide a job against its pool (which it joins if it runs); nothing is stored."""
+        spec = spec_from_proto(message)
         curve = job_curve(spec, self.cluster.unit, self.cluster.curves)
         if curve is None and spec.kind is ResourceKind.CPU and self.history is not None:
-            curve = await self._history_curve(job_id, pending.spec)
+            curve = await self._history_curve(job_id, message)
         moment = self.clock()
         now = moment.timestamp()
         deadline_at = spec.deadline_at
@@ -339,31 +381,57 @@ class Submissions:
             decision = self._decision(
                 spec, pool, entry, guaranteed, earliest, now, curve.source, curve.basis, blocked
             )
-        async with self.database.transaction() as session:
-            job = await repository.get_job(session, job_id, for_update=True)
-            if job is None or job.state != "SUBMITTED":
-                raise ConflictingWrite(f"job {job_id} was decided concurrently")
-            state = _STATE_BY_OUTCOME[decision.outcome]
-            if decision.outcome in (Outcome.SOFT, Outcome.ADMITTED) and entry is not None:
-                state = "ADMITTED" if entry.units else "QUEUED"
-            message = decision_to_proto(job_id, decision, job.spec, moment)
-            await repository.record_decision(session, message, state, moment)
-            topic = decision.outcome.value if state != "QUEUED" else "queued"
-            await self.outbox.add_event(
-                session,
-                topics.DECISION_TOPICS[topic].outgoing(job_id, message, f"{job_id}.decision.1"),
-            )
-            if pool is not None and entry is not None:
-                changed.setdefault(job_id, entry.units)
-                await self._publish_shares(
-                    session, spec.kind, pool, changed, f"arrival of {job_id}", moment, job_id
-                )
+        return _Ruling(job_id, spec, moment, decision, pool, entry, changed)
+
+    async def _record(
+        self,
+        session: Any,
+        ruling: _Ruling,
+        message: job_pb2.JobSpec,
+        *,
+        stored: bool = False,
+        first: Sequence[Outgoing] = (),
+    ) -> None:
+        """Store a ruling on a job: the decision, its event, and the shares that changed
+        with their events, queued after ``first`` in one batch. ``stored``: the job row was
+        inserted in its decided state already."""
+        job_id, decision, entry = ruling.job_id, ruling.decision, ruling.entry
+        state = _decided_state(ruling)
+        proto = decision_to_proto(job_id, decision, message, ruling.moment)
+        if stored:
+            await repository.insert_decision(session, proto, ruling.moment)
+        else:
+            await repository.record_decision(session, proto, state, ruling.moment)
+        topic = decision.outcome.value if state != "QUEUED" else "queued"
+        events = [
+            *first,
+            topics.DECISION_TOPICS[topic].outgoing(job_id, proto, f"{job_id}.decision.1"),
+        ]
+        if ruling.pool is None or entry is None:
+            await self.outbox.add_events(session, events)
+            return
+        changed = dict(ruling.changed)
+        changed.setdefault(job_id, entry.units)
+        await self._publish_shares(
+            session,
+            ruling.spec.kind,
+            ruling.pool,
+            changed,
+            f"arrival of {job_id}",
+            ruling.moment,
+            job_id,
+            leading=events,
+        )
+
+    def _decided(self, ruling: _Ruling) -> None:
+        """After a ruling was committed: relay its events, arm the pool's next round."""
         self.outbox.notify()
-        if pool is not None:
-            self._schedule(spec.kind, pool)
+        if ruling.pool is not None:
+            self._schedule(ruling.spec.kind, ruling.pool)
+        decision = ruling.decision
         log.info(
             "job decided",
-            job_id=job_id,
+            job_id=ruling.job_id,
             outcome=decision.outcome.value,
             policy=decision.policy,
             curve=decision.curve_source,
@@ -493,14 +561,16 @@ class Submissions:
         reason: str,
         moment: datetime,
         decided: str = "",
+        leading: Sequence[Outgoing] = (),
     ) -> None:
         """Save the books of every job whose units changed and publish its new share; a
-        queued job that got units is admitted (a decision of its own)."""
+        queued job that got units is admitted (a decision of its own). ``leading``: events
+        queued before the shares', in the same batch."""
         now = moment.timestamp()
         minimum = pool.minimum_shares(now) if changed else {}
         states = await repository.job_states(session, [j for j in changed if j != decided])
         books: list[repository.Books] = []
-        events = []
+        events = list(leading)
         admitted: list[tuple[str, Entry]] = []
         preempted: list[tuple[str, Entry, str]] = []
         notes = pool.notes
@@ -915,10 +985,28 @@ class Submissions:
 
     # --- quotas (ElasticFlow sec. 4.4: checked before the job is planned) -------------
 
+    async def _all_quotas(self) -> tuple[Quota, ...]:
+        """Every stored quota, read once and kept until one is set, removed or loaded
+        (admission is the only writer of its quotas; a submission then reads none)."""
+        if self._quotas is not None:
+            return self._quotas
+        generation = self._quota_generation
+        async with self.database.sessions() as session:
+            stored = tuple(await repository.all_quotas(session))
+        if generation == self._quota_generation:  # no write committed meanwhile
+            self._quotas = stored
+        return stored
+
+    def _quotas_changed(self) -> None:
+        self._quotas = None
+        self._quota_generation += 1
+
     async def _over_quota(self, user: str, job_id: str, moment: datetime) -> str | None:
         """Why the job breaks a quota that binds its user, or None."""
+        binding = [q for q in await self._all_quotas() if q.binds(user)]
+        if not binding:
+            return None
         async with self.database.sessions() as session:
-            binding = [q for q in await repository.all_quotas(session) if q.binds(user)]
             for quota in binding:
                 since = moment - timedelta(seconds=quota.window_seconds)
                 times, active = await repository.scope_use(session, quota.users(), since, job_id)
@@ -946,6 +1034,7 @@ class Submissions:
             if problem is not None:
                 raise FailedPrecondition(f"quota below current use: {problem}")
             await repository.put_quota(session, quota, moment)
+        self._quotas_changed()
         log.info("quota set", scope=quota.scope, source=quota.source)
         return quota, submissions, active
 
@@ -972,6 +1061,7 @@ class Submissions:
         check_scope(scope)
         async with self.database.transaction() as session:
             await repository.delete_quota(session, scope)
+        self._quotas_changed()
         log.info("quota removed", scope=scope)
 
     async def load_quotas(self, configured: tuple[Quota, ...]) -> None:
@@ -990,6 +1080,7 @@ class Submissions:
                     log.info("quota set through the API kept over the file's", scope=quota.scope)
                     continue
                 await repository.put_quota(session, quota, moment)
+        self._quotas_changed()
         if configured:
             log.info("quotas loaded from the quotas file", count=len(configured))
 

@@ -65,15 +65,17 @@ async def insert_job(
     request_id: str | None,
     spec: job_pb2.JobSpec,
     submitted_at: datetime,
+    state: str = "SUBMITTED",
 ) -> None:
-    """Store a validated job in state SUBMITTED."""
+    """Store a validated job, in state SUBMITTED unless it was decided already (then its
+    decision goes in with :func:`insert_decision`)."""
     await session.execute(
         jobs.insert().values(
             job_id=job_id,
             request_id=request_id,
             name=spec.name,
             user=spec.user,
-            state="SUBMITTED",
+            state=state,
             spec=spec.SerializeToString(),
             submitted_at=submitted_at,
             updated_at=submitted_at,
@@ -85,6 +87,14 @@ async def record_decision(
     session: AsyncSession, decision: job_pb2.AdmissionDecision, state: str, at: datetime
 ) -> None:
     """Store a decision and move the job to ``state``."""
+    await insert_decision(session, decision, at)
+    await set_state(session, decision.job_id, state, at)
+
+
+async def insert_decision(
+    session: AsyncSession, decision: job_pb2.AdmissionDecision, at: datetime
+) -> None:
+    """Store a decision (the job's state is the caller's)."""
     await session.execute(
         decisions.insert().values(
             job_id=decision.job_id,
@@ -93,7 +103,6 @@ async def record_decision(
             decided_at=at,
         )
     )
-    await set_state(session, decision.job_id, state, at)
 
 
 async def set_state(session: AsyncSession, job_id: str, state: str, at: datetime) -> None:
