@@ -131,13 +131,13 @@ true
 
 {{/*
 Every identity that gets a certificate, as stride.runtime.certs issues them: the servers,
-the training pods' agent sidecar and trainer, the CLI, and "users", whose key signs user
+the training pods' agent sidecar and trainer, the CLI, "users", whose key signs user
 tokens (no Deployment mounts its Secret: the administrator mints tokens with it,
-`stride token create`).
+`stride token create`), and "nats", for a NATS locked down with `stride bus config`.
 */}}
 {{- define "stride.tlsIdentities" -}}
 {{- $catalog := include "stride.catalog" . | fromYaml }}
-{{- concat (keys $catalog | sortAlpha) (list "agent" "trainer" "cli" "users") | toJson }}
+{{- concat (keys $catalog | sortAlpha) (list "agent" "trainer" "cli" "users" "nats") | toJson }}
 {{- end }}
 
 {{/*

@@ -13,7 +13,7 @@ import asyncio
 import contextlib
 from collections.abc import Awaitable, Callable, Mapping, Sequence
 from dataclasses import dataclass, replace
-from typing import TypeVar
+from typing import Any, TypeVar
 
 import nats
 import structlog
@@ -26,6 +26,7 @@ from nats.js import JetStreamContext, api
 from nats.js.errors import BadRequestError, NotFoundError, ServiceUnavailableError
 from opentelemetry import trace
 
+from stride.bus import permissions
 from stride.bus.signing import ForgedSender, MessageSigner, SenderVerifier, SignerFor
 from stride.bus.topics import (
     DUPLICATE_WINDOW,
@@ -140,6 +141,7 @@ class Bus:
         Fails with a one-line :class:`StartupError` naming the URL if no server answers.
         """
         verifier: SenderVerifier | None = None
+        material: tls.TlsMaterial | None = None
         if identity is not None:
             material = tls.load(identity, environ)
             if material is not None:
@@ -147,8 +149,17 @@ class Bus:
                 verifier = SenderVerifier(material.ca)
                 signer_for = lambda _subject: signer  # noqa: E731
         elif signer_for is not None:
-            material = tls.load("cli", environ)
+            material = tls.load(permissions.ADMIN, environ)
             verifier = SenderVerifier(material.ca) if material is not None else None
+        # Where NATS asks for TLS (a locked-down server), the client presents its identity's
+        # certificate, which NATS maps to that identity's user, and reads replies only under
+        # its own inbox prefix (stride.bus.permissions). A plain server never asks.
+        secure: dict[str, Any] = {}
+        if material is not None:
+            secure = {
+                "tls": tls.ssl_client_context(material),
+                "inbox_prefix": permissions.inbox_prefix(material.identity),
+            }
         last_error: list[str] = []
 
         async def on_error(error: Exception) -> None:
@@ -172,6 +183,7 @@ class Bus:
                     error_cb=on_error,
                     disconnected_cb=on_disconnect,
                     reconnected_cb=on_reconnect,
+                    **secure,
                 ),
                 timeout=timeout,
             )
@@ -195,28 +207,32 @@ class Bus:
         return bool(self.nc.is_connected)
 
     async def ensure_streams(self, specs: tuple[Stream, ...] = STREAMS) -> None:
-        """Create the contract's streams, or update them to the declared config. Idempotent."""
+        """Create the contract's streams, or update them to the declared config. Idempotent,
+        and read-only when every stream is already as declared: on a locked-down NATS
+        (:mod:`stride.bus.permissions`) only the bus administrator may declare streams, so a
+        service then only reads them, and fails with a clear error if one is missing or
+        outdated (NATS drops a request it does not permit, which reaches us as a timeout)."""
         for spec in specs:
-            config = api.StreamConfig(
-                name=spec.name,
-                description=spec.description,
-                subjects=list(spec.subjects),
-                retention=api.RetentionPolicy.LIMITS,
-                storage=api.StorageType.FILE,
-                max_age=spec.max_age.total_seconds(),
-                duplicate_window=DUPLICATE_WINDOW.total_seconds(),
-            )
+            config = stream_config(spec)
             try:
-                await self.js.stream_info(spec.name)
-            except NotFoundError:
                 try:
-                    await self.js.add_stream(config)
-                except BadRequestError as error:
-                    # Two services starting together may race to create it.
-                    if error.err_code != 10058:
-                        raise
-            else:
-                await self.js.update_stream(config)
+                    info = await self.js.stream_info(spec.name)
+                except NotFoundError:
+                    try:
+                        await self.js.add_stream(config)
+                    except BadRequestError as error:
+                        # Two services starting together may race to create it.
+                        if error.err_code != 10058:
+                            raise
+                else:
+                    if not _same_stream(info.config, config):
+                        await self.js.update_stream(config)
+            except NatsTimeoutError:
+                raise StartupError(
+                    f"stream {spec.name}: JetStream did not answer declaring it (missing or "
+                    f"not as declared); if NATS is locked down, the bus administrator "
+                    f"declares the streams first: `stride bus init`"
+                ) from None
 
     async def publish(self, topic: Topic[M], key: str, message: M, message_id: str) -> api.PubAck:
         """Publish one event of ``topic`` for ``key`` (a job id), with its de-duplication id,
@@ -655,6 +671,31 @@ class Bus:
             log.warning("nats drain incomplete; closing", error=f"{type(error).__name__}: {error}")
             with contextlib.suppress(Exception):
                 await self.nc.close()
+
+
+def stream_config(spec: Stream) -> api.StreamConfig:
+    """The JetStream configuration a contract stream is declared with."""
+    return api.StreamConfig(
+        name=spec.name,
+        description=spec.description,
+        subjects=list(spec.subjects),
+        retention=api.RetentionPolicy.LIMITS,
+        storage=api.StorageType.FILE,
+        max_age=spec.max_age.total_seconds(),
+        duplicate_window=DUPLICATE_WINDOW.total_seconds(),
+    )
+
+
+def _same_stream(present: api.StreamConfig, wanted: api.StreamConfig) -> bool:
+    """Whether a stream already holds what the contract declares (the fields it sets)."""
+    return (
+        sorted(present.subjects or []) == sorted(wanted.subjects or [])
+        and present.description == wanted.description
+        and present.retention == wanted.retention
+        and present.storage == wanted.storage
+        and abs((present.max_age or 0) - (wanted.max_age or 0)) < 1e-3
+        and abs((present.duplicate_window or 0) - (wanted.duplicate_window or 0)) < 1e-3
+    )
 
 
 async def _working(messages: Sequence[Msg], handling: Awaitable[T], every: float) -> T:

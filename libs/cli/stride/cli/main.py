@@ -1022,6 +1022,87 @@ def certs_init(
     )
 
 
+bus_app = typer.Typer(
+    help="The NATS bus locked down: its configuration and streams.", no_args_is_help=True
+)
+app.add_typer(bus_app, name="bus")
+
+
+def _tls_folder(tls_dir: Path | None, state_dir: Path) -> Path:
+    """``tls_dir``, else ``$STRIDE_TLS_DIR``, else the suite's state folder's."""
+    if tls_dir is not None:
+        return tls_dir
+    given = os.environ.get(tls.TLS_DIR_ENV, "").strip()
+    return Path(given) if given else Path(state_dir) / "tls"
+
+
+@bus_app.command("config")
+def bus_config(
+    tls_dir: Annotated[
+        Path | None,
+        typer.Option(
+            help="The folder of `stride certs init` (default: $STRIDE_TLS_DIR, else "
+            "the suite's state folder's); only its identities' names are read."
+        ),
+    ] = None,
+    cert: Annotated[
+        str | None, typer.Option(help="The server certificate's path on the NATS host.")
+    ] = None,
+    key: Annotated[str | None, typer.Option(help="Its key's path on the NATS host.")] = None,
+    ca: Annotated[str | None, typer.Option(help="The CA's path on the NATS host.")] = None,
+    out: Annotated[Path | None, typer.Option(help="Write it here (0600), not stdout.")] = None,
+    state_dir: StateDir = DEFAULT_STATE_DIR,
+) -> None:
+    """Print the lock-down configuration for your own nats-server: mutual TLS with the
+    suite's CA, and one user per identity whose publish and subscribe permissions come from
+    the bus contract (only admission publishes `admitted`, only the optimizer plans, each
+    service uses the JetStream API for its own consumers only). Include it in the server's
+    configuration, then run `stride bus init` once."""
+    from stride.bus.permissions import server_config
+
+    folder = _tls_folder(tls_dir, state_dir)
+    text = server_config(
+        cert_file=cert or str(folder / "nats.crt"),
+        key_file=key or str(folder / "nats.key"),
+        ca_file=ca or str(folder / "ca.crt"),
+        identities=tls.IDENTITIES,
+    )
+    if out is None:
+        print(text, end="")
+        return
+    out.write_text(text)
+    os.chmod(out, 0o600)
+    console.print(f"NATS configuration written to {out}", highlight=False)
+
+
+@bus_app.command("init")
+def bus_init(
+    nats_url: Annotated[
+        str, typer.Option(envvar="STRIDE_NATS_URL", help="The NATS to declare the streams on.")
+    ],
+    tls_dir: Annotated[
+        Path | None,
+        typer.Option(
+            help="The folder holding cli.crt and cli.key, the bus administrator's "
+            "(default: $STRIDE_TLS_DIR, else the suite's state folder's)."
+        ),
+    ] = None,
+    state_dir: StateDir = DEFAULT_STATE_DIR,
+) -> None:
+    """Declare the contract's JetStream streams as the bus administrator (the `cli`
+    identity): on a locked-down NATS only it may, and the services only read them."""
+    from stride.cli.supervisor import declare_streams
+    from stride.runtime.errors import StartupError
+
+    folder = _tls_folder(tls_dir, state_dir)
+    try:
+        declare_streams(nats_url, {tls.TLS_DIR_ENV: str(folder)})
+    except (StartupError, TlsConfigError, OSError) as error:
+        fail(str(error))
+        return
+    console.print(f"streams declared on {nats_url}", highlight=False)
+
+
 token_app = typer.Typer(help="User tokens: who a CLI or API caller is.", no_args_is_help=True)
 app.add_typer(token_app, name="token")
 

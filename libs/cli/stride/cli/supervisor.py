@@ -32,6 +32,7 @@ one step for each and records what it saw in the suite state (``endpoints.json``
 from __future__ import annotations
 
 import argparse
+import asyncio
 import contextlib
 import json
 import os
@@ -43,6 +44,8 @@ import time
 from dataclasses import dataclass, field
 from pathlib import Path
 
+from stride.bus import permissions
+from stride.bus.client import Bus
 from stride.cli.channels import ADMIN_TOKEN, DEMO_TOKEN
 from stride.cli.endpoints import (
     CORE,
@@ -58,6 +61,7 @@ from stride.runtime import tls
 from stride.runtime.certs import CertificateError
 from stride.runtime.certs import init as init_certs
 from stride.runtime.embedded_nats import NatsServer, free_port
+from stride.runtime.errors import StartupError
 from stride.runtime.healthcheck import check
 from stride.runtime.machine import machine_cores, machine_memory_bytes
 from stride.runtime.tokens import USER_ISSUER, Signer, write_token
@@ -443,11 +447,14 @@ class Supervisor:
             return self._fail(f"no certificates for mutual TLS: {error}")
         try:
             if not nats_url:
-                self.nats = NatsServer(store_dir=self.state_dir / "nats")
+                locked = "" if self.state.insecure else _locked_nats(Path(self.state.tls_dir))
+                self.nats = NatsServer(store_dir=self.state_dir / "nats", locked=locked)
                 self.nats_log_offset = _size(self.nats.log_path)
                 try:
                     self.nats.start(NATS_START_TIMEOUT_SECONDS)
-                except RuntimeError as error:
+                    if locked:
+                        declare_streams(self.nats.url, {tls.TLS_DIR_ENV: self.state.tls_dir})
+                except (RuntimeError, StartupError) as error:
                     return self._fail(f"the embedded NATS did not start: {error}")
                 self.nats_started_monotonic = time.monotonic()
                 self.state.nats_url = nats_url = self.nats.url
@@ -457,7 +464,10 @@ class Supervisor:
                     log_path=str(self.nats.log_path),
                     started_at=time.time(),
                 )
-                _log(f"embedded NATS with JetStream at {nats_url} (pid {self.nats.pid})")
+                _log(
+                    f"embedded NATS with JetStream at {nats_url} (pid {self.nats.pid})"
+                    + (", locked down: mutual TLS, a user per identity" if locked else "")
+                )
             ports = {service: free_port() for service in SUITE}
             for service in SUITE:
                 port = ports[service]
@@ -678,6 +688,32 @@ def main(argv: list[str] | None = None) -> int:
     args = parser.parse_args(argv)
     args.state_dir.mkdir(parents=True, exist_ok=True)
     return Supervisor(args.state_dir.resolve(), args.executors, insecure=args.insecure).run()
+
+
+def _locked_nats(folder: Path) -> str:
+    """The embedded NATS's lock-down configuration over ``folder``'s certificates."""
+    return permissions.server_config(
+        cert_file=str(folder / "nats.crt"),
+        key_file=str(folder / "nats.key"),
+        ca_file=str(folder / "ca.crt"),
+        identities=tls.IDENTITIES,
+    )
+
+
+def declare_streams(url: str, environ: dict[str, str], timeout: float = 10.0) -> None:
+    """Declare the contract's streams as the bus administrator (only it may, on a locked
+    NATS); a one-line :class:`StartupError` if NATS does not take them."""
+
+    async def declare() -> None:
+        bus = await Bus.connect(
+            url, "stride-bus-admin", timeout, identity=permissions.ADMIN, environ=environ
+        )
+        try:
+            await bus.ensure_streams()
+        finally:
+            await bus.close()
+
+    asyncio.run(declare())
 
 
 if __name__ == "__main__":

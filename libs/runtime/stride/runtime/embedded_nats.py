@@ -41,7 +41,13 @@ def nats_server_binary() -> str:
 class NatsServer:
     """A nats-server process with JetStream storing under its own directory."""
 
-    def __init__(self, store_dir: Path | None = None, port: int | None = None) -> None:
+    def __init__(
+        self, store_dir: Path | None = None, port: int | None = None, *, locked: str = ""
+    ) -> None:
+        """``locked``: configuration that locks the server down (mutual TLS and a user per
+        identity: ``stride.bus.permissions.server_config``); its clients then connect over
+        TLS (:attr:`url` is ``tls://``)."""
+        self.locked = locked
         self._own_dir = store_dir is None
         self.store_dir = store_dir or Path(tempfile.mkdtemp(prefix="stride-nats-"))
         self.port = port or free_port()
@@ -51,7 +57,8 @@ class NatsServer:
     @property
     def url(self) -> str:
         """The client URL."""
-        return f"nats://127.0.0.1:{self.port}"
+        scheme = "tls" if self.locked else "nats"
+        return f"{scheme}://127.0.0.1:{self.port}"
 
     @property
     def pid(self) -> int:
@@ -74,7 +81,8 @@ class NatsServer:
             raise RuntimeError(f"nats-server (pid {self.process.pid}) is already running")
         self.store_dir.mkdir(parents=True, exist_ok=True)
         config = self.store_dir / "nats.conf"
-        config.write_text(JETSTREAM_LIMITS + "\n")
+        config.write_text(JETSTREAM_LIMITS + "\n" + self.locked)
+        config.chmod(0o600)
         # Logs go to a file, not a pipe: nobody drains a pipe and a full one blocks the server.
         self.log_path = self.store_dir / "nats-server.log"
         with self.log_path.open("ab") as log:

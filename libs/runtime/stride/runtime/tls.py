@@ -25,6 +25,8 @@ says what to set: TLS is on by default.
 from __future__ import annotations
 
 import os
+import ssl
+import tempfile
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
@@ -55,10 +57,11 @@ SERVICE_IDENTITIES = (
 )
 """Every service (its ``service_name``), in start order."""
 
-IDENTITIES = (*SERVICE_IDENTITIES, "trainer", "cli", "users")
+IDENTITIES = (*SERVICE_IDENTITIES, "trainer", "cli", "users", "nats")
 """Every identity ``stride certs init`` issues a certificate to: the services, the agent
-sidecar, the trainer's clients (checkpoints, shards, its agent), the CLI, and ``users``,
-whose key signs user tokens (:mod:`.tokens`; only the administrator holds it)."""
+sidecar, the trainer's clients (checkpoints, shards, its agent), the CLI, ``users``, whose
+key signs user tokens (:mod:`.tokens`; only the administrator holds it), and ``nats``, the
+embedded NATS server's own certificate."""
 
 INSECURE_WARNING = (
     f"{INSECURE_ENV} is set: gRPC runs in plain text without peer authentication; anyone "
@@ -80,6 +83,20 @@ class TlsMaterial:
     ca: bytes
     source: str
     """Where it was read from (for messages)."""
+
+
+def ssl_client_context(material: TlsMaterial) -> ssl.SSLContext:
+    """A TLS client context (for NATS) that presents ``material``'s certificate and trusts
+    only its CA. The key passes through a private temporary folder: :mod:`ssl` loads a
+    certificate chain from files only."""
+    context = ssl.create_default_context(ssl.Purpose.SERVER_AUTH, cadata=material.ca.decode())
+    with tempfile.TemporaryDirectory(prefix="stride-tls-") as folder:
+        certificate, key = Path(folder) / "identity.crt", Path(folder) / "identity.key"
+        certificate.write_bytes(material.certificate)
+        key.touch(mode=0o600)
+        key.write_bytes(material.key)
+        context.load_cert_chain(certificate, key)
+    return context
 
 
 def configured(environ: Mapping[str, str] | None = None) -> bool:

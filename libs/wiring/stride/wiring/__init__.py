@@ -19,6 +19,7 @@ import structlog
 from google.protobuf.message import Message
 
 from stride.bus.client import ACK_WAIT_SECONDS, BatchHandler, Bus, Handler
+from stride.bus.permissions import check_consumer
 from stride.bus.topics import Topic
 from stride.runtime import tls
 from stride.runtime.auth import Access, RateLimiter, Rule
@@ -170,7 +171,12 @@ def consume(
 ) -> None:
     """Run a durable pull consumer of ``topic`` as a root task named after ``durable``,
     stopping with the host (``handler`` per message, or ``batch_handler`` per fetched
-    batch of up to ``batch`` messages: see :meth:`stride.bus.client.Bus.consume`)."""
+    batch of up to ``batch`` messages: see :meth:`stride.bus.client.Bus.consume`).
+
+    The consumer must be the service's in :data:`stride.bus.permissions.CONSUMERS` (the
+    list a locked-down NATS grants): a new one that is not fails the build, not the
+    deployment."""
+    check_consumer(host.settings.service_name, durable, topic)
     host.add_root_task(
         f"consume-{durable}",
         lambda: bus.consume(

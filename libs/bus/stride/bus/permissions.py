@@ -1,0 +1,206 @@
+"""Who may do what on NATS, derived from the bus contract (:mod:`.topics`).
+
+Each identity of the deployment's CA (``stride.runtime.tls``) is one NATS user, mapped from
+its client certificate (``verify_and_map``). Its permissions follow from the contract:
+
+- **publish** the subjects of the topics it produces (``Topic.producers``), and nothing
+  else: only admission may publish ``admitted``, only the optimizer plans;
+- **JetStream, only its own consumers**: create, read and pull from the durable consumers
+  it runs (:data:`CONSUMERS`), acknowledge their messages, and park their dead letters;
+  read the streams' info. No identity but the bus administrator (:data:`ADMIN`) may create,
+  change or delete a stream, or touch another identity's consumer;
+- **subscribe** to its own reply inbox (``_INBOX_<identity>``, the prefix its client uses),
+  and to the core subjects it serves (the executor's requests, the agent's commands);
+- requests: the optimizer may ask the executor pool; the executor may answer whoever asked
+  (``allow_responses``).
+
+Consumers also verify the sender of every event (:mod:`.signing`); these permissions stop a
+forged event from reaching a stream at all, and a deleted consumer from stopping a service.
+
+:func:`server_users` renders the users for a nats-server configuration
+(:func:`server_config`); the embedded server runs with it, and ``stride bus config`` prints it
+for an operator's own NATS (README, "NATS").
+
+Known limit: every training pod's agent shares the ``agent`` identity, so NATS cannot keep one
+job's agent from publishing another job's step metrics or acks; the gRPC side scopes agents
+by job token, and the signature names only ``agent``.
+"""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Iterable, Mapping, Sequence
+from dataclasses import dataclass
+from typing import Any
+
+from stride.bus import topics
+from stride.bus.topics import STREAMS, Topic, dead_letter_subject
+
+ADMIN = "cli"
+"""The identity that declares streams (``stride bus init``; the embedded suite's supervisor)
+and may read and publish every subject: the administrator's CLI certificate."""
+
+INBOX_PREFIX = "_INBOX_"
+"""Each identity's reply subjects are ``_INBOX_<identity>.>`` (its client's inbox prefix)."""
+
+
+def inbox_prefix(identity: str) -> str:
+    """The inbox prefix a client of ``identity`` uses, so it can only read its own replies."""
+    return f"{INBOX_PREFIX}{identity}"
+
+
+@dataclass(frozen=True)
+class Consumer:
+    """A durable pull consumer one identity runs on one topic."""
+
+    identity: str
+    durable: str
+    topic: Topic[Any]
+
+
+CONSUMERS: tuple[Consumer, ...] = (
+    Consumer("admission", "admission-finished", topics.JOB_FINISHED),
+    Consumer("admission", "admission-inventory", topics.NODE_INVENTORY),
+    Consumer("optimizer", "optimizer-admitted", topics.JOB_ADMITTED),
+    Consumer("optimizer", "optimizer-finished", topics.JOB_FINISHED),
+    Consumer("optimizer", "optimizer-shares", topics.JOB_SHARE),
+    Consumer("optimizer", "optimizer-pod-failed", topics.POD_FAILED),
+    Consumer("optimizer", "optimizer-step-metrics", topics.STEP_METRICS),
+    Consumer("optimizer", "optimizer-usage", topics.POD_USAGE),
+    Consumer("configdb", "configdb-submitted", topics.JOB_SUBMITTED),
+    Consumer("configdb", "configdb-plans", topics.PLAN),
+    Consumer("configdb", "configdb-finished", topics.JOB_FINISHED),
+    Consumer("configdb", "configdb-step-metrics", topics.STEP_METRICS),
+    Consumer("configdb", "configdb-usage", topics.POD_USAGE),
+    Consumer("dispatcher", "dispatcher-pods-failed", topics.POD_FAILED),
+    Consumer("dispatcher", "dispatcher-pods-deleted", topics.POD_DELETED),
+    Consumer("podwatcher", "podwatcher-admitted", topics.JOB_ADMITTED),
+    Consumer("podwatcher", "podwatcher-plans", topics.PLAN),
+    Consumer("podwatcher", "podwatcher-finished", topics.JOB_FINISHED),
+    Consumer("podwatcher", "podwatcher-control-acks", topics.CONTROL_ACK),
+)
+"""Every durable consumer of the suite, by the identity that runs it. A service that starts a
+consumer not listed here fails at build time (``stride.wiring.consume``), so the list and the
+permissions cannot drift from the code."""
+
+SERVES: Mapping[str, tuple[str, ...]] = {
+    "executor": (topics.EXECUTOR_RUN.pattern(),),
+    "agent": (topics.CONTROL_COMMAND.pattern(),),
+}
+"""Core (non-stream) subjects an identity subscribes to: requests it answers, commands it
+follows."""
+
+ASKS: Mapping[str, tuple[str, ...]] = {
+    "optimizer": (topics.EXECUTOR_RUN.pattern(),),
+}
+"""Core request subjects an identity publishes to (and gets replies in its inbox)."""
+
+ANSWERS = frozenset({"executor"})
+"""Identities that reply to requests (``allow_responses``)."""
+
+
+class UnknownConsumer(ValueError):
+    """A durable consumer that :data:`CONSUMERS` does not list for its identity."""
+
+
+def check_consumer(identity: str, durable: str, topic: Topic[Any]) -> None:
+    """Raise :class:`UnknownConsumer` unless ``identity`` runs ``durable`` on ``topic``."""
+    for consumer in CONSUMERS:
+        if consumer.durable == durable:
+            if consumer.identity != identity or consumer.topic != topic:
+                raise UnknownConsumer(
+                    f"consumer {durable!r} belongs to {consumer.identity!r} on "
+                    f"{consumer.topic.pattern()}, not to {identity!r} on {topic.pattern()}"
+                )
+            return
+    raise UnknownConsumer(
+        f"consumer {durable!r} of {identity!r} is not in stride.bus.permissions.CONSUMERS; "
+        "add it there so NATS lets the service create it"
+    )
+
+
+@dataclass(frozen=True)
+class Permissions:
+    """One user's allow lists (everything else is denied)."""
+
+    publish: tuple[str, ...]
+    subscribe: tuple[str, ...]
+    allow_responses: bool = False
+
+
+def _consumer_api(consumer: Consumer) -> list[str]:
+    stream, durable = consumer.topic.stream.name, consumer.durable
+    return [
+        f"$JS.API.CONSUMER.CREATE.{stream}.{durable}",
+        f"$JS.API.CONSUMER.CREATE.{stream}.{durable}.>",
+        f"$JS.API.CONSUMER.DURABLE.CREATE.{stream}.{durable}",
+        f"$JS.API.CONSUMER.INFO.{stream}.{durable}",
+        f"$JS.API.CONSUMER.MSG.NEXT.{stream}.{durable}",
+        f"$JS.ACK.{stream}.{durable}.>",
+        dead_letter_subject(durable),
+    ]
+
+
+def _all_topics() -> list[Topic[Any]]:
+    return [value for value in vars(topics).values() if isinstance(value, Topic)]
+
+
+def permissions(identity: str) -> Permissions:
+    """What ``identity`` may publish and subscribe to (see the module)."""
+    inbox = f"{inbox_prefix(identity)}.>"
+    if identity == ADMIN:
+        # The administrator's tools (loadgen, replay) play producers; consumers still take
+        # only events signed with the producer's key (stride.bus.signing).
+        return Permissions(
+            publish=("$JS.API.>", "$JS.ACK.>", "stride.>"), subscribe=(inbox, "stride.>")
+        )
+    publish: list[str] = ["$JS.API.INFO"]
+    publish += [f"$JS.API.STREAM.INFO.{stream.name}" for stream in STREAMS]
+    publish += [topic.pattern() for topic in _all_topics() if identity in topic.producers]
+    for consumer in CONSUMERS:
+        if consumer.identity == identity:
+            publish += _consumer_api(consumer)
+    publish += ASKS.get(identity, ())
+    subscribe = [inbox, *SERVES.get(identity, ())]
+    return Permissions(
+        publish=tuple(dict.fromkeys(publish)),
+        subscribe=tuple(dict.fromkeys(subscribe)),
+        allow_responses=identity in ANSWERS,
+    )
+
+
+def server_users(identities: Iterable[str]) -> list[dict[str, Any]]:
+    """The ``authorization.users`` entries of a nats-server configuration: one user per
+    identity, named as its certificate (``verify_and_map``), with its permissions."""
+    users = []
+    for identity in identities:
+        allowed = permissions(identity)
+        publish: dict[str, Any] = {"allow": list(allowed.publish)}
+        entry: dict[str, Any] = {
+            "user": identity,
+            "permissions": {"publish": publish, "subscribe": {"allow": list(allowed.subscribe)}},
+        }
+        if allowed.allow_responses:
+            entry["permissions"]["allow_responses"] = True
+        users.append(entry)
+    return users
+
+
+def server_config(*, cert_file: str, key_file: str, ca_file: str, identities: Sequence[str]) -> str:
+    """The lock-down part of a nats-server configuration: mutual TLS with the deployment's
+    CA (every client must present a certificate of it) and one user per identity, mapped
+    from its certificate, with its permissions. Listen address and JetStream are the
+    caller's. (The configuration format accepts JSON values, so values are JSON.)"""
+    body = {
+        "tls": {
+            "cert_file": cert_file,
+            "key_file": key_file,
+            "ca_file": ca_file,
+            "verify_and_map": True,
+            "timeout": 2,
+        },
+        "authorization": {"users": server_users(identities)},
+    }
+    lines = ["# Generated by Stride (stride.bus.permissions from the bus contract): do not edit."]
+    lines += [f"{key}: {json.dumps(value, indent=2)}" for key, value in body.items()]
+    return "\n".join(lines) + "\n"
