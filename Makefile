@@ -13,7 +13,7 @@ TEST_WORKERS ?= 2
 # not meet); the TensorFlow end-to-end tests stay on one of them (tests/conftest.py).
 
 .DEFAULT_GOAL := help
-.PHONY: help install system-deps proto proto-check lint test test-unit bench demo up down lock clean
+.PHONY: help install system-deps proto proto-check lint test test-unit fuzz bench demo up down lock clean
 
 help:  ## List the commands
 	@grep -hE '^[a-z-]+:.*## ' $(MAKEFILE_LIST) | awk -F':.*## ' '{printf "  make %-17s %s\n", $$1, $$2}'
@@ -52,6 +52,12 @@ test: install system-deps  ## Unit, integration (real NATS and PostgreSQL) and e
 
 test-unit: install  ## Only the fast unit tests
 	$(VENV)/bin/pytest tests/unit $(PYTEST_ARGS)
+
+fuzz: install  ## 10,000 generated requests per service against all eight running services; report in bench/results/fuzz.txt
+	@set -o pipefail; { echo "$$ make fuzz  ($$(date -u +%FT%TZ))"; \
+	STRIDE_FUZZ_CASES=10000 $(VENV)/bin/pytest tests/integration/test_grpc_bad_input.py \
+	  -k "generated_requests or after_everything" -p no:cacheprovider -q --durations=5 2>&1; } \
+	  | tee bench/results/fuzz.txt
 
 bench: install  ## Run every benchmark; each prints its ratio to a reference and rewrites bench/results/
 	@for script in bench/*.py; do echo "== $$script"; $(PY) $$script || exit 1; done

@@ -17,10 +17,11 @@ from collections.abc import Iterator
 from pathlib import Path
 
 import grpc
-import nats
 import pytest
 from grpc_health.v1 import health_pb2, health_pb2_grpc
 
+from stride.bus.client import Bus
+from stride.bus.permissions import ADMIN
 from stride.cli.endpoints import SUITE, Phase, ProcessState, SuiteState, pid_alive
 from stride.cli.supervisor import HEALTH_NAMES, SERVICE_RESTARTS
 from stride.runtime.healthcheck import check
@@ -102,7 +103,7 @@ async def test_a_killed_embedded_nats_server_comes_back_and_jobs_still_flow(
     # A job first, so the JetStream store holds messages that must survive the restart.
     first = stride("submit", str(ROOT / "examples" / "wide-deep.yaml"), "--wait", env=suite_env)
     assert first.returncode == 0, first.stdout + first.stderr
-    streams_before = await stream_messages(before.nats_url)
+    streams_before = await stream_messages(before)
     assert sum(streams_before.values()) > 0, streams_before
 
     os.kill(old_pid, signal.SIGKILL)
@@ -121,7 +122,7 @@ async def test_a_killed_embedded_nats_server_comes_back_and_jobs_still_flow(
     assert pid_alive(back.pid)
     after = read_state(state_dir)
     assert after.nats_url == before.nats_url  # same port: clients reconnect where they were
-    streams_after = await stream_messages(after.nats_url)
+    streams_after = await stream_messages(after)
     for stream, count in streams_before.items():
         assert streams_after.get(stream, 0) >= count, (stream, streams_before, streams_after)
 
@@ -147,14 +148,18 @@ async def test_a_killed_embedded_nats_server_comes_back_and_jobs_still_flow(
     assert processes_of(state_dir) == []
 
 
-async def stream_messages(url: str) -> dict[str, int]:
-    """Messages held by each JetStream stream."""
-    client = await nats.connect(url, connect_timeout=5, max_reconnect_attempts=0)
+async def stream_messages(state: SuiteState) -> dict[str, int]:
+    """Messages held by each JetStream stream, read as the bus administrator (the embedded
+    NATS is locked down: only a certificate of the suite's CA gets in, and only the admin
+    may list streams)."""
+    bus = await Bus.connect(
+        state.nats_url, "test-streams", 5, identity=ADMIN, environ={TLS_DIR_ENV: state.tls_dir}
+    )
     try:
-        infos = await client.jetstream().streams_info()
+        infos = await bus.js.streams_info()
         return {info.config.name or "": info.state.messages for info in infos}
     finally:
-        await client.close()
+        await bus.close()
 
 
 async def test_a_crash_looping_service_backs_off_while_the_rest_of_the_suite_serves(

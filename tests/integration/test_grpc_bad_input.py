@@ -24,6 +24,7 @@ from __future__ import annotations
 import asyncio
 import importlib
 import math
+import os
 import pkgutil
 import re
 import threading
@@ -47,6 +48,7 @@ from google.protobuf.descriptor import (
     ServiceDescriptor,
 )
 from google.protobuf.message import Message
+from grpc_health.v1 import health_pb2, health_pb2_grpc
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
@@ -104,6 +106,10 @@ STREAM_TIMEOUT = 1.0
 """A response stream may legitimately stay open (WatchControl waits for commands); it is
 read this long, and DEADLINE_EXCEEDED is then no finding."""
 HYPOTHESIS_EXAMPLES = 40
+"""Generated requests per method in the test run."""
+FUZZ_CASES_ENV = "STRIDE_FUZZ_CASES"
+"""Generated requests per *service* instead (``make fuzz``: 10,000), split evenly over its
+methods."""
 
 
 # --- the methods, from the descriptors ----------------------------------------------------
@@ -266,6 +272,13 @@ class Suite:
         if key not in self.channels:
             raise AssertionError(f"no running instance of {key!r}: add it to Suite._start")
         return self.channels[key]
+
+    def serving(self, method: MethodDescriptor) -> bool:
+        """Whether the server of ``method`` reports its service SERVING (health)."""
+        stub = health_pb2_grpc.HealthStub(self.channel(method))
+        request = health_pb2.HealthCheckRequest(service=method.containing_service.full_name)
+        reply = stub.Check(request, timeout=UNARY_TIMEOUT)
+        return bool(reply.status == health_pb2.HealthCheckResponse.SERVING)
 
     def call(self, method: MethodDescriptor, payload: bytes) -> Outcome:
         """Send ``payload`` as the request (one message on a request stream)."""
@@ -1138,32 +1151,39 @@ def _merged(baseline: Message, change: Message) -> Message:
 # The services run on another thread and draw span ids from the global ``random``
 # (OpenTelemetry's id generator) while hypothesis draws here; it takes that for a strategy
 # using ``random`` and warns. The strategies below use none.
+def examples_for(method: MethodDescriptor) -> int:
+    """How many generated requests ``method`` gets (see :data:`FUZZ_CASES_ENV`)."""
+    per_service = int(os.environ.get(FUZZ_CASES_ENV, "0") or 0)
+    if per_service <= 0:
+        return HYPOTHESIS_EXAMPLES
+    key = service_key(method.containing_service)
+    siblings = sum(1 for other in METHODS if service_key(other.containing_service) == key)
+    return max(1, math.ceil(per_service / siblings))
+
+
 @pytest.mark.filterwarnings("ignore:Do not use the `random` module inside strategies")
 @pytest.mark.parametrize("method", METHODS, ids=method_id)
-@settings(
-    max_examples=HYPOTHESIS_EXAMPLES,
-    derandomize=True,
-    database=None,
-    deadline=None,
-    suppress_health_check=[
-        HealthCheck.function_scoped_fixture,
-        HealthCheck.too_slow,
-        HealthCheck.data_too_large,
-    ],
-)
-@given(data=st.data())
-def test_generated_requests_get_a_deliberate_status(
-    suite: Suite, method: MethodDescriptor, data: st.DataObject
-) -> None:
+def test_generated_requests_get_a_deliberate_status(suite: Suite, method: MethodDescriptor) -> None:
+    """Generated requests: a deliberate status for each, and the service still SERVING."""
     words = suite.words[service_key(method.containing_service)]
     baseline = filled(method.input_type, words)
     generated = message_strategy(method.input_type, words)
-    request = data.draw(
-        generated | generated.map(lambda change: _merged(baseline, change)), label="request"
+
+    @settings(
+        max_examples=examples_for(method),
+        derandomize=True,
+        database=None,
+        deadline=None,
+        suppress_health_check=[HealthCheck.too_slow, HealthCheck.data_too_large],
     )
-    case = Case("generated request", "", request.SerializeToString())
-    problem = judge(method, suite.call(method, case.payload), case, strict_field=False)
-    assert problem is None, problem
+    @given(request=generated | generated.map(lambda change: _merged(baseline, change)))
+    def answered(request: Message) -> None:
+        case = Case("generated request", "", request.SerializeToString())
+        problem = judge(method, suite.call(method, case.payload), case, strict_field=False)
+        assert problem is None, problem
+
+    answered()
+    assert suite.serving(method), f"{method_id(method)}: its service is no longer SERVING"
 
 
 # --- message size limits -------------------------------------------------------------------
@@ -1230,3 +1250,35 @@ def test_each_method_applies_its_own_request_limit(suite: Suite, method: MethodD
     )
     at = suite.call(method, padded(baseline, limit))
     assert at.code != grpc.StatusCode.RESOURCE_EXHAUSTED or "over the method" not in at.details
+
+
+# --- after the fuzz: nothing lost ----------------------------------------------------------
+
+
+def test_after_everything_above_every_job_is_decided_and_no_shard_is_lost(suite: Suite) -> None:
+    """Runs last in this module: whatever the requests above did, every stored job has its
+    decision, every service still answers SERVING, and the populated dataset's shards of
+    the current epoch are all accounted for (waiting, leased or done; or none yet, before
+    the epoch is cut)."""
+    for method in METHODS:
+        assert suite.serving(method), method_id(method)
+    listed = admission_pb.ListJobsResponse.FromString(
+        _unary(suite, "admission.ListJobs", admission_pb.ListJobsRequest(page_size=1000))
+    )
+    assert listed.jobs
+    for job in listed.jobs:
+        assert job.state != admission_pb.JOB_STATE_SUBMITTED, job.job_id
+        assert job.decision.outcome != job_pb2.ADMISSION_OUTCOME_UNSPECIFIED, job.job_id
+    state = dispatcher_pb.GetDatasetStateResponse.FromString(
+        _unary(
+            suite,
+            "dispatcher.GetDatasetState",
+            dispatcher_pb.GetDatasetStateRequest(job_id=JOB, dataset=DATASET),
+        )
+    )
+    parameters = valid_parameters()
+    shards = math.ceil(parameters.record_count / (parameters.batch_size * parameters.shard_batches))
+    accounted = state.todo + state.doing + state.done
+    # An epoch is cut on its first GetShard: a dataset the requests above rewound shows no
+    # shards until then, and none was handed out.
+    assert state.finished or accounted in (0, shards), state
