@@ -10,6 +10,7 @@ from collections.abc import AsyncIterator
 from typing import Any
 
 import grpc
+import psycopg
 import pytest
 from grpc_health.v1 import health_pb2, health_pb2_grpc
 from nats.aio.msg import Msg
@@ -568,3 +569,49 @@ async def test_pipelined_session_calls_lease_distinct_shards(
     assert len(leased) == 5
     state = await stub.GetDatasetState(pb.GetDatasetStateRequest(job_id=JOB, dataset="train"))
     assert state.doing == 5 and sorted(state.workers[0].shard_ids) == sorted(leased)
+
+
+async def test_hand_outs_resume_after_the_database_dropped_every_connection(
+    nats_url: str, database_url: str
+) -> None:
+    """PostgreSQL restarted (every connection dropped): calls in flight may answer
+    UNAVAILABLE, and the next ones are served on new connections, not UNAVAILABLE for good
+    (bench/chaos.py found the fast path's own connection never reopened)."""
+    if not database_url.startswith("postgresql"):
+        pytest.skip("SQLite has no server to restart")
+    settings = settings_for(nats_url, database_url)
+    async with (
+        running_service(build, settings) as host,
+        aio_channel(f"127.0.0.1:{host.server.port}", "dispatcher") as channel,
+    ):
+        stub = pb_grpc.DispatcherServiceStub(channel)
+        await stub.CreateDataset(
+            pb.CreateDatasetRequest(job_id=JOB, dataset="train", parameters=params(epochs=1))
+        )
+        token = await register(stub, "w0")
+        first = (await stub.GetShard(pb.GetShardRequest(worker=ref("w0", token)))).shard
+        with psycopg.connect(database_url, autocommit=True) as admin:
+            dropped = admin.execute(
+                "SELECT count(pg_terminate_backend(pid)) FROM pg_stat_activity "
+                "WHERE datname = current_database() AND pid <> pg_backend_pid()"
+            ).fetchone()
+        assert dropped is not None and dropped[0] >= 1
+
+        async def done() -> None:
+            await stub.ReportShardDone(
+                pb.ReportShardDoneRequest(worker=ref("w0", token), shard_id=first.shard_id)
+            )
+
+        async def served() -> bool:
+            try:
+                await done()
+            except grpc.aio.AioRpcError as error:
+                assert error.code() == grpc.StatusCode.UNAVAILABLE, error.details()
+                raise AssertionError(f"not yet: {error.details()}") from None
+            return True
+
+        await assert_eventually(served, timeout=10, interval=0.2)
+        second = (await stub.GetShard(pb.GetShardRequest(worker=ref("w0", token)))).shard
+        assert second.shard_id != first.shard_id
+        state = await stub.GetDatasetState(pb.GetDatasetStateRequest(job_id=JOB, dataset="train"))
+        assert (state.done, state.doing) == (1, 1)

@@ -44,6 +44,7 @@ the way SQLAlchemy stores them on SQLite (naive UTC, ``YYYY-MM-DD HH:MM:SS.fffff
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import json
 import sqlite3
 from collections.abc import Callable, Iterable, Sequence
@@ -233,9 +234,9 @@ class FastPath:
         commit. If BEGIN or COMMIT fails, everything is rolled back and every call of the
         batch fails with Unavailable: no call is answered before its change committed.
         """
-        connection = self._connect()
         outcomes: list[_Outcome] = []
         try:
+            connection = self._connect()  # (again, if the last one broke: a database restart)
             if connection.in_transaction:  # left open by an earlier batch that died mid-way
                 connection.execute("ROLLBACK")
             connection.execute(self.begin)
@@ -806,6 +807,15 @@ class PostgresFastPath(FastPath):
         self.schema = schema
 
     def _connect(self) -> Connection:
+        if self._connection is not None and (
+            self._connection.connection.closed or self._connection.connection.broken
+        ):
+            # The server restarted or dropped us: a new connection, or the dispatcher would
+            # answer UNAVAILABLE for good (found by bench/chaos.py's PostgreSQL restart).
+            log.warning("fast-path connection lost; reconnecting")
+            with contextlib.suppress(psycopg.Error):
+                self._connection.close()
+            self._connection = None
         if self._connection is None:
             raw = psycopg.connect(self.path, autocommit=True)
             raw.execute(
