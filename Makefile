@@ -13,7 +13,7 @@ TEST_WORKERS ?= 2
 # not meet); the TensorFlow end-to-end tests stay on one of them (tests/conftest.py).
 
 .DEFAULT_GOAL := help
-.PHONY: help install system-deps proto proto-check lint test test-unit fuzz bench demo up down lock clean
+.PHONY: help install system-deps proto proto-check lint test test-unit fuzz chaos bench demo up down lock clean
 
 help:  ## List the commands
 	@grep -hE '^[a-z-]+:.*## ' $(MAKEFILE_LIST) | awk -F':.*## ' '{printf "  make %-17s %s\n", $$1, $$2}'
@@ -58,6 +58,9 @@ fuzz: install  ## 10,000 generated requests per service against all eight runnin
 	STRIDE_FUZZ_CASES=10000 $(VENV)/bin/pytest tests/integration/test_grpc_bad_input.py \
 	  -k "generated_requests or after_everything" -p no:cacheprovider -q --durations=5 2>&1; } \
 	  | tee bench/results/fuzz.txt
+
+chaos: install  ## A training job and 200 simulated jobs while every service, NATS and PostgreSQL is killed in turn; report in bench/results/chaos.txt
+	$(PY) bench/chaos.py --load 200
 
 bench: install  ## Run every benchmark; each prints its ratio to a reference and rewrites bench/results/
 	@for script in bench/*.py; do echo "== $$script"; $(PY) $$script || exit 1; done

@@ -69,6 +69,19 @@ def say(event: str, **fields: Any) -> None:
     print(json.dumps({"event": event, "time": round(time.time(), 3), **fields}), flush=True)
 
 
+SAVE_ATTEMPTS = 6
+SAVE_RETRY_SECONDS = 1.0
+"""A save the checkpoint cache cannot take (restarting, unreachable) is tried this many
+times, a second apart (the supervisor brings a killed cache back in about two); an interval
+checkpoint is then skipped, a move's checkpoint fails."""
+
+
+def _cache_away(error: Exception) -> bool:
+    """Whether the cache was unreachable or too slow (worth another try), not a refusal."""
+    text = f"{getattr(error, 'code', '')} {error}"
+    return "UNAVAILABLE" in text or "DEADLINE_EXCEEDED" in text
+
+
 def shard_indices(shard: shard_pb2.Shard) -> np.ndarray:
     """The sample indices of ``shard`` not yet consumed (from its offset on)."""
     if shard.indices:
@@ -532,15 +545,28 @@ class TrainingContext:
                     )
                 return saved_at[step]
             shard_state = self.agent.snapshot_shards(settings.dataset)
-            try:
-                saved = save(cache, trained.root, step, shard_snapshot=shard_state)
-            except CheckpointCacheError as error:
-                if "ALREADY_EXISTS" not in str(error):
-                    raise
-                # Saved at this step by this job before (a restored chief that has not
-                # trained yet): the same state, so that checkpoint stands.
-                saved_at[step] = f"step-{step}"
-                return saved_at[step]
+            for attempt in range(1, SAVE_ATTEMPTS + 1):
+                try:
+                    saved = save(cache, trained.root, step, shard_snapshot=shard_state)
+                    break
+                except CheckpointCacheError as error:
+                    if "ALREADY_EXISTS" in str(error):
+                        # Saved at this step by this job before (a restored chief that has
+                        # not trained yet): the same state, so that checkpoint stands.
+                        saved_at[step] = f"step-{step}"
+                        return saved_at[step]
+                    if not _cache_away(error):
+                        raise
+                    if attempt < SAVE_ATTEMPTS:
+                        time.sleep(SAVE_RETRY_SECONDS)
+                        continue
+                    if moving:
+                        raise
+                    # An interval checkpoint only bounds what a crash repeats: the cache
+                    # being restarted must not end the training (bench/chaos.py saw a
+                    # SIGKILLed cache kill the chief, which then repeated an interval).
+                    say("checkpoint skipped", step=step, why=why, error=str(error)[:200])
+                    return ""
             saved_at[step] = saved.checkpoint_id
             say(
                 "checkpoint",

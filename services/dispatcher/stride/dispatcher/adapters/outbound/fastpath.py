@@ -822,8 +822,9 @@ class PostgresFastPath(FastPath):
                 psycopg.sql.SQL("SET search_path TO {}").format(psycopg.sql.Identifier(self.schema))
             )
             raw.execute("SET TIME ZONE 'UTC'")  # timestamps are written as UTC text
-            if not self.sync_commits:
-                raw.execute("SET synchronous_commit TO off")
+            # Commits stay synchronous whatever sync_commits says: with synchronous_commit
+            # off, a crash of the database server loses the last acknowledged reports, and
+            # their shards are read again (DispatcherSettings.sync_commits).
             self._connection = _PgConnection(raw)
         return self._connection
 
