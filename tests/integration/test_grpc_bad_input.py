@@ -910,7 +910,8 @@ def field_names(descriptor: Descriptor) -> frozenset[str]:
 
 # --- judging an answer ---------------------------------------------------------------------
 
-_FIELD_PREFIX = re.compile(r"^([A-Za-z_][\w.\[\]\-\"' ]*?):\s")
+_FIELD_PREFIX = re.compile(r"^([A-Za-z_][\w.\[\]\-\"'? ]*?):\s")
+"""A field path; ``?`` stands for an unprintable character of a caller's key."""
 
 
 def names_a_field(details: str, names: frozenset[str]) -> bool:

@@ -34,6 +34,7 @@ from google.protobuf.struct_pb2 import Struct, Value
 
 from stride.events.v1 import optimization_pb2
 from stride.policy.registry import AlgorithmSpec, InvalidRequest, from_dict, to_dict
+from stride.policy.serialization import field_path
 from stride.runtime.errors import InvalidArgument
 
 if TYPE_CHECKING:
@@ -380,7 +381,7 @@ def struct_to_dict(struct: Struct, field: str = "arguments") -> dict[str, Any]:
     can be: InvalidArgument names the value's dotted path under ``field`` (the Struct's own
     name in its message, so the path reads like the registry's own argument errors).
     """
-    return {key: _plain(value, f"{field}.{key}") for key, value in struct.fields.items()}
+    return {key: _plain(value, field_path(field, key)) for key, value in struct.fields.items()}
 
 
 def _plain(value: Value, path: str) -> Any:

@@ -20,6 +20,7 @@ from __future__ import annotations
 import dataclasses
 import functools
 import math
+import re
 import types
 import typing
 from collections.abc import Mapping
@@ -38,8 +39,21 @@ class InvalidRequest(PolicyError):
     """A request dict does not fit its type; ``field`` is the dotted path of the culprit."""
 
 
-def _join(path: str, name: str) -> str:
-    return f"{path}.{name}" if path else name
+_PLAIN_KEY = re.compile(r"[A-Za-z0-9_.\-\[\]]+")
+"""Keys and field paths shown as they are (``features``, ``job-1``, ``curve.sizes[2]``)."""
+_SHOWN = frozenset("abcdefghijklmnopqrstuvwxyzABCDEFGHIJKLMNOPQRSTUVWXYZ0123456789_-. ")
+"""Characters of an odd key shown in an error; any other is ``?``."""
+
+
+def field_path(path: str, name: str) -> str:
+    """``path.name``; a caller's key that is not a plain name is shown quoted, cut at 64
+    characters, with any character but letters, digits, ``_-.`` and space as ``?``
+    (``arguments['?']``): a NUL, a newline or a bidi override from a request must not reach
+    an error message or a log line raw."""
+    if _PLAIN_KEY.fullmatch(name):
+        return f"{path}.{name}" if path else name
+    shown = "".join(c if c in _SHOWN else "?" for c in name[:64])
+    return f"{path}['{shown}']" if path else f"['{shown}']"
 
 
 @functools.cache
@@ -73,7 +87,7 @@ def _to_plain(value: Any, path: str) -> Any:
         return value
     if dataclasses.is_dataclass(value) and not isinstance(value, type):
         return {
-            f.name: _to_plain(getattr(value, f.name), _join(path, f.name))
+            f.name: _to_plain(getattr(value, f.name), field_path(path, f.name))
             for f in dataclasses.fields(value)
             if f.init
         }
@@ -84,7 +98,7 @@ def _to_plain(value: Any, path: str) -> Any:
         for key, item in value.items():
             if not isinstance(key, str):
                 raise ValueError(f"{path or 'value'}: key {key!r} is not a string")
-            plain[key] = _to_plain(item, _join(path, key))
+            plain[key] = _to_plain(item, field_path(path, key))
         return plain
     raise TypeError(f"{path or 'value'}: cannot serialize {type(value).__name__}")
 
@@ -190,7 +204,7 @@ def _mapping(kind: Any, data: Any, path: str) -> dict[str, Any]:
     for key, item in data.items():
         if not isinstance(key, str):
             raise _problem(path, f"keys must be strings, got {_describe(key)}")
-        result[key] = _from_plain(value_type, item, _join(path, key))
+        result[key] = _from_plain(value_type, item, field_path(path, key))
     return result
 
 
@@ -201,7 +215,7 @@ def _dataclass(cls: type, data: Any, path: str) -> Any:
     unknown = sorted(str(key) for key in data if key not in types_by_name)
     if unknown:
         known = ", ".join(types_by_name)
-        raise _problem(_join(path, unknown[0]), f"unknown field (known: {known})")
+        raise _problem(field_path(path, unknown[0]), f"unknown field (known: {known})")
     arguments: dict[str, Any] = {}
     for item in dataclasses.fields(cls):
         if not item.init:
@@ -213,16 +227,16 @@ def _dataclass(cls: type, data: Any, path: str) -> Any:
             )
             if has_default:
                 continue
-            raise _problem(_join(path, item.name), "is required")
+            raise _problem(field_path(path, item.name), "is required")
         arguments[item.name] = _from_plain(
-            types_by_name[item.name], data[item.name], _join(path, item.name)
+            types_by_name[item.name], data[item.name], field_path(path, item.name)
         )
     try:
         return cls(**arguments)
     except InvalidRequest:
         raise
     except PolicyError as error:
-        raise _problem(_join(path, error.field), error.problem) from error
+        raise _problem(field_path(path, error.field), error.problem) from error
     except (ValueError, TypeError) as error:
         # A __post_init__ check that does not name a field: blame the object as a whole.
         raise _problem(path, str(error)) from error

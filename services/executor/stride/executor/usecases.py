@@ -73,7 +73,12 @@ class InThreads:
         try:
             return await asyncio.to_thread(_run, spec, arguments, job_id)
         except InvalidRequest as error:
-            raise InvalidArgument(f"arguments.{error.field}", error.problem) from None
+            field = error.field
+            # A quoted key (``['?']``, see stride.policy.serialization) hangs off the name.
+            raise InvalidArgument(
+                f"arguments{field}" if field.startswith("[") else f"arguments.{field}",
+                error.problem,
+            ) from None
         except Exception as error:
             log.exception("algorithm failed", algorithm=spec.qualified_name, job_id=job_id)
             raise AlgorithmFailed(

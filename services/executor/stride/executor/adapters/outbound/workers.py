@@ -213,7 +213,12 @@ class WorkerPool:
                 plan_pb2.ResourcePlan.FromString(p) for p in answer[2]
             ]
         if kind == "invalid":
-            raise InvalidArgument(f"arguments.{answer[1]}", answer[2])
+            field = str(answer[1])
+            # A quoted key (``['?']``, see stride.policy.serialization) hangs off the name.
+            raise InvalidArgument(
+                f"arguments{field}" if field.startswith("[") else f"arguments.{field}",
+                answer[2],
+            )
         log.error("algorithm failed", algorithm=name, job_id=job_id, traceback=answer[2])
         raise AlgorithmFailed(f"{name} failed: {answer[1]}")
 
