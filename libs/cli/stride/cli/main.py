@@ -1139,11 +1139,7 @@ def token_create(
     except InvalidWord as error:
         fail(f"{error.field}: {error.problem}")
         return
-    folder = tls_dir or (
-        Path(os.environ[tls.TLS_DIR_ENV])
-        if os.environ.get(tls.TLS_DIR_ENV)
-        else Path(state_dir) / "tls"
-    )
+    folder = _tls_folder(tls_dir, state_dir)
     try:
         material = tls.load(USER_ISSUER, {tls.TLS_DIR_ENV: str(folder)})
         assert material is not None
