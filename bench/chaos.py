@@ -139,26 +139,24 @@ class Postgres:
             return None
         folder = parent / "pg"
         folder.mkdir()
-        runas: list[str] = []
-        if os.geteuid() == 0:  # initdb refuses root
+        if os.geteuid() == 0:  # initdb refuses root: the cluster is the postgres user's
             shutil.chown(folder, "postgres", "postgres")
             shutil.chown(parent, "postgres", "postgres")
-            runas = ["runuser", "-u", "postgres", "--"]
         data = folder / "data"
         subprocess.run(
-            [*runas, "initdb", "-D", str(data), "-U", "postgres", "-A", "trust", "--no-sync"],
+            [*_runas(), "initdb", "-D", str(data), "-U", "postgres", "-A", "trust", "--no-sync"],
             check=True,
             capture_output=True,
         )
         server = cls(folder, free_port())
-        server._pg_ctl(runas, "start")
+        server._pg_ctl("start")
         return server
 
-    def _pg_ctl(self, runas: list[str], action: str, *extra: str) -> None:
+    def _pg_ctl(self, action: str, *extra: str, check: bool = True) -> None:
         options = f"-p {self.port} -k {self.folder} -c listen_addresses=127.0.0.1 -c fsync=off"
         subprocess.run(
             [
-                *runas,
+                *_runas(),
                 "pg_ctl",
                 "-D",
                 str(self.folder / "data"),
@@ -170,13 +168,9 @@ class Postgres:
                 action,
                 *extra,
             ],
-            check=True,
+            check=check,
             capture_output=True,
         )
-
-    @property
-    def runas(self) -> list[str]:
-        return ["runuser", "-u", "postgres", "--"] if os.geteuid() == 0 else []
 
     @property
     def url(self) -> str:
@@ -184,15 +178,16 @@ class Postgres:
 
     def crash_restart(self) -> None:
         """Immediate shutdown (no checkpoint: recovery from the WAL at start), then start."""
-        self._pg_ctl(self.runas, "stop", "-m", "immediate")
-        self._pg_ctl(self.runas, "start")
+        self._pg_ctl("stop", "-m", "immediate")
+        self._pg_ctl("start")
 
     def stop(self) -> None:
-        subprocess.run(
-            [*self.runas, "pg_ctl", "-D", str(self.folder / "data"), "-m", "fast", "stop"],
-            check=False,
-            capture_output=True,
-        )
+        self._pg_ctl("stop", "-m", "fast", check=False)
+
+
+def _runas() -> list[str]:
+    """The prefix that runs a PostgreSQL tool as its own user when we are root."""
+    return ["runuser", "-u", "postgres", "--"] if os.geteuid() == 0 else []
 
 
 # --- the jobs -----------------------------------------------------------------------------
@@ -239,7 +234,6 @@ async def submit_load(
     count: int,
     timeline: Timeline,
     submitted: list[str],
-    stop: asyncio.Event,
     spread: float,
 ) -> int:
     """Submit ``count`` simulated jobs over about ``spread`` seconds, each with a request id,
@@ -247,8 +241,6 @@ async def submit_load(
     second one)."""
     failures = 0
     for index in range(count):
-        if stop.is_set():
-            break
         request = admission_pb.SubmitJobRequest(
             spec=simulated_spec(index), request_id=f"chaos-load-{index}"
         )
@@ -514,10 +506,9 @@ async def run(load_count: int, keep: bool) -> int:
         training = found.group(0)
         timeline.note(f"training job {training} submitted")
         load: list[str] = []
-        stop = asyncio.Event()
         blow_count = len(KILLED) + 1 + (postgres is not None)
         loading = asyncio.create_task(
-            submit_load(state_dir, load_count, timeline, load, stop, PACE_SECONDS * blow_count)
+            submit_load(state_dir, load_count, timeline, load, PACE_SECONDS * blow_count)
         )
         blows: list[Callable[[], bool]] = [
             functools.partial(kill_service, state_dir, service, timeline) for service in KILLED

@@ -6,7 +6,7 @@ from __future__ import annotations
 import asyncio
 import random
 from collections import Counter
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Iterator
 from typing import Any
 
 import grpc
@@ -23,6 +23,7 @@ from stride.dispatcher.settings import DispatcherSettings
 from stride.events.v1 import shard_pb2
 from stride.runtime.lifecycle import ServiceHost
 from stride.testing.channels import aio_channel
+from stride.testing.databases import create_database, drop_database, require_postgres
 from stride.testing.eventually import assert_eventually
 from stride.testing.inprocess import local_settings, running_service
 from stride.testing.streams import stream_messages
@@ -571,15 +572,24 @@ async def test_pipelined_session_calls_lease_distinct_shards(
     assert state.doing == 5 and sorted(state.workers[0].shard_ids) == sorted(leased)
 
 
+@pytest.fixture
+def postgres_url() -> Iterator[str]:
+    """A fresh PostgreSQL database (SQLite has no server to drop its connections)."""
+    require_postgres()
+    url = create_database()
+    try:
+        yield url
+    finally:
+        drop_database(url)
+
+
 async def test_hand_outs_resume_after_the_database_dropped_every_connection(
-    nats_url: str, database_url: str
+    nats_url: str, postgres_url: str
 ) -> None:
     """PostgreSQL restarted (every connection dropped): calls in flight may answer
     UNAVAILABLE, and the next ones are served on new connections, not UNAVAILABLE for good
     (bench/chaos.py found the fast path's own connection never reopened)."""
-    if not database_url.startswith("postgresql"):
-        pytest.skip("SQLite has no server to restart")
-    settings = settings_for(nats_url, database_url)
+    settings = settings_for(nats_url, postgres_url)
     async with (
         running_service(build, settings) as host,
         aio_channel(f"127.0.0.1:{host.server.port}", "dispatcher") as channel,
@@ -590,7 +600,7 @@ async def test_hand_outs_resume_after_the_database_dropped_every_connection(
         )
         token = await register(stub, "w0")
         first = (await stub.GetShard(pb.GetShardRequest(worker=ref("w0", token)))).shard
-        with psycopg.connect(database_url, autocommit=True) as admin:
+        with psycopg.connect(postgres_url, autocommit=True) as admin:
             dropped = admin.execute(
                 "SELECT count(pg_terminate_backend(pid)) FROM pg_stat_activity "
                 "WHERE datname = current_database() AND pid <> pg_backend_pid()"

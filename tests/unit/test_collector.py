@@ -34,6 +34,14 @@ def _make_due() -> None:
         gc.collect(1)  # each young collection counts towards the next full one
 
 
+async def _collected(collector: Collector, ticks: int) -> None:
+    """Wait up to ``ticks`` 10 ms ticks for the collector's first collection."""
+    for _ in range(ticks):
+        await asyncio.sleep(0.01)
+        if collector.collections:
+            return
+
+
 async def _started(collector: Collector, stop: asyncio.Event) -> asyncio.Task[None]:
     # Nothing due at the start, whatever the process did before (a test suite's worker
     # may be due already), so every collection counted is one this test caused.
@@ -57,10 +65,7 @@ async def test_a_due_collection_runs_once_the_loop_is_quiet_and_frees_cycles() -
         assert alive() is not None
         _make_due()
         assert collector.due()
-        for _ in range(50):
-            await asyncio.sleep(0.01)
-            if collector.collections:
-                break
+        await _collected(collector, 50)
         assert collector.collections >= 1
         assert collector.forced == 0
         assert alive() is None, "the cycle outlived a full collection"
@@ -129,10 +134,7 @@ async def test_no_early_collection_while_a_request_is_in_flight() -> None:
             await asyncio.sleep(0.2)  # twenty ticks, all on time, one request in flight
             assert collector.collections == 0
         assert module.in_flight() == 0
-        for _ in range(50):
-            await asyncio.sleep(0.01)
-            if collector.collections:
-                break
+        await _collected(collector, 50)
         assert collector.collections == 1 and collector.forced == 0
     finally:
         stop.set()
@@ -147,10 +149,7 @@ async def test_a_forced_collection_waits_for_a_gap_between_requests_then_runs_an
         _make_due()
         started = time.monotonic()
         with module.working():
-            for _ in range(500):
-                await asyncio.sleep(0.01)
-                if collector.collections:
-                    break
+            await _collected(collector, 500)
         waited = time.monotonic() - started
         # Never a gap: forced at twice the limit, not at the limit.
         assert collector.forced == 1, (collector.collections, collector.forced)
