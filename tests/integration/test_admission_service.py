@@ -4,8 +4,9 @@ from __future__ import annotations
 
 import asyncio
 import uuid
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Awaitable
 from datetime import UTC, datetime, timedelta
+from typing import Any
 
 import grpc
 import pytest
@@ -194,6 +195,57 @@ async def test_a_request_id_names_one_spec_and_retries_race_to_one_job(
     assert len(listed.jobs) == 1
     submitted = await stream_messages(nats_url, topics.JOB_SUBMITTED.pattern())
     assert len(submitted) == 1
+
+
+async def test_concurrent_submissions_are_stored_together_and_a_bad_one_fails_alone(
+    stub: pb_grpc.AdmissionServiceAsyncStub, nats_url: str
+) -> None:
+    """Submissions that arrive together are decided in turn and stored in shared
+    transactions (group commit). Retries of an earlier job and a reused request id among
+    them make a shared transaction fail; each job is then stored alone, so those get what
+    they would have got alone and every other job is stored once."""
+    first = await stub.SubmitJob(pb.SubmitJobRequest(spec=valid_spec(), request_id="r-dup"))
+    calls = [
+        stub.SubmitJob(pb.SubmitJobRequest(spec=valid_spec(name=f"j{n}"), request_id=f"r-{n}"))
+        for n in range(24)
+    ]
+    calls.insert(5, stub.SubmitJob(pb.SubmitJobRequest(spec=valid_spec(), request_id="r-dup")))
+    calls.insert(17, stub.SubmitJob(pb.SubmitJobRequest(spec=valid_spec(), request_id="r-dup")))
+    reused = stub.SubmitJob(pb.SubmitJobRequest(spec=valid_spec(name="other"), request_id="r-dup"))
+    calls.insert(11, reused)
+    replies = await asyncio.gather(*calls, return_exceptions=True)
+
+    refused = replies.pop(11)
+    assert isinstance(refused, grpc.aio.AioRpcError)
+    assert refused.code() == grpc.StatusCode.ALREADY_EXISTS
+    retried = [replies.pop(17), replies.pop(5)]  # (the second one moved up by the pop above)
+    assert all(isinstance(r, pb.SubmitJobResponse) for r in [*retried, *replies]), replies
+    assert {r.job.job_id for r in retried} == {first.job.job_id}  # type: ignore[union-attr]
+    new = {r.job.job_id: r.job for r in replies}  # type: ignore[union-attr]
+    assert len(new) == 24 and first.job.job_id not in new
+    for job in new.values():
+        assert job.state == pb.JOB_STATE_ADMITTED and job.decision.job_id == job.job_id
+        got = await stub.GetJob(pb.GetJobRequest(job_id=job.job_id))
+        assert got.job.spec == job.spec and got.job.decision == job.decision
+
+    listed = await stub.ListJobs(pb.ListJobsRequest(user="alice"))
+    assert len(listed.jobs) == 25
+    submitted = await assert_eventually(
+        lambda: _at_least(stream_messages(nats_url, topics.JOB_SUBMITTED.pattern()), 25)
+    )
+    admitted = await assert_eventually(
+        lambda: _at_least(stream_messages(nats_url, topics.JOB_ADMITTED.pattern()), 25)
+    )
+    assert sorted(m.subject for m in submitted) == sorted(
+        topics.JOB_SUBMITTED.subject(job_id) for job_id in [first.job.job_id, *new]
+    )
+    assert len(admitted) == 25
+
+
+async def _at_least(messages: Awaitable[list[Any]], count: int) -> list[Any]:
+    found = await messages
+    assert len(found) >= count, f"{len(found)} of {count}"
+    return found
 
 
 async def test_a_retry_gets_its_job_back_after_its_deadline_passed(

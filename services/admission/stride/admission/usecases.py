@@ -208,6 +208,31 @@ class _Ruling:
     """The jobs whose share the round changed."""
 
 
+GROUP_COMMIT_LIMIT = 64
+"""The most submissions stored in one transaction."""
+
+
+@dataclass
+class _Arrival:
+    """A new job waiting to be decided and stored (group commit)."""
+
+    job_id: str
+    spec: job_pb2.JobSpec
+    request_id: str
+    now: datetime
+    curve: JobCurve | None
+    done: asyncio.Future[StoredJob]
+
+
+def _settle(arrival: _Arrival, outcome: StoredJob | BaseException) -> None:
+    if arrival.done.done():
+        return
+    if isinstance(outcome, BaseException):
+        arrival.done.set_exception(outcome)
+    else:
+        arrival.done.set_result(outcome)
+
+
 class Submissions:
     """Submits, decides and ends jobs against the database, outbox and policy."""
 
@@ -245,29 +270,37 @@ class Submissions:
         """Every stored quota (:meth:`_all_quotas`; None: read them on the next use)."""
         self._quota_generation = 0
         """Counts quota writes, so a read that raced one is not kept."""
+        self._arrivals: list[_Arrival] = []
+        """Submissions waiting for the group commit, oldest first."""
+        self._committer: asyncio.Task[None] | None = None
 
     async def submit(self, spec: job_pb2.JobSpec, request_id: str) -> StoredJob:
-        """Validate, store and decide a job. Invalid specs raise before anything is written."""
+        """Validate, store and decide a job. Invalid specs raise before anything is written.
+
+        A retry (the same request id) is found by the job row's unique request key when the
+        new row is stored, not by a read before: a retry is rare, and reading first cost
+        every submission a transaction (``bench/submit_load.py``). A retry is answered
+        before the clock-based rules too, so a retried submission whose absolute deadline
+        has just passed still gets its job back."""
         check_request_id(request_id)
         view = spec_from_proto(spec)
         validate(view, None)
-        # A retry is answered before the clock-based rules, so a retried submission whose
-        # absolute deadline has just passed still gets its job back.
-        if request_id:
-            earlier = await self._earlier_submission(request_id, spec)
-            if earlier is not None:
-                return earlier
         now = self.clock()
-        validate(view, now)
         try:
-            job_id = await self._store_and_decide(spec, request_id, now)
-        except ConflictingWrite:
-            # A concurrent submission with the same request id stored first.
+            validate(view, now)
+        except InvalidArgument:
             earlier = await self._earlier_submission(request_id, spec) if request_id else None
             if earlier is None:
                 raise
             return earlier
-        return await self.get(job_id)
+        try:
+            return await self._store_and_decide(spec, request_id, now)
+        except ConflictingWrite:
+            # This request id stored a job before (a retry, or a concurrent twin).
+            earlier = await self._earlier_submission(request_id, spec) if request_id else None
+            if earlier is None:
+                raise
+            return earlier
 
     async def _earlier_submission(self, request_id: str, spec: job_pb2.JobSpec) -> StoredJob | None:
         """The job an earlier submission of the same user with ``request_id`` created, if
@@ -288,25 +321,96 @@ class Submissions:
         log.info("duplicate submission", job_id=existing, request_id=request_id)
         return job
 
-    async def _store_and_decide(self, spec: job_pb2.JobSpec, request_id: str, now: datetime) -> str:
+    async def _store_and_decide(
+        self, spec: job_pb2.JobSpec, request_id: str, now: datetime
+    ) -> StoredJob:
         """Decide a new job and store it with its ``submitted`` event, its decision and the
-        shares that changed, in one transaction; its id. Deciding before anything is stored
-        saves the submission a commit and two reads of its own row (``bench/
-        admission_grpc.py``); a crash before the commit stores nothing, and the client,
-        which got no answer, retries (with its request id, safely)."""
-        async with self._changing():
-            job_id = new_job_id()
-            ruling = await self._rule(job_id, spec)
-            async with self.database.transaction() as session:
-                key = request_key(spec.user, request_id) if request_id else None
+        shares that changed, in one transaction; the job as stored (read back in that
+        transaction). Deciding before anything is stored saves the submission a commit and
+        two reads of its own row (``bench/admission_grpc.py``); a crash before the commit
+        stores nothing, and the client, which got no answer, retries (with its request id,
+        safely). A request id stored before raises :class:`ConflictingWrite`, and the pools,
+        which took the job in, are rebuilt from storage (:meth:`_changing`).
+
+        Group commit: submissions that arrive while one is being stored wait, and are then
+        decided one after another, in arrival order, exactly as if each came alone, and
+        stored in one transaction (:meth:`_commit_arrivals`). The pools' lock is held for
+        a decision and a share of a commit instead of a whole commit per job
+        (``bench/submit_load.py``)."""
+        job_id = new_job_id()
+        # Asked before the lock: the config DB's answer is a round trip that other
+        # submissions need not wait behind.
+        curve = await self._curve(job_id, spec)
+        arrival = _Arrival(
+            job_id, spec, request_id, now, curve, asyncio.get_running_loop().create_future()
+        )
+        # Its outcome is read by the caller, unless the caller went away first.
+        arrival.done.add_done_callback(lambda done: done.cancelled() or done.exception())
+        self._arrivals.append(arrival)
+        if self._committer is None or self._committer.done():
+            self._committer = asyncio.create_task(self._commit_arrivals())
+        # Shielded: a caller that goes away leaves the others' batch alone (its job is
+        # stored or not with the batch; a retry with its request id finds out which).
+        return await asyncio.shield(arrival.done)
+
+    async def _commit_arrivals(self) -> None:
+        """Store the waiting submissions, a batch per transaction, until none wait. A batch
+        that fails is stored again one job per transaction, so one bad submission (a
+        request id used before) fails alone, with the error it would have met alone."""
+        try:
+            while self._arrivals:
+                batch = self._arrivals[:GROUP_COMMIT_LIMIT]
+                del self._arrivals[: len(batch)]
+                try:
+                    async with self._changing():
+                        stored = await self._store_batch(batch)
+                except Exception as error:
+                    if len(batch) == 1:
+                        _settle(batch[0], error)
+                        continue
+                    for arrival in batch:
+                        try:
+                            async with self._changing():
+                                (alone,) = await self._store_batch([arrival])
+                        except Exception as failure:
+                            _settle(arrival, failure)
+                        else:
+                            _settle(arrival, alone)
+                    continue
+                for arrival, job in zip(batch, stored, strict=True):
+                    _settle(arrival, job)
+        except BaseException:
+            pending, self._arrivals = self._arrivals, []
+            for arrival in pending:
+                _settle(arrival, Unavailable("admission is stopping; submit again"))
+            raise
+
+    async def _store_batch(self, batch: Sequence[_Arrival]) -> list[StoredJob]:
+        """Decide each arrival in order and store them all in one transaction (the pools'
+        lock held by the caller)."""
+        rulings = [await self._rule(a.job_id, a.spec, a.curve) for a in batch]
+        stored: list[StoredJob] = []
+        async with self.database.transaction() as session:
+            for arrival, ruling in zip(batch, rulings, strict=True):
+                job_id, spec, now = arrival.job_id, arrival.spec, arrival.now
+                key = request_key(spec.user, arrival.request_id) if arrival.request_id else None
                 state = _decided_state(ruling)
                 await repository.insert_job(session, job_id, key, spec, now, state)
                 event = job_pb2.JobSubmitted(job_id=job_id, spec=spec, submitted_at=timestamp(now))
                 submitted = topics.JOB_SUBMITTED.outgoing(job_id, event, f"{job_id}.submitted")
                 await self._record(session, ruling, spec, stored=True, first=[submitted])
-            log.info("job submitted", job_id=job_id, user=spec.user, name=spec.name)
+                job = await repository.get_job(session, job_id)
+                assert job is not None
+                stored.append(job)
+        for arrival, ruling in zip(batch, rulings, strict=True):
+            log.info(
+                "job submitted",
+                job_id=arrival.job_id,
+                user=arrival.spec.user,
+                name=arrival.spec.name,
+            )
             self._decided(ruling)
-        return job_id
+        return stored
 
     async def decide(self, job_id: str) -> None:
         """Decide a SUBMITTED job (one a crash left undecided) against its pool and publish
@@ -316,7 +420,7 @@ class Submissions:
                 pending = await repository.get_job(session, job_id)
             if pending is None or pending.state != "SUBMITTED":
                 return
-            ruling = await self._rule(job_id, pending.spec)
+            ruling = await self._rule(job_id, pending.spec, await self._curve(job_id, pending.spec))
             async with self.database.transaction() as session:
                 job = await repository.get_job(session, job_id, for_update=True)
                 if job is None or job.state != "SUBMITTED":
@@ -335,12 +439,19 @@ class Submissions:
                 self._pools.clear()
                 raise
 
-    async def _rule(self, job_id: str, message: job_pb2.JobSpec) -> _Ruling:
-        """Decide a job against its pool (which it joins if it runs); nothing is stored."""
+    async def _curve(self, job_id: str, message: job_pb2.JobSpec) -> JobCurve | None:
+        """The job's scaling curve: its own (declared profile, known model), else for a CPU
+        job what similar past jobs measured, else None."""
         spec = spec_from_proto(message)
         curve = job_curve(spec, self.cluster.unit, self.cluster.curves)
         if curve is None and spec.kind is ResourceKind.CPU and self.history is not None:
             curve = await self._history_curve(job_id, message)
+        return curve
+
+    async def _rule(self, job_id: str, message: job_pb2.JobSpec, curve: JobCurve | None) -> _Ruling:
+        """Decide a job with ``curve`` (:meth:`_curve`) against its pool (which it joins if
+        it runs); nothing is stored."""
+        spec = spec_from_proto(message)
         moment = self.clock()
         now = moment.timestamp()
         deadline_at = spec.deadline_at

@@ -22,13 +22,17 @@ from stride.configdb.adapters.convert import OUTCOME_FROM_PROTO, features_from_s
 from stride.configdb.adapters.outbound import repository
 from stride.configdb.adapters.outbound.repository import StoredRecord
 from stride.configdb.domain.profiles import StepWindow, UsageSample, check_sample, check_window
-from stride.configdb.domain.similarity import rank_similar
+from stride.configdb.domain.similarity import PastJob, rank_similar
 from stride.db.engine import Database
 from stride.events.v1 import job_pb2, plan_pb2
 from stride.runtime.errors import InvalidArgument, NotFound
 from stride.vocabulary import check_job_id
 
 log = structlog.get_logger(__name__)
+
+HISTORY_TTL_SECONDS = 5.0
+"""How long the warm-start candidates read for one similarity query serve the next ones
+(:meth:`JobHistory._candidates`)."""
 
 
 def _check_job_id(job_id: str) -> None:
@@ -38,9 +42,19 @@ def _check_job_id(job_id: str) -> None:
 class JobHistory:
     """Records jobs' specs, plans and outcomes, and finds similar past jobs."""
 
-    def __init__(self, database: Database, warm_start_candidates: int) -> None:
+    def __init__(
+        self,
+        database: Database,
+        warm_start_candidates: int,
+        history_ttl_seconds: float = HISTORY_TTL_SECONDS,
+    ) -> None:
         self.database = database
         self.warm_start_candidates = warm_start_candidates
+        self.history_ttl_seconds = history_ttl_seconds
+        self._history: tuple[float, list[PastJob]] | None = None
+        """The warm-start candidates last read, and when (monotonic); None: read next time."""
+        self._history_generation = 0
+        """Counts recorded outcomes, so a read that raced one is not kept."""
 
     async def submitted(self, event: job_pb2.JobSubmitted) -> None:
         """Record a submitted job's spec and features (completing a placeholder if any)."""
@@ -50,7 +64,7 @@ class JobHistory:
         now = datetime.now(UTC)
         features = features_from_spec(event.spec)
         async with self.database.transaction() as session:
-            created = await repository.ensure_record(session, event.job_id, now)
+            created, ended = await repository.ensure_record(session, event.job_id, now)
             existing = await repository.stored_spec(session, event.job_id)
             if existing is not None:
                 if existing != event.spec:
@@ -69,6 +83,8 @@ class JobHistory:
                 recorded_at=recorded_at,
                 now=now,
             )
+        if ended:  # its spec came after its outcome: it may be a candidate now
+            self._history_changed()
         log.info(
             "job recorded",
             job_id=event.job_id,
@@ -83,7 +99,7 @@ class JobHistory:
             raise InvalidArgument("version", f"must be at least 1, got {plan.version}")
         now = datetime.now(UTC)
         async with self.database.transaction() as session:
-            created = await repository.ensure_record(session, plan.job_id, now)
+            created, ended = await repository.ensure_record(session, plan.job_id, now)
             held = await repository.insert_plan(session, plan, now)
             if held is not None and held != plan:
                 # A producer reused a version for a different plan: keep the history
@@ -92,6 +108,8 @@ class JobHistory:
                     f"plan version {plan.version} of job {plan.job_id} is already recorded "
                     "with different contents"
                 )
+        if held is None and ended:  # a plan after the outcome: it may be a candidate now
+            self._history_changed()
         if held is None:
             log.info("plan recorded", job_id=plan.job_id, version=plan.version, placeholder=created)
 
@@ -116,6 +134,7 @@ class JobHistory:
                     )
                 return
             await repository.record_outcome(session, event.job_id, outcome, finished_at, now)
+        self._history_changed()  # a new candidate, or one that now ranks first
         log.info("job outcome recorded", job_id=event.job_id, outcome=outcome.value)
 
     async def measured(
@@ -170,8 +189,9 @@ class JobHistory:
             raise InvalidArgument(
                 "spec", "has no features to compare; set model.name, dataset or batch_size"
             )
-        async with self.database.sessions() as session:
-            history = await repository.warm_start_history(session, self.warm_start_candidates)
+        history = await self._candidates()
+        if not history:
+            return []
         # Ranking is CPU work over up to the whole candidate window: keep it off the loop.
         matches = await asyncio.to_thread(rank_similar, query, history, k)
         async with self.database.sessions() as session:
@@ -181,3 +201,27 @@ class JobHistory:
             for match in matches
             if match.job_id in records
         ]
+
+    def _history_changed(self) -> None:
+        """A write here may have changed the warm-start candidates: read them anew."""
+        self._history = None
+        self._history_generation += 1
+
+    async def _candidates(self) -> list[PastJob]:
+        """The warm-start candidates, read at most once per ``history_ttl_seconds`` and
+        again after an outcome is recorded here. Every submission asks for similar jobs
+        (admission for a CPU job's curve, the optimizer for its first plan) and the read
+        covers up to ``warm_start_candidates`` rows, while the candidates change only when
+        a job ends (or, events out of order, when its spec or a plan comes after its
+        outcome). The time limit bounds how late a candidate shows whose outcome another
+        replica recorded."""
+        loop = asyncio.get_running_loop()
+        kept = self._history
+        if kept is not None and loop.time() - kept[0] < self.history_ttl_seconds:
+            return kept[1]
+        generation, read_at = self._history_generation, loop.time()
+        async with self.database.sessions() as session:
+            history = await repository.warm_start_history(session, self.warm_start_candidates)
+        if generation == self._history_generation:
+            self._history = (read_at, history)
+        return history

@@ -166,13 +166,9 @@ class Planning:
             raise InvalidArgument("spec", "is required (the plan is made from it)")
         # Computed before the transaction: bad input fails here, with nothing written.
         features = features_from_spec(decision.spec)
-        async with self.database.sessions() as session:
-            known = await repository.get_administrator(session, job_id)
-        if known is not None:
-            log.info("admission already applied; ignored", job_id=job_id, stage=known.stage.value)
-            return
         # Decided before the transaction: the executor pool may take a while, and no row
-        # lock is held meanwhile. A redelivery racing this one is settled below.
+        # lock is held meanwhile. A redelivery (rare) is found in the transaction below,
+        # not by a read first, which cost every admitted job a transaction.
         cold_start = await self._decide(
             COLD_START, ColdStartRequest(features, self.max_pod_cpu), job_id
         )

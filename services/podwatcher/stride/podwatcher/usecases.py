@@ -93,6 +93,9 @@ from stride.vocabulary import Role
 
 log = structlog.get_logger(__name__)
 
+SIMULATED = "simulated job: no pods (its agents are played by stride loadgen)"
+"""Why a simulated job's plan counts as applied."""
+
 FAILURE_REASONS = {
     "OOMKilled": pod_pb2.POD_FAILURE_REASON_OOM_KILLED,
     "Evicted": pod_pb2.POD_FAILURE_REASON_EVICTED,
@@ -202,7 +205,11 @@ class PodWatcher:
             newest = await repository.newest_version(session, plan.job_id)
             arrival = classify_arrival(plan.version, newest)
             if arrival is Arrival.NEWER and job.state == "RUNNING":
-                await repository.insert_plan(session, message, PlanState.RECORDED, now)
+                # A simulated job's plan is applied as it is recorded: it starts no pods.
+                simulated = job.spec.simulated
+                state = PlanState.APPLIED if simulated else PlanState.RECORDED
+                why = SIMULATED if simulated else ""
+                await repository.insert_plan(session, message, state, now, why)
         if job.state != "RUNNING":
             log.info("plan for an ended job ignored", job_id=plan.job_id, state=job.state)
             return arrival
@@ -215,7 +222,8 @@ class PodWatcher:
             log.info("plan already recorded", job_id=plan.job_id, version=plan.version)
             return arrival
         log.info("plan recorded", job_id=plan.job_id, version=plan.version, reason=plan.reason)
-        await self.apply(plan.job_id)
+        if not job.spec.simulated:
+            await self.apply(plan.job_id)
         return arrival
 
     async def admitted(self, decision: job_pb2.AdmissionDecision) -> None:
@@ -240,21 +248,23 @@ class PodWatcher:
     async def _apply(self, job_id: str) -> None:
         async with self.database.sessions() as session:
             job = await repository.get_job(session, job_id)
-            stored = await repository.newest_plan(session, job_id)
-            rows = await repository.job_pods(session, job_id)
-            others = [p for p in await repository.live_pods(session) if p.record.job_id != job_id]
-        if job is None or stored is None or job.state != "RUNNING":
-            self._waiting_for_room.discard(job_id)
-            return
-        if job.spec.simulated:
-            # `stride loadgen` plays this job's agents: its plans are the services' to
-            # make and measure, and no pod is started for them.
+            running = job is not None and job.state == "RUNNING"
+            stored = await repository.newest_plan(session, job_id) if running else None
+            if job is None or stored is None or not running:
+                self._waiting_for_room.discard(job_id)
+                return
+            simulated = job.spec.simulated
+            if not simulated:
+                rows = await repository.job_pods(session, job_id)
+                others = [
+                    p for p in await repository.live_pods(session) if p.record.job_id != job_id
+                ]
+        if simulated:
+            # `stride loadgen` plays this job's agents: its plans are the services' to make
+            # and measure, and no pod is started for them.
             if stored.state is not PlanState.APPLIED:
                 await self._set_plan_state(
-                    job_id,
-                    stored.plan.version,
-                    PlanState.APPLIED,
-                    "simulated job: no pods (its agents are played by stride loadgen)",
+                    job_id, stored.plan.version, PlanState.APPLIED, SIMULATED
                 )
             return
         plan = plan_from_proto(stored.plan)

@@ -68,18 +68,19 @@ async def _insert_ignoring_duplicate(
     return result.rowcount == 1
 
 
-async def ensure_record(session: AsyncSession, job_id: str, now: datetime) -> bool:
-    """Make sure the job has a row (a placeholder if new) and lock it; True if it was new."""
+async def ensure_record(session: AsyncSession, job_id: str, now: datetime) -> tuple[bool, bool]:
+    """Make sure the job has a row (a placeholder if new) and lock it; whether it was new,
+    and whether its outcome is recorded already."""
     created = await _insert_ignoring_duplicate(
         session,
         job_records,
         {"job_id": job_id, "plan_count": 0, "recorded_at": now, "updated_at": now},
         ["job_id"],
     )
-    await session.execute(
-        select(job_records.c.job_id).where(job_records.c.job_id == job_id).with_for_update()
+    outcome = await session.scalar(
+        select(job_records.c.outcome).where(job_records.c.job_id == job_id).with_for_update()
     )
-    return created
+    return created, outcome is not None
 
 
 async def stored_spec(session: AsyncSession, job_id: str) -> job_pb2.JobSpec | None:

@@ -38,7 +38,11 @@ async def newest_version(session: AsyncSession, job_id: str) -> int | None:
 
 
 async def insert_plan(
-    session: AsyncSession, plan: plan_pb2.ResourcePlan, state: PlanState, now: datetime
+    session: AsyncSession,
+    plan: plan_pb2.ResourcePlan,
+    state: PlanState,
+    now: datetime,
+    message: str = "",
 ) -> None:
     """Store an accepted plan."""
     await session.execute(
@@ -47,7 +51,7 @@ async def insert_plan(
             version=plan.version,
             plan=plan.SerializeToString(),
             state=state.value,
-            message="",
+            message=message,
             recorded_at=now,
             updated_at=now,
         )
