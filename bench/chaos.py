@@ -47,7 +47,7 @@ from pathlib import Path
 
 import grpc
 import numpy as np
-from suite import record, stride
+from suite import record, stream_messages, stride
 
 from stride.api.admission.v1 import admission_service_pb2 as admission_pb
 from stride.api.admission.v1 import admission_service_pb2_grpc as admission_grpc
@@ -337,21 +337,6 @@ def chief_step(state_dir: Path, job_id: str) -> int:
 # --- the checks -----------------------------------------------------------------------------
 
 
-async def _messages(bus: Bus, subject: str) -> list[bytes]:
-    """Every message on ``subject`` in its stream, oldest first (an ordered consumer)."""
-    found: list[bytes] = []
-    subscription = await bus.js.subscribe(subject, ordered_consumer=True)
-    try:
-        while True:
-            try:
-                message = await subscription.next_msg(timeout=1.0)
-            except Exception:  # nats' TimeoutError: nothing more
-                return found
-            found.append(message.data)
-    finally:
-        await subscription.unsubscribe()
-
-
 def _pod_watcher_plans(state_dir: Path, job_id: str) -> list[int]:
     versions = []
     for line in (state_dir / "logs" / "podwatcher.log").read_text().splitlines():
@@ -435,7 +420,7 @@ async def checks(
         plan_counts: dict[str, int] = dict(plans.state.subjects or {})
         trained = [
             plan_pb2.ResourcePlan.FromString(data).version
-            for data in await _messages(bus, topics.PLAN.subject(training))
+            for data in await stream_messages(bus, topics.PLAN.subject(training))
         ]
     finally:
         await bus.close()

@@ -38,17 +38,26 @@ import os
 import re
 import shutil
 import signal
-import subprocess
+import statistics
 import sys
 import tempfile
 import time
-from collections.abc import Callable
 from datetime import UTC, datetime
 from pathlib import Path
+from typing import Any
 
 import numpy as np
 from sqlalchemy.engine import make_url
-from suite import percentile, record, stride
+from suite import (
+    CpuMeter,
+    percentile,
+    record,
+    spent,
+    start_profiles,
+    suite_arguments,
+    suite_on_database,
+    summarize_profile,
+)
 
 from stride.api.admission.v1 import admission_service_pb2 as admission_pb
 from stride.api.admission.v1 import admission_service_pb2_grpc as admission_grpc
@@ -62,80 +71,9 @@ from stride.runtime import tls
 from stride.runtime.tokens import TokenSource
 from stride.sim.dlrm import generate_jobs, load_straggler_covs
 from stride.testing import SHARED_TRACES
-from stride.testing.databases import (
-    admin_url,
-    create_database,
-    drop_database,
-    postgres_unreachable_reason,
-)
+from stride.testing.databases import admin_url
 
 ROOT = Path(__file__).resolve().parents[1]
-TICKS = os.sysconf("SC_CLK_TCK")
-QUIET_CPU_FRACTION = 0.15
-"""The suite is quiet when all its processes together use less than this much of one core
-over a second (idle, its timers and health checks take about a tenth)."""
-
-
-def _cpu_seconds(pid: int) -> float:
-    """User + system CPU of one process (all threads), 0 if it is gone."""
-    try:
-        fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
-    except OSError:
-        return 0.0
-    return (int(fields[11]) + int(fields[12])) / TICKS
-
-
-def _postgres_pids() -> list[int]:
-    """Every PostgreSQL server process on the machine (the bench's server is otherwise
-    idle while it runs; its backends come and go, so they are listed at each sample)."""
-    pids = []
-    for entry in Path("/proc").iterdir():
-        if entry.name.isdigit():
-            with contextlib.suppress(OSError):
-                if (entry / "comm").read_text().strip() == "postgres":
-                    pids.append(int(entry.name))
-    return pids
-
-
-class CpuMeter:
-    """CPU seconds of the suite's processes, by process name."""
-
-    def __init__(self, state_dir: Path, postgres: bool) -> None:
-        state = SuiteState.read(state_dir)
-        assert state is not None
-        self.pids = {name: process.pid for name, process in state.processes.items()}
-        if state.nats_process is not None:
-            self.pids["nats-server"] = state.nats_process.pid
-        self.pids["supervisor"] = state.supervisor_pid
-        self.postgres = postgres
-
-    def sample(self) -> dict[str, float]:
-        taken = {name: _cpu_seconds(pid) for name, pid in self.pids.items()}
-        if self.postgres:
-            # A backend that exited between two samples takes its CPU with it: the figure
-            # is a lower bound for PostgreSQL (the services keep their connections pooled,
-            # so their backends live through the run).
-            taken["postgresql"] = sum(_cpu_seconds(pid) for pid in _postgres_pids())
-        return taken
-
-    async def quiet(self, timeout: float, done: Callable[[], bool] = lambda: True) -> float:
-        """Wait until ``done()`` and the suite uses less than :data:`QUIET_CPU_FRACTION` of
-        a core over a second; returns the seconds waited."""
-        start = time.monotonic()
-        before = sum(self.sample().values())
-        while time.monotonic() - start < timeout:
-            await asyncio.sleep(1.0)
-            now = sum(self.sample().values())
-            if now - before < QUIET_CPU_FRACTION and done():
-                break
-            before = now
-        return time.monotonic() - start
-
-    async def idle_rate(self, seconds: float = 5.0) -> float:
-        """CPU seconds per second the quiet suite spends (health checks, timers)."""
-        before = sum(self.sample().values())
-        await asyncio.sleep(seconds)
-        return (sum(self.sample().values()) - before) / seconds
 
 
 def table_work(url: str) -> dict[str, collections.Counter[str]]:
@@ -185,10 +123,6 @@ def statement_counts(log_from: int, database: str) -> dict[str, collections.Coun
     for pid, kinds in by_pid.items():
         counts[owner.get(pid, "(unknown)")].update(kinds)
     return counts
-
-
-def _spent(before: dict[str, float], after: dict[str, float]) -> dict[str, float]:
-    return {name: after[name] - before.get(name, 0.0) for name in after}
 
 
 class PlanCount:
@@ -249,85 +183,16 @@ def _set_log_statement(url: str, value: str) -> None:
         c.execute(f'ALTER DATABASE "{name}" SET log_statement = {value!r}')
 
 
-def start_profiles(
-    state_dir: Path, services: list[str], folder: Path
-) -> list[subprocess.Popen[bytes]]:
-    py_spy = shutil.which("py-spy") or shutil.which("py-spy", path="/tmp/pyspy/bin")
-    if py_spy is None:
-        raise SystemExit(
-            "--profile needs py-spy: python3 -m pip install --target /tmp/pyspy py-spy"
-        )
-    state = SuiteState.read(state_dir)
-    assert state is not None
-    env = {**os.environ, "PYTHONPATH": "/tmp/pyspy"}
-    return [
-        subprocess.Popen(
-            [
-                py_spy,
-                "record",
-                "--pid",
-                str(state.processes[name].pid),
-                "--rate",
-                "200",
-                "--format",
-                "raw",
-                "--output",
-                str(folder / f"{name}.txt"),
-                "--nonblocking",
-            ],
-            env=env,
-            stdout=subprocess.DEVNULL,
-            stderr=subprocess.DEVNULL,
-        )
-        for name in services
-    ]
-
-
-def summarize_profile(path: Path, top: int = 15) -> list[str]:
-    """The functions with the most samples: own time (the frame on top of the stack) and
-    inclusive (anywhere in it), from py-spy's collapsed stacks."""
-    own: collections.Counter[str] = collections.Counter()
-    inclusive: collections.Counter[str] = collections.Counter()
-    total = 0
-    for line in path.read_text().splitlines():
-        stack, _, count_text = line.rpartition(" ")
-        count = int(count_text)
-        frames = [
-            frame.split(" (")[0] + " " + frame.rsplit("/", 1)[-1].rstrip(")")
-            for frame in stack.split(";")
-            if frame
-        ]
-        if not frames:
-            continue
-        total += count
-        own[frames[-1]] += count
-        for frame in set(frames):
-            inclusive[frame] += count
-    lines = [f"  {total} samples; own time:"]
-    lines += [f"    {100 * n / total:5.1f}%  {name}" for name, n in own.most_common(top)]
-    lines.append("  inclusive (Stride's code and the libraries it calls):")
-    lines += [
-        f"    {100 * n / total:5.1f}%  {name}"
-        for name, n in inclusive.most_common(4 * top)
-        if "asyncio" not in name and "runpy" not in name and "<module>" not in name
-    ][:top]
-    return lines
-
-
-async def run(jobs: int, clients: int, database: str, profile: list[str], statements: bool) -> int:
-    work = Path(tempfile.mkdtemp(prefix="stride-submit-load-"))
-    state_dir = work / "state"
-    env = {k: v for k, v in os.environ.items() if not k.startswith("STRIDE_")}
-    env.update({"STRIDE_STATE_DIR": str(state_dir), "STRIDE_LOG_LEVEL": "WARNING"})
-    database_url = ""
-    if database == "postgresql":
-        if (reason := postgres_unreachable_reason()) is not None:
-            print(f"PostgreSQL unreachable: {reason}", file=sys.stderr)
-            return 2
-        database_url = create_database("stride_bench_submit")
-        env["STRIDE_DATABASE_URL"] = database_url
-        if statements:  # before the services connect: a setting of new sessions
-            _set_log_statement(database_url, "all")
+async def run(
+    jobs: int,
+    clients: int,
+    database: str,
+    profile: list[str],
+    statements: bool,
+    summary: dict[str, Any],
+) -> int:
+    """One round on a fresh suite; its report is recorded, its key figures go in
+    ``summary``."""
     population = generate_jobs(
         jobs,
         np.random.default_rng(7),
@@ -353,11 +218,11 @@ async def run(jobs: int, clients: int, database: str, profile: list[str], statem
         f"{clients} clients with one SubmitJob in flight each",
     ]
     code = 1
-    try:
-        up = stride("up", env=env)
-        if up.returncode != 0:
-            print(up.stdout + up.stderr, file=sys.stderr)
-            return 1
+    summary.clear()
+    # Logging every statement is a setting of new sessions: made before the services connect.
+    before_up = (lambda url: _set_log_statement(url, "all")) if statements else None
+    with suite_on_database(database, "submit-load", before_up) as (work, _, database_url):
+        state_dir = work / "state"
         state = SuiteState.read(state_dir)
         assert state is not None
         os.environ[tls.TLS_DIR_ENV] = state.tls_dir
@@ -391,7 +256,7 @@ async def run(jobs: int, clients: int, database: str, profile: list[str], statem
         await bus.close()
         rate = len(latencies) / wall
         p50, p99 = percentile(latencies, 0.5) * 1e3, percentile(latencies, 0.99) * 1e3
-        spent_during, spent_all = _spent(before, during), _spent(before, after)
+        spent_during, spent_all = spent(before, during), spent(before, after)
         lines += [
             f"suite settled {settled:.0f} s after start; submissions took {wall:.1f} s; "
             f"quiet {waited:.0f} s after the last answer (every job planned); idle, the "
@@ -449,17 +314,15 @@ async def run(jobs: int, clients: int, database: str, profile: list[str], statem
             )
         record(ROOT / "bench" / "results" / f"{name}.txt", lines)
         code = 0 if passed or profile else 1
-    finally:
-        stride("down", env=env)
-        if database_url:
-            drop_database(database_url)
+        summary.update(
+            rate=rate, p99=p99, cpu=1e3 * sum(spent_during.values()) / jobs, path=f"{name}.txt"
+        )
         if profile:  # the raw stacks, for a closer look
             kept = Path(tempfile.gettempdir()) / "stride-submit-load-profiles"
             kept.mkdir(exist_ok=True)
             for service in profile:
                 with contextlib.suppress(OSError):
                     shutil.copy(work / f"{service}.txt", kept / f"{service}.txt")
-        shutil.rmtree(work, ignore_errors=True)
     return code
 
 
@@ -467,13 +330,9 @@ def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--jobs", type=int, default=1000)
     parser.add_argument("--clients", type=int, default=16)
-    parser.add_argument("--database", choices=("postgresql", "sqlite"), default="postgresql")
+    suite_arguments(parser, "the submissions run")
     parser.add_argument(
-        "--profile",
-        action="append",
-        default=[],
-        metavar="SERVICE",
-        help="py-spy this service while the submissions run (repeatable)",
+        "--rounds", type=int, default=1, help="repeat on a fresh suite; report each and the median"
     )
     parser.add_argument(
         "--statements",
@@ -484,7 +343,43 @@ def main() -> int:
     args = parser.parse_args()
     if args.statements and args.database != "postgresql":
         parser.error("--statements needs --database postgresql")
-    return asyncio.run(run(args.jobs, args.clients, args.database, args.profile, args.statements))
+    if args.rounds < 1:
+        parser.error("--rounds: at least 1")
+    rounds: list[dict[str, Any]] = []
+    code = 0
+    for _ in range(args.rounds):
+        summary: dict[str, Any] = {}
+        code = max(
+            code,
+            asyncio.run(
+                run(args.jobs, args.clients, args.database, args.profile, args.statements, summary)
+            ),
+        )
+        if not summary:
+            return code
+        rounds.append(summary)
+    if args.rounds > 1:
+        lines = [
+            "",
+            f"## {args.rounds} rounds (a fresh suite each; the report above is the last)",
+            *(
+                f"  round {n + 1}: {r['rate']:.1f} jobs/s, p99 {r['p99']:.1f} ms, "
+                f"{r['cpu']:.1f} ms CPU per job while submitting"
+                for n, r in enumerate(rounds)
+            ),
+            f"  median: {statistics.median(r['rate'] for r in rounds):.1f} jobs/s, p99 "
+            f"{statistics.median(r['p99'] for r in rounds):.1f} ms, "
+            f"{statistics.median(r['cpu'] for r in rounds):.1f} ms CPU per job",
+        ]
+        print("\n".join(lines))
+        path = ROOT / "bench" / "results" / rounds[-1]["path"]
+        text = path.read_text().replace(
+            "command: .venv/bin/python bench/submit_load.py",
+            f"command: .venv/bin/python bench/submit_load.py --rounds {args.rounds}",
+            1,
+        )
+        path.write_text(text + "\n".join(lines) + "\n")
+    return code
 
 
 if __name__ == "__main__":

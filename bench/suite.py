@@ -3,13 +3,17 @@ state directory, and the percentile they report."""
 
 from __future__ import annotations
 
+import asyncio
+import collections
 import contextlib
 import json
 import os
+import shutil
 import subprocess
 import sys
 import tempfile
-from collections.abc import Iterator, Mapping
+import time
+from collections.abc import Callable, Iterator, Mapping
 from pathlib import Path
 from typing import Any
 
@@ -42,6 +46,213 @@ def running_suite(
         yield json.loads((state / "endpoints.json").read_text())
     finally:
         stride("down", env=env)
+
+
+TICKS = os.sysconf("SC_CLK_TCK")
+QUIET_CPU_FRACTION = 0.15
+"""The suite is quiet when all its processes together use less than this much of one core
+over a second (idle, its timers and health checks take about a tenth)."""
+
+
+def cpu_seconds(pid: int) -> float:
+    """User + system CPU of one process (all threads), 0 if it is gone."""
+    try:
+        fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
+    except OSError:
+        return 0.0
+    return (int(fields[11]) + int(fields[12])) / TICKS
+
+
+def postgres_pids() -> list[int]:
+    """Every PostgreSQL server process on the machine (the bench's server is otherwise
+    idle while it runs; its backends come and go, so they are listed at each sample)."""
+    pids = []
+    for entry in Path("/proc").iterdir():
+        if entry.name.isdigit():
+            with contextlib.suppress(OSError):
+                if (entry / "comm").read_text().strip() == "postgres":
+                    pids.append(int(entry.name))
+    return pids
+
+
+class CpuMeter:
+    """CPU seconds of the suite's processes, by process name."""
+
+    def __init__(self, state_dir: Path, postgres: bool) -> None:
+        from stride.cli.endpoints import SuiteState
+
+        state = SuiteState.read(state_dir)
+        assert state is not None
+        self.pids = {name: process.pid for name, process in state.processes.items()}
+        if state.nats_process is not None:
+            self.pids["nats-server"] = state.nats_process.pid
+        self.pids["supervisor"] = state.supervisor_pid
+        self.postgres = postgres
+
+    def sample(self) -> dict[str, float]:
+        taken = {name: cpu_seconds(pid) for name, pid in self.pids.items()}
+        if self.postgres:
+            # A backend that exited between two samples takes its CPU with it: the figure
+            # is a lower bound for PostgreSQL (the services keep their connections pooled,
+            # so their backends live through the run).
+            taken["postgresql"] = sum(cpu_seconds(pid) for pid in postgres_pids())
+        return taken
+
+    async def quiet(self, timeout: float, done: Callable[[], bool] = lambda: True) -> float:
+        """Wait until ``done()`` and the suite uses less than :data:`QUIET_CPU_FRACTION` of
+        a core over a second; returns the seconds waited."""
+        start = time.monotonic()
+        before = sum(self.sample().values())
+        while time.monotonic() - start < timeout:
+            await asyncio.sleep(1.0)
+            now = sum(self.sample().values())
+            if now - before < QUIET_CPU_FRACTION and done():
+                break
+            before = now
+        return time.monotonic() - start
+
+    async def idle_rate(self, seconds: float = 5.0) -> float:
+        """CPU seconds per second the quiet suite spends (health checks, timers)."""
+        before = sum(self.sample().values())
+        await asyncio.sleep(seconds)
+        return (sum(self.sample().values()) - before) / seconds
+
+
+def spent(before: dict[str, float], after: dict[str, float]) -> dict[str, float]:
+    """CPU seconds each process spent between two samples."""
+    return {name: after[name] - before.get(name, 0.0) for name in after}
+
+
+def start_profiles(
+    state_dir: Path, services: list[str], folder: Path
+) -> list[subprocess.Popen[bytes]]:
+    py_spy = shutil.which("py-spy") or shutil.which("py-spy", path="/tmp/pyspy/bin")
+    if py_spy is None:
+        raise SystemExit(
+            "--profile needs py-spy: python3 -m pip install --target /tmp/pyspy py-spy"
+        )
+    from stride.cli.endpoints import SuiteState
+
+    state = SuiteState.read(state_dir)
+    assert state is not None
+    env = {**os.environ, "PYTHONPATH": "/tmp/pyspy"}
+    return [
+        subprocess.Popen(
+            [
+                py_spy,
+                "record",
+                "--pid",
+                str(state.processes[name].pid),
+                "--rate",
+                "200",
+                "--format",
+                "raw",
+                "--output",
+                str(folder / f"{name}.txt"),
+                "--nonblocking",
+            ],
+            env=env,
+            stdout=subprocess.DEVNULL,
+            stderr=subprocess.DEVNULL,
+        )
+        for name in services
+    ]
+
+
+def summarize_profile(path: Path, top: int = 15) -> list[str]:
+    """The functions with the most samples: own time (the frame on top of the stack) and
+    inclusive (anywhere in it), from py-spy's collapsed stacks."""
+    own: collections.Counter[str] = collections.Counter()
+    inclusive: collections.Counter[str] = collections.Counter()
+    total = 0
+    for line in path.read_text().splitlines():
+        stack, _, count_text = line.rpartition(" ")
+        count = int(count_text)
+        frames = [
+            frame.split(" (")[0] + " " + frame.rsplit("/", 1)[-1].rstrip(")")
+            for frame in stack.split(";")
+            if frame
+        ]
+        if not frames:
+            continue
+        total += count
+        own[frames[-1]] += count
+        for frame in set(frames):
+            inclusive[frame] += count
+    lines = [f"  {total} samples; own time:"]
+    lines += [f"    {100 * n / total:5.1f}%  {name}" for name, n in own.most_common(top)]
+    lines.append("  inclusive (Stride's code and the libraries it calls):")
+    lines += [
+        f"    {100 * n / total:5.1f}%  {name}"
+        for name, n in inclusive.most_common(4 * top)
+        if "asyncio" not in name and "runpy" not in name and "<module>" not in name
+    ][:top]
+    return lines
+
+
+@contextlib.contextmanager
+def suite_on_database(
+    database: str, prefix: str, before_up: Callable[[str], None] | None = None
+) -> Iterator[tuple[Path, dict[str, str], str]]:
+    """``stride up`` in a fresh state folder (``<work>/state``) on a fresh database of the
+    PostgreSQL at ``STRIDE_TEST_DATABASE_URL`` (``database`` "postgresql") or on the
+    embedded SQLite; yields (work folder, the CLI's environment, the database URL or ""),
+    then stops the suite, drops the database and removes the folder. ``before_up`` gets the
+    database URL before any service connects."""
+    from stride.testing.databases import (
+        create_database,
+        drop_database,
+        postgres_unreachable_reason,
+    )
+
+    work = Path(tempfile.mkdtemp(prefix=f"stride-{prefix}-"))
+    env = {k: v for k, v in os.environ.items() if not k.startswith("STRIDE_")}
+    env.update({"STRIDE_STATE_DIR": str(work / "state"), "STRIDE_LOG_LEVEL": "WARNING"})
+    database_url = ""
+    try:
+        if database == "postgresql":
+            if (reason := postgres_unreachable_reason()) is not None:
+                raise RuntimeError(f"PostgreSQL unreachable: {reason}")
+            database_url = create_database(f"stride_bench_{prefix.replace('-', '_')}")
+            env["STRIDE_DATABASE_URL"] = database_url
+            if before_up is not None:
+                before_up(database_url)
+        up = stride("up", env=env)
+        if up.returncode != 0:
+            raise RuntimeError(f"stride up failed:\n{up.stdout}{up.stderr}")
+        yield work, env, database_url
+    finally:
+        stride("down", env=env)
+        if database_url:
+            drop_database(database_url)
+        shutil.rmtree(work, ignore_errors=True)
+
+
+def suite_arguments(parser: Any, profiled: str) -> None:
+    """The options every suite benchmark takes: the database and the services to profile."""
+    parser.add_argument("--database", choices=("postgresql", "sqlite"), default="postgresql")
+    parser.add_argument(
+        "--profile",
+        action="append",
+        default=[],
+        metavar="SERVICE",
+        help=f"py-spy this service while {profiled} (repeatable; costs CPU)",
+    )
+
+
+async def stream_messages(bus: Any, subject: str) -> list[bytes]:
+    """Every message on ``subject`` in its stream, oldest first (an ordered consumer)."""
+    found: list[bytes] = []
+    subscription = await bus.js.subscribe(subject, ordered_consumer=True)
+    try:
+        while True:
+            try:
+                message = await subscription.next_msg(timeout=2.0)
+            except Exception:  # nats' TimeoutError: nothing more
+                return found
+            found.append(message.data)
+    finally:
+        await subscription.unsubscribe()
 
 
 def percentile(values: list[float], q: float) -> float:

@@ -273,6 +273,53 @@ async def test_conflicting_plan_version_is_dead_lettered(
     assert [p.roles[1].count for p in record.plans] == [2]
 
 
+async def test_a_batch_of_job_events_is_stored_together_and_a_bad_one_fails_alone(
+    nats_url: str, database_url: str
+) -> None:
+    """Events that wait while configdb is down are fetched as one batch and stored in one
+    transaction; a conflicting plan and a submission without a spec among them make that
+    transaction fail, so each event is stored alone: those two are dead-lettered with their
+    reasons and every other one is stored."""
+    settings = local_settings(ConfigDbSettings, nats_url=nats_url, database_url=database_url)
+    async with running_service(build, settings):
+        pass  # its streams and consumers exist
+    producer = await producer_bus(nats_url, name="test-producer")
+    jobs = [f"job-batch{n}" for n in range(12)]
+    try:
+        for job_id in jobs:
+            await producer.publish(topics.JOB_SUBMITTED, job_id, submitted(job_id), f"{job_id}.s")
+            await producer.publish(topics.PLAN, job_id, plan(job_id, 1), f"{job_id}.p1")
+        conflicting = plan(jobs[3], 1, workers=9)
+        await producer.publish(topics.PLAN, jobs[3], conflicting, "conflicting")
+        no_spec = job_pb2.JobSubmitted(job_id="job-batch-nospec")
+        await producer.publish(topics.JOB_SUBMITTED, "job-batch-nospec", no_spec, "no-spec")
+    finally:
+        await producer.close()
+
+    async with (
+        running_service(build, settings) as host,
+        aio_channel(f"127.0.0.1:{host.server.port}", "configdb") as channel,
+    ):
+        stub = pb_grpc.ConfigDbServiceStub(channel)
+        for job_id in jobs:
+            record = await record_when(
+                stub, job_id, lambda r: r.HasField("spec") and len(r.plans) == 1
+            )
+            assert [p.roles[1].count for p in record.plans] == [2]
+        dead_plans = await assert_eventually(
+            lambda: stream_messages(nats_url, topics.dead_letter_subject("configdb-plans"))
+        )
+        dead_submissions = await assert_eventually(
+            lambda: stream_messages(nats_url, topics.dead_letter_subject("configdb-submitted"))
+        )
+        assert len(dead_plans) == 1 and len(dead_submissions) == 1
+        plan_reason = (dead_plans[0].headers or {})["Stride-Dead-Letter-Reason"]
+        assert "already recorded with different contents" in plan_reason
+        submitted_reason = (dead_submissions[0].headers or {})["Stride-Dead-Letter-Reason"]
+        assert "spec" in submitted_reason
+        assert await record_of(stub, "job-batch-nospec") is None
+
+
 MALFORMED: list[tuple[str, str, bytes, dict[str, str]]] = [
     # (subject, durable, payload, headers): undecodable, wrong type, and invalid content.
     (topics.JOB_SUBMITTED.subject("job-bad1"), "configdb-submitted", b"not protobuf", {}),

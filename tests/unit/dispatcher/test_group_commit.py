@@ -12,8 +12,10 @@ from collections.abc import AsyncIterator
 from contextlib import closing
 from datetime import timedelta
 from pathlib import Path
+from typing import Any
 
 import pytest
+import sqlalchemy as sa
 
 from stride.db.engine import Database
 from stride.db.migrations import upgrade
@@ -22,9 +24,10 @@ from stride.dispatcher.adapters.outbound import fastpath
 from stride.dispatcher.adapters.outbound.fastpath import FastPath, SqliteFastPath
 from stride.dispatcher.app import MIGRATIONS, open_fast_path
 from stride.dispatcher.db.tables import outbox as outbox_table
+from stride.dispatcher.db.tables import shards, workers
 from stride.dispatcher.domain.datasets import DatasetParameters, ShardingKind
 from stride.dispatcher.usecases import ShardDispatcher, ShardGrant, WorkerRef
-from stride.runtime.errors import FailedPrecondition, Unavailable
+from stride.runtime.errors import FailedPrecondition, NotFound, Unavailable
 
 JOB, DATASET = "job-group", "train"
 LEASE = timedelta(seconds=60)
@@ -121,6 +124,54 @@ async def test_a_refused_call_does_not_undo_the_others_of_its_batch(
     assert results[1:] == [None] * (WORKERS - 1)
     counts = (await dispatcher.dataset_state(JOB, DATASET)).counts
     assert (counts.doing, counts.done) == (1, WORKERS - 1)
+
+
+async def test_heartbeats_of_a_batch_renew_leases_and_a_bad_one_is_refused_alone(
+    dispatcher: ShardDispatcher,
+) -> None:
+    """ReportProgress, the busiest call (on PostgreSQL its own two statements): offsets,
+    leases and rates are kept, and a stale incarnation or an unknown shard in the same
+    batch is refused with the error that names it, leaving the others committed."""
+    held = await _first_shards(dispatcher)
+    (ref, grant), (other_ref, other_grant), *rest = held
+    assert grant.shard is not None and other_grant.shard is not None
+    before = {row.shard_id: row for row in await _shard_rows(dispatcher)}
+    stale = WorkerRef(JOB, DATASET, ref.worker, ref.incarnation + 5)
+    results = await asyncio.gather(
+        dispatcher.report_progress(stale, grant.shard.shard_id, 5),
+        dispatcher.report_progress(other_ref, 999_999, 5),
+        *(dispatcher.report_progress(r, g.shard.shard_id, 7) for r, g in rest if g.shard),
+        return_exceptions=True,
+    )
+    assert isinstance(results[0], FailedPrecondition), results[0]
+    assert isinstance(results[1], NotFound) and "shard_id" in str(results[1]), results[1]
+    assert results[2:] == [None] * (WORKERS - 2)
+    after = {row.shard_id: row for row in await _shard_rows(dispatcher)}
+    for _, g in rest:
+        assert g.shard is not None
+        row = after[g.shard.shard_id]
+        assert (
+            row.consumed == 7 and row.lease_expires_at > before[g.shard.shard_id].lease_expires_at
+        )
+    for untouched in (grant.shard.shard_id, other_grant.shard.shard_id):
+        assert after[untouched] == before[untouched]
+    async with dispatcher.database.sessions() as session:
+        rates = dict((await session.execute(sa.select(workers.c.worker, workers.c.rate))).all())
+    assert all(rates[r.worker] > 0 for r, _ in rest)
+    assert not rates[ref.worker] and not rates[other_ref.worker]
+
+    # A lower offset arriving late renews the lease and keeps the higher one.
+    r, g = rest[0]
+    assert g.shard is not None
+    await dispatcher.report_progress(r, g.shard.shard_id, 3)
+    assert {row.shard_id: row for row in await _shard_rows(dispatcher)}[
+        g.shard.shard_id
+    ].consumed == 7
+
+
+async def _shard_rows(dispatcher: ShardDispatcher) -> list[sa.Row[Any]]:
+    async with dispatcher.database.sessions() as session:
+        return list((await session.execute(sa.select(shards))).all())
 
 
 async def test_a_failed_commit_changes_nothing_and_answers_unavailable(

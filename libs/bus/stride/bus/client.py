@@ -284,7 +284,9 @@ class Bus:
 
         Exactly one of ``handler`` (one message at a time) and ``batch_handler`` (each
         fetched batch at once, for high-rate facts such as metrics) is given; either way a
-        message is acked only after its handler returned for it.
+        message is acked only after its handler returned for it. A handler's acks are
+        confirmed by the server before the next message; a batch handler's are not waited
+        for, so it must apply a redelivered message as a no-op (metrics are stored by key).
 
         The consumer is created or updated to this config, so a restarted service resumes
         where its predecessor acked. Messages fetched but not yet handled when ``stop`` is
@@ -450,7 +452,10 @@ class Bus:
         max_deliver: int,
         ack_wait: float,
     ) -> None:
-        """One span for the batch, linked to each message's producer span."""
+        """One span for the batch, linked to each message's producer span; and, in each
+        message's own trace, a span of its handling (a child of its producer's span, linked
+        to the batch's), so a job's trace still shows every service that handled its
+        events when they came in a batch."""
         links = []
         for msg in messages:
             context = trace.get_current_span(extract_context(dict(msg.headers or {})))
@@ -474,6 +479,23 @@ class Bus:
                     opened.append((msg, *one))
             if not opened:
                 return
+            batch_span = trace.get_current_span().get_span_context()
+            spans = [
+                tracer.start_span(
+                    f"consume {msg.subject}",
+                    context=extract_context(dict(msg.headers or {})),
+                    kind=trace.SpanKind.CONSUMER,
+                    links=[trace.Link(batch_span)] if batch_span.is_valid else None,
+                    attributes={
+                        "messaging.system": "nats",
+                        "messaging.destination.name": msg.subject,
+                        "messaging.consumer.group.name": durable,
+                        "messaging.message.id": delivery.message_id,
+                        "messaging.batch.message_count": len(opened),
+                    },
+                )
+                for msg, _, delivery in opened
+            ]
             outcomes: Sequence[BaseException | None]
             try:
                 outcomes = await _working(
@@ -483,14 +505,27 @@ class Bus:
                 )
             except Exception as error:
                 outcomes = [error] * len(opened)
+            except BaseException:  # cancelled (the service stops): the spans end here
+                for span in spans:
+                    span.end()
+                raise
             if len(outcomes) != len(opened):
                 wrong = RuntimeError(
                     f"batch handler answered {len(outcomes)} of {len(opened)} messages"
                 )
                 outcomes = [wrong] * len(opened)
+            for span, outcome in zip(spans, outcomes, strict=True):
+                if outcome is not None:
+                    span.record_exception(outcome)
+                    span.set_status(trace.Status(trace.StatusCode.ERROR, str(outcome)[:200]))
+                span.end()
             for (msg, _, delivery), outcome in zip(opened, outcomes, strict=True):
                 if outcome is None:
-                    await msg.ack_sync()
+                    # Not waited for (one round trip per message was most of nats-server's
+                    # work under 1,000 agents, bench/agents_load.py): a lost ack redelivers
+                    # the message, and batch handlers store each fact once however often
+                    # it comes.
+                    await msg.ack()
                 else:
                     await self._settle(msg, durable, delivery.attempt, max_deliver, outcome)
 

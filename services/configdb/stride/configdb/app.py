@@ -8,10 +8,8 @@ from stride.api.configdb.v1 import configdb_service_pb2, configdb_service_pb2_gr
 from stride.bus import topics
 from stride.bus.client import Bus
 from stride.configdb.adapters.inbound.bus_handlers import (
-    FinishedHandler,
+    EventsHandler,
     MetricsHandler,
-    PlanHandler,
-    SubmittedHandler,
 )
 from stride.configdb.adapters.inbound.grpc_api import ACCESS, ConfigDbApi
 from stride.configdb.settings import ConfigDbSettings
@@ -20,24 +18,36 @@ from stride.runtime.lifecycle import ServiceHost
 from stride.wiring import connect_bus, consume, create_host, open_database
 
 MIGRATIONS = Path(__file__).parent / "db" / "migrations"
+EVENTS_BATCH = 64
+"""Job events fetched and stored at once (one transaction per fetch)."""
 SERVICE_NAME = configdb_service_pb2.DESCRIPTOR.services_by_name["ConfigDbService"].full_name
 
 
 def _add_consumers(host: ServiceHost, bus: Bus, history: JobHistory) -> None:
+    # A job's events come with every submission: each fetched batch in one transaction.
     consume(
         host,
         bus,
         topics.JOB_SUBMITTED,
         durable="configdb-submitted",
-        handler=SubmittedHandler(history),
+        batch_handler=EventsHandler(history.submitted_all),
+        batch=EVENTS_BATCH,
     )
-    consume(host, bus, topics.PLAN, durable="configdb-plans", handler=PlanHandler(history))
+    consume(
+        host,
+        bus,
+        topics.PLAN,
+        durable="configdb-plans",
+        batch_handler=EventsHandler(history.plans_made),
+        batch=EVENTS_BATCH,
+    )
     consume(
         host,
         bus,
         topics.JOB_FINISHED,
         durable="configdb-finished",
-        handler=FinishedHandler(history),
+        batch_handler=EventsHandler(history.finished_all),
+        batch=EVENTS_BATCH,
     )
     # Metrics come at a high rate: each fetched batch is stored in one transaction.
     metrics = MetricsHandler(history)

@@ -12,8 +12,9 @@ duplicated event finds its effect already stored and changes nothing.
 from __future__ import annotations
 
 import asyncio
-from collections.abc import Sequence
+from collections.abc import Awaitable, Callable, Sequence
 from datetime import UTC, datetime
+from typing import TypeVar
 
 import structlog
 
@@ -23,7 +24,7 @@ from stride.configdb.adapters.outbound import repository
 from stride.configdb.adapters.outbound.repository import StoredRecord
 from stride.configdb.domain.profiles import StepWindow, UsageSample, check_sample, check_window
 from stride.configdb.domain.similarity import PastJob, rank_similar
-from stride.db.engine import Database
+from stride.db.engine import Database, Session
 from stride.events.v1 import job_pb2, plan_pb2
 from stride.runtime.errors import InvalidArgument, NotFound
 from stride.vocabulary import check_job_id
@@ -37,6 +38,21 @@ HISTORY_TTL_SECONDS = 5.0
 
 def _check_job_id(job_id: str) -> None:
     check_job_id(job_id, raise_as=InvalidArgument)
+
+
+After = Callable[[], None]
+"""What a step does once its transaction committed (logs, the candidates' cache)."""
+Outcomes = list[Exception | None]
+E = TypeVar("E", job_pb2.JobSubmitted, plan_pb2.ResourcePlan, job_pb2.JobFinished)
+Step = Callable[[Session, E], Awaitable[After]]
+
+
+def _nothing() -> None:
+    return None
+
+
+def _job_of(event: job_pb2.JobSubmitted | plan_pb2.ResourcePlan | job_pb2.JobFinished) -> str:
+    return event.job_id
 
 
 class JobHistory:
@@ -58,84 +74,152 @@ class JobHistory:
 
     async def submitted(self, event: job_pb2.JobSubmitted) -> None:
         """Record a submitted job's spec and features (completing a placeholder if any)."""
+        await self._alone(self._submitted, event)
+
+    async def submitted_all(self, events: Sequence[job_pb2.JobSubmitted]) -> Outcomes:
+        """:meth:`submitted` for a fetched batch, in one transaction (:meth:`_together`)."""
+        return await self._together(self._submitted, events)
+
+    async def plan_made(self, plan: plan_pb2.ResourcePlan) -> None:
+        """Append a plan version to the job's record; the same version twice is stored once."""
+        await self._alone(self._plan_made, plan)
+
+    async def plans_made(self, plans: Sequence[plan_pb2.ResourcePlan]) -> Outcomes:
+        """:meth:`plan_made` for a fetched batch, in one transaction (:meth:`_together`)."""
+        return await self._together(self._plan_made, plans)
+
+    async def finished(self, event: job_pb2.JobFinished) -> None:
+        """Record how and when a job ended; the first outcome sticks."""
+        await self._alone(self._finished, event)
+
+    async def finished_all(self, events: Sequence[job_pb2.JobFinished]) -> Outcomes:
+        """:meth:`finished` for a fetched batch, in one transaction (:meth:`_together`)."""
+        return await self._together(self._finished, events)
+
+    async def _alone(self, step: Step[E], event: E) -> None:
+        async with self.database.transaction() as session:
+            after = await step(session, event)
+        after()
+
+    async def _together(self, step: Step[E], events: Sequence[E]) -> Outcomes:
+        """Apply ``events`` in one transaction, in order of job (so two batches lock the
+        same records in the same order); per event, None or the error it met.
+
+        Each submission makes three events here (submitted, admitted's plan, finished),
+        and a transaction each was most of configdb's work under a stream of submissions
+        (``bench/submit_load.py``). If the batch fails, each event is applied alone, so a
+        bad one fails alone with the error it would have met alone (dead-lettered or
+        retried by the bus) and the others are stored."""
+        if len(events) > 1:
+            order = sorted(range(len(events)), key=lambda index: _job_of(events[index]))
+            try:
+                afters = []
+                async with self.database.transaction() as session:
+                    for index in order:
+                        afters.append(await step(session, events[index]))
+            except Exception as error:
+                log.info("batch not stored together; one event at a time", why=str(error)[:200])
+            else:
+                for after in afters:
+                    after()
+                return [None] * len(events)
+        outcomes: list[Exception | None] = []
+        for event in events:
+            try:
+                await self._alone(step, event)
+            except Exception as error:
+                outcomes.append(error)
+            else:
+                outcomes.append(None)
+        return outcomes
+
+    async def _submitted(self, session: Session, event: job_pb2.JobSubmitted) -> After:
         _check_job_id(event.job_id)
         if not event.HasField("spec"):
             raise InvalidArgument("spec", "is required")
         now = datetime.now(UTC)
         features = features_from_spec(event.spec)
-        async with self.database.transaction() as session:
-            created, ended = await repository.ensure_record(session, event.job_id, now)
-            existing = await repository.stored_spec(session, event.job_id)
-            if existing is not None:
-                if existing != event.spec:
-                    log.warning(
-                        "conflicting submitted event ignored; first spec kept", job_id=event.job_id
-                    )
-                return
-            # Submission time orders the history; without it the record keeps the time
-            # configdb first heard of the job.
-            recorded_at = moment(event.submitted_at) if event.HasField("submitted_at") else None
-            await repository.complete_record(
-                session,
-                job_id=event.job_id,
-                spec=event.spec,
-                features=features,
-                recorded_at=recorded_at,
-                now=now,
-            )
-        if ended:  # its spec came after its outcome: it may be a candidate now
-            self._history_changed()
-        log.info(
-            "job recorded",
+        created, ended = await repository.ensure_record(session, event.job_id, now)
+        existing = await repository.stored_spec(session, event.job_id)
+        if existing is not None:
+            if existing != event.spec:
+                log.warning(
+                    "conflicting submitted event ignored; first spec kept", job_id=event.job_id
+                )
+            return _nothing
+        # Submission time orders the history; without it the record keeps the time configdb
+        # first heard of the job.
+        recorded_at = moment(event.submitted_at) if event.HasField("submitted_at") else None
+        await repository.complete_record(
+            session,
             job_id=event.job_id,
-            model=features.model_name,
-            completed_placeholder=not created,
+            spec=event.spec,
+            features=features,
+            recorded_at=recorded_at,
+            now=now,
         )
 
-    async def plan_made(self, plan: plan_pb2.ResourcePlan) -> None:
-        """Append a plan version to the job's record; the same version twice is stored once."""
+        def after() -> None:
+            if ended:  # its spec came after its outcome: it may be a candidate now
+                self._history_changed()
+            log.info(
+                "job recorded",
+                job_id=event.job_id,
+                model=features.model_name,
+                completed_placeholder=not created,
+            )
+
+        return after
+
+    async def _plan_made(self, session: Session, plan: plan_pb2.ResourcePlan) -> After:
         _check_job_id(plan.job_id)
         if plan.version < 1:
             raise InvalidArgument("version", f"must be at least 1, got {plan.version}")
         now = datetime.now(UTC)
-        async with self.database.transaction() as session:
-            created, ended = await repository.ensure_record(session, plan.job_id, now)
-            held = await repository.insert_plan(session, plan, now)
-            if held is not None and held != plan:
-                # A producer reused a version for a different plan: keep the history
-                # truthful and make the conflict visible on the dead-letter stream.
-                raise PermanentError(
-                    f"plan version {plan.version} of job {plan.job_id} is already recorded "
-                    "with different contents"
-                )
-        if held is None and ended:  # a plan after the outcome: it may be a candidate now
-            self._history_changed()
-        if held is None:
+        created, ended = await repository.ensure_record(session, plan.job_id, now)
+        held = await repository.insert_plan(session, plan, now)
+        if held is not None and held != plan:
+            # A producer reused a version for a different plan: keep the history truthful
+            # and make the conflict visible on the dead-letter stream.
+            raise PermanentError(
+                f"plan version {plan.version} of job {plan.job_id} is already recorded "
+                "with different contents"
+            )
+        if held is not None:
+            return _nothing
+
+        def after() -> None:
+            if ended:  # a plan after the outcome: it may be a candidate now
+                self._history_changed()
             log.info("plan recorded", job_id=plan.job_id, version=plan.version, placeholder=created)
 
-    async def finished(self, event: job_pb2.JobFinished) -> None:
-        """Record how and when a job ended; the first outcome sticks."""
+        return after
+
+    async def _finished(self, session: Session, event: job_pb2.JobFinished) -> After:
         _check_job_id(event.job_id)
         outcome = OUTCOME_FROM_PROTO.get(event.outcome)
         if outcome is None:
             raise InvalidArgument("outcome", f"unknown job outcome {event.outcome}")
         now = datetime.now(UTC)
         finished_at = moment(event.finished_at) if event.HasField("finished_at") else now
-        async with self.database.transaction() as session:
-            await repository.ensure_record(session, event.job_id, now)
-            existing = await repository.stored_outcome(session, event.job_id)
-            if existing is not None:
-                if existing is not outcome:
-                    log.warning(
-                        "conflicting finished event ignored; first outcome kept",
-                        job_id=event.job_id,
-                        kept=existing.value,
-                        got=outcome.value,
-                    )
-                return
-            await repository.record_outcome(session, event.job_id, outcome, finished_at, now)
-        self._history_changed()  # a new candidate, or one that now ranks first
-        log.info("job outcome recorded", job_id=event.job_id, outcome=outcome.value)
+        await repository.ensure_record(session, event.job_id, now)
+        existing = await repository.stored_outcome(session, event.job_id)
+        if existing is not None:
+            if existing is not outcome:
+                log.warning(
+                    "conflicting finished event ignored; first outcome kept",
+                    job_id=event.job_id,
+                    kept=existing.value,
+                    got=outcome.value,
+                )
+            return _nothing
+        await repository.record_outcome(session, event.job_id, outcome, finished_at, now)
+
+        def after() -> None:
+            self._history_changed()  # a new candidate, or one that now ranks first
+            log.info("job outcome recorded", job_id=event.job_id, outcome=outcome.value)
+
+        return after
 
     async def measured(
         self, batch: Sequence[tuple[StepWindow, datetime] | tuple[UsageSample, datetime]]
@@ -156,12 +240,10 @@ class JobHistory:
                 continue
             valid.append((item, at))
         if valid:
+            windows = [(item, at) for item, at in valid if isinstance(item, StepWindow)]
+            samples = [(item, at) for item, at in valid if isinstance(item, UsageSample)]
             async with self.database.transaction() as session:
-                for item, at in valid:
-                    if isinstance(item, StepWindow):
-                        await repository.insert_window(session, item, at)
-                    else:
-                        await repository.insert_sample(session, item, at)
+                await repository.insert_measurements(session, windows, samples)
         return outcomes
 
     async def get(self, job_id: str) -> StoredRecord:

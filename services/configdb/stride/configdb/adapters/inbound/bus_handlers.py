@@ -3,8 +3,9 @@ what they measure (step windows, pod usage)."""
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Awaitable, Callable, Sequence
 from datetime import datetime
+from typing import Generic, TypeVar
 
 from stride.bus.client import Delivery
 from stride.configdb.adapters.convert import usage_from_proto, window_from_proto
@@ -13,35 +14,22 @@ from stride.configdb.usecases import JobHistory
 from stride.events.v1 import job_pb2, metrics_pb2, plan_pb2, pod_pb2
 from stride.runtime.errors import InvalidArgument
 
-
-class SubmittedHandler:
-    """Creates (or completes) a job's record on ``stride.jobs.v1.submitted.<job>``."""
-
-    def __init__(self, history: JobHistory) -> None:
-        self.history = history
-
-    async def __call__(self, event: job_pb2.JobSubmitted, delivery: Delivery) -> None:
-        await self.history.submitted(event)
+M = TypeVar("M", job_pb2.JobSubmitted, plan_pb2.ResourcePlan, job_pb2.JobFinished)
 
 
-class PlanHandler:
-    """Appends a plan version to the job's record on ``stride.plans.v1.<job>``."""
+class EventsHandler(Generic[M]):
+    """Stores a fetched batch of job events (submitted, plans or finished) in one
+    transaction; one that cannot be stored fails alone (``JobHistory._together``)."""
 
-    def __init__(self, history: JobHistory) -> None:
-        self.history = history
+    def __init__(
+        self, store_all: Callable[[Sequence[M]], Awaitable[Sequence[Exception | None]]]
+    ) -> None:
+        self.store_all: Callable[[Sequence[M]], Awaitable[Sequence[Exception | None]]]
+        self.store_all = store_all
 
-    async def __call__(self, plan: plan_pb2.ResourcePlan, delivery: Delivery) -> None:
-        await self.history.plan_made(plan)
-
-
-class FinishedHandler:
-    """Records the outcome on ``stride.jobs.v1.finished.<job>``."""
-
-    def __init__(self, history: JobHistory) -> None:
-        self.history = history
-
-    async def __call__(self, event: job_pb2.JobFinished, delivery: Delivery) -> None:
-        await self.history.finished(event)
+    async def __call__(self, batch: Sequence[tuple[M, Delivery]]) -> Sequence[BaseException | None]:
+        outcomes: Sequence[BaseException | None] = await self.store_all([e for e, _ in batch])
+        return outcomes
 
 
 class MetricsHandler:

@@ -184,43 +184,55 @@ async def _plans_of(
     return found
 
 
-async def insert_window(session: AsyncSession, window: StepWindow, reported_at: datetime) -> bool:
-    """Store a step window; False if it was stored before (a redelivery)."""
-    return await _insert_ignoring_duplicate(
-        session,
-        step_windows,
-        {
-            "job_id": window.job_id,
-            "pod_name": window.pod_name,
-            "plan_version": window.plan_version,
-            "global_step": window.global_step,
-            "steps": window.steps,
-            "step_seconds": window.step_seconds,
-            "samples_per_second": window.samples_per_second,
-            "reported_at": reported_at,
-        },
-        ["job_id", "pod_name", "plan_version", "global_step"],
-    )
+WINDOW_KEYS = ("job_id", "pod_name", "plan_version", "global_step")
+SAMPLE_KEYS = ("job_id", "pod_name", "sampled_at")
 
 
-async def insert_sample(session: AsyncSession, sample: UsageSample, sampled_at: datetime) -> bool:
-    """Store a usage sample; False if it was stored before (a redelivery)."""
-    return await _insert_ignoring_duplicate(
-        session,
-        usage_samples,
-        {
-            "job_id": sample.job_id,
-            "pod_name": sample.pod_name,
-            "sampled_at": sampled_at,
-            "plan_version": sample.plan_version,
-            "role": sample.role.value,
-            "cpu_used": sample.cpu_used,
-            "memory_used_bytes": sample.memory_used_bytes,
-            "cpu_limit": sample.cpu_limit,
-            "memory_limit_bytes": sample.memory_limit_bytes,
-        },
-        ["job_id", "pod_name", "sampled_at"],
-    )
+def _window_row(window: StepWindow, reported_at: datetime) -> dict[str, Any]:
+    return {
+        "job_id": window.job_id,
+        "pod_name": window.pod_name,
+        "plan_version": window.plan_version,
+        "global_step": window.global_step,
+        "steps": window.steps,
+        "step_seconds": window.step_seconds,
+        "samples_per_second": window.samples_per_second,
+        "reported_at": reported_at,
+    }
+
+
+def _sample_row(sample: UsageSample, sampled_at: datetime) -> dict[str, Any]:
+    return {
+        "job_id": sample.job_id,
+        "pod_name": sample.pod_name,
+        "sampled_at": sampled_at,
+        "plan_version": sample.plan_version,
+        "role": sample.role.value,
+        "cpu_used": sample.cpu_used,
+        "memory_used_bytes": sample.memory_used_bytes,
+        "cpu_limit": sample.cpu_limit,
+        "memory_limit_bytes": sample.memory_limit_bytes,
+    }
+
+
+async def insert_measurements(
+    session: AsyncSession,
+    windows: Sequence[tuple[StepWindow, datetime]],
+    samples: Sequence[tuple[UsageSample, datetime]],
+) -> None:
+    """Store step windows and usage samples, each once however often it is delivered: one
+    statement per table for the whole batch (a row per statement cost configdb most of its
+    CPU under 1,000 agents, ``bench/agents_load.py``)."""
+    dialect = session.get_bind().dialect.name
+    insert = postgresql.insert if dialect == "postgresql" else sqlite.insert
+    for table, rows, keys in (
+        (step_windows, [_window_row(w, at) for w, at in windows], WINDOW_KEYS),
+        (usage_samples, [_sample_row(u, at) for u, at in samples], SAMPLE_KEYS),
+    ):
+        if rows:
+            await session.execute(
+                insert(table).values(rows).on_conflict_do_nothing(index_elements=list(keys))
+            )
 
 
 async def _profiles_of(

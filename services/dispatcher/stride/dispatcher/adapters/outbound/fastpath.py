@@ -234,7 +234,6 @@ class FastPath:
         commit. If BEGIN or COMMIT fails, everything is rolled back and every call of the
         batch fails with Unavailable: no call is answered before its change committed.
         """
-        outcomes: list[_Outcome] = []
         try:
             connection = self._connect()  # (again, if the last one broke: a database restart)
             if connection.in_transaction:  # left open by an earlier batch that died mid-way
@@ -246,19 +245,7 @@ class FastPath:
             failure = Unavailable(f"database: cannot start a transaction ({error})")
             return [_Outcome(None, failure)] * len(works)
         try:
-            for work in works:
-                connection.execute("SAVEPOINT call")
-                try:
-                    result = work(connection)
-                except Exception as error:
-                    connection.execute("ROLLBACK TO call")
-                    connection.execute("RELEASE call")
-                    outcomes.append(_Outcome(None, error))
-                    continue
-                if isinstance(result, SlowPath):
-                    connection.execute("ROLLBACK TO call")
-                connection.execute("RELEASE call")
-                outcomes.append(_Outcome(result, None))
+            outcomes = self._apply_calls(connection, works)
             self._commit(connection)
         except self.errors as error:
             if connection.in_transaction:
@@ -268,6 +255,37 @@ class FastPath:
             return [_Outcome(None, failure)] * len(works)
         self.commits += 1
         return outcomes
+
+    def _apply_calls(
+        self, connection: Connection, works: Sequence[Callable[[Connection], Any]]
+    ) -> list[_Outcome]:
+        """Each call in its own savepoint, in order, inside the batch's transaction."""
+        outcomes: list[_Outcome] = []
+        # The savepoint statements carry no result: where the dialect can send several
+        # statements at once (PostgreSQL), one call's RELEASE goes with the next call's
+        # SAVEPOINT, a round trip per call instead of two.
+        held = False
+        """Whether the last call's savepoint is still to be released."""
+        for work in works:
+            self._savepoint_statements(connection, [*(["RELEASE call"] * held), "SAVEPOINT call"])
+            held = True
+            try:
+                result = work(connection)
+            except Exception as error:
+                connection.execute("ROLLBACK TO call")
+                outcomes.append(_Outcome(None, error))
+                continue
+            if isinstance(result, SlowPath):
+                connection.execute("ROLLBACK TO call")
+            outcomes.append(_Outcome(result, None))
+        if held:
+            connection.execute("RELEASE call")
+        return outcomes
+
+    def _savepoint_statements(self, connection: Connection, statements: list[str]) -> None:
+        """Run statements without parameters or results (dialect: one at a time)."""
+        for statement in statements:
+            connection.execute(statement)
 
     def _commit(self, connection: Connection) -> None:
         """COMMIT; a separate method so a test can make it fail."""
@@ -387,18 +405,41 @@ class FastPath:
         """ReportProgress: keep the highest offset, renew the lease, update the rate."""
 
         def work(connection: Connection) -> None:
-            now = datetime.now(UTC)
-            current, holder, stored = self._fenced(
-                connection, job_id, dataset, worker, incarnation, now
+            self._report_progress_stepwise(
+                connection,
+                job_id,
+                dataset,
+                worker,
+                incarnation,
+                shard_id,
+                offset,
+                lease,
+                datetime.now(UTC),
             )
-            shard = self._shard(connection, stored.id, shard_id, "shard_id")
-            updated = queue.record_progress(shard, holder, offset, now, self.lease_duration, lease)
-            if updated == shard:
-                return
-            self._save(connection, stored.id, updated, now)
-            self._rate(connection, job_id, worker, current, updated.offset - shard.offset, now)
 
         await self._run(work)
+
+    def _report_progress_stepwise(
+        self,
+        connection: Connection,
+        job_id: str,
+        dataset: str,
+        worker: str,
+        incarnation: int,
+        shard_id: int,
+        offset: int,
+        lease: int | None,
+        now: datetime,
+    ) -> None:
+        current, holder, stored = self._fenced(
+            connection, job_id, dataset, worker, incarnation, now
+        )
+        shard = self._shard(connection, stored.id, shard_id, "shard_id")
+        updated = queue.record_progress(shard, holder, offset, now, self.lease_duration, lease)
+        if updated == shard:
+            return
+        self._save(connection, stored.id, updated, now)
+        self._rate(connection, job_id, worker, current, updated.offset - shard.offset, now)
 
     async def delete_outbox(self, last_seq: int) -> None:
         """Delete relayed outbox rows up to ``last_seq`` as part of the next group commit.
@@ -557,23 +598,16 @@ class FastPath:
 
     @staticmethod
     def _save(connection: Connection, dataset_id: int, shard: ShardRecord, now: datetime) -> None:
-        connection.execute(
-            "UPDATE shards SET end_index = ?, consumed = ?, state = ?, worker = ?, "
-            "incarnation = ?, leases = ?, lease_expires_at = ?, updated_at = ? "
-            "WHERE dataset_id = ? AND shard_id = ?",
-            (
-                shard.end,
-                shard.offset,
-                shard.state.value,
-                None if shard.holder is None else shard.holder.worker,
-                None if shard.holder is None else shard.holder.incarnation,
-                shard.leases,
-                None if shard.lease_expires_at is None else _stamp(shard.lease_expires_at),
-                _stamp(now),
-                dataset_id,
-                shard.shard_id,
-            ),
+        connection.execute(_SAVE_SHARD, _save_parameters(dataset_id, shard, now))
+
+    def _new_rate(self, current: _Worker, records: int, now: datetime) -> float | None:
+        """The worker's progress rate after ``records`` more (None: unchanged)."""
+        if records <= 0:
+            return None
+        elapsed = (
+            self.window if current.rate_at is None else (now - current.rate_at).total_seconds()
         )
+        return decayed_rate(current.rate, records, elapsed, self.window)
 
     def _rate(
         self,
@@ -584,12 +618,9 @@ class FastPath:
         records: int,
         now: datetime,
     ) -> None:
-        if records <= 0:
+        rate = self._new_rate(current, records, now)
+        if rate is None:
             return
-        elapsed = (
-            self.window if current.rate_at is None else (now - current.rate_at).total_seconds()
-        )
-        rate = decayed_rate(current.rate, records, elapsed, self.window)
         connection.execute(
             "UPDATE workers SET rate = ?, rate_at = ? WHERE job_id = ? AND worker = ?",
             (rate, _stamp(now), job_id, worker),
@@ -746,6 +777,124 @@ class SqliteFastPath(FastPath):
                 await loop.run_in_executor(self._executor, holder[0].close)
 
 
+_SAVE_SHARD = (
+    "UPDATE shards SET end_index = ?, consumed = ?, state = ?, worker = ?, "
+    "incarnation = ?, leases = ?, lease_expires_at = ?, updated_at = ? "
+    "WHERE dataset_id = ? AND shard_id = ?"
+)
+
+
+def _save_parameters(dataset_id: int, shard: ShardRecord, now: datetime) -> tuple[Any, ...]:
+    return (
+        shard.end,
+        shard.offset,
+        shard.state.value,
+        None if shard.holder is None else shard.holder.worker,
+        None if shard.holder is None else shard.holder.incarnation,
+        shard.leases,
+        None if shard.lease_expires_at is None else _stamp(shard.lease_expires_at),
+        _stamp(now),
+        dataset_id,
+        shard.shard_id,
+    )
+
+
+_PG_HEARTBEATS_READ = (
+    "SELECT v.i, w.incarnation, w.lost, w.straggler, w.rate, w.rate_at, d.id, "
+    + ", ".join(f"s.{column.strip()}" for column in SHARD_COLUMNS.split(","))
+    + " FROM unnest(?::int[], ?::text[], ?::text[], ?::text[], ?::bigint[]) "
+    "AS v(i, job_id, worker, dataset, shard_id) "
+    "JOIN workers w ON w.job_id = v.job_id AND w.worker = v.worker "
+    "JOIN datasets d ON d.job_id = v.job_id AND d.dataset = v.dataset "
+    "JOIN shards s ON s.dataset_id = d.id AND s.shard_id = v.shard_id "
+    "ORDER BY w.job_id, w.worker FOR UPDATE OF w, s"
+)
+"""A batch's heartbeats' reads on PostgreSQL in one statement: each one's worker and shard
+rows, locked (worker rows in key order, as the general path locks one), and its dataset."""
+_PG_HEARTBEATS_WRITE = (
+    "WITH v AS (SELECT * FROM unnest(?::text[], ?::text[], ?::timestamptz[], ?::float8[], "
+    "?::timestamptz[], ?::int[], ?::bigint[], ?::bigint[], ?::bigint[], ?::text[], ?::text[], "
+    "?::bigint[], ?::int[], ?::timestamptz[]) AS v(job_id, worker, touched, rate, rate_at, "
+    "dataset_id, shard_id, end_index, consumed, state, holder, incarnation, leases, "
+    "lease_expires_at)), "
+    "saved AS (UPDATE shards SET end_index = v.end_index, consumed = v.consumed, "
+    "state = v.state, worker = v.holder, incarnation = v.incarnation, leases = v.leases, "
+    "lease_expires_at = v.lease_expires_at, updated_at = v.touched FROM v "
+    "WHERE v.shard_id IS NOT NULL AND shards.dataset_id = v.dataset_id "
+    "AND shards.shard_id = v.shard_id RETURNING shards.shard_id) "
+    "UPDATE workers SET last_seen_at = v.touched, rate = coalesce(v.rate, workers.rate), "
+    "rate_at = coalesce(v.rate_at, workers.rate_at) FROM v "
+    "WHERE workers.job_id = v.job_id AND workers.worker = v.worker"
+)
+"""A batch's heartbeats' writes on PostgreSQL in one statement: each one's shard (unless
+unchanged), then its worker's touch and rate (unless unchanged)."""
+
+
+@dataclass(frozen=True)
+class _Heartbeat:
+    """A queued ReportProgress on PostgreSQL. Alone (in a savepoint) it runs the stepwise
+    path; in a batch with others, :meth:`PostgresFastPath._apply_calls` reads for all and
+    :meth:`decide` decides each."""
+
+    fast: FastPath
+    job_id: str
+    dataset: str
+    worker: str
+    incarnation: int
+    shard_id: int
+    offset: int
+    lease: int | None
+
+    def __call__(self, connection: Connection) -> None:
+        self.fast._report_progress_stepwise(
+            connection,
+            self.job_id,
+            self.dataset,
+            self.worker,
+            self.incarnation,
+            self.shard_id,
+            self.offset,
+            self.lease,
+            datetime.now(UTC),
+        )
+
+    def decide(self, row: Sequence[Any], now: datetime) -> tuple[Any, ...]:
+        """From the read's row (worker, dataset id, shard): the write's values, or the
+        refusal ``queue.fence`` or ``queue.record_progress`` raises."""
+        record = WorkerRecord(self.worker, row[0], bool(row[1]), bool(row[2]))
+        current = _Worker(record, row[3], _moment(row[4]))
+        holder = queue.fence(record, self.worker, self.incarnation)
+        dataset_id, shard = row[5], _shard(tuple(row[6:]))
+        fast = self.fast
+        updated = queue.record_progress(
+            shard, holder, self.offset, now, fast.lease_duration, self.lease
+        )
+        rate = None
+        shard_values: tuple[Any, ...] = (None,) * 9
+        if updated != shard:
+            rate = fast._new_rate(current, updated.offset - shard.offset, now)
+            expires = updated.lease_expires_at
+            shard_values = (
+                dataset_id,
+                updated.shard_id,
+                updated.end,
+                updated.offset,
+                updated.state.value,
+                None if updated.holder is None else updated.holder.worker,
+                None if updated.holder is None else updated.holder.incarnation,
+                updated.leases,
+                None if expires is None else _stamp(expires),
+            )
+        return (
+            self.job_id,
+            self.worker,
+            _stamp(now),
+            rate,
+            None if rate is None else _stamp(now),
+            *shard_values,
+        )
+
+
 class _PgConnection:
     """A psycopg connection (autocommit) with the ``sqlite3`` calls the fast path makes:
     ``?`` placeholders become ``%s`` (once per statement text)."""
@@ -827,6 +976,83 @@ class PostgresFastPath(FastPath):
             # their shards are read again (DispatcherSettings.sync_commits).
             self._connection = _PgConnection(raw)
         return self._connection
+
+    def _savepoint_statements(self, connection: Connection, statements: list[str]) -> None:
+        # Without parameters psycopg sends a query string as is: several statements, one
+        # round trip.
+        connection.execute("; ".join(statements))
+
+    async def report_progress(
+        self,
+        job_id: str,
+        dataset: str,
+        worker: str,
+        incarnation: int,
+        shard_id: int,
+        offset: int,
+        lease: int | None,
+    ) -> None:
+        """ReportProgress, the heartbeat and the busiest call: queued as a
+        :class:`_Heartbeat`, which a batch applies together with the batch's other
+        heartbeats (:meth:`_apply_calls`)."""
+        await self._run(
+            _Heartbeat(self, job_id, dataset, worker, incarnation, shard_id, offset, lease)
+        )
+
+    def _apply_calls(
+        self, connection: Connection, works: Sequence[Callable[[Connection], Any]]
+    ) -> list[_Outcome]:
+        """The batch's heartbeats first, all of them in two statements (one reads and locks
+        their workers' and shards' rows, one writes the shards and the workers' touch and
+        rate), then every other call in its savepoint, in order. Through one connection the
+        round trips are the limit (five per heartbeat, each waiting for the server): under
+        1,000 agents at 1 Hz, heartbeats queued for seconds (``bench/agents_load.py``).
+
+        Each heartbeat gets what it would have got alone: the same domain functions decide
+        it (``queue.fence``, ``queue.record_progress``), and one that is refused writes
+        nothing. A heartbeat whose worker, dataset or shard the read did not find runs
+        alone in its savepoint, which raises the error that names what is missing. The
+        reorder is harmless: a worker's heartbeat and another call about the same shard in
+        one batch end the same either way (a late heartbeat on a shard its holder finished
+        changes nothing)."""
+        beats = [(index, work) for index, work in enumerate(works) if isinstance(work, _Heartbeat)]
+        if len(beats) < 2:
+            return super()._apply_calls(connection, works)
+        outcomes: dict[int, _Outcome] = {}
+        alone: list[int] = []
+        now = datetime.now(UTC)
+        found = connection.execute(
+            _PG_HEARTBEATS_READ,
+            (
+                [index for index, _ in beats],
+                [beat.job_id for _, beat in beats],
+                [beat.worker for _, beat in beats],
+                [beat.dataset for _, beat in beats],
+                [beat.shard_id for _, beat in beats],
+            ),
+        ).fetchall()
+        rows = {row[0]: row[1:] for row in found}
+        writes: list[tuple[Any, ...]] = []
+        for index, beat in beats:
+            row = rows.get(index)
+            if row is None:
+                alone.append(index)
+                continue
+            try:
+                writes.append(beat.decide(row, now))
+            except Exception as error:
+                outcomes[index] = _Outcome(None, error)
+                continue
+            outcomes[index] = _Outcome(None, None)
+        if writes:
+            columns = [list(column) for column in zip(*writes, strict=True)]
+            connection.execute(_PG_HEARTBEATS_WRITE, columns)
+        rest = [index for index, work in enumerate(works) if not isinstance(work, _Heartbeat)]
+        order = sorted(alone + rest)
+        others = super()._apply_calls(connection, [works[index] for index in order])
+        for index, outcome in zip(order, others, strict=True):
+            outcomes[index] = outcome
+        return [outcomes[index] for index in range(len(works))]
 
     async def _apply_when_free(self, works: list[Callable[[Connection], Any]]) -> list[_Outcome]:
         # Round trips to the server block: one hop to the dedicated thread per batch.
