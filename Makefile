@@ -11,6 +11,9 @@ PYTEST_ARGS ?=
 TEST_WORKERS ?= 2
 # Tests run in two processes (each test has its own NATS server and database, so they do
 # not meet); the TensorFlow end-to-end tests stay on one of them (tests/conftest.py).
+# A test process that dies (a crash, or stride.testing.watchdog ending a hung test) fails
+# the run, naming the test: pytest-xdist 3.8's loadgroup scheduling hangs for good when it
+# replaces a dead worker (pytest-dev/pytest-xdist#1323, #1327, #1378).
 
 .DEFAULT_GOAL := help
 .PHONY: help install system-deps proto proto-check lint test test-unit fuzz chaos bench demo up down lock clean
@@ -48,7 +51,7 @@ lint: install  ## ruff, mypy --strict, import contracts, buf lint
 	cd proto && ../$(VENV)/bin/buf lint
 
 test: install system-deps  ## Unit, integration (real NATS and PostgreSQL) and end-to-end tests
-	$(VENV)/bin/pytest -n $(TEST_WORKERS) --dist loadgroup $(PYTEST_ARGS)
+	$(VENV)/bin/pytest -n $(TEST_WORKERS) --dist loadgroup --max-worker-restart=0 $(PYTEST_ARGS)
 
 test-unit: install  ## Only the fast unit tests
 	$(VENV)/bin/pytest tests/unit $(PYTEST_ARGS)

@@ -63,6 +63,7 @@ from stride.api.dispatcher.v1 import dispatcher_service_pb2_grpc as pb_grpc
 from stride.bus import topics
 from stride.bus.client import Bus
 from stride.bus.permissions import ADMIN
+from stride.bus.signing import JobPods
 from stride.cli.endpoints import SuiteState
 from stride.events.v1 import job_pb2, metrics_pb2, shard_pb2
 from stride.runtime import tls
@@ -263,8 +264,14 @@ async def run(agents: int, jobs: int, minutes: float, database: str, profile: li
             for job in job_ids
             for n in range(per_job)
         }
+        # Each job's metrics signed as a pod of that job (its key, bound by its token), as
+        # its agents sign them.
         bus = await Bus.connect(
-            state.nats_url, name="bench-agents", identity="agent", environ=environ
+            state.nats_url,
+            name="bench-agents",
+            identity="agent",
+            environ=environ,
+            signer=JobPods(tls.load(JOB_ISSUER, environ)),  # type: ignore[arg-type]
         )
         reader = await Bus.connect(
             state.nats_url, name="bench-agents-reader", identity=ADMIN, environ=environ

@@ -32,7 +32,7 @@ from stride.events.v1 import plan_pb2
 from stride.podwatcher.adapters.outbound.backends.localpods import LocalPods
 from stride.runtime.healthcheck import probe_identity
 from stride.runtime.tls import TLS_DIR_ENV
-from stride.testing.channels import aio_channel, job_token_file, sync_channel
+from stride.testing.channels import aio_channel, job_token_file, pod_key_file, sync_channel
 from stride.testing.databases import create_database, drop_database, optional_postgres_problem
 from stride.testing.eventually import assert_eventually
 from stride.testing.otlp_collector import OtlpCollector
@@ -100,6 +100,7 @@ def suite(
         for name, process in processes.items():
             process.env[f"STRIDE_{name.upper()}_DATABASE_URL"] = f"sqlite:///{tmp_path / name}.db"
     agent = processes["agent"]
+    token_file = job_token_file(tmp_path, "job-e2eprobe", "job-e2eprobe-worker-0")
     agent.env.update(
         {
             "STRIDE_AGENT_JOB_ID": "job-e2eprobe",
@@ -107,9 +108,8 @@ def suite(
             "STRIDE_AGENT_ROLE": "worker",
             "STRIDE_AGENT_DISPATCHER_ADDRESS": processes["dispatcher"].address,
             "STRIDE_AGENT_CKPTCACHE_ADDRESS": processes["ckptcache"].address,
-            "STRIDE_AGENT_JOB_TOKEN_FILE": str(
-                job_token_file(tmp_path, "job-e2eprobe", "job-e2eprobe-worker-0")
-            ),
+            "STRIDE_AGENT_JOB_TOKEN_FILE": str(token_file),
+            "STRIDE_AGENT_JOB_KEY_FILE": str(pod_key_file(token_file)),
         }
     )
     for process in processes.values():

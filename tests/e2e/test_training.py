@@ -40,6 +40,8 @@ MIB = 1024**2
 RECORDS = 12_000
 BATCH = 256
 EPOCHS = 2
+PODS_PATH = Path(__file__).parent / "pods"
+"""Modules the suite's pods can import: the tests' own entrypoints."""
 
 
 def new_job() -> str:
@@ -47,7 +49,11 @@ def new_job() -> str:
 
 
 def plan(
-    job_id: str, version: int, workers: int = 1, ps: int = 1, chief_memory: int = 1536 * MIB
+    job_id: str,
+    version: int,
+    workers: int = 1,
+    ps: int = 1,
+    chief_memory: int = 1536 * MIB,
 ) -> plan_pb2.ResourcePlan:
     return plan_pb2.ResourcePlan(
         job_id=job_id,
@@ -73,6 +79,7 @@ def spec(
     records: int = RECORDS,
     entrypoint: str = "stride_examples.wide_deep:train",
     epochs: int = EPOCHS,
+    **hyperparameters: str,
 ) -> job_pb2.JobSpec:
     return job_pb2.JobSpec(
         name=job_id,
@@ -80,7 +87,7 @@ def spec(
         model=job_pb2.ModelReference(name="wide-and-deep", entrypoint=entrypoint),
         dataset=job_pb2.DatasetSpec(name="criteo-synthetic", record_count=records),
         batch_size=BATCH,
-        hyperparameters={"learning_rate": "0.01", "embedding_dim": "8"},
+        hyperparameters={"learning_rate": "0.01", "embedding_dim": "8", **hyperparameters},
         termination=job_pb2.Termination(max_epochs=epochs),
     )
 
@@ -123,6 +130,10 @@ class Suite:
                 "STRIDE_PODWATCHER_OOM_REPLAN_SECONDS": "5",
                 "STRIDE_PODWATCHER_VERIFY_RESTORES": "true",
                 "STRIDE_PODWATCHER_STEP_REPORT_SECONDS": "0.2",
+                # The pods can import the tests' own entrypoints (pods/paced_wide_deep.py).
+                "PYTHONPATH": os.pathsep.join(
+                    filter(None, [str(PODS_PATH), os.environ.get("PYTHONPATH")])
+                ),
                 **podwatcher,
             },
             logs,
@@ -184,13 +195,14 @@ async def submit(
     records: int = RECORDS,
     entrypoint: str = "stride_examples.wide_deep:train",
     epochs: int = EPOCHS,
+    **hyperparameters: str,
 ) -> Bus:
     bus = await producer_bus(suite.nats_url, name="test")
     await bus.ensure_streams()
     decision = job_pb2.AdmissionDecision(
         job_id=job_id,
         outcome=job_pb2.ADMISSION_OUTCOME_ADMITTED,
-        spec=spec(job_id, records, entrypoint, epochs),
+        spec=spec(job_id, records, entrypoint, epochs, **hyperparameters),
     )
     await bus.publish(topics.JOB_ADMITTED, job_id, decision, f"{job_id}.admitted")
     await bus.publish(topics.PLAN, job_id, plan(job_id, 1, workers, ps), f"{job_id}.plan.1")
@@ -218,12 +230,15 @@ async def trained_steps(suite: Suite, job_id: str, at_least: int, timeout: float
 
 LONG = 48_000
 """Records of the jobs whose pods are killed while they train."""
-LONGER = 640_000
+LONGER = 204_800
 LONGER_EPOCHS = 3
-"""Records and epochs of the job moved three times while it trains: new pods take 10-20 s to
-start on two loaded cores (before the pause), and the job must still be running after the
-last. With two epochs a loaded CI runner trained through every record before the chief's
-move (its pods started 4x slower than on an idle machine)."""
+PACE = "8"
+"""Records, epochs and steps per second of the job moved three times while it trains: it
+must still be training after the last move, and new pods take 10-60 s to start on two loaded
+cores (a loaded CI runner took 250 s for the three). Its first chief schedules 8 steps a
+second (pods/paced_wide_deep.py: 300 s for the 2,400 steps), so it outlasts the moves
+without spending the cores the start-ups need; the chief that takes over trains at full
+speed to the end."""
 
 
 def check_exactly_once(
@@ -303,7 +318,15 @@ async def test_scale_out_and_in_a_second_ps_and_a_moved_chief_while_training(
     suite: Suite,
 ) -> None:
     job = new_job()
-    bus = await submit(suite, job, workers=1, records=LONGER, epochs=LONGER_EPOCHS)
+    bus = await submit(
+        suite,
+        job,
+        workers=1,
+        records=LONGER,
+        entrypoint="paced_wide_deep:train",
+        epochs=LONGER_EPOCHS,
+        steps_per_second=PACE,
+    )
     try:
         await trained_steps(suite, job, 10)
         # Workers only: followed in place, the variables stay on the PS, nothing saved.
@@ -358,21 +381,29 @@ async def test_scale_out_and_in_a_second_ps_and_a_moved_chief_while_training(
     assert len(saved) == 2, saved
     # A move checkpoints after the shards it finished, so nothing is lost or repeated.
     check_exactly_once(suite.consumed(job), LONGER, LONGER_EPOCHS)
-    # The workers added in place really trained between the two moves: their pods used
-    # CPU then (an idle TensorFlow server uses next to none; their start-up was before).
+    # The workers added in place really trained between the two moves: the steps were
+    # spread over all three, so each added one used CPU as the first worker did (an idle
+    # TensorFlow server uses next to none; their start-up was before).
     began = next(e["time"] for e in events if e.get("event") == "reconfigured")
     ended = next(e["time"] for e in events if e.get("event") == "moving" and e["version"] == 3)
     usage = [
         pod_pb2.UsageSample.FromString(m.data)
         for m in await stream_messages(suite.nats_url, topics.POD_USAGE.subject(job))
     ]
-    for added in (f"{job}-worker-1", f"{job}-worker-2"):
+
+    def used(pod: str) -> float:
         samples = [
             u.cpu_used
             for u in usage
-            if u.pod_name == added and began + 1 < u.sampled_at.ToMicroseconds() / 1e6 < ended
+            if u.pod_name == pod and began + 1 < u.sampled_at.ToMicroseconds() / 1e6 < ended
         ]
-        assert samples and max(samples) > 0.1, (added, samples)
+        assert samples, (pod, began, ended)
+        return sum(samples) / len(samples)
+
+    first = used(f"{job}-worker-0")
+    for added in (f"{job}-worker-1", f"{job}-worker-2"):
+        print("USAGE", added, used(added), first)
+        assert used(added) > first / 3, (added, used(added), first)
 
 
 async def test_a_sigkilled_worker_and_ps_are_relaunched_and_the_job_completes(

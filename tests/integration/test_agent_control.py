@@ -127,6 +127,22 @@ async def test_commands_reach_the_trainer_for_this_pod_only_and_newest_first(
         await command(bus, POD, 5)
         last = await read(stream)
         assert last.plan_version == 5
+        # A command the pod watcher did not sign is not obeyed, however new its plan (had
+        # it been, v6 would come after v9 and be dropped as older).
+        forged = control_pb2.ControlCommand(
+            job_id=JOB,
+            pod_name=POD,
+            action=control_pb2.CONTROL_ACTION_RECONFIGURE,
+            plan_version=9,
+            cluster_json='{"worker": ["evil:1"]}',
+        )
+        await bus.nc.publish(
+            topics.CONTROL_COMMAND.subject(JOB),
+            forged.SerializeToString(),
+            headers={topics.TYPE_HEADER: forged.DESCRIPTOR.full_name},
+        )
+        await command(bus, POD, 6)
+        assert (await read(stream)).plan_version == 6
         stream.cancel()
     finally:
         await bus.close()

@@ -31,7 +31,7 @@ from stride.dispatcher.app import build as build_dispatcher
 from stride.dispatcher.settings import DispatcherSettings
 from stride.events.v1 import checkpoint_pb2, control_pb2, metrics_pb2, shard_pb2
 from stride.runtime.lifecycle import ServiceHost
-from stride.testing.channels import aio_channel, job_token_file
+from stride.testing.channels import aio_channel, job_token_file, pod_key_file
 from stride.testing.eventually import assert_eventually
 from stride.testing.inprocess import running_service
 from stride.testing.streams import stream_messages
@@ -62,7 +62,8 @@ def agent_settings(nats_url: str, dispatcher: str, ckptcache: str, tokens: Path)
         grpc_port=0,
         health_interval_seconds=0.2,
         upstream_timeout_seconds=5,
-        job_token_file=job_token_file(tokens, JOB, POD),
+        job_token_file=(token_file := job_token_file(tokens, JOB, POD)),
+        job_key_file=pod_key_file(token_file),
     )
 
 

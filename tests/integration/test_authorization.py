@@ -50,7 +50,13 @@ from stride.podwatcher.settings import PodWatcherSettings
 from stride.runtime.certs import init
 from stride.runtime.tokens import Signer
 from stride.testing.bus import producer_bus
-from stride.testing.channels import aio_channel, job_token, job_token_file, user_token
+from stride.testing.channels import (
+    aio_channel,
+    job_token,
+    job_token_file,
+    pod_key_file,
+    user_token,
+)
 from stride.testing.eventually import assert_eventually
 from stride.testing.inprocess import local_settings, running_service
 
@@ -276,7 +282,8 @@ async def test_the_agent_serves_its_own_jobs_token_only(nats_url: str, tmp_path:
         ckptcache_address=closed,
         nats_url=nats_url,
         grpc_port=0,
-        job_token_file=job_token_file(tmp_path, A, f"{A}-worker-0"),
+        job_token_file=(token_file := job_token_file(tmp_path, A, f"{A}-worker-0")),
+        job_key_file=pod_key_file(token_file),
     )
     service = agent_pb.DESCRIPTOR.services_by_name["AgentService"]
     async with (
@@ -578,3 +585,102 @@ async def test_forged_events_are_dead_lettered_and_change_nothing(
         assert len(reasons) == 2, reasons
         assert "sender: sent by 'agent'; only admission may publish it" in reasons
         assert "sender: unsigned: no sender signature" in reasons
+
+
+async def test_one_jobs_pod_cannot_publish_another_jobs_step_metrics(
+    nats_url: str, database_url: str
+) -> None:
+    """Every pod's agent holds the same ``agent`` certificate, so a signature by it says
+    nothing of the job: step metrics signed with it, or by job A's pod (its own key and
+    token) on job B's subject, are parked with the reason. Job B's own pod's are taken."""
+    from stride.bus.signing import MessageSigner, PodSigner
+    from stride.events.v1 import metrics_pb2
+    from stride.runtime import tls
+    from stride.runtime.tokens import new_pod_key
+    from stride.testing.streams import stream_messages
+
+    podwatcher = tls.load("podwatcher")
+    agent = tls.load("agent")
+    assert podwatcher is not None and agent is not None
+
+    def pod_of(job: str) -> PodSigner:
+        key = new_pod_key()
+        token = Signer(podwatcher).job_token(
+            job, f"{job}-worker-0", "worker", pod_key=key.public_key()
+        )
+        return PodSigner(key, lambda: token)
+
+    def window(job: str, n: int) -> metrics_pb2.StepMetrics:
+        return metrics_pb2.StepMetrics(
+            job_id=job,
+            pod_name=f"{job}-worker-0",
+            global_step=10 * (n + 1),
+            steps=10,
+            step_seconds=0.1,
+            samples_per_second=2560.0,
+        )
+
+    settings = local_settings(OptimizerSettings, nats_url=nats_url, database_url=database_url)
+    async with running_service(build_optimizer, settings) as optimizer:
+        genuine = await producer_bus(nats_url, "admission-stand-in")
+        try:
+            await genuine.publish(topics.JOB_ADMITTED, B, admitted(B, "bob"), f"{B}.admitted")
+        finally:
+            await genuine.close()
+        async with aio_channel(f"127.0.0.1:{optimizer.server.port}", "optimizer") as channel:
+            stub = opt_grpc.OptimizerServiceStub(channel)
+
+            async def planned() -> bool:
+                try:
+                    await stub.GetPlan(opt_pb.GetPlanRequest(job_id=B))
+                except grpc.aio.AioRpcError:
+                    return False
+                return True
+
+            await assert_eventually(planned, timeout=30)
+        buses = [
+            await Bus.connect(nats_url, name, identity="agent", signer=signer)
+            for name, signer in (
+                ("shared-agent-key", MessageSigner(agent)),
+                ("job-a-pod", pod_of(A)),
+                ("job-b-pod", pod_of(B)),
+            )
+        ]
+        try:
+            for n, bus in enumerate(buses):
+                await bus.publish(topics.STEP_METRICS, B, window(B, n), f"{B}.steps.{n}")
+        finally:
+            for bus in buses:
+                await bus.close()
+
+        async def parked_twice() -> list[str]:
+            parked = await stream_messages(nats_url, f"{topics.DEAD_LETTER_PREFIX}.>")
+            reasons = sorted(
+                (m.headers or {})["Stride-Dead-Letter-Reason"]
+                for m in parked
+                if (m.headers or {}).get("Stride-Original-Subject")
+                == topics.STEP_METRICS.subject(B)
+            )
+            assert len(reasons) == 2, reasons
+            return reasons
+
+        reasons = await assert_eventually(parked_twice, timeout=20)
+        assert reasons == [
+            f"sender: pod '{A}-worker-0' works for job '{A}', not '{B}'",
+            "sender: unsigned: a pod's event needs its job token and its signature",
+        ], reasons
+        # Job B's own pod's window was taken (acknowledged), not parked.
+        raw = await Bus.connect(nats_url, "reader")
+        try:
+
+            async def acknowledged() -> bool:
+                info = await raw.js.consumer_info(
+                    topics.STEP_METRICS.stream.name, "optimizer-step-metrics"
+                )
+                assert info.ack_floor.stream_seq >= 3 and info.num_pending == 0, info
+                return True
+
+            await assert_eventually(acknowledged, timeout=20)
+        finally:
+            await raw.close()
+        assert len(await parked_twice()) == 2

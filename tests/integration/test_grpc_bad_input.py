@@ -79,7 +79,7 @@ from stride.runtime.embedded_nats import NatsServer
 from stride.runtime.grpc_server import MAX_STATUS_MESSAGE_BYTES, request_limit
 from stride.runtime.lifecycle import ServiceHost
 from stride.runtime.settings import ServiceSettings
-from stride.testing.channels import job_token_file, sync_channel
+from stride.testing.channels import job_token_file, pod_key_file, sync_channel
 from stride.testing.databases import create_database, drop_database, require_postgres
 from stride.testing.inprocess import local_settings, running_service
 
@@ -246,7 +246,8 @@ class Suite:
             dispatcher_address=f"127.0.0.1:{self.hosts['dispatcher'].server.port}",
             ckptcache_address=f"127.0.0.1:{self.hosts['ckptcache'].server.port}",
             upstream_timeout_seconds=5,
-            job_token_file=job_token_file(self.tmp, JOB, POD),
+            job_token_file=(token_file := job_token_file(self.tmp, JOB, POD)),
+            job_key_file=pod_key_file(token_file),
         )
         await self._run("agent", build_agent, agent_settings)
 

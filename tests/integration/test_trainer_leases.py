@@ -19,7 +19,7 @@ from stride.dispatcher.app import build as build_dispatcher
 from stride.dispatcher.settings import DispatcherSettings
 from stride.events.v1 import shard_pb2
 from stride.runtime.tokens import TokenSource
-from stride.testing.channels import job_token_file
+from stride.testing.channels import job_token_file, pod_key_file
 from stride.testing.inprocess import running_service
 from stride.trainer.agent_client import AgentClient
 from stride.trainer.feed import LeaseKeeper
@@ -52,7 +52,8 @@ async def agent(nats_url: str, database_url: str, tmp_path: Path) -> AsyncIterat
             grpc_port=0,
             health_interval_seconds=0.2,
             upstream_timeout_seconds=5,
-            job_token_file=job_token_file(tmp_path, JOB, f"{JOB}-chief-0", "chief"),
+            job_token_file=(token_file := job_token_file(tmp_path, JOB, f"{JOB}-chief-0", "chief")),
+            job_key_file=pod_key_file(token_file),
         )
         async with running_service(build_agent, settings) as host:
             client = AgentClient(

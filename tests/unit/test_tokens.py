@@ -21,6 +21,9 @@ from stride.runtime.tokens import (
     UserIdentity,
     Verifier,
     bearer,
+    new_pod_key,
+    read_pod_key,
+    write_pod_key,
     write_token,
 )
 
@@ -109,6 +112,49 @@ def test_an_expired_token_is_refused(folder: Path) -> None:
     stale = jwt.encode(claims, key, algorithm="ES256", headers={"x5c": x5c})  # type: ignore[arg-type]
     with pytest.raises(TokenError, match="expired"):
         verifier(folder).verify(stale)
+
+
+def test_a_job_token_binds_the_pods_key_and_a_bad_binding_is_refused(
+    folder: Path, tmp_path: Path
+) -> None:
+    pod_key = new_pod_key()
+    write_pod_key(tmp_path / "pod.key", pod_key)
+    assert (tmp_path / "pod.key").stat().st_mode & 0o777 == 0o600
+    reread = read_pod_key(tmp_path / "pod.key")
+    assert reread.private_numbers() == pod_key.private_numbers()
+    token = signer(folder, "podwatcher").job_token(
+        "job-a", "job-a-worker-0", "worker", pod_key=reread.public_key()
+    )
+    identity = verifier(folder).verify(token)
+    assert isinstance(identity, JobIdentity) and identity.key is not None
+    assert identity.key.public_numbers() == pod_key.public_key().public_numbers()
+    # Without one, none is bound.
+    plain = verifier(folder).verify(signer(folder, "podwatcher").job_token("job-a", "p", "chief"))
+    assert isinstance(plain, JobIdentity) and plain.key is None
+    # Only P-256 keys are bound.
+    other_curve = ec.generate_private_key(ec.SECP384R1()).public_key()
+    with pytest.raises(TokenError, match="pod_key: must be an EC P-256 key"):
+        signer(folder, "podwatcher").job_token("job-a", "p", "chief", pod_key=other_curve)
+    # A binding that is not a public key is refused when verified.
+    material = tls.load("podwatcher", {tls.TLS_DIR_ENV: str(folder)})
+    assert material is not None
+    from cryptography.hazmat.primitives.serialization import load_pem_private_key
+
+    key = load_pem_private_key(material.key, None)
+    x5c = jwt.get_unverified_header(token)["x5c"]
+    claims = jwt.decode(token, options={"verify_signature": False})
+    for cnf, problem in (
+        ("key", "must hold the pod's public key"),
+        ({"jwk": {"kty": "EC", "crv": "P-256", "x": "AA", "y": "AA"}}, "cnf.jwk"),
+        ({"jwk": {**claims["cnf"]["jwk"], "d": "AA"}}, "must hold the pod's public key"),
+    ):
+        bad = jwt.encode({**claims, "cnf": cnf}, key, algorithm="ES256", headers={"x5c": x5c})  # type: ignore[arg-type]
+        with pytest.raises(TokenError, match=problem):
+            verifier(folder).verify(bad)
+    # A pod key file that is not one names the file.
+    (tmp_path / "bad.key").write_text("not a key")
+    with pytest.raises(TokenError, match=r"the pod key .*bad\.key"):
+        read_pod_key(tmp_path / "bad.key")
 
 
 def test_a_changed_claim_breaks_the_signature(folder: Path) -> None:

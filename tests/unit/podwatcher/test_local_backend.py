@@ -20,7 +20,7 @@ from stride.podwatcher.domain.nodes import NodeSpec
 from stride.podwatcher.domain.reconcile import PodRecord
 from stride.runtime import tls
 from stride.runtime.certs import init
-from stride.runtime.tokens import JobIdentity, Signer, Verifier
+from stride.runtime.tokens import JobIdentity, Signer, Verifier, read_pod_key
 from stride.vocabulary import Role
 
 GIB = 1024**3
@@ -129,14 +129,24 @@ def test_each_pod_gets_a_job_token_for_itself_and_a_tls_folder_without_signing_k
     assert isinstance(identity, JobIdentity)
     assert (identity.job_id, identity.pod, identity.role) == ("job-1", "job-1-worker-2", "worker")
     assert processes["trainer"].env["STRIDE_TLS_DIR"] == str(pod_tls)
+    # The pod's own key, for its agent only, and bound by its token.
+    key_path = Path(processes["agent"].env["STRIDE_AGENT_JOB_KEY_FILE"])
+    assert "STRIDE_AGENT_JOB_KEY_FILE" not in processes["trainer"].env
+    assert key_path.stat().st_mode & 0o777 == 0o600
+    pod_key = read_pod_key(key_path)
+    assert identity.key is not None
+    assert identity.key.public_numbers() == pod_key.public_key().public_numbers()
     # Nothing runs in this test, so a refresh rewrites nothing; an issued token is rewritten
-    # with a new id, and the pod's end takes its token with it.
+    # with a new id and binds the same key, and the pod's end takes both with it.
     assert backend.refresh_tokens() == 0
     first = path.read_text()
     backend.issue_token("job-1-worker-2", "job-1", "worker")
     assert path.read_text() != first
+    again = verifier.verify(path.read_text().strip())
+    assert isinstance(again, JobIdentity) and again.key is not None
+    assert again.key.public_numbers() == pod_key.public_key().public_numbers()
     asyncio.run(backend.acknowledge("job-1-worker-2"))
-    assert not path.exists()
+    assert not path.exists() and not key_path.exists()
 
 
 def test_without_tls_pods_get_no_token(tmp_path: Path) -> None:

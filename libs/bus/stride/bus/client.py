@@ -27,7 +27,13 @@ from nats.js.errors import BadRequestError, NotFoundError, ServiceUnavailableErr
 from opentelemetry import trace
 
 from stride.bus import permissions
-from stride.bus.signing import ForgedSender, MessageSigner, SenderVerifier, SignerFor
+from stride.bus.signing import (
+    EventSigner,
+    ForgedSender,
+    MessageSigner,
+    SenderVerifier,
+    SignerFor,
+)
 from stride.bus.topics import (
     DUPLICATE_WINDOW,
     STREAMS,
@@ -128,6 +134,7 @@ class Bus:
         identity: str | None = None,
         signer_for: SignerFor | None = None,
         environ: Mapping[str, str] | None = None,
+        signer: EventSigner | None = None,
     ) -> Bus:
         """Connect, retrying for up to ``timeout`` seconds, then reconnecting forever.
 
@@ -136,7 +143,9 @@ class Bus:
         every service does. ``signer_for`` instead: who signs each subject (a tool playing
         several parts), events consumed checked against the same CA. Neither: unsigned and
         unchecked (a reader of streams, a test's own bus). ``environ``: where the TLS
-        material is named (default: this process's environment).
+        material is named (default: this process's environment). ``signer``: with
+        ``identity``, signs every event instead of the identity's certificate (a pod's
+        agent: :class:`~stride.bus.signing.PodSigner`).
 
         Fails with a one-line :class:`StartupError` naming the URL if no server answers.
         """
@@ -145,9 +154,9 @@ class Bus:
         if identity is not None:
             material = tls.load(identity, environ)
             if material is not None:
-                signer = MessageSigner(material)
+                chosen: EventSigner = signer or MessageSigner(material)
                 verifier = SenderVerifier(material.ca)
-                signer_for = lambda _subject: signer  # noqa: E731
+                signer_for = lambda _subject: chosen  # noqa: E731
         elif signer_for is not None:
             material = tls.load(permissions.ADMIN, environ)
             verifier = SenderVerifier(material.ca) if material is not None else None
@@ -542,7 +551,7 @@ class Bus:
         if self.verifier is not None:
             try:
                 self.verifier.check(
-                    msg.subject, sent_type or "", msg.data, headers, topic.producers
+                    msg.subject, sent_type or "", msg.data, headers, topic.producers, key
                 )
             except ForgedSender as error:
                 await self._dead_letter(msg, durable, f"sender: {error}")
@@ -651,7 +660,7 @@ class Bus:
             if self.verifier is not None:
                 try:
                     self.verifier.check(
-                        msg.subject, sent_type or "", msg.data, headers, topic.producers
+                        msg.subject, sent_type or "", msg.data, headers, topic.producers, key
                     )
                 except ForgedSender as error:
                     log.warning(

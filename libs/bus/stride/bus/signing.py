@@ -15,6 +15,21 @@ certificate's key's over this very subject and payload. Anything else is dead-le
 with the reason and never reaches a handler. The signature binds the subject, so an event
 cannot be moved to another job's subject either.
 
+**Pods.** Every pod's agent holds the same ``agent`` certificate, so a signature by it
+would not say which job sent an event, and one job's pod could publish another job's step
+metrics or acknowledge its commands. What pods publish (the topics whose producer is
+:data:`POD_PRODUCER`) is signed instead with the pod's own key (:class:`PodSigner`),
+beside the pod's job token, which the pod watcher signed and which binds that key
+(``cnf.jwk``, :mod:`stride.runtime.tokens`):
+
+- ``Stride-Job-Token``: the pod's job token;
+- ``Stride-Signature``: the signature by the pod's key.
+
+The consumer verifies the token (the pod watcher's, not expired), the signature with the
+key it binds, and that the token's job is the subject's: the sender is that pod of that
+job, and no other job's subject accepts it. A token alone (seen in a message) signs
+nothing.
+
 In plain text (``STRIDE_INSECURE=1``) nothing is signed or checked, as nothing is verified
 on gRPC there either.
 """
@@ -24,7 +39,9 @@ from __future__ import annotations
 import base64
 import functools
 import hashlib
+import time
 from collections.abc import Callable, Mapping
+from typing import Protocol
 
 from cryptography import x509
 from cryptography.exceptions import InvalidSignature
@@ -33,9 +50,20 @@ from cryptography.hazmat.primitives.asymmetric import ec
 
 from stride.runtime.certs import verified_signer
 from stride.runtime.tls import TlsMaterial
+from stride.runtime.tokens import (
+    JOB_TOKEN_TTL,
+    JobIdentity,
+    Signer,
+    TokenError,
+    Verifier,
+    new_pod_key,
+)
 
 SIGNER_HEADER = "Stride-Signer"
 SIGNATURE_HEADER = "Stride-Signature"
+JOB_TOKEN_HEADER = "Stride-Job-Token"
+POD_PRODUCER = "agent"
+"""The producer of the topics pods publish (their agents): signed by :class:`PodSigner`."""
 _CONTEXT = b"stride-bus-v1\0"
 
 
@@ -73,9 +101,33 @@ class MessageSigner:
         }
 
 
-SignerFor = Callable[[str], "MessageSigner | None"]
+class EventSigner(Protocol):
+    """Whatever signs an event: its headers for one subject and payload."""
+
+    def headers(self, subject: str, type_name: str, payload: bytes) -> dict[str, str]: ...
+
+
+SignerFor = Callable[[str], "EventSigner | None"]
 """The signer of a subject's events (a service signs everything as itself; a tool playing
 several parts signs each topic as its producer)."""
+
+
+class PodSigner:
+    """Signs what one pod publishes with the pod's own key, beside the pod's job token
+    (read from ``token`` at each event: the pod watcher rewrites it before it expires)."""
+
+    def __init__(self, key: ec.EllipticCurvePrivateKey, token: Callable[[], str | None]) -> None:
+        self._key = key
+        self._token = token
+
+    def headers(self, subject: str, type_name: str, payload: bytes) -> dict[str, str]:
+        token = self._token()
+        if not token:
+            raise TokenError("no job token to publish with (the pod watcher writes it)")
+        signature = self._key.sign(
+            _signed_bytes(subject, type_name, payload), ec.ECDSA(hashes.SHA256())
+        )
+        return {JOB_TOKEN_HEADER: token, SIGNATURE_HEADER: base64.b64encode(signature).decode()}
 
 
 class SenderVerifier:
@@ -83,6 +135,7 @@ class SenderVerifier:
 
     def __init__(self, ca_pem: bytes) -> None:
         self._cas = tuple(x509.load_pem_x509_certificates(ca_pem))
+        self._tokens = Verifier(ca_pem)
 
     @functools.lru_cache(maxsize=64)  # noqa: B019 - one verifier per connection
     def _signer(self, encoded: str) -> tuple[str, ec.EllipticCurvePublicKey]:
@@ -114,6 +167,44 @@ class SenderVerifier:
             ) from None
         return identity
 
+    def pod_sender(
+        self,
+        subject: str,
+        type_name: str,
+        payload: bytes,
+        headers: Mapping[str, str],
+        job_id: str,
+    ) -> JobIdentity:
+        """The pod that signed this event for ``job_id`` (the subject's job), from its job
+        token; :class:`ForgedSender` if its token, its signature or its job is not right."""
+        token = headers.get(JOB_TOKEN_HEADER)
+        signature = headers.get(SIGNATURE_HEADER)
+        if not token or not signature:
+            raise ForgedSender("unsigned: a pod's event needs its job token and its signature")
+        try:
+            identity = self._tokens.verify(token)
+        except TokenError as error:
+            raise ForgedSender(f"{JOB_TOKEN_HEADER}: {error}") from None
+        if not isinstance(identity, JobIdentity):
+            raise ForgedSender(f"{JOB_TOKEN_HEADER}: a user's token; a pod's is needed")
+        if identity.key is None:
+            raise ForgedSender(f"{JOB_TOKEN_HEADER}: the token binds no pod key to sign with")
+        try:
+            identity.key.verify(
+                base64.b64decode(signature, validate=True),
+                _signed_bytes(subject, type_name, payload),
+                ec.ECDSA(hashes.SHA256()),
+            )
+        except (ValueError, InvalidSignature):
+            raise ForgedSender(
+                f"the signature is not pod {identity.pod!r}'s over this subject and payload"
+            ) from None
+        if identity.job_id != job_id:
+            raise ForgedSender(
+                f"pod {identity.pod!r} works for job {identity.job_id!r}, not {job_id!r}"
+            )
+        return identity
+
     def check(
         self,
         subject: str,
@@ -121,8 +212,12 @@ class SenderVerifier:
         payload: bytes,
         headers: Mapping[str, str],
         producers: tuple[str, ...],
+        job_id: str = "",
     ) -> str:
-        """:meth:`sender`, which must be one of ``producers``."""
+        """:meth:`sender`, which must be one of ``producers``; for what pods publish,
+        :meth:`pod_sender` for ``job_id`` (the subject's job)."""
+        if producers == (POD_PRODUCER,):
+            return self.pod_sender(subject, type_name, payload, headers, job_id).describe()
         identity = self.sender(subject, type_name, payload, headers)
         if identity not in producers:
             raise ForgedSender(
@@ -131,23 +226,67 @@ class SenderVerifier:
         return identity
 
 
+class JobPods:
+    """Signs as a pod of whichever job a subject names, minting that pod's key and job token
+    with the pod watcher's key (as the pod watcher would for a pod it starts): for tools
+    that play a job's pods (``stride loadgen``, benchmarks, tests)."""
+
+    def __init__(self, podwatcher: TlsMaterial, pod: str = "tool") -> None:
+        self._signer = Signer(podwatcher)
+        self._pod = pod
+        self._pods: dict[str, tuple[PodSigner, float]] = {}
+
+    def for_job(self, job_id: str) -> PodSigner:
+        """The signer of job ``job_id``'s pod (a new token at half its life)."""
+        known = self._pods.get(job_id)
+        if known is not None and time.time() < known[1]:
+            return known[0]
+        key = new_pod_key()
+        token = self._signer.job_token(
+            job_id, f"{job_id}-{self._pod}", self._pod, pod_key=key.public_key()
+        )
+        signer = PodSigner(key, lambda: token)
+        self._pods[job_id] = (signer, time.time() + JOB_TOKEN_TTL / 2)
+        return signer
+
+    def headers(self, subject: str, type_name: str, payload: bytes) -> dict[str, str]:
+        """Signed as the pod of the job ``subject`` names (one of the pods' topics)."""
+        from stride.bus.topics import TOPICS
+
+        for topic in TOPICS:
+            job_id = topic.key_of(subject) if topic.producers == (POD_PRODUCER,) else None
+            if job_id:
+                return self.for_job(job_id).headers(subject, type_name, payload)
+        raise TokenError(f"{subject}: not a subject pods publish on")
+
+
 def as_producers(load: Callable[[str], TlsMaterial | None]) -> SignerFor:
     """Signs each contract topic's events as its first producer, with the keys ``load``
     gives (``tls.load``): for tools that play several parts of the suite on a machine that
     holds every identity's key (``stride loadgen`` and ``stride replay`` with the state
-    folder's certificates, tests with the session's). A subject of no topic is unsigned."""
+    folder's certificates, tests with the session's). What pods publish is signed as a pod
+    of the subject's job (:class:`JobPods`, with the pod watcher's key). A subject of no
+    topic is unsigned."""
     from stride.bus.topics import TOPICS
 
     signers: dict[str, MessageSigner | None] = {}
+    pods: list[JobPods | None] = []
 
-    def signer_for(subject: str) -> MessageSigner | None:
+    def signer_for(subject: str) -> EventSigner | None:
         for topic in TOPICS:
-            if topic.producers and topic.key_of(subject) is not None:
-                identity = topic.producers[0]
-                if identity not in signers:
-                    material = load(identity)
-                    signers[identity] = MessageSigner(material) if material else None
-                return signers[identity]
+            job_id = topic.key_of(subject) if topic.producers else None
+            if job_id is None:
+                continue
+            identity = topic.producers[0]
+            if identity == POD_PRODUCER:
+                if not pods:
+                    material = load("podwatcher")
+                    pods.append(JobPods(material) if material else None)
+                return pods[0].for_job(job_id) if pods[0] is not None else None
+            if identity not in signers:
+                material = load(identity)
+                signers[identity] = MessageSigner(material) if material else None
+            return signers[identity]
         return None
 
     return signer_for

@@ -12,7 +12,10 @@ with ES256 and sent as ``authorization: Bearer <token>``:
 - **job tokens** (``typ: job``): ``job``, ``pod`` and ``role``, signed by the pod watcher
   when it creates the pod, short-lived (an hour by default) and rewritten before they
   expire into a file the pod's processes read on every call (as Kubernetes projects
-  service-account tokens).
+  service-account tokens). A job token may also bind the pod's own key (``cnf.jwk``, a
+  proof-of-possession key, RFC 7800): the pod watcher makes a key per pod and gives it
+  to the pod beside the token, and what the pod publishes on the bus is signed with it
+  (:mod:`stride.bus.signing`), so a token seen in a message is no use without the key.
 
 A token carries its signer's certificate (the JWS ``x5c`` header, RFC 7515 sec. 4.1.6). A
 verifier needs nothing but the deployment's CA, which every process already trusts for
@@ -31,7 +34,7 @@ import os
 import time
 import uuid
 from collections.abc import Mapping
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
@@ -39,6 +42,7 @@ import jwt
 from cryptography import x509
 from cryptography.hazmat.primitives import serialization
 from cryptography.hazmat.primitives.asymmetric import ec
+from jwt.algorithms import ECAlgorithm
 
 from stride.runtime.certs import CertificateError, verified_signer
 from stride.runtime.tls import TlsMaterial
@@ -96,6 +100,8 @@ class JobIdentity:
     role: str
     token_id: str = ""
     expires: float = 0.0
+    key: ec.EllipticCurvePublicKey | None = field(default=None, compare=False, repr=False)
+    """The pod's own key the token binds (``cnf.jwk``), if it binds one."""
 
     def describe(self) -> str:
         return f"job {self.job_id!r} (pod {self.pod!r}, {self.role})"
@@ -155,15 +161,28 @@ class Signer:
         claims = {"sub": user, "typ": "user", "admin": bool(admin)}
         return self._mint(claims, ttl)
 
-    def job_token(self, job_id: str, pod: str, role: str, *, ttl: float = JOB_TOKEN_TTL) -> str:
-        """A token for one pod of one job (only the pod watcher's are accepted as such)."""
-        claims = {
+    def job_token(
+        self,
+        job_id: str,
+        pod: str,
+        role: str,
+        *,
+        ttl: float = JOB_TOKEN_TTL,
+        pod_key: ec.EllipticCurvePublicKey | None = None,
+    ) -> str:
+        """A token for one pod of one job (only the pod watcher's are accepted as such),
+        binding ``pod_key`` (the public half of the pod's own key) if given."""
+        claims: dict[str, Any] = {
             "sub": f"{_check_name(job_id, 'job')}/{_check_name(pod, 'pod')}",
             "typ": "job",
             "job": job_id,
             "pod": pod,
             "role": _check_name(role, "role"),
         }
+        if pod_key is not None:
+            if not isinstance(pod_key.curve, ec.SECP256R1):
+                raise TokenError(f"pod_key: must be an EC P-256 key, got {pod_key.curve.name}")
+            claims["cnf"] = {"jwk": ECAlgorithm.to_jwk(pod_key, as_dict=True)}
         return self._mint(claims, ttl)
 
 
@@ -262,7 +281,51 @@ class Verifier:
             _check_name(claims.get("role"), "role"),
             token_id,
             expires,
+            _bound_key(claims),
         )
+
+
+def _bound_key(claims: Mapping[str, Any]) -> ec.EllipticCurvePublicKey | None:
+    """The key a job token binds (``cnf.jwk``: an EC P-256 public JWK), None if none."""
+    confirmation = claims.get("cnf")
+    if confirmation is None:
+        return None
+    jwk = confirmation.get("jwk") if isinstance(confirmation, dict) else None
+    if not isinstance(jwk, dict) or "d" in jwk:
+        raise TokenError("cnf: must hold the pod's public key as cnf.jwk")
+    try:
+        key = ECAlgorithm.from_jwk(jwk)
+    except jwt.PyJWTError as error:
+        raise TokenError(f"cnf.jwk: {error}") from None
+    if not isinstance(key, ec.EllipticCurvePublicKey) or not isinstance(key.curve, ec.SECP256R1):
+        raise TokenError("cnf.jwk: must be an EC P-256 public key")
+    return key
+
+
+def new_pod_key() -> ec.EllipticCurvePrivateKey:
+    """A fresh key for one pod (see :meth:`Signer.job_token`'s ``pod_key``)."""
+    return ec.generate_private_key(ec.SECP256R1())
+
+
+def write_pod_key(path: Path, key: ec.EllipticCurvePrivateKey) -> None:
+    """Write a pod's key (PEM, PKCS#8) readable by its owner only, atomically."""
+    pem = key.private_bytes(
+        serialization.Encoding.PEM,
+        serialization.PrivateFormat.PKCS8,
+        serialization.NoEncryption(),
+    )
+    _write_private(path, pem)
+
+
+def read_pod_key(path: Path) -> ec.EllipticCurvePrivateKey:
+    """A pod's key written by :func:`write_pod_key`; :class:`TokenError` names the problem."""
+    try:
+        key = serialization.load_pem_private_key(path.read_bytes(), password=None)
+    except (OSError, ValueError) as error:
+        raise TokenError(f"the pod key {path}: {error}") from None
+    if not isinstance(key, ec.EllipticCurvePrivateKey) or not isinstance(key.curve, ec.SECP256R1):
+        raise TokenError(f"the pod key {path}: must be an EC P-256 key")
+    return key
 
 
 def bearer(metadata: Any) -> str | None:
@@ -332,9 +395,13 @@ class TokenSource:
 
 def write_token(path: Path, token: str) -> None:
     """Write a token readable by its owner only, replacing any older one atomically."""
+    _write_private(path, (token + "\n").encode())
+
+
+def _write_private(path: Path, content: bytes) -> None:
     temporary = path.with_name(f".{path.name}.tmp")
     descriptor = os.open(temporary, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
-    with os.fdopen(descriptor, "w") as handle:
-        handle.write(token + "\n")
+    with os.fdopen(descriptor, "wb") as handle:
+        handle.write(content)
     os.chmod(temporary, 0o600)
     os.replace(temporary, path)

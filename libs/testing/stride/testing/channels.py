@@ -22,7 +22,15 @@ import grpc
 
 from stride.runtime import tls
 from stride.runtime.certs import init
-from stride.runtime.tokens import JOB_ISSUER, TOKEN_ENV, USER_ISSUER, Signer, write_token
+from stride.runtime.tokens import (
+    JOB_ISSUER,
+    TOKEN_ENV,
+    USER_ISSUER,
+    Signer,
+    new_pod_key,
+    write_pod_key,
+    write_token,
+)
 
 IDENTITY = "cli"
 ADMIN = "admin"
@@ -52,10 +60,20 @@ def job_token(job_id: str, pod: str = "pod-0", role: str = "worker", ttl: float 
 
 def job_token_file(folder: Path, job_id: str, pod: str = "pod-0", role: str = "worker") -> Path:
     """A job token file as the pod watcher writes one (for an agent or a trainer's client
-    a test starts itself)."""
+    a test starts itself), with the pod's key beside it (:func:`pod_key_file`), which the
+    token binds."""
+    key = new_pod_key()
+    write_pod_key(pod_key_file(folder / f"{pod}.token"), key)
     path = folder / f"{pod}.token"
-    write_token(path, job_token(job_id, pod, role))
+    token = _signer(JOB_ISSUER).job_token(job_id, pod, role, pod_key=key.public_key())
+    write_token(path, token)
     return path
+
+
+def pod_key_file(token_file: Path) -> Path:
+    """The pod key written beside ``token_file`` by :func:`job_token_file` (an agent's
+    ``job_key_file``)."""
+    return token_file.with_suffix(".key")
 
 
 def _token(token: Any) -> tls.Token | None:

@@ -16,7 +16,7 @@ missing certificates changes the environment it gives its own processes.
 
 from __future__ import annotations
 
-from collections.abc import Iterator
+from collections.abc import Generator, Iterator
 from pathlib import Path
 
 import pytest
@@ -27,12 +27,27 @@ from stride.obs.tracing import configure_tracing
 from stride.runtime.embedded_nats import NatsServer
 from stride.testing.channels import ensure_certificates
 from stride.testing.databases import create_database, drop_database, require_postgres
+from stride.testing.watchdog import Watchdog, grace_from_environment, timeout_of
+
+_WATCHDOG = pytest.StashKey[Watchdog]()
 
 
 def pytest_configure(config: pytest.Config) -> None:
     """The session's certificates and admin token (see :func:`ensure_certificates`), unless
-    the caller set some."""
+    the caller set some; the hang watchdog (:mod:`stride.testing.watchdog`)."""
     ensure_certificates()
+    config.stash[_WATCHDOG] = Watchdog(grace_from_environment())
+
+
+@pytest.hookimpl(hookwrapper=True)
+def pytest_runtest_protocol(item: pytest.Item, nextitem: pytest.Item | None) -> Generator[None]:
+    """Every test's setup, call and teardown under the watchdog."""
+    watchdog = item.config.stash[_WATCHDOG]
+    watchdog.begin(item.nodeid, timeout_of(item))
+    try:
+        yield
+    finally:
+        watchdog.end()
 
 
 @pytest.fixture

@@ -20,6 +20,7 @@ from google.protobuf.message import Message
 
 from stride.bus.client import ACK_WAIT_SECONDS, BatchHandler, Bus, Handler
 from stride.bus.permissions import check_consumer
+from stride.bus.signing import EventSigner
 from stride.bus.topics import Topic
 from stride.runtime import tls
 from stride.runtime.auth import Access, RateLimiter, Rule
@@ -76,13 +77,18 @@ def create_host(
     return ServiceHost(settings, server)
 
 
-async def connect_bus(settings: ServiceSettings, host: ServiceHost) -> Bus:
-    """Connect to NATS, declare the contract's streams, and track the connection's health."""
+async def connect_bus(
+    settings: ServiceSettings, host: ServiceHost, signer: EventSigner | None = None
+) -> Bus:
+    """Connect to NATS, declare the contract's streams, and track the connection's health.
+    ``signer``: signs the events published instead of the service's certificate (a pod's
+    agent signs with its pod's key)."""
     bus = await Bus.connect(
         settings.require_nats_url(),
         name=f"stride-{settings.service_name}",
         timeout=settings.connect_timeout_seconds,
         identity=settings.service_name,
+        signer=signer,
     )
     await bus.ensure_streams()
 

@@ -17,11 +17,12 @@ from stride.agent.adapters.outbound.steps import StepReporter
 from stride.agent.settings import AgentSettings
 from stride.agent.usecases import ControlChannel, PodAgent
 from stride.api.agent.v1 import agent_service_pb2, agent_service_pb2_grpc
+from stride.bus.signing import PodSigner
 from stride.events.v1 import control_pb2
 from stride.runtime import tls
 from stride.runtime.errors import StartupError
 from stride.runtime.lifecycle import Dependency, ServiceHost
-from stride.runtime.tokens import TokenSource
+from stride.runtime.tokens import TokenError, TokenSource, read_pod_key
 from stride.wiring import connect_bus, create_host
 
 SERVICE_NAME = agent_service_pb2.DESCRIPTOR.services_by_name["AgentService"].full_name
@@ -46,11 +47,28 @@ def job_token(settings: AgentSettings) -> TokenSource | None:
     return None
 
 
+def pod_signer(settings: AgentSettings, token: TokenSource | None) -> PodSigner | None:
+    """What signs the agent's events: the pod's own key beside its job token (see
+    :mod:`stride.bus.signing`). Required over TLS; plain text signs nothing."""
+    if token is None:
+        return None
+    if settings.job_key_file is None:
+        raise StartupError(
+            "STRIDE_AGENT_JOB_KEY_FILE is not set: the pod watcher gives every pod a key "
+            "beside its job token; without it no consumer accepts what this pod publishes"
+        )
+    try:
+        key = read_pod_key(settings.job_key_file)
+    except TokenError as error:
+        raise StartupError(f"STRIDE_AGENT_JOB_KEY_FILE: {error}") from None
+    return PodSigner(key, token)
+
+
 async def build(settings: AgentSettings) -> ServiceHost:
     """Connect everything and return a host ready to run."""
     host = create_host(settings, [SERVICE_NAME], ACCESS, only_job=settings.job_id)
     token = job_token(settings)
-    bus = await connect_bus(settings, host)
+    bus = await connect_bus(settings, host, pod_signer(settings, token))
     dispatcher = tls.aio_channel(
         settings.dispatcher_address,
         server="dispatcher",

@@ -56,6 +56,10 @@ class AgentSettings(ServiceSettings):
     job_token_file: Path | None = None
     """The pod's job token (the pod watcher writes it and keeps it fresh), which the agent
     forwards to the dispatcher and the cache. Required over TLS."""
+    job_key_file: Path | None = None
+    """The pod's own key, which its job token binds (the pod watcher writes both): what
+    the agent publishes (step metrics, control acks) is signed with it, so consumers know
+    which job's pod sent it. Required over TLS."""
     upstream_timeout_seconds: float = Field(default=30.0, gt=0, le=600)
     """Deadline of each unary call to the dispatcher. The dispatcher answers in
     milliseconds; thirty seconds rides out its restart without hanging a trainer forever.

@@ -20,6 +20,7 @@ from nats.aio.msg import Msg
 
 from stride.bus import topics
 from stride.bus.client import Bus
+from stride.bus.signing import ForgedSender
 from stride.events.v1 import control_pb2
 from stride.runtime.errors import Unavailable
 
@@ -55,10 +56,27 @@ async def subscribe_commands(
     bus: Bus, job_id: str, receive: Receiver
 ) -> Callable[[], Awaitable[None]]:
     """Call ``receive`` with each command published for ``job_id`` from now on; returns a
-    function that ends the subscription. Undecodable payloads are logged and dropped."""
+    function that ends the subscription. Commands the pod watcher did not sign, and
+    undecodable payloads, are logged and dropped."""
     subject = topics.CONTROL_COMMAND.subject(job_id)
 
     async def on_message(msg: Msg) -> None:
+        if bus.verifier is not None:
+            # Only the pod watcher commands pods (stride.bus.signing): a command anyone
+            # else could put on this subject is not obeyed.
+            headers = msg.headers or {}
+            try:
+                bus.verifier.check(
+                    msg.subject,
+                    headers.get(topics.TYPE_HEADER, ""),
+                    msg.data,
+                    headers,
+                    topics.CONTROL_COMMAND.producers,
+                    job_id,
+                )
+            except ForgedSender as error:
+                log.warning("control command of an unverified sender dropped", reason=str(error))
+                return
         try:
             command = control_pb2.ControlCommand.FromString(msg.data)
         except DecodeError as error:

@@ -40,7 +40,16 @@ from stride.podwatcher.adapters.outbound.backends.localpods import (
     ResizeRefused as RuntimeResizeRefused,
 )
 from stride.podwatcher.domain.nodes import NodeSpec
-from stride.runtime.tokens import JOB_TOKEN_FILE_ENV, JOB_TOKEN_TTL, Signer, write_token
+from stride.runtime.tokens import (
+    JOB_TOKEN_FILE_ENV,
+    JOB_TOKEN_TTL,
+    Signer,
+    TokenError,
+    new_pod_key,
+    read_pod_key,
+    write_pod_key,
+    write_token,
+)
 from stride.vocabulary import Role
 
 log = structlog.get_logger(__name__)
@@ -212,12 +221,30 @@ class LocalBackend:
         assert self.tokens_dir is not None
         return self.tokens_dir / f"{pod}.token"
 
+    def _key_path(self, pod: str) -> Path:
+        assert self.tokens_dir is not None
+        return self.tokens_dir / f"{pod}.key"
+
     def issue_token(self, pod: str, job_id: str, role: str) -> Path | None:
-        """Write a fresh job token for ``pod`` (None: no signer, plain text)."""
+        """Write a fresh job token for ``pod`` (None: no signer, plain text), binding the
+        pod's own key (``<pod>.key``, made with the pod's first token and kept until its
+        end), which its agent signs what it publishes with (:mod:`stride.bus.signing`)."""
         if self.signer is None:
             return None
+        key_path = self._key_path(pod)
+        try:
+            key = read_pod_key(key_path) if key_path.exists() else None
+        except TokenError as error:
+            log.warning("pod key unreadable; a new one", pod=pod, why=str(error))
+            key = None
+        if key is None:
+            key = new_pod_key()
+            write_pod_key(key_path, key)
         path = self._token_path(pod)
-        write_token(path, self.signer.job_token(job_id, pod, role, ttl=self.token_ttl))
+        token = self.signer.job_token(
+            job_id, pod, role, ttl=self.token_ttl, pod_key=key.public_key()
+        )
+        write_token(path, token)
         return path
 
     def refresh_tokens(self) -> int:
@@ -257,6 +284,7 @@ class LocalBackend:
         }
         if token is not None:
             agent["STRIDE_AGENT_JOB_TOKEN_FILE"] = str(token)
+            agent["STRIDE_AGENT_JOB_KEY_FILE"] = str(self._key_path(record.name))
         trainer = {
             **common,
             "STRIDE_TRAINER_ROLE": record.role.value,
@@ -352,6 +380,7 @@ class LocalBackend:
         await self.runtime.acknowledge(name)
         if self.tokens_dir is not None and name not in self.running():
             self._token_path(name).unlink(missing_ok=True)
+            self._key_path(name).unlink(missing_ok=True)
 
     def usage(self, name: str) -> PodUsage | None:
         """CPU and memory use from the pod's cgroup (or process tree)."""
