@@ -402,7 +402,6 @@ async def test_scale_out_and_in_a_second_ps_and_a_moved_chief_while_training(
 
     first = used(f"{job}-worker-0")
     for added in (f"{job}-worker-1", f"{job}-worker-2"):
-        print("USAGE", added, used(added), first)
         assert used(added) > first / 3, (added, used(added), first)
 
 
