@@ -421,3 +421,66 @@ async def test_sigkill_at_any_point_leaves_exactly_one_plan(
         if bus is not None:
             await bus.close()
         process.kill()
+
+
+async def test_admissions_of_a_batch_are_stored_together_and_a_bad_one_fails_alone(
+    database_url: str, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A fetched batch of admissions is stored in one transaction (a transaction per job
+    was much of the optimizer's work under a stream of submissions); a job already planned
+    in it is left as it is, and one that cannot be planned fails alone with its own error
+    while the others get their plan 1, exactly as each would alone."""
+    import sqlalchemy as sa
+
+    from stride.db.migrations import upgrade
+    from stride.optimizer.app import MIGRATIONS
+    from stride.runtime.errors import InvalidArgument, NotFound
+
+    upgrade(database_url, "optimizer", MIGRATIONS)
+    database = Database(database_url, "optimizer")
+    commits: list[int] = []
+    sa.event.listen(database.engine.sync_engine, "commit", lambda _c: commits.append(1))
+    try:
+        planning = Planning(database, Outbox(outbox_table), build_decisions({}, None).adjust)
+        await planning.admitted(admission("job-known"))
+        before = len(commits)
+        no_spec = admission("job-no-spec")
+        no_spec.ClearField("spec")
+        batch = [admission(f"job-b{n}") for n in range(4)]
+        outcomes = await planning.admitted_all(
+            [batch[0], admission("job-known"), batch[1], no_spec, batch[2], batch[3]]
+        )
+        assert [type(o).__name__ if o else None for o in outcomes] == [
+            None, None, None, "InvalidArgument", None, None,
+        ]  # fmt: skip
+        assert isinstance(outcomes[3], InvalidArgument) and "spec" in str(outcomes[3])
+        assert len(commits) == before + 1  # five jobs, one transaction
+        assert [p.version for p in await planning.plans("job-known")] == [1]
+        for decision in batch:
+            assert [p.version for p in await planning.plans(decision.job_id)] == [1]
+        with pytest.raises(NotFound):
+            await planning.plans("job-no-spec")
+        # Each plan 1 is the one that job gets alone (same spec, same cold start).
+        alone = await planning.plans("job-known")
+        for decision in batch:
+            (plan,) = await planning.plans(decision.job_id)
+            assert list(plan.roles) == list(alone[0].roles)
+
+        # One that fails only when stored rolls the batch back; each is then stored alone.
+        store = planning._store_first
+
+        async def failing(session: object, first: object) -> object:
+            if getattr(first, "job_id", "") == "job-c1":
+                raise RuntimeError("disk full")
+            return await store(session, first)  # type: ignore[arg-type]
+
+        monkeypatch.setattr(planning, "_store_first", failing)
+        later = [admission(f"job-c{n}") for n in range(3)]
+        outcomes = await planning.admitted_all(later)
+        assert [str(o) if o else None for o in outcomes] == [None, "disk full", None]
+        assert [p.version for p in await planning.plans("job-c0")] == [1]
+        assert [p.version for p in await planning.plans("job-c2")] == [1]
+        with pytest.raises(NotFound):
+            await planning.plans("job-c1")
+    finally:
+        await database.dispose()

@@ -12,7 +12,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 from collections.abc import Awaitable, Callable, Mapping, Sequence
-from dataclasses import dataclass, replace
+from dataclasses import dataclass, field, replace
 from typing import Any, TypeVar
 
 import nats
@@ -95,6 +95,11 @@ class Delivery:
     attempt: int
     key: str
     """The subject's key (the job id of a job-scoped topic)."""
+    span: trace.Span | None = field(default=None, compare=False, repr=False)
+    """In a batch, the span of this message's handling, in its own trace: a batch handler
+    makes it current (``trace.use_span(span)``) while it works on this message alone, so
+    what that work publishes stays in the message's trace. None for a single handler (its
+    span is current already)."""
 
 
 Handler = Callable[[M, Delivery], Awaitable[None]]
@@ -509,7 +514,12 @@ class Bus:
             try:
                 outcomes = await _working(
                     [msg for msg, _, _ in opened],
-                    handler([(message, delivery) for _, message, delivery in opened]),
+                    handler(
+                        [
+                            (message, replace(delivery, span=span))
+                            for (_, message, delivery), span in zip(opened, spans, strict=True)
+                        ]
+                    ),
                     ack_wait / 3,
                 )
             except Exception as error:

@@ -32,6 +32,8 @@ FINISHED_DURABLE = "optimizer-finished"
 SHARE_DURABLE = "optimizer-shares"
 POD_FAILED_DURABLE = "optimizer-pod-failed"
 STEP_METRICS_DURABLE = "optimizer-step-metrics"
+ADMITTED_BATCH = 64
+"""Admissions stored together at most (a stream of submissions comes in batches)."""
 USAGE_DURABLE = "optimizer-usage"
 METRICS_BATCH = 128
 """Metrics fetched and applied at once (one transaction per fetch)."""
@@ -82,7 +84,8 @@ async def build(settings: OptimizerSettings) -> ServiceHost:
         bus,
         topics.JOB_ADMITTED,
         durable=ADMITTED_DURABLE,
-        handler=AdmittedHandler(planning),
+        batch_handler=AdmittedHandler(planning),
+        batch=ADMITTED_BATCH,
         ack_wait=settings.ack_wait_seconds,
     )
     consume(

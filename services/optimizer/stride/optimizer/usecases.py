@@ -19,9 +19,10 @@ import asyncio
 import contextlib
 import math
 from collections.abc import Awaitable, Callable, Sequence
+from contextlib import AbstractContextManager, nullcontext
 from dataclasses import dataclass, replace
 from datetime import UTC, datetime
-from typing import Protocol, TypeVar
+from typing import Any, Protocol, TypeVar
 
 import structlog
 
@@ -116,6 +117,36 @@ def plan_totals(plan: Plan) -> tuple[float, float]:
     return plan.total_cpu(), plan.total_memory_bytes() / obs.GIB
 
 
+Scope = Callable[[], AbstractContextManager[Any]]
+"""What one fact's work runs in (a batch handler gives each its message's trace)."""
+
+
+@dataclass(frozen=True)
+class _FirstPlan:
+    """An admitted job's first plan, decided and not stored yet (``Planning._first_plan``)."""
+
+    job_id: str
+    spec: bytes
+    plan: Plan
+    explanation: Explanation
+    default: stages.Pods | None
+    scope: Scope = nullcontext
+
+    def logged(self, step: Step) -> None:
+        if not step.changed:
+            log.info(
+                "admission already applied; ignored",
+                job_id=self.job_id,
+                stage=step.before.stage.value if step.before else None,
+            )
+            return
+        log.info(
+            "job administrator created",
+            job_id=self.job_id,
+            plans=[p.version for p in step.plans],
+        )
+
+
 class Planning:
     """Applies lifecycle facts to administrators and reads plans back."""
 
@@ -157,6 +188,76 @@ class Planning:
 
     async def admitted(self, decision: job_pb2.AdmissionDecision) -> None:
         """A job was admitted: create its administrator and publish plan 1. Idempotent."""
+        (outcome,) = await self.admitted_all([decision])
+        if outcome is not None:
+            raise outcome
+
+    async def admitted_all(
+        self,
+        decisions: Sequence[job_pb2.AdmissionDecision],
+        scopes: Sequence[Scope] | None = None,
+    ) -> list[Exception | None]:
+        """:meth:`admitted` for a fetched batch; per decision, None or the error it met.
+
+        Each job's first plan is decided as it would be alone (the executor pool and the
+        config DB asked for all of them at once), then the batch is stored in one
+        transaction, in order of job. Under a stream of submissions a transaction per job
+        was much of the optimizer's work (``bench/submit_load.py``). If the transaction
+        fails, each job is stored alone, so a bad one fails alone with its own error.
+
+        ``scopes``: per decision, what its work runs in (its message's trace, so the plan
+        it publishes stays in the job's trace); none by default."""
+        within = list(scopes) if scopes is not None else [nullcontext] * len(decisions)
+
+        async def first_plan(decision: job_pb2.AdmissionDecision, scope: Scope) -> _FirstPlan:
+            with scope():
+                first = await self._first_plan(decision)
+            return replace(first, scope=scope)
+
+        prepared = await asyncio.gather(
+            *(first_plan(d, scope) for d, scope in zip(decisions, within, strict=True)),
+            return_exceptions=True,
+        )
+        outcomes: list[Exception | None] = []
+        ready: list[_FirstPlan] = []
+        for result in prepared:
+            if isinstance(result, Exception):
+                outcomes.append(result)
+            elif isinstance(result, BaseException):
+                raise result  # cancelled: the batch is redelivered
+            else:
+                outcomes.append(None)
+                ready.append(result)
+        if len(ready) > 1:
+            try:
+                stored = []
+                async with self.database.transaction() as session:
+                    for first in sorted(ready, key=lambda first: first.job_id):
+                        with first.scope():
+                            stored.append(await self._store_first(session, first))
+            except Exception as error:
+                log.info("batch not stored together; one job at a time", why=str(error)[:200])
+            else:
+                self.outbox.notify()
+                for first, step in zip(sorted(ready, key=lambda f: f.job_id), stored, strict=True):
+                    first.logged(step)
+                return outcomes
+        index = {id(first): n for n, first in enumerate(prepared)}
+        for first in ready:
+            try:
+                with first.scope():
+                    async with self.database.transaction() as session:
+                        step = await self._store_first(session, first)
+            except Exception as error:
+                outcomes[index[id(first)]] = error
+                continue
+            self.outbox.notify()
+            first.logged(step)
+        return outcomes
+
+    async def _first_plan(self, decision: job_pb2.AdmissionDecision) -> _FirstPlan:
+        """Plan 1 of an admitted job, decided (cold start, then the warm start over similar
+        finished jobs), not stored yet; bad input fails here, with nothing written."""
         job_id = check_job_id(decision.job_id)
         if decision.outcome != job_pb2.ADMISSION_OUTCOME_ADMITTED:
             raise InvalidArgument(
@@ -164,11 +265,10 @@ class Planning:
             )
         if not decision.HasField("spec"):
             raise InvalidArgument("spec", "is required (the plan is made from it)")
-        # Computed before the transaction: bad input fails here, with nothing written.
         features = features_from_spec(decision.spec)
         # Decided before the transaction: the executor pool may take a while, and no row
-        # lock is held meanwhile. A redelivery (rare) is found in the transaction below,
-        # not by a read first, which cost every admitted job a transaction.
+        # lock is held meanwhile. A redelivery (rare) is found in the transaction, not by a
+        # read first, which cost every admitted job a transaction.
         cold_start = await self._decide(
             COLD_START, ColdStartRequest(features, self.max_pod_cpu), job_id
         )
@@ -194,30 +294,28 @@ class Planning:
                 cost=reply.cost,
                 fallback=fallback,
             )
+        return _FirstPlan(job_id, decision.spec.SerializeToString(), first, explanation, default)
+
+    async def _store_first(self, session: Session, first: _FirstPlan) -> Step:
+        """Store an admitted job's administrator and plan 1 (nothing if it has one)."""
         now = datetime.now(UTC)
-        async with self.database.transaction() as session:
-            existing = await repository.get_administrator(session, job_id, for_update=True)
-            first, explanation = await self._within_share(session, job_id, first, explanation)
-            step = on_admitted(existing, job_id, first, now)
-            if not step.changed:
-                log.info(
-                    "admission already applied; ignored",
-                    job_id=job_id,
-                    stage=existing.stage.value if existing else None,
-                )
-                return
+        existing = await repository.get_administrator(session, first.job_id, for_update=True)
+        plan, explanation = await self._within_share(
+            session, first.job_id, first.plan, first.explanation
+        )
+        step = on_admitted(existing, first.job_id, plan, now)
+        if step.changed:
             # The stage step's later "request" is the cold default, as the simulator's is
             # the user's request, whatever the warm start chose.
             await self._store(
                 session,
                 step,
-                decision.spec.SerializeToString(),
+                first.spec,
                 now,
                 explanation=explanation,
-                view=obs.Observations(request=default),
+                view=obs.Observations(request=first.default),
             )
-        self.outbox.notify()
-        log.info("job administrator created", job_id=job_id, plans=[p.version for p in step.plans])
+        return step
 
     async def _within_share(
         self, session: Session, job_id: str, plan: Plan, explanation: Explanation

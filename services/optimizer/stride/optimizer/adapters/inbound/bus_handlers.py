@@ -6,7 +6,10 @@ The bus has already checked that each payload's job id is its subject's (see ``B
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
+from contextlib import AbstractContextManager, nullcontext
+
+from opentelemetry import trace
 
 from stride.bus.client import Delivery
 from stride.events.v1 import job_pb2, metrics_pb2, pod_pb2
@@ -14,13 +17,27 @@ from stride.optimizer.usecases import Planning
 
 
 class AdmittedHandler:
-    """Creates the job's administrator and plan 1 when a job is admitted."""
+    """Creates each admitted job's administrator and plan 1: a fetched batch of admissions
+    stored in one transaction, each alone if that fails (``Planning.admitted_all``)."""
 
     def __init__(self, planning: Planning) -> None:
         self.planning = planning
 
-    async def __call__(self, decision: job_pb2.AdmissionDecision, delivery: Delivery) -> None:
-        await self.planning.admitted(decision)
+    async def __call__(
+        self, batch: Sequence[tuple[job_pb2.AdmissionDecision, Delivery]]
+    ) -> Sequence[BaseException | None]:
+        return await self.planning.admitted_all(
+            [decision for decision, _ in batch],
+            [_in_trace_of(delivery) for _, delivery in batch],
+        )
+
+
+def _in_trace_of(delivery: Delivery) -> Callable[[], AbstractContextManager[object]]:
+    """Work on one message of a batch in that message's own trace (``Delivery.span``)."""
+    span = delivery.span
+    if span is None:
+        return nullcontext
+    return lambda: trace.use_span(span, end_on_exit=False)
 
 
 class FinishedHandler:
