@@ -287,3 +287,29 @@ async def test_a_simulated_job_gets_its_plans_recorded_and_no_pods(stub: Stub, b
         reply = await assert_eventually(functools.partial(applied, version))
         assert "simulated job: no pods" in reply.plan.message
         assert list(reply.pods) == []
+
+
+async def test_admissions_that_come_together_are_stored_and_a_bad_one_fails_alone(
+    stub: Stub, bus: Bus, nats_url: str
+) -> None:
+    """Admissions published together are fetched and stored as a batch; one without its
+    spec is dead-lettered with the reason, the others are admitted (their plans apply)."""
+    jobs = [f"job-batch{n}" for n in range(6)]
+    bad = job_pb2.AdmissionDecision(job_id="job-nospec", outcome=job_pb2.ADMISSION_OUTCOME_ADMITTED)
+    await admit(bus, *jobs[:3])
+    await bus.publish(topics.JOB_ADMITTED, "job-nospec", bad, "job-nospec.admitted")
+    await admit(bus, *jobs[3:], jobs[0])  # the first one's again: stored once
+    for job_id in jobs:
+        await bus.publish(topics.PLAN, job_id, plan(job_id, 1, workers=0), f"{job_id}.plan.1")
+    for job_id in jobs:
+        await newest_version_becomes(stub, job_id, 1)
+
+    async def parked() -> str:
+        dead = await stream_messages(nats_url, topics.dead_letter_subject("podwatcher-admitted"))
+        reasons = [(m.headers or {})["Stride-Dead-Letter-Reason"] for m in dead]
+        assert len(reasons) == 1, reasons
+        return reasons[0]
+
+    reason = await assert_eventually(parked, timeout=20)
+    assert "spec" in reason and "must carry its spec" in reason, reason
+    assert await job_pods(stub, "job-nospec") is None

@@ -185,7 +185,12 @@ async def build(settings: PodWatcherSettings) -> ServiceHost:
         "inventory", lambda: every(settings.inventory_interval_seconds, pods.check_inventory)
     )
     consume(
-        host, bus, topics.JOB_ADMITTED, durable="podwatcher-admitted", handler=AdmittedHandler(pods)
+        host,
+        bus,
+        topics.JOB_ADMITTED,
+        durable="podwatcher-admitted",
+        batch_handler=AdmittedHandler(pods),
+        batch=64,
     )
     consume(host, bus, topics.PLAN, durable="podwatcher-plans", handler=PlanHandler(pods))
     consume(

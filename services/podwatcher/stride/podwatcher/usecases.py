@@ -49,7 +49,7 @@ import asyncio
 import json
 import socket
 from collections import defaultdict
-from collections.abc import AsyncIterator, Callable, Coroutine, Iterable
+from collections.abc import AsyncIterator, Callable, Coroutine, Iterable, Sequence
 from dataclasses import dataclass, replace
 from datetime import UTC, datetime, timedelta
 from typing import Any
@@ -228,15 +228,63 @@ class PodWatcher:
 
     async def admitted(self, decision: job_pb2.AdmissionDecision) -> None:
         """Store an admitted job's spec (idempotent) and apply a plan already waiting."""
-        if not decision.HasField("spec"):
-            raise InvalidArgument("spec", "an admitted job's decision must carry its spec")
-        async with self.database.transaction() as session:
-            created = await repository.insert_job(
-                session, decision.job_id, decision.spec, now_utc()
-            )
-        if created:
-            log.info("job admitted", job_id=decision.job_id)
-        await self.apply(decision.job_id)
+        (outcome,) = await self.admitted_all([decision])
+        if outcome is not None:
+            raise outcome
+
+    async def admitted_all(
+        self, decisions: Sequence[job_pb2.AdmissionDecision]
+    ) -> list[Exception | None]:
+        """:meth:`admitted` for a fetched batch; per decision, None or the error it met.
+
+        The specs are stored in one transaction, in order of job (a transaction per job
+        was a third of the pod watcher's work under a stream of submissions,
+        ``bench/submit_load.py``); if it fails, each alone, so a bad one fails alone.
+        Then each job's waiting plan, if any, is applied."""
+        outcomes: list[Exception | None] = [None] * len(decisions)
+        valid = []
+        for index, decision in enumerate(decisions):
+            if decision.HasField("spec"):
+                valid.append(index)
+            else:
+                outcomes[index] = InvalidArgument(
+                    "spec", "an admitted job's decision must carry its spec"
+                )
+        created: dict[int, bool] = {}
+        order = sorted(valid, key=lambda index: decisions[index].job_id)
+        try:
+            async with self.database.transaction() as session:
+                for index in order:
+                    decision = decisions[index]
+                    created[index] = await repository.insert_job(
+                        session, decision.job_id, decision.spec, now_utc()
+                    )
+        except Exception as error:
+            if len(order) == 1:
+                outcomes[order[0]] = error
+                return outcomes
+            log.info("batch not stored together; one job at a time", why=str(error)[:200])
+            created.clear()
+            for index in order:
+                decision = decisions[index]
+                try:
+                    async with self.database.transaction() as session:
+                        created[index] = await repository.insert_job(
+                            session, decision.job_id, decision.spec, now_utc()
+                        )
+                except Exception as alone:
+                    outcomes[index] = alone
+        for index in order:
+            if index not in created:
+                continue
+            job_id = decisions[index].job_id
+            if created[index]:
+                log.info("job admitted", job_id=job_id)
+            try:
+                await self.apply(job_id)
+            except Exception as error:
+                outcomes[index] = error
+        return outcomes
 
     # --- applying ---------------------------------------------------------------------
 

@@ -3,19 +3,24 @@ elsewhere (a cancel), and the chief's answers to control commands."""
 
 from __future__ import annotations
 
+from collections.abc import Sequence
+
 from stride.bus.client import Delivery
 from stride.events.v1 import control_pb2, job_pb2, plan_pb2
 from stride.podwatcher.usecases import PodWatcher
 
 
 class AdmittedHandler:
-    """Stores an admitted job's spec on ``stride.jobs.v1.admitted.<job>``."""
+    """Stores admitted jobs' specs from ``stride.jobs.v1.admitted.<job>``: a fetched batch
+    in one transaction, each alone if that fails (``PodWatcher.admitted_all``)."""
 
     def __init__(self, pods: PodWatcher) -> None:
         self.pods = pods
 
-    async def __call__(self, decision: job_pb2.AdmissionDecision, delivery: Delivery) -> None:
-        await self.pods.admitted(decision)
+    async def __call__(
+        self, batch: Sequence[tuple[job_pb2.AdmissionDecision, Delivery]]
+    ) -> Sequence[BaseException | None]:
+        return await self.pods.admitted_all([decision for decision, _ in batch])
 
 
 class PlanHandler:
