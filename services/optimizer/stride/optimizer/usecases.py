@@ -424,7 +424,13 @@ class Planning:
             )
         if not step.plans and view is None:
             return
-        stored = await repository.get_observations(session, step.after.job_id, for_update=True)
+        # A new administrator has no metric view yet (metrics of a job the optimizer does
+        # not know are refused), so there is nothing to read for it.
+        stored = (
+            None
+            if step.before is None
+            else await repository.get_observations(session, step.after.job_id, for_update=True)
+        )
         current = view if view is not None else (stored or obs.Observations())
         held = None
         if step.plans:
