@@ -71,6 +71,18 @@ class ForgedSender(Exception):
     """An event whose sender cannot be verified, or who may not publish it; says why."""
 
 
+def _check_signature(
+    key: ec.EllipticCurvePublicKey, signature: str, signed: bytes, whose: str
+) -> None:
+    """:class:`ForgedSender` unless ``signature`` (base64) is ``key``'s over ``signed``."""
+    try:
+        key.verify(base64.b64decode(signature, validate=True), signed, ec.ECDSA(hashes.SHA256()))
+    except (ValueError, InvalidSignature):
+        raise ForgedSender(
+            f"the signature is not {whose}'s over this subject and payload"
+        ) from None
+
+
 def _signed_bytes(subject: str, type_name: str, payload: bytes) -> bytes:
     digest = hashlib.sha256(payload).digest()
     return _CONTEXT + subject.encode() + b"\0" + type_name.encode() + b"\0" + digest
@@ -155,16 +167,7 @@ class SenderVerifier:
         if not encoded or not signature:
             raise ForgedSender("unsigned: no sender signature")
         identity, key = self._signer(encoded)
-        try:
-            key.verify(
-                base64.b64decode(signature, validate=True),
-                _signed_bytes(subject, type_name, payload),
-                ec.ECDSA(hashes.SHA256()),
-            )
-        except (ValueError, InvalidSignature):
-            raise ForgedSender(
-                f"the signature is not {identity!r}'s over this subject and payload"
-            ) from None
+        _check_signature(key, signature, _signed_bytes(subject, type_name, payload), repr(identity))
         return identity
 
     def pod_sender(
@@ -189,16 +192,12 @@ class SenderVerifier:
             raise ForgedSender(f"{JOB_TOKEN_HEADER}: a user's token; a pod's is needed")
         if identity.key is None:
             raise ForgedSender(f"{JOB_TOKEN_HEADER}: the token binds no pod key to sign with")
-        try:
-            identity.key.verify(
-                base64.b64decode(signature, validate=True),
-                _signed_bytes(subject, type_name, payload),
-                ec.ECDSA(hashes.SHA256()),
-            )
-        except (ValueError, InvalidSignature):
-            raise ForgedSender(
-                f"the signature is not pod {identity.pod!r}'s over this subject and payload"
-            ) from None
+        _check_signature(
+            identity.key,
+            signature,
+            _signed_bytes(subject, type_name, payload),
+            f"pod {identity.pod!r}",
+        )
         if identity.job_id != job_id:
             raise ForgedSender(
                 f"pod {identity.pod!r} works for job {identity.job_id!r}, not {job_id!r}"
