@@ -23,10 +23,6 @@ def test_unreachable_by_the_timeout():
     # SIGALRM blocked: pytest-timeout's signal cannot stop this test.
     signal.pthread_sigmask(signal.SIG_BLOCK, {signal.SIGALRM})
     time.sleep(120)
-
-
-def test_never_reached():
-    pass
 """
 
 SLOW = """

@@ -96,10 +96,15 @@ class Delivery:
     key: str
     """The subject's key (the job id of a job-scoped topic)."""
     span: trace.Span | None = field(default=None, compare=False, repr=False)
-    """In a batch, the span of this message's handling, in its own trace: a batch handler
-    makes it current (``trace.use_span(span)``) while it works on this message alone, so
-    what that work publishes stays in the message's trace. None for a single handler (its
-    span is current already)."""
+    """In a batch, the span of this message's handling, in its own trace (see
+    :meth:`traced`). None for a single handler (its span is current already)."""
+
+    def traced(self) -> contextlib.AbstractContextManager[object]:
+        """Where a batch handler works on this message alone: in the message's own trace,
+        so what that work publishes stays in it (nothing changes for a single handler)."""
+        if self.span is None:
+            return contextlib.nullcontext()
+        return trace.use_span(self.span, end_on_exit=False)
 
 
 Handler = Callable[[M, Delivery], Awaitable[None]]
@@ -214,6 +219,26 @@ class Bus:
         if signer is not None:
             headers.update(signer.headers(subject, headers.get(TYPE_HEADER, ""), payload))
         return headers
+
+    def forged(
+        self,
+        topic: Topic[Any],
+        subject: str,
+        payload: bytes,
+        headers: Mapping[str, str],
+        key: str,
+    ) -> str | None:
+        """Why an event's sender is not one ``topic`` accepts (:mod:`stride.bus.signing`;
+        ``key``: the subject's job), or None: verified, or nothing is checked (plain text)."""
+        if self.verifier is None:
+            return None
+        try:
+            self.verifier.check(
+                subject, headers.get(TYPE_HEADER, ""), payload, headers, topic.producers, key
+            )
+        except ForgedSender as error:
+            return str(error)
+        return None
 
     @property
     def is_connected(self) -> bool:
@@ -558,14 +583,10 @@ class Bus:
         message_type = topic.message_type
         expected = message_type.DESCRIPTOR.full_name
         sent_type = headers.get(TYPE_HEADER)
-        if self.verifier is not None:
-            try:
-                self.verifier.check(
-                    msg.subject, sent_type or "", msg.data, headers, topic.producers, key
-                )
-            except ForgedSender as error:
-                await self._dead_letter(msg, durable, f"sender: {error}")
-                return None
+        forged = self.forged(topic, msg.subject, msg.data, headers, key)
+        if forged is not None:
+            await self._dead_letter(msg, durable, f"sender: {forged}")
+            return None
         if sent_type is not None and sent_type != expected:
             await self._dead_letter(msg, durable, f"payload type {sent_type}, expected {expected}")
             return None
@@ -667,18 +688,12 @@ class Bus:
             sent_type = headers.get(TYPE_HEADER)
             if key is None or (sent_type is not None and sent_type != expected):
                 return
-            if self.verifier is not None:
-                try:
-                    self.verifier.check(
-                        msg.subject, sent_type or "", msg.data, headers, topic.producers, key
-                    )
-                except ForgedSender as error:
-                    log.warning(
-                        "event of an unverified sender skipped",
-                        subject=msg.subject,
-                        reason=str(error),
-                    )
-                    return
+            forged = self.forged(topic, msg.subject, msg.data, headers, key)
+            if forged is not None:
+                log.warning(
+                    "event of an unverified sender skipped", subject=msg.subject, reason=forged
+                )
+                return
             try:
                 message = topic.message_type.FromString(msg.data)
             except DecodeError as error:

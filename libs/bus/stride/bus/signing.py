@@ -51,6 +51,7 @@ from cryptography.hazmat.primitives.asymmetric import ec
 from stride.runtime.certs import verified_signer
 from stride.runtime.tls import TlsMaterial
 from stride.runtime.tokens import (
+    JOB_ISSUER,
     JOB_TOKEN_TTL,
     JobIdentity,
     Signer,
@@ -259,6 +260,16 @@ class JobPods:
         raise TokenError(f"{subject}: not a subject pods publish on")
 
 
+def _tool_signer(identity: str, load: Callable[[str], TlsMaterial | None]) -> EventSigner | None:
+    """Who signs as ``identity`` for a tool (None: its key is not there): the pods' topics
+    as a pod of the subject's job, minted with the pod watcher's key."""
+    if identity == POD_PRODUCER:
+        issuer = load(JOB_ISSUER)
+        return JobPods(issuer) if issuer else None
+    material = load(identity)
+    return MessageSigner(material) if material else None
+
+
 def as_producers(load: Callable[[str], TlsMaterial | None]) -> SignerFor:
     """Signs each contract topic's events as its first producer, with the keys ``load``
     gives (``tls.load``): for tools that play several parts of the suite on a machine that
@@ -268,24 +279,15 @@ def as_producers(load: Callable[[str], TlsMaterial | None]) -> SignerFor:
     topic is unsigned."""
     from stride.bus.topics import TOPICS
 
-    signers: dict[str, MessageSigner | None] = {}
-    pods: list[JobPods | None] = []
+    signers: dict[str, EventSigner | None] = {}
 
     def signer_for(subject: str) -> EventSigner | None:
         for topic in TOPICS:
-            job_id = topic.key_of(subject) if topic.producers else None
-            if job_id is None:
-                continue
-            identity = topic.producers[0]
-            if identity == POD_PRODUCER:
-                if not pods:
-                    material = load("podwatcher")
-                    pods.append(JobPods(material) if material else None)
-                return pods[0].for_job(job_id) if pods[0] is not None else None
-            if identity not in signers:
-                material = load(identity)
-                signers[identity] = MessageSigner(material) if material else None
-            return signers[identity]
+            if topic.producers and topic.key_of(subject) is not None:
+                identity = topic.producers[0]
+                if identity not in signers:
+                    signers[identity] = _tool_signer(identity, load)
+                return signers[identity]
         return None
 
     return signer_for

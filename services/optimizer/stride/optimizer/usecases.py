@@ -219,37 +219,37 @@ class Planning:
             return_exceptions=True,
         )
         outcomes: list[Exception | None] = []
-        ready: list[_FirstPlan] = []
-        for result in prepared:
+        ready: list[tuple[int, _FirstPlan]] = []
+        for index, result in enumerate(prepared):
             if isinstance(result, Exception):
                 outcomes.append(result)
             elif isinstance(result, BaseException):
                 raise result  # cancelled: the batch is redelivered
             else:
                 outcomes.append(None)
-                ready.append(result)
+                ready.append((index, result))
+        ready.sort(key=lambda item: item[1].job_id)
         if len(ready) > 1:
             try:
                 stored = []
                 async with self.database.transaction() as session:
-                    for first in sorted(ready, key=lambda first: first.job_id):
+                    for _, first in ready:
                         with first.scope():
                             stored.append(await self._store_first(session, first))
             except Exception as error:
                 log.info("batch not stored together; one job at a time", why=str(error)[:200])
             else:
                 self.outbox.notify()
-                for first, step in zip(sorted(ready, key=lambda f: f.job_id), stored, strict=True):
+                for (_, first), step in zip(ready, stored, strict=True):
                     first.logged(step)
                 return outcomes
-        index = {id(first): n for n, first in enumerate(prepared)}
-        for first in ready:
+        for index, first in ready:
             try:
                 with first.scope():
                     async with self.database.transaction() as session:
                         step = await self._store_first(session, first)
             except Exception as error:
-                outcomes[index[id(first)]] = error
+                outcomes[index] = error
                 continue
             self.outbox.notify()
             first.logged(step)

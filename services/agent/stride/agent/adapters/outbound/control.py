@@ -20,7 +20,6 @@ from nats.aio.msg import Msg
 
 from stride.bus import topics
 from stride.bus.client import Bus
-from stride.bus.signing import ForgedSender
 from stride.events.v1 import control_pb2
 from stride.runtime.errors import Unavailable
 
@@ -61,22 +60,12 @@ async def subscribe_commands(
     subject = topics.CONTROL_COMMAND.subject(job_id)
 
     async def on_message(msg: Msg) -> None:
-        if bus.verifier is not None:
-            # Only the pod watcher commands pods (stride.bus.signing): a command anyone
-            # else could put on this subject is not obeyed.
-            headers = msg.headers or {}
-            try:
-                bus.verifier.check(
-                    msg.subject,
-                    headers.get(topics.TYPE_HEADER, ""),
-                    msg.data,
-                    headers,
-                    topics.CONTROL_COMMAND.producers,
-                    job_id,
-                )
-            except ForgedSender as error:
-                log.warning("control command of an unverified sender dropped", reason=str(error))
-                return
+        # Only the pod watcher commands pods: a command anyone else could put on this
+        # subject is not obeyed.
+        forged = bus.forged(topics.CONTROL_COMMAND, subject, msg.data, msg.headers or {}, job_id)
+        if forged is not None:
+            log.warning("control command of an unverified sender dropped", reason=forged)
+            return
         try:
             command = control_pb2.ControlCommand.FromString(msg.data)
         except DecodeError as error:

@@ -6,10 +6,7 @@ The bus has already checked that each payload's job id is its subject's (see ``B
 
 from __future__ import annotations
 
-from collections.abc import Callable, Sequence
-from contextlib import AbstractContextManager, nullcontext
-
-from opentelemetry import trace
+from collections.abc import Sequence
 
 from stride.bus.client import Delivery
 from stride.events.v1 import job_pb2, metrics_pb2, pod_pb2
@@ -28,16 +25,8 @@ class AdmittedHandler:
     ) -> Sequence[BaseException | None]:
         return await self.planning.admitted_all(
             [decision for decision, _ in batch],
-            [_in_trace_of(delivery) for _, delivery in batch],
+            [delivery.traced for _, delivery in batch],
         )
-
-
-def _in_trace_of(delivery: Delivery) -> Callable[[], AbstractContextManager[object]]:
-    """Work on one message of a batch in that message's own trace (``Delivery.span``)."""
-    span = delivery.span
-    if span is None:
-        return nullcontext
-    return lambda: trace.use_span(span, end_on_exit=False)
 
 
 class FinishedHandler:
