@@ -7,18 +7,21 @@ from __future__ import annotations
 import asyncio
 import os
 import ssl
+import subprocess
+import sys
 from collections.abc import Iterator, Mapping
 from pathlib import Path
 
 import nats
 import pytest
+import yaml
 from nats.errors import TimeoutError as NatsTimeoutError
 
 from stride.bus import permissions, topics
 from stride.bus.client import Bus, Delivery
 from stride.events.v1 import job_pb2, plan_pb2
 from stride.runtime import certs, tls
-from stride.runtime.embedded_nats import NatsServer
+from stride.runtime.embedded_nats import NatsServer, free_port, nats_server_binary
 from stride.runtime.errors import StartupError
 from stride.testing.processes import run_cli
 
@@ -237,3 +240,205 @@ async def test_an_operator_locks_their_own_nats_with_the_cli(tmp_path: Path) -> 
         own.stop()
     unreachable = run_cli("bus", "init", "--nats-url", own.url, env=env, timeout=60)
     assert unreachable.returncode == 2 and "cannot connect to NATS" in unreachable.stderr
+
+
+REPO_ROOT = Path(__file__).resolve().parents[3]
+
+
+class _Container:
+    """Runs a compose service's command here: its volume paths mapped to folders of the
+    test, the `nats` host to this machine's NATS on a free port."""
+
+    def __init__(self, tmp_path: Path, nats_port: int) -> None:
+        tls_folder = tmp_path / "tls"
+        self.paths = {
+            "/etc/nats/stride": tls_folder,
+            "/etc/stride/tls": tls_folder,
+            "/tls": tls_folder,
+            "/ca": tmp_path / "ca",
+            "/data": tmp_path / "data",
+        }
+        self.nats_port = nats_port
+
+    def arg(self, value: object) -> str:
+        text = str(value).replace("nats:4222", f"127.0.0.1:{self.nats_port}")
+        for inside in sorted(self.paths, key=len, reverse=True):
+            if text == inside or text.startswith(inside + "/"):
+                return str(self.paths[inside]) + text[len(inside) :]
+        return text
+
+    def command(self, service: Mapping[str, object]) -> list[str]:
+        command = [self.arg(part) for part in service["command"]]  # type: ignore[attr-defined]
+        if "--owner" in command and os.geteuid() != 0:  # only root hands files over
+            at = command.index("--owner")
+            del command[at : at + 2]
+        return [sys.executable if part == "python" else part for part in command]
+
+    def environment(self, service: Mapping[str, object]) -> dict[str, str]:
+        env = {k: v for k, v in os.environ.items() if not k.startswith("STRIDE_")}
+        given = service.get("environment") or {}
+        env.update({key: self.arg(value) for key, value in given.items()})  # type: ignore[attr-defined]
+        return env
+
+    def run(self, service: Mapping[str, object]) -> subprocess.CompletedProcess[str]:
+        return subprocess.run(
+            self.command(service),
+            env=self.environment(service),
+            capture_output=True,
+            text=True,
+            timeout=120,
+            check=False,
+        )
+
+
+async def test_composes_one_shots_lock_its_nats_down(tmp_path: Path) -> None:
+    """compose.yaml's `certs`, `nats-config`, `nats` and `bus-init`, each run with the
+    command and environment compose gives it (volumes mapped to folders here): the server
+    takes the generated configuration, the streams are declared by the administrator, and
+    the servers' URL reaches it as their identity: admission may publish `admitted`, the
+    optimizer may not, and a client without a certificate is refused."""
+    services = yaml.safe_load((REPO_ROOT / "compose.yaml").read_text())["services"]
+    (tmp_path / "ca").mkdir()
+    (tmp_path / "data").mkdir()
+    container = _Container(tmp_path, free_port())
+    for one_shot in ("certs", "nats-config"):
+        done = container.run(services[one_shot])
+        assert done.returncode == 0, (one_shot, done.stderr)
+    assert os.stat(container.arg("/tls/nats.conf")).st_mode & 0o077 == 0
+    command = container.command(services["nats"])
+    command[command.index("-m") + 1] = str(free_port())  # the monitoring port, free here
+    log = (tmp_path / "nats.log").open("wb")
+    server = subprocess.Popen(
+        [nats_server_binary(), *command, "-a", "127.0.0.1", "-p", str(container.nats_port)],
+        stdout=log,
+        stderr=subprocess.STDOUT,
+    )
+    try:
+        url = container.arg(services["admission"]["environment"]["STRIDE_NATS_URL"])
+        declared = container.run(services["bus-init"])
+        assert declared.returncode == 0, (declared.stderr, (tmp_path / "nats.log").read_text())
+        assert f"streams declared on {url}" in declared.stdout
+        environ = container.environment(services["admission"])
+        admission = await Bus.connect(url, "admission", 10, identity="admission", environ=environ)
+        optimizer = await Bus.connect(url, "optimizer", 10, identity="optimizer", environ=environ)
+        try:
+            subject = topics.JOB_ADMITTED.subject(JOB)
+            with pytest.raises(NatsTimeoutError):
+                await optimizer.js.publish(subject, _admitted().SerializeToString(), timeout=1)
+            acked = await admission.publish(topics.JOB_ADMITTED, JOB, _admitted(), "m-compose")
+            assert acked.stream == topics.JOBS.name and acked.seq == 1
+        finally:
+            await admission.close()
+            await optimizer.close()
+        with pytest.raises((nats.errors.NoServersError, OSError, asyncio.TimeoutError)):
+            await asyncio.wait_for(nats.connect(url, max_reconnect_attempts=0), timeout=5)
+    finally:
+        server.terminate()
+        server.wait(10)
+        log.close()
+
+
+async def test_lockdown_commands_name_what_is_wrong(tmp_path: Path) -> None:
+    """`python -m stride.bus.lockdown`, as compose and Helm run it, on bad input."""
+
+    def lockdown(*args: str, env: Mapping[str, str] | None = None) -> tuple[int, str]:
+        base = {k: v for k, v in os.environ.items() if not k.startswith("STRIDE_")}
+        done = subprocess.run(
+            [sys.executable, "-m", "stride.bus.lockdown", *args],
+            env={**base, **(env or {})},
+            capture_output=True,
+            text=True,
+            timeout=60,
+            check=False,
+        )
+        return done.returncode, done.stderr
+
+    out = str(tmp_path / "nats.conf")
+    assert lockdown("config", "--out", out) == (
+        2,
+        "error: no certificate folder: pass --tls-dir, set STRIDE_TLS_DIR, or give --cert, "
+        "--key and --ca\n",
+    )
+    code, error = lockdown("config", "--tls-dir", str(tmp_path), "--out", out)
+    assert code == 2 and f"{tmp_path} holds no ca.crt: run `stride certs init" in error
+    code, error = lockdown(
+        "config", "--tls-dir", str(_folder()), "--out", str(tmp_path / "missing" / "n.conf")
+    )
+    assert code == 2 and "No such file or directory" in error
+    assert not (tmp_path / "nats.conf").exists()
+    code, error = lockdown("init", "--url", f"tls://127.0.0.1:{free_port()}", "--timeout", "2")
+    assert code == 2 and "no TLS material for 'cli'" in error
+    code, error = lockdown(
+        "init",
+        "--url",
+        f"tls://127.0.0.1:{free_port()}",
+        "--timeout",
+        "2",
+        "--tls-dir",
+        str(_folder()),
+    )
+    assert code == 2 and "cannot connect to NATS at tls://127.0.0.1:" in error
+    code, error = lockdown("config", "--tls-dir", str(_folder()), "--out", out, "--owner", "x")
+    assert code == 2 and "'x' is not UID:GID" in error
+
+
+def _as_secret(folder: Path, identity: str, into: Path) -> Path:
+    """``identity``'s certificate laid out as its kubernetes.io/tls Secret mounts it."""
+    into.mkdir(parents=True)
+    for source, name in ((f"{identity}.crt", "tls.crt"), (f"{identity}.key", "tls.key")):
+        (into / name).write_bytes((folder / source).read_bytes())
+    (into / "ca.crt").write_bytes((folder / "ca.crt").read_bytes())
+    return into
+
+
+async def test_the_charts_lockdown_and_bus_init_job_work_on_a_real_nats(tmp_path: Path) -> None:
+    """The Helm chart's ConfigMap, included in a nats-server's configuration with the nats
+    Secret where the chart says to mount it, and its bus-init Job's command and environment
+    (the cli Secret mounted): the streams get declared and each identity keeps to its
+    topics."""
+    import helm_python as helm
+
+    with helm.Chart.load(REPO_ROOT / "deploy" / "helm" / "stride") as chart:
+        files = chart.render({}, name="stride", namespace="ml")
+    manifests = [
+        doc
+        for path, text in files.items()
+        if path.endswith(".yaml")
+        for doc in yaml.safe_load_all(text)
+        if doc
+    ]
+    config = next(m for m in manifests if m["metadata"]["name"] == "stride-nats-lockdown")
+    job = next(m for m in manifests if m["metadata"]["name"] == "stride-bus-init-1")
+    folder = _folder()
+    nats_tls = _as_secret(folder, "nats", tmp_path / "nats-tls")
+    cli_tls = _as_secret(folder, "cli", tmp_path / "cli-tls")
+    text = config["data"]["stride-lockdown.conf"].replace("/etc/nats/stride-tls", str(nats_tls))
+    port = free_port()
+    server = NatsServer(tmp_path / "nats", port=port, locked=text).start()
+    try:
+        container = job["spec"]["template"]["spec"]["containers"][0]
+        env = {k: v for k, v in os.environ.items() if not k.startswith("STRIDE_")}
+        for item in container["env"]:
+            env[item["name"]] = item["value"].replace("/etc/stride/tls", str(cli_tls))
+        command = [
+            sys.executable if part == "python" else part.replace("nats:4222", f"127.0.0.1:{port}")
+            for part in container["command"]
+        ]
+        declared = subprocess.run(
+            command, env=env, capture_output=True, text=True, timeout=120, check=False
+        )
+        assert declared.returncode == 0, declared.stderr
+        admission = await _bus(server, "admission")
+        optimizer = await _bus(server, "optimizer")
+        try:
+            await admission.ensure_streams()  # declared, and only read by a service
+            subject = topics.JOB_ADMITTED.subject(JOB)
+            with pytest.raises(NatsTimeoutError):
+                await optimizer.js.publish(subject, _admitted().SerializeToString(), timeout=1)
+            acked = await admission.publish(topics.JOB_ADMITTED, JOB, _admitted(), "m-helm")
+            assert acked.stream == topics.JOBS.name
+        finally:
+            await admission.close()
+            await optimizer.close()
+    finally:
+        server.stop()

@@ -99,7 +99,8 @@ def test_server_settings(services: dict[str, Service], contract: ServiceContract
     prefix = contract.env_prefix
     assert environment[f"{prefix}GRPC_PORT"] == str(contract.grpc_port)
     assert environment[f"{prefix}METRICS_PORT"] == str(METRICS_PORT)
-    assert environment["STRIDE_NATS_URL"] == "nats://nats:4222"
+    # The locked-down NATS asks every client for its certificate.
+    assert environment["STRIDE_NATS_URL"] == "tls://nats:4222"
     if contract.has_database:
         assert environment[f"{prefix}AUTO_MIGRATE"] == "false"
         assert environment["STRIDE_DATABASE_URL"] == (
@@ -115,6 +116,8 @@ def test_server_waits_for_healthy_nats(
 ) -> None:
     depends_on = services[contract.name]["depends_on"]
     assert depends_on["nats"]["condition"] == "service_healthy"
+    # ... and for its streams, which only the bus administrator may declare.
+    assert depends_on["bus-init"]["condition"] == "service_completed_successfully"
 
 
 @pytest.mark.parametrize("contract", DATABASE_SERVICES, ids=lambda contract: contract.name)
@@ -198,6 +201,42 @@ def test_nats_runs_jetstream_and_is_health_checked(services: dict[str, Service])
     assert _option(command, "-sd") == "/data"
     assert _option(command, "-m") == "8222"
     assert any("8222/healthz" in part for part in nats["healthcheck"]["test"])
+
+
+def test_nats_is_locked_down_by_the_generated_configuration(
+    services: dict[str, Service],
+) -> None:
+    """The nats server reads the configuration the `nats-config` one-shot writes from the
+    bus contract, over certificates of the stack's CA. (Run for real, with these commands,
+    by tests/integration/libs/test_nats_lockdown.py.)"""
+    nats, writer = services["nats"], services["nats-config"]
+    config = _option(nats["command"], "-c")
+    folder, name = config.rsplit("/", 1)
+    assert _volumes(nats)[folder] == ("tls", "ro")
+    assert nats["depends_on"]["nats-config"]["condition"] == "service_completed_successfully"
+    command = writer["command"]
+    assert command[:4] == ["python", "-m", "stride.bus.lockdown", "config"]
+    out_folder, out_name = _option(command, "--out").rsplit("/", 1)
+    assert out_name == name and _volumes(writer)[out_folder] == ("tls", "rw")
+    # It names the certificates where the nats container sees them.
+    for flag, file in (("--cert", "nats.crt"), ("--key", "nats.key"), ("--ca", "ca.crt")):
+        assert _option(command, flag) == f"{folder}/{file}"
+    assert writer["depends_on"]["certs"]["condition"] == "service_completed_successfully"
+    assert writer["image"] == services["admission"]["image"] and writer["restart"] == "no"
+
+
+def test_the_streams_are_declared_by_the_bus_administrator(
+    services: dict[str, Service],
+) -> None:
+    init = services["bus-init"]
+    assert init["command"] == [
+        "python", "-m", "stride.bus.lockdown", "init", "--url", "tls://nats:4222"
+    ]  # fmt: skip
+    # As the cli identity, from the stack's certificates.
+    assert _environment(init)[tls.TLS_DIR_ENV] == TLS_DIR
+    assert _volumes(init)[TLS_DIR] == ("tls", "ro")
+    assert init["depends_on"]["nats"]["condition"] == "service_healthy"
+    assert init["restart"] == "no"
 
 
 def test_postgres_is_health_checked(services: dict[str, Service]) -> None:

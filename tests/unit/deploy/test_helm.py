@@ -15,6 +15,7 @@ import yaml
 
 from stride.admission.domain.quotas import quotas_from_config
 from stride.admission.settings import AdmissionSettings
+from stride.bus.lockdown import config_text
 from stride.runtime import tls
 
 from . import (
@@ -294,6 +295,8 @@ def test_the_podwatcher_passes_the_training_pods_tls_secret(release: Release) ->
 def test_migrations_need_no_tls(release: Release) -> None:
     # They talk to PostgreSQL only, and run as hooks before cert-manager could issue.
     for job in release.of_kind("Job"):
+        if not job["metadata"]["name"].endswith("-migrate"):
+            continue
         pod_spec = job["spec"]["template"]["spec"]
         assert not any("secret" in volume for volume in pod_spec["volumes"])
 
@@ -425,7 +428,9 @@ def test_database_service_is_migrated_by_a_hook_job(
 
 
 def test_only_database_services_have_migration_jobs(release: Release) -> None:
-    jobs = {job["metadata"]["name"] for job in release.of_kind("Job")}
+    jobs = {job["metadata"]["name"] for job in release.of_kind("Job")} - {
+        f"{release.prefix()}-bus-init-1"
+    }
     assert jobs == {f"{release.prefix()}-{c.name}-migrate" for c in DATABASE_SERVICES}
 
 
@@ -670,3 +675,71 @@ def test_a_quota_with_a_bad_scope_is_rejected(chart: helm.Chart) -> None:
             name="stride",
             namespace=NAMESPACE,
         )
+
+
+NATS_TLS = Path("/etc/nats/stride-tls")
+
+
+def chart_nats_lockdown() -> str:
+    """What files/nats-lockdown.conf must hold: the bus contract's lock-down over the nats
+    Secret's files where the chart tells operators to mount it."""
+    return config_text(
+        Path("."),
+        cert=str(NATS_TLS / "tls.crt"),
+        key=str(NATS_TLS / "tls.key"),
+        ca=str(NATS_TLS / "ca.crt"),
+    )
+
+
+def test_the_charts_nats_lockdown_is_the_bus_contracts() -> None:
+    shipped = (CHART_DIR / "files" / "nats-lockdown.conf").read_text()
+    assert shipped == chart_nats_lockdown(), (
+        "deploy/helm/stride/files/nats-lockdown.conf drifted from stride.bus.permissions; "
+        "regenerate it: python -m stride.bus.lockdown config "
+        f"--cert {NATS_TLS}/tls.crt --key {NATS_TLS}/tls.key --ca {NATS_TLS}/ca.crt "
+        "--out deploy/helm/stride/files/nats-lockdown.conf"
+    )
+
+
+def test_the_chart_locks_nats_down(release: Release) -> None:
+    """With TLS: the lock-down configuration for the operator's NATS, and a Job (not a hook:
+    `helm install --wait` would wait on servers waiting for it) that declares the streams as
+    the bus administrator with the cli certificate. The servers connect over TLS."""
+    configs = [m for m in release.of_kind("ConfigMap") if "nats-lockdown" in m["metadata"]["name"]]
+    jobs = [j for j in release.of_kind("Job") if "bus-init" in j["metadata"]["name"]]
+    if not release.tls:
+        assert configs == [] and jobs == []
+        return
+    config = release.get("ConfigMap", "nats-lockdown")
+    assert config["data"]["stride-lockdown.conf"] == chart_nats_lockdown()
+    job = release.get("Job", "bus-init-1")
+    assert "helm.sh/hook" not in job["metadata"].get("annotations", {})
+    container = _container(job)
+    url = release.values["nats"]["url"]
+    assert url.startswith("tls://")
+    assert container["command"] == [
+        "python", "-m", "stride.bus.lockdown", "init", "--url", url
+    ]  # fmt: skip
+    env = _env(container)
+    assert env[tls.CERT_FILE_ENV] == str(TLS_DIR / "tls.crt")
+    assert env[tls.KEY_FILE_ENV] == str(TLS_DIR / "tls.key")
+    assert env[tls.CA_FILE_ENV] == str(TLS_DIR / "ca.crt")
+    pod_spec = job["spec"]["template"]["spec"]
+    mount = {Path(m["mountPath"]): m for m in container["volumeMounts"]}[TLS_DIR]
+    volume = {v["name"]: v for v in pod_spec["volumes"]}[mount["name"]]
+    assert volume["secret"]["secretName"] == release.tls_secret("cli")
+    assert pod_spec["restartPolicy"] == "OnFailure"
+    for contract in DEPLOYED_SERVICES:
+        assert _env(_container(release.get("Deployment", contract.name)))["STRIDE_NATS_URL"] == url
+    notes = release.files["stride/templates/NOTES.txt"]
+    assert config["metadata"]["name"] in notes and release.tls_secret("nats") in notes
+
+
+def test_nats_lockdown_can_be_left_to_the_operator(chart: helm.Chart) -> None:
+    release = _render(
+        chart, "stride", {"nats": {"url": "tls://n:4222", "lockdown": {"enabled": False}}}
+    )
+    names = {m["metadata"]["name"] for m in release.manifests}
+    assert not any("nats-lockdown" in name or "bus-init" in name for name in names)
+    with pytest.raises(helm.HelmValuesError, match="schema"):
+        chart.render({"nats": {"lockdown": {"enabled": "yes"}}}, name="stride", namespace=NAMESPACE)

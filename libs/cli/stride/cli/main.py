@@ -1058,20 +1058,13 @@ def bus_config(
     the bus contract (only admission publishes `admitted`, only the optimizer plans, each
     service uses the JetStream API for its own consumers only). Include it in the server's
     configuration, then run `stride bus init` once."""
-    from stride.bus.permissions import server_config
+    from stride.bus.lockdown import config_text, write_config
 
-    folder = _tls_folder(tls_dir, state_dir)
-    text = server_config(
-        cert_file=cert or str(folder / "nats.crt"),
-        key_file=key or str(folder / "nats.key"),
-        ca_file=ca or str(folder / "ca.crt"),
-        identities=tls.IDENTITIES,
-    )
+    text = config_text(_tls_folder(tls_dir, state_dir), cert=cert, key=key, ca=ca)
     if out is None:
         print(text, end="")
         return
-    out.write_text(text)
-    os.chmod(out, 0o600)
+    write_config(text, out)
     console.print(f"NATS configuration written to {out}", highlight=False)
 
 
@@ -1091,7 +1084,7 @@ def bus_init(
 ) -> None:
     """Declare the contract's JetStream streams as the bus administrator (the `cli`
     identity): on a locked-down NATS only it may, and the services only read them."""
-    from stride.cli.supervisor import declare_streams
+    from stride.bus.lockdown import declare_streams
     from stride.runtime.errors import StartupError
 
     folder = _tls_folder(tls_dir, state_dir)

@@ -32,7 +32,6 @@ one step for each and records what it saw in the suite state (``endpoints.json``
 from __future__ import annotations
 
 import argparse
-import asyncio
 import contextlib
 import json
 import os
@@ -44,8 +43,7 @@ import time
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from stride.bus import permissions
-from stride.bus.client import Bus
+from stride.bus.lockdown import config_text, declare_streams
 from stride.cli.channels import ADMIN_TOKEN, DEMO_TOKEN
 from stride.cli.endpoints import (
     CORE,
@@ -447,7 +445,7 @@ class Supervisor:
             return self._fail(f"no certificates for mutual TLS: {error}")
         try:
             if not nats_url:
-                locked = "" if self.state.insecure else _locked_nats(Path(self.state.tls_dir))
+                locked = "" if self.state.insecure else config_text(Path(self.state.tls_dir))
                 self.nats = NatsServer(store_dir=self.state_dir / "nats", locked=locked)
                 self.nats_log_offset = _size(self.nats.log_path)
                 try:
@@ -688,32 +686,6 @@ def main(argv: list[str] | None = None) -> int:
     args = parser.parse_args(argv)
     args.state_dir.mkdir(parents=True, exist_ok=True)
     return Supervisor(args.state_dir.resolve(), args.executors, insecure=args.insecure).run()
-
-
-def _locked_nats(folder: Path) -> str:
-    """The embedded NATS's lock-down configuration over ``folder``'s certificates."""
-    return permissions.server_config(
-        cert_file=str(folder / "nats.crt"),
-        key_file=str(folder / "nats.key"),
-        ca_file=str(folder / "ca.crt"),
-        identities=tls.IDENTITIES,
-    )
-
-
-def declare_streams(url: str, environ: dict[str, str], timeout: float = 10.0) -> None:
-    """Declare the contract's streams as the bus administrator (only it may, on a locked
-    NATS); a one-line :class:`StartupError` if NATS does not take them."""
-
-    async def declare() -> None:
-        bus = await Bus.connect(
-            url, "stride-bus-admin", timeout, identity=permissions.ADMIN, environ=environ
-        )
-        try:
-            await bus.ensure_streams()
-        finally:
-            await bus.close()
-
-    asyncio.run(declare())
 
 
 if __name__ == "__main__":

@@ -1,0 +1,148 @@
+"""Lock a NATS server down for the suite: its configuration, and its streams declared.
+
+The one place the embedded suite (``stride up``), the CLI (``stride bus config`` / ``stride
+bus init``), compose's one-shots and Helm's hook Job get both from, so they cannot drift:
+
+    python -m stride.bus.lockdown config --tls-dir DIR --out nats.conf \\
+        [--cert PATH --key PATH --ca PATH] [--owner UID:GID]
+    python -m stride.bus.lockdown init --url tls://nats:4222 [--tls-dir DIR]
+
+``config`` writes the lock-down part of a nats-server configuration
+(:func:`stride.bus.permissions.server_config`: mutual TLS with the suite's CA, one user per
+identity with the permissions the bus contract gives it); ``--cert/--key/--ca`` are the
+paths *on the NATS host* when they differ from ``DIR``'s (a container mounting the folder
+elsewhere; all three given, no folder is read). ``init`` declares the contract's JetStream
+streams as the bus administrator (the ``cli`` identity: its certificate in ``DIR``, else
+where ``STRIDE_TLS_*`` names it, as for every Stride process): on a locked server no service
+may, and each service fails at start, naming this command, while a stream is missing.
+
+Both exit 2 with a one-line error naming the problem.
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import os
+import sys
+from collections.abc import Mapping, Sequence
+from pathlib import Path
+
+from stride.bus import permissions
+from stride.bus.client import Bus
+from stride.runtime import tls
+from stride.runtime.errors import StartupError
+
+
+def config_text(
+    folder: Path, *, cert: str | None = None, key: str | None = None, ca: str | None = None
+) -> str:
+    """The lock-down configuration over ``folder``'s certificates (``nats.crt``, ``nats.key``,
+    ``ca.crt``), or over the paths given where NATS sees them elsewhere."""
+    return permissions.server_config(
+        cert_file=cert or str(folder / "nats.crt"),
+        key_file=key or str(folder / "nats.key"),
+        ca_file=ca or str(folder / "ca.crt"),
+        identities=tls.IDENTITIES,
+    )
+
+
+def write_config(text: str, out: Path, owner: tuple[int, int] | None = None) -> None:
+    """Write ``text`` to ``out`` as 0600 (it names the key's path and every user), replacing
+    it whole so a server never reads half a file; ``owner`` (root only) hands it over."""
+    partial = out.with_name(f".{out.name}.partial")
+    descriptor = os.open(partial, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
+    with os.fdopen(descriptor, "w") as file:
+        file.write(text)
+    os.chmod(partial, 0o600)
+    if owner is not None:
+        os.chown(partial, *owner)
+    os.replace(partial, out)
+
+
+def declare_streams(url: str, environ: Mapping[str, str], timeout: float = 10.0) -> None:
+    """Declare the contract's streams as the bus administrator (only it may, on a locked
+    NATS); a one-line :class:`StartupError` if NATS does not take them."""
+
+    async def declare() -> None:
+        bus = await Bus.connect(
+            url, "stride-bus-admin", timeout, identity=permissions.ADMIN, environ=environ
+        )
+        try:
+            await bus.ensure_streams()
+        finally:
+            await bus.close()
+
+    asyncio.run(declare())
+
+
+def _owner(text: str) -> tuple[int, int]:
+    user, _, group = text.partition(":")
+    try:
+        return int(user), int(group or user)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"{text!r} is not UID:GID") from None
+
+
+def _folder(given: Path | None) -> Path:
+    if given is not None:
+        return given
+    named = os.environ.get(tls.TLS_DIR_ENV, "").strip()
+    if not named:
+        raise StartupError(
+            f"no certificate folder: pass --tls-dir, set {tls.TLS_DIR_ENV}, or give "
+            "--cert, --key and --ca"
+        )
+    return Path(named)
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    """``python -m stride.bus.lockdown config|init ...`` (see the module docstring)."""
+    parser = argparse.ArgumentParser(prog="python -m stride.bus.lockdown")
+    commands = parser.add_subparsers(dest="command", required=True)
+    config = commands.add_parser("config", help="write the NATS lock-down configuration")
+    config.add_argument("--tls-dir", type=Path, help=f"default: ${tls.TLS_DIR_ENV}")
+    config.add_argument("--out", type=Path, required=True)
+    config.add_argument("--cert", help="the server certificate's path on the NATS host")
+    config.add_argument("--key", help="its key's path on the NATS host")
+    config.add_argument("--ca", help="the CA's path on the NATS host")
+    config.add_argument("--owner", type=_owner, help="UID:GID to give the file to")
+    init = commands.add_parser("init", help="declare the streams as the bus administrator")
+    init.add_argument("--url", required=True, help="the NATS to declare them on")
+    init.add_argument("--tls-dir", type=Path, help=f"default: ${tls.TLS_DIR_ENV}")
+    init.add_argument("--timeout", type=float, default=30.0, help="seconds to reach NATS")
+    arguments = parser.parse_args(argv)
+    try:
+        if arguments.command == "config":
+            given = (arguments.cert, arguments.key, arguments.ca)
+            if all(given):
+                folder = Path(".")
+            else:
+                folder = _folder(arguments.tls_dir)
+                if not (folder / tls.CA_CERT_NAME).is_file() and arguments.ca is None:
+                    raise StartupError(
+                        f"{folder} holds no {tls.CA_CERT_NAME}: run `stride certs init "
+                        f"{folder}` first"
+                    )
+            text = config_text(folder, cert=arguments.cert, key=arguments.key, ca=arguments.ca)
+            write_config(text, arguments.out, arguments.owner)
+            print(f"NATS lock-down configuration written to {arguments.out}")
+        else:
+            # The administrator's certificate: from --tls-dir, else as every Stride process
+            # finds its own (a folder, or the three STRIDE_TLS_*_FILE paths of a mounted
+            # Kubernetes Secret).
+            environ = dict(os.environ)
+            if arguments.tls_dir is not None:
+                environ[tls.TLS_DIR_ENV] = str(arguments.tls_dir)
+                for name in (tls.CERT_FILE_ENV, tls.KEY_FILE_ENV, tls.CA_FILE_ENV):
+                    environ.pop(name, None)
+            declare_streams(arguments.url, environ, arguments.timeout)
+            print(f"streams declared on {arguments.url}")
+    except (StartupError, tls.TlsConfigError, OSError) as error:
+        print(f"error: {error}", file=sys.stderr)
+        return 2
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
