@@ -110,6 +110,28 @@ def test_up_submit_status_down_with_the_embedded_defaults(tmp_path: Path) -> Non
         # Carol cancels her own job (a user acts on their own jobs), which also frees the
         # machine for the small job below.
         assert stride("cancel", carol_job.group(0), env=carol).returncode == 0
+        # The admin revokes Carol's token (by the token, as a file would do too): every
+        # server refuses it; only an admin may; a token minted afterwards works.
+        assert minted.stderr.strip().startswith("token id "), minted.stderr
+        by_demo = stride("token", "revoke", "--user", "carol", env=demo)
+        assert by_demo.returncode == 2 and "an admin's user token" in by_demo.stderr, by_demo
+        neither = stride("token", "revoke", env=env)
+        assert neither.returncode == 2 and "exactly one of TOKEN" in neither.stderr, neither
+        missing = stride("token", "revoke", str(tmp_path / "none.token"), env=env)
+        assert missing.returncode == 2 and "nor a file holding one" in missing.stderr, missing
+        revoked = stride("token", "revoke", minted.stdout.strip(), "--reason", "left", env=env)
+        assert revoked.returncode == 0, revoked.stderr
+        assert f"revoked token {minted.stderr.split()[-1]}" in revoked.stdout, revoked.stdout
+        for _ in range(50):
+            turned_away = stride("status", env=carol)
+            if turned_away.returncode == 2:
+                break
+            time.sleep(0.1)
+        assert "revoked" in turned_away.stderr and "ask for a new one" in turned_away.stderr, (
+            turned_away
+        )
+        again = stride("token", "create", "carol", env=env)
+        assert stride("status", env={**env, "STRIDE_TOKEN": again.stdout.strip()}).returncode == 0
         forged = stride("status", env={**env, "STRIDE_TOKEN": "not.a.token"})
         assert forged.returncode == 2 and "not a JWT" in forged.stderr, forged
         assert (tmp_path / "state" / "db" / "admission.db").exists()

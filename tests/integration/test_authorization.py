@@ -11,6 +11,7 @@ real database, identity comes from verified tokens only.
 
 from __future__ import annotations
 
+import asyncio
 import shutil
 import socket
 import uuid
@@ -30,6 +31,8 @@ from stride.api.admission.v1 import admission_service_pb2_grpc as adm_grpc
 from stride.api.agent.v1 import agent_service_pb2 as agent_pb
 from stride.api.ckptcache.v1 import ckptcache_service_pb2 as ckpt_pb
 from stride.api.ckptcache.v1 import ckptcache_service_pb2_grpc as ckpt_grpc
+from stride.api.configdb.v1 import configdb_service_pb2 as cdb_pb
+from stride.api.configdb.v1 import configdb_service_pb2_grpc as cdb_grpc
 from stride.api.dispatcher.v1 import dispatcher_service_pb2 as disp_pb
 from stride.api.dispatcher.v1 import dispatcher_service_pb2_grpc as disp_grpc
 from stride.api.optimizer.v1 import optimizer_service_pb2 as opt_pb
@@ -42,7 +45,7 @@ from stride.ckptcache.app import build as build_ckptcache
 from stride.ckptcache.settings import CheckpointCacheSettings
 from stride.dispatcher.app import build as build_dispatcher
 from stride.dispatcher.settings import DispatcherSettings
-from stride.events.v1 import job_pb2, shard_pb2
+from stride.events.v1 import auth_pb2, job_pb2, shard_pb2
 from stride.optimizer.app import build as build_optimizer
 from stride.optimizer.settings import OptimizerSettings
 from stride.podwatcher.app import build as build_podwatcher
@@ -684,3 +687,131 @@ async def test_one_jobs_pod_cannot_publish_another_jobs_step_metrics(
         finally:
             await raw.close()
         assert len(await parked_twice()) == 2
+
+
+async def test_revoked_tokens_are_refused_by_every_server(nats_url: str, database_url: str) -> None:
+    """An admin revokes one token by its id, or every token of a user made until now:
+    admission and the dispatcher (already running) refuse them within moments, a config DB
+    started afterwards refuses them from its first call, and tokens made afterwards work.
+    Only admins may revoke; bad requests are named; a revocation not signed by admission
+    changes nothing."""
+    from stride.configdb.app import build as build_configdb
+    from stride.configdb.settings import ConfigDbSettings
+    from stride.runtime.tokens import token_id_of
+
+    def own(service: str) -> str:
+        """Each service its own database (its own schema in PostgreSQL; a file in SQLite)."""
+        return database_url.replace("test.db", f"{service}.db")
+
+    ops, alice = user_token("ops", admin=True), user_token("alice")
+    admission_settings = local_settings(
+        AdmissionSettings, nats_url=nats_url, database_url=own("admission")
+    )
+    dispatcher_settings = DispatcherSettings(
+        database_url=own("dispatcher"), nats_url=nats_url, grpc_port=0, grpc_host="127.0.0.1"
+    )
+    async with (
+        running_service(build_admission, admission_settings) as admission_host,
+        running_service(build_dispatcher, dispatcher_settings) as dispatcher_host,
+    ):
+        admission = f"127.0.0.1:{admission_host.server.port}"
+        dispatcher = f"127.0.0.1:{dispatcher_host.server.port}"
+
+        async def refused(address: str, server: str, token: str) -> tuple[grpc.StatusCode, str]:
+            async with aio_channel(address, server, token=token) as channel:
+                try:
+                    if server == "admission":
+                        await adm_grpc.AdmissionServiceStub(channel).ListJobs(
+                            adm_pb.ListJobsRequest()
+                        )
+                    else:
+                        await disp_grpc.DispatcherServiceStub(channel).ListDatasets(
+                            disp_pb.ListDatasetsRequest(job_id=A)
+                        )
+                except grpc.aio.AioRpcError as error:
+                    return error.code(), error.details() or ""
+            return grpc.StatusCode.OK, ""
+
+        assert await refused(admission, "admission", alice) == (grpc.StatusCode.OK, "")
+        assert await refused(dispatcher, "dispatcher", ops) == (grpc.StatusCode.OK, "")
+        async with (
+            aio_channel(admission, "admission") as as_admin,
+            aio_channel(admission, "admission", token=alice) as as_alice,
+        ):
+            admin_stub = adm_grpc.AdmissionServiceStub(as_admin)
+            code, details = await code_of(
+                adm_grpc.AdmissionServiceStub(as_alice).RevokeTokens(
+                    adm_pb.RevokeTokensRequest(user="ops")
+                )
+            )
+            assert code == grpc.StatusCode.PERMISSION_DENIED, details
+            for request, named in (
+                (adm_pb.RevokeTokensRequest(), "token_id: give exactly one of token_id and user"),
+                (
+                    adm_pb.RevokeTokensRequest(token_id=token_id_of(ops), user="ops"),
+                    "give exactly one",
+                ),
+                (adm_pb.RevokeTokensRequest(token_id="../x"), "token_id: '../x' is not a token"),
+                (adm_pb.RevokeTokensRequest(user="a\nb"), "user: must be 1 to 128 characters"),
+                (
+                    adm_pb.RevokeTokensRequest(user="ops", reason="x" * 257),
+                    "reason: must be at most 256",
+                ),
+            ):
+                code, details = await code_of(admin_stub.RevokeTokens(request))
+                assert code == grpc.StatusCode.INVALID_ARGUMENT and named in details, details
+            # A revocation admission did not sign is skipped by every server.
+            forger = await Bus.connect(nats_url, "forger")
+            try:
+                forged = auth_pb2.TokenRevocation(token_id=token_id_of(ops))
+                key = topics.revoked_token_key(token_id_of(ops))
+                await forger.publish(topics.TOKEN_REVOKED, key, forged, "forged-1")
+            finally:
+                await forger.close()
+            await asyncio.sleep(0.5)  # delivered by now, had it been taken
+            assert await refused(dispatcher, "dispatcher", ops) == (grpc.StatusCode.OK, "")
+            reply = await admin_stub.RevokeTokens(
+                adm_pb.RevokeTokensRequest(token_id=token_id_of(ops), reason="laptop stolen")
+            )
+            assert reply.revocation.token_id == token_id_of(ops)
+            assert reply.revocation.revoked_by == "admin"
+            assert reply.revocation.reason == "laptop stolen"
+            await admin_stub.RevokeTokens(adm_pb.RevokeTokensRequest(user="alice"))
+        later_alice = user_token("alice")
+
+        async def revoked_everywhere() -> bool:
+            for address, server, token in (
+                (dispatcher, "dispatcher", ops),
+                (admission, "admission", ops),
+                (admission, "admission", alice),
+            ):
+                code, details = await refused(address, server, token)
+                assert code == grpc.StatusCode.UNAUTHENTICATED and "revoked" in details, (
+                    server,
+                    code,
+                    details,
+                )
+            return True
+
+        await assert_eventually(revoked_everywhere, timeout=10)
+        code, details = await refused(admission, "admission", alice)
+        assert "every token of user 'alice' issued until" in details
+        assert await refused(admission, "admission", later_alice) == (grpc.StatusCode.OK, "")
+        # A server started after the revocations replays them before its first call.
+        configdb_settings = local_settings(
+            ConfigDbSettings, nats_url=nats_url, database_url=own("configdb")
+        )
+        async with running_service(build_configdb, configdb_settings) as configdb_host:
+            address = f"127.0.0.1:{configdb_host.server.port}"
+            async with aio_channel(address, "configdb", token=ops) as channel:
+                code, details = await code_of(
+                    cdb_grpc.ConfigDbServiceStub(channel).ListJobRecords(
+                        cdb_pb.ListJobRecordsRequest()
+                    )
+                )
+                assert code == grpc.StatusCode.UNAUTHENTICATED, details
+                assert f"token {token_id_of(ops)}" in details
+            async with aio_channel(address, "configdb") as channel:  # the default admin's
+                await cdb_grpc.ConfigDbServiceStub(channel).ListJobRecords(
+                    cdb_pb.ListJobRecordsRequest()
+                )

@@ -76,6 +76,7 @@ def test_admin_only_methods() -> None:
     assert {m.rpartition("/")[2] for m in admin_only} == {
         "SetQuota",
         "DeleteQuota",
+        "RevokeTokens",
         "Advance",
         "DrainNode",
         "RestoreNode",

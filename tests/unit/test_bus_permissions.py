@@ -40,9 +40,13 @@ def test_a_service_publishes_exactly_the_topics_it_produces(identity: str) -> No
 @pytest.mark.parametrize("identity", [*tls.SERVICE_IDENTITIES, "trainer", "users", "nats"])
 def test_no_one_but_the_administrator_manages_streams_or_others_consumers(identity: str) -> None:
     allowed = permissions.permissions(identity)
+    # Stream info, and reading single messages of the streams it follows (revocations).
+    followed = {
+        f"$JS.API.STREAM.MSG.GET.{t.stream.name}" for t in permissions.FOLLOWS.get(identity, ())
+    }
     for subject in allowed.publish:
         if subject.startswith("$JS.API.STREAM."):
-            assert subject.startswith("$JS.API.STREAM.INFO."), subject
+            assert subject.startswith("$JS.API.STREAM.INFO.") or subject in followed, subject
         assert ".DELETE." not in subject, subject
         assert subject != "$JS.API.>", subject
     mine = {c.durable for c in permissions.CONSUMERS if c.identity == identity}
@@ -52,7 +56,19 @@ def test_no_one_but_the_administrator_manages_streams_or_others_consumers(identi
     # Replies only in its own inbox; stream subjects never by plain subscription.
     assert allowed.subscribe[0] == f"_INBOX_{identity}.>"
     streamed = {topic.pattern() for topic in TOPICS}
-    assert not streamed & set(allowed.subscribe) - {topics.CONTROL_COMMAND.pattern()}
+    followed_topics = {topic.pattern() for topic in permissions.FOLLOWS.get(identity, ())}
+    assert not streamed & set(allowed.subscribe) - {topics.CONTROL_COMMAND.pattern()} - (
+        followed_topics
+    )
+
+
+@pytest.mark.parametrize("identity", tls.SERVICE_IDENTITIES)
+def test_every_server_follows_the_revoked_tokens(identity: str) -> None:
+    allowed = permissions.permissions(identity)
+    assert topics.TOKEN_REVOKED.pattern() in allowed.subscribe
+    assert f"$JS.API.STREAM.MSG.GET.{topics.AUTH.name}" in allowed.publish
+    # Only admission publishes them.
+    assert (topics.TOKEN_REVOKED.pattern() in allowed.publish) == (identity == "admission")
 
 
 def test_who_serves_and_who_asks() -> None:

@@ -180,19 +180,28 @@ def test_stride_token_create_as_an_administrator_runs_it(tmp_path: Path) -> None
     assert made.returncode == 0, made.stderr
     identity = Verifier((tmp_path / "tls" / "ca.crt").read_bytes()).verify(made.stdout.strip())
     assert isinstance(identity, UserIdentity) and identity == UserIdentity(
-        "alice", False, identity.token_id, identity.expires
+        "alice", False, identity.token_id, identity.expires, identity.issued_at
     )
+    # Its id goes to standard error, the token alone to standard output.
+    assert made.stderr.strip() == f"token id {identity.token_id}"
+    assert abs(identity.expires - identity.issued_at - 90 * 86400) <= 1
     admin = run_cli(
         "token", "create", "root", "--admin", "--days", "1",
         "--tls-dir", str(tmp_path / "tls"), "--out", str(tmp_path / "root.token"),
         env=env,
     )  # fmt: skip
     assert admin.returncode == 0 and "valid 1 days" in admin.stdout
+    too_long = run_cli(
+        "token", "create", "bob", "--days", "366", "--tls-dir", str(tmp_path), env=env
+    )
+    assert too_long.returncode == 2 and "less than or equal to 365" in too_long.stderr
+    assert not too_long.stdout
     assert (tmp_path / "root.token").stat().st_mode & 0o777 == 0o600
     saved = Verifier((tmp_path / "tls" / "ca.crt").read_bytes()).verify(
         (tmp_path / "root.token").read_text().strip()
     )
     assert isinstance(saved, UserIdentity) and saved.admin
+    assert f"(id {saved.token_id})" in admin.stdout
     bad_name = run_cli("token", "create", "a/b", "--tls-dir", str(tmp_path / "tls"), env=env)
     assert bad_name.returncode == 2 and "user" in bad_name.stderr and not bad_name.stdout
     init(tmp_path / "services", identities=("admission",))

@@ -15,6 +15,7 @@ from stride.runtime import tls
 from stride.runtime.certs import init
 from stride.runtime.tokens import (
     JobIdentity,
+    Revocations,
     Signer,
     TokenError,
     TokenSource,
@@ -23,6 +24,7 @@ from stride.runtime.tokens import (
     bearer,
     new_pod_key,
     read_pod_key,
+    token_id_of,
     write_pod_key,
     write_token,
 )
@@ -256,3 +258,53 @@ def test_the_environment_names_the_token(tmp_path: Path) -> None:
 def test_bad_names_are_refused_when_minting(folder: Path, user: str) -> None:
     with pytest.raises(TokenError, match="user"):
         signer(folder, "users").user_token(user)
+
+
+def test_revoked_tokens_are_refused_even_when_verified_before(folder: Path) -> None:
+    """One token by its id; a user's tokens issued until a moment (later ones still work);
+    a job token by its id. The cache of verified tokens does not outlive a revocation."""
+    revocations = Revocations()
+    checking = Verifier((folder / "ca.crt").read_bytes(), revocations)
+    users = signer(folder, "users")
+    first, second = users.user_token("alice"), users.user_token("alice")
+    bob = users.user_token("bob")
+    job = signer(folder, "podwatcher").job_token("job-a", "job-a-worker-0", "worker")
+    for token in (first, second, bob, job):
+        checking.verify(token)  # cached from here on
+    revocations.revoke_token(token_id_of(first))
+    with pytest.raises(TokenError, match=f"revoked \\(token {token_id_of(first)}\\)"):
+        checking.verify(first)
+    verified = checking.verify(second)
+    assert isinstance(verified, UserIdentity) and verified.issued_at > 0
+    issued = verified.issued_at
+    revocations.revoke_user("alice", issued)
+    with pytest.raises(TokenError, match="every token of user 'alice' issued until"):
+        checking.verify(second)
+    checking.verify(bob)
+    # A revocation replayed late never moves the moment back.
+    revocations.revoke_user("alice", issued - 3600)
+    with pytest.raises(TokenError, match="revoked"):
+        checking.verify(second)
+    # Tokens made after the moment work (iat is in whole seconds: one second later).
+    revocations.revoke_user("carol", time.time() - 5)
+    checking.verify(users.user_token("carol"))
+    revocations.revoke_token(token_id_of(job))
+    with pytest.raises(TokenError, match="revoked"):
+        checking.verify(job)
+    assert len(revocations) == 4
+    # Without revocations, nothing is checked.
+    verifier(folder).verify(first)
+
+
+def test_a_token_names_its_id_and_a_user_token_lives_a_year_at_most(folder: Path) -> None:
+    users = signer(folder, "users")
+    token = users.user_token("alice")
+    assert token_id_of(token) == verifier(folder).verify(token).token_id
+    assert len(token_id_of(token)) == 32
+    with pytest.raises(TokenError, match="not a JWT"):
+        token_id_of("not a token")
+    unsigned = jwt.encode({"sub": "x"}, "k" * 32, algorithm="HS256")
+    with pytest.raises(TokenError, match="names no id"):
+        token_id_of(unsigned)
+    with pytest.raises(TokenError, match="at most 365 days, got 366"):
+        users.user_token("alice", ttl=366 * 86400)

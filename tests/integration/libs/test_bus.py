@@ -242,3 +242,43 @@ async def test_a_deleted_consumer_is_recreated_from_what_it_had_acked(
     assert seen == [f"j{index}" for index in range(9)]  # each once, in order
     stop.set()
     await task
+
+
+async def test_a_follower_replays_the_stream_then_follows_and_catches_up(nats_url: str) -> None:
+    """What the stream held before it started, each event as published, and (catch-up) one
+    its live subscription missed; an unsigned one is skipped."""
+    from stride.bus.client import Follower
+    from stride.events.v1 import auth_pb2
+
+    producer = await producer_bus(nats_url, "admission-stand-in")
+    reader = await Bus.connect(nats_url, "reader", identity="dispatcher")
+    forger = await Bus.connect(nats_url, "forger")  # signs nothing
+    seen: list[str] = []
+    try:
+        await producer.ensure_streams()
+
+        async def revoke(token_id: str, bus: Bus = producer) -> None:
+            key = topics.revoked_token_key(token_id)
+            event = auth_pb2.TokenRevocation(token_id=token_id)
+            await bus.publish(topics.TOKEN_REVOKED, key, event, f"m-{token_id}")
+
+        await revoke("a" * 32)
+        await revoke("b" * 32)
+        follower = Follower(reader, topics.TOKEN_REVOKED, lambda _k, m: seen.append(m.token_id))
+        await follower.start()
+        assert seen == ["a" * 32, "b" * 32]  # replayed before start() returned
+        await revoke("c" * 32)
+        await assert_eventually(lambda: seen[-1] == "c" * 32, timeout=5)
+        assert follower.subscription is not None
+        await follower.subscription.unsubscribe()  # as if the connection dropped a while
+        await revoke("d" * 32)
+        await revoke("e" * 32, forger)
+        assert await follower.catch_up() == 3  # c (seen live, read again), d, e (skipped)
+        assert seen == ["a" * 32, "b" * 32, "c" * 32, "c" * 32, "d" * 32]
+        assert await follower.catch_up() == 0
+        stop = asyncio.Event()
+        stop.set()
+        await follower.run(stop, every=0.01)  # returns at once when stopped
+    finally:
+        for bus in (producer, reader, forger):
+            await bus.close()

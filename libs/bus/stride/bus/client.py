@@ -13,7 +13,7 @@ import asyncio
 import contextlib
 from collections.abc import Awaitable, Callable, Mapping, Sequence
 from dataclasses import dataclass, field, replace
-from typing import Any, TypeVar
+from typing import Any, Generic, TypeVar
 
 import nats
 import structlog
@@ -676,34 +676,45 @@ class Bus:
         """Follow every job's ``topic`` events as they are published, ``on_event(job_id,
         message)`` for each, and return once the server has the subscription (flushed).
 
-        For watchers (``stride loadgen``, dashboards), never for facts a service must act
-        on: this is core NATS, so nothing published before is replayed and nothing is
-        acked. An event of another type or that does not decode is logged and skipped. The
-        caller unsubscribes the returned subscription when it stops."""
-        expected = topic.message_type.DESCRIPTOR.full_name
+        For watchers (``stride loadgen``, dashboards), never alone for facts a service must
+        act on: this is core NATS, so nothing published before is replayed and nothing is
+        acked (:class:`Follower` adds the replay). An event of another type or that does
+        not decode is logged and skipped. The caller unsubscribes the returned subscription
+        when it stops."""
 
         async def on_message(msg: Msg) -> None:
-            key = topic.key_of(msg.subject)
-            headers = msg.headers or {}
-            sent_type = headers.get(TYPE_HEADER)
-            if key is None or (sent_type is not None and sent_type != expected):
-                return
-            forged = self.forged(topic, msg.subject, msg.data, headers, key)
-            if forged is not None:
-                log.warning(
-                    "event of an unverified sender skipped", subject=msg.subject, reason=forged
-                )
-                return
-            try:
-                message = topic.message_type.FromString(msg.data)
-            except DecodeError as error:
-                log.warning("undecodable event skipped", subject=msg.subject, error=str(error))
-                return
-            on_event(key, message)
+            self._accept(topic, msg.subject, msg.data, msg.headers or {}, on_event)
 
         subscription = await self.nc.subscribe(topic.pattern(), cb=on_message)
         await self.nc.flush()
         return subscription
+
+    def _accept(
+        self,
+        topic: Topic[M],
+        subject: str,
+        data: bytes,
+        headers: Mapping[str, str],
+        on_event: Callable[[str, M], None],
+    ) -> None:
+        """``on_event(key, message)`` for a watched or replayed event of ``topic`` if its
+        sender is one the topic accepts; anything else is logged and skipped."""
+        key = topic.key_of(subject)
+        sent_type = headers.get(TYPE_HEADER)
+        if key is None or (
+            sent_type is not None and sent_type != topic.message_type.DESCRIPTOR.full_name
+        ):
+            return
+        forged = self.forged(topic, subject, data, headers, key)
+        if forged is not None:
+            log.warning("event of an unverified sender skipped", subject=subject, reason=forged)
+            return
+        try:
+            message = topic.message_type.FromString(data)
+        except DecodeError as error:
+            log.warning("undecodable event skipped", subject=subject, error=str(error))
+            return
+        on_event(key, message)
 
     async def request(
         self,
@@ -782,3 +793,57 @@ async def _working(messages: Sequence[Msg], handling: Awaitable[T], every: float
     finally:
         if not task.done():
             task.cancel()
+
+
+class Follower(Generic[M]):
+    """Every event of one topic, for a fact each replica of a service must know (revoked
+    tokens): first each one its stream still holds, read one by one in order
+    (``STREAM.MSG.GET``, the only JetStream API a follower needs: no consumer is made),
+    then each as it is published (core NATS, :meth:`Bus.watch`). :meth:`catch_up`, also
+    run every few seconds by :meth:`run`, reads what the stream got since, so an event
+    missed while the connection was down still arrives. ``on_event`` must be idempotent:
+    an event can come both live and replayed."""
+
+    def __init__(self, bus: Bus, topic: Topic[M], on_event: Callable[[str, M], None]) -> None:
+        self.bus = bus
+        self.topic = topic
+        self.on_event = on_event
+        self.next_sequence = 1
+        self.subscription: Subscription | None = None
+
+    async def start(self) -> None:
+        """Subscribe, then replay the stream: an event published in between is seen twice,
+        never missed."""
+        self.subscription = await self.bus.watch(self.topic, self.on_event)
+        await self.catch_up()
+
+    async def catch_up(self) -> int:
+        """Replay what the stream got since the last catch-up; the number of messages read."""
+        stream = self.topic.stream.name
+        state = (await self.bus.js.stream_info(stream)).state
+        read = 0
+        for sequence in range(max(self.next_sequence, state.first_seq), state.last_seq + 1):
+            try:
+                raw = await self.bus.js.get_msg(stream, sequence)
+            except NotFoundError:  # deleted, or aged out since the info
+                continue
+            read += 1
+            self.bus._accept(
+                self.topic, raw.subject or "", raw.data or b"", raw.headers or {}, self.on_event
+            )
+        self.next_sequence = max(self.next_sequence, state.last_seq + 1)
+        return read
+
+    async def run(self, stop: asyncio.Event, every: float) -> None:
+        """Catch up every ``every`` seconds until ``stop``; a failure is logged and retried."""
+        while not stop.is_set():
+            with contextlib.suppress(TimeoutError):
+                await asyncio.wait_for(stop.wait(), every)
+                break
+            try:
+                await self.catch_up()
+            except (nats.errors.Error, OSError) as error:
+                log.warning("follower catch-up failed", topic=self.topic.name, error=str(error))
+        if self.subscription is not None:
+            with contextlib.suppress(nats.errors.Error):
+                await self.subscription.unsubscribe()

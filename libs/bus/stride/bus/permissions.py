@@ -12,7 +12,10 @@ its client certificate (``verify_and_map``). Its permissions follow from the con
 - **subscribe** to its own reply inbox (``_INBOX_<identity>``, the prefix its client uses),
   and to the core subjects it serves (the executor's requests, the agent's commands);
 - requests: the optimizer may ask the executor pool; the executor may answer whoever asked
-  (``allow_responses``).
+  (``allow_responses``);
+- **follow** what every server must know (:data:`FOLLOWS`: revoked tokens): subscribe to the
+  topic's subjects and read its stream's retained messages one by one (``STREAM.MSG.GET``),
+  so a server started later replays them (``Bus.follow``).
 
 Consumers also verify the sender of every event (:mod:`.signing`); these permissions stop a
 forged event from reaching a stream at all, and a deleted consumer from stopping a service.
@@ -21,9 +24,12 @@ forged event from reaching a stream at all, and a deleted consumer from stopping
 (:func:`server_config`); the embedded server runs with it, and ``stride bus config`` prints it
 for an operator's own NATS (README, "NATS").
 
-Known limit: every training pod's agent shares the ``agent`` identity, so NATS cannot keep one
-job's agent from publishing another job's step metrics or acks; the gRPC side scopes agents
-by job token, and the signature names only ``agent``.
+Known limit: every training pod's agent shares the ``agent`` NATS user, so NATS itself cannot
+keep one job's agent from publishing on another job's subjects or reading another job's
+control commands. Consumers refuse what a pod publishes for another job (each pod signs
+with its own key, bound to its job token: :mod:`.signing`), and an agent obeys only commands
+the pod watcher signed for its job; per-job NATS users would need NATS's decentralized
+(JWT) authentication or an auth callout.
 """
 
 from __future__ import annotations
@@ -35,6 +41,7 @@ from typing import Any
 
 from stride.bus import topics
 from stride.bus.topics import STREAMS, Topic, dead_letter_subject
+from stride.runtime import tls
 
 ADMIN = "cli"
 """The identity that declares streams (``stride bus init``; the embedded suite's supervisor)
@@ -94,6 +101,12 @@ ASKS: Mapping[str, tuple[str, ...]] = {
     "optimizer": (topics.EXECUTOR_RUN.pattern(),),
 }
 """Core request subjects an identity publishes to (and gets replies in its inbox)."""
+
+FOLLOWS: Mapping[str, tuple[Topic[Any], ...]] = {
+    identity: (topics.TOKEN_REVOKED,) for identity in tls.SERVICE_IDENTITIES
+}
+"""Topics an identity follows whole (replayed from the stream, then live): every server
+refuses revoked tokens."""
 
 ANSWERS = frozenset({"executor"})
 """Identities that reply to requests (``allow_responses``)."""
@@ -161,7 +174,9 @@ def permissions(identity: str) -> Permissions:
         if consumer.identity == identity:
             publish += _consumer_api(consumer)
     publish += ASKS.get(identity, ())
-    subscribe = [inbox, *SERVES.get(identity, ())]
+    followed = FOLLOWS.get(identity, ())
+    publish += [f"$JS.API.STREAM.MSG.GET.{topic.stream.name}" for topic in followed]
+    subscribe = [inbox, *SERVES.get(identity, ()), *(topic.pattern() for topic in followed)]
     return Permissions(
         publish=tuple(dict.fromkeys(publish)),
         subscribe=tuple(dict.fromkeys(subscribe)),

@@ -13,6 +13,7 @@ file names its subjects in its header comment.
 
 from __future__ import annotations
 
+import hashlib
 from collections.abc import Mapping
 from dataclasses import dataclass, field
 from datetime import timedelta
@@ -21,6 +22,7 @@ from typing import Any, Generic, TypeVar
 from google.protobuf.message import Message
 
 from stride.events.v1 import (
+    auth_pb2,
     checkpoint_pb2,
     cluster_pb2,
     control_pb2,
@@ -68,6 +70,12 @@ CONTROL = Stream(
     "commands to a job's pods and their answers",
 )
 CLUSTER = Stream("STRIDE_CLUSTER", ("stride.cluster.v1.>",), timedelta(days=7), "node inventory")
+AUTH = Stream(
+    "STRIDE_AUTH",
+    ("stride.auth.v1.>",),
+    timedelta(days=400),
+    "revoked user tokens (kept longer than a user token may live: 365 days)",
+)
 DEAD_LETTERS = Stream(
     "STRIDE_DEADLETTER", ("stride.deadletter.>",), timedelta(days=14), "undeliverable messages"
 )
@@ -81,6 +89,7 @@ STREAMS: tuple[Stream, ...] = (
     CHECKPOINTS,
     CONTROL,
     CLUSTER,
+    AUTH,
     DEAD_LETTERS,
 )
 """Every stream of the contract; each service declares them all at start (idempotent)."""
@@ -391,6 +400,29 @@ NODE_INVENTORY = Topic(
     producers=PODWATCHER,
 )
 
+# --- auth (admission publishes revoked tokens; every server follows them) -----------------
+TOKEN_REVOKED = Topic(
+    "token-revoked",
+    AUTH,
+    "stride.auth.v1",
+    auth_pb2.TokenRevocation,
+    "revoked",
+    description="an administrator revoked one user token, or a user's tokens until a moment",
+    producers=ADMISSION,
+)
+
+
+def revoked_token_key(token_id: str) -> str:
+    """The subject key of one token's revocation."""
+    return f"token-{token_id}"
+
+
+def revoked_user_key(user: str) -> str:
+    """The subject key of a user's revocation: a hash, as a user name may hold any
+    character (a later revocation of the same user replaces the earlier one)."""
+    return "user-" + hashlib.sha256(user.encode()).hexdigest()[:32]
+
+
 TOPICS: tuple[Topic[Any], ...] = (
     JOB_SUBMITTED,
     JOB_ADMITTED,
@@ -417,6 +449,7 @@ TOPICS: tuple[Topic[Any], ...] = (
     CONTROL_COMMAND,
     CONTROL_ACK,
     NODE_INVENTORY,
+    TOKEN_REVOKED,
 )
 """Every durable event type of the contract."""
 

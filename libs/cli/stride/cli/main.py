@@ -1106,7 +1106,9 @@ def token_create(
     admin: Annotated[
         bool, typer.Option("--admin", help="Sees and manages every user's jobs and quotas.")
     ] = False,
-    days: Annotated[float, typer.Option(min=0.001, help="How long the token is valid.")] = 90.0,
+    days: Annotated[
+        float, typer.Option(min=0.001, max=365, help="How long the token is valid (days).")
+    ] = 90.0,
     tls_dir: Annotated[
         Path | None,
         typer.Option(
@@ -1122,9 +1124,10 @@ def token_create(
     """Mint a user token, signed with the ``users`` key (only an administrator has it).
 
     Give it to the user: the CLI sends it from ``STRIDE_TOKEN`` or ``STRIDE_TOKEN_FILE``,
-    and admission takes the job's user from it.
+    and admission takes the job's user from it. Its id, which `stride token revoke --id`
+    takes, is printed on standard error (or beside the file's name).
     """
-    from stride.runtime.tokens import USER_ISSUER, Signer, TokenError, write_token
+    from stride.runtime.tokens import USER_ISSUER, Signer, TokenError, token_id_of, write_token
     from stride.vocabulary import InvalidWord, check_name
 
     try:
@@ -1144,11 +1147,62 @@ def token_create(
         return
     if out is None:
         print(token)
+        errors.print(f"token id {token_id_of(token)}", highlight=False)
     else:
         console.print(
-            f"token for {user!r}{' (admin)' if admin else ''}, valid {days:g} days: {out}",
+            f"token for {user!r}{' (admin)' if admin else ''}, valid {days:g} days: {out} "
+            f"(id {token_id_of(token)})",
             highlight=False,
         )
+
+
+@token_app.command("revoke")
+def token_revoke(
+    token: Annotated[
+        str | None,
+        typer.Argument(help="The token to revoke, or a file holding it (its id is read)."),
+    ] = None,
+    token_id: Annotated[
+        str | None, typer.Option("--id", help="The id of the token to revoke.")
+    ] = None,
+    user: Annotated[
+        str | None,
+        typer.Option(help="Revoke every token of this user made until now (new ones work)."),
+    ] = None,
+    reason: Annotated[str, typer.Option(help="Why, kept with the revocation.")] = "",
+    state_dir: StateDir = DEFAULT_STATE_DIR,
+) -> None:
+    """Revoke a user token, or all of a user's tokens so far (admins only). Every Stride
+    server refuses it from then on, one started later too."""
+    from stride.runtime.tokens import TokenError, token_id_of
+
+    if sum(value is not None for value in (token, token_id, user)) != 1:
+        fail("give exactly one of TOKEN (or its file), --id and --user")
+        return
+    if token is not None:
+        try:
+            token_id = token_id_of(token)
+        except TokenError as not_a_token:
+            try:  # then a file holding one
+                token_id = token_id_of(Path(token).read_text())
+            except (OSError, UnicodeDecodeError, TokenError) as error:
+                fail(f"TOKEN: neither a token ({not_a_token}) nor a file holding one ({error})")
+                return
+    reply = _admission(
+        state_dir,
+        lambda stub: stub.RevokeTokens(
+            admission_pb.RevokeTokensRequest(
+                token_id=token_id or "", user=user or "", reason=reason
+            ),
+            timeout=RPC_TIMEOUT_SECONDS,
+        ),
+    )
+    what = (
+        f"token {reply.revocation.token_id}"
+        if reply.revocation.token_id
+        else f"every token of {reply.revocation.user!r} made until now"
+    )
+    console.print(f"revoked {what}", highlight=False)
 
 
 nodes_app = typer.Typer(

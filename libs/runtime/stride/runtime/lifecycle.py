@@ -36,6 +36,7 @@ from stride.runtime.collector import Collector
 from stride.runtime.errors import StartupError
 from stride.runtime.grpc_server import GrpcServer
 from stride.runtime.settings import ServiceSettings, SettingsT, load_settings
+from stride.runtime.tokens import Revocations
 
 log = structlog.get_logger(__name__)
 
@@ -75,6 +76,9 @@ class ServiceHost:
         self._health_reported: dict[str, bool] = {}
         self.collector = Collector()
         """Runs full garbage collections when the loop is quiet (:mod:`.collector`)."""
+        self.revocations: Revocations | None = None
+        """The revoked tokens its server refuses, when it verifies tokens (filled from the
+        bus: ``stride.wiring.connect_bus``)."""
 
     def add_dependency(self, dependency: Dependency) -> None:
         """Track a dependency for health and shutdown."""

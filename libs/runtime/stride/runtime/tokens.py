@@ -30,6 +30,7 @@ from __future__ import annotations
 
 import base64
 import functools
+import math
 import os
 import time
 import uuid
@@ -63,6 +64,9 @@ JOB_TOKEN_FILE_ENV = "STRIDE_JOB_TOKEN_FILE"
 
 USER_TOKEN_TTL = 90 * 24 * 3600.0
 """Default life of a user token (``stride token create --days``)."""
+MAX_USER_TOKEN_TTL = 365 * 24 * 3600.0
+"""The longest a user token may live: revocations are kept a little longer (the bus's
+``STRIDE_AUTH`` stream)."""
 JOB_TOKEN_TTL = 3600.0
 """Life of a job token; the pod watcher rewrites it at half that age."""
 LEEWAY_SECONDS = 30.0
@@ -86,6 +90,7 @@ class UserIdentity:
     admin: bool = False
     token_id: str = ""
     expires: float = 0.0
+    issued_at: float = 0.0
 
     def describe(self) -> str:
         return f"user {self.user!r}" + (" (admin)" if self.admin else "")
@@ -142,7 +147,10 @@ class Signer:
             **claims,
             "iss": self.identity,
             "aud": AUDIENCE,
-            "iat": int(now),
+            # To the millisecond, rounded down (a NumericDate may hold fractions, RFC 7519
+            # sec. 2): a token made after a user's tokens were revoked is not caught by it,
+            # one made before always is.
+            "iat": math.floor(now * 1000) / 1000,
             "nbf": int(now),
             "exp": int(now + ttl),
             "jti": uuid.uuid4().hex,
@@ -156,8 +164,14 @@ class Signer:
         admin: bool = False,
         ttl: float = USER_TOKEN_TTL,
     ) -> str:
-        """A token for ``user`` (only the ``users`` identity's tokens are accepted as such)."""
+        """A token for ``user`` (only the ``users`` identity's tokens are accepted as such),
+        living at most :data:`MAX_USER_TOKEN_TTL`."""
         _check_name(user, "user")
+        if ttl > MAX_USER_TOKEN_TTL:
+            raise TokenError(
+                f"ttl: a user token lives at most {MAX_USER_TOKEN_TTL / 86400:g} days, "
+                f"got {ttl / 86400:g}"
+            )
         claims = {"sub": user, "typ": "user", "admin": bool(admin)}
         return self._mint(claims, ttl)
 
@@ -189,10 +203,46 @@ class Signer:
 _EXPECTED_SIGNER = {"user": USER_ISSUER, "job": JOB_ISSUER}
 
 
-class Verifier:
-    """Checks tokens against the deployment's CA (see the module docstring)."""
+class Revocations:
+    """Tokens an administrator revoked (admission publishes them; every server follows
+    them: ``stride.wiring``): one token by its id, or every token of a user issued at or
+    before a moment. Kept as long as the tokens they name could live."""
 
-    def __init__(self, ca_pem: bytes) -> None:
+    def __init__(self) -> None:
+        self._tokens: set[str] = set()
+        self._users: dict[str, float] = {}
+
+    def revoke_token(self, token_id: str) -> None:
+        self._tokens.add(token_id)
+
+    def revoke_user(self, user: str, issued_before: float) -> None:
+        """Every token of ``user`` issued at or before ``issued_before`` (a later revocation
+        of the same user moves the moment; an earlier one replayed late does not)."""
+        self._users[user] = max(issued_before, self._users.get(user, issued_before))
+
+    def check(self, identity: Identity) -> None:
+        """Raise :class:`TokenError` if ``identity``'s token was revoked."""
+        if identity.token_id and identity.token_id in self._tokens:
+            raise TokenError(f"revoked (token {identity.token_id}); ask for a new one")
+        if isinstance(identity, UserIdentity):
+            until = self._users.get(identity.user)
+            if until is not None and identity.issued_at <= until:
+                raise TokenError(
+                    f"revoked: every token of user {identity.user!r} issued until "
+                    f"{time.strftime('%Y-%m-%dT%H:%M:%SZ', time.gmtime(until))}; ask for a "
+                    "new one"
+                )
+
+    def __len__(self) -> int:
+        return len(self._tokens) + len(self._users)
+
+
+class Verifier:
+    """Checks tokens against the deployment's CA (see the module docstring), and against
+    ``revocations`` if given."""
+
+    def __init__(self, ca_pem: bytes, revocations: Revocations | None = None) -> None:
+        self.revocations = revocations
         try:
             self._cas = tuple(x509.load_pem_x509_certificates(ca_pem))
         except ValueError as error:
@@ -213,19 +263,22 @@ class Verifier:
         """The identity in ``token``; :class:`TokenError` says why it is not accepted.
 
         A token verified before is answered from a small cache (a pod sends the same token
-        on every call) until it expires; a signature is checked once per token."""
+        on every call) until it expires; a signature is checked once per token. Whether it
+        was revoked is checked on every call."""
         if not token or len(token) > MAX_TOKEN_BYTES:
             raise TokenError(f"must be 1 to {MAX_TOKEN_BYTES} characters")
         known = self._verified.get(token)
-        if known is not None:
-            if time.time() <= known.expires + LEEWAY_SECONDS:
-                return known
+        if known is not None and time.time() > known.expires + LEEWAY_SECONDS:
             del self._verified[token]
-        identity = self._verify(token)
-        if len(self._verified) >= _VERIFIED_CACHE:
-            self._verified.pop(next(iter(self._verified)))
-        self._verified[token] = identity
-        return identity
+            known = None
+        if known is None:
+            known = self._verify(token)
+            if len(self._verified) >= _VERIFIED_CACHE:
+                self._verified.pop(next(iter(self._verified)))
+            self._verified[token] = known
+        if self.revocations is not None:
+            self.revocations.check(known)
+        return known
 
     def _verify(self, token: str) -> Identity:
         try:
@@ -274,6 +327,7 @@ class Verifier:
                 claims.get("admin") is True,
                 token_id,
                 expires,
+                float(claims["iat"]),
             )
         return JobIdentity(
             _check_name(claims.get("job"), "job"),
@@ -283,6 +337,19 @@ class Verifier:
             expires,
             _bound_key(claims),
         )
+
+
+def token_id_of(token: str) -> str:
+    """The id (``jti``) a token names, read without verifying it: to show it or to name it
+    in a revocation (the server decides what a revocation means)."""
+    try:
+        claims = jwt.decode(token.strip(), options={"verify_signature": False})
+    except jwt.PyJWTError as error:
+        raise TokenError(f"not a JWT ({error})") from None
+    token_id = claims.get("jti")
+    if not isinstance(token_id, str) or not token_id:
+        raise TokenError("it names no id (jti)")
+    return token_id
 
 
 def _bound_key(claims: Mapping[str, Any]) -> ec.EllipticCurvePublicKey | None:

@@ -18,19 +18,22 @@ from typing import TYPE_CHECKING, TypeVar
 import structlog
 from google.protobuf.message import Message
 
-from stride.bus.client import ACK_WAIT_SECONDS, BatchHandler, Bus, Handler
+from stride.bus import topics
+from stride.bus.client import ACK_WAIT_SECONDS, BatchHandler, Bus, Follower, Handler
 from stride.bus.permissions import check_consumer
 from stride.bus.signing import EventSigner
 from stride.bus.topics import Topic
+from stride.events.v1 import auth_pb2
 from stride.runtime import tls
 from stride.runtime.auth import Access, RateLimiter, Rule
 from stride.runtime.errors import StartupError
 from stride.runtime.grpc_server import GrpcServer
 from stride.runtime.lifecycle import Dependency, ServiceHost
 from stride.runtime.settings import ServiceSettings
-from stride.runtime.tokens import TokenError, Verifier
+from stride.runtime.tokens import Revocations, TokenError, Verifier
 
 M = TypeVar("M", bound=Message)
+log = structlog.get_logger("stride.wiring")
 
 if TYPE_CHECKING:
     from stride.db.engine import Database
@@ -55,8 +58,9 @@ def create_host(
     material = tls.load(settings.service_name)
     if material is None:
         structlog.get_logger("stride.wiring").warning("insecure", detail=tls.INSECURE_WARNING)
+    revocations = Revocations() if material is not None else None
     try:
-        verifier = Verifier(material.ca) if material is not None else None
+        verifier = Verifier(material.ca, revocations) if material is not None else None
     except TokenError as error:
         raise StartupError(f"{material.source if material else ''}: {error}") from None
     server = GrpcServer(
@@ -74,7 +78,9 @@ def create_host(
             service=settings.service_name,
         ),
     )
-    return ServiceHost(settings, server)
+    host = ServiceHost(settings, server)
+    host.revocations = revocations
+    return host
 
 
 async def connect_bus(
@@ -82,7 +88,10 @@ async def connect_bus(
 ) -> Bus:
     """Connect to NATS, declare the contract's streams, and track the connection's health.
     ``signer``: signs the events published instead of the service's certificate (a pod's
-    agent signs with its pod's key)."""
+    agent signs with its pod's key).
+
+    A host whose server verifies tokens follows the revoked ones (:func:`follow_revocations`)
+    and has read every revocation so far when this returns, before its server takes a call."""
     bus = await Bus.connect(
         settings.require_nats_url(),
         name=f"stride-{settings.service_name}",
@@ -96,7 +105,40 @@ async def connect_bus(
         return bus.is_connected
 
     host.add_dependency(Dependency("nats", connected, bus.close, closes_early=True))
+    if host.revocations is not None:
+        await follow_revocations(host, bus, host.revocations)
     return bus
+
+
+REVOCATION_CATCH_UP_SECONDS = 10.0
+"""How often a server re-reads the revocations stream for what its live subscription may
+have missed (a reconnect); a revocation normally arrives within milliseconds."""
+
+
+async def follow_revocations(host: ServiceHost, bus: Bus, revocations: Revocations) -> None:
+    """Fill ``revocations`` from the bus: every revocation the stream holds now (before
+    this returns), then each one admission publishes (signed by admission, or skipped)."""
+
+    def revoked(_key: str, event: auth_pb2.TokenRevocation) -> None:
+        if event.token_id:
+            revocations.revoke_token(event.token_id)
+        elif event.user and event.HasField("issued_before"):
+            revocations.revoke_user(event.user, event.issued_before.ToNanoseconds() / 1e9)
+        else:
+            log.warning("revocation naming no token and no user skipped")
+            return
+        log.info(
+            "token revoked",
+            token_id=event.token_id or None,
+            user=event.user or None,
+            revoked_by=event.revoked_by,
+        )
+
+    follower = Follower(bus, topics.TOKEN_REVOKED, revoked)
+    await follower.start()
+    host.add_root_task(
+        "follow-revocations", lambda: follower.run(host.stop, REVOCATION_CATCH_UP_SECONDS)
+    )
 
 
 async def open_database(

@@ -20,6 +20,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import hashlib
+import time
 import uuid
 from collections.abc import AsyncIterator, Callable, Mapping, Sequence
 from dataclasses import dataclass, field
@@ -56,7 +57,7 @@ from stride.bus import topics
 from stride.bus.topics import Outgoing
 from stride.db.engine import ConflictingWrite, Database
 from stride.db.outbox import Outbox
-from stride.events.v1 import cluster_pb2, job_pb2
+from stride.events.v1 import auth_pb2, cluster_pb2, job_pb2
 from stride.policy.elasticflow.curves import ScalingCurve
 from stride.policy.elasticflow.guarantees import SCALING_PAUSE_SECONDS, SLOT_SECONDS
 from stride.policy.elasticflow.priorities import HIGH, LOW, NORMAL
@@ -1166,6 +1167,28 @@ class Submissions:
                 (quota, *await self._use(session, quota, moment))
                 for quota in await repository.all_quotas(session)
             ]
+
+    async def revoke_tokens(
+        self, *, token_id: str, user: str, reason: str, revoked_by: str
+    ) -> auth_pb2.TokenRevocation:
+        """Revoke one token (``token_id``) or every token of ``user`` issued until now (wall
+        time, as tokens are stamped, whatever the replay clock says). Stored with the
+        outbox and answered once it is on the bus, from where every server follows it."""
+        now = time.time()
+        revocation = auth_pb2.TokenRevocation(
+            token_id=token_id, user=user, revoked_by=revoked_by, reason=reason
+        )
+        revocation.revoked_at.FromNanoseconds(int(now * 1e9))
+        if user:
+            revocation.issued_before.FromNanoseconds(int(now * 1e9))
+        key = topics.revoked_token_key(token_id) if token_id else topics.revoked_user_key(user)
+        event = topics.TOKEN_REVOKED.outgoing(key, revocation, f"{key}.{int(now * 1e9)}")
+        async with self.database.transaction() as session:
+            await self.outbox.add_event(session, event)
+        self.outbox.notify()
+        await self._drained()
+        log.info("tokens revoked", token_id=token_id or None, user=user or None, by=revoked_by)
+        return revocation
 
     async def delete_quota(self, scope: str) -> None:
         """Remove a scope's quota (none: no-op)."""

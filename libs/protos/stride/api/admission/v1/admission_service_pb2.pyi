@@ -9,6 +9,7 @@ from google.protobuf import message as _message
 from google.protobuf import timestamp_pb2 as _timestamp_pb2
 from google.protobuf.internal import containers as _containers
 from google.protobuf.internal import enum_type_wrapper as _enum_type_wrapper
+from stride.events.v1 import auth_pb2 as _auth_pb2
 from stride.events.v1 import job_pb2 as _job_pb2
 import builtins as _builtins
 import sys
@@ -504,6 +505,60 @@ class GetQuotaResponse(_message.Message):
     def WhichOneof(self, oneof_group: _Never) -> None: ...
 
 Global___GetQuotaResponse: _TypeAlias = GetQuotaResponse  # noqa: Y015
+
+@_typing.final
+class RevokeTokensRequest(_message.Message):
+    """Request for RevokeTokens: exactly one of token_id and user."""
+
+    DESCRIPTOR: _descriptor.Descriptor
+
+    TOKEN_ID_FIELD_NUMBER: _builtins.int
+    USER_FIELD_NUMBER: _builtins.int
+    REASON_FIELD_NUMBER: _builtins.int
+    token_id: _builtins.str
+    """One token's id (its jti: 32 hexadecimal characters; `stride token create` prints it)."""
+    user: _builtins.str
+    """Every token of this user issued until now; tokens made afterwards are not affected."""
+    reason: _builtins.str
+    """Why (at most 256 characters), kept with the revocation."""
+    def __init__(
+        self,
+        *,
+        token_id: _builtins.str = ...,
+        user: _builtins.str = ...,
+        reason: _builtins.str = ...,
+    ) -> None: ...
+    _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
+    def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["reason", b"reason", "token_id", b"token_id", "user", b"user"]  # noqa: Y015
+    def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
+    def WhichOneof(self, oneof_group: _Never) -> None: ...
+
+Global___RevokeTokensRequest: _TypeAlias = RevokeTokensRequest  # noqa: Y015
+
+@_typing.final
+class RevokeTokensResponse(_message.Message):
+    """Response of RevokeTokens."""
+
+    DESCRIPTOR: _descriptor.Descriptor
+
+    REVOCATION_FIELD_NUMBER: _builtins.int
+    @_builtins.property
+    def revocation(self) -> _auth_pb2.TokenRevocation:
+        """The revocation as published."""
+
+    def __init__(
+        self,
+        *,
+        revocation: _auth_pb2.TokenRevocation | None = ...,
+    ) -> None: ...
+    _HasFieldArgType: _TypeAlias = _typing.Literal["revocation", b"revocation"]  # noqa: Y015
+    def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["revocation", b"revocation"]  # noqa: Y015
+    def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
+    def WhichOneof(self, oneof_group: _Never) -> None: ...
+
+Global___RevokeTokensResponse: _TypeAlias = RevokeTokensResponse  # noqa: Y015
 
 @_typing.final
 class ListQuotasRequest(_message.Message):

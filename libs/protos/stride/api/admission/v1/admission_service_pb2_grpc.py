@@ -75,6 +75,11 @@ class AdmissionServiceStub:
                 request_serializer=stride_dot_api_dot_admission_dot_v1_dot_admission__service__pb2.DeleteQuotaRequest.SerializeToString,
                 response_deserializer=stride_dot_api_dot_admission_dot_v1_dot_admission__service__pb2.DeleteQuotaResponse.FromString,
                 _registered_method=True)
+        self.RevokeTokens = channel.unary_unary(
+                '/stride.api.admission.v1.AdmissionService/RevokeTokens',
+                request_serializer=stride_dot_api_dot_admission_dot_v1_dot_admission__service__pb2.RevokeTokensRequest.SerializeToString,
+                response_deserializer=stride_dot_api_dot_admission_dot_v1_dot_admission__service__pb2.RevokeTokensResponse.FromString,
+                _registered_method=True)
 
 
 class AdmissionServiceServicer:
@@ -140,6 +145,15 @@ class AdmissionServiceServicer:
         context.set_details('Method not implemented!')
         raise NotImplementedError('Method not implemented!')
 
+    def RevokeTokens(self, request, context):
+        """RevokeTokens revokes one user token (by its id) or every token of a user issued until
+        now (admins only). It answers once the revocation is on the bus; every server then
+        refuses those tokens with UNAUTHENTICATED. INVALID_ARGUMENT names a bad field.
+        """
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
 
 def add_AdmissionServiceServicer_to_server(servicer, server):
     rpc_method_handlers = {
@@ -182,6 +196,11 @@ def add_AdmissionServiceServicer_to_server(servicer, server):
                     servicer.DeleteQuota,
                     request_deserializer=stride_dot_api_dot_admission_dot_v1_dot_admission__service__pb2.DeleteQuotaRequest.FromString,
                     response_serializer=stride_dot_api_dot_admission_dot_v1_dot_admission__service__pb2.DeleteQuotaResponse.SerializeToString,
+            ),
+            'RevokeTokens': grpc.unary_unary_rpc_method_handler(
+                    servicer.RevokeTokens,
+                    request_deserializer=stride_dot_api_dot_admission_dot_v1_dot_admission__service__pb2.RevokeTokensRequest.FromString,
+                    response_serializer=stride_dot_api_dot_admission_dot_v1_dot_admission__service__pb2.RevokeTokensResponse.SerializeToString,
             ),
     }
     generic_handler = grpc.method_handlers_generic_handler(
@@ -401,6 +420,33 @@ class AdmissionService:
             '/stride.api.admission.v1.AdmissionService/DeleteQuota',
             stride_dot_api_dot_admission_dot_v1_dot_admission__service__pb2.DeleteQuotaRequest.SerializeToString,
             stride_dot_api_dot_admission_dot_v1_dot_admission__service__pb2.DeleteQuotaResponse.FromString,
+            options,
+            channel_credentials,
+            insecure,
+            call_credentials,
+            compression,
+            wait_for_ready,
+            timeout,
+            metadata,
+            _registered_method=True)
+
+    @staticmethod
+    def RevokeTokens(request,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.unary_unary(
+            request,
+            target,
+            '/stride.api.admission.v1.AdmissionService/RevokeTokens',
+            stride_dot_api_dot_admission_dot_v1_dot_admission__service__pb2.RevokeTokensRequest.SerializeToString,
+            stride_dot_api_dot_admission_dot_v1_dot_admission__service__pb2.RevokeTokensResponse.FromString,
             options,
             channel_credentials,
             insecure,

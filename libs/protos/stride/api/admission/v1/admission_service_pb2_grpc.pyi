@@ -54,6 +54,11 @@ class AdmissionServiceStub:
     """ListQuotas returns every quota with its use."""
     DeleteQuota: _grpc.UnaryUnaryMultiCallable[_admission_service_pb2.DeleteQuotaRequest, _admission_service_pb2.DeleteQuotaResponse]
     """DeleteQuota removes a scope's quota; removing none is a no-op."""
+    RevokeTokens: _grpc.UnaryUnaryMultiCallable[_admission_service_pb2.RevokeTokensRequest, _admission_service_pb2.RevokeTokensResponse]
+    """RevokeTokens revokes one user token (by its id) or every token of a user issued until
+    now (admins only). It answers once the revocation is on the bus; every server then
+    refuses those tokens with UNAUTHENTICATED. INVALID_ARGUMENT names a bad field.
+    """
 
 @_typing.type_check_only
 class AdmissionServiceAsyncStub(AdmissionServiceStub):
@@ -81,6 +86,11 @@ class AdmissionServiceAsyncStub(AdmissionServiceStub):
     """ListQuotas returns every quota with its use."""
     DeleteQuota: _aio.UnaryUnaryMultiCallable[_admission_service_pb2.DeleteQuotaRequest, _admission_service_pb2.DeleteQuotaResponse]  # type: ignore[assignment]
     """DeleteQuota removes a scope's quota; removing none is a no-op."""
+    RevokeTokens: _aio.UnaryUnaryMultiCallable[_admission_service_pb2.RevokeTokensRequest, _admission_service_pb2.RevokeTokensResponse]  # type: ignore[assignment]
+    """RevokeTokens revokes one user token (by its id) or every token of a user issued until
+    now (admins only). It answers once the revocation is on the bus; every server then
+    refuses those tokens with UNAUTHENTICATED. INVALID_ARGUMENT names a bad field.
+    """
 
 class AdmissionServiceServicer(metaclass=_abc_1.ABCMeta):
     """AdmissionService validates, stores and decides on jobs."""
@@ -153,6 +163,17 @@ class AdmissionServiceServicer(metaclass=_abc_1.ABCMeta):
         context: _ServicerContext,
     ) -> _typing.Union[_admission_service_pb2.DeleteQuotaResponse, _abc.Awaitable[_admission_service_pb2.DeleteQuotaResponse]]:
         """DeleteQuota removes a scope's quota; removing none is a no-op."""
+
+    @_abc_1.abstractmethod
+    def RevokeTokens(
+        self,
+        request: _admission_service_pb2.RevokeTokensRequest,
+        context: _ServicerContext,
+    ) -> _typing.Union[_admission_service_pb2.RevokeTokensResponse, _abc.Awaitable[_admission_service_pb2.RevokeTokensResponse]]:
+        """RevokeTokens revokes one user token (by its id) or every token of a user issued until
+        now (admins only). It answers once the revocation is on the bus; every server then
+        refuses those tokens with UNAUTHENTICATED. INVALID_ARGUMENT names a bad field.
+        """
 
 def add_AdmissionServiceServicer_to_server(servicer: AdmissionServiceServicer, server: _typing.Union[_grpc.Server, _aio.Server]) -> None: ...
 

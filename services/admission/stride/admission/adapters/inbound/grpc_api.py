@@ -16,6 +16,7 @@ a spec without one is :data:`ANONYMOUS`'s.
 from __future__ import annotations
 
 import math
+import re
 import unicodedata
 from datetime import UTC
 from typing import Any
@@ -101,6 +102,7 @@ ACCESS = {
             "GetQuota": _USERS,
             "ListQuotas": _USERS,
             "DeleteQuota": _ADMINS,
+            "RevokeTokens": _ADMINS,
         },
     ),
     **auth.rules(CLOCK_SERVICE, {"Advance": _ADMINS}),
@@ -200,6 +202,42 @@ class AdmissionApi(pb_grpc.AdmissionServiceServicer):
     ) -> pb.DeleteQuotaResponse:
         await self.submissions.delete_quota(request.scope)
         return pb.DeleteQuotaResponse()
+
+    async def RevokeTokens(
+        self, request: pb.RevokeTokensRequest, context: Context
+    ) -> pb.RevokeTokensResponse:
+        if bool(request.token_id) == bool(request.user):
+            raise InvalidArgument("token_id", "give exactly one of token_id and user")
+        if request.token_id and not TOKEN_ID.fullmatch(request.token_id):
+            raise InvalidArgument(
+                "token_id",
+                f"{echo(request.token_id)} is not a token id (32 lowercase hexadecimal "
+                "characters: `stride token create` prints it)",
+            )
+        if request.user and (
+            len(request.user) > MAX_USER_LENGTH
+            or any(unicodedata.category(char) == "Cc" for char in request.user)
+        ):
+            raise InvalidArgument(
+                "user", f"must be 1 to {MAX_USER_LENGTH} characters without control characters"
+            )
+        if len(request.reason) > MAX_REASON_LENGTH:
+            raise InvalidArgument("reason", f"must be at most {MAX_REASON_LENGTH} characters")
+        caller = auth.current()
+        revocation = await self.submissions.revoke_tokens(
+            token_id=request.token_id,
+            user=request.user,
+            reason=request.reason,
+            revoked_by=caller.user.user if caller.user is not None else caller.describe(),
+        )
+        return pb.RevokeTokensResponse(revocation=revocation)
+
+
+TOKEN_ID = re.compile(r"[0-9a-f]{32}")
+"""A token's id: the ``jti`` :class:`stride.runtime.tokens.Signer` stamps (a UUID's hex)."""
+MAX_USER_LENGTH = 128
+"""As a token's ``sub`` (stride.runtime.tokens)."""
+MAX_REASON_LENGTH = 256
 
 
 def _binds_caller(quota: Quota, caller: auth.Caller) -> bool:
