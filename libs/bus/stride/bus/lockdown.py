@@ -31,6 +31,7 @@ from pathlib import Path
 from stride.bus import permissions
 from stride.bus.client import Bus
 from stride.runtime import tls
+from stride.runtime.certs import owner_argument, write_private
 from stride.runtime.errors import StartupError
 
 
@@ -50,14 +51,9 @@ def config_text(
 def write_config(text: str, out: Path, owner: tuple[int, int] | None = None) -> None:
     """Write ``text`` to ``out`` as 0600 (it names the key's path and every user), replacing
     it whole so a server never reads half a file; ``owner`` (root only) hands it over."""
-    partial = out.with_name(f".{out.name}.partial")
-    descriptor = os.open(partial, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
-    with os.fdopen(descriptor, "w") as file:
-        file.write(text)
-    os.chmod(partial, 0o600)
+    write_private(out, text.encode(), 0o600)
     if owner is not None:
-        os.chown(partial, *owner)
-    os.replace(partial, out)
+        os.chown(out, *owner)
 
 
 def declare_streams(url: str, environ: Mapping[str, str], timeout: float = 10.0) -> None:
@@ -74,14 +70,6 @@ def declare_streams(url: str, environ: Mapping[str, str], timeout: float = 10.0)
             await bus.close()
 
     asyncio.run(declare())
-
-
-def _owner(text: str) -> tuple[int, int]:
-    user, _, group = text.partition(":")
-    try:
-        return int(user), int(group or user)
-    except ValueError:
-        raise argparse.ArgumentTypeError(f"{text!r} is not UID:GID") from None
 
 
 def _folder(given: Path | None) -> Path:
@@ -106,7 +94,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     config.add_argument("--cert", help="the server certificate's path on the NATS host")
     config.add_argument("--key", help="its key's path on the NATS host")
     config.add_argument("--ca", help="the CA's path on the NATS host")
-    config.add_argument("--owner", type=_owner, help="UID:GID to give the file to")
+    config.add_argument("--owner", type=owner_argument, help="UID:GID to give the file to")
     init = commands.add_parser("init", help="declare the streams as the bus administrator")
     init.add_argument("--url", required=True, help="the NATS to declare them on")
     init.add_argument("--tls-dir", type=Path, help=f"default: ${tls.TLS_DIR_ENV}")

@@ -61,7 +61,7 @@ class Issued:
     """Identities whose certificate was already there and still good."""
 
 
-def _write_private(path: Path, data: bytes, mode: int) -> None:
+def write_private(path: Path, data: bytes, mode: int) -> None:
     """Write ``data`` to ``path`` with ``mode`` from the start (no window with wider rights)."""
     temporary = path.with_name(f".{path.name}.tmp")
     descriptor = os.open(temporary, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, mode)
@@ -125,8 +125,8 @@ def _make_ca(folder: Path, key_path: Path) -> tuple[ec.EllipticCurvePrivateKey, 
         .add_extension(x509.SubjectKeyIdentifier.from_public_key(key.public_key()), critical=False)
         .sign(key, hashes.SHA256())
     )
-    _write_private(key_path, _key_bytes(key), 0o600)
-    _write_private(
+    write_private(key_path, _key_bytes(key), 0o600)
+    write_private(
         folder / CA_CERT_NAME, certificate.public_bytes(serialization.Encoding.PEM), 0o644
     )
     return key, certificate
@@ -256,8 +256,8 @@ def _issue(
         )
         .sign(ca_key, hashes.SHA256())
     )
-    _write_private(folder / f"{identity}.key", _key_bytes(key), 0o600)
-    _write_private(
+    write_private(folder / f"{identity}.key", _key_bytes(key), 0o600)
+    write_private(
         folder / f"{identity}.crt", certificate.public_bytes(serialization.Encoding.PEM), 0o644
     )
 
@@ -342,7 +342,7 @@ def kubernetes_secrets(
     return "---\n".join(documents)
 
 
-def _owner(text: str) -> tuple[int, int]:
+def owner_argument(text: str) -> tuple[int, int]:
     user, _, group = text.partition(":")
     try:
         return int(user), int(group or user)
@@ -358,7 +358,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     command.add_argument("folder", type=Path)
     command.add_argument("--san", action="append", default=[], help="another DNS name or IP")
     command.add_argument("--days", type=int, default=CERT_DAYS)
-    command.add_argument("--owner", type=_owner, help="UID:GID to give the files to")
+    command.add_argument("--owner", type=owner_argument, help="UID:GID to give the files to")
     command.add_argument("--ca-key", type=Path, help="the CA's key, kept out of the folder")
     command.add_argument("--kubernetes-secrets", type=Path, help="also write Secrets here")
     command.add_argument("--fullname", default="stride", help="the Helm release's fullname")
@@ -373,7 +373,7 @@ def main(argv: Sequence[str] | None = None) -> int:
             ca_key=arguments.ca_key,
         )
         if arguments.kubernetes_secrets is not None:
-            _write_private(
+            write_private(
                 arguments.kubernetes_secrets,
                 kubernetes_secrets(
                     arguments.folder, arguments.fullname, arguments.namespace
