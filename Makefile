@@ -8,9 +8,11 @@ STRIDE := $(VENV)/bin/stride
 DEMO_STATE := $(CURDIR)/.stride-demo
 # pytest prints its own summary; -p no:cacheprovider keeps the tree clean.
 PYTEST_ARGS ?=
-TEST_WORKERS ?= 2
-# Tests run in two processes (each test has its own NATS server and database, so they do
-# not meet); the TensorFlow end-to-end tests stay on one of them (tests/conftest.py).
+TEST_WORKERS ?= 3
+# Tests run in three processes on the two cores (each test has its own NATS server and
+# database, so they do not meet; most of a test's time is spent waiting on the services it
+# started, and two processes left the cores idle half the time); the TensorFlow end-to-end
+# tests run one after another on one of them (tests/conftest.py).
 # A test process that dies (a crash, or stride.testing.watchdog ending a hung test) fails
 # the run, naming the test: pytest-xdist 3.8's loadgroup scheduling hangs for good when it
 # replaces a dead worker (pytest-dev/pytest-xdist#1323, #1327, #1378).

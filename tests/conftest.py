@@ -3,11 +3,13 @@
 from __future__ import annotations
 
 import os
+from typing import Any
 
 import pytest
 from hypothesis import settings
 
 from stride.testing import SHARED_TRACES
+from stride.testing.scheduling import grouped_by_file
 
 # Under CI, property tests replay the same examples every run (a red build is never a roll
 # of the dice) and have no per-example deadline (a loaded 2-core runner is slow). Developers
@@ -25,17 +27,19 @@ TENSORFLOW_FILES = frozenset(
 (``--dist loadgroup``), beside the lighter tests on the others, never two at once."""
 
 
-def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
-    """TensorFlow end-to-end tests share one xdist group (see ``TENSORFLOW_FILES``).
+@pytest.hookimpl(tryfirst=True)
+def pytest_xdist_make_scheduler(config: pytest.Config, log: Any) -> Any:
+    """``--dist loadgroup`` with the TensorFlow end-to-end tests as one group, told by their
+    files (``xdist_group`` markers group nothing here: :mod:`stride.testing.scheduling`)."""
+    return grouped_by_file(config, log, dict.fromkeys(TENSORFLOW_FILES, "tensorflow"))
 
-    Tests that read the public traces need ``shared/traces`` beside the checkout.
+
+def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
+    """Tests that read the public traces need ``shared/traces`` beside the checkout.
 
     Where it is absent (a bare clone), they skip with the reason; CI has it, and there a
     missing folder fails the run instead of hiding the tests.
     """
-    for item in items:
-        if item.path.name in TENSORFLOW_FILES:
-            item.add_marker(pytest.mark.xdist_group("tensorflow"))
     if SHARED_TRACES.is_dir():
         return
     reason = f"the public traces are not at {SHARED_TRACES} (shared/ beside the checkout)"
