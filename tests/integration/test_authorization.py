@@ -699,6 +699,11 @@ async def test_revoked_tokens_are_refused_by_every_server(nats_url: str, databas
     from stride.configdb.settings import ConfigDbSettings
     from stride.runtime.tokens import token_id_of
 
+    def token_job(token: str) -> str:
+        import jwt
+
+        return str(jwt.decode(token, options={"verify_signature": False})["job"])
+
     def own(service: str) -> str:
         """Each service its own database (its own schema in PostgreSQL; a file in SQLite)."""
         return database_url.replace("test.db", f"{service}.db")
@@ -718,15 +723,19 @@ async def test_revoked_tokens_are_refused_by_every_server(nats_url: str, databas
         dispatcher = f"127.0.0.1:{dispatcher_host.server.port}"
 
         async def refused(address: str, server: str, token: str) -> tuple[grpc.StatusCode, str]:
-            async with aio_channel(address, server, token=token) as channel:
+            """How a call with ``token`` ends (``dispatcher-job``: as a pod of the token's
+            job, naming that job)."""
+            name = server.removesuffix("-job")
+            async with aio_channel(address, name, token=token) as channel:
                 try:
                     if server == "admission":
                         await adm_grpc.AdmissionServiceStub(channel).ListJobs(
                             adm_pb.ListJobsRequest()
                         )
                     else:
+                        named = token_job(token) if server.endswith("-job") else A
                         await disp_grpc.DispatcherServiceStub(channel).ListDatasets(
-                            disp_pb.ListDatasetsRequest(job_id=A)
+                            disp_pb.ListDatasetsRequest(job_id=named)
                         )
                 except grpc.aio.AioRpcError as error:
                     return error.code(), error.details() or ""
@@ -797,6 +806,24 @@ async def test_revoked_tokens_are_refused_by_every_server(nats_url: str, databas
         code, details = await refused(admission, "admission", alice)
         assert "every token of user 'alice' issued until" in details
         assert await refused(admission, "admission", later_alice) == (grpc.StatusCode.OK, "")
+        # A job that ends takes its job tokens with it: a pod's token, copied anywhere,
+        # opens none of the job's data at the dispatcher any more.
+        async with aio_channel(admission, "admission", token=later_alice) as channel:
+            stub = adm_grpc.AdmissionServiceStub(channel)
+            job = (await stub.SubmitJob(adm_pb.SubmitJobRequest(spec=spec()))).job.job_id
+            pods_token = job_token(job)
+            assert await refused(dispatcher, "dispatcher-job", pods_token) == (
+                grpc.StatusCode.OK,
+                "",
+            )
+            await stub.CancelJob(adm_pb.CancelJobRequest(job_id=job))
+
+        async def job_tokens_revoked() -> bool:
+            code, details = await refused(dispatcher, "dispatcher-job", pods_token)
+            assert code == grpc.StatusCode.UNAUTHENTICATED, (code, details)
+            return f"revoked: job {job!r} has ended" in details
+
+        await assert_eventually(job_tokens_revoked, timeout=10)
         # A server started after the revocations replays them before its first call.
         configdb_settings = local_settings(
             ConfigDbSettings, nats_url=nats_url, database_url=own("configdb")

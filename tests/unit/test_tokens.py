@@ -60,10 +60,17 @@ def test_a_user_token_verifies_as_its_user(folder: Path) -> None:
 def test_a_job_token_names_its_job_pod_and_role(folder: Path) -> None:
     token = signer(folder, "podwatcher").job_token("job-a", "job-a-worker-0", "worker")
     identity = verifier(folder).verify(token)
+    assert isinstance(identity, JobIdentity)
     assert identity == JobIdentity(
-        "job-a", "job-a-worker-0", "worker", identity.token_id, identity.expires
+        "job-a",
+        "job-a-worker-0",
+        "worker",
+        identity.token_id,
+        identity.expires,
+        issued_at=identity.issued_at,
     )
     assert 3500 < identity.expires - time.time() <= 3600
+    assert abs(identity.expires - identity.issued_at - 3600) <= 1
 
 
 @pytest.mark.parametrize(
@@ -308,3 +315,20 @@ def test_a_token_names_its_id_and_a_user_token_lives_a_year_at_most(folder: Path
         token_id_of(unsigned)
     with pytest.raises(TokenError, match="at most 365 days, got 366"):
         users.user_token("alice", ttl=366 * 86400)
+
+
+def test_an_ended_jobs_tokens_are_refused_and_later_ones_are_not(folder: Path) -> None:
+    revocations = Revocations()
+    checking = Verifier((folder / "ca.crt").read_bytes(), revocations)
+    pods = signer(folder, "podwatcher")
+    before = pods.job_token("job-a", "job-a-worker-0", "worker")
+    other = pods.job_token("job-b", "job-b-worker-0", "worker")
+    ended = checking.verify(before).issued_at + 0.0005
+    revocations.revoke_job("job-a", ended)
+    with pytest.raises(TokenError, match="revoked: job 'job-a' has ended"):
+        checking.verify(before)
+    checking.verify(other)
+    time.sleep(0.002)
+    checking.verify(pods.job_token("job-a", "job-a-worker-0", "worker"))  # minted after
+    # A user token naming the same string as its user is no job token.
+    checking.verify(signer(folder, "users").user_token("job-a"))

@@ -407,7 +407,8 @@ TOKEN_REVOKED = Topic(
     "stride.auth.v1",
     auth_pb2.TokenRevocation,
     "revoked",
-    description="an administrator revoked one user token, or a user's tokens until a moment",
+    description="an administrator revoked one token, or a user's tokens until a moment; or a "
+    "job ended, and with it its job tokens",
     producers=ADMISSION,
 )
 
@@ -415,6 +416,11 @@ TOKEN_REVOKED = Topic(
 def revoked_token_key(token_id: str) -> str:
     """The subject key of one token's revocation."""
     return f"token-{token_id}"
+
+
+def revoked_job_key(job_id: str) -> str:
+    """The subject key of an ended job's job tokens' revocation."""
+    return f"job-{job_id}"
 
 
 def revoked_user_key(user: str) -> str:

@@ -107,6 +107,7 @@ class JobIdentity:
     expires: float = 0.0
     key: ec.EllipticCurvePublicKey | None = field(default=None, compare=False, repr=False)
     """The pod's own key the token binds (``cnf.jwk``), if it binds one."""
+    issued_at: float = 0.0
 
     def describe(self) -> str:
         return f"job {self.job_id!r} (pod {self.pod!r}, {self.role})"
@@ -204,13 +205,15 @@ _EXPECTED_SIGNER = {"user": USER_ISSUER, "job": JOB_ISSUER}
 
 
 class Revocations:
-    """Tokens an administrator revoked (admission publishes them; every server follows
-    them: ``stride.wiring``): one token by its id, or every token of a user issued at or
-    before a moment. Kept as long as the tokens they name could live."""
+    """Revoked tokens (admission publishes them; every server follows them:
+    ``stride.wiring``): one token by its id, every token of a user issued at or before a
+    moment (an administrator's doing), or every job token of a job issued until it ended.
+    Kept as long as the tokens they name could live."""
 
     def __init__(self) -> None:
         self._tokens: set[str] = set()
         self._users: dict[str, float] = {}
+        self._jobs: dict[str, float] = {}
 
     def revoke_token(self, token_id: str) -> None:
         self._tokens.add(token_id)
@@ -219,6 +222,10 @@ class Revocations:
         """Every token of ``user`` issued at or before ``issued_before`` (a later revocation
         of the same user moves the moment; an earlier one replayed late does not)."""
         self._users[user] = max(issued_before, self._users.get(user, issued_before))
+
+    def revoke_job(self, job_id: str, issued_before: float) -> None:
+        """Every job token of ``job_id`` issued at or before ``issued_before`` (it ended)."""
+        self._jobs[job_id] = max(issued_before, self._jobs.get(job_id, issued_before))
 
     def check(self, identity: Identity) -> None:
         """Raise :class:`TokenError` if ``identity``'s token was revoked."""
@@ -232,9 +239,13 @@ class Revocations:
                     f"{time.strftime('%Y-%m-%dT%H:%M:%SZ', time.gmtime(until))}; ask for a "
                     "new one"
                 )
+        if isinstance(identity, JobIdentity):
+            ended = self._jobs.get(identity.job_id)
+            if ended is not None and identity.issued_at <= ended:
+                raise TokenError(f"revoked: job {identity.job_id!r} has ended")
 
     def __len__(self) -> int:
-        return len(self._tokens) + len(self._users)
+        return len(self._tokens) + len(self._users) + len(self._jobs)
 
 
 class Verifier:
@@ -336,6 +347,7 @@ class Verifier:
             token_id,
             expires,
             _bound_key(claims),
+            float(claims["iat"]),
         )
 
 

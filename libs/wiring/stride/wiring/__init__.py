@@ -124,8 +124,11 @@ async def follow_revocations(host: ServiceHost, bus: Bus, revocations: Revocatio
             revocations.revoke_token(event.token_id)
         elif event.user and event.HasField("issued_before"):
             revocations.revoke_user(event.user, event.issued_before.ToNanoseconds() / 1e9)
+        elif event.job_id and event.HasField("issued_before"):
+            revocations.revoke_job(event.job_id, event.issued_before.ToNanoseconds() / 1e9)
+            return  # one per ended job: not worth a log line
         else:
-            log.warning("revocation naming no token and no user skipped")
+            log.warning("revocation naming no token, user or job skipped")
             return
         log.info(
             "token revoked",

@@ -1283,6 +1283,7 @@ class Submissions:
                 return None
             await repository.set_state(session, job_id, state, moment)
             released = await self._release(session, job, f"{job_id} {state.lower()}", moment)
+            await self.outbox.add_event(session, _job_tokens_revoked(job_id, state))
             if announce:
                 event = job_pb2.JobFinished(
                     job_id=job_id,
@@ -1304,6 +1305,19 @@ class Submissions:
         if state is None:
             raise InvalidArgument("outcome", f"unknown job outcome {event.outcome}")
         await self._ended(event.job_id, state, event.message, False)
+
+
+def _job_tokens_revoked(job_id: str, state: str) -> Outgoing:
+    """The revocation of an ended job's job tokens (minted until now, wall time as tokens
+    are stamped): a pod's token, copied anywhere, opens none of the job's data any more."""
+    now = time.time()
+    revocation = auth_pb2.TokenRevocation(
+        job_id=job_id, revoked_by="admission", reason=f"the job ended ({state.lower()})"
+    )
+    revocation.issued_before.FromNanoseconds(int(now * 1e9))
+    revocation.revoked_at.FromNanoseconds(int(now * 1e9))
+    key = topics.revoked_job_key(job_id)
+    return topics.TOKEN_REVOKED.outgoing(key, revocation, f"{key}.ended")
 
 
 def _stored_tree(text: str | None) -> GpuTree | None:

@@ -25,7 +25,7 @@ _sym_db = _symbol_database.Default()
 from google.protobuf import timestamp_pb2 as google_dot_protobuf_dot_timestamp__pb2
 
 
-DESCRIPTOR = _descriptor_pool.Default().AddSerializedFile(b'\n\x1bstride/events/v1/auth.proto\x12\x10stride.events.v1\x1a\x1fgoogle/protobuf/timestamp.proto\"\xb8\x01\n\x0fTokenRevocation\x12\x10\n\x08token_id\x18\x01 \x01(\t\x12\x0c\n\x04user\x18\x02 \x01(\t\x12\x31\n\rissued_before\x18\x03 \x01(\x0b\x32\x1a.google.protobuf.Timestamp\x12\x12\n\nrevoked_by\x18\x04 \x01(\t\x12\x0e\n\x06reason\x18\x05 \x01(\t\x12.\n\nrevoked_at\x18\x06 \x01(\x0b\x32\x1a.google.protobuf.Timestampb\x06proto3')
+DESCRIPTOR = _descriptor_pool.Default().AddSerializedFile(b'\n\x1bstride/events/v1/auth.proto\x12\x10stride.events.v1\x1a\x1fgoogle/protobuf/timestamp.proto\"\xc8\x01\n\x0fTokenRevocation\x12\x10\n\x08token_id\x18\x01 \x01(\t\x12\x0c\n\x04user\x18\x02 \x01(\t\x12\x31\n\rissued_before\x18\x03 \x01(\x0b\x32\x1a.google.protobuf.Timestamp\x12\x12\n\nrevoked_by\x18\x04 \x01(\t\x12\x0e\n\x06reason\x18\x05 \x01(\t\x12.\n\nrevoked_at\x18\x06 \x01(\x0b\x32\x1a.google.protobuf.Timestamp\x12\x0e\n\x06job_id\x18\x07 \x01(\tb\x06proto3')
 
 _globals = globals()
 _builder.BuildMessageAndEnumDescriptors(DESCRIPTOR, _globals)
@@ -33,5 +33,5 @@ _builder.BuildTopDescriptorsAndMessages(DESCRIPTOR, 'stride.events.v1.auth_pb2',
 if not _descriptor._USE_C_DESCRIPTORS:
   DESCRIPTOR._loaded_options = None
   _globals['_TOKENREVOCATION']._serialized_start=83
-  _globals['_TOKENREVOCATION']._serialized_end=267
+  _globals['_TOKENREVOCATION']._serialized_end=283
 # @@protoc_insertion_point(module_scope)
