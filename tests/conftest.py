@@ -20,18 +20,34 @@ settings.load_profile("ci" if os.environ.get("CI") else "dev")
 
 
 TENSORFLOW_FILES = frozenset(
-    {"test_training.py", "test_tf_checkpoint.py", "test_ckptclient_tf_snapshot.py"}
+    {"e2e/test_training.py", "e2e/test_tf_checkpoint.py", "e2e/test_ckptclient_tf_snapshot.py"}
 )
 """End-to-end tests that train TensorFlow jobs: each keeps both cores busy, so under
 ``pytest -n`` (``make test``) they run one after another on one worker
 (``--dist loadgroup``), beside the lighter tests on the others, never two at once."""
 
+SUITE_FILES = frozenset(
+    {
+        "e2e/test_cli_suite.py",
+        "e2e/test_job_path.py",
+        "e2e/test_loadgen.py",
+        "e2e/test_replay.py",
+        "e2e/test_supervisor.py",
+    }
+)
+"""The other end-to-end tests, each starting the whole suite (eight services, NATS, a
+database): one after another on one worker too, so no more than one such start competes
+with a TensorFlow job and the lighter tests (with three at once, a service took 39 s to
+start and exit)."""
+
 
 @pytest.hookimpl(tryfirst=True)
 def pytest_xdist_make_scheduler(config: pytest.Config, log: Any) -> Any:
-    """``--dist loadgroup`` with the TensorFlow end-to-end tests as one group, told by their
-    files (``xdist_group`` markers group nothing here: :mod:`stride.testing.scheduling`)."""
-    return grouped_by_file(config, log, dict.fromkeys(TENSORFLOW_FILES, "tensorflow"))
+    """``--dist loadgroup`` with the TensorFlow end-to-end tests as one group and the other
+    end-to-end tests as another, told by their files (``xdist_group`` markers group nothing
+    here: :mod:`stride.testing.scheduling`)."""
+    groups = dict.fromkeys(TENSORFLOW_FILES, "tensorflow") | dict.fromkeys(SUITE_FILES, "suite")
+    return grouped_by_file(config, log, groups)
 
 
 def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:

@@ -271,20 +271,31 @@ async def test_submit_reaches_plan_exactly_once_across_an_optimizer_crash(
         except grpc.aio.AioRpcError as error:  # not there yet: the optimizer was just killed
             assert error.code() == grpc.StatusCode.NOT_FOUND, error.details()
             return False
-        return pods.plan.plan.version == 1 and [p.version for p in record.record.plans] == [1]
-
-    await assert_eventually(recorded_everywhere, timeout=60, interval=0.3, message="plan recorded")
-    async with aio_channel(suite["optimizer"].address, "optimizer") as channel:
-        plans = await optimizer_grpc.OptimizerServiceStub(channel).ListPlans(
-            optimizer_pb.ListPlansRequest(job_id=job_id)
+        async with aio_channel(suite["optimizer"].address, "optimizer") as channel:
+            made = await optimizer_grpc.OptimizerServiceStub(channel).ListPlans(
+                optimizer_pb.ListPlansRequest(job_id=job_id)
+            )
+        versions[:] = [p.version for p in made.plans]
+        published = [p.version for p in await plan_messages(nats_url, job_id)]
+        # Plan 1, and a plan 2 where the job's share came after plan 1 and refitted it (the
+        # two consumers race): every version made once, none skipped, each published once,
+        # and the newest recorded by the config DB and the pod watcher alike.
+        return (
+            bool(versions)
+            and versions == list(range(1, len(versions) + 1))
+            and published == versions
+            and [p.version for p in record.record.plans] == versions
+            and pods.plan.plan.version == versions[-1]
         )
-    assert [p.version for p in plans.plans] == [1]
-    published = await plan_messages(nats_url, job_id)
-    assert [p.version for p in published] == [1], "the plan must be published exactly once"
+
+    versions: list[int] = []
+    await assert_eventually(recorded_everywhere, timeout=60, interval=0.3, message="plan recorded")
+    assert len(versions) <= 2, versions
 
     status = cli("status", job_id, env=env)
     assert status.returncode == 0, status.stderr
-    assert job_id in status.stdout and "admitted" in status.stdout and "plan v1" in status.stdout
+    assert job_id in status.stdout and "admitted" in status.stdout
+    assert f"plan v{versions[-1]}" in status.stdout, status.stdout
 
     # Spans buffered in the killed optimizer died with it, so follow the trace of a second
     # job submitted now that every process is up.

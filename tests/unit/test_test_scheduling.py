@@ -61,8 +61,11 @@ def test_a_groups_files_run_on_one_worker_and_the_rest_spread(tmp_path: Path) ->
 
 
 def test_the_group_is_told_by_the_file() -> None:
-    groups = {"test_training.py": "tensorflow"}
+    groups = {"test_training.py": "tensorflow", "e2e/test_replay.py": "suite"}
     assert group_of("tests/e2e/test_training.py::test_x[a-b]", groups) == "tensorflow"
     assert group_of("test_training.py::Class::test_y", groups) == "tensorflow"
     assert group_of("tests/e2e/test_training_more.py::test_x", groups) is None
+    assert group_of("tests/e2e/my_test_training.py::test_x", groups) is None
     assert group_of("tests/unit/test_x.py::test_training.py", groups) is None
+    assert group_of("tests/e2e/test_replay.py::test_x", groups) == "suite"
+    assert group_of("tests/unit/sim/test_replay.py::test_x", groups) is None

@@ -16,8 +16,13 @@ import pytest
 
 
 def group_of(nodeid: str, groups: Mapping[str, str]) -> str | None:
-    """The group of the test ``nodeid`` by its file's name (``groups``: file -> group)."""
-    return groups.get(nodeid.split("::", 1)[0].rsplit("/", 1)[-1])
+    """The group of the test ``nodeid`` by its file (``groups``: a file's path, or its end
+    from a ``/`` on, such as ``e2e/test_replay.py``, -> group)."""
+    path = "/" + nodeid.split("::", 1)[0]
+    for file, group in groups.items():
+        if path.endswith("/" + file):
+            return group
+    return None
 
 
 def grouped_by_file(config: pytest.Config, log: Any, groups: Mapping[str, str]) -> Any:
