@@ -197,7 +197,7 @@ async def test_a_crash_looping_service_backs_off_while_the_rest_of_the_suite_ser
     finally:
         if up.poll() is None:
             up.kill()
-            up.wait()
+        up.communicate()  # reaped, and its pipes closed even when the test failed above
     print(f"restart delays {delays} ({time.monotonic() - started:.1f}s after `stride up`)")
     assert up.returncode == 0, out + err
     log_path = state_dir / "logs" / f"{CRASHING}.log"
