@@ -683,13 +683,13 @@ class Bus:
         when it stops."""
 
         async def on_message(msg: Msg) -> None:
-            self._accept(topic, msg.subject, msg.data, msg.headers or {}, on_event)
+            self.accept(topic, msg.subject, msg.data, msg.headers or {}, on_event)
 
         subscription = await self.nc.subscribe(topic.pattern(), cb=on_message)
         await self.nc.flush()
         return subscription
 
-    def _accept(
+    def accept(
         self,
         topic: Topic[M],
         subject: str,
@@ -828,7 +828,7 @@ class Follower(Generic[M]):
             except NotFoundError:  # deleted, or aged out since the info
                 continue
             read += 1
-            self.bus._accept(
+            self.bus.accept(
                 self.topic, raw.subject or "", raw.data or b"", raw.headers or {}, self.on_event
             )
         self.next_sequence = max(self.next_sequence, state.last_seq + 1)

@@ -15,7 +15,7 @@ its client certificate (``verify_and_map``). Its permissions follow from the con
   (``allow_responses``);
 - **follow** what every server must know (:data:`FOLLOWS`: revoked tokens): subscribe to the
   topic's subjects and read its stream's retained messages one by one (``STREAM.MSG.GET``),
-  so a server started later replays them (``Bus.follow``).
+  so a server started later replays them (``stride.bus.client.Follower``).
 
 Consumers also verify the sender of every event (:mod:`.signing`); these permissions stop a
 forged event from reaching a stream at all, and a deleted consumer from stopping a service.

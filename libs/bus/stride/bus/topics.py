@@ -74,7 +74,7 @@ AUTH = Stream(
     "STRIDE_AUTH",
     ("stride.auth.v1.>",),
     timedelta(days=400),
-    "revoked user tokens (kept longer than a user token may live: 365 days)",
+    "revoked tokens (kept longer than a user token may live: 365 days)",
 )
 DEAD_LETTERS = Stream(
     "STRIDE_DEADLETTER", ("stride.deadletter.>",), timedelta(days=14), "undeliverable messages"

@@ -64,7 +64,12 @@ class Dependency:
 class ServiceHost:
     """Runs one service: its gRPC server, its dependencies and its root tasks."""
 
-    def __init__(self, settings: ServiceSettings, server: GrpcServer) -> None:
+    def __init__(
+        self,
+        settings: ServiceSettings,
+        server: GrpcServer,
+        revocations: Revocations | None = None,
+    ) -> None:
         self.settings = settings
         self.server = server
         self.stop = asyncio.Event()
@@ -76,7 +81,7 @@ class ServiceHost:
         self._health_reported: dict[str, bool] = {}
         self.collector = Collector()
         """Runs full garbage collections when the loop is quiet (:mod:`.collector`)."""
-        self.revocations: Revocations | None = None
+        self.revocations = revocations
         """The revoked tokens its server refuses, when it verifies tokens (filled from the
         bus: ``stride.wiring.connect_bus``)."""
 

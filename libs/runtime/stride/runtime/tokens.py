@@ -73,7 +73,7 @@ LEEWAY_SECONDS = 30.0
 """Clock skew tolerated between the signer and a verifier."""
 MAX_TOKEN_BYTES = 8192
 """Longer bearer values are refused before any parsing."""
-_NAME_LIMIT = 128
+NAME_LIMIT = 128
 _VERIFIED_CACHE = 4096
 """Verified tokens a verifier remembers (a few hundred bytes each)."""
 
@@ -116,9 +116,10 @@ class JobIdentity:
 Identity = UserIdentity | JobIdentity
 
 
-def _check_name(value: Any, field: str) -> str:
-    if not isinstance(value, str) or not value or len(value) > _NAME_LIMIT:
-        raise TokenError(f"{field}: must be a non-empty string of at most {_NAME_LIMIT} chars")
+def check_claim_name(value: Any, field: str) -> str:
+    """``value`` if it may be a token's user, job, pod or role name; else :class:`TokenError`."""
+    if not isinstance(value, str) or not value or len(value) > NAME_LIMIT:
+        raise TokenError(f"{field}: must be a non-empty string of at most {NAME_LIMIT} chars")
     if any(ord(char) < 32 or char in "\x7f" for char in value):
         raise TokenError(f"{field}: control characters are not allowed")
     return value
@@ -167,7 +168,7 @@ class Signer:
     ) -> str:
         """A token for ``user`` (only the ``users`` identity's tokens are accepted as such),
         living at most :data:`MAX_USER_TOKEN_TTL`."""
-        _check_name(user, "user")
+        check_claim_name(user, "user")
         if ttl > MAX_USER_TOKEN_TTL:
             raise TokenError(
                 f"ttl: a user token lives at most {MAX_USER_TOKEN_TTL / 86400:g} days, "
@@ -188,11 +189,11 @@ class Signer:
         """A token for one pod of one job (only the pod watcher's are accepted as such),
         binding ``pod_key`` (the public half of the pod's own key) if given."""
         claims: dict[str, Any] = {
-            "sub": f"{_check_name(job_id, 'job')}/{_check_name(pod, 'pod')}",
+            "sub": f"{check_claim_name(job_id, 'job')}/{check_claim_name(pod, 'pod')}",
             "typ": "job",
             "job": job_id,
             "pod": pod,
-            "role": _check_name(role, "role"),
+            "role": check_claim_name(role, "role"),
         }
         if pod_key is not None:
             if not isinstance(pod_key.curve, ec.SECP256R1):
@@ -212,8 +213,8 @@ class Revocations:
 
     def __init__(self) -> None:
         self._tokens: set[str] = set()
-        self._users: dict[str, float] = {}
-        self._jobs: dict[str, float] = {}
+        self._until: dict[tuple[str, str], float] = {}
+        """("user", name) or ("job", id) -> its tokens issued at or before this are revoked."""
 
     def revoke_token(self, token_id: str) -> None:
         self._tokens.add(token_id)
@@ -221,31 +222,36 @@ class Revocations:
     def revoke_user(self, user: str, issued_before: float) -> None:
         """Every token of ``user`` issued at or before ``issued_before`` (a later revocation
         of the same user moves the moment; an earlier one replayed late does not)."""
-        self._users[user] = max(issued_before, self._users.get(user, issued_before))
+        self._revoke_until(("user", user), issued_before)
 
     def revoke_job(self, job_id: str, issued_before: float) -> None:
         """Every job token of ``job_id`` issued at or before ``issued_before`` (it ended)."""
-        self._jobs[job_id] = max(issued_before, self._jobs.get(job_id, issued_before))
+        self._revoke_until(("job", job_id), issued_before)
+
+    def _revoke_until(self, whose: tuple[str, str], issued_before: float) -> None:
+        self._until[whose] = max(issued_before, self._until.get(whose, issued_before))
 
     def check(self, identity: Identity) -> None:
         """Raise :class:`TokenError` if ``identity``'s token was revoked."""
         if identity.token_id and identity.token_id in self._tokens:
             raise TokenError(f"revoked (token {identity.token_id}); ask for a new one")
-        if isinstance(identity, UserIdentity):
-            until = self._users.get(identity.user)
-            if until is not None and identity.issued_at <= until:
-                raise TokenError(
-                    f"revoked: every token of user {identity.user!r} issued until "
-                    f"{time.strftime('%Y-%m-%dT%H:%M:%SZ', time.gmtime(until))}; ask for a "
-                    "new one"
-                )
+        whose = (
+            ("user", identity.user)
+            if isinstance(identity, UserIdentity)
+            else ("job", identity.job_id)
+        )
+        until = self._until.get(whose)
+        if until is None or identity.issued_at > until:
+            return
         if isinstance(identity, JobIdentity):
-            ended = self._jobs.get(identity.job_id)
-            if ended is not None and identity.issued_at <= ended:
-                raise TokenError(f"revoked: job {identity.job_id!r} has ended")
+            raise TokenError(f"revoked: job {identity.job_id!r} has ended")
+        raise TokenError(
+            f"revoked: every token of user {identity.user!r} issued until "
+            f"{time.strftime('%Y-%m-%dT%H:%M:%SZ', time.gmtime(until))}; ask for a new one"
+        )
 
     def __len__(self) -> int:
-        return len(self._tokens) + len(self._users) + len(self._jobs)
+        return len(self._tokens) + len(self._until)
 
 
 class Verifier:
@@ -334,16 +340,16 @@ class Verifier:
         expires = float(claims["exp"])
         if kind == "user":
             return UserIdentity(
-                _check_name(claims["sub"], "sub"),
+                check_claim_name(claims["sub"], "sub"),
                 claims.get("admin") is True,
                 token_id,
                 expires,
                 float(claims["iat"]),
             )
         return JobIdentity(
-            _check_name(claims.get("job"), "job"),
-            _check_name(claims.get("pod"), "pod"),
-            _check_name(claims.get("role"), "role"),
+            check_claim_name(claims.get("job"), "job"),
+            check_claim_name(claims.get("pod"), "pod"),
+            check_claim_name(claims.get("role"), "role"),
             token_id,
             expires,
             _bound_key(claims),

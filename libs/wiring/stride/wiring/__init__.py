@@ -57,7 +57,7 @@ def create_host(
     no caller is authenticated: tokens need the CA to be verified)."""
     material = tls.load(settings.service_name)
     if material is None:
-        structlog.get_logger("stride.wiring").warning("insecure", detail=tls.INSECURE_WARNING)
+        log.warning("insecure", detail=tls.INSECURE_WARNING)
     revocations = Revocations() if material is not None else None
     try:
         verifier = Verifier(material.ca, revocations) if material is not None else None
@@ -78,9 +78,7 @@ def create_host(
             service=settings.service_name,
         ),
     )
-    host = ServiceHost(settings, server)
-    host.revocations = revocations
-    return host
+    return ServiceHost(settings, server, revocations)
 
 
 async def connect_bus(

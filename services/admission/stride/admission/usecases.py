@@ -1171,18 +1171,12 @@ class Submissions:
     async def revoke_tokens(
         self, *, token_id: str, user: str, reason: str, revoked_by: str
     ) -> auth_pb2.TokenRevocation:
-        """Revoke one token (``token_id``) or every token of ``user`` issued until now (wall
-        time, as tokens are stamped, whatever the replay clock says). Stored with the
-        outbox and answered once it is on the bus, from where every server follows it."""
-        now = time.time()
-        revocation = auth_pb2.TokenRevocation(
+        """Revoke one token (``token_id``) or every token of ``user`` issued until now.
+        Stored with the outbox and answered once it is on the bus, from where every server
+        follows it."""
+        revocation, event = _revocation(
             token_id=token_id, user=user, revoked_by=revoked_by, reason=reason
         )
-        revocation.revoked_at.FromNanoseconds(int(now * 1e9))
-        if user:
-            revocation.issued_before.FromNanoseconds(int(now * 1e9))
-        key = topics.revoked_token_key(token_id) if token_id else topics.revoked_user_key(user)
-        event = topics.TOKEN_REVOKED.outgoing(key, revocation, f"{key}.{int(now * 1e9)}")
         async with self.database.transaction() as session:
             await self.outbox.add_event(session, event)
         self.outbox.notify()
@@ -1308,16 +1302,32 @@ class Submissions:
 
 
 def _job_tokens_revoked(job_id: str, state: str) -> Outgoing:
-    """The revocation of an ended job's job tokens (minted until now, wall time as tokens
-    are stamped): a pod's token, copied anywhere, opens none of the job's data any more."""
-    now = time.time()
-    revocation = auth_pb2.TokenRevocation(
+    """The revocation of an ended job's job tokens: a pod's token, copied anywhere, opens
+    none of the job's data any more."""
+    return _revocation(
         job_id=job_id, revoked_by="admission", reason=f"the job ended ({state.lower()})"
+    )[1]
+
+
+def _revocation(
+    *, token_id: str = "", user: str = "", job_id: str = "", revoked_by: str, reason: str
+) -> tuple[auth_pb2.TokenRevocation, Outgoing]:
+    """A revocation of one token, or of a user's or a job's tokens minted until now (wall
+    time, as tokens are stamped, whatever the replay clock says), and its event."""
+    stamp = int(time.time() * 1e9)
+    revocation = auth_pb2.TokenRevocation(
+        token_id=token_id, user=user, job_id=job_id, revoked_by=revoked_by, reason=reason
     )
-    revocation.issued_before.FromNanoseconds(int(now * 1e9))
-    revocation.revoked_at.FromNanoseconds(int(now * 1e9))
-    key = topics.revoked_job_key(job_id)
-    return topics.TOKEN_REVOKED.outgoing(key, revocation, f"{key}.ended")
+    revocation.revoked_at.FromNanoseconds(stamp)
+    if user or job_id:
+        revocation.issued_before.FromNanoseconds(stamp)
+    if token_id:
+        key = topics.revoked_token_key(token_id)
+    elif user:
+        key = topics.revoked_user_key(user)
+    else:
+        key = topics.revoked_job_key(job_id)
+    return revocation, topics.TOKEN_REVOKED.outgoing(key, revocation, f"{key}.{stamp}")
 
 
 def _stored_tree(text: str | None) -> GpuTree | None:

@@ -30,6 +30,7 @@ from stride.api.admission.v1 import admission_service_pb2 as pb
 from stride.api.admission.v1 import admission_service_pb2_grpc as pb_grpc
 from stride.runtime import auth
 from stride.runtime.errors import InvalidArgument, PermissionDenied
+from stride.runtime.tokens import NAME_LIMIT, TokenError, check_claim_name
 from stride.vocabulary import InvalidWord, check_job_id, check_name, echo
 from stride.vocabulary.jobspec import MAX_DEADLINE_AHEAD
 
@@ -214,13 +215,13 @@ class AdmissionApi(pb_grpc.AdmissionServiceServicer):
                 f"{echo(request.token_id)} is not a token id (32 lowercase hexadecimal "
                 "characters: `stride token create` prints it)",
             )
-        if request.user and (
-            len(request.user) > MAX_USER_LENGTH
-            or any(unicodedata.category(char) == "Cc" for char in request.user)
-        ):
-            raise InvalidArgument(
-                "user", f"must be 1 to {MAX_USER_LENGTH} characters without control characters"
-            )
+        if request.user:
+            try:
+                check_claim_name(request.user, "user")
+            except TokenError:
+                raise InvalidArgument(
+                    "user", f"must be 1 to {NAME_LIMIT} characters without control characters"
+                ) from None
         if len(request.reason) > MAX_REASON_LENGTH:
             raise InvalidArgument("reason", f"must be at most {MAX_REASON_LENGTH} characters")
         caller = auth.current()
@@ -235,8 +236,6 @@ class AdmissionApi(pb_grpc.AdmissionServiceServicer):
 
 TOKEN_ID = re.compile(r"[0-9a-f]{32}")
 """A token's id: the ``jti`` :class:`stride.runtime.tokens.Signer` stamps (a UUID's hex)."""
-MAX_USER_LENGTH = 128
-"""As a token's ``sub`` (stride.runtime.tokens)."""
 MAX_REASON_LENGTH = 256
 
 
