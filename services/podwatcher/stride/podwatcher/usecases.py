@@ -48,7 +48,7 @@ from __future__ import annotations
 import asyncio
 import json
 import socket
-from collections import defaultdict
+from collections import defaultdict, deque
 from collections.abc import AsyncIterator, Callable, Coroutine, Iterable, Sequence
 from dataclasses import dataclass, replace
 from datetime import UTC, datetime, timedelta
@@ -152,6 +152,31 @@ def free_port() -> int:
         return int(probe.getsockname()[1])
 
 
+PORTS_REMEMBERED = 4096
+"""How many ports handed out to pods a pod watcher remembers, to never hand one out twice."""
+
+
+class PortPicker:
+    """Ports for new pods: from ``probe`` (a port free right now), but never one already
+    handed out to a pod. A pod binds its port only once its process starts, so until then
+    a probe may return the same port again; two pods given one port fail at every relaunch
+    (seen: a job's worker given its parameter server's port)."""
+
+    def __init__(self, probe: Callable[[], int]) -> None:
+        self.probe = probe
+        self._given: deque[int] = deque(maxlen=PORTS_REMEMBERED)
+
+    def __call__(self, taken: Iterable[int] = ()) -> int:
+        """A port neither given before nor in ``taken`` (ports the caller knows are used)."""
+        avoid = {*self._given, *taken}
+        for _ in range(100):
+            port = self.probe()
+            if port not in avoid:
+                self._given.append(port)
+                return port
+        raise RuntimeError("no free port that is not already a pod's, after 100 probes")
+
+
 def now_utc() -> datetime:
     return datetime.now(UTC)
 
@@ -178,7 +203,7 @@ class PodWatcher:
         self.backend = backend
         self.bus = bus
         self.timing = timing
-        self.ports = ports
+        self.ports = PortPicker(ports)
         self._locks: defaultdict[str, asyncio.Lock] = defaultdict(asyncio.Lock)
         self._usage: dict[str, PodUsage] = {}
         self._timers: dict[str, asyncio.Task[None]] = {}
@@ -524,8 +549,10 @@ class PodWatcher:
         """Write every pod to start as PENDING (ports chosen, kept on relaunch)."""
         wants = [*recon.create, *(m.replacement for m in recon.migrate)]
         rows: list[StoredPod] = []
+        taken = {port for row in by_name.values() for port in (row.port, row.agent_port)}
         for want in wants:
-            rows.append(self._new_row(job.job_id, want, version, self.ports(), self.ports()))
+            port, agent_port = self.ports(taken), self.ports(taken)
+            rows.append(self._new_row(job.job_id, want, version, port, agent_port))
         for want in recon.relaunch:
             old = by_name[want.name]
             record = replace(
