@@ -27,7 +27,12 @@ In one run, for 1, 8 and 32 concurrent clients, each system serves the same data
   - "prefetch": the client library with the next shard leased ahead
     (``ShardClient.get_shard_async``, what ``ShardReader`` does while a shard trains): the
     call for shard n+1 is in flight while shard n is taken, so a worker holds at most two
-    undone shards.
+    undone shards;
+  - "batch": the client library leasing ``STRIDE_BENCH_BATCH`` (16) shards per call
+    (``ShardClient.get_shards``, what ``ShardReader(shards_per_call=16)`` does), and
+    reporting the ones it finished in the same call: one call and one commit per 16 pairs
+    (batched shard calls, which the issue allows). A pair's latency is the time to take its
+    shard: the call's for the first of a batch, next to nothing for the others.
 
 Clients run in separate processes (up to 4, threads inside), the same harness for both
 systems; latency is per pair (get + report), pairs/s is the total over the window. The
@@ -76,6 +81,11 @@ DLROVER_PYTHON = DLROVER_VENV / "bin" / "python"
 POSTGRES_URL = os.environ.get(
     "STRIDE_BENCH_POSTGRES_URL", "postgresql://postgres@127.0.0.1:5432/postgres"
 )
+BATCH_SHARDS = int(os.environ.get("STRIDE_BENCH_BATCH", "16"))
+PACED_SHARE = 0.5
+"""The paced runs' load, as a share of DLRover's closed-loop pairs/s."""
+ONLY = {name for name in os.environ.get("STRIDE_BENCH_SYSTEMS", "").split(",") if name}
+"""Run only these of Stride's systems (for example ``stride-sqlite-batch``); all if empty."""
 CLIENTS = tuple(int(n) for n in os.environ.get("STRIDE_BENCH_CLIENTS", "1,8,32").split(","))
 SECONDS = float(os.environ.get("STRIDE_BENCH_SECONDS", "5"))
 ROUNDS = int(os.environ.get("STRIDE_BENCH_ROUNDS", "3"))
@@ -85,10 +95,21 @@ RECORDS, BATCH, SHARD_BATCHES, EPOCHS = 1_000_000, 100, 10, 1000
 DRIVER = textwrap.dedent(
     """
     import json, os, sys, threading, time
-    system, address, job, threads, seconds = sys.argv[1:6]
-    threads, seconds = int(threads), float(seconds)
+    system, address, job, threads, seconds, rate = sys.argv[1:7]
+    threads, seconds, rate = int(threads), float(seconds), float(rate)
     latencies, pairs, start = [], [0], threading.Barrier(threads + 1)
     lock = threading.Lock()
+
+    def due(pair, begin):
+        # When a pair starts: now, or when it is due at `rate` pairs/s (paced runs time a
+        # pair from its due moment, so a late start counts against the system).
+        if not rate:
+            return time.perf_counter()
+        moment = begin + pair / rate
+        delay = moment - time.perf_counter()
+        if delay > 0:
+            time.sleep(delay)
+        return moment
 
     if system == "dlrover":
         from dlrover.python.elastic_agent.master_client import GrpcMasterClient
@@ -97,8 +118,9 @@ DRIVER = textwrap.dedent(
         def worker(number):
             local = []
             start.wait()
-            end = time.perf_counter() + seconds
-            while (now := time.perf_counter()) < end:
+            begin = time.perf_counter()
+            end = begin + seconds
+            while (now := due(len(local), begin)) < end:
                 ok, task = client.get_task(job)
                 client.report_task_result(job, task.task_id, "")
                 local.append(time.perf_counter() - now)
@@ -133,6 +155,33 @@ DRIVER = textwrap.dedent(
                 local.append(time.perf_counter() - now)
             with lock:
                 latencies.extend(local)
+    elif system.endswith("batch"):
+        from stride.shardclient import ShardClient
+        from stride.testing.channels import job_token
+        token = job_token(job)
+        count = int(os.environ["STRIDE_BENCH_BATCH"])
+
+        def worker(number):
+            client = ShardClient(address, job, f"w{os.getpid()}-{number}", token=lambda: token)
+            held = list(client.get_shards("d", count=count).shards)
+            finished = []
+            local = []
+            start.wait()
+            begin = time.perf_counter()
+            end = begin + seconds
+            while (now := due(len(local), begin)) < end:
+                while not held:
+                    # Report the finished ones done and lease the next ones: one call.
+                    reply = client.get_shards("d", done=finished, count=count)
+                    finished = []
+                    held = list(reply.shards)
+                    if not held:
+                        time.sleep(reply.retry_after)
+                finished.append(held.pop(0))
+                local.append(time.perf_counter() - now)
+            with lock:
+                latencies.extend(local)
+            client.close()
     else:
         from stride.shardclient import ShardClient
         from stride.testing.channels import job_token
@@ -279,6 +328,19 @@ def cpu_of(pids: list[int]) -> float:
     return sum(cpu_seconds(pid) for pid in pids)
 
 
+def settle(server: Server, idle_share: float = 0.03, longest: float = 60.0) -> None:
+    """Wait until the server's processes are idle (under ``idle_share`` of a core over half
+    a second), for at most ``longest`` seconds."""
+    give_up = time.monotonic() + longest
+    last = process_cpu(server.pid) + cpu_of(server.helpers())
+    while time.monotonic() < give_up:
+        time.sleep(0.5)
+        now = process_cpu(server.pid) + cpu_of(server.helpers())
+        if now - last < idle_share * 0.5:
+            return
+        last = now
+
+
 @dataclass(frozen=True)
 class Server:
     """Where a system answers, and every process that does server-side work for a call."""
@@ -292,16 +354,34 @@ class Server:
 
 
 def run_load(
-    system: str, address: str, job: str, clients: int, driver: Path, server: Server
+    system: str,
+    address: str,
+    job: str,
+    clients: int,
+    driver: Path,
+    server: Server,
+    rate: float = 0.0,
 ) -> dict[str, float]:
+    """Run ``clients`` clients for SECONDS: as fast as they can, or at ``rate`` pairs/s in
+    all (paced; dlrover and the batch systems only)."""
     processes = min(clients, 4)
+    settle(server)  # the last run's tail (events still being relayed) is not this run's
     server_cpu = process_cpu(server.pid)
     helper_cpu = cpu_of(server.helpers())
     python = str(DLROVER_PYTHON) if system == "dlrover" else sys.executable
-    env = {**os.environ, "PYTHONWARNINGS": "ignore"}
+    env = {**os.environ, "PYTHONWARNINGS": "ignore", "STRIDE_BENCH_BATCH": str(BATCH_SHARDS)}
     running = [
         subprocess.Popen(
-            [python, str(driver), system, address, job, str(clients // processes), str(SECONDS)],
+            [
+                python,
+                str(driver),
+                system,
+                address,
+                job,
+                str(clients // processes),
+                str(SECONDS),
+                str(rate / clients),
+            ],
             stdout=subprocess.PIPE,
             stderr=subprocess.PIPE,
             env=env,
@@ -326,6 +406,10 @@ def run_load(
                 process.kill()
                 process.wait()
     # The server's CPU over the window plus the clients' setup (a few ms): an upper bound.
+    # Work a run leaves behind is the run's: the dispatcher relays its events to NATS
+    # after the answers (a batch of 16 pairs leaves 16 "done" events), so the CPU is read
+    # once the servers are idle again, not when the clients stop.
+    settle(server)
     server_cpu = process_cpu(server.pid) - server_cpu
     helper_cpu = cpu_of(server.helpers()) - helper_cpu
     if not latencies:
@@ -399,6 +483,7 @@ def main() -> int:
                 systems[f"stride-{backend}-unary"] = served
             systems[f"stride-{backend}-session"] = served
             systems[f"stride-{backend}-prefetch"] = served
+            systems[f"stride-{backend}-batch"] = served
         port = free_port()
         dlrover = subprocess.Popen(
             [
@@ -419,6 +504,8 @@ def main() -> int:
         wait_port(port)
         time.sleep(2)  # the master starts its servicers after the port opens
         systems = {"dlrover": Server(f"127.0.0.1:{port}", dlrover.pid), **systems}
+        if ONLY:  # DLRover, the reference, always runs
+            systems = {name: s for name, s in systems.items() if name == "dlrover" or name in ONLY}
 
         say(
             f"# python {platform.python_version()}, dlrover {dlrover_version()}, "
@@ -446,7 +533,8 @@ def main() -> int:
         say(
             "# sequential: GetShard then ReportShardDone, one after the other (DLRover's "
             "pattern); unary/session: the done report rides on the next GetShard; prefetch: "
-            "the next shard is leased while one is taken"
+            "the next shard is leased while one is taken; batch: "
+            f"{BATCH_SHARDS} shards leased and {BATCH_SHARDS} reported done per call"
         )
         say()
         header = f"{'clients':>7}  {'system':<28} {'pairs/s':>17} {'p99 ms':>8}"
@@ -481,6 +569,39 @@ def main() -> int:
                     f"{ratio:>8.2f}x {p99:>10.2f}x {result['server_us']:>5.0f} "
                     f"[{min(costs):>4.0f}-{max(costs):<4.0f}] {cpu:>5.2f}x "
                     f"{result['own_us']:>7.0f} {result['client_us']:>9.0f} {bound(result):>8.0f}"
+                )
+            # Latency at the same load: DLRover's closed loop runs at its limit, where any
+            # system queues; a batch's first pair waits for its whole call. So both are also
+            # driven at PACED_SHARE of DLRover's own pairs/s, each pair timed from its due
+            # moment.
+            paced = [name for name in systems if name == "dlrover" or name.endswith("batch")]
+            target = PACED_SHARE * base["pairs_per_second"]
+            at_rate: dict[str, list[dict[str, float]]] = {system: [] for system in paced}
+            for _ in range(ROUNDS):
+                for system in paced:
+                    run += 1
+                    job = f"bench{run}-{os.getpid()}"
+                    server = systems[system]
+                    create_dataset(system, server.address, job)
+                    at_rate[system].append(
+                        run_load(system, server.address, job, clients, driver, server, target)
+                    )
+            say(
+                f"{clients:>7}  at {PACED_SHARE:.0%} of DLRover's pairs/s ({target:.0f}/s, paced): "
+                "pairs/s, p50 ms, p99 ms, p99/dlrover, server us per pair, x cpu"
+            )
+            paced_base = {
+                key: statistics.median(r[key] for r in at_rate["dlrover"])
+                for key in at_rate["dlrover"][0]
+            }
+            for system, results in at_rate.items():
+                result = {key: statistics.median(r[key] for r in results) for key in results[0]}
+                say(
+                    f"{clients:>7}  {system + ' (paced)':<28} {result['pairs_per_second']:>5.0f} "
+                    f"{result['p50_ms']:>8.2f} {result['p99_ms']:>8.2f} "
+                    f"{result['p99_ms'] / paced_base['p99_ms']:>8.2f}x "
+                    f"{result['server_us']:>6.0f} "
+                    f"{result['server_us'] / paced_base['server_us']:>6.2f}x"
                 )
             say()
         say(

@@ -66,7 +66,13 @@ async def wait_until_serving(address: str) -> None:
 class Worker:
     """A training worker: a thread reading sample indices through the client library."""
 
-    def __init__(self, address: str, name: str, ledger: list[tuple[str, Committed]]) -> None:
+    def __init__(
+        self,
+        address: str,
+        name: str,
+        ledger: list[tuple[str, Committed]],
+        shards_per_call: int = 1,
+    ) -> None:
         self.name = name
         self.client = ShardClient(address, JOB, name, timeout=5.0)
         self.reader = ShardReader(
@@ -76,11 +82,14 @@ class Worker:
             report_every_batches=2,
             report_every_seconds=0.5,
             on_commit=lambda committed: ledger.append((name, committed)),
+            shards_per_call=shards_per_call,
         )
         self.read: dict[tuple[int, int], list[int]] = {}  # (shard, lease) -> [start, upto]
         self.shards: dict[int, LeasedShard] = {}
         self.error: BaseException | None = None
         self.killed = False
+        self.most_waiting = 0
+        """The most shards seen waiting their turn (leased by one batched call)."""
         self.thread = threading.Thread(target=self._run, name=name, daemon=True)
 
     def _run(self) -> None:
@@ -92,23 +101,25 @@ class Worker:
                 time.sleep(0.0004)  # "training" on the sample
                 span[1] += 1
                 self.shards[shard.shard_id] = shard
+                self.most_waiting = max(self.most_waiting, len(self.reader.waiting))
         except BaseException as error:  # reported by the test
             if not self.killed:  # a dead worker's call in flight fails: that is expected
                 self.error = error
 
     def kill(self) -> set[int]:
         """Stop dead, reporting nothing more; returns the shards it held."""
-        held = {s.shard_id for s in (self.reader.current, self._prefetched()) if s is not None}
+        held = {s.shard_id for s in (self.reader.current, *self._prefetched()) if s is not None}
+        held |= {s.shard_id for s in self.reader.waiting}
         self.killed = True
         self.reader.stop()
         self.client.close()  # a dead pod makes no more calls, not even to register again
         return held
 
-    def _prefetched(self) -> LeasedShard | None:
+    def _prefetched(self) -> tuple[LeasedShard, ...]:
         pending = self.reader._next
         if pending is None or not pending.done() or pending.exception() is not None:
-            return None
-        return pending.result().shard
+            return ()
+        return pending.result().shards
 
 
 def check_exactly_once(workers: list[Worker]) -> None:
@@ -141,8 +152,9 @@ def committed_records(ledger: list[tuple[str, Committed]]) -> int:
     return sum(c.last - c.first for _, c in ledger)
 
 
+@pytest.mark.parametrize("shards_per_call", [1, 4], ids=["one-shard-per-call", "batches-of-4"])
 async def test_exactly_once_through_a_dispatcher_sigkill_and_two_dead_workers(
-    nats_url: str, postgres_url: str, tmp_path: Path
+    nats_url: str, postgres_url: str, tmp_path: Path, shards_per_call: int
 ) -> None:
     process = ServiceProcess(
         "dispatcher",
@@ -174,7 +186,7 @@ async def test_exactly_once_through_a_dispatcher_sigkill_and_two_dead_workers(
                 ),
             )
         ledger: list[tuple[str, Committed]] = []
-        workers = [Worker(process.address, name, ledger) for name in WORKERS]
+        workers = [Worker(process.address, name, ledger, shards_per_call) for name in WORKERS]
         for worker in workers:
             worker.thread.start()
         total = RECORDS * EPOCHS
@@ -211,6 +223,8 @@ async def test_exactly_once_through_a_dispatcher_sigkill_and_two_dead_workers(
             assert worker.error is None, f"{worker.name}: {worker.error!r}"
 
         check_exactly_once(workers)
+        # Batches really were leased (one call gave a worker several shards at once).
+        assert max(w.most_waiting for w in workers) == shards_per_call - 1
         ledger_counts = Counter(
             (c.shard.epoch, c.shard.record(position))
             for _, c in ledger

@@ -572,6 +572,71 @@ async def test_pipelined_session_calls_lease_distinct_shards(
     assert state.doing == 5 and sorted(state.workers[0].shard_ids) == sorted(leased)
 
 
+async def test_a_batched_get_shard_leases_several_and_reports_several_done(
+    stub: pb_grpc.DispatcherServiceAsyncStub,
+) -> None:
+    await stub.CreateDataset(
+        pb.CreateDatasetRequest(
+            job_id=JOB, dataset="train", parameters=params(epochs=1, shard_batches=1)
+        )
+    )
+    me = ref("w0", await register(stub, "w0"))
+    reply = await stub.GetShard(pb.GetShardRequest(worker=me, max_shards=8))
+    leased = [(reply.shard, reply.lease), *((m.shard, m.lease) for m in reply.more_shards)]
+    assert len({shard.shard_id for shard, _ in leased}) == 8
+    assert all(lease == 1 for _, lease in leased)
+
+    done = [pb.ShardDone(shard_id=shard.shard_id, lease=lease) for shard, lease in leased]
+    following = await stub.GetShard(pb.GetShardRequest(worker=me, max_shards=8, done_shards=done))
+    assert len(following.more_shards) == 7
+    state = await stub.GetDatasetState(pb.GetDatasetStateRequest(job_id=JOB, dataset="train"))
+    assert (state.done, state.doing) == (8, 8)
+
+    # The same over a session.
+    session = open_session(stub)
+    await session.write(
+        pb.ShardSessionRequest(sequence=1, get_shard=pb.GetShardRequest(worker=me, max_shards=3))
+    )
+    answer = await session.read()
+    await session.done_writing()
+    assert answer.WhichOneof("result") == "get_shard"
+    assert len(answer.get_shard.more_shards) == 2
+
+    bad = [
+        (pb.GetShardRequest(worker=me, max_shards=-1), "max_shards"),
+        (pb.GetShardRequest(worker=me, max_shards=65), "max_shards"),
+        (
+            pb.GetShardRequest(worker=me, done_shards=[pb.ShardDone(shard_id=1, lease=-1)]),
+            "done_shards[0].lease",
+        ),
+        (
+            pb.GetShardRequest(worker=me, done_shards=[pb.ShardDone(shard_id=-3)]),
+            "done_shards[0].shard_id",
+        ),
+        (
+            pb.GetShardRequest(
+                worker=me, done_shards=[pb.ShardDone(shard_id=n) for n in range(65)]
+            ),
+            "done_shards",
+        ),
+    ]
+    for request, field in bad:
+        await expect_error(stub.GetShard(request), grpc.StatusCode.INVALID_ARGUMENT, f"{field}:")
+    # A done report of a shard another worker holds refuses the whole call.
+    other = ref("w1", await register(stub, "w1"))
+    theirs = await stub.GetShard(pb.GetShardRequest(worker=other))
+    mixed = [
+        pb.ShardDone(shard_id=following.shard.shard_id, lease=following.lease),
+        pb.ShardDone(shard_id=theirs.shard.shard_id, lease=theirs.lease),
+    ]
+    await expect_error(
+        stub.GetShard(pb.GetShardRequest(worker=me, done_shards=mixed)),
+        grpc.StatusCode.FAILED_PRECONDITION,
+    )
+    after = await stub.GetDatasetState(pb.GetDatasetStateRequest(job_id=JOB, dataset="train"))
+    assert (after.done, after.doing) == (8, 8 + 3 + 1)  # nothing changed by the refusals
+
+
 @pytest.fixture
 def postgres_url() -> Iterator[str]:
     """A fresh PostgreSQL database (SQLite has no server to drop its connections)."""

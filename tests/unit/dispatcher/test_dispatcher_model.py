@@ -45,7 +45,7 @@ from stride.dispatcher.db.tables import outbox as outbox_table
 from stride.dispatcher.db.tables import shards, workers
 from stride.dispatcher.domain.datasets import DatasetParameters, ShardingKind
 from stride.dispatcher.domain.queue import Grant
-from stride.dispatcher.usecases import ShardDispatcher, Snapshot, WorkerRef
+from stride.dispatcher.usecases import DoneReport, ShardDispatcher, Snapshot, WorkerRef
 from stride.runtime.errors import FailedPrecondition, NotFound
 
 T = TypeVar("T")
@@ -61,6 +61,8 @@ class Lease:
     start: int
     end: int
     reported: int
+    lease: int | None = None
+    """The hand-out number, when the model reports it back (batched reports)."""
 
 
 @dataclass
@@ -193,14 +195,53 @@ class DispatcherMachine(RuleBasedStateMachine):
         assert 0 <= shard.offset <= shard.end - shard.start
         process.leases[shard.shard_id] = Lease(shard.epoch, shard.start, shard.end, shard.offset)
 
+    @precondition(lambda self: hasattr(self, "dispatcher") and bool(self.processes))
+    @rule(pick=st.integers(0, 99), finished=st.integers(0, 3), most=st.integers(1, 4))
+    def get_batch(self, pick: int, finished: int, most: int) -> None:
+        """A batched GetShard: several finished shards reported, several leased."""
+        worker = sorted(self.processes)[pick % len(self.processes)]
+        process = self.processes[worker]
+        done_ids = sorted(process.leases)[:finished]
+        done = [DoneReport(shard_id, process.leases[shard_id].lease) for shard_id in done_ids]
+        grant = self.run(
+            self.dispatcher.get_shard(self.ref(worker, process.token), done=done, max_shards=most)
+        )
+        for shard_id in done_ids:
+            lease = process.leases.pop(shard_id)
+            self._credit(lease, lease.end - lease.start)
+            process.completed.add(shard_id)
+        if grant.shard is None:
+            assert not grant.more
+            doing = self.run(self.dispatcher.dataset_state(JOB, DATASET)).counts.doing
+            assert grant.why_none is (Grant.RETRY_LATER if doing else Grant.END_OF_DATA)
+            return
+        leased = [grant.shard, *grant.more]
+        assert len(leased) <= (1 if grant.straggler else most)
+        assert len({shard.shard_id for shard in leased}) == len(leased)
+        order = [(shard.epoch, shard.position) for shard in leased]
+        assert order == sorted(order)  # hand-out order
+        for shard in leased:
+            assert shard.shard_id not in process.leases
+            assert 0 <= shard.offset <= shard.end - shard.start
+            process.leases[shard.shard_id] = Lease(
+                shard.epoch, shard.start, shard.end, shard.offset, shard.leases
+            )
+
     @precondition(_holding)
-    @rule(pick=st.integers(0, 99), amount=st.integers(0, 6), twice=st.booleans())
-    def progress(self, pick: int, amount: int, twice: bool) -> None:
+    @rule(
+        pick=st.integers(0, 99),
+        amount=st.integers(0, 6),
+        twice=st.booleans(),
+        renew_held=st.booleans(),
+    )
+    def progress(self, pick: int, amount: int, twice: bool, renew_held: bool) -> None:
         worker, process, shard_id, lease = self._held()[pick % len(self._held())]
         offset = min(lease.reported + amount, lease.end - lease.start)
         for _ in range(2 if twice else 1):
             self.run(
-                self.dispatcher.report_progress(self.ref(worker, process.token), shard_id, offset)
+                self.dispatcher.report_progress(
+                    self.ref(worker, process.token), shard_id, offset, renew_held=renew_held
+                )
             )
         self._credit(lease, offset)
 

@@ -14,7 +14,7 @@ from stride.shardclient.client import RetryPolicy, ShardClient
 
 
 def shard(shard_id: int, start: int, end: int, offset: int = 0, **extra: Any) -> LeasedShard:
-    return LeasedShard("train", shard_id, 0, start, end, offset, lease=1, **extra)
+    return LeasedShard("train", shard_id, 0, start, end, offset, **{"lease": 1, **extra})
 
 
 class ScriptedClient:
@@ -29,8 +29,17 @@ class ScriptedClient:
         self.calls.append(("get", None if done is None else done.shard_id))
         return self.replies.popleft()
 
-    def report_progress(self, leased: LeasedShard, offset: int) -> None:
-        self.calls.append(("progress", leased.shard_id, offset))
+    def get_shards(
+        self, dataset: str, done: tuple[LeasedShard, ...] | list[LeasedShard] = (), count: int = 1
+    ) -> ShardReply:
+        self.calls.append(("get-batch", tuple(s.shard_id for s in done), count))
+        reply = self.replies.popleft()
+        if isinstance(reply, Exception):
+            raise reply
+        return reply
+
+    def report_progress(self, leased: LeasedShard, offset: int, renew_held: bool = False) -> None:
+        self.calls.append(("progress", leased.shard_id, offset, *(["renew"] * renew_held)))
         if offset == self.revoke_progress_at:
             raise Revoked("lease lapsed")
 
@@ -108,6 +117,74 @@ def test_a_revoked_shard_is_dropped_and_not_counted() -> None:
     assert indices == [*range(8), 10, 11]  # stops reading shard 0 at the refusal
     assert ("get", 0) not in client.calls  # never reported done
     assert [(c.shard.shard_id, c.first, c.last) for c in committed] == [(0, 0, 4), (1, 0, 2)]
+
+
+def test_batches_report_what_finished_and_renew_the_shards_waiting() -> None:
+    client = ScriptedClient(
+        [
+            ShardReply(shard(0, 0, 10), more=(shard(1, 10, 14), shard(2, 14, 16))),
+            ShardReply(shard(3, 16, 18)),
+            ShardReply(None, end_of_data=True),
+        ]
+    )
+    indices, committed = read(client, prefetch=False, shards_per_call=3)
+    assert indices == list(range(18))
+    assert client.calls == [
+        ("get-batch", (), 3),
+        ("progress", 0, 4, "renew"),  # every heartbeat renews the shards leased ahead
+        ("progress", 0, 8, "renew"),
+        ("get-batch", (0, 1, 2), 3),  # the three finished ride on the next call
+        ("get-batch", (3,), 3),
+    ]
+    # Each shard's records are committed once; a shard's last part once its call succeeded.
+    assert [(c.shard.shard_id, c.first, c.last) for c in committed] == [
+        (0, 0, 4),
+        (0, 4, 8),
+        (0, 8, 10),
+        (1, 0, 4),
+        (2, 0, 2),
+        (3, 0, 2),
+    ]
+
+
+def test_a_prefetched_batch_is_asked_for_when_the_last_shard_starts() -> None:
+    client = ScriptedClient(
+        [
+            ShardReply(shard(0, 0, 2), more=(shard(1, 2, 4),)),
+            ShardReply(shard(2, 4, 6), more=(shard(3, 6, 8),)),  # prefetched during shard 1
+            ShardReply(None, retry_after=0.01),  # prefetched during shard 3: nothing yet
+            ShardReply(None, end_of_data=True),  # the last finished ones reported
+        ]
+    )
+    indices, committed = read(client, prefetch=True, shards_per_call=2)
+    assert indices == list(range(8))
+    assert [c for c in client.calls if c[0] == "get-batch"] == [
+        ("get-batch", (), 2),
+        ("get-batch", (0,), 2),  # sent when shard 1 (the batch's last) started
+        ("get-batch", (1, 2), 2),  # sent when shard 3 started
+        ("get-batch", (3,), 2),
+    ]
+    assert sum(c.last - c.first for c in committed) == 8
+
+
+def test_a_fenced_batch_call_voids_what_it_reported() -> None:
+    client = ScriptedClient(
+        [
+            ShardReply(shard(0, 0, 2), more=(shard(1, 2, 4),)),
+            Revoked("token fenced"),  # type: ignore[list-item]
+            ShardReply(shard(0, 0, 2, lease=2), more=()),
+            ShardReply(None, end_of_data=True),
+        ]
+    )
+    indices, committed = read(client, prefetch=False, shards_per_call=2)
+    assert indices == [0, 1, 2, 3, 0, 1]  # shard 0 again, from its start: re-leased
+    assert [c for c in client.calls if c[0] == "get-batch"] == [
+        ("get-batch", (), 2),
+        ("get-batch", (0, 1), 2),  # refused: 0 and 1 are void, nothing committed for them
+        ("get-batch", (), 2),
+        ("get-batch", (0,), 2),
+    ]
+    assert [(c.shard.shard_id, c.first, c.last) for c in committed] == [(0, 0, 2)]
 
 
 def test_retries_with_backoff_then_gives_up() -> None:

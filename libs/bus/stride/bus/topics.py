@@ -312,6 +312,15 @@ SHARD_PROGRESS = Topic(
 SHARD_DONE = Topic(
     "shard-done", SHARDS, "stride.shards.v1", shard_pb2.ShardProgress, "done", producers=DISPATCHER
 )
+SHARDS_DONE = Topic(
+    "shards-done",
+    SHARDS,
+    "stride.shards.v1",
+    shard_pb2.ShardsDone,
+    "done-batch",
+    producers=DISPATCHER,
+    description="shards a batched GetShard reported done: one event per call",
+)
 SHARD_FAILED = Topic(
     "shard-failed",
     SHARDS,

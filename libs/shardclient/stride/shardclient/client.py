@@ -28,7 +28,7 @@ import queue
 import random
 import threading
 import time
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Iterator, Sequence
 from concurrent.futures import Future
 from concurrent.futures import TimeoutError as FutureTimeout
 from dataclasses import dataclass, field
@@ -47,6 +47,8 @@ log = structlog.get_logger(__name__)
 
 T = TypeVar("T")
 
+MAX_SHARDS_PER_CALL = 64
+"""Most shards one GetShard leases or reports done (the dispatcher's limit)."""
 RETRYABLE = frozenset(
     {
         grpc.StatusCode.UNAVAILABLE,
@@ -273,11 +275,19 @@ class LeasedShard:
 
 @dataclass(frozen=True)
 class ShardReply:
-    """GetShard's answer: a shard, the end of the data, or wait and ask again."""
+    """GetShard's answer: a shard (and, from :meth:`ShardClient.get_shards`, the ones
+    leased after it), the end of the data, or wait and ask again."""
 
     shard: LeasedShard | None
     end_of_data: bool = False
     retry_after: float = 0.0
+    more: tuple[LeasedShard, ...] = ()
+    """The shards leased after ``shard``, in hand-out order."""
+
+    @property
+    def shards(self) -> tuple[LeasedShard, ...]:
+        """Every shard leased, in hand-out order (empty if none)."""
+        return () if self.shard is None else (self.shard, *self.more)
 
 
 @dataclass(frozen=True)
@@ -447,7 +457,11 @@ class ShardClient:
     def _shard_reply(self, dataset: str, reply: pb.GetShardResponse) -> ShardReply:
         if reply.HasField("shard"):
             return ShardReply(
-                LeasedShard.from_proto(dataset, reply.shard, reply.straggler, reply.lease)
+                LeasedShard.from_proto(dataset, reply.shard, reply.straggler, reply.lease),
+                more=tuple(
+                    LeasedShard.from_proto(dataset, item.shard, False, item.lease)
+                    for item in reply.more_shards
+                ),
             )
         if reply.end_of_data:
             return ShardReply(None, end_of_data=True)
@@ -468,8 +482,30 @@ class ShardClient:
 
         return self._shard_reply(dataset, self._fenced(rpc))
 
-    def report_progress(self, shard: LeasedShard, offset: int) -> None:
-        """Heartbeat: records of the shard consumed so far. Raises :class:`Revoked`."""
+    def get_shards(
+        self, dataset: str, done: Sequence[LeasedShard] = (), count: int = 1
+    ) -> ShardReply:
+        """Report every shard of ``done`` finished and lease up to ``count`` more, in one
+        call and one commit (``reply.shards``; a straggler gets one). For workers that take
+        shards faster than a round trip: one call per ``count`` shards instead of one per
+        shard. Keep the ones not yet started alive with ``report_progress(...,
+        renew_held=True)``. Raises :class:`Revoked` as :meth:`get_shard` does (every shard
+        held, ``done`` included, is then void)."""
+
+        def rpc(incarnation: int) -> pb.GetShardResponse:
+            request = pb.GetShardRequest(
+                worker=self._ref(dataset, incarnation),
+                max_shards=count,
+                done_shards=[pb.ShardDone(shard_id=s.shard_id, lease=s.lease) for s in done],
+            )
+            reply: pb.GetShardResponse = self._invoke("get_shard", request)
+            return reply
+
+        return self._shard_reply(dataset, self._fenced(rpc))
+
+    def report_progress(self, shard: LeasedShard, offset: int, renew_held: bool = False) -> None:
+        """Heartbeat: records of the shard consumed so far; with ``renew_held``, also renew
+        every other shard this worker holds in the dataset. Raises :class:`Revoked`."""
         self._fenced(
             lambda incarnation: self._invoke(
                 "progress",
@@ -478,6 +514,7 @@ class ShardClient:
                     shard_id=shard.shard_id,
                     offset=offset,
                     lease=shard.lease,
+                    renew_held=renew_held,
                 ),
             )
         )

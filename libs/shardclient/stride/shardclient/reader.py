@@ -6,6 +6,12 @@ dispatcher hands this worker, epoch after epoch, until the end of the data.
 * Prefetch: while a shard is being read, the next one is leased in a background thread, so
   a worker never waits for the dispatcher between shards. The prefetched lease is renewed
   with every heartbeat so it cannot lapse while it waits.
+* Batches (``shards_per_call=N``): for workers that finish shards faster than a call's
+  round trip, N shards are leased per call, and the shards finished since the last call
+  are reported done in the same call (one call and one commit per N shards). With
+  prefetch, the next batch is asked for when the last shard of a batch starts. Heartbeats
+  renew every lease the worker holds (``renew_held``), so shards waiting their turn do not
+  lapse.
 * Progress: the records consumed so far are reported every ``report_every_batches``
   batches or ``report_every_seconds`` seconds, whichever comes first, and at the end of
   each shard (done, combined with leasing the next one when nothing is prefetched).
@@ -21,13 +27,21 @@ dispatcher hands this worker, epoch after epoch, until the end of the data.
 from __future__ import annotations
 
 import time
+from collections import deque
 from collections.abc import Callable, Generator, Iterator
 from concurrent.futures import Future, ThreadPoolExecutor
 from functools import partial
 
 import structlog
 
-from stride.shardclient.client import Committed, LeasedShard, Revoked, ShardClient, ShardReply
+from stride.shardclient.client import (
+    MAX_SHARDS_PER_CALL,
+    Committed,
+    LeasedShard,
+    Revoked,
+    ShardClient,
+    ShardReply,
+)
 
 log = structlog.get_logger(__name__)
 
@@ -45,11 +59,15 @@ class ShardReader:
         report_every_seconds: float = 10.0,
         prefetch: bool = True,
         on_commit: Callable[[Committed], None] | None = None,
+        shards_per_call: int = 1,
     ) -> None:
         if batch_size <= 0:
             raise ValueError("batch_size must be positive")
         if report_every_batches <= 0 or report_every_seconds <= 0:
             raise ValueError("report intervals must be positive")
+        if not 1 <= shards_per_call <= MAX_SHARDS_PER_CALL:
+            raise ValueError(f"shards_per_call must be 1 to {MAX_SHARDS_PER_CALL}")
+        self.shards_per_call = shards_per_call
         self.client = client
         self.dataset = dataset
         self.report_records = batch_size * report_every_batches
@@ -57,10 +75,15 @@ class ShardReader:
         self.prefetch = prefetch
         self.on_commit = on_commit
         self.current: LeasedShard | None = None
+        self.waiting: deque[LeasedShard] = deque()
+        """Shards leased in a batch and not started yet (``shards_per_call`` > 1)."""
         self._reported = 0
         self._stopped = False
         self._executor = ThreadPoolExecutor(max_workers=1, thread_name_prefix="shard-prefetch")
         self._next: Future[ShardReply] | None = None
+        self._next_reports: list[tuple[LeasedShard, int]] = []
+        """The finished shards (with the offset reported before) the batch call in
+        ``_next`` reports done."""
 
     def stop(self) -> None:
         """Stop after the current record, reporting nothing more (as if the worker died)."""
@@ -72,13 +95,16 @@ class ShardReader:
         self._executor.shutdown(wait=True, cancel_futures=True)
 
     def __iter__(self) -> Iterator[int]:
-        for shard, position in self._positions():
+        for shard, position in self._walk():
             yield shard.record(position)
 
     def records(self) -> Iterator[tuple[int, int]]:
         """(partition, index) pairs: for stream datasets, the index is the partition offset."""
-        for shard, position in self._positions():
+        for shard, position in self._walk():
             yield shard.partition, shard.record(position)
+
+    def _walk(self) -> Iterator[tuple[LeasedShard, int]]:
+        return self._batched_positions() if self.shards_per_call > 1 else self._positions()
 
     def _commit(self, shard: LeasedShard, first: int, upto: int) -> None:
         if upto > first and self.on_commit is not None:
@@ -108,6 +134,65 @@ class ShardReader:
         finally:
             self.current = None
 
+    def _batched_positions(self) -> Iterator[tuple[LeasedShard, int]]:
+        held = self.waiting
+        finished: list[tuple[LeasedShard, int]] = []  # (shard, offset reported so far)
+        try:
+            while not self._stopped:
+                if not held:
+                    reply, finished = self._take_batch(finished)
+                    if reply.end_of_data:
+                        return
+                    if not reply.shards:
+                        time.sleep(reply.retry_after)
+                        continue
+                    held.extend(reply.shards)
+                shard = held.popleft()
+                if self.prefetch and not held and self._next is None:
+                    # The batch's last shard: ask for the next batch while it is read,
+                    # reporting the ones finished so far.
+                    self._next_reports, finished = finished, []
+                    self._next = self._executor.submit(
+                        self.client.get_shards,
+                        self.dataset,
+                        [done for done, _ in self._next_reports],
+                        self.shards_per_call,
+                    )
+                completed = yield from self._read(shard)
+                if not self._stopped and completed:
+                    finished.append((shard, self._reported))
+        finally:
+            self.current = None
+
+    def _take_batch(
+        self, finished: list[tuple[LeasedShard, int]]
+    ) -> tuple[ShardReply, list[tuple[LeasedShard, int]]]:
+        """The next batch, and the finished shards still to report: the prefetched batch
+        if there is one (``finished`` then rides on the next call), else a call reporting
+        ``finished`` done (each committed once the call succeeded)."""
+        pending, self._next = self._next, None
+        if pending is not None:
+            reports, self._next_reports = self._next_reports, []
+            try:
+                reply = pending.result()
+            except Revoked:
+                pass  # the token was fenced: the reported shards are void; ask again
+            else:
+                for shard, reported in reports:
+                    self._commit(shard, reported, shard.size)
+                if reply.shards or not finished:
+                    return reply, finished
+        try:
+            reply = self.client.get_shards(
+                self.dataset, [shard for shard, _ in finished], self.shards_per_call
+            )
+        except Revoked:
+            # The token was fenced: every shard held, the finished ones too, is void.
+            return self.client.get_shards(self.dataset, (), self.shards_per_call), []
+        for shard, reported in finished:
+            self._commit(shard, reported, shard.size)
+        return reply, []
+
     def _take(self, finished: tuple[LeasedShard, int] | None) -> ShardReply:
         pending, self._next = self._next, None
         if pending is not None:
@@ -130,7 +215,7 @@ class ShardReader:
         """Yield the shard's positions; True at its end, False if it was revoked or stopped."""
         self.current = shard
         self._reported = shard.offset
-        if self.prefetch:
+        if self.prefetch and self.shards_per_call == 1:
             self._next = self._executor.submit(self.client.get_shard, self.dataset)
         last_report = time.monotonic()
         position = shard.offset
@@ -150,11 +235,15 @@ class ShardReader:
 
     def _heartbeat(self, shard: LeasedShard, position: int) -> bool:
         reported = self._reported
-        if not self._report(shard, lambda: self.client.report_progress(shard, position)):
+        batched = self.shards_per_call > 1  # shards wait their turn: renew them all
+        if not self._report(
+            shard, lambda: self.client.report_progress(shard, position, renew_held=batched)
+        ):
             return False
         self._commit(shard, reported, position)
         self._reported = position
-        self._renew_prefetched()
+        if not batched:
+            self._renew_prefetched()
         return True
 
     def _renew_prefetched(self) -> None:

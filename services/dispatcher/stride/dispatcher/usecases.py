@@ -14,6 +14,7 @@ from __future__ import annotations
 import asyncio
 import hashlib
 import statistics
+from collections.abc import Sequence
 from dataclasses import dataclass, replace
 from datetime import UTC, datetime, timedelta
 from typing import Any
@@ -27,6 +28,8 @@ from stride.dispatcher.adapters.convert import (
     decode_snapshot,
     encode_snapshot,
     shard_progress,
+    shards_done,
+    shards_done_id,
     straggler_detected,
 )
 from stride.dispatcher.adapters.outbound import repository
@@ -80,14 +83,27 @@ class WorkerRef:
             )
 
 
+MAX_SHARDS_PER_CALL = 64
+"""Most shards one GetShard may lease, and most it may report done."""
+
+
+@dataclass(frozen=True)
+class DoneReport:
+    """A finished shard reported with a GetShard: its id and the lease it came with."""
+
+    shard_id: int
+    lease: int | None = None
+
+
 @dataclass(frozen=True)
 class ShardGrant:
-    """GetShard's answer: a leased shard, or why there is none."""
+    """GetShard's answer: leased shards (the first, then ``more``), or why there are none."""
 
     shard: ShardRecord | None
     parameters: DatasetParameters
     why_none: Grant | None = None
     straggler: bool = False
+    more: tuple[ShardRecord, ...] = ()
 
 
 @dataclass(frozen=True)
@@ -111,6 +127,37 @@ class DatasetState:
 def _check_shard_id(shard_id: int, field: str = "shard_id") -> None:
     if shard_id < 0:
         raise InvalidArgument(field, f"must not be negative, got {shard_id}")
+
+
+def _done_reports(
+    done_shard_id: int | None, done_lease: int | None, done: Sequence[DoneReport]
+) -> list[tuple[str, DoneReport]]:
+    """The shards a GetShard reports done, checked, each with the request field that names
+    it in an error: ``done_shard_id`` first, then ``done``."""
+    if len(done) > MAX_SHARDS_PER_CALL:
+        raise InvalidArgument(
+            "done_shards", f"must hold at most {MAX_SHARDS_PER_CALL} shards, got {len(done)}"
+        )
+    reports: list[tuple[str, DoneReport]] = []
+    if done_shard_id is not None:
+        _check_shard_id(done_shard_id, "done_shard_id")
+        reports.append(("done_shard_id", DoneReport(done_shard_id, done_lease)))
+    for index, report in enumerate(done):
+        field = f"done_shards[{index}].shard_id"
+        _check_shard_id(report.shard_id, field)
+        if report.lease is not None and report.lease < 0:
+            raise InvalidArgument(
+                f"done_shards[{index}].lease", f"must not be negative, got {report.lease}"
+            )
+        reports.append((field, report))
+    # A shard named twice is reported once (a repeated done report is harmless).
+    seen: set[int] = set()
+    unique = []
+    for field, report in reports:
+        if report.shard_id not in seen:
+            seen.add(report.shard_id)
+            unique.append((field, report))
+    return unique
 
 
 def _snapshot_id(data: bytes) -> str:
@@ -232,53 +279,104 @@ class ShardDispatcher:
         return len(held)
 
     async def get_shard(
-        self, ref: WorkerRef, done_shard_id: int | None = None, done_lease: int | None = None
+        self,
+        ref: WorkerRef,
+        done_shard_id: int | None = None,
+        done_lease: int | None = None,
+        *,
+        done: Sequence[DoneReport] = (),
+        max_shards: int = 1,
     ) -> ShardGrant:
-        """Lease the next shard to the caller, first completing ``done_shard_id`` if given.
+        """Lease the next shard (up to ``max_shards``, in hand-out order) to the caller,
+        first completing ``done_shard_id`` and then ``done``, in order, if given.
 
-        With no shard free the answer is END_OF_DATA only when every shard of the last
-        epoch is DONE. While others still hold shards it is RETRY_LATER: a held shard comes
-        back to TODO if its worker is lost or its lease lapses, and someone must be left to
-        take it (exactly once needs every shard DONE, not merely handed out).
+        Everything is one transaction: if one report is refused, nothing changes. With no
+        shard free the answer is END_OF_DATA only when every shard of the last epoch is
+        DONE. While others still hold shards it is RETRY_LATER: a held shard comes back to
+        TODO if its worker is lost or its lease lapses, and someone must be left to take it
+        (exactly once needs every shard DONE, not merely handed out). A straggler gets one
+        shard, cut down first, whatever ``max_shards`` says.
         """
         ref.validate()
-        if done_shard_id is not None:
-            _check_shard_id(done_shard_id, "done_shard_id")
+        reports = _done_reports(done_shard_id, done_lease, done)
+        if not 1 <= max_shards <= MAX_SHARDS_PER_CALL:
+            raise InvalidArgument(
+                "max_shards", f"must be 0 to {MAX_SHARDS_PER_CALL} (0 means 1), got {max_shards}"
+            )
         if self.fast is not None:
             fast = await self.fast.get_shard(
-                ref.job_id, ref.dataset, ref.worker, ref.incarnation, done_shard_id, done_lease
+                ref.job_id,
+                ref.dataset,
+                ref.worker,
+                ref.incarnation,
+                [(field, report.shard_id, report.lease) for field, report in reports],
+                max_shards,
             )
             if not isinstance(fast, SlowPath):
-                return ShardGrant(fast.shard, fast.parameters, fast.why_none)
+                first = fast.shards[0] if fast.shards else None
+                return ShardGrant(first, fast.parameters, fast.why_none, more=fast.shards[1:])
         # Shielded: a caller that gives up (a client timeout while a big epoch is cut) must
         # not roll the cut back, or its retry would start it over; its answer is then lost,
         # which the protocol already survives (the lease lapses or the retry gets it).
-        task = asyncio.ensure_future(self._get_shard_general(ref, done_shard_id, done_lease))
+        task = asyncio.ensure_future(self._get_shard_general(ref, reports, max_shards))
         task.add_done_callback(_retrieve)
         return await asyncio.shield(task)
 
     async def _get_shard_general(
-        self, ref: WorkerRef, done_shard_id: int | None, done_lease: int | None
+        self, ref: WorkerRef, reports: Sequence[tuple[str, DoneReport]], max_shards: int
     ) -> ShardGrant:
         async with self.database.transaction() as session:
             now = datetime.now(UTC)
             dataset = await self._lock_dataset(session, ref.job_id, ref.dataset)
             worker = await self._touch(session, ref, now)
             holder = queue.fence(worker.record, ref.worker, ref.incarnation)
-            if done_shard_id is not None:
-                shard = await repository.get_shard(session, dataset.id, done_shard_id)
+            records = 0
+            finished: list[ShardRecord] = []
+            for field, report in reports:
+                shard = await repository.get_shard(session, dataset.id, report.shard_id)
                 if shard is None:
                     raise NotFound(
-                        f"done_shard_id: shard {done_shard_id} of dataset {ref.dataset!r} not found"
+                        f"{field}: shard {report.shard_id} of dataset {ref.dataset!r} not found"
                     )
-                await self._complete(session, ref, dataset, holder, worker, shard, now, done_lease)
+                if len(reports) == 1:
+                    records += await self._complete(
+                        session, ref, dataset, holder, shard, now, report.lease
+                    )
+                    continue
+                done = queue.complete(shard, holder, report.lease)
+                if done != shard:
+                    await repository.save_shard(session, dataset.id, done, now)
+                    records += done.offset - shard.offset
+                    finished.append(done)
+            if finished:  # a batch's reports: one event for them all
+                await self.outbox.add_event(
+                    session,
+                    topics.SHARDS_DONE.outgoing(
+                        ref.job_id,
+                        shards_done(ref.job_id, ref.dataset, ref.worker, finished, now),
+                        shards_done_id(ref.job_id, ref.dataset, finished[0]),
+                    ),
+                )
+            await self._update_rate(session, ref, worker, records, now)
             straggler = worker.record.straggler
-            leased = await self._lease(session, ref, dataset, holder, straggler, now)
+            leased, dataset = await self._lease(session, ref, dataset, holder, straggler, now)
+            more: list[ShardRecord] = []
+            while leased is not None and not straggler and len(more) + 1 < max_shards:
+                following, dataset = await self._lease(session, ref, dataset, holder, False, now)
+                if following is None:
+                    break
+                more.append(following)
             why_none = None
             if leased is None:
                 doing = await repository.any_doing(session, dataset.id)
                 why_none = Grant.RETRY_LATER if doing else Grant.END_OF_DATA
-        return ShardGrant(leased, dataset.parameters, why_none, straggler and leased is not None)
+        return ShardGrant(
+            leased,
+            dataset.parameters,
+            why_none,
+            straggler and leased is not None,
+            tuple(more),
+        )
 
     async def _lease(
         self,
@@ -288,21 +386,23 @@ class ShardDispatcher:
         holder: Holder,
         straggler: bool,
         now: datetime,
-    ) -> ShardRecord | None:
+    ) -> tuple[ShardRecord | None, StoredDataset]:
+        """The shard leased (None if none is left), and the dataset as it is now (with one
+        more epoch if this cut one)."""
         expires = now + self.lease_duration
         if not straggler:
             leased = await repository.lease_next(session, dataset.id, holder, expires, now)
             if leased is not None or dataset.epochs_created >= dataset.parameters.epochs:
-                return leased
-            await self._cut_epoch(session, ref, dataset, now)
-            return await repository.lease_next(session, dataset.id, holder, expires, now)
+                return leased, dataset
+            dataset = await self._cut_epoch(session, ref, dataset, now)
+            return await repository.lease_next(session, dataset.id, holder, expires, now), dataset
         # A straggler's shard is cut down first (DLRover-RM sec. 5.1): read, split, lease.
         shard = await repository.next_todo(session, dataset.id)
         if shard is None and dataset.epochs_created < dataset.parameters.epochs:
-            await self._cut_epoch(session, ref, dataset, now)
+            dataset = await self._cut_epoch(session, ref, dataset, now)
             shard = await repository.next_todo(session, dataset.id)
         if shard is None:
-            return None
+            return None, dataset
         parts = queue.split(
             shard,
             straggler_shard_records(dataset.parameters),
@@ -314,11 +414,11 @@ class ShardDispatcher:
             await repository.set_splits(session, dataset.id, dataset.splits + 1)
         leased = queue.lease(shard, holder, now, self.lease_duration)
         await repository.save_shard(session, dataset.id, leased, now)
-        return leased
+        return leased, dataset
 
     async def _cut_epoch(
         self, session: Session, ref: WorkerRef, dataset: StoredDataset, now: datetime
-    ) -> None:
+    ) -> StoredDataset:
         # Cut the next epoch lazily, when the TODO queue runs dry (DLRover sec. 5.2). Planned
         # on a worker thread and written in chunks (repository.insert_shards), in this one
         # transaction: a million-shard epoch leaves the event loop free for everyone else.
@@ -332,22 +432,40 @@ class ShardDispatcher:
             epoch=epoch,
             shards=len(planned),
         )
+        return replace(dataset, epochs_created=epoch + 1)
 
     async def report_progress(
-        self, ref: WorkerRef, shard_id: int, offset: int, lease: int | None = None
+        self,
+        ref: WorkerRef,
+        shard_id: int,
+        offset: int,
+        lease: int | None = None,
+        renew_held: bool = False,
     ) -> None:
-        """A heartbeat: the offset reached in a shard; renews the lease."""
+        """A heartbeat: the offset reached in a shard; renews the lease (and, with
+        ``renew_held``, every other lease the incarnation holds in the dataset)."""
         ref.validate()
         _check_shard_id(shard_id)
         if self.fast is not None:
             await self.fast.report_progress(
-                ref.job_id, ref.dataset, ref.worker, ref.incarnation, shard_id, offset, lease
+                ref.job_id,
+                ref.dataset,
+                ref.worker,
+                ref.incarnation,
+                shard_id,
+                offset,
+                lease,
+                renew_held,
             )
             return
         async with self.database.transaction() as session:
             now = datetime.now(UTC)
             worker, dataset, holder, shard = await self._locked_shard(session, ref, shard_id, now)
             updated = queue.record_progress(shard, holder, offset, now, self.lease_duration, lease)
+            if renew_held:
+                await repository.renew_held(
+                    session, dataset.id, holder, shard_id, now + self.lease_duration, now
+                )
             if updated != shard:
                 await repository.save_shard(session, dataset.id, updated, now)
                 await self._update_rate(session, ref, worker, updated.offset - shard.offset, now)
@@ -364,7 +482,8 @@ class ShardDispatcher:
         async with self.database.transaction() as session:
             now = datetime.now(UTC)
             worker, dataset, holder, shard = await self._locked_shard(session, ref, shard_id, now)
-            await self._complete(session, ref, dataset, holder, worker, shard, now, lease)
+            records = await self._complete(session, ref, dataset, holder, shard, now, lease)
+            await self._update_rate(session, ref, worker, records, now)
 
     # "done" events are not pushed to the relay: its poll (every 0.2 s) picks them up in
     # batches, which keeps the busiest call cheap. Rarer events (failed, requeued, straggler)
@@ -375,18 +494,18 @@ class ShardDispatcher:
         ref: WorkerRef,
         dataset: StoredDataset,
         holder: Holder,
-        worker: WorkerRate,
         shard: ShardRecord,
         now: datetime,
         lease: int | None = None,
-    ) -> bool:
+    ) -> int:
+        """Mark the shard done; the records this consumed (for the worker's rate, which the
+        caller updates once for all the shards it completes)."""
         done = queue.complete(shard, holder, lease)
         if done == shard:
-            return False
+            return 0
         await repository.save_shard(session, dataset.id, done, now)
-        await self._update_rate(session, ref, worker, done.offset - shard.offset, now)
         await self._add_event(session, ref.job_id, ref.dataset, done, "done", now)
-        return True
+        return done.offset - shard.offset
 
     async def _update_rate(
         self, session: Session, ref: WorkerRef, worker: WorkerRate, records: int, now: datetime

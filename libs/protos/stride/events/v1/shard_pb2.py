@@ -25,19 +25,23 @@ _sym_db = _symbol_database.Default()
 from google.protobuf import timestamp_pb2 as google_dot_protobuf_dot_timestamp__pb2
 
 
-DESCRIPTOR = _descriptor_pool.Default().AddSerializedFile(b'\n\x1cstride/events/v1/shard.proto\x12\x10stride.events.v1\x1a\x1fgoogle/protobuf/timestamp.proto\"x\n\x05Shard\x12\x10\n\x08shard_id\x18\x01 \x01(\x03\x12\r\n\x05\x65poch\x18\x02 \x01(\x03\x12\r\n\x05start\x18\x03 \x01(\x03\x12\x0b\n\x03\x65nd\x18\x04 \x01(\x03\x12\x0f\n\x07indices\x18\x05 \x03(\x03\x12\x11\n\tpartition\x18\x06 \x01(\x05\x12\x0e\n\x06offset\x18\x07 \x01(\x03\"\xa2\x01\n\rShardProgress\x12\x0e\n\x06job_id\x18\x01 \x01(\t\x12\x0f\n\x07\x64\x61taset\x18\x02 \x01(\t\x12\x0e\n\x06worker\x18\x03 \x01(\t\x12\x10\n\x08shard_id\x18\x04 \x01(\x03\x12\r\n\x05\x65poch\x18\x05 \x01(\x03\x12\x0e\n\x06offset\x18\x06 \x01(\x03\x12/\n\x0breported_at\x18\x07 \x01(\x0b\x32\x1a.google.protobuf.Timestamp\"\x8c\x01\n\x11StragglerDetected\x12\x0e\n\x06job_id\x18\x01 \x01(\t\x12\x0e\n\x06worker\x18\x02 \x01(\t\x12\x0c\n\x04rate\x18\x03 \x01(\x01\x12\x18\n\x10peer_median_rate\x18\x04 \x01(\x01\x12/\n\x0b\x64\x65tected_at\x18\x05 \x01(\x0b\x32\x1a.google.protobuf.Timestamp*\x84\x01\n\x0cShardingKind\x12\x1d\n\x19SHARDING_KIND_UNSPECIFIED\x10\x00\x12\x1d\n\x19SHARDING_KIND_INDEX_RANGE\x10\x01\x12\x1c\n\x18SHARDING_KIND_INDEX_LIST\x10\x02\x12\x18\n\x14SHARDING_KIND_STREAM\x10\x03\x62\x06proto3')
+DESCRIPTOR = _descriptor_pool.Default().AddSerializedFile(b'\n\x1cstride/events/v1/shard.proto\x12\x10stride.events.v1\x1a\x1fgoogle/protobuf/timestamp.proto\"x\n\x05Shard\x12\x10\n\x08shard_id\x18\x01 \x01(\x03\x12\r\n\x05\x65poch\x18\x02 \x01(\x03\x12\r\n\x05start\x18\x03 \x01(\x03\x12\x0b\n\x03\x65nd\x18\x04 \x01(\x03\x12\x0f\n\x07indices\x18\x05 \x03(\x03\x12\x11\n\tpartition\x18\x06 \x01(\x05\x12\x0e\n\x06offset\x18\x07 \x01(\x03\"\xa2\x01\n\rShardProgress\x12\x0e\n\x06job_id\x18\x01 \x01(\t\x12\x0f\n\x07\x64\x61taset\x18\x02 \x01(\t\x12\x0e\n\x06worker\x18\x03 \x01(\t\x12\x10\n\x08shard_id\x18\x04 \x01(\x03\x12\r\n\x05\x65poch\x18\x05 \x01(\x03\x12\x0e\n\x06offset\x18\x06 \x01(\x03\x12/\n\x0breported_at\x18\x07 \x01(\x0b\x32\x1a.google.protobuf.Timestamp\"\x9f\x01\n\nShardsDone\x12\x0e\n\x06job_id\x18\x01 \x01(\t\x12\x0f\n\x07\x64\x61taset\x18\x02 \x01(\t\x12\x0e\n\x06worker\x18\x03 \x01(\t\x12/\n\x06shards\x18\x04 \x03(\x0b\x32\x1f.stride.events.v1.FinishedShard\x12/\n\x0breported_at\x18\x05 \x01(\x0b\x32\x1a.google.protobuf.Timestamp\"O\n\rFinishedShard\x12\x10\n\x08shard_id\x18\x01 \x01(\x03\x12\r\n\x05\x65poch\x18\x02 \x01(\x03\x12\x0e\n\x06offset\x18\x03 \x01(\x03\x12\r\n\x05lease\x18\x04 \x01(\x03\"\x8c\x01\n\x11StragglerDetected\x12\x0e\n\x06job_id\x18\x01 \x01(\t\x12\x0e\n\x06worker\x18\x02 \x01(\t\x12\x0c\n\x04rate\x18\x03 \x01(\x01\x12\x18\n\x10peer_median_rate\x18\x04 \x01(\x01\x12/\n\x0b\x64\x65tected_at\x18\x05 \x01(\x0b\x32\x1a.google.protobuf.Timestamp*\x84\x01\n\x0cShardingKind\x12\x1d\n\x19SHARDING_KIND_UNSPECIFIED\x10\x00\x12\x1d\n\x19SHARDING_KIND_INDEX_RANGE\x10\x01\x12\x1c\n\x18SHARDING_KIND_INDEX_LIST\x10\x02\x12\x18\n\x14SHARDING_KIND_STREAM\x10\x03\x62\x06proto3')
 
 _globals = globals()
 _builder.BuildMessageAndEnumDescriptors(DESCRIPTOR, _globals)
 _builder.BuildTopDescriptorsAndMessages(DESCRIPTOR, 'stride.events.v1.shard_pb2', _globals)
 if not _descriptor._USE_C_DESCRIPTORS:
   DESCRIPTOR._loaded_options = None
-  _globals['_SHARDINGKIND']._serialized_start=514
-  _globals['_SHARDINGKIND']._serialized_end=646
+  _globals['_SHARDINGKIND']._serialized_start=757
+  _globals['_SHARDINGKIND']._serialized_end=889
   _globals['_SHARD']._serialized_start=83
   _globals['_SHARD']._serialized_end=203
   _globals['_SHARDPROGRESS']._serialized_start=206
   _globals['_SHARDPROGRESS']._serialized_end=368
-  _globals['_STRAGGLERDETECTED']._serialized_start=371
-  _globals['_STRAGGLERDETECTED']._serialized_end=511
+  _globals['_SHARDSDONE']._serialized_start=371
+  _globals['_SHARDSDONE']._serialized_end=530
+  _globals['_FINISHEDSHARD']._serialized_start=532
+  _globals['_FINISHEDSHARD']._serialized_end=611
+  _globals['_STRAGGLERDETECTED']._serialized_start=614
+  _globals['_STRAGGLERDETECTED']._serialized_end=754
 # @@protoc_insertion_point(module_scope)

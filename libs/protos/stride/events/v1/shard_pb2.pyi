@@ -148,6 +148,84 @@ class ShardProgress(_message.Message):
 Global___ShardProgress: _TypeAlias = ShardProgress  # noqa: Y015
 
 @_typing.final
+class ShardsDone(_message.Message):
+    """Shards one call reported done: a batched GetShard's reports, one event for all of them
+    (a single report is a ShardProgress on the "done" subject).
+    """
+
+    DESCRIPTOR: _descriptor.Descriptor
+
+    JOB_ID_FIELD_NUMBER: _builtins.int
+    DATASET_FIELD_NUMBER: _builtins.int
+    WORKER_FIELD_NUMBER: _builtins.int
+    SHARDS_FIELD_NUMBER: _builtins.int
+    REPORTED_AT_FIELD_NUMBER: _builtins.int
+    job_id: _builtins.str
+    """The job."""
+    dataset: _builtins.str
+    """The dataset name."""
+    worker: _builtins.str
+    """The worker that finished them."""
+    @_builtins.property
+    def shards(self) -> _containers.RepeatedCompositeFieldContainer[Global___FinishedShard]:
+        """The shards, in the order reported."""
+
+    @_builtins.property
+    def reported_at(self) -> _timestamp_pb2.Timestamp:
+        """When they were reported."""
+
+    def __init__(
+        self,
+        *,
+        job_id: _builtins.str = ...,
+        dataset: _builtins.str = ...,
+        worker: _builtins.str = ...,
+        shards: _abc.Iterable[Global___FinishedShard] | None = ...,
+        reported_at: _timestamp_pb2.Timestamp | None = ...,
+    ) -> None: ...
+    _HasFieldArgType: _TypeAlias = _typing.Literal["reported_at", b"reported_at"]  # noqa: Y015
+    def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["dataset", b"dataset", "job_id", b"job_id", "reported_at", b"reported_at", "shards", b"shards", "worker", b"worker"]  # noqa: Y015
+    def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
+    def WhichOneof(self, oneof_group: _Never) -> None: ...
+
+Global___ShardsDone: _TypeAlias = ShardsDone  # noqa: Y015
+
+@_typing.final
+class FinishedShard(_message.Message):
+    """One shard of a ShardsDone."""
+
+    DESCRIPTOR: _descriptor.Descriptor
+
+    SHARD_ID_FIELD_NUMBER: _builtins.int
+    EPOCH_FIELD_NUMBER: _builtins.int
+    OFFSET_FIELD_NUMBER: _builtins.int
+    LEASE_FIELD_NUMBER: _builtins.int
+    shard_id: _builtins.int
+    """The shard."""
+    epoch: _builtins.int
+    """Epoch of the shard."""
+    offset: _builtins.int
+    """Records of the shard (all consumed)."""
+    lease: _builtins.int
+    """The lease number it was finished under."""
+    def __init__(
+        self,
+        *,
+        shard_id: _builtins.int = ...,
+        epoch: _builtins.int = ...,
+        offset: _builtins.int = ...,
+        lease: _builtins.int = ...,
+    ) -> None: ...
+    _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
+    def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["epoch", b"epoch", "lease", b"lease", "offset", b"offset", "shard_id", b"shard_id"]  # noqa: Y015
+    def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
+    def WhichOneof(self, oneof_group: _Never) -> None: ...
+
+Global___FinishedShard: _TypeAlias = FinishedShard  # noqa: Y015
+
+@_typing.final
 class StragglerDetected(_message.Message):
     """A worker is progressing markedly slower than its peers."""
 

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from dataclasses import dataclass
 from datetime import datetime
 
@@ -189,3 +190,27 @@ def shard_progress(
         offset=shard.offset,
         reported_at=timestamp(at),
     )
+
+
+def shards_done(
+    job_id: str, dataset: str, worker: str, shards: Sequence[ShardRecord], at: datetime
+) -> shard_pb2.ShardsDone:
+    """One event for the shards a batched call reported done, in the order reported."""
+    return shard_pb2.ShardsDone(
+        job_id=job_id,
+        dataset=dataset,
+        worker=worker,
+        shards=[
+            shard_pb2.FinishedShard(
+                shard_id=shard.shard_id, epoch=shard.epoch, offset=shard.offset, lease=shard.leases
+            )
+            for shard in shards
+        ],
+        reported_at=timestamp(at),
+    )
+
+
+def shards_done_id(job_id: str, dataset: str, first: ShardRecord) -> str:
+    """A batch's event id: its first shard's lease ends in this one call only, so the id is
+    unique and a re-published copy de-duplicates."""
+    return f"{job_id}.{dataset}.{first.shard_id}.done-batch.{first.leases}"

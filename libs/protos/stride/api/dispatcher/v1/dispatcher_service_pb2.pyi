@@ -224,15 +224,32 @@ class GetShardRequest(_message.Message):
     WORKER_FIELD_NUMBER: _builtins.int
     DONE_SHARD_ID_FIELD_NUMBER: _builtins.int
     DONE_LEASE_FIELD_NUMBER: _builtins.int
+    MAX_SHARDS_FIELD_NUMBER: _builtins.int
+    DONE_SHARDS_FIELD_NUMBER: _builtins.int
     done_shard_id: _builtins.int
     """A shard the caller finished, reported done in the same transaction before the next
     one is leased (saves a round trip per shard; same rules as ReportShardDone).
     """
     done_lease: _builtins.int
     """The lease number done_shard_id was handed out with (0: not checked)."""
+    max_shards: _builtins.int
+    """Most shards to lease in this call (0 means 1; at most 64). A worker that takes shards
+    faster than a call's round trip leases several at once, in hand-out order, and reports
+    them done together in its next call (done_shards): one call and one commit per batch.
+    A straggler still gets one (smaller) shard. Every shard leased has its own lease
+    number and expiry; renew_held on ReportProgress keeps the ones not yet started.
+    """
     @_builtins.property
     def worker(self) -> Global___WorkerRef:
         """Who asks."""
+
+    @_builtins.property
+    def done_shards(self) -> _containers.RepeatedCompositeFieldContainer[Global___ShardDone]:
+        """More shards the caller finished, reported done in the same transaction, in order,
+        before anything is leased (at most 64; same rules as ReportShardDone; a shard named
+        twice is reported once). If one of them is refused the whole call is refused and
+        nothing changes.
+        """
 
     def __init__(
         self,
@@ -240,16 +257,72 @@ class GetShardRequest(_message.Message):
         worker: Global___WorkerRef | None = ...,
         done_shard_id: _builtins.int | None = ...,
         done_lease: _builtins.int = ...,
+        max_shards: _builtins.int = ...,
+        done_shards: _abc.Iterable[Global___ShardDone] | None = ...,
     ) -> None: ...
     _HasFieldArgType: _TypeAlias = _typing.Literal["_done_shard_id", b"_done_shard_id", "done_shard_id", b"done_shard_id", "worker", b"worker"]  # noqa: Y015
     def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
-    _ClearFieldArgType: _TypeAlias = _typing.Literal["_done_shard_id", b"_done_shard_id", "done_lease", b"done_lease", "done_shard_id", b"done_shard_id", "worker", b"worker"]  # noqa: Y015
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["_done_shard_id", b"_done_shard_id", "done_lease", b"done_lease", "done_shard_id", b"done_shard_id", "done_shards", b"done_shards", "max_shards", b"max_shards", "worker", b"worker"]  # noqa: Y015
     def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
     _WhichOneofReturnType__done_shard_id: _TypeAlias = _typing.Literal["done_shard_id"]  # noqa: Y015
     _WhichOneofArgType__done_shard_id: _TypeAlias = _typing.Literal["_done_shard_id", b"_done_shard_id"]  # noqa: Y015
     def WhichOneof(self, oneof_group: _WhichOneofArgType__done_shard_id) -> _WhichOneofReturnType__done_shard_id | None: ...
 
 Global___GetShardRequest: _TypeAlias = GetShardRequest  # noqa: Y015
+
+@_typing.final
+class ShardDone(_message.Message):
+    """A finished shard reported in a GetShard call."""
+
+    DESCRIPTOR: _descriptor.Descriptor
+
+    SHARD_ID_FIELD_NUMBER: _builtins.int
+    LEASE_FIELD_NUMBER: _builtins.int
+    shard_id: _builtins.int
+    """The shard."""
+    lease: _builtins.int
+    """The lease number it was handed out with (0: not checked)."""
+    def __init__(
+        self,
+        *,
+        shard_id: _builtins.int = ...,
+        lease: _builtins.int = ...,
+    ) -> None: ...
+    _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
+    def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["lease", b"lease", "shard_id", b"shard_id"]  # noqa: Y015
+    def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
+    def WhichOneof(self, oneof_group: _Never) -> None: ...
+
+Global___ShardDone: _TypeAlias = ShardDone  # noqa: Y015
+
+@_typing.final
+class ShardLease(_message.Message):
+    """A leased shard beyond the first of a GetShard answer."""
+
+    DESCRIPTOR: _descriptor.Descriptor
+
+    SHARD_FIELD_NUMBER: _builtins.int
+    LEASE_FIELD_NUMBER: _builtins.int
+    lease: _builtins.int
+    """Its lease number."""
+    @_builtins.property
+    def shard(self) -> _shard_pb2.Shard:
+        """The shard."""
+
+    def __init__(
+        self,
+        *,
+        shard: _shard_pb2.Shard | None = ...,
+        lease: _builtins.int = ...,
+    ) -> None: ...
+    _HasFieldArgType: _TypeAlias = _typing.Literal["shard", b"shard"]  # noqa: Y015
+    def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["lease", b"lease", "shard", b"shard"]  # noqa: Y015
+    def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
+    def WhichOneof(self, oneof_group: _Never) -> None: ...
+
+Global___ShardLease: _TypeAlias = ShardLease  # noqa: Y015
 
 @_typing.final
 class GetShardResponse(_message.Message):
@@ -263,6 +336,7 @@ class GetShardResponse(_message.Message):
     RETRY_AFTER_FIELD_NUMBER: _builtins.int
     STRAGGLER_FIELD_NUMBER: _builtins.int
     LEASE_FIELD_NUMBER: _builtins.int
+    MORE_SHARDS_FIELD_NUMBER: _builtins.int
     end_of_data: _builtins.bool
     """True when every shard of the last epoch is done."""
     retry_later: _builtins.bool
@@ -283,6 +357,10 @@ class GetShardResponse(_message.Message):
     def retry_after(self) -> _duration_pb2.Duration:
         """How long to wait before asking again (set with retry_later)."""
 
+    @_builtins.property
+    def more_shards(self) -> _containers.RepeatedCompositeFieldContainer[Global___ShardLease]:
+        """The shards leased after the first one (shard), in hand-out order, when max_shards > 1."""
+
     def __init__(
         self,
         *,
@@ -292,10 +370,11 @@ class GetShardResponse(_message.Message):
         retry_after: _duration_pb2.Duration | None = ...,
         straggler: _builtins.bool = ...,
         lease: _builtins.int = ...,
+        more_shards: _abc.Iterable[Global___ShardLease] | None = ...,
     ) -> None: ...
     _HasFieldArgType: _TypeAlias = _typing.Literal["retry_after", b"retry_after", "shard", b"shard"]  # noqa: Y015
     def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
-    _ClearFieldArgType: _TypeAlias = _typing.Literal["end_of_data", b"end_of_data", "lease", b"lease", "retry_after", b"retry_after", "retry_later", b"retry_later", "shard", b"shard", "straggler", b"straggler"]  # noqa: Y015
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["end_of_data", b"end_of_data", "lease", b"lease", "more_shards", b"more_shards", "retry_after", b"retry_after", "retry_later", b"retry_later", "shard", b"shard", "straggler", b"straggler"]  # noqa: Y015
     def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
     def WhichOneof(self, oneof_group: _Never) -> None: ...
 
@@ -311,12 +390,17 @@ class ReportProgressRequest(_message.Message):
     SHARD_ID_FIELD_NUMBER: _builtins.int
     OFFSET_FIELD_NUMBER: _builtins.int
     LEASE_FIELD_NUMBER: _builtins.int
+    RENEW_HELD_FIELD_NUMBER: _builtins.int
     shard_id: _builtins.int
     """The shard."""
     offset: _builtins.int
     """Records of the shard consumed."""
     lease: _builtins.int
     """The lease number from GetShard (0: not checked)."""
+    renew_held: _builtins.bool
+    """Also renew the lease of every other shard this worker incarnation holds in the
+    dataset (the ones it leased ahead and has not started), as of this report.
+    """
     @_builtins.property
     def worker(self) -> Global___WorkerRef:
         """Who reports."""
@@ -328,10 +412,11 @@ class ReportProgressRequest(_message.Message):
         shard_id: _builtins.int = ...,
         offset: _builtins.int = ...,
         lease: _builtins.int = ...,
+        renew_held: _builtins.bool = ...,
     ) -> None: ...
     _HasFieldArgType: _TypeAlias = _typing.Literal["worker", b"worker"]  # noqa: Y015
     def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
-    _ClearFieldArgType: _TypeAlias = _typing.Literal["lease", b"lease", "offset", b"offset", "shard_id", b"shard_id", "worker", b"worker"]  # noqa: Y015
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["lease", b"lease", "offset", b"offset", "renew_held", b"renew_held", "shard_id", b"shard_id", "worker", b"worker"]  # noqa: Y015
     def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
     def WhichOneof(self, oneof_group: _Never) -> None: ...
 

@@ -128,9 +128,10 @@ class DispatcherServiceServicer:
         raise NotImplementedError('Method not implemented!')
 
     def GetShard(self, request, context):
-        """GetShard leases the next shard to a worker. end_of_data is set only when every shard
-        of the last epoch is done; while other workers still hold the last shards the answer
-        is retry_later, because a lost worker's shard comes back to TODO.
+        """GetShard leases the next shard to a worker (or, with max_shards, up to that many in
+        hand-out order), after marking the shards it reports finished done. end_of_data is set
+        only when every shard of the last epoch is done; while other workers still hold the
+        last shards the answer is retry_later, because a lost worker's shard comes back to TODO.
         """
         context.set_code(grpc.StatusCode.UNIMPLEMENTED)
         context.set_details('Method not implemented!')

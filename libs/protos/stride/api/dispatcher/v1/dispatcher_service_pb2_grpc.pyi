@@ -45,9 +45,10 @@ class DispatcherServiceStub:
     older token are fenced off (FAILED_PRECONDITION).
     """
     GetShard: _grpc.UnaryUnaryMultiCallable[_dispatcher_service_pb2.GetShardRequest, _dispatcher_service_pb2.GetShardResponse]
-    """GetShard leases the next shard to a worker. end_of_data is set only when every shard
-    of the last epoch is done; while other workers still hold the last shards the answer
-    is retry_later, because a lost worker's shard comes back to TODO.
+    """GetShard leases the next shard to a worker (or, with max_shards, up to that many in
+    hand-out order), after marking the shards it reports finished done. end_of_data is set
+    only when every shard of the last epoch is done; while other workers still hold the
+    last shards the answer is retry_later, because a lost worker's shard comes back to TODO.
     """
     ReportProgress: _grpc.UnaryUnaryMultiCallable[_dispatcher_service_pb2.ReportProgressRequest, _dispatcher_service_pb2.ReportProgressResponse]
     """ReportProgress records the offset reached within a shard and renews the lease."""
@@ -102,9 +103,10 @@ class DispatcherServiceAsyncStub(DispatcherServiceStub):
     older token are fenced off (FAILED_PRECONDITION).
     """
     GetShard: _aio.UnaryUnaryMultiCallable[_dispatcher_service_pb2.GetShardRequest, _dispatcher_service_pb2.GetShardResponse]  # type: ignore[assignment]
-    """GetShard leases the next shard to a worker. end_of_data is set only when every shard
-    of the last epoch is done; while other workers still hold the last shards the answer
-    is retry_later, because a lost worker's shard comes back to TODO.
+    """GetShard leases the next shard to a worker (or, with max_shards, up to that many in
+    hand-out order), after marking the shards it reports finished done. end_of_data is set
+    only when every shard of the last epoch is done; while other workers still hold the
+    last shards the answer is retry_later, because a lost worker's shard comes back to TODO.
     """
     ReportProgress: _aio.UnaryUnaryMultiCallable[_dispatcher_service_pb2.ReportProgressRequest, _dispatcher_service_pb2.ReportProgressResponse]  # type: ignore[assignment]
     """ReportProgress records the offset reached within a shard and renews the lease."""
@@ -174,9 +176,10 @@ class DispatcherServiceServicer(metaclass=_abc_1.ABCMeta):
         request: _dispatcher_service_pb2.GetShardRequest,
         context: _ServicerContext,
     ) -> _typing.Union[_dispatcher_service_pb2.GetShardResponse, _abc.Awaitable[_dispatcher_service_pb2.GetShardResponse]]:
-        """GetShard leases the next shard to a worker. end_of_data is set only when every shard
-        of the last epoch is done; while other workers still hold the last shards the answer
-        is retry_later, because a lost worker's shard comes back to TODO.
+        """GetShard leases the next shard to a worker (or, with max_shards, up to that many in
+        hand-out order), after marking the shards it reports finished done. end_of_data is set
+        only when every shard of the last epoch is done; while other workers still hold the
+        last shards the answer is retry_later, because a lost worker's shard comes back to TODO.
         """
 
     @_abc_1.abstractmethod

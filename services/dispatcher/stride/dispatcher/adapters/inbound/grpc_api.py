@@ -25,7 +25,12 @@ from stride.dispatcher.adapters.convert import (
     shard_to_proto,
 )
 from stride.dispatcher.domain.queue import Grant
-from stride.dispatcher.usecases import ShardDispatcher, WorkerRef
+from stride.dispatcher.usecases import (
+    MAX_SHARDS_PER_CALL,
+    DoneReport,
+    ShardDispatcher,
+    WorkerRef,
+)
 from stride.runtime import auth
 from stride.runtime.errors import InvalidArgument, StrideError
 from stride.runtime.grpc_server import bounded_message, status_for
@@ -164,14 +169,35 @@ class DispatcherApi(pb_grpc.DispatcherServiceServicer):
 
     async def _get_shard(self, request: pb.GetShardRequest) -> pb.GetShardResponse:
         done = request.done_shard_id if request.HasField("done_shard_id") else None
+        if len(request.done_shards) > MAX_SHARDS_PER_CALL:
+            raise InvalidArgument(
+                "done_shards",
+                f"must hold at most {MAX_SHARDS_PER_CALL} shards, got {len(request.done_shards)}",
+            )
+        reports = [
+            DoneReport(item.shard_id, _lease(item.lease, f"done_shards[{index}].lease"))
+            for index, item in enumerate(request.done_shards)
+        ]
+        if request.max_shards < 0:
+            raise InvalidArgument(
+                "max_shards", f"must be 0 to {MAX_SHARDS_PER_CALL}, got {request.max_shards}"
+            )
         grant = await self.dispatcher.get_shard(
-            _worker_ref(request), done, _lease(request.done_lease, "done_lease")
+            _worker_ref(request),
+            done,
+            _lease(request.done_lease, "done_lease"),
+            done=reports,
+            max_shards=request.max_shards or 1,
         )
         if grant.shard is not None:
             return pb.GetShardResponse(
                 shard=shard_to_proto(grant.shard, grant.parameters),
                 straggler=grant.straggler,
                 lease=grant.shard.leases,
+                more_shards=[
+                    pb.ShardLease(shard=shard_to_proto(shard, grant.parameters), lease=shard.leases)
+                    for shard in grant.more
+                ],
             )
         if grant.why_none is Grant.END_OF_DATA:
             return pb.GetShardResponse(end_of_data=True)
@@ -179,7 +205,11 @@ class DispatcherApi(pb_grpc.DispatcherServiceServicer):
 
     async def _progress(self, request: pb.ReportProgressRequest) -> pb.ReportProgressResponse:
         await self.dispatcher.report_progress(
-            _worker_ref(request), request.shard_id, request.offset, _lease(request.lease)
+            _worker_ref(request),
+            request.shard_id,
+            request.offset,
+            _lease(request.lease),
+            request.renew_held,
         )
         return pb.ReportProgressResponse()
 

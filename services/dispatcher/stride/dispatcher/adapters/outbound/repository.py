@@ -337,6 +337,29 @@ async def save_shard(
     await session.execute(_SAVE_SHARD, values)
 
 
+async def renew_held(
+    session: AsyncSession,
+    dataset_id: int,
+    holder: Holder,
+    except_shard_id: int,
+    expires: datetime,
+    at: datetime,
+) -> None:
+    """Renew the lease of every DOING shard ``holder`` holds in the dataset but one (the
+    shard the heartbeat is about, which the domain renews itself)."""
+    await session.execute(
+        update(shards)
+        .where(
+            shards.c.dataset_id == dataset_id,
+            shards.c.worker == holder.worker,
+            shards.c.incarnation == holder.incarnation,
+            shards.c.state == ShardState.DOING.value,
+            shards.c.shard_id != except_shard_id,
+        )
+        .values(lease_expires_at=expires, updated_at=at)
+    )
+
+
 _TOUCH_WORKER = (
     update(workers)
     .where(workers.c.job_id == bindparam("b_job_id"), workers.c.worker == bindparam("b_worker"))
