@@ -171,6 +171,13 @@ async def test_an_impossible_deadline_is_refused_with_one_that_works(
         lambda: stream_messages(nats_url, topics.JOB_SHARE.subject(admitted.job_id))
     )
     assert job_pb2.JobShare.FromString(shares[-1].data).units == 8
+    # The decision's event carries that same share (the optimizer's plan 1 fits it whichever
+    # of the two it reads first).
+    decided = await assert_eventually(
+        lambda: stream_messages(nats_url, topics.JOB_ADMITTED.subject(admitted.job_id))
+    )
+    carried = job_pb2.AdmissionDecision.FromString(decided[0].data).share
+    assert carried == job_pb2.JobShare.FromString(shares[0].data) and carried.version == 1
 
 
 async def test_a_deadline_no_curve_knows_is_refused_and_says_what_to_declare(
@@ -218,6 +225,9 @@ async def test_a_guaranteed_job_keeps_its_reservation_and_the_rest_waits_then_ru
     assert len(decisions) == 1
     assert decisions[0].headers is not None
     assert decisions[0].headers["Nats-Msg-Id"] == f"{waiting.job_id}.decision.2"
+    # Admitted off the queue, it carries the share that admitted it.
+    carried = job_pb2.AdmissionDecision.FromString(decisions[0].data).share
+    assert carried.units == 8 and carried.version == started.job.share.version
 
 
 async def test_a_finished_job_frees_its_share_for_the_queue(

@@ -269,6 +269,44 @@ async def test_a_share_that_comes_before_the_admission_bounds_plan_1(
     assert explained.explanations[0].bound == "admission share"
 
 
+async def test_the_share_an_admission_carries_bounds_plan_1_and_its_own_event_changes_nothing(
+    stub: Any, bus: Bus, nats_url: str, postgres_url: str
+) -> None:
+    job_id = "job-share-inside"
+    spec = dlrm_job(seed=3, index=4)
+    # Admission puts the job's share in the decision: plan 1 is made within it though the
+    # share's own event has not come (it comes after, through the other consumer).
+    decision = admission(job_id, spec)
+    decision.share.CopyFrom(share_event(job_id, 1, 9.0, 200.0))
+    await bus.publish(topics.JOB_ADMITTED, job_id, decision, f"{job_id}.adm")
+    first = await newest(nats_url, job_id)
+    assert first.version == 1 and totals(first)[0] <= 9.0, totals(first)
+    assert stored_share_versions(postgres_url).get(job_id) == 1
+    explained = await stub.GetPlanExplanation(pb.GetPlanExplanationRequest(job_id=job_id))
+    assert explained.explanations[0].bound == "admission share"
+    await bus.publish(
+        topics.JOB_SHARE, job_id, share_event(job_id, 1, 9.0, 200.0), f"{job_id}.share.1"
+    )
+    # A later probe job's plan shows the share event was handled; this job got no plan 2.
+    probe = "job-share-probe"
+    await bus.publish(topics.JOB_ADMITTED, probe, admission(probe, spec), f"{probe}.adm")
+    await newest(nats_url, probe)
+    assert [p.version for p in await plans(nats_url, job_id, 1)] == [1]
+
+    # A decision whose share names another job is refused, naming the field.
+    bad = admission("job-share-bad", spec)
+    bad.share.CopyFrom(share_event("job-other", 1, 9.0, 200.0))
+    await bus.publish(topics.JOB_ADMITTED, "job-share-bad", bad, "job-share-bad.adm")
+
+    async def dead() -> list[str]:
+        found = await stream_messages(nats_url, topics.dead_letter_subject("optimizer-admitted"))
+        reasons = [m.headers.get("Stride-Dead-Letter-Reason", "") for m in found if m.headers]
+        assert any("share.job_id" in reason for reason in reasons), reasons
+        return reasons
+
+    await assert_eventually(dead, timeout=20)
+
+
 async def test_a_zero_share_suspends_the_job_and_a_share_back_resumes_its_plan(
     stub: Any, bus: Bus, nats_url: str, postgres_url: str
 ) -> None:

@@ -147,12 +147,12 @@ def test_batches_report_what_finished_and_renew_the_shards_waiting() -> None:
     ]
 
 
-def test_a_prefetched_batch_is_asked_for_when_the_last_shard_starts() -> None:
+def test_a_prefetched_batch_is_asked_for_when_half_the_batch_is_taken() -> None:
     client = ScriptedClient(
         [
             ShardReply(shard(0, 0, 2), more=(shard(1, 2, 4),)),
-            ShardReply(shard(2, 4, 6), more=(shard(3, 6, 8),)),  # prefetched during shard 1
-            ShardReply(None, retry_after=0.01),  # prefetched during shard 3: nothing yet
+            ShardReply(shard(2, 4, 6), more=(shard(3, 6, 8),)),  # prefetched during shard 0
+            ShardReply(None, retry_after=0.01),  # prefetched during shard 2: nothing yet
             ShardReply(None, end_of_data=True),  # the last finished ones reported
         ]
     )
@@ -160,9 +160,9 @@ def test_a_prefetched_batch_is_asked_for_when_the_last_shard_starts() -> None:
     assert indices == list(range(8))
     assert [c for c in client.calls if c[0] == "get-batch"] == [
         ("get-batch", (), 2),
-        ("get-batch", (0,), 2),  # sent when shard 1 (the batch's last) started
-        ("get-batch", (1, 2), 2),  # sent when shard 3 started
-        ("get-batch", (3,), 2),
+        ("get-batch", (), 2),  # sent when shard 0 (half the batch) started
+        ("get-batch", (0, 1), 2),  # sent when shard 2 started
+        ("get-batch", (2, 3), 2),
     ]
     assert sum(c.last - c.first for c in committed) == 8
 

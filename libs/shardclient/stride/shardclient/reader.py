@@ -9,7 +9,7 @@ dispatcher hands this worker, epoch after epoch, until the end of the data.
 * Batches (``shards_per_call=N``): for workers that finish shards faster than a call's
   round trip, N shards are leased per call, and the shards finished since the last call
   are reported done in the same call (one call and one commit per N shards). With
-  prefetch, the next batch is asked for when the last shard of a batch starts. Heartbeats
+  prefetch, the next batch is asked for when half of a batch is taken. Heartbeats
   renew every lease the worker holds (``renew_held``), so shards waiting their turn do not
   lapse.
 * Progress: the records consumed so far are reported every ``report_every_batches``
@@ -148,9 +148,14 @@ class ShardReader:
                         continue
                     held.extend(reply.shards)
                 shard = held.popleft()
-                if self.prefetch and not held and self._next is None:
-                    # The batch's last shard: ask for the next batch while it is read,
-                    # reporting the ones finished so far.
+                if (
+                    self.prefetch
+                    and len(held) <= self.shards_per_call // 2
+                    and self._next is None
+                ):
+                    # Half the batch is taken: ask for the next one while the rest is read
+                    # (a call has half a batch of shards to arrive in), reporting the ones
+                    # finished so far.
                     self._next_reports, finished = finished, []
                     self._next = self._executor.submit(
                         self.client.get_shards,

@@ -54,7 +54,7 @@ from stride.admission.domain.policy import (
 )
 from stride.admission.domain.quotas import Quota, below_use, check_scope, violation
 from stride.bus import topics
-from stride.bus.topics import Outgoing
+from stride.bus.topics import Outgoing, Topic
 from stride.db.engine import ConflictingWrite, Database
 from stride.db.outbox import Outbox
 from stride.events.v1 import auth_pb2, cluster_pb2, job_pb2
@@ -207,6 +207,18 @@ class _Ruling:
     """Its books there (None: it did not join)."""
     changed: dict[str, int]
     """The jobs whose share the round changed."""
+
+
+@dataclass(frozen=True)
+class _Announcement:
+    """A decision's event, built once the decision carries the job's new share."""
+
+    decision: job_pb2.AdmissionDecision
+    topic: Topic[job_pb2.AdmissionDecision]
+    message_id: str
+
+    def event(self) -> Outgoing:
+        return self.topic.outgoing(self.decision.job_id, self.decision, self.message_id)
 
 
 GROUP_COMMIT_LIMIT = 64
@@ -515,12 +527,9 @@ class Submissions:
         else:
             await repository.record_decision(session, proto, state, ruling.moment)
         topic = decision.outcome.value if state != "QUEUED" else "queued"
-        events = [
-            *first,
-            topics.DECISION_TOPICS[topic].outgoing(job_id, proto, f"{job_id}.decision.1"),
-        ]
+        announce = _Announcement(proto, topics.DECISION_TOPICS[topic], f"{job_id}.decision.1")
         if ruling.pool is None or entry is None:
-            await self.outbox.add_events(session, events)
+            await self.outbox.add_events(session, [*first, announce.event()])
             return
         changed = dict(ruling.changed)
         changed.setdefault(job_id, entry.units)
@@ -532,7 +541,8 @@ class Submissions:
             f"arrival of {job_id}",
             ruling.moment,
             job_id,
-            leading=events,
+            leading=first,
+            announce=announce,
         )
 
     def _decided(self, ruling: _Ruling) -> None:
@@ -674,16 +684,18 @@ class Submissions:
         moment: datetime,
         decided: str = "",
         leading: Sequence[Outgoing] = (),
+        announce: _Announcement | None = None,
     ) -> None:
         """Save the books of every job whose units changed and publish its new share; a
-        queued job that got units is admitted (a decision of its own). ``leading``: events
-        queued before the shares', in the same batch."""
+        queued job that got units is admitted (a decision of its own, carrying its share).
+        ``leading``: events queued before the shares', in the same batch; ``announce``: the
+        decision on ``decided``, queued right after them, carrying the job's new share."""
         now = moment.timestamp()
         minimum = pool.minimum_shares(now) if changed else {}
         states = await repository.job_states(session, [j for j in changed if j != decided])
         books: list[repository.Books] = []
         events = list(leading)
-        admitted: list[tuple[str, Entry]] = []
+        admitted: list[tuple[str, Entry, job_pb2.JobShare]] = []
         preempted: list[tuple[str, Entry, str]] = []
         notes = pool.notes
         for job_id in changed:
@@ -726,19 +738,23 @@ class Submissions:
                 )
             )
             events.append(topics.JOB_SHARE.outgoing(job_id, share, f"{job_id}.share.{version}"))
+            if announce is not None and job_id == decided:
+                announce.decision.share.CopyFrom(share)
             if states.get(job_id) == "QUEUED" and entry.units:
-                admitted.append((job_id, entry))
+                admitted.append((job_id, entry, share))
             elif states.get(job_id) == "ADMITTED" and not entry.units and job_id not in minimum:
                 # It runs no more: back to the queue, told why (its pods checkpoint and go).
                 preempted.append(
                     (job_id, entry, notes.get(job_id, f"its units went to other jobs ({reason})"))
                 )
+        if announce is not None:
+            events.insert(len(leading), announce.event())
         await repository.save_books_many(session, books)
         await self.outbox.add_events(session, events)
         for entry_books in books:
             self._versions[entry_books.job_id] = entry_books.share.version
-        for job_id, entry in admitted:
-            await self._admit_queued(session, job_id, entry, kind, reason, moment)
+        for job_id, entry, share in admitted:
+            await self._admit_queued(session, job_id, entry, kind, reason, moment, share)
         for job_id, entry, note in preempted:
             await self._requeue(session, job_id, entry, note, moment)
 
@@ -765,8 +781,9 @@ class Submissions:
         kind: ResourceKind,
         reason: str,
         moment: datetime,
+        share: job_pb2.JobShare,
     ) -> None:
-        """A queued job a round gave units is admitted, told why."""
+        """A queued job a round gave units is admitted, told why, with its ``share``."""
         unit_name = "GPUs" if kind is ResourceKind.GPU else "CPU units"
         decision = Decision(
             Outcome.ADMITTED,
@@ -776,7 +793,9 @@ class Submissions:
             None,
             curve_source=entry.curve.source,
         )
-        await self._further(session, job_id, "QUEUED", decision, "ADMITTED", "admitted", moment)
+        await self._further(
+            session, job_id, "QUEUED", decision, "ADMITTED", "admitted", moment, share
+        )
 
     async def _further(
         self,
@@ -787,14 +806,18 @@ class Submissions:
         state: str,
         topic: str,
         moment: datetime,
+        share: job_pb2.JobShare | None = None,
     ) -> None:
         """Record one more decision on a job in state ``expected`` (else nothing: a later
         decision got there first), move it to ``state`` and announce it on ``topic``
-        (``stride.jobs.v1.<topic>``), numbered after its earlier decisions."""
+        (``stride.jobs.v1.<topic>``), numbered after its earlier decisions, with the share
+        it comes with if any."""
         job = await repository.get_job(session, job_id, for_update=True)
         if job is None or job.state != expected:
             return
         message = decision_to_proto(job_id, decision, job.spec, moment)
+        if share is not None:
+            message.share.CopyFrom(share)
         number = await repository.decision_count(session, job_id) + 1
         await repository.record_decision(session, message, state, moment)
         await self.outbox.add_event(

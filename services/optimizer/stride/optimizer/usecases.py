@@ -121,6 +121,33 @@ Scope = Callable[[], AbstractContextManager[Any]]
 """What one fact's work runs in (a batch handler gives each its message's trace)."""
 
 
+def _share_values(event: job_pb2.JobShare, path: str = "") -> dict[str, Any]:
+    """A share event's stored form, checked: InvalidArgument names the bad field (under
+    ``path``, when the share came inside another message)."""
+    job_id = check_job_id(event.job_id, f"{path}job_id")
+    if event.version < 1:
+        raise InvalidArgument(f"{path}version", f"must be >= 1, got {event.version}")
+    amounts = {
+        "share.cpu": float(event.share.cpu),
+        "share.memory_bytes": event.share.memory_bytes / obs.GIB,
+        "minimum.cpu": float(event.minimum.cpu),
+        "minimum.memory_bytes": event.minimum.memory_bytes / obs.GIB,
+    }
+    for field, value in amounts.items():
+        if not math.isfinite(value) or value < 0:
+            raise InvalidArgument(f"{path}{field}", f"must be a finite number >= 0, got {value!r}")
+    return {
+        "job_id": job_id,
+        "version": int(event.version),
+        "cpu": amounts["share.cpu"],
+        "memory_gib": amounts["share.memory_bytes"],
+        "minimum_cpu": amounts["minimum.cpu"],
+        "minimum_memory_gib": amounts["minimum.memory_bytes"],
+        "guaranteed": bool(event.guaranteed),
+        "reason": event.reason,
+    }
+
+
 @dataclass(frozen=True)
 class _FirstPlan:
     """An admitted job's first plan, decided and not stored yet (``Planning._first_plan``)."""
@@ -131,6 +158,8 @@ class _FirstPlan:
     explanation: Explanation
     default: stages.Pods | None
     scope: Scope = nullcontext
+    share: dict[str, Any] | None = None
+    """The share the admission decision carried (``_share_values``), stored with plan 1."""
 
     def logged(self, step: Step) -> None:
         if not step.changed:
@@ -294,12 +323,23 @@ class Planning:
                 cost=reply.cost,
                 fallback=fallback,
             )
-        return _FirstPlan(job_id, decision.spec.SerializeToString(), first, explanation, default)
+        share = (
+            _share_values(decision.share, "share.") if decision.HasField("share") else None
+        )
+        if share is not None and share["job_id"] != job_id:
+            raise InvalidArgument("share.job_id", f"is {share['job_id']!r}, not {job_id!r}")
+        return _FirstPlan(
+            job_id, decision.spec.SerializeToString(), first, explanation, default, share=share
+        )
 
     async def _store_first(self, session: Session, first: _FirstPlan) -> Step:
         """Store an admitted job's administrator and plan 1 (nothing if it has one)."""
         now = datetime.now(UTC)
         existing = await repository.get_administrator(session, first.job_id, for_update=True)
+        if first.share is not None:
+            # The decision carried the job's share: plan 1 fits it even when the share's own
+            # event comes later (it is then an older version, and changes nothing).
+            await repository.put_share(session, {**first.share, "updated_at": now})
         plan, explanation = await self._within_share(
             session, first.job_id, first.plan, first.explanation
         )
@@ -490,28 +530,8 @@ class Planning:
         """Admission set the job's share: store it (an older version changes nothing), fit
         the job's plan into it if it no longer fits, and settle the open claims (a larger
         share may let the job's own claim through)."""
-        job_id = check_job_id(event.job_id)
-        if event.version < 1:
-            raise InvalidArgument("version", f"must be >= 1, got {event.version}")
-        amounts = {
-            "share.cpu": float(event.share.cpu),
-            "share.memory_bytes": event.share.memory_bytes / obs.GIB,
-            "minimum.cpu": float(event.minimum.cpu),
-            "minimum.memory_bytes": event.minimum.memory_bytes / obs.GIB,
-        }
-        for field, value in amounts.items():
-            if not math.isfinite(value) or value < 0:
-                raise InvalidArgument(field, f"must be a finite number >= 0, got {value!r}")
-        values = {
-            "job_id": job_id,
-            "version": int(event.version),
-            "cpu": amounts["share.cpu"],
-            "memory_gib": amounts["share.memory_bytes"],
-            "minimum_cpu": amounts["minimum.cpu"],
-            "minimum_memory_gib": amounts["minimum.memory_bytes"],
-            "guaranteed": bool(event.guaranteed),
-            "reason": event.reason,
-        }
+        values = _share_values(event)
+        job_id = values["job_id"]
         now = datetime.now(UTC)
         async with self.database.transaction() as session:
             if not await repository.put_share(session, {**values, "updated_at": now}):

@@ -541,6 +541,7 @@ class AdmissionDecision(_message.Message):
     EARLIEST_DEADLINE_FIELD_NUMBER: _builtins.int
     CURVE_SOURCE_FIELD_NUMBER: _builtins.int
     GUARANTEED_FINISH_FIELD_NUMBER: _builtins.int
+    SHARE_FIELD_NUMBER: _builtins.int
     job_id: _builtins.str
     """The job decided on."""
     outcome: Global___AdmissionOutcome.ValueType
@@ -577,6 +578,13 @@ class AdmissionDecision(_message.Message):
         guarantee, at or before the deadline).
         """
 
+    @_builtins.property
+    def share(self) -> Global___JobShare:
+        """The share admission gave the job with this decision (also published as its JobShare,
+        same version), so the first plan fits it whichever of the two events comes first.
+        Unset when the decision gave no share (rejected, or decided without a curve).
+        """
+
     def __init__(
         self,
         *,
@@ -590,10 +598,11 @@ class AdmissionDecision(_message.Message):
         earliest_deadline: _timestamp_pb2.Timestamp | None = ...,
         curve_source: _builtins.str = ...,
         guaranteed_finish: _timestamp_pb2.Timestamp | None = ...,
+        share: Global___JobShare | None = ...,
     ) -> None: ...
-    _HasFieldArgType: _TypeAlias = _typing.Literal["decided_at", b"decided_at", "earliest_deadline", b"earliest_deadline", "guaranteed_finish", b"guaranteed_finish", "minimum_share", b"minimum_share", "spec", b"spec"]  # noqa: Y015
+    _HasFieldArgType: _TypeAlias = _typing.Literal["decided_at", b"decided_at", "earliest_deadline", b"earliest_deadline", "guaranteed_finish", b"guaranteed_finish", "minimum_share", b"minimum_share", "share", b"share", "spec", b"spec"]  # noqa: Y015
     def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
-    _ClearFieldArgType: _TypeAlias = _typing.Literal["curve_source", b"curve_source", "decided_at", b"decided_at", "earliest_deadline", b"earliest_deadline", "guaranteed_finish", b"guaranteed_finish", "job_id", b"job_id", "minimum_share", b"minimum_share", "outcome", b"outcome", "policy", b"policy", "reason", b"reason", "spec", b"spec"]  # noqa: Y015
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["curve_source", b"curve_source", "decided_at", b"decided_at", "earliest_deadline", b"earliest_deadline", "guaranteed_finish", b"guaranteed_finish", "job_id", b"job_id", "minimum_share", b"minimum_share", "outcome", b"outcome", "policy", b"policy", "reason", b"reason", "share", b"share", "spec", b"spec"]  # noqa: Y015
     def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
     def WhichOneof(self, oneof_group: _Never) -> None: ...
 
