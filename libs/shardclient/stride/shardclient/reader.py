@@ -148,11 +148,7 @@ class ShardReader:
                         continue
                     held.extend(reply.shards)
                 shard = held.popleft()
-                if (
-                    self.prefetch
-                    and len(held) <= self.shards_per_call // 2
-                    and self._next is None
-                ):
+                if self.prefetch and len(held) <= self.shards_per_call // 2 and self._next is None:
                     # Half the batch is taken: ask for the next one while the rest is read
                     # (a call has half a batch of shards to arrive in), reporting the ones
                     # finished so far.

@@ -323,9 +323,7 @@ class Planning:
                 cost=reply.cost,
                 fallback=fallback,
             )
-        share = (
-            _share_values(decision.share, "share.") if decision.HasField("share") else None
-        )
+        share = _share_values(decision.share, "share.") if decision.HasField("share") else None
         if share is not None and share["job_id"] != job_id:
             raise InvalidArgument("share.job_id", f"is {share['job_id']!r}, not {job_id!r}")
         return _FirstPlan(
