@@ -10,6 +10,7 @@ import threading
 import time
 from collections.abc import AsyncIterator
 from contextlib import closing
+from dataclasses import replace
 from datetime import timedelta
 from pathlib import Path
 from typing import Any
@@ -300,3 +301,44 @@ async def test_the_hot_connection_never_checkpoints_the_background_task_does(
     stop.set()
     await checkpoints
     assert _doing_in_database_file(fast.path, tmp_path / "after.db") == WORKERS
+
+
+async def test_the_wal_is_rewound_once_it_grows_past_its_bound(
+    sqlite_dispatcher: ShardDispatcher,
+) -> None:
+    """Under steady writes a PASSIVE checkpoint never lets SQLite rewind the WAL (it grew to
+    540 MB in 30 s); past the bound the hot connection truncates it between two batches."""
+    fast = _sqlite(sqlite_dispatcher)
+    fast.wal_reset_frames = 64  # 256 KiB: reached within a second here
+    wal = Path(f"{fast.path}-wal")
+    stop = asyncio.Event()
+    checkpoints = asyncio.create_task(fast.run_checkpoints(stop, interval=0.02))
+    await sqlite_dispatcher.create_dataset(
+        JOB, "big", replace(PARAMETERS, record_count=100_000)
+    )  # 10,000 shards an epoch
+    refs = [
+        WorkerRef(JOB, "big", f"w{n}", await sqlite_dispatcher.register_worker(JOB, f"w{n}"))
+        for n in range(4)
+    ]
+    held = {ref: await sqlite_dispatcher.get_shard(ref) for ref in refs}
+    largest = 0
+    try:
+        for _ in range(150):  # steady writes: each call completes a shard and leases one
+            grants = await asyncio.gather(
+                *(
+                    sqlite_dispatcher.get_shard(ref, g.shard.shard_id, g.shard.leases)
+                    for ref, g in held.items()
+                    if g.shard is not None
+                )
+            )
+            held = dict(zip(held, grants, strict=True))
+            largest = max(largest, (await asyncio.to_thread(wal.stat)).st_size)
+            await asyncio.sleep(0)
+    finally:
+        stop.set()
+        await checkpoints
+    assert fast.rewinds >= 1
+    # Bounded: the bound plus what arrives before the next check (a few batches' pages).
+    assert largest < 4 * 64 * 4096 + 2**20, largest
+    state = await sqlite_dispatcher.dataset_state(JOB, "big")
+    assert (state.counts.doing, state.counts.done) == (len(refs), 150 * len(refs))
