@@ -65,6 +65,7 @@ import psycopg.sql
 import structlog
 
 from stride.bus import topics
+from stride.bus.topics import Outgoing
 from stride.db.outbox import PendingEvent, Refusal, RelayHooks
 from stride.dispatcher.adapters.convert import shard_progress, shards_done, shards_done_id
 from stride.dispatcher.domain import queue
@@ -692,16 +693,7 @@ class FastPath:
             shard_progress(job_id, dataset, done, now),
             f"{job_id}.{dataset}.{done.shard_id}.done.{done.leases}",
         )
-        connection.execute(
-            _INSERT_OUTBOX,
-            (
-                event.message_id,
-                event.subject,
-                event.payload,
-                json.dumps(dict(event.headers)),
-                _stamp(now),
-            ),
-        )
+        _queue_event(connection, event, now)
         return done.offset - shard.offset
 
     def _complete_many(
@@ -741,16 +733,7 @@ class FastPath:
             shards_done(job_id, dataset, holder.worker, [f for _, f in changed], now),
             shards_done_id(job_id, dataset, first),
         )
-        connection.execute(
-            _INSERT_OUTBOX,
-            (
-                event.message_id,
-                event.subject,
-                event.payload,
-                json.dumps(dict(event.headers)),
-                _stamp(now),
-            ),
-        )
+        _queue_event(connection, event, now)
         return sum(finished.offset - shard.offset for shard, finished in changed)
 
     def _save_many(self, connection: Connection, rows: Sequence[tuple[Any, ...]]) -> None:
@@ -905,6 +888,20 @@ class SqliteFastPath(FastPath):
         finally:
             if holder:
                 await loop.run_in_executor(self._executor, holder[0].close)
+
+
+def _queue_event(connection: Connection, event: Outgoing, now: datetime) -> None:
+    """Queue an event in the outbox, in the batch's transaction."""
+    connection.execute(
+        _INSERT_OUTBOX,
+        (
+            event.message_id,
+            event.subject,
+            event.payload,
+            json.dumps(dict(event.headers)),
+            _stamp(now),
+        ),
+    )
 
 
 _INSERT_OUTBOX = (
