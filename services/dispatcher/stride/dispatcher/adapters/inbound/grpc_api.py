@@ -26,7 +26,6 @@ from stride.dispatcher.adapters.convert import (
 )
 from stride.dispatcher.domain.queue import Grant
 from stride.dispatcher.usecases import (
-    MAX_SHARDS_PER_CALL,
     DoneReport,
     ShardDispatcher,
     WorkerRef,
@@ -169,19 +168,11 @@ class DispatcherApi(pb_grpc.DispatcherServiceServicer):
 
     async def _get_shard(self, request: pb.GetShardRequest) -> pb.GetShardResponse:
         done = request.done_shard_id if request.HasField("done_shard_id") else None
-        if len(request.done_shards) > MAX_SHARDS_PER_CALL:
-            raise InvalidArgument(
-                "done_shards",
-                f"must hold at most {MAX_SHARDS_PER_CALL} shards, got {len(request.done_shards)}",
-            )
+        # Their number and max_shards are checked by the use case, which names the field.
         reports = [
             DoneReport(item.shard_id, _lease(item.lease, f"done_shards[{index}].lease"))
             for index, item in enumerate(request.done_shards)
         ]
-        if request.max_shards < 0:
-            raise InvalidArgument(
-                "max_shards", f"must be 0 to {MAX_SHARDS_PER_CALL}, got {request.max_shards}"
-            )
         grant = await self.dispatcher.get_shard(
             _worker_ref(request),
             done,
