@@ -16,8 +16,9 @@ from opentelemetry.sdk.trace.export.in_memory_span_exporter import InMemorySpanE
 
 from stride.bus import topics
 from stride.bus.client import Bus
-from stride.decisions import EXECUTOR, DecisionFailed, build_decisions
+from stride.decisions import EXECUTOR, DecisionFailed, ExecutorPool, build_decisions
 from stride.events.v1 import job_pb2
+from stride.executor.adapters.outbound.workers import DEFAULT_REGISTRY
 from stride.executor.app import build as build_executor
 from stride.executor.settings import ExecutorSettings
 from stride.optimizer.app import build as build_optimizer
@@ -28,10 +29,10 @@ from stride.policy.elasticflow.admission import AdmissionRequest, DeadlineJob
 from stride.policy.elasticflow.curves import ScalingCurve
 from stride.policy.fitting import ALGORITHMS as FIT_ALGORITHMS
 from stride.policy.fitting import FitRequest
-from stride.policy.pareto import ALGORITHMS as PARETO_ALGORITHMS
-from stride.policy.pareto import ClusterLimits, ParetoRequest, SearchBounds
 from stride.policy.throughput import PAPER_PARAMETERS, Configuration, throughput
 from stride.runtime.lifecycle import ServiceHost
+from stride.testing.algorithms import SpinRequest
+from stride.testing.algorithms import registry as spin_registry
 from stride.testing.bus import producer_bus
 from stride.testing.eventually import assert_eventually
 from stride.testing.inprocess import local_settings, running_service
@@ -44,8 +45,9 @@ FEATURES = JobFeatures(
     model_name="wide-and-deep", record_count=100_000, batch_size=512, max_epochs=2, embedding_dim=8
 )
 (FIT,) = FIT_ALGORITHMS
-PARETO = next(spec for spec in PARETO_ALGORITHMS if spec.name == "dlrover-pareto-candidates")
 _ids = itertools.count(1)
+TEST_REGISTRY = "stride.testing.algorithms:registry"
+SPIN = spin_registry().get("test-spin", 1)
 
 
 def fit_request() -> FitRequest:
@@ -66,9 +68,15 @@ def fit_request() -> FitRequest:
 
 
 @asynccontextmanager
-async def executor(nats_url: str, replica: str = "replica-a") -> AsyncIterator[ServiceHost]:
+async def executor(
+    nats_url: str, replica: str = "replica-a", registry: str = DEFAULT_REGISTRY
+) -> AsyncIterator[ServiceHost]:
     settings = local_settings(
-        ExecutorSettings, nats_url=nats_url, replica_name=replica, shutdown_grace_seconds=2
+        ExecutorSettings,
+        nats_url=nats_url,
+        replica_name=replica,
+        shutdown_grace_seconds=2,
+        registry=registry,
     )
     async with running_service(build_executor, settings) as host:
         yield host
@@ -163,53 +171,19 @@ async def test_an_optimizer_routed_to_the_pool_plans_there(
     assert (runs[0].attributes or {})["stride.executor.replica"] == "late-replica"
 
 
-def slow_pareto_request() -> ParetoRequest:
-    """NSGA-II with a big population: seconds of CPU, long enough to kill its replica."""
-    gib = 1024**3
-    return ParetoRequest(
-        params=PAPER_PARAMETERS,
-        current=Configuration(
-            workers=4,
-            parameter_servers=2,
-            worker_cpu=4.0,
-            ps_cpu=8.0,
-            batch_size=512,
-            worker_memory_bytes=8 * gib,
-            ps_memory_bytes=16 * gib,
-            embedding_dim=16,
-            model_bytes=2e8,
-        ),
-        bounds=SearchBounds(
-            min_workers=1,
-            max_workers=32,
-            min_parameter_servers=1,
-            max_parameter_servers=8,
-            min_worker_cpu=1,
-            max_worker_cpu=16,
-            min_ps_cpu=1,
-            max_ps_cpu=16,
-            min_worker_memory_gib=8,
-            max_worker_memory_gib=16,
-            min_ps_memory_gib=16,
-            max_ps_memory_gib=32,
-        ),
-        cluster=ClusterLimits(
-            cpu_cores=200.0,
-            memory_bytes=2000 * gib,
-            max_pod_cpu=32.0,
-            max_pod_memory_bytes=256 * gib,
-        ),
-        population_size=200,
-        generations=200,
-    )
-
-
 async def test_a_replica_killed_mid_request_is_answered_by_another(
     nats_url: str, bus: Bus, tmp_path: Path, spans: InMemorySpanExporter
 ) -> None:
+    """The replica running a request is killed (SIGKILL, its worker process with it): the
+    requester hears nothing more and, after ``silence_seconds``, asks the pool again; the
+    survivor answers."""
     doomed = ServiceProcess(
         "executor",
-        {"STRIDE_NATS_URL": nats_url, "STRIDE_EXECUTOR_REPLICA_NAME": "doomed"},
+        {
+            "STRIDE_NATS_URL": nats_url,
+            "STRIDE_EXECUTOR_REPLICA_NAME": "doomed",
+            "STRIDE_EXECUTOR_REGISTRY": TEST_REGISTRY,
+        },
         tmp_path,
     ).start()
     try:
@@ -218,30 +192,70 @@ async def test_a_replica_killed_mid_request_is_answered_by_another(
             assert "service started" in doomed.log_text()
             return True
 
-        await assert_eventually(serving, timeout=30)
-        # An attempt long enough for the slow run to finish on a loaded 2-core machine: with
-        # a shorter one every attempt is cut off and asked again, and the run never ends.
-        pooled = build_decisions({"adjust": EXECUTOR}, bus=bus, timeout=90.0, attempt_seconds=15.0)
-        request = slow_pareto_request()
-        asked = asyncio.create_task(pooled.adjust.decide(PARETO, request, "job-slow"))
+        await assert_eventually(serving, timeout=60)
+        pool = ExecutorPool(bus, silence_seconds=3.0)
+        asked = asyncio.create_task(pool.run(SPIN, SpinRequest(2.0), "job-slow", timeout=90.0))
 
         def taken() -> bool:
             assert "algorithm started" in doomed.log_text()
             return True
 
-        await assert_eventually(taken, timeout=20, interval=0.05)
-        async with executor(nats_url, replica="survivor"):
+        await assert_eventually(taken, timeout=30, interval=0.05)
+        assert doomed.process is not None
+        workers = children(doomed.process.pid)
+        assert workers, "the doomed replica runs its algorithms in no worker process"
+        async with executor(nats_url, replica="survivor", registry=TEST_REGISTRY):
             doomed.kill()
             reply = await asked
-        assert reply.candidates
-        runs = [s for s in spans.get_finished_spans() if s.name.startswith("run dlrover-pareto")]
-        # Only the survivor ran it to the end (perhaps twice, if a run outlasted an attempt
-        # and the port asked again: harmless for a pure algorithm).
-        replicas = [(s.attributes or {})["stride.executor.replica"] for s in runs]
-        assert replicas and set(replicas) == {"survivor"}, replicas
+        assert reply.spun_seconds >= 2.0
+        runs = [s for s in spans.get_finished_spans() if s.name == "run test-spin/1"]
+        assert [(s.attributes or {})["stride.executor.replica"] for s in runs] == ["survivor"]
         assert "algorithm ran" not in doomed.log_text()
+
+        def worker_gone() -> bool:
+            assert not [pid for pid in workers if running(pid)]
+            return True
+
+        # Its worker does not run on for nobody (it spun for 2 s; this is well before 600).
+        await assert_eventually(worker_gone, timeout=10)
     finally:
         doomed.kill()
+
+
+async def test_a_run_longer_than_the_silence_is_waited_for_not_asked_again(
+    nats_url: str, bus: Bus, spans: InMemorySpanExporter
+) -> None:
+    """A live replica says every second that it still runs, so a search longer than the
+    silence the requester allows runs once. (Before, the requester asked another replica
+    each time its attempt ran out, and every slow search ran several times at once.)"""
+    async with executor(nats_url, replica="steady", registry=TEST_REGISTRY):
+        pool = ExecutorPool(bus, silence_seconds=2.5)
+        reply = await pool.run(SPIN, SpinRequest(6.0), "job-long", timeout=60.0)
+    assert reply.spun_seconds >= 6.0
+    runs = [s for s in spans.get_finished_spans() if s.name == "run test-spin/1"]
+    assert len(runs) == 1, [s.attributes for s in runs]
+
+
+def children(pid: int) -> list[int]:
+    """The processes whose parent is ``pid`` (from /proc)."""
+    found = []
+    for entry in Path("/proc").iterdir():
+        if entry.name.isdigit():
+            try:
+                fields = (entry / "stat").read_text().rsplit(")", 1)[1].split()
+            except OSError:
+                continue
+            if int(fields[1]) == pid:
+                found.append(int(entry.name))
+    return found
+
+
+def running(pid: int) -> bool:
+    """Whether ``pid`` runs (a zombie nobody has reaped yet does not)."""
+    try:
+        return (Path("/proc") / str(pid) / "stat").read_text().rsplit(")", 1)[1].split()[0] != "Z"
+    except OSError:
+        return False
 
 
 def admission_request() -> AdmissionRequest:

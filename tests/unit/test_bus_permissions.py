@@ -80,6 +80,12 @@ def test_who_serves_and_who_asks() -> None:
     assert topics.CONTROL_COMMAND.pattern() in agent.subscribe
     assert set(agent.publish) >= {topics.STEP_METRICS.pattern(), topics.CONTROL_ACK.pattern()}
     assert not agent.allow_responses
+    # A request is answered with progress messages and then the answer: the server lets the
+    # executor send that many to one reply subject, not the single message ``true`` allows.
+    (entry,) = [u for u in permissions.server_users(["executor"]) if u["user"] == "executor"]
+    assert entry["permissions"]["allow_responses"] == {"max": topics.EXECUTOR_RUN.max_replies}
+    # An hour's run (the executor's longest time limit) fits, with a message a second.
+    assert topics.EXECUTOR_RUN.max_replies * topics.EXECUTOR_RUN.progress_seconds > 3600
 
 
 def test_consumers_are_checked_against_the_registry() -> None:

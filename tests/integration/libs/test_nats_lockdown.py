@@ -19,7 +19,7 @@ from nats.errors import TimeoutError as NatsTimeoutError
 
 from stride.bus import permissions, topics
 from stride.bus.client import Bus, Delivery
-from stride.events.v1 import job_pb2, plan_pb2
+from stride.events.v1 import job_pb2, optimization_pb2, plan_pb2
 from stride.runtime import certs, tls
 from stride.runtime.embedded_nats import NatsServer, free_port, nats_server_binary
 from stride.runtime.errors import StartupError
@@ -167,12 +167,19 @@ async def test_only_the_optimizer_asks_the_executor_and_only_the_executor_answer
     try:
 
         async def answer(payload: bytes, _headers: Mapping[str, str]) -> bytes:
+            if b"slow" in payload:
+                await asyncio.sleep(3.5)
             return b"answer:" + payload
 
         await executor.answer_requests(topics.EXECUTOR_RUN, answer)
         subject = topics.EXECUTOR_RUN.subject("nsga2")
         reply = await optimizer.nc.request(subject, b"x", timeout=5)
         assert reply.data == b"answer:x"
+        # A long run: its progress messages and then its answer all reach the optimizer
+        # (``allow_responses: true`` alone lets one message through: the first progress).
+        slow = optimization_pb2.AlgorithmRequest(request_id="slow")
+        answered = await optimizer.request(topics.EXECUTOR_RUN, "nsga2", slow, 10, silence=2.0)
+        assert answered == b"answer:" + slow.SerializeToString()
         with pytest.raises(NatsTimeoutError):
             await podwatcher.nc.request(subject, b"x", timeout=1)
     finally:

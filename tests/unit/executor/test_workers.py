@@ -6,6 +6,8 @@ from __future__ import annotations
 import asyncio
 import os
 import signal
+import subprocess
+import sys
 from collections.abc import AsyncIterator
 
 import pytest
@@ -92,3 +94,51 @@ async def test_slots_past_the_first_start_when_requests_first_overlap() -> None:
         assert len(grown._all) == 2  # never past the slots
     finally:
         await grown.close()
+
+
+SERVICE = f"""
+import asyncio
+from stride.executor.adapters.outbound.workers import WorkerPool
+
+async def main():
+    pool = WorkerPool(1, 600.0, {REGISTRY!r})
+    await pool.start()
+    (worker,) = pool._all
+    print(worker.process.pid, flush=True)
+    await pool.run("test-spin", 1, {{"seconds": 600.0}}, "job-1")
+
+asyncio.run(main())
+"""
+
+
+def running(pid: int) -> bool:
+    """Whether ``pid`` runs (a zombie nobody has reaped yet does not)."""
+    try:
+        with open(f"/proc/{pid}/stat") as stat:
+            return stat.read().rsplit(")", 1)[1].split()[0] != "Z"
+    except FileNotFoundError:
+        return False
+
+
+@pytest.mark.skipif(not os.path.isdir("/proc/self"), reason="reads /proc")
+async def test_a_worker_does_not_outlive_its_service() -> None:
+    """A replica killed with SIGKILL mid-search takes its worker with it: the search would
+    otherwise run on for nobody, holding a core beside the replica that replaced it."""
+    with subprocess.Popen(
+        [sys.executable, "-c", SERVICE], stdout=subprocess.PIPE, stderr=subprocess.DEVNULL
+    ) as service:
+        try:
+            assert service.stdout is not None
+            line = await asyncio.wait_for(asyncio.to_thread(service.stdout.readline), 60)
+            worker = int(line)
+            await asyncio.sleep(1.0)  # the search is under way
+            assert running(worker)
+            service.kill()
+            service.wait()
+            for _ in range(100):
+                if not running(worker):
+                    break
+                await asyncio.sleep(0.1)
+            assert not running(worker), "the worker kept running after its service was killed"
+        finally:
+            service.kill()

@@ -53,6 +53,10 @@ log = structlog.get_logger(__name__)
 tracer = trace.get_tracer("stride.bus")
 
 MSG_ID_HEADER = "Nats-Msg-Id"
+PROGRESS_HEADER = "Stride-Progress"
+"""Marks a responder's progress message (empty) to a request's reply subject."""
+NO_RESPONDERS_STATUS = "503"
+"""The status NATS answers a request with when nobody is subscribed to its subject."""
 
 ACK_WAIT_SECONDS = 5.0
 CONSUMER_CHECK_SECONDS = 5.0
@@ -656,14 +660,27 @@ class Bus:
     ) -> Subscription:
         """Subscribe ``handler`` to ``topic``'s queue group and return once the server has
         the subscription (flushed), so a request sent after this returns finds a responder.
-        The caller drains the returned subscription when it stops."""
+        While the handler runs, the requester hears every ``topic.progress_seconds`` that
+        it does (:class:`~stride.bus.topics.RequestTopic`). The caller drains the returned
+        subscription when it stops."""
 
         async def on_request(msg: Msg) -> None:
             headers = dict(msg.headers or {})
             with tracer.start_as_current_span(
                 f"serve {msg.subject}", context=extract_context(headers), kind=trace.SpanKind.SERVER
             ):
-                reply = await handler(msg.data, headers)
+                progress = (
+                    asyncio.create_task(self._tell_progress(msg.reply, topic.progress_seconds))
+                    if msg.reply
+                    else None
+                )
+                try:
+                    reply = await handler(msg.data, headers)
+                finally:
+                    if progress is not None:
+                        progress.cancel()
+                        with contextlib.suppress(asyncio.CancelledError):
+                            await progress
                 await msg.respond(reply)
 
         subscription = await self.nc.subscribe(
@@ -722,17 +739,51 @@ class Bus:
         name: str,
         message: Message,
         timeout: float,
+        silence: float | None = None,
         headers: Mapping[str, str] | None = None,
     ) -> bytes:
         """Send a core NATS request for ``name`` (an algorithm) with trace context; returns
-        the raw reply payload."""
+        the raw reply payload.
+
+        Raises ``nats.errors.NoRespondersError`` when no replica is subscribed, and
+        ``nats.errors.TimeoutError`` when no answer comes within ``timeout`` or the replica
+        that took the request says nothing (no progress message, see
+        :meth:`answer_requests`) for ``silence`` seconds (default: ``timeout``), as a
+        replica that was killed or lost its connection does."""
         subject = topic.subject(name)
+        quiet_limit = timeout if silence is None else min(silence, timeout)
         with tracer.start_as_current_span(f"request {subject}", kind=trace.SpanKind.CLIENT):
             all_headers = {**(headers or {}), **message_headers(message)}
-            reply = await self.nc.request(
-                subject, message.SerializeToString(), timeout=timeout, headers=all_headers
-            )
-            return bytes(reply.data)
+            inbox = self.nc.new_inbox()
+            replies = await self.nc.subscribe(inbox)
+            try:
+                await self.nc.publish(
+                    subject, message.SerializeToString(), reply=inbox, headers=all_headers
+                )
+                loop = asyncio.get_running_loop()
+                deadline = loop.time() + timeout
+                while True:
+                    left = deadline - loop.time()
+                    if left <= 0:
+                        raise NatsTimeoutError
+                    reply = await replies.next_msg(timeout=min(quiet_limit, left))
+                    said = reply.headers or {}
+                    if said.get(api.Header.STATUS) == NO_RESPONDERS_STATUS:
+                        raise nats.errors.NoRespondersError
+                    if PROGRESS_HEADER not in said:
+                        return bytes(reply.data)
+            finally:
+                with contextlib.suppress(Exception):
+                    await replies.unsubscribe()
+
+    async def _tell_progress(self, reply_subject: str, every: float) -> None:
+        """Tell a requester, now and every ``every`` seconds, that its request is running."""
+        try:
+            while True:
+                await self.nc.publish(reply_subject, b"", headers={PROGRESS_HEADER: "running"})
+                await asyncio.sleep(every)
+        except Exception as error:  # the connection is closing: the requester will ask again
+            log.warning("could not tell a requester its request runs", error=str(error))
 
     async def close(self, timeout: float = 5.0) -> None:
         """Let consumers finish their message, then drain (flush) and close.

@@ -12,7 +12,8 @@ its client certificate (``verify_and_map``). Its permissions follow from the con
 - **subscribe** to its own reply inbox (``_INBOX_<identity>``, the prefix its client uses),
   and to the core subjects it serves (the executor's requests, the agent's commands);
 - requests: the optimizer may ask the executor pool; the executor may answer whoever asked
-  (``allow_responses``);
+  (``allow_responses``), with progress messages before the answer (up to
+  ``RequestTopic.max_replies`` messages per request);
 - **follow** what every server must know (:data:`FOLLOWS`: revoked tokens): subscribe to the
   topic's subjects and read its stream's retained messages one by one (``STREAM.MSG.GET``),
   so a server started later replays them (``stride.bus.client.Follower``).
@@ -196,7 +197,9 @@ def server_users(identities: Iterable[str]) -> list[dict[str, Any]]:
             "permissions": {"publish": publish, "subscribe": {"allow": list(allowed.subscribe)}},
         }
         if allowed.allow_responses:
-            entry["permissions"]["allow_responses"] = True
+            # One request may be answered with progress messages before its reply
+            # (stride.bus.topics.RequestTopic); ``true`` alone would allow one message.
+            entry["permissions"]["allow_responses"] = {"max": topics.EXECUTOR_RUN.max_replies}
         users.append(entry)
     return users
 

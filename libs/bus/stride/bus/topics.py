@@ -481,12 +481,26 @@ def dead_letter_subject(consumer: str) -> str:
 # --- executor work (core NATS request/reply, not a stream) --------------------------------
 @dataclass(frozen=True)
 class RequestTopic:
-    """Core NATS request/reply served by a queue group: one subject per algorithm."""
+    """Core NATS request/reply served by a queue group: one subject per algorithm.
+
+    The replica that takes a request says so at once and then every ``progress_seconds``
+    until it answers, in empty messages to the reply subject that carry the
+    ``Stride-Progress`` header. A requester so tells a replica that died (no word for a
+    few of those intervals) from one still running a long search, and asks another only
+    in the first case: waiting for the answer itself, it had to guess a run's length, and
+    each run longer than the guess was sent again while it still ran.
+    """
 
     prefix: str
     queue_group: str
     request_type: type[optimization_pb2.AlgorithmRequest]
     reply_type: type[optimization_pb2.AlgorithmReply]
+    progress_seconds: float = 1.0
+    max_replies: int = 4096
+    """Messages a replica may send to one reply subject (the progress messages, then the
+    answer): what the NATS lock-down lets a responder publish per request
+    (``allow_responses.max``). 4,096 at one a second covers 68 minutes of running, past
+    the executor's longest time limit (an hour)."""
 
     def subject(self, algorithm: str) -> str:
         """The request subject of ``algorithm``."""

@@ -104,10 +104,17 @@ IN_PROCESS = "inprocess"
 EXECUTOR = "executor"
 IMPLEMENTATIONS = (IN_PROCESS, EXECUTOR)
 
-DEFAULT_ATTEMPT_SECONDS = 10.0
-"""How long one replica may take before the request goes to another: above NSGA-II on a
-large job (a few seconds), so a healthy replica is not raced, and short against the
-deadline, so a killed one costs a job seconds, not the whole deadline."""
+DEFAULT_SILENCE_SECONDS = 10.0
+"""How long the replica that took a request may say nothing before the request goes to
+another. A replica tells its requester every second that the run goes on
+(``RequestTopic.progress_seconds``), so only a replica that died, lost its connection or
+has a frozen event loop stays silent this long; a long search is waited for, to the
+decision's deadline. Ten missed messages: a loaded node's pause is not taken for a death,
+and a killed replica costs a job seconds, not its deadline.
+
+Before, the whole run had to fit in this time (an attempt's length), and each run longer
+than that was asked of another replica while it still ran: on a loaded cluster, every
+slow NSGA-II search was started again and again, which loaded it further."""
 NO_RESPONDERS_PAUSE_SECONDS = 0.25
 """Pause before asking again when no replica is subscribed (the pool is restarting)."""
 NO_RESPONDERS_GRACE_SECONDS = 1.0
@@ -187,15 +194,16 @@ class ExecutorPool:
 
     A request is retried until its deadline: when no replica is subscribed, after a short
     pause and for at most :data:`NO_RESPONDERS_GRACE_SECONDS`; and when the replica that
-    took it does not answer within ``attempt_seconds`` (it was killed or is stuck) at once,
-    so another replica answers. Executors are stateless, so running a request twice is harmless.
+    took it falls silent for ``silence_seconds`` (it was killed or lost its connection), at
+    once, so another replica answers. Executors are stateless, so running a request twice
+    is harmless.
     """
 
     name = EXECUTOR
 
-    def __init__(self, bus: Bus, attempt_seconds: float = DEFAULT_ATTEMPT_SECONDS) -> None:
+    def __init__(self, bus: Bus, silence_seconds: float = DEFAULT_SILENCE_SECONDS) -> None:
         self.bus = bus
-        self.attempt_seconds = attempt_seconds
+        self.silence_seconds = silence_seconds
 
     async def run(
         self,
@@ -227,7 +235,8 @@ class ExecutorPool:
                     topics.EXECUTOR_RUN,
                     algorithm.name,
                     message,
-                    timeout=max(0.001, min(self.attempt_seconds, remaining)),
+                    timeout=max(0.001, remaining),
+                    silence=self.silence_seconds,
                 )
                 break
             except nats.errors.NoRespondersError:
@@ -247,7 +256,7 @@ class ExecutorPool:
                         retryable=True,
                     ) from None
                 log.warning(
-                    "executor replica did not answer; asking another",
+                    "executor replica fell silent; asking another",
                     algorithm=algorithm.qualified_name,
                     request_id=message.request_id,
                     attempt=attempts,
@@ -352,13 +361,13 @@ def build_decisions(
     routes: Mapping[str, str],
     bus: Bus | None,
     timeout: float = DEFAULT_TIMEOUT_SECONDS,
-    attempt_seconds: float = DEFAULT_ATTEMPT_SECONDS,
+    silence_seconds: float = DEFAULT_SILENCE_SECONDS,
 ) -> Decisions:
     """Every port, routed as ``routes`` says (see :func:`parse_routes`). Without a bus only
     in-process decisions can be made, and a route to the pool fails when it is used."""
     parsed = parse_routes(routes)
     in_process = InProcess()
-    pool = ExecutorPool(bus, attempt_seconds) if bus is not None else None
+    pool = ExecutorPool(bus, silence_seconds) if bus is not None else None
 
     def port(kind: DecisionKind) -> DecisionPort:
         return DecisionPort(kind, in_process, pool, parsed, timeout)

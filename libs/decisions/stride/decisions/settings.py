@@ -5,7 +5,7 @@ from __future__ import annotations
 from pydantic import Field, field_validator
 from pydantic_settings import BaseSettings
 
-from stride.decisions import DEFAULT_ATTEMPT_SECONDS, DEFAULT_TIMEOUT_SECONDS, parse_routes
+from stride.decisions import DEFAULT_SILENCE_SECONDS, DEFAULT_TIMEOUT_SECONDS, parse_routes
 
 
 class DecisionSettings(BaseSettings):
@@ -20,10 +20,11 @@ class DecisionSettings(BaseSettings):
         default=DEFAULT_TIMEOUT_SECONDS, gt=0, le=600, allow_inf_nan=False
     )
     """The deadline of every decision, in-process or in the pool."""
-    decision_attempt_seconds: float = Field(
-        default=DEFAULT_ATTEMPT_SECONDS, gt=0, le=600, allow_inf_nan=False
+    decision_silence_seconds: float = Field(
+        default=DEFAULT_SILENCE_SECONDS, gt=0, le=600, allow_inf_nan=False
     )
-    """How long one executor replica may take before the request is sent to another."""
+    """How long the executor replica running a request may go without saying it still
+    runs (it does every second) before the request is sent to another."""
 
     @field_validator("decisions")
     @classmethod

@@ -49,7 +49,7 @@ async def build(settings: OptimizerSettings) -> ServiceHost:
         settings.decisions,
         bus,
         settings.decision_timeout_seconds,
-        settings.decision_attempt_seconds,
+        settings.decision_silence_seconds,
     )
     history = None
     if settings.configdb_address:

@@ -10,6 +10,10 @@ place (in the background, a second or two of imports), and the caller gets
 :class:`TimedOut`. A caller that goes away (a cancelled RPC) has its run stopped the same
 way, so no abandoned search keeps a slot.
 
+A worker ends with the service that started it, however the service ends: killed with
+SIGKILL, a worker would otherwise run its search to the end for nobody, holding a core
+beside the replica that replaced the service.
+
 Nothing but plain values crosses the pipe: the algorithm's name, version, arguments and
 job id; back, its reply as a dict and its plans as serialized protobufs, or what went wrong.
 """
@@ -21,6 +25,8 @@ import contextlib
 import importlib
 import multiprocessing
 import multiprocessing.connection
+import os
+import threading
 import traceback
 from collections.abc import Callable, Coroutine
 from multiprocessing.process import BaseProcess
@@ -38,6 +44,8 @@ log = structlog.get_logger(__name__)
 
 DEFAULT_REGISTRY = "stride.policy.registry:default_registry"
 STOP_GRACE_SECONDS = 2.0
+PARENT_GONE_EXIT_CODE = 75
+"""A worker's exit status when it ends because its service died (EX_TEMPFAIL)."""
 
 
 def load_registry(path: str) -> Registry:
@@ -47,8 +55,24 @@ def load_registry(path: str) -> Registry:
     return factory()
 
 
+def _exit_with_parent() -> None:
+    """End this process as soon as its parent dies (a thread waits on the parent's sentinel,
+    which multiprocessing closes when the parent is gone; the main thread may be deep in a
+    search and reads the pipe only between requests)."""
+    parent = multiprocessing.parent_process()
+    if parent is None:
+        return
+
+    def watch() -> None:
+        multiprocessing.connection.wait([parent.sentinel])
+        os._exit(PARENT_GONE_EXIT_CODE)
+
+    threading.Thread(target=watch, name="stride-executor-parent", daemon=True).start()
+
+
 def _serve(connection: multiprocessing.connection.Connection, registry_path: str) -> None:
-    """A worker's life: answer requests until the pipe closes."""
+    """A worker's life: answer requests until the pipe closes or its service dies."""
+    _exit_with_parent()
     registry = load_registry(registry_path)
     connection.send(("ready",))
     while True:
