@@ -33,16 +33,19 @@ import sys
 import time
 from dataclasses import replace
 from pathlib import Path
+from typing import Any
 
 import numpy as np
 from suite import record, running_suite
 
 from stride.bus.client import Bus
+from stride.bus.permissions import ADMIN
 from stride.decisions import build_decisions
 from stride.policy import cluster_round as rounds
 from stride.policy.fitting import fit_throughput_model
 from stride.policy.pareto import ClusterLimits, ParetoRequest, SearchBounds, candidates
 from stride.policy.stages import Pods, Sample, configuration, model_throughput
+from stride.runtime import tls
 from stride.sim.dlrm import _shape, generate_jobs, load_straggler_covs
 
 RESULTS = Path(__file__).parent / "results" / "cluster_round.txt"
@@ -87,9 +90,15 @@ def population(count: int, seed: int) -> list[rounds.RoundJob]:
 
 
 async def pool_round(
-    nats_url: str, jobs: list[rounds.RoundJob], free_cpu: float, free_memory: float
+    suite: dict[str, Any], jobs: list[rounds.RoundJob], free_cpu: float, free_memory: float
 ) -> tuple[rounds.RoundReply, float]:
-    bus = await Bus.connect(nats_url, "bench-cluster-round")
+    # The suite's NATS takes only its CA's certificates: ask as its administrator.
+    bus = await Bus.connect(
+        suite["nats_url"],
+        "bench-cluster-round",
+        identity=ADMIN,
+        environ={tls.TLS_DIR_ENV: suite["tls_dir"]},
+    )
     decisions = build_decisions({rounds.CHOOSE_NAME: "inprocess"}, bus, timeout=120.0)
     fronts_spec = next(s for s in rounds.ALGORITHMS if s.name == rounds.FRONTS_NAME)
     choose_spec = next(s for s in rounds.ALGORITHMS if s.name == rounds.CHOOSE_NAME)
@@ -142,9 +151,7 @@ def main() -> int:
     with running_suite("--executors", "2") as suite:
         pool_times = []
         for _ in range(args.repeats):
-            pooled, elapsed = asyncio.run(
-                pool_round(suite["nats_url"], jobs, free_cpu, free_memory)
-            )
+            pooled, elapsed = asyncio.run(pool_round(suite, jobs, free_cpu, free_memory))
             pool_times.append(elapsed)
     same = pooled == local
 
@@ -173,7 +180,9 @@ def main() -> int:
         f"{statistics.mean(per_job):.3f} s/job, sd {statistics.pstdev(per_job):.3f}, on "
         f"{len(per_job)} jobs, x {args.jobs})",
         f"  ratio pool / NSGA-II           {pool / nsga_total:8.4f}",
-        f"  goal <= 5 s: {'PASS' if pool <= 5.0 else 'FAIL'}",
+        "  (the pool's first run also starts the replicas' other worker processes: they",
+        "  start when requests first overlap, and import the policy library meanwhile)",
+        f"  goal <= 5 s (the median): {'PASS' if pool <= 5.0 else 'FAIL'}",
         "",
         f"round outcome: {grown} jobs grow, {bound} held back by cluster capacity, "
         f"{pooled.candidates} candidates weighed; pool and one process decide the same: {same}",
