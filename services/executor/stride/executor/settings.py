@@ -36,7 +36,8 @@ class ExecutorSettings(ServiceSettings):
     process; a run past this is stopped (its worker killed and replaced) and answered
     DEADLINE_EXCEEDED. The optimizer's NSGA-II search at its defaults takes about a second;
     two minutes leaves room for a loaded node without letting one request hold a core for
-    good."""
+    good. At most an hour: a run tells its requester every second that it goes on, and
+    NATS lets a replica send ``EXECUTOR_RUN.max_replies`` (4,096) messages per request."""
     registry: str = Field(
         default="stride.policy.registry:default_registry", pattern=r"^[\w.]+:\w+$"
     )
