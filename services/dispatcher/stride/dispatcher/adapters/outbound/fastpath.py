@@ -190,6 +190,10 @@ class FastPath:
     """Starts a batch's transaction (dialect)."""
     locks_rows = True
     """Whether rows must be locked one by one, or BEGIN already locked everything (dialect)."""
+    combines_statements = False
+    """Whether statements without parameters can go to the server together, one round trip
+    (dialect): then BEGIN rides with the first call's SAVEPOINT, and the last RELEASE with
+    the COMMIT."""
 
     def __init__(
         self,
@@ -206,6 +210,10 @@ class FastPath:
         self._connection: Connection | None = None
         self._pending: list[tuple[Callable[[Connection], Any], asyncio.Future[Any]]] = []
         self._committer: asyncio.Task[None] | None = None
+        self._opening: list[str] = []
+        """Statements of the batch still to send before its next one (a deferred BEGIN)."""
+        self._closing: list[str] = []
+        """Statements of the batch to send with its COMMIT (the last call's RELEASE)."""
         self.commits = 0
         """Transactions committed so far (one per batch of calls)."""
 
@@ -246,11 +254,15 @@ class FastPath:
         commit. If BEGIN or COMMIT fails, everything is rolled back and every call of the
         batch fails with Unavailable: no call is answered before its change committed.
         """
+        self._opening, self._closing = [], []
         try:
             connection = self._connect()  # (again, if the last one broke: a database restart)
             if connection.in_transaction:  # left open by an earlier batch that died mid-way
                 connection.execute("ROLLBACK")
-            connection.execute(self.begin)
+            if self.combines_statements:
+                self._opening = [self.begin]  # sent with the first call's SAVEPOINT
+            else:
+                connection.execute(self.begin)
         except self.errors as error:
             if self._is_busy(error):
                 raise _Busy from error
@@ -279,7 +291,9 @@ class FastPath:
         held = False
         """Whether the last call's savepoint is still to be released."""
         for work in works:
-            self._savepoint_statements(connection, [*(["RELEASE call"] * held), "SAVEPOINT call"])
+            self._savepoint_statements(
+                connection, [*self._take_opening(), *(["RELEASE call"] * held), "SAVEPOINT call"]
+            )
             held = True
             try:
                 result = work(connection)
@@ -291,8 +305,20 @@ class FastPath:
                 connection.execute("ROLLBACK TO call")
             outcomes.append(_Outcome(result, None))
         if held:
-            connection.execute("RELEASE call")
+            self._closing = ["RELEASE call"]  # sent with the COMMIT
         return outcomes
+
+    def _take_opening(self) -> list[str]:
+        """The batch's deferred statements (its BEGIN), once: the first statement sent
+        after this must carry them, or follow :meth:`_send_opening`."""
+        opening, self._opening = self._opening, []
+        return opening
+
+    def _send_opening(self, connection: Connection) -> None:
+        """Send the deferred statements now (before a statement with parameters)."""
+        opening = self._take_opening()
+        if opening:
+            self._savepoint_statements(connection, opening)
 
     def _savepoint_statements(self, connection: Connection, statements: list[str]) -> None:
         """Run statements without parameters or results (dialect: one at a time)."""
@@ -300,8 +326,10 @@ class FastPath:
             connection.execute(statement)
 
     def _commit(self, connection: Connection) -> None:
-        """COMMIT; a separate method so a test can make it fail."""
-        connection.execute("COMMIT")
+        """COMMIT, with what the batch left to send with it (and a BEGIN never sent, for a
+        batch of no calls); a separate method so a test can make it fail."""
+        closing, self._closing = self._closing, []
+        self._savepoint_statements(connection, [*self._take_opening(), *closing, "COMMIT"])
 
     async def _run(self, work: Callable[[Connection], T]) -> T:
         # Calls queue up until the committer runs; it takes all of them at once, so with
@@ -1100,6 +1128,7 @@ class PostgresFastPath(FastPath):
     """
 
     errors = (psycopg.Error,)
+    combines_statements = True
 
     def __init__(
         self,
@@ -1201,6 +1230,7 @@ class PostgresFastPath(FastPath):
         outcomes: dict[int, _Outcome] = {}
         alone: list[int] = []
         now = datetime.now(UTC)
+        self._send_opening(connection)  # the batch's BEGIN, before statements with parameters
         found = connection.execute(
             _PG_HEARTBEATS_READ,
             (
