@@ -144,13 +144,13 @@ async def test_an_impossible_deadline_is_refused_with_one_that_works(
     assert "could guarantee by +1h" in decision.reason, decision.reason
     assert decision.HasField("earliest_deadline")
     earliest = decision.earliest_deadline.ToDatetime(tzinfo=UTC)
-    # 5,000 s of work at 8 units: the rest of this 300 s slot of the grid, then whole slots
-    # to the first slot end at least 5,000 s away (5,000 to 5,300 s), after the 20 s pause,
-    # plus a minute to resubmit.
-    slot_start = now.timestamp() // 300 * 300
-    first = slot_start + 300 - now.timestamp()
+    # 5,000 s of work at 8 units, counted from a minute later (a resubmission's time): the
+    # rest of that 300 s slot of the grid, then whole slots to the first slot end at least
+    # 5,000 s away (5,000 to 5,300 s), after the 20 s pause.
+    later = now.timestamp() + 60
+    first = (later // 300 + 1) * 300 - later
     whole = -(-(5000 - first) // 300)  # whole slots after the first, rounded up
-    expected = first + whole * 300 + 20 + 60
+    expected = 60 + first + whole * 300 + 20
     assert abs((earliest - now).total_seconds() - expected) < 30, (earliest - now, expected)
     assert not refused.HasField("share")
     rejected = await assert_eventually(

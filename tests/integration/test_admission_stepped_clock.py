@@ -203,3 +203,24 @@ async def test_aging_lets_a_low_job_preempt_a_normal_one_which_is_told_and_reque
     back, out = await job(normal.job_id), await job(low.job_id)
     assert back.share.units == 8 and back.state == pb.JOB_STATE_ADMITTED
     assert out.share.units == 0 and out.state == pb.JOB_STATE_QUEUED
+
+
+@pytest.mark.parametrize("into_slot", [80.0, 95.0, 110.0])
+async def test_the_deadline_a_refusal_names_is_admitted_when_resubmitted_within_a_minute(
+    channel: grpc.aio.Channel, into_slot: float
+) -> None:
+    """200,000 steps take 5,000 s on the whole cluster: 16 slots and the rest of the current
+    one, when that rest is long enough (about 200 s here). Refused a moment in, the job is
+    told a deadline; resubmitted with it 59 s later, it is admitted, though the current
+    slot's rest no longer holds what it held at the refusal (the deadline is worked out as
+    of a minute later; adding a minute to the deadline instead gave the job no more slots)."""
+    clock = pb_grpc.ReplayClockServiceStub(channel)
+    stub = pb_grpc.AdmissionServiceStub(channel)
+    origin = datetime.fromtimestamp(ORIGIN, UTC)
+    await clock.Advance(pb.AdvanceRequest(to=at(into_slot)))
+    refused = await submit(stub, spec(200_000, origin + timedelta(seconds=into_slot + 3_600)))
+    assert refused.state == pb.JOB_STATE_REJECTED
+    named = refused.decision.earliest_deadline.ToDatetime(tzinfo=UTC)
+    await clock.Advance(pb.AdvanceRequest(to=at(into_slot + 59)))
+    again = await submit(stub, spec(200_000, named))
+    assert again.state == pb.JOB_STATE_ADMITTED, again.decision.reason

@@ -117,9 +117,13 @@ def _same_job(stored: job_pb2.JobSpec, submitted: job_pb2.JobSpec) -> bool:
 Clock = Callable[[], datetime]
 
 RESUBMIT_GRACE_SECONDS = 60.0
-"""Added to the earliest deadline a refusal names: the policy's answer holds at the instant
-of the decision (a whole number of slots from now), and a resubmission comes a little later.
-"""
+"""A refusal names the earliest deadline that still holds for the job resubmitted within
+this long: it is worked out as of this much later. What shrinks while the user resubmits is
+the rest of the current slot (deadlines fall on the slot grid), so a job that just fit in it
+at the refusal did not fit a few seconds later, and the deadline the refusal named was
+refused in turn. (This was added to the named deadline before, which moved it past a slot
+end by a minute but gave the job no more slots; found under load by
+``test_an_impossible_deadline_is_refused_with_one_that_works``.)"""
 
 
 def request_key(user: str, request_id: str) -> str:
@@ -486,10 +490,8 @@ class Submissions:
             blocked = False
             if deadline is not None and not pool.join(now, entry):
                 guaranteed = False
-                earliest = pool.earliest_deadline(now, entry)
-                if earliest is not None:
-                    earliest += RESUBMIT_GRACE_SECONDS
-                else:  # answered by the search already (one re-fill per instant)
+                earliest = pool.earliest_deadline(now + RESUBMIT_GRACE_SECONDS, entry)
+                if earliest is None:  # answered by the search already (one re-fill per instant)
                     blocked = pool.blocked(now)
                 if spec.soft_deadline:
                     entry.deadline = None
