@@ -16,6 +16,7 @@ from opentelemetry.sdk.trace.export.in_memory_span_exporter import InMemorySpanE
 
 from stride.bus import topics
 from stride.bus.client import Bus
+from stride.cli.endpoints import pid_alive
 from stride.decisions import EXECUTOR, DecisionFailed, ExecutorPool, build_decisions
 from stride.events.v1 import job_pb2
 from stride.executor.adapters.outbound.workers import DEFAULT_REGISTRY
@@ -214,7 +215,7 @@ async def test_a_replica_killed_mid_request_is_answered_by_another(
         assert "algorithm ran" not in doomed.log_text()
 
         def worker_gone() -> bool:
-            assert not [pid for pid in workers if running(pid)]
+            assert not [pid for pid in workers if pid_alive(pid)]
             return True
 
         # Its worker does not run on for nobody (it spun for 2 s; this is well before 600).
@@ -249,14 +250,6 @@ def children(pid: int) -> list[int]:
             if int(fields[1]) == pid:
                 found.append(int(entry.name))
     return found
-
-
-def running(pid: int) -> bool:
-    """Whether ``pid`` runs (a zombie nobody has reaped yet does not)."""
-    try:
-        return (Path("/proc") / str(pid) / "stat").read_text().rsplit(")", 1)[1].split()[0] != "Z"
-    except OSError:
-        return False
 
 
 def admission_request() -> AdmissionRequest:

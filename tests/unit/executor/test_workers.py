@@ -12,6 +12,7 @@ from collections.abc import AsyncIterator
 
 import pytest
 
+from stride.cli.endpoints import pid_alive
 from stride.executor.adapters.outbound.workers import WorkerPool
 from stride.executor.usecases import AlgorithmFailed, TimedOut
 from stride.runtime.errors import InvalidArgument
@@ -111,15 +112,6 @@ asyncio.run(main())
 """
 
 
-def running(pid: int) -> bool:
-    """Whether ``pid`` runs (a zombie nobody has reaped yet does not)."""
-    try:
-        with open(f"/proc/{pid}/stat") as stat:
-            return stat.read().rsplit(")", 1)[1].split()[0] != "Z"
-    except FileNotFoundError:
-        return False
-
-
 @pytest.mark.skipif(not os.path.isdir("/proc/self"), reason="reads /proc")
 async def test_a_worker_does_not_outlive_its_service() -> None:
     """A replica killed with SIGKILL mid-search takes its worker with it: the search would
@@ -132,13 +124,13 @@ async def test_a_worker_does_not_outlive_its_service() -> None:
             line = await asyncio.wait_for(asyncio.to_thread(service.stdout.readline), 60)
             worker = int(line)
             await asyncio.sleep(1.0)  # the search is under way
-            assert running(worker)
+            assert pid_alive(worker)
             service.kill()
             service.wait()
             for _ in range(100):
-                if not running(worker):
+                if not pid_alive(worker):
                     break
                 await asyncio.sleep(0.1)
-            assert not running(worker), "the worker kept running after its service was killed"
+            assert not pid_alive(worker), "the worker kept running after its service was killed"
         finally:
             service.kill()

@@ -18,6 +18,7 @@ from typing import Any, Generic, TypeVar
 import nats
 import structlog
 from google.protobuf.message import DecodeError, Message
+from nats.aio.client import NO_RESPONDERS_STATUS
 from nats.aio.client import Client as NatsClient
 from nats.aio.msg import Msg
 from nats.aio.subscription import Subscription
@@ -55,8 +56,6 @@ tracer = trace.get_tracer("stride.bus")
 MSG_ID_HEADER = "Nats-Msg-Id"
 PROGRESS_HEADER = "Stride-Progress"
 """Marks a responder's progress message (empty) to a request's reply subject."""
-NO_RESPONDERS_STATUS = "503"
-"""The status NATS answers a request with when nobody is subscribed to its subject."""
 
 ACK_WAIT_SECONDS = 5.0
 CONSUMER_CHECK_SECONDS = 5.0

@@ -210,8 +210,8 @@ class FastPath:
         self._connection: Connection | None = None
         self._pending: list[tuple[Callable[[Connection], Any], asyncio.Future[Any]]] = []
         self._committer: asyncio.Task[None] | None = None
-        self._opening: list[str] = []
-        """Statements of the batch still to send before its next one (a deferred BEGIN)."""
+        self._begin_deferred = False
+        """Whether the batch's BEGIN is still to be sent, with its next statement."""
         self._closing: list[str] = []
         """Statements of the batch to send with its COMMIT (the last call's RELEASE)."""
         self.commits = 0
@@ -254,13 +254,13 @@ class FastPath:
         commit. If BEGIN or COMMIT fails, everything is rolled back and every call of the
         batch fails with Unavailable: no call is answered before its change committed.
         """
-        self._opening, self._closing = [], []
+        self._begin_deferred, self._closing = False, []
         try:
             connection = self._connect()  # (again, if the last one broke: a database restart)
             if connection.in_transaction:  # left open by an earlier batch that died mid-way
                 connection.execute("ROLLBACK")
             if self.combines_statements:
-                self._opening = [self.begin]  # sent with the first call's SAVEPOINT
+                self._begin_deferred = True  # sent with the first call's SAVEPOINT
             else:
                 connection.execute(self.begin)
         except self.errors as error:
@@ -309,13 +309,14 @@ class FastPath:
         return outcomes
 
     def _take_opening(self) -> list[str]:
-        """The batch's deferred statements (its BEGIN), once: the first statement sent
-        after this must carry them, or follow :meth:`_send_opening`."""
-        opening, self._opening = self._opening, []
+        """The batch's BEGIN if it is still to be sent (once): the statements sent next
+        must carry it, or follow :meth:`_send_opening`."""
+        opening = [self.begin] if self._begin_deferred else []
+        self._begin_deferred = False
         return opening
 
     def _send_opening(self, connection: Connection) -> None:
-        """Send the deferred statements now (before a statement with parameters)."""
+        """Send the deferred BEGIN now (before a statement with parameters)."""
         opening = self._take_opening()
         if opening:
             self._savepoint_statements(connection, opening)
