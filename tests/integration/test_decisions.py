@@ -49,6 +49,8 @@ FEATURES = JobFeatures(
 _ids = itertools.count(1)
 TEST_REGISTRY = "stride.testing.algorithms:registry"
 SPIN = spin_registry().get("test-spin", 1)
+DOOMED_SPIN = 6.0
+"""Seconds the killed replica's request spins (it must still be running when killed)."""
 
 
 def fit_request() -> FitRequest:
@@ -195,7 +197,11 @@ async def test_a_replica_killed_mid_request_is_answered_by_another(
 
         await assert_eventually(serving, timeout=60)
         pool = ExecutorPool(bus, silence_seconds=3.0)
-        asked = asyncio.create_task(pool.run(SPIN, SpinRequest(2.0), "job-slow", timeout=90.0))
+        # Long enough that the doomed replica is still spinning when it is killed, however
+        # long the survivor takes to start on a loaded machine (2 s was not, once, in CI).
+        asked = asyncio.create_task(
+            pool.run(SPIN, SpinRequest(DOOMED_SPIN), "job-slow", timeout=90.0)
+        )
 
         def taken() -> bool:
             assert "algorithm started" in doomed.log_text()
@@ -208,7 +214,7 @@ async def test_a_replica_killed_mid_request_is_answered_by_another(
         async with executor(nats_url, replica="survivor", registry=TEST_REGISTRY):
             doomed.kill()
             reply = await asked
-        assert reply.spun_seconds >= 2.0
+        assert reply.spun_seconds >= DOOMED_SPIN
         runs = [s for s in spans.get_finished_spans() if s.name == "run test-spin/1"]
         # (Twice, if a loaded machine held the survivor's word past the silence: harmless.)
         assert {(s.attributes or {})["stride.executor.replica"] for s in runs} == {"survivor"}
@@ -218,7 +224,7 @@ async def test_a_replica_killed_mid_request_is_answered_by_another(
             assert not [pid for pid in workers if pid_alive(pid)]
             return True
 
-        # Its worker does not run on for nobody (it spun for 2 s; this is well before 600).
+        # Its worker does not run on for nobody (it would spin for DOOMED_SPIN s).
         await assert_eventually(worker_gone, timeout=10)
     finally:
         doomed.kill()

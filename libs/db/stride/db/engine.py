@@ -17,6 +17,7 @@ from sqlalchemy.ext.asyncio import (
     create_async_engine,
 )
 
+from stride.db import sqlite
 from stride.runtime.errors import StartupError
 
 
@@ -58,11 +59,10 @@ def _sqlite_pragmas(dbapi_connection: Any, _record: Any) -> None:
     # The driver's own BEGIN is off: it begins a transaction only at the first write, so
     # the reads of a read-modify-write ran outside it (see _sqlite_begin).
     dbapi_connection.isolation_level = None
-    # WAL lets readers proceed during a write; busy_timeout waits out short write locks
-    # instead of failing, which matters when the relay and a handler write together.
+    # WAL lets readers proceed during a write. A statement that meets another writer's lock
+    # waits for it (up to sqlite.DEFAULT_BUSY_TIMEOUT) off the event loop: .sqlite.
     cursor = dbapi_connection.cursor()
     cursor.execute("PRAGMA journal_mode=WAL")
-    cursor.execute("PRAGMA busy_timeout=5000")
     cursor.execute("PRAGMA foreign_keys=ON")
     cursor.close()
 
@@ -102,7 +102,8 @@ class Database:
         engine_url = async_url(url)
         options: dict[str, Any] = {"pool_pre_ping": True}
         if self.schema is None:
-            options = {}
+            # Statements on the loop, commits on the connection's thread (.sqlite).
+            options = {"connect_args": {"async_creator_fn": sqlite.connect}}
         self.engine: AsyncEngine = create_async_engine(engine_url, **options)
         if self.schema is not None:
             self.engine = self.engine.execution_options(schema_translate_map={None: self.schema})
