@@ -187,6 +187,17 @@ async def test_a_lock_held_by_another_process_is_waited_for_then_given_up_naming
         assert loop_ran.done()
         thread.join()
 
+        # A deferred transaction meets the lock at its first write, here an executemany:
+        # waited for, and its rows go in once.
+        taken = threading.Event()
+        thread = threading.Thread(target=hold, args=(0.5, taken))
+        thread.start()
+        await asyncio.to_thread(taken.wait)
+        async with database.sessions() as session:
+            await session.execute(insert(items), [{"name": f"m{i}", "n": i} for i in range(3)])
+            await session.commit()
+        thread.join()
+
         taken = threading.Event()
         thread = threading.Thread(
             target=hold, args=(stride_sqlite.DEFAULT_BUSY_TIMEOUT + 1.5, taken)
@@ -198,6 +209,6 @@ async def test_a_lock_held_by_another_process_is_waited_for_then_given_up_naming
         thread.join()
         async with database.sessions() as session:
             names = (await session.execute(select(items.c.name))).scalars()
-            assert list(names) == ["after-the-other"]
+            assert list(names) == ["after-the-other", "m0", "m1", "m2"]
     finally:
         await database.dispose()

@@ -17,8 +17,7 @@ transactions across the services.
   there, where waiting would stall the very coroutine that holds the lock. One that finds
   the database locked (``SQLITE_BUSY``: another connection of the pool, or another process,
   writes) fails at once, having changed nothing, and is run again on the connection's thread
-  with the busy timeout set, so the loop goes on while it waits. ``executemany`` always
-  runs on the thread (a retry could repeat the rows that went in before the lock was met).
+  with the busy timeout set, so the loop goes on while it waits.
   A statement reads pages from the operating system's cache and appends to SQLite's own;
   the file is written and synced at commit. So a statement blocks the loop about as long as
   the Python code that handles its rows.
@@ -102,18 +101,26 @@ class Cursor:
         self._rows = collections.deque(rows)
         return self
 
-    async def execute(self, sql: str, parameters: Any = ()) -> Cursor:
+    async def _run(self, sql: str, parameters: Any, many: bool) -> Cursor:
         connection = self._connection
+        raw = connection._conn
+        changes = raw.total_changes
         try:
-            return self._keep(_statement(connection._conn, sql, parameters, many=False))
+            return self._keep(_statement(raw, sql, parameters, many))
         except sqlite3.OperationalError as error:
-            if not is_busy(error):
+            # Only a statement that changed nothing is run again: a lock is met at the first
+            # write, so an executemany that went in part way holds the lock already and is
+            # never refused busy. The check keeps a retry from repeating rows regardless.
+            if not is_busy(error) or raw.total_changes != changes:
                 raise
         connection.waits += 1
-        return self._keep(await connection.waiting(_statement, sql, parameters, False))
+        return self._keep(await connection.waiting(_statement, sql, parameters, many))
+
+    async def execute(self, sql: str, parameters: Any = ()) -> Cursor:
+        return await self._run(sql, parameters, many=False)
 
     async def executemany(self, sql: str, parameters: Iterable[Any]) -> Cursor:
-        return self._keep(await self._connection.waiting(_statement, sql, list(parameters), True))
+        return await self._run(sql, list(parameters), many=True)
 
     async def fetchone(self) -> Any:
         return self._rows.popleft() if self._rows else None
