@@ -265,11 +265,13 @@ async def run(agents: int, jobs: int, minutes: float, database: str, profile: li
             for n in range(per_job)
         }
         # Each job's metrics signed as a pod of that job (its key, bound by its token), as
-        # its agents sign them.
+        # its agents sign them. One connection plays every pod: NATS gives a real pod's
+        # agent a user for its own job only (stride.bus.callout), the administrator's user
+        # may publish them all; consumers check the pods' signatures either way.
         bus = await Bus.connect(
             state.nats_url,
             name="bench-agents",
-            identity="agent",
+            identity=ADMIN,
             environ=environ,
             signer=JobPods(tls.load(JOB_ISSUER, environ)),  # type: ignore[arg-type]
         )

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import os
 import re
 import subprocess
 from pathlib import Path
@@ -9,7 +10,7 @@ from typing import Any
 
 import pytest
 
-from stride.bus import permissions, topics
+from stride.bus import callout, permissions, topics
 from stride.bus.permissions import UnknownConsumer, check_consumer
 from stride.runtime import certs, tls
 from stride.runtime.embedded_nats import nats_server_binary
@@ -103,8 +104,12 @@ def test_consumers_are_checked_against_the_registry() -> None:
         assert consumer.identity in tls.SERVICE_IDENTITIES
 
 
-def test_the_generated_configuration_is_one_nats_server_accepts(tmp_path: Path) -> None:
+@pytest.mark.parametrize("issuer_from", ["seed", "environment"])
+def test_the_generated_configuration_is_one_nats_server_accepts(
+    tmp_path: Path, issuer_from: str
+) -> None:
     certs.init(tmp_path, identities=("nats",))
+    issuer = callout.public_key_of(tmp_path / callout.SEED_NAME)
     config = tmp_path / "nats.conf"
     config.write_text(
         permissions.server_config(
@@ -112,6 +117,7 @@ def test_the_generated_configuration_is_one_nats_server_accepts(tmp_path: Path) 
             key_file=str(tmp_path / "nats.key"),
             ca_file=str(tmp_path / "ca.crt"),
             identities=tls.IDENTITIES,
+            callout_issuer=issuer if issuer_from == "seed" else permissions.ISSUER_FROM_ENVIRONMENT,
         )
     )
     checked = subprocess.run(
@@ -120,6 +126,7 @@ def test_the_generated_configuration_is_one_nats_server_accepts(tmp_path: Path) 
         text=True,
         timeout=30,
         check=False,
+        env={**os.environ, callout.ISSUER_ENV: issuer},
     )
     assert checked.returncode == 0, checked.stdout + checked.stderr
     assert "is valid" in checked.stdout + checked.stderr

@@ -3,6 +3,7 @@ not; and where each process finds its TLS material (stride.runtime.tls.load)."""
 
 from __future__ import annotations
 
+import base64
 import datetime as dt
 from pathlib import Path
 
@@ -29,9 +30,16 @@ def test_init_makes_a_ca_and_one_certificate_per_identity_its_users_alone(
     assert set(issued.created) == {
         "ca.crt",
         "ca.key",
+        "nats-callout.nk",
         *(f"{name}.{suffix}" for name in tls.IDENTITIES for suffix in ("crt", "key")),
     }
     assert all(key.stat().st_mode & 0o777 == 0o600 for key in folder.glob("*.key"))
+    # The NATS auth callout's issuer: an account nkey seed, private, kept across runs.
+    seed = folder / "nats-callout.nk"
+    assert seed.stat().st_mode & 0o777 == 0o600
+    assert seed.read_bytes().startswith(b"SA")
+    assert "nats-callout.nk" not in init(folder).created
+    assert seed.read_bytes().startswith(b"SA")
     ca = certificate(folder / "ca.crt")
     assert ca.extensions.get_extension_for_class(x509.BasicConstraints).value.ca
     for name in tls.IDENTITIES:
@@ -101,10 +109,18 @@ def test_kubernetes_secrets_have_cert_managers_layout(tmp_path: Path) -> None:
     assert [doc["metadata"]["name"] for doc in documents] == [
         "prod-stride-admission-tls",
         "prod-stride-agent-tls",
+        "prod-stride-nats-callout",
     ]
-    assert all(doc["type"] == "kubernetes.io/tls" for doc in documents)
+    *certificates, callout = documents
+    assert all(doc["type"] == "kubernetes.io/tls" for doc in certificates)
     assert all(doc["metadata"]["namespace"] == "ml" for doc in documents)
-    assert all(set(doc["data"]) == {"tls.crt", "tls.key", "ca.crt"} for doc in documents)
+    assert all(set(doc["data"]) == {"tls.crt", "tls.key", "ca.crt"} for doc in certificates)
+    # The NATS auth callout's seed for the podwatcher, and its public key for NATS.
+    assert callout["type"] == "Opaque"
+    seed = base64.b64decode(callout["data"]["nats-callout.nk"])
+    assert seed == (tmp_path / "tls" / "nats-callout.nk").read_bytes().strip()
+    issuer = base64.b64decode(callout["data"]["issuer"]).decode()
+    assert issuer.startswith("A") and len(issuer) == 56
 
 
 def test_load_reads_a_folder_or_the_file_trio_and_says_what_is_missing(tmp_path: Path) -> None:
@@ -141,7 +157,7 @@ def test_stride_certs_init_as_a_user_runs_it(tmp_path: Path) -> None:
         env=env,
     )  # fmt: skip
     assert made.returncode == 0, made.stderr
-    assert f"{len(tls.IDENTITIES) * 2 + 2} files written" in made.stdout
+    assert f"{len(tls.IDENTITIES) * 2 + 3} files written" in made.stdout
     assert (tmp_path / "secrets.yaml").stat().st_mode & 0o777 == 0o600
     again = run_cli("certs", "init", str(tmp_path / "tls"), env=env)
     assert "0 files written" in again.stdout and f"{len(tls.IDENTITIES)} certificates kept" in (

@@ -17,7 +17,7 @@ import pytest
 import yaml
 from nats.errors import TimeoutError as NatsTimeoutError
 
-from stride.bus import permissions, topics
+from stride.bus import callout, permissions, topics
 from stride.bus.client import Bus, Delivery
 from stride.events.v1 import job_pb2, optimization_pb2, plan_pb2
 from stride.runtime import certs, tls
@@ -42,6 +42,7 @@ def server(tmp_path: Path) -> Iterator[NatsServer]:
         key_file=str(folder / "nats.key"),
         ca_file=str(folder / "ca.crt"),
         identities=tls.IDENTITIES,
+        callout_issuer=callout.public_key_of(folder / callout.SEED_NAME),
     )
     nats_server = NatsServer(tmp_path / "nats", locked=locked).start()
     try:
@@ -398,7 +399,9 @@ def _as_secret(folder: Path, identity: str, into: Path) -> Path:
     return into
 
 
-async def test_the_charts_lockdown_and_bus_init_job_work_on_a_real_nats(tmp_path: Path) -> None:
+async def test_the_charts_lockdown_and_bus_init_job_work_on_a_real_nats(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
     """The Helm chart's ConfigMap, included in a nats-server's configuration with the nats
     Secret where the chart says to mount it, and its bus-init Job's command and environment
     (the cli Secret mounted): the streams get declared and each identity keeps to its
@@ -421,6 +424,8 @@ async def test_the_charts_lockdown_and_bus_init_job_work_on_a_real_nats(tmp_path
     cli_tls = _as_secret(folder, "cli", tmp_path / "cli-tls")
     text = config["data"]["stride-lockdown.conf"].replace("/etc/nats/stride-tls", str(nats_tls))
     port = free_port()
+    # As NOTES says: NATS gets the callout issuer from the nats-callout Secret's `issuer`.
+    monkeypatch.setenv(callout.ISSUER_ENV, callout.public_key_of(folder / callout.SEED_NAME))
     server = NatsServer(tmp_path / "nats", port=port, locked=text).start()
     try:
         container = job["spec"]["template"]["spec"]["containers"][0]

@@ -148,6 +148,8 @@ class Bus:
         signer_for: SignerFor | None = None,
         environ: Mapping[str, str] | None = None,
         signer: EventSigner | None = None,
+        token: Callable[[], str | None] | None = None,
+        inbox: str | None = None,
     ) -> Bus:
         """Connect, retrying for up to ``timeout`` seconds, then reconnecting forever.
 
@@ -158,7 +160,10 @@ class Bus:
         unchecked (a reader of streams, a test's own bus). ``environ``: where the TLS
         material is named (default: this process's environment). ``signer``: with
         ``identity``, signs every event instead of the identity's certificate (a pod's
-        agent: :class:`~stride.bus.signing.PodSigner`).
+        agent: :class:`~stride.bus.signing.PodSigner`). ``token`` and ``inbox``: a pod's agent
+        presents its job token (read again at every reconnect) and reads replies under its
+        own pod's prefix; NATS then asks the pod watcher for its user
+        (:mod:`stride.bus.callout`).
 
         Fails with a one-line :class:`StartupError` naming the URL if no server answers.
         """
@@ -180,8 +185,10 @@ class Bus:
         if material is not None:
             secure = {
                 "tls": tls.ssl_client_context(material),
-                "inbox_prefix": permissions.inbox_prefix(material.identity),
+                "inbox_prefix": inbox or permissions.inbox_prefix(material.identity),
             }
+            if token is not None:
+                secure["token"] = token
         last_error: list[str] = []
 
         async def on_error(error: Exception) -> None:

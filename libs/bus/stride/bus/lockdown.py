@@ -4,17 +4,19 @@ The one place the embedded suite (``stride up``), the CLI (``stride bus config``
 bus init``), compose's one-shots and Helm's hook Job get both from, so they cannot drift:
 
     python -m stride.bus.lockdown config --tls-dir DIR --out nats.conf \\
-        [--cert PATH --key PATH --ca PATH] [--owner UID:GID]
+        [--cert PATH --key PATH --ca PATH] [--callout-issuer A...|env] [--owner UID:GID]
     python -m stride.bus.lockdown init --url tls://nats:4222 [--tls-dir DIR]
 
 ``config`` writes the lock-down part of a nats-server configuration
 (:func:`stride.bus.permissions.server_config`: mutual TLS with the suite's CA, one user per
-identity with the permissions the bus contract gives it); ``--cert/--key/--ca`` are the
-paths *on the NATS host* when they differ from ``DIR``'s (a container mounting the folder
-elsewhere; all three given, no folder is read). ``init`` declares the contract's JetStream
-streams as the bus administrator (the ``cli`` identity: its certificate in ``DIR``, else
-where ``STRIDE_TLS_*`` names it, as for every Stride process): on a locked server no service
-may, and each service fails at start, naming this command, while a stream is missing.
+identity with the permissions the bus contract gives it, and the auth callout that gives
+each training pod a NATS user for its own job, ``stride.bus.callout``); ``--cert/--key/--ca``
+are the paths *on the NATS host* when they differ from ``DIR``'s (a container mounting the
+folder elsewhere; all three and ``--callout-issuer`` given, no folder is read). ``init``
+declares the contract's JetStream streams as the bus administrator (the ``cli`` identity:
+its certificate in ``DIR``, else where ``STRIDE_TLS_*`` names it, as for every Stride
+process): on a locked server no service may, and each service fails at start, naming this
+command, while a stream is missing.
 
 Both exit 2 with a one-line error naming the problem.
 """
@@ -28,7 +30,7 @@ import sys
 from collections.abc import Mapping, Sequence
 from pathlib import Path
 
-from stride.bus import permissions
+from stride.bus import callout, permissions
 from stride.bus.client import Bus
 from stride.runtime import tls
 from stride.runtime.certs import owner_argument, write_private
@@ -36,16 +38,42 @@ from stride.runtime.errors import StartupError
 
 
 def config_text(
-    folder: Path, *, cert: str | None = None, key: str | None = None, ca: str | None = None
+    folder: Path,
+    *,
+    cert: str | None = None,
+    key: str | None = None,
+    ca: str | None = None,
+    callout_issuer: str | None = None,
 ) -> str:
     """The lock-down configuration over ``folder``'s certificates (``nats.crt``, ``nats.key``,
-    ``ca.crt``), or over the paths given where NATS sees them elsewhere."""
-    return permissions.server_config(
-        cert_file=cert or str(folder / "nats.crt"),
-        key_file=key or str(folder / "nats.key"),
-        ca_file=ca or str(folder / "ca.crt"),
-        identities=tls.IDENTITIES,
-    )
+    ``ca.crt``), or over the paths given where NATS sees them elsewhere; the auth callout's
+    issuer is the public key of ``folder``'s seed (``nats-callout.nk``) unless given
+    (``env``: NATS reads it from ``$STRIDE_NATS_CALLOUT_ISSUER``)."""
+    if callout_issuer == "env":
+        issuer = permissions.ISSUER_FROM_ENVIRONMENT
+    elif callout_issuer is not None:
+        issuer = callout_issuer
+    else:
+        seed = folder / callout.SEED_NAME
+        if not seed.is_file():
+            raise StartupError(
+                f"{folder} holds no {callout.SEED_NAME} (the NATS auth callout's issuer): "
+                f"run `stride certs init {folder}`, or pass --callout-issuer"
+            )
+        try:
+            issuer = callout.public_key_of(seed)
+        except callout.CalloutError as error:
+            raise StartupError(str(error)) from None
+    try:
+        return permissions.server_config(
+            cert_file=cert or str(folder / "nats.crt"),
+            key_file=key or str(folder / "nats.key"),
+            ca_file=ca or str(folder / "ca.crt"),
+            identities=tls.IDENTITIES,
+            callout_issuer=issuer,
+        )
+    except ValueError as error:
+        raise StartupError(f"--callout-issuer: {error}") from None
 
 
 def write_config(text: str, out: Path, owner: tuple[int, int] | None = None) -> None:
@@ -95,6 +123,11 @@ def main(argv: Sequence[str] | None = None) -> int:
     config.add_argument("--key", help="its key's path on the NATS host")
     config.add_argument("--ca", help="the CA's path on the NATS host")
     config.add_argument("--owner", type=owner_argument, help="UID:GID to give the file to")
+    config.add_argument(
+        "--callout-issuer",
+        help="the auth callout issuer's public key (A...), or `env` for NATS to read "
+        "$STRIDE_NATS_CALLOUT_ISSUER (default: from the folder's nats-callout.nk)",
+    )
     init = commands.add_parser("init", help="declare the streams as the bus administrator")
     init.add_argument("--url", required=True, help="the NATS to declare them on")
     init.add_argument("--tls-dir", type=Path, help=f"default: ${tls.TLS_DIR_ENV}")
@@ -103,7 +136,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     try:
         if arguments.command == "config":
             given = (arguments.cert, arguments.key, arguments.ca)
-            if all(given):
+            if all(given) and arguments.callout_issuer is not None:
                 folder = Path(".")
             else:
                 folder = _folder(arguments.tls_dir)
@@ -112,7 +145,13 @@ def main(argv: Sequence[str] | None = None) -> int:
                         f"{folder} holds no {tls.CA_CERT_NAME}: run `stride certs init "
                         f"{folder}` first"
                     )
-            text = config_text(folder, cert=arguments.cert, key=arguments.key, ca=arguments.ca)
+            text = config_text(
+                folder,
+                cert=arguments.cert,
+                key=arguments.key,
+                ca=arguments.ca,
+                callout_issuer=arguments.callout_issuer,
+            )
             write_config(text, arguments.out, arguments.owner)
             print(f"NATS lock-down configuration written to {arguments.out}")
         else:

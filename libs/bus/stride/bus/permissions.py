@@ -25,12 +25,12 @@ forged event from reaching a stream at all, and a deleted consumer from stopping
 (:func:`server_config`); the embedded server runs with it, and ``stride bus config`` prints it
 for an operator's own NATS (README, "NATS").
 
-Known limit: every training pod's agent shares the ``agent`` NATS user, so NATS itself cannot
-keep one job's agent from publishing on another job's subjects or reading another job's
-control commands. Consumers refuse what a pod publishes for another job (each pod signs
-with its own key, bound to its job token: :mod:`.signing`), and an agent obeys only commands
-the pod watcher signed for its job; per-job NATS users would need NATS's decentralized
-(JWT) authentication or an auth callout.
+Training pods' agents have no user of their own in the configuration: an agent connects with
+its pod's job token, and NATS asks the pod watcher (its *auth callout*, :mod:`.callout`),
+which answers with a user for that one job and pod (:func:`agent_permissions`): it may
+publish only that job's step metrics and control acknowledgements and read only that job's
+control commands and its own inbox. Every other identity is in the callout's ``auth_users``:
+NATS authorizes it from the configuration, as before.
 """
 
 from __future__ import annotations
@@ -109,8 +109,20 @@ FOLLOWS: Mapping[str, tuple[Topic[Any], ...]] = {
 """Topics an identity follows whole (replayed from the stream, then live): every server
 refuses revoked tokens."""
 
-ANSWERS = frozenset({"executor"})
-"""Identities that reply to requests (``allow_responses``)."""
+RESPONDS: Mapping[str, int] = {
+    # One request may be answered with progress messages before its reply
+    # (stride.bus.topics.RequestTopic); ``true`` alone would allow one message.
+    "executor": topics.EXECUTOR_RUN.max_replies,
+    # NATS's authorization requests for training pods (stride.bus.callout): one reply each.
+    "podwatcher": 1,
+}
+"""Identities that reply to requests (``allow_responses``), with the most replies each."""
+
+CALLOUT_HOST = "podwatcher"
+"""The identity that answers NATS's authorization requests for training pods."""
+
+AGENT = "agent"
+"""The identity of a training pod's agent: no user in the configuration (see the module)."""
 
 
 class UnknownConsumer(ValueError):
@@ -139,7 +151,8 @@ class Permissions:
 
     publish: tuple[str, ...]
     subscribe: tuple[str, ...]
-    allow_responses: bool = False
+    allow_responses: int = 0
+    """The most replies to one request (0: it answers none)."""
 
 
 def _consumer_api(consumer: Consumer) -> list[str]:
@@ -178,18 +191,54 @@ def permissions(identity: str) -> Permissions:
     followed = FOLLOWS.get(identity, ())
     publish += [f"$JS.API.STREAM.MSG.GET.{topic.stream.name}" for topic in followed]
     subscribe = [inbox, *SERVES.get(identity, ()), *(topic.pattern() for topic in followed)]
+    if identity == CALLOUT_HOST:
+        subscribe.append(CALLOUT_SUBJECT)
     return Permissions(
         publish=tuple(dict.fromkeys(publish)),
         subscribe=tuple(dict.fromkeys(subscribe)),
-        allow_responses=identity in ANSWERS,
+        allow_responses=RESPONDS.get(identity, 0),
+    )
+
+
+CALLOUT_SUBJECT = "$SYS.REQ.USER.AUTH"
+"""Where NATS asks the callout host to authorize a client (``stride.bus.callout``)."""
+
+
+def agent_inbox_prefix(job_id: str, pod: str) -> str:
+    """The inbox prefix of one pod's agent: its replies are its own."""
+    return (
+        f"{inbox_prefix(AGENT)}.{topics.check_token(job_id, 'job id')}."
+        f"{topics.check_token(pod, 'pod name')}"
+    )
+
+
+def agent_permissions(job_id: str, pod: str) -> Permissions:
+    """What the agent of one pod of ``job_id`` may do: the agent identity's permissions with
+    every job-scoped subject narrowed to this job, and its own inbox."""
+    general = permissions(AGENT)
+    scoped = {topic.pattern(): topic.subject(job_id) for topic in _all_topics()}
+
+    def narrow(subjects: Iterable[str]) -> tuple[str, ...]:
+        return tuple(dict.fromkeys(scoped.get(subject, subject) for subject in subjects))
+
+    inbox = f"{inbox_prefix(AGENT)}.>"
+    return Permissions(
+        publish=narrow(general.publish),
+        subscribe=tuple(
+            f"{agent_inbox_prefix(job_id, pod)}.>" if subject == inbox else subject
+            for subject in narrow(general.subscribe)
+        ),
     )
 
 
 def server_users(identities: Iterable[str]) -> list[dict[str, Any]]:
     """The ``authorization.users`` entries of a nats-server configuration: one user per
-    identity, named as its certificate (``verify_and_map``), with its permissions."""
+    identity, named as its certificate (``verify_and_map``), with its permissions; none for
+    the agent (see the module)."""
     users = []
     for identity in identities:
+        if identity == AGENT:
+            continue
         allowed = permissions(identity)
         publish: dict[str, Any] = {"allow": list(allowed.publish)}
         entry: dict[str, Any] = {
@@ -197,18 +246,37 @@ def server_users(identities: Iterable[str]) -> list[dict[str, Any]]:
             "permissions": {"publish": publish, "subscribe": {"allow": list(allowed.subscribe)}},
         }
         if allowed.allow_responses:
-            # One request may be answered with progress messages before its reply
-            # (stride.bus.topics.RequestTopic); ``true`` alone would allow one message.
-            entry["permissions"]["allow_responses"] = {"max": topics.EXECUTOR_RUN.max_replies}
+            entry["permissions"]["allow_responses"] = {"max": allowed.allow_responses}
         users.append(entry)
     return users
 
 
-def server_config(*, cert_file: str, key_file: str, ca_file: str, identities: Sequence[str]) -> str:
+ISSUER_FROM_ENVIRONMENT = "$STRIDE_NATS_CALLOUT_ISSUER"
+"""The issuer of a configuration that is not made per deployment (the Helm chart's): NATS
+reads the variable from its environment."""
+
+
+def server_config(
+    *,
+    cert_file: str,
+    key_file: str,
+    ca_file: str,
+    identities: Sequence[str],
+    callout_issuer: str,
+) -> str:
     """The lock-down part of a nats-server configuration: mutual TLS with the deployment's
-    CA (every client must present a certificate of it) and one user per identity, mapped
-    from its certificate, with its permissions. Listen address and JetStream are the
-    caller's. (The configuration format accepts JSON values, so values are JSON.)"""
+    CA (every client must present a certificate of it), one user per identity, mapped from
+    its certificate, with its permissions, and the auth callout that makes the training
+    pods' users (``callout_issuer``: its public key, or :data:`ISSUER_FROM_ENVIRONMENT`).
+    Listen address and JetStream are the caller's. (The configuration format accepts JSON
+    values, so values are JSON.)"""
+    users = server_users(identities)
+    callout = {
+        # A variable reference is written bare, for NATS to resolve.
+        "issuer": "@ISSUER@",
+        # Everyone the configuration names is authorized by it, not by the callout.
+        "auth_users": [user["user"] for user in users],
+    }
     body = {
         "tls": {
             "cert_file": cert_file,
@@ -217,8 +285,19 @@ def server_config(*, cert_file: str, key_file: str, ca_file: str, identities: Se
             "verify_and_map": True,
             "timeout": 2,
         },
-        "authorization": {"users": server_users(identities)},
+        "authorization": {"users": users, "auth_callout": callout},
     }
+    issuer = (
+        callout_issuer
+        if callout_issuer == ISSUER_FROM_ENVIRONMENT
+        else json.dumps(_public_account_key(callout_issuer))
+    )
     lines = ["# Generated by Stride (stride.bus.permissions from the bus contract): do not edit."]
     lines += [f"{key}: {json.dumps(value, indent=2)}" for key, value in body.items()]
-    return "\n".join(lines) + "\n"
+    return "\n".join(lines).replace('"@ISSUER@"', issuer) + "\n"
+
+
+def _public_account_key(text: str) -> str:
+    if len(text) != 56 or not text.startswith("A") or not text.isalnum() or not text.isupper():
+        raise ValueError(f"callout issuer {text!r}: not an account public nkey (A..., 56 chars)")
+    return text

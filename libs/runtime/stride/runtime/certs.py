@@ -9,13 +9,18 @@ without the CLI run) writes into ``DIR``:
   name and DNS SAN, also ``stride-<identity>``), ``localhost``, ``127.0.0.1`` and ``::1``,
   and any ``--san`` given.
 
+- ``nats-callout.nk`` (0600): the seed of the account nkey that signs the NATS users of
+  training pods (``stride.bus.callout``; NATS's configuration names its public key).
+
 Existing files are kept (running it again is a no-op), so ``stride up`` calls it at every
 start; a certificate that expires within :data:`RENEW_WITHIN_DAYS`, or that the CA in the
 folder did not sign, is re-issued. The folder is 0700 and keys are 0600.
 
 ``--kubernetes-secrets FILE`` also writes one ``kubernetes.io/tls`` Secret per identity
 (``<fullname>-<identity>-tls``: ``tls.crt``, ``tls.key``, ``ca.crt``, cert-manager's
-layout), what the Helm chart mounts when cert-manager does not issue them.
+layout), what the Helm chart mounts when cert-manager does not issue them, and the Secret
+``<fullname>-nats-callout`` (``nats-callout.nk``, the seed the pod watcher signs with;
+``issuer``, its public key, for NATS's environment), which cert-manager cannot issue.
 """
 
 from __future__ import annotations
@@ -30,6 +35,7 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
 
+import nkeys
 from cryptography import x509
 from cryptography.exceptions import InvalidSignature
 from cryptography.hazmat.primitives import hashes, serialization
@@ -37,6 +43,9 @@ from cryptography.hazmat.primitives.asymmetric import ec
 from cryptography.x509.oid import ExtendedKeyUsageOID, NameOID
 
 from stride.runtime.tls import CA_CERT_NAME, IDENTITIES
+
+CALLOUT_SEED_NAME = "nats-callout.nk"
+"""The NATS auth callout issuer's seed (an account nkey), beside the certificates."""
 
 CA_KEY_NAME = "ca.key"
 CA_DAYS = 3650
@@ -293,6 +302,10 @@ def init(
         created += [CA_CERT_NAME, CA_KEY_NAME if ca_key is None else str(key_path)]
     else:
         signing_key, ca = loaded
+    seed = folder / CALLOUT_SEED_NAME
+    if not seed.exists():
+        write_private(seed, nkeys.encode_seed(os.urandom(32), nkeys.PREFIX_BYTE_ACCOUNT), 0o600)
+        created.append(CALLOUT_SEED_NAME)
     kept: list[str] = []
     for identity in identities:
         sans, names = _sans(identity, extra_sans)
@@ -339,6 +352,27 @@ def kubernetes_secrets(
             *(f"  {key}: {base64.b64encode(value).decode()}" for key, value in data.items()),
         ]
         documents.append("\n".join(lines) + "\n")
+    seed = (folder / CALLOUT_SEED_NAME).read_bytes().strip()
+    issuer = nkeys.from_seed(seed).public_key
+    callout = {CALLOUT_SEED_NAME: seed, "issuer": issuer}
+    documents.append(
+        "\n".join(
+            [
+                "apiVersion: v1",
+                "kind: Secret",
+                "type: Opaque",
+                "metadata:",
+                f"  name: {fullname}-nats-callout",
+                *([f"  namespace: {namespace}"] if namespace else []),
+                "  labels:",
+                "    app.kubernetes.io/part-of: stride",
+                "    app.kubernetes.io/component: nats-callout",
+                "data:",
+                *(f"  {key}: {base64.b64encode(value).decode()}" for key, value in callout.items()),
+            ]
+        )
+        + "\n"
+    )
     return "---\n".join(documents)
 
 

@@ -11,6 +11,7 @@ checkpoint cache own no tables, and their images do not install SQLAlchemy.
 from __future__ import annotations
 
 import asyncio
+import os
 from collections.abc import Callable, Mapping, Sequence
 from pathlib import Path
 from typing import TYPE_CHECKING, TypeVar
@@ -82,11 +83,17 @@ def create_host(
 
 
 async def connect_bus(
-    settings: ServiceSettings, host: ServiceHost, signer: EventSigner | None = None
+    settings: ServiceSettings,
+    host: ServiceHost,
+    signer: EventSigner | None = None,
+    *,
+    token: Callable[[], str | None] | None = None,
+    inbox: str | None = None,
 ) -> Bus:
     """Connect to NATS, declare the contract's streams, and track the connection's health.
     ``signer``: signs the events published instead of the service's certificate (a pod's
-    agent signs with its pod's key).
+    agent signs with its pod's key); ``token`` and ``inbox``: a pod's agent's job token and
+    inbox prefix (its NATS user is its job's, :mod:`stride.bus.callout`).
 
     A host whose server verifies tokens follows the revoked ones (:func:`follow_revocations`)
     and has read every revocation so far when this returns, before its server takes a call."""
@@ -96,6 +103,8 @@ async def connect_bus(
         timeout=settings.connect_timeout_seconds,
         identity=settings.service_name,
         signer=signer,
+        token=token,
+        inbox=inbox,
     )
     await bus.ensure_streams()
 
@@ -106,6 +115,40 @@ async def connect_bus(
     if host.revocations is not None:
         await follow_revocations(host, bus, host.revocations)
     return bus
+
+
+async def serve_nats_callout(
+    host: ServiceHost, bus: Bus, seed_file: Path | None, environ: Mapping[str, str] | None = None
+) -> None:
+    """Answer NATS's authorization requests for training pods (:mod:`stride.bus.callout`):
+    a user for one job and pod to an agent whose job token this suite's pod watcher signed
+    and nobody revoked. ``seed_file``: the issuer's seed (unreadable: the service does not
+    start); default ``nats-callout.nk`` in the certificate folder, if there. Nothing in
+    plain text (no TLS, no users)."""
+    from stride.bus.callout import SEED_NAME, Callout, CalloutError, Issuer, serve
+
+    material = tls.load(host.settings.service_name, environ)
+    if material is None:
+        return
+    if seed_file is None:
+        folder = (environ if environ is not None else os.environ).get(tls.TLS_DIR_ENV, "")
+        seed_file = Path(folder.strip()) / SEED_NAME if folder.strip() else None
+        if seed_file is None or not seed_file.exists():
+            # A NATS prepared otherwise (not by stride.bus.lockdown) may give agents users
+            # of its own; one locked down by Stride refuses them until this is set.
+            log.warning(
+                "no NATS auth callout seed: training pods' agents get no NATS user from "
+                "this pod watcher",
+                setting=f"STRIDE_{host.settings.service_name.upper()}_NATS_CALLOUT_SEED_FILE",
+            )
+            return
+    try:
+        issuer = Issuer.from_file(seed_file)
+    except CalloutError as error:
+        raise StartupError(str(error)) from None
+    verifier = Verifier(material.ca, host.revocations)
+    await serve(bus.nc, Callout(issuer, verifier.verify))
+    log.info("answering NATS authorization for training pods", issuer=issuer.public_key)
 
 
 REVOCATION_CATCH_UP_SECONDS = 10.0

@@ -17,6 +17,7 @@ from stride.agent.adapters.outbound.steps import StepReporter
 from stride.agent.settings import AgentSettings
 from stride.agent.usecases import ControlChannel, PodAgent
 from stride.api.agent.v1 import agent_service_pb2, agent_service_pb2_grpc
+from stride.bus.permissions import agent_inbox_prefix
 from stride.bus.signing import PodSigner
 from stride.events.v1 import control_pb2
 from stride.runtime import tls
@@ -68,7 +69,14 @@ async def build(settings: AgentSettings) -> ServiceHost:
     """Connect everything and return a host ready to run."""
     host = create_host(settings, [SERVICE_NAME], ACCESS, only_job=settings.job_id)
     token = job_token(settings)
-    bus = await connect_bus(settings, host, pod_signer(settings, token))
+    # NATS gives the agent a user for its own job and pod, from its job token.
+    bus = await connect_bus(
+        settings,
+        host,
+        pod_signer(settings, token),
+        token=token,
+        inbox=agent_inbox_prefix(settings.job_id, settings.pod_name) if token else None,
+    )
     dispatcher = tls.aio_channel(
         settings.dispatcher_address,
         server="dispatcher",

@@ -35,7 +35,14 @@ from stride.runtime import tls
 from stride.runtime.errors import StartupError
 from stride.runtime.lifecycle import Dependency, ServiceHost
 from stride.runtime.tokens import JOB_TOKEN_TTL, Signer
-from stride.wiring import connect_bus, consume, create_host, open_database, relay_outbox
+from stride.wiring import (
+    connect_bus,
+    consume,
+    create_host,
+    open_database,
+    relay_outbox,
+    serve_nats_callout,
+)
 
 log = structlog.get_logger(__name__)
 
@@ -107,6 +114,8 @@ async def build(settings: PodWatcherSettings) -> ServiceHost:
     backend = make_backend(settings)
     host = create_host(settings, [SERVICE_NAME], ACCESS)
     bus = await connect_bus(settings, host)
+    # Before the pods start: their agents connect as soon as they run.
+    await serve_nats_callout(host, bus, settings.nats_callout_seed_file)
     database = await open_database(settings, host, MIGRATIONS)
     outbox = Outbox(outbox_table)
     timing = Timing(

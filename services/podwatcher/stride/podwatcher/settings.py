@@ -75,6 +75,10 @@ class PodWatcherSettings(ServiceSettings):
     """How long a window of training steps each chief measures before it reports it (the
     optimizer's throughput samples): two seconds average out single slow steps without
     flooding the bus from fast models."""
+    nats_callout_seed_file: Path | None = None
+    """The seed of the account nkey that signs training pods' NATS users (the pod watcher
+    answers NATS's auth callout, stride.bus.callout). Default: ``nats-callout.nk`` in the
+    certificate folder (``STRIDE_TLS_DIR``), where ``stride certs init`` writes it."""
     verify_restores: bool = False
     """Have trainers log a digest of the variables saved before a move and restored after
     it, to prove restores bit-identical (the end-to-end tests). Off by default: reading a

@@ -1,0 +1,210 @@
+"""Training pods get a NATS user for their own job only: the auth callout (stride.bus.callout)
+on a real, locked-down nats-server, answered as the pod watcher answers it.
+
+Before, every agent shared one NATS user: one job's pod could read every job's control
+commands and publish on every job's subjects (consumers refused what it signed for another
+job, but NATS let it through).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import os
+import ssl
+from collections.abc import AsyncIterator, Iterator
+from pathlib import Path
+from typing import Any
+
+import nats
+import pytest
+
+from stride.bus import callout, permissions, topics
+from stride.bus.callout import Callout, Issuer
+from stride.bus.client import Bus
+from stride.bus.lockdown import config_text
+from stride.runtime import tls
+from stride.runtime.embedded_nats import NatsServer
+from stride.runtime.tokens import Revocations, Signer, Verifier
+from stride.testing.channels import job_token, user_token
+
+A, B = "job-callout00000a", "job-callout00000b"
+
+
+def _folder() -> Path:
+    return Path(os.environ[tls.TLS_DIR_ENV])
+
+
+@pytest.fixture
+def server(tmp_path: Path) -> Iterator[NatsServer]:
+    nats_server = NatsServer(tmp_path / "nats", locked=config_text(_folder())).start()
+    try:
+        yield nats_server
+    finally:
+        nats_server.stop()
+
+
+@pytest.fixture
+async def revocations(server: NatsServer) -> AsyncIterator[Revocations]:
+    """The pod watcher's side: its NATS user answers the callout (and declares the streams
+    as the administrator would)."""
+    admin = await Bus.connect(server.url, "test-admin", 10, identity=permissions.ADMIN)
+    await admin.ensure_streams()
+    await admin.close()
+    revoked = Revocations()
+    material = tls.load(permissions.CALLOUT_HOST)
+    assert material is not None
+    host = await Bus.connect(server.url, "test-podwatcher", 10, identity=permissions.CALLOUT_HOST)
+    issuer = Issuer.from_file(_folder() / callout.SEED_NAME)
+    await callout.serve(host.nc, Callout(issuer, Verifier(material.ca, revoked).verify))
+    try:
+        yield revoked
+    finally:
+        await host.close()
+
+
+def _context(identity: str) -> ssl.SSLContext:
+    material = tls.load(identity)
+    assert material is not None
+    return tls.ssl_client_context(material)
+
+
+async def _pod(
+    server: NatsServer, token: str | None, job: str = A, pod: str = "pod-0", cert: str = "agent"
+) -> tuple[Any, list[str]]:
+    """A pod's raw NATS connection (its agent's certificate and job token), and the errors
+    the server sends it."""
+    errors: list[str] = []
+
+    async def on_error(error: Exception) -> None:
+        errors.append(str(error))
+
+    connection = await nats.connect(
+        server.url,
+        tls=_context(cert),
+        token=token,
+        inbox_prefix=permissions.agent_inbox_prefix(job, pod),
+        allow_reconnect=False,
+        connect_timeout=5,
+        error_cb=on_error,
+    )
+    return connection, errors
+
+
+async def _refused(server: NatsServer, token: str | None) -> str:
+    """Why the server would not let a pod with ``token`` in (it fails the test if it did)."""
+    with pytest.raises(Exception) as refused:
+        connection, _ = await _pod(server, token)
+        await connection.close()
+    return str(refused.value)
+
+
+async def _settled() -> None:
+    await asyncio.sleep(0.3)
+
+
+async def test_a_pod_reads_and_writes_its_own_job_and_nothing_of_another(
+    server: NatsServer, revocations: Revocations
+) -> None:
+    pod, errors = await _pod(server, job_token(A))
+    podwatcher = await Bus.connect(server.url, "test-commands", 10, identity="podwatcher")
+    reader = await nats.connect(
+        server.url,
+        tls=_context(permissions.ADMIN),
+        inbox_prefix=permissions.inbox_prefix(permissions.ADMIN),
+    )
+    try:
+        # Its own job: commands arrive, its step metrics are taken by JetStream (the reply
+        # comes to its own inbox), its acknowledgements go out.
+        commands = await pod.subscribe(topics.CONTROL_COMMAND.subject(A))
+        await pod.flush()
+        await podwatcher.nc.publish(topics.CONTROL_COMMAND.subject(A), b"for-a")
+        assert (await commands.next_msg(timeout=5)).data == b"for-a"
+        acked = await pod.jetstream().publish(topics.STEP_METRICS.subject(A), b"steps-a")
+        assert acked.stream == topics.STEP_METRICS.stream.name
+        await pod.publish(topics.CONTROL_ACK.subject(A), b"ack-a")
+        await pod.flush()
+        assert errors == []
+
+        # Another job's: NATS refuses the subscription and the publications.
+        spying = await pod.subscribe(topics.CONTROL_COMMAND.subject(B))
+        wildcard = await pod.subscribe(topics.CONTROL_COMMAND.pattern())
+        await pod.flush()
+        await podwatcher.nc.publish(topics.CONTROL_COMMAND.subject(B), b"for-b")
+        await pod.publish(topics.STEP_METRICS.subject(B), b"forged-steps")
+        await pod.publish(topics.CONTROL_ACK.subject(B), b"forged-ack")
+        await pod.publish(topics.JOB_FINISHED.subject(B), b"forged-end")
+        await pod.flush()
+        await _settled()
+        for forbidden in (
+            f'subscription to "{topics.CONTROL_COMMAND.subject(B)}"',
+            f'subscription to "{topics.CONTROL_COMMAND.pattern()}"',
+            f'publish to "{topics.STEP_METRICS.subject(B)}"',
+            f'publish to "{topics.CONTROL_ACK.subject(B)}"',
+            f'publish to "{topics.JOB_FINISHED.subject(B)}"',
+        ):
+            assert any(forbidden in error for error in errors), (forbidden, errors)
+        for subscription in (spying, wildcard):
+            with pytest.raises(nats.errors.TimeoutError):
+                await subscription.next_msg(timeout=0.5)
+        # Nothing of B reached the streams: only A's step metrics are there.
+        stored = await reader.jetstream().get_last_msg(
+            topics.STEP_METRICS.stream.name, topics.STEP_METRICS.pattern()
+        )
+        assert stored.subject == topics.STEP_METRICS.subject(A) and stored.data == b"steps-a"
+
+        # Another pod's replies: its inbox is its own.
+        other, other_errors = await _pod(server, job_token(A, "pod-1"), pod="pod-1")
+        try:
+            await other.subscribe(f"{permissions.agent_inbox_prefix(A, 'pod-0')}.>")
+            await other.flush()
+            await _settled()
+            assert any("subscription" in error for error in other_errors), other_errors
+        finally:
+            await other.close()
+    finally:
+        await pod.close()
+        await podwatcher.close()
+        await reader.close()
+
+
+async def test_no_user_without_a_live_job_token_of_this_suite_on_an_agents_certificate(
+    server: NatsServer, revocations: Revocations
+) -> None:
+    admission = tls.load("admission")
+    assert admission is not None
+    not_the_podwatchers = Signer(admission).job_token(A, "pod-0", "worker")
+    for token in (None, "", "not-a-token", user_token("alice"), not_the_podwatchers):
+        assert "Authorization Violation" in await _refused(server, token)
+    # A job token on another identity's certificate: that identity's user, not the job's.
+    trainer, errors = await _pod(server, job_token(A), cert="trainer")
+    try:
+        await trainer.subscribe(topics.CONTROL_COMMAND.subject(A))
+        await trainer.flush()
+        await _settled()
+        assert any("permissions violation for subscription" in error for error in errors)
+    finally:
+        await trainer.close()
+    # Revoked (as admission does when the job ends): refused from then on.
+    token = job_token(A, "pod-7")
+    pod, _ = await _pod(server, token, pod="pod-7")
+    await pod.close()
+    revocations.revoke_job(A, issued_before=float("inf"))
+    assert "Authorization Violation" in await _refused(server, token)
+    # The services' own users are the configuration's, untouched by the callout.
+    service = await Bus.connect(server.url, "test-admission", 10, identity="admission")
+    await service.close()
+
+
+async def test_no_agent_connects_while_no_callout_answers(server: NatsServer) -> None:
+    """Nobody answers (the pod watcher is down): the server gives up on the callout and
+    closes the connection; the agent is not let in. (nats-py hands back the closed client
+    rather than raising; the agent's Bus keeps retrying until a pod watcher answers.)"""
+    pod, errors = await _pod(server, job_token(A))
+    try:
+        for _ in range(50):
+            if not pod.is_connected:
+                break
+            await asyncio.sleep(0.1)
+        assert not pod.is_connected, errors
+    finally:
+        await pod.close()
