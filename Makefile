@@ -53,7 +53,7 @@ lint: install  ## ruff, mypy --strict, import contracts, buf lint
 	cd proto && ../$(VENV)/bin/buf lint
 
 test: install system-deps  ## Unit, integration (real NATS and PostgreSQL) and end-to-end tests
-	$(VENV)/bin/pytest -n $(TEST_WORKERS) --dist loadgroup --max-worker-restart=0 $(PYTEST_ARGS)
+	$(VENV)/bin/pytest -n $(TEST_WORKERS) --dist loadgroup --max-worker-restart=0 --durations=15 $(PYTEST_ARGS)
 
 test-unit: install  ## Only the fast unit tests
 	$(VENV)/bin/pytest tests/unit $(PYTEST_ARGS)

@@ -371,11 +371,20 @@ async def test_a_slow_worker_is_flagged_gets_smaller_shards_and_is_published(
             shard = held[worker]
             step = 1 if worker == "slow" else 8
             offset = min(shard.offset + step, shard.end - shard.start)
-            await stub.ReportProgress(
-                pb.ReportProgressRequest(
-                    worker=ref(worker, tokens[worker]), shard_id=shard.shard_id, offset=offset
+            try:
+                await stub.ReportProgress(
+                    pb.ReportProgressRequest(
+                        worker=ref(worker, tokens[worker]), shard_id=shard.shard_id, offset=offset
+                    )
                 )
-            )
+            except grpc.aio.AioRpcError as error:
+                # This fixture's leases last 0.6 s: on a loaded machine one can lapse
+                # between two reports (the shard goes back to TODO). Lease again, as a
+                # worker would; the rates the straggler check compares still hold.
+                if error.code() != grpc.StatusCode.FAILED_PRECONDITION:
+                    raise
+                held[worker] = (await get(stub, worker, tokens[worker])).shard
+                continue
             shard.offset = offset
             if offset == shard.end - shard.start:
                 await stub.ReportShardDone(

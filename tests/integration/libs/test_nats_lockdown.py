@@ -242,6 +242,15 @@ async def test_an_operator_locks_their_own_nats_with_the_cli(tmp_path: Path) -> 
             assert info.config.subjects == list(topics.JOBS.subjects)
         finally:
             await admission.close()
+        # Without the callout issuer's seed, or with a malformed issuer: named, no file.
+        (tmp_path / "bare").mkdir()
+        no_seed = run_cli("bus", "config", "--tls-dir", str(tmp_path / "bare"), env=env)
+        assert no_seed.returncode != 0 and "nats-callout.nk" in no_seed.stderr
+        bad_issuer = run_cli(
+            "bus", "config", "--callout-issuer", "UABC", "--out", str(tmp_path / "x.conf"), env=env
+        )
+        assert bad_issuer.returncode != 0 and "not an account public nkey" in bad_issuer.stderr
+        assert not (tmp_path / "x.conf").exists()
         no_key = run_cli("bus", "init", "--nats-url", own.url, "--tls-dir", str(tmp_path), env=env)
         assert no_key.returncode == 2 and "no certificate for 'cli'" in no_key.stderr, no_key
     finally:

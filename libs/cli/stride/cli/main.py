@@ -1050,17 +1050,36 @@ def bus_config(
     ] = None,
     key: Annotated[str | None, typer.Option(help="Its key's path on the NATS host.")] = None,
     ca: Annotated[str | None, typer.Option(help="The CA's path on the NATS host.")] = None,
+    callout_issuer: Annotated[
+        str | None,
+        typer.Option(
+            help="The auth callout issuer's public key (A...), or `env` for NATS to read "
+            "$STRIDE_NATS_CALLOUT_ISSUER (default: from the folder's nats-callout.nk)."
+        ),
+    ] = None,
     out: Annotated[Path | None, typer.Option(help="Write it here (0600), not stdout.")] = None,
     state_dir: StateDir = DEFAULT_STATE_DIR,
 ) -> None:
     """Print the lock-down configuration for your own nats-server: mutual TLS with the
-    suite's CA, and one user per identity whose publish and subscribe permissions come from
+    suite's CA, one user per identity whose publish and subscribe permissions come from
     the bus contract (only admission publishes `admitted`, only the optimizer plans, each
-    service uses the JetStream API for its own consumers only). Include it in the server's
+    service uses the JetStream API for its own consumers only), and the auth callout that
+    gives each training pod a user for its own job (NATS 2.10+). Include it in the server's
     configuration, then run `stride bus init` once."""
     from stride.bus.lockdown import config_text, write_config
+    from stride.runtime.errors import StartupError
 
-    text = config_text(_tls_folder(tls_dir, state_dir), cert=cert, key=key, ca=ca)
+    try:
+        text = config_text(
+            _tls_folder(tls_dir, state_dir),
+            cert=cert,
+            key=key,
+            ca=ca,
+            callout_issuer=callout_issuer,
+        )
+    except StartupError as error:
+        fail(str(error))
+        return
     if out is None:
         print(text, end="")
         return
