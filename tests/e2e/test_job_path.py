@@ -249,6 +249,11 @@ async def test_submit_reaches_plan_exactly_once_across_an_optimizer_crash(
     assert "spec.workers: unknown field" in invalid.stderr
 
     submitted = cli("submit", str(ROOT / "examples" / "wide-deep.yaml"), env=env)
+    if "did not answer within" in submitted.stderr:
+        # A loaded machine (CI: three end-to-end suites beside TensorFlow jobs) can hold a
+        # suite's first submission past the CLI's 10 s; do what the CLI says: the same
+        # submit again returns that job, not a second one (checked below: one plan v1).
+        submitted = cli("submit", str(ROOT / "examples" / "wide-deep.yaml"), env=env)
     assert submitted.returncode == 0, submitted.stderr
     match = re.search(r"(job-[0-9a-f]{12}) admitted", submitted.stdout)
     assert match, submitted.stdout
