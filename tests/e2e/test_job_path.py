@@ -149,7 +149,8 @@ async def wait_healthy(processes: dict[str, ServiceProcess]) -> None:
         address, service = process.address, HEALTH_NAMES[name]
         await assert_eventually(
             lambda: serving(address, service),  # noqa: B023 - awaited before the loop moves on
-            timeout=60,
+            # Generous: in CI three suites start beside TensorFlow jobs on two cores.
+            timeout=120,
             interval=0.2,
             message=f"{name} healthy",
         )

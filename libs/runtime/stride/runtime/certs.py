@@ -35,7 +35,6 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
 
-import nkeys
 from cryptography import x509
 from cryptography.exceptions import InvalidSignature
 from cryptography.hazmat.primitives import hashes, serialization
@@ -304,6 +303,8 @@ def init(
         signing_key, ca = loaded
     seed = folder / CALLOUT_SEED_NAME
     if not seed.exists():
+        import nkeys  # only here: every process imports this module, few make keys
+
         write_private(seed, nkeys.encode_seed(os.urandom(32), nkeys.PREFIX_BYTE_ACCOUNT), 0o600)
         created.append(CALLOUT_SEED_NAME)
     kept: list[str] = []
@@ -352,6 +353,8 @@ def kubernetes_secrets(
             *(f"  {key}: {base64.b64encode(value).decode()}" for key, value in data.items()),
         ]
         documents.append("\n".join(lines) + "\n")
+    import nkeys
+
     seed = (folder / CALLOUT_SEED_NAME).read_bytes().strip()
     issuer = nkeys.from_seed(seed).public_key
     callout = {CALLOUT_SEED_NAME: seed, "issuer": issuer}
