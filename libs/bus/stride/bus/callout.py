@@ -50,8 +50,6 @@ from stride.runtime.tokens import JobIdentity, TokenError
 
 log = structlog.get_logger(__name__)
 
-SUBJECT = permissions.CALLOUT_SUBJECT
-"""Where the server asks (centralized auth callout)."""
 QUEUE = "stride-auth-callout"
 """Pod watcher replicas share the requests."""
 SEED_NAME = CALLOUT_SEED_NAME
@@ -59,8 +57,6 @@ SEED_NAME = CALLOUT_SEED_NAME
 ISSUER_ENV = "STRIDE_NATS_CALLOUT_ISSUER"
 """Where a NATS configuration that is not generated per deployment (the Helm chart's) reads
 the issuer's public key from (``issuer: $STRIDE_NATS_CALLOUT_ISSUER``)."""
-AGENT_IDENTITY = "agent"
-"""The certificate a pod's agent presents (``stride certs init`` issues it)."""
 GLOBAL_ACCOUNT = "$G"
 """The account of a configuration without accounts, where the agents' users are made."""
 MAX_REQUEST_BYTES = 64 * 1024
@@ -94,7 +90,7 @@ def decode_jwt(token: str) -> dict[str, Any]:
     """The claims of a NATS JWT; :class:`CalloutError` if it is malformed.
 
     The server's signature on a request is not checked: only the server publishes on
-    :data:`SUBJECT` (no Stride user may, :mod:`.permissions`), and a forged request could
+    :data:`~.permissions.CALLOUT_SUBJECT` (no Stride user may), and a forged request could
     gain nothing, as the user it obtains is bound to the ``user_nkey`` the forger named,
     while the server accepts an answer only for the nkey of the client it asked about."""
     try:
@@ -181,15 +177,15 @@ class Callout:
         server = (nats.get("server_id") or {}).get("id")
         if not isinstance(user_nkey, str) or not isinstance(server, str):
             raise CalloutError("authorization request without user_nkey or server id")
+        now = int(self.now())
         response: dict[str, Any] = {"type": "authorization_response", "version": 2}
         try:
-            user, job = self._user(user_nkey, nats)
+            user, job = self._user(user_nkey, nats, now)
             response["jwt"] = user
             log.info("nats user for pod", job_id=job.job_id, pod=job.pod, role=job.role)
         except CalloutError as refusal:
             response["error"] = str(refusal)
             log.warning("nats connection refused", reason=str(refusal))
-        now = int(self.now())
         return encode_jwt(
             {
                 "iat": now,
@@ -201,9 +197,9 @@ class Callout:
             self.issuer.keys,
         ).encode()
 
-    def _user(self, user_nkey: str, nats: dict[str, Any]) -> tuple[str, JobIdentity]:
+    def _user(self, user_nkey: str, nats: dict[str, Any], now: int) -> tuple[str, JobIdentity]:
         identity = _certificate_identity(nats.get("client_tls"))
-        if identity != AGENT_IDENTITY:
+        if identity != permissions.AGENT:
             raise CalloutError(
                 f"certificate {identity or '(none)'!r} has no NATS user; only a pod's agent "
                 "connects with a job token"
@@ -218,7 +214,6 @@ class Callout:
         if not isinstance(job, JobIdentity):
             raise CalloutError("a user's token opens no pod's NATS user; a job token is needed")
         allowed = permissions.agent_permissions(job.job_id, job.pod)
-        now = int(self.now())
         claims: dict[str, Any] = {
             "iat": now,
             "iss": self.issuer.public_key,
@@ -251,4 +246,4 @@ async def serve(nc: Any, callout: Callout) -> Any:
             return
         await message.respond(reply)
 
-    return await nc.subscribe(SUBJECT, queue=QUEUE, cb=handle)
+    return await nc.subscribe(permissions.CALLOUT_SUBJECT, queue=QUEUE, cb=handle)

@@ -113,7 +113,6 @@ class Cursor:
             # never refused busy. The check keeps a retry from repeating rows regardless.
             if not is_busy(error) or raw.total_changes != changes:
                 raise
-        connection.waits += 1
         return self._keep(await connection.waiting(_statement, sql, parameters, many))
 
     async def execute(self, sql: str, parameters: Any = ()) -> Cursor:
@@ -144,8 +143,6 @@ class Connection(aiosqlite.Connection):
     def __init__(self, connector: Callable[[], sqlite3.Connection], busy_timeout: float) -> None:
         super().__init__(connector, iter_chunk_size=64)
         self.busy_milliseconds = round(1000 * busy_timeout)
-        self.waits = 0
-        """Statements that met a lock on the loop and waited for it on the thread."""
 
     def cursor(self) -> Cursor:  # type: ignore[override]
         return Cursor(self)

@@ -36,7 +36,7 @@ from stride.runtime.collector import Collector
 from stride.runtime.errors import StartupError
 from stride.runtime.grpc_server import GrpcServer
 from stride.runtime.settings import ServiceSettings, SettingsT, load_settings
-from stride.runtime.tokens import Revocations
+from stride.runtime.tokens import Revocations, Verifier
 
 log = structlog.get_logger(__name__)
 
@@ -69,6 +69,7 @@ class ServiceHost:
         settings: ServiceSettings,
         server: GrpcServer,
         revocations: Revocations | None = None,
+        verifier: Verifier | None = None,
     ) -> None:
         self.settings = settings
         self.server = server
@@ -84,6 +85,8 @@ class ServiceHost:
         self.revocations = revocations
         """The revoked tokens its server refuses, when it verifies tokens (filled from the
         bus: ``stride.wiring.connect_bus``)."""
+        self.verifier = verifier
+        """What its server checks tokens with (None in plain text)."""
 
     def add_dependency(self, dependency: Dependency) -> None:
         """Track a dependency for health and shutdown."""

@@ -79,7 +79,7 @@ def create_host(
             service=settings.service_name,
         ),
     )
-    return ServiceHost(settings, server, revocations)
+    return ServiceHost(settings, server, revocations, verifier)
 
 
 async def connect_bus(
@@ -117,9 +117,7 @@ async def connect_bus(
     return bus
 
 
-async def serve_nats_callout(
-    host: ServiceHost, bus: Bus, seed_file: Path | None, environ: Mapping[str, str] | None = None
-) -> None:
+async def serve_nats_callout(host: ServiceHost, bus: Bus, seed_file: Path | None) -> None:
     """Answer NATS's authorization requests for training pods (:mod:`stride.bus.callout`):
     a user for one job and pod to an agent whose job token this suite's pod watcher signed
     and nobody revoked. ``seed_file``: the issuer's seed (unreadable: the service does not
@@ -127,11 +125,10 @@ async def serve_nats_callout(
     plain text (no TLS, no users)."""
     from stride.bus.callout import SEED_NAME, Callout, CalloutError, Issuer, serve
 
-    material = tls.load(host.settings.service_name, environ)
-    if material is None:
+    if host.verifier is None:
         return
     if seed_file is None:
-        folder = (environ if environ is not None else os.environ).get(tls.TLS_DIR_ENV, "")
+        folder = os.environ.get(tls.TLS_DIR_ENV, "")
         seed_file = Path(folder.strip()) / SEED_NAME if folder.strip() else None
         if seed_file is None or not seed_file.exists():
             # A NATS prepared otherwise (not by stride.bus.lockdown) may give agents users
@@ -146,8 +143,8 @@ async def serve_nats_callout(
         issuer = Issuer.from_file(seed_file)
     except CalloutError as error:
         raise StartupError(str(error)) from None
-    verifier = Verifier(material.ca, host.revocations)
-    await serve(bus.nc, Callout(issuer, verifier.verify))
+    # The server's own verifier: the same revocations and verified-token cache.
+    await serve(bus.nc, Callout(issuer, host.verifier.verify))
     log.info("answering NATS authorization for training pods", issuer=issuer.public_key)
 
 
