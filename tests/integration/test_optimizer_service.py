@@ -13,7 +13,9 @@ import pytest
 from grpc_health.v1 import health_pb2, health_pb2_grpc
 from nats.aio.msg import Msg
 from opentelemetry import trace
+from opentelemetry.sdk.trace import ReadableSpan
 from opentelemetry.sdk.trace.export.in_memory_span_exporter import InMemorySpanExporter
+from opentelemetry.trace import StatusCode
 
 from stride.api.optimizer.v1 import optimizer_service_pb2 as pb
 from stride.api.optimizer.v1 import optimizer_service_pb2_grpc as pb_grpc
@@ -274,6 +276,47 @@ async def test_bad_and_unknown_job_ids_over_grpc(stub: Stub) -> None:
                 await call
             assert raised.value.code() == code
             assert (raised.value.details() or "").startswith(detail)
+
+
+def server_spans(spans: InMemorySpanExporter, method: str) -> list[ReadableSpan]:
+    name = f"/stride.api.optimizer.v1.OptimizerService/{method}"
+    return [span for span in spans.get_finished_spans() if span.name == name]
+
+
+async def test_a_refused_call_is_an_error_span_without_a_stack_and_a_crash_has_one(
+    stub: Stub, spans: InMemorySpanExporter, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    with pytest.raises(grpc.aio.AioRpcError) as raised:
+        await stub.GetPlan(pb.GetPlanRequest(job_id="job.with.dots"))
+    assert raised.value.code() == grpc.StatusCode.INVALID_ARGUMENT
+    [refused] = await assert_eventually(lambda: _one(server_spans(spans, "GetPlan")))
+    # The server's fault or not, per OpenTelemetry's gRPC conventions: a client's bad
+    # argument leaves the server span's status unset, with the code as an attribute.
+    assert refused.status.status_code == StatusCode.UNSET
+    assert (refused.attributes or {})["rpc.grpc.status_code"] == 3
+    # The code and message say what happened; a formatted stack per refusal is what the
+    # instrumentation would add, twice, by default.
+    assert [event.name for event in refused.events] == []
+
+    async def broken(self: Planning, job_id: str) -> object:
+        raise RuntimeError("the store is on fire")
+
+    monkeypatch.setattr(Planning, "newest_plan", broken)
+    spans.clear()
+    with pytest.raises(grpc.aio.AioRpcError) as raised:
+        await stub.GetPlan(pb.GetPlanRequest(job_id="job-any"))
+    assert raised.value.code() == grpc.StatusCode.INTERNAL
+    [crashed] = await assert_eventually(lambda: _one(server_spans(spans, "GetPlan")))
+    assert crashed.status.status_code == StatusCode.ERROR
+    [event] = crashed.events
+    assert event.name == "exception"
+    assert (event.attributes or {})["exception.type"] == "RuntimeError"
+    assert "the store is on fire" in str((event.attributes or {})["exception.message"])
+
+
+def _one(found: list[ReadableSpan]) -> list[ReadableSpan]:
+    assert len(found) == 1, f"{len(found)} spans"
+    return found
 
 
 async def test_malformed_messages_are_dead_lettered_and_do_not_block(

@@ -25,7 +25,8 @@ need not be allowed the megabytes a checkpoint header may take.
 
 from __future__ import annotations
 
-from collections.abc import AsyncIterator, Awaitable, Callable, Sequence
+from collections.abc import AsyncIterator, Awaitable, Callable, Iterator, Sequence
+from contextlib import contextmanager
 from typing import Any
 
 import grpc
@@ -34,6 +35,7 @@ from google.protobuf import descriptor_pool
 from grpc_health.v1 import health_pb2, health_pb2_grpc
 from grpc_health.v1._async import HealthServicer
 from grpc_reflection.v1alpha import reflection
+from opentelemetry import trace
 from opentelemetry.instrumentation.grpc import aio_server_interceptor, filters
 
 from stride.api.limits.v1 import limits_pb2
@@ -92,7 +94,57 @@ async def _abort(
         log.info("rpc rejected", method=method, code=status_for(error).name, error=message)
         await context.abort(status_for(error), message)
     log.exception("rpc failed", method=method)
+    trace.get_current_span().record_exception(error)
     await context.abort(grpc.StatusCode.INTERNAL, f"internal error in {method}; see the server log")
+
+
+class _ServerSpan:
+    """A server span that takes no stack trace for a deliberate abort: the status code and
+    message are on the span already (the instrumentation's servicer context sets them)."""
+
+    __slots__ = ("_span",)
+
+    def __init__(self, span: trace.Span) -> None:
+        self._span = span
+
+    def __getattr__(self, name: str) -> Any:
+        return getattr(self._span, name)
+
+    def record_exception(self, exception: BaseException, *args: Any, **kwargs: Any) -> None:
+        if not isinstance(exception, grpc.aio.AbortError):
+            self._span.record_exception(exception, *args, **kwargs)
+
+
+class _ServerTracer:
+    """The tracer the gRPC server instrumentation gets (through :class:`ServerTracing`)."""
+
+    def __init__(self, tracer: trace.Tracer) -> None:
+        self._tracer = tracer
+
+    def __getattr__(self, name: str) -> Any:
+        return getattr(self._tracer, name)
+
+    @contextmanager
+    def start_as_current_span(self, *args: Any, **kwargs: Any) -> Iterator[_ServerSpan]:
+        kwargs["record_exception"] = False
+        with self._tracer.start_as_current_span(*args, **kwargs) as span:
+            yield _ServerSpan(span)
+
+
+class ServerTracing:
+    """The tracer provider of every server's RPC spans: the global one, except that a call
+    refused on purpose (every status the error mapping sends is an abort) records no
+    exception event. OpenTelemetry's gRPC instrumentation records one, with the formatted
+    stack, for every abort, twice (the interceptor and the span's context manager): on
+    Python 3.11 each formatting parses every frame's line (``traceback``'s caret anchors,
+    ``ast.parse``), which made a rejected call cost more than an answered one, and ran the
+    interpreter's AST constructor from the serving thread while another thread might be
+    parsing too (CPython 3.11 shares its recursion counter between threads: "AST
+    constructor recursion depth mismatch"). An unexpected error is still recorded once, by
+    :func:`_abort`, on the span that is current there."""
+
+    def get_tracer(self, *args: Any, **kwargs: Any) -> _ServerTracer:
+        return _ServerTracer(trace.get_tracer_provider().get_tracer(*args, **kwargs))
 
 
 class RefusedRequest:
@@ -348,7 +400,9 @@ class GrpcServer:
         not_health = filters.negate(filters.service_name("grpc.health.v1.Health"))
         self.server = grpc.aio.server(
             interceptors=[
-                aio_server_interceptor(filter_=not_health),  # type: ignore[no-untyped-call]
+                aio_server_interceptor(  # type: ignore[no-untyped-call]
+                    tracer_provider=ServerTracing(), filter_=not_health
+                ),
                 ErrorMappingInterceptor(access),
             ],
             options=[

@@ -121,6 +121,8 @@ class AlgorithmRunner:
             request_id=request.request_id,
             replica=self.replica,
         )
+        # A refused run (an algorithm's domain error) marks the span, and a crash is
+        # recorded once, with its stack, on the call's span (stride.runtime.grpc_server).
         with tracer.start_as_current_span(
             f"run {spec.qualified_name}",
             attributes={
@@ -128,6 +130,7 @@ class AlgorithmRunner:
                 "stride.job_id": request.job_id,
                 "stride.executor.replica": self.replica,
             },
+            record_exception=False,
         ):
             result, plans = await self.runs.run(spec.name, spec.version, arguments, request.job_id)
         elapsed = time.perf_counter() - started
