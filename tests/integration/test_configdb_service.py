@@ -11,6 +11,7 @@ import pytest
 from google.protobuf.message import Message
 from google.protobuf.timestamp_pb2 import Timestamp
 from nats.aio.msg import Msg
+from structlog.testing import capture_logs
 
 from stride.api.configdb.v1 import configdb_service_pb2 as pb
 from stride.api.configdb.v1 import configdb_service_pb2_grpc as pb_grpc
@@ -277,9 +278,9 @@ async def test_a_batch_of_job_events_is_stored_together_and_a_bad_one_fails_alon
     nats_url: str, database_url: str
 ) -> None:
     """Events that wait while configdb is down are fetched as one batch and stored in one
-    transaction; a conflicting plan and a submission without a spec among them make that
-    transaction fail, so each event is stored alone: those two are dead-lettered with their
-    reasons and every other one is stored."""
+    transaction of a few statements; a conflicting plan and a submission without a spec
+    among them fail alone (dead-lettered with their reasons), a repeated plan is stored
+    once, and every other event is stored, with no fallback to one event at a time."""
     settings = local_settings(ConfigDbSettings, nats_url=nats_url, database_url=database_url)
     async with running_service(build, settings):
         pass  # its streams and consumers exist
@@ -289,6 +290,7 @@ async def test_a_batch_of_job_events_is_stored_together_and_a_bad_one_fails_alon
         for job_id in jobs:
             await producer.publish(topics.JOB_SUBMITTED, job_id, submitted(job_id), f"{job_id}.s")
             await producer.publish(topics.PLAN, job_id, plan(job_id, 1), f"{job_id}.p1")
+        await producer.publish(topics.PLAN, jobs[5], plan(jobs[5], 1), "repeated")
         conflicting = plan(jobs[3], 1, workers=9)
         await producer.publish(topics.PLAN, jobs[3], conflicting, "conflicting")
         no_spec = job_pb2.JobSubmitted(job_id="job-batch-nospec")
@@ -301,11 +303,14 @@ async def test_a_batch_of_job_events_is_stored_together_and_a_bad_one_fails_alon
         aio_channel(f"127.0.0.1:{host.server.port}", "configdb") as channel,
     ):
         stub = pb_grpc.ConfigDbServiceStub(channel)
-        for job_id in jobs:
-            record = await record_when(
-                stub, job_id, lambda r: r.HasField("spec") and len(r.plans) == 1
-            )
-            assert [p.roles[1].count for p in record.plans] == [2]
+        with capture_logs() as logged:
+            for job_id in jobs:
+                record = await record_when(
+                    stub, job_id, lambda r: r.HasField("spec") and len(r.plans) == 1
+                )
+                assert [p.roles[1].count for p in record.plans] == [2]
+        fallbacks = [entry for entry in logged if "one event at a time" in entry["event"]]
+        assert fallbacks == [], fallbacks
         dead_plans = await assert_eventually(
             lambda: stream_messages(nats_url, topics.dead_letter_subject("configdb-plans"))
         )

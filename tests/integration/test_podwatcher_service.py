@@ -10,19 +10,27 @@ from __future__ import annotations
 import functools
 from collections.abc import AsyncIterator, Awaitable
 from pathlib import Path
-from typing import TypeAlias
+from typing import Any, TypeAlias, cast
 
 import grpc
 import pytest
 from nats.aio.msg import Msg
+from sqlalchemy import select
+from structlog.testing import capture_logs
 
 from stride.api.podwatcher.v1 import podwatcher_service_pb2 as pb
 from stride.api.podwatcher.v1 import podwatcher_service_pb2_grpc as pb_grpc
 from stride.bus import topics
 from stride.bus.client import Bus
+from stride.db.engine import Database
+from stride.db.outbox import Outbox
 from stride.events.v1 import job_pb2, plan_pb2
 from stride.podwatcher.app import build
+from stride.podwatcher.db.tables import outbox as outbox_table
+from stride.podwatcher.db.tables import plans
+from stride.podwatcher.domain.plans import Arrival
 from stride.podwatcher.settings import PodWatcherSettings
+from stride.podwatcher.usecases import PodWatcher
 from stride.runtime.lifecycle import ServiceHost
 from stride.testing.bus import producer_bus
 from stride.testing.channels import aio_channel
@@ -313,3 +321,122 @@ async def test_admissions_that_come_together_are_stored_and_a_bad_one_fails_alon
     reason = await assert_eventually(parked, timeout=20)
     assert "spec" in reason and "must carry its spec" in reason, reason
     assert await job_pods(stub, "job-nospec") is None
+
+
+async def test_plans_that_come_together_are_judged_in_order_and_a_bad_one_fails_alone(
+    stub: Stub, bus: Bus, nats_url: str, database_url: str
+) -> None:
+    """Plans published back to back are fetched and recorded as a batch: each is judged
+    against the plans before it, in the batch too (a newer one recorded, an older or
+    repeated one ignored), and an invalid one is dead-lettered alone."""
+    jobs = [f"job-together{n}" for n in range(3)]
+    await admit(bus, *jobs)
+    for job_id in jobs:  # admitted, so no plan below waits for its job
+        await bus.publish(topics.PLAN, job_id, plan(job_id, 1), f"{job_id}.plan.1")
+        await newest_version_becomes(stub, job_id, 1)
+    sent = [
+        (jobs[0], 3),
+        (jobs[0], 2),  # older than the 3 just before it
+        (jobs[0], 3),  # the same again
+        (jobs[1], 0),  # invalid
+        (jobs[2], 2),
+        (jobs[0], 4),
+        (jobs[2], 1),  # older than what is stored
+    ]
+    for number, (job_id, version) in enumerate(sent):
+        await bus.publish(topics.PLAN, job_id, plan(job_id, version), f"{job_id}.again.{number}")
+    await newest_version_becomes(stub, jobs[0], 4)
+    await newest_version_becomes(stub, jobs[2], 2)
+
+    async def parked() -> list[Msg]:
+        dead = await stream_messages(nats_url, topics.dead_letter_subject("podwatcher-plans"))
+        ours = [
+            m
+            for m in dead
+            if (m.headers or {}).get("Stride-Original-Subject", "").endswith(jobs[1])
+        ]
+        assert ours, dead
+        return ours
+
+    [invalid] = await assert_eventually(parked, timeout=20)
+    assert "version" in (invalid.headers or {})["Stride-Dead-Letter-Reason"]
+    database = Database(database_url, "podwatcher")
+    try:
+        async with database.sessions() as session:
+            rows = (
+                await session.execute(
+                    select(plans.c.job_id, plans.c.version)
+                    .where(plans.c.job_id.in_(jobs))
+                    .order_by(plans.c.job_id, plans.c.recorded_at, plans.c.version)
+                )
+            ).all()
+    finally:
+        await database.dispose()
+    assert [tuple(row) for row in rows] == [
+        (jobs[0], 1),
+        (jobs[0], 3),
+        (jobs[0], 4),
+        (jobs[1], 1),
+        (jobs[2], 1),
+        (jobs[2], 2),
+    ]
+
+
+async def test_a_batch_of_plans_is_judged_in_order_in_one_transaction(
+    podwatcher: ServiceHost, database_url: str
+) -> None:
+    """The use case itself, on the service's database: what each plan of a batch comes to,
+    judged against the batch's earlier plans as much as against what is stored, stored in
+    one transaction (no fallback to one plan at a time)."""
+    database = Database(database_url, "podwatcher")
+    watcher = PodWatcher(database, Outbox(outbox_table), cast(Any, None), cast(Any, None))
+    jobs = [f"job-usecase{n}" for n in range(2)]
+    try:
+        simulated = [
+            job_pb2.AdmissionDecision(
+                job_id=job_id,
+                outcome=job_pb2.ADMISSION_OUTCOME_ADMITTED,
+                spec=job_pb2.JobSpec(name=job_id, user="tester", simulated=True),
+            )
+            for job_id in jobs
+        ]
+        assert await watcher.admitted_all([*simulated, simulated[0]]) == [None, None, None]
+        sent = [
+            (jobs[0], 1),
+            (jobs[0], 3),
+            (jobs[0], 2),
+            (jobs[0], 3),
+            (jobs[1], 0),
+            ("job-usecase-ghost", 1),
+            (jobs[1], 2),
+            (jobs[1], 1),
+        ]
+        with capture_logs() as logged:
+            outcomes = await watcher.receive_all([plan(job_id, v) for job_id, v in sent])
+        assert not [e for e in logged if "one at a time" in e["event"]], logged
+        described = [o if isinstance(o, Arrival) else type(o).__name__ for o in outcomes]
+        assert described == [
+            Arrival.NEWER,
+            Arrival.NEWER,
+            Arrival.STALE,
+            Arrival.DUPLICATE,
+            "InvalidArgument",
+            "JobNotAdmitted",
+            Arrival.NEWER,
+            Arrival.STALE,
+        ]
+        async with database.sessions() as session:
+            rows = (
+                await session.execute(
+                    select(plans.c.job_id, plans.c.version, plans.c.state)
+                    .where(plans.c.job_id.in_(jobs))
+                    .order_by(plans.c.job_id, plans.c.version)
+                )
+            ).all()
+        assert [tuple(row) for row in rows] == [
+            (jobs[0], 1, "APPLIED"),
+            (jobs[0], 3, "APPLIED"),
+            (jobs[1], 2, "APPLIED"),
+        ]
+    finally:
+        await database.dispose()

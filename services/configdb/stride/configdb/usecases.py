@@ -22,6 +22,7 @@ from stride.bus.client import PermanentError
 from stride.configdb.adapters.convert import OUTCOME_FROM_PROTO, features_from_spec, moment
 from stride.configdb.adapters.outbound import repository
 from stride.configdb.adapters.outbound.repository import StoredRecord
+from stride.configdb.domain.features import JobFeatures
 from stride.configdb.domain.profiles import StepWindow, UsageSample, check_sample, check_window
 from stride.configdb.domain.similarity import PastJob, rank_similar
 from stride.db.engine import Database, Session
@@ -45,6 +46,7 @@ After = Callable[[], None]
 Outcomes = list[Exception | None]
 E = TypeVar("E", job_pb2.JobSubmitted, plan_pb2.ResourcePlan, job_pb2.JobFinished)
 Step = Callable[[Session, E], Awaitable[After]]
+BatchStep = Callable[[Session, Sequence[E]], Awaitable[tuple[Outcomes, list[After]]]]
 
 
 def _nothing() -> None:
@@ -77,16 +79,18 @@ class JobHistory:
         await self._alone(self._submitted, event)
 
     async def submitted_all(self, events: Sequence[job_pb2.JobSubmitted]) -> Outcomes:
-        """:meth:`submitted` for a fetched batch, in one transaction (:meth:`_together`)."""
-        return await self._together(self._submitted, events)
+        """:meth:`submitted` for a fetched batch, in one transaction of a few statements
+        (:meth:`_batched`, :meth:`_submitted_batch`)."""
+        return await self._batched(self._submitted, self._submitted_batch, events)
 
     async def plan_made(self, plan: plan_pb2.ResourcePlan) -> None:
         """Append a plan version to the job's record; the same version twice is stored once."""
         await self._alone(self._plan_made, plan)
 
     async def plans_made(self, plans: Sequence[plan_pb2.ResourcePlan]) -> Outcomes:
-        """:meth:`plan_made` for a fetched batch, in one transaction (:meth:`_together`)."""
-        return await self._together(self._plan_made, plans)
+        """:meth:`plan_made` for a fetched batch, in one transaction of a few statements
+        (:meth:`_batched`, :meth:`_plans_batch`)."""
+        return await self._batched(self._plan_made, self._plans_batch, plans)
 
     async def finished(self, event: job_pb2.JobFinished) -> None:
         """Record how and when a job ended; the first outcome sticks."""
@@ -132,6 +136,26 @@ class JobHistory:
             else:
                 outcomes.append(None)
         return outcomes
+
+    async def _batched(
+        self, step: Step[E], batch_step: BatchStep[E], events: Sequence[E]
+    ) -> Outcomes:
+        """Apply ``events`` with ``batch_step``: a few statements for the whole batch in one
+        transaction instead of a few per event (those were most of configdb's work under a
+        stream of submissions, ``bench/submit_load.py``). An event the batch step refuses
+        (invalid, or a conflict) fails alone with the error it would meet alone; if the
+        transaction fails, each event is applied alone with ``step`` (:meth:`_together`)."""
+        if len(events) > 1:
+            try:
+                async with self.database.transaction() as session:
+                    outcomes, afters = await batch_step(session, events)
+            except Exception as error:
+                log.info("batch not stored together; one event at a time", why=str(error)[:200])
+            else:
+                for after in afters:
+                    after()
+                return outcomes
+        return await self._together(step, events)
 
     async def _submitted(self, session: Session, event: job_pb2.JobSubmitted) -> After:
         _check_job_id(event.job_id)
@@ -192,6 +216,110 @@ class JobHistory:
             if ended:  # a plan after the outcome: it may be a candidate now
                 self._history_changed()
             log.info("plan recorded", job_id=plan.job_id, version=plan.version, placeholder=created)
+
+        return after
+
+    async def _submitted_batch(
+        self, session: Session, events: Sequence[job_pb2.JobSubmitted]
+    ) -> tuple[Outcomes, list[After]]:
+        """:meth:`_submitted` for every event of a batch, in a few statements."""
+        outcomes: Outcomes = [None] * len(events)
+        ready: list[tuple[job_pb2.JobSubmitted, JobFeatures]] = []
+        for index, event in enumerate(events):
+            try:
+                _check_job_id(event.job_id)
+                if not event.HasField("spec"):
+                    raise InvalidArgument("spec", "is required")
+                ready.append((event, features_from_spec(event.spec)))
+            except InvalidArgument as error:
+                outcomes[index] = error
+        if not ready:
+            return outcomes, []
+        now = datetime.now(UTC)
+        held = await repository.ensure_records(session, [e.job_id for e, _ in ready], now)
+        specs = {
+            job_id: job_pb2.JobSpec.FromString(record.spec)
+            for job_id, record in held.items()
+            if record.spec is not None
+        }
+        completions: list[repository.Completion] = []
+        afters: list[After] = []
+        for event, features in ready:
+            existing = specs.get(event.job_id)
+            if existing is not None:
+                if existing != event.spec:
+                    log.warning(
+                        "conflicting submitted event ignored; first spec kept", job_id=event.job_id
+                    )
+                continue
+            specs[event.job_id] = event.spec
+            # Submission time orders the history; without it the record keeps the time
+            # configdb first heard of the job.
+            recorded_at = moment(event.submitted_at) if event.HasField("submitted_at") else None
+            completions.append(
+                repository.Completion(event.job_id, event.spec, features, recorded_at)
+            )
+            afters.append(self._recorded(event.job_id, features, held[event.job_id]))
+        await repository.complete_records(session, completions, now)
+        return outcomes, afters
+
+    def _recorded(self, job_id: str, features: JobFeatures, held: repository.HeldRecord) -> After:
+        def after() -> None:
+            if held.ended:  # its spec came after its outcome: it may be a candidate now
+                self._history_changed()
+            log.info(
+                "job recorded",
+                job_id=job_id,
+                model=features.model_name,
+                completed_placeholder=not held.created,
+            )
+
+        return after
+
+    async def _plans_batch(
+        self, session: Session, plans: Sequence[plan_pb2.ResourcePlan]
+    ) -> tuple[Outcomes, list[After]]:
+        """:meth:`_plan_made` for every plan of a batch, in a few statements."""
+        outcomes: Outcomes = [None] * len(plans)
+        ready: dict[tuple[str, int], plan_pb2.ResourcePlan] = {}
+        for index, plan in enumerate(plans):
+            try:
+                _check_job_id(plan.job_id)
+                if plan.version < 1:
+                    raise InvalidArgument("version", f"must be at least 1, got {plan.version}")
+            except InvalidArgument as error:
+                outcomes[index] = error
+            else:
+                ready.setdefault((plan.job_id, plan.version), plan)
+        if not ready:
+            return outcomes, []
+        now = datetime.now(UTC)
+        records = await repository.ensure_records(session, [job for job, _ in ready], now)
+        before = await repository.insert_plans(session, list(ready.values()), now)
+        afters: list[After] = []
+        for index, plan in enumerate(plans):
+            key = (plan.job_id, plan.version)
+            if outcomes[index] is not None:
+                continue
+            held = before[key] if key in before else ready[key]
+            if held != plan:
+                # A producer reused a version for a different plan: keep the history
+                # truthful and make the conflict visible on the dead-letter stream.
+                outcomes[index] = PermanentError(
+                    f"plan version {plan.version} of job {plan.job_id} is already recorded "
+                    "with different contents"
+                )
+            elif key not in before and ready[key] is plan:
+                afters.append(self._plan_recorded(plan, records[plan.job_id]))
+        return outcomes, afters
+
+    def _plan_recorded(self, plan: plan_pb2.ResourcePlan, held: repository.HeldRecord) -> After:
+        def after() -> None:
+            if held.ended:  # a plan after the outcome: it may be a candidate now
+                self._history_changed()
+            log.info(
+                "plan recorded", job_id=plan.job_id, version=plan.version, placeholder=held.created
+            )
 
         return after
 

@@ -201,7 +201,14 @@ async def build(settings: PodWatcherSettings) -> ServiceHost:
         batch_handler=AdmittedHandler(pods),
         batch=64,
     )
-    consume(host, bus, topics.PLAN, durable="podwatcher-plans", handler=PlanHandler(pods))
+    consume(
+        host,
+        bus,
+        topics.PLAN,
+        durable="podwatcher-plans",
+        batch_handler=PlanHandler(pods),
+        batch=64,
+    )
     consume(
         host, bus, topics.JOB_FINISHED, durable="podwatcher-finished", handler=FinishedHandler(pods)
     )

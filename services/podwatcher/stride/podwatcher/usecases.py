@@ -220,39 +220,108 @@ class PodWatcher:
         Raises :class:`InvalidArgument` (dead-lettered) for an invalid plan and
         :class:`JobNotAdmitted` (retried, then dead-lettered) for a job not admitted.
         """
-        plan = plan_from_proto(message)
-        validate_plan(plan)
+        (outcome,) = await self.receive_all([message])
+        if isinstance(outcome, Exception):
+            raise outcome
+        return outcome
+
+    async def receive_all(
+        self, messages: Sequence[plan_pb2.ResourcePlan]
+    ) -> list[Arrival | Exception]:
+        """:meth:`receive` for a fetched batch, in order; per plan, how it arrived or the
+        error it met.
+
+        The batch's plans are classified against what is stored and the newer ones stored
+        in one transaction (a transaction per plan was most of the pod watcher's work
+        under a stream of submissions, ``bench/submit_load.py``); if it fails, each alone,
+        so a bad one fails alone. Then each newly recorded plan of a job with pods is
+        applied; a simulated job's plan is recorded as applied."""
+        outcomes: list[Arrival | Exception] = [Arrival.STALE] * len(messages)
+        valid = []
+        for index, message in enumerate(messages):
+            try:
+                validate_plan(plan_from_proto(message))
+            except InvalidArgument as error:
+                outcomes[index] = error
+            else:
+                valid.append(index)
+        try:
+            recorded = await self._record_plans([messages[index] for index in valid])
+        except Exception as error:
+            if len(valid) <= 1:
+                for index in valid:
+                    outcomes[index] = error
+                return outcomes
+            log.info("plans not stored together; one at a time", why=str(error)[:200])
+            recorded = []
+            for index in valid:
+                try:
+                    recorded += await self._record_plans([messages[index]])
+                except Exception as alone:
+                    recorded.append((alone, None))
+        for index, (arrival, job) in zip(valid, recorded, strict=True):
+            outcomes[index] = arrival
+            if isinstance(arrival, Exception) or job is None:
+                continue
+            plan = messages[index]
+            if job.state != "RUNNING":
+                log.info("plan for an ended job ignored", job_id=plan.job_id, state=job.state)
+            elif arrival is Arrival.STALE:
+                log.warning("stale plan ignored", job_id=plan.job_id, version=plan.version)
+            elif arrival is Arrival.DUPLICATE:
+                log.info("plan already recorded", job_id=plan.job_id, version=plan.version)
+            else:
+                log.info(
+                    "plan recorded", job_id=plan.job_id, version=plan.version, reason=plan.reason
+                )
+                if not job.spec.simulated:
+                    try:
+                        await self.apply(plan.job_id)
+                    except Exception as error:
+                        outcomes[index] = error
+        return outcomes
+
+    async def _record_plans(
+        self, messages: Sequence[plan_pb2.ResourcePlan]
+    ) -> list[tuple[Arrival | Exception, StoredJob | None]]:
+        """Classify each plan (in order, so a later one of the same job is compared with
+        an earlier one of the batch) and store the newer ones of running jobs, in one
+        transaction. A plan of a job not admitted is :class:`JobNotAdmitted`."""
+        if not messages:
+            return []
         now = now_utc()
+        found: list[tuple[Arrival | Exception, StoredJob | None]] = []
+        accepted: list[tuple[plan_pb2.ResourcePlan, PlanState, str]] = []
         async with self.database.transaction() as session:
-            job = await repository.get_job(session, plan.job_id)
-            if job is None:
-                raise JobNotAdmitted(f"no admitted job {plan.job_id!r}: plan v{plan.version}")
-            newest = await repository.newest_version(session, plan.job_id)
-            arrival = classify_arrival(plan.version, newest)
-            if arrival is Arrival.NEWER and job.state == "RUNNING":
-                # A simulated job's plan is applied as it is recorded: it starts no pods.
-                simulated = job.spec.simulated
-                state = PlanState.APPLIED if simulated else PlanState.RECORDED
-                why = SIMULATED if simulated else ""
-                await repository.insert_plan(session, message, state, now, why)
-        if job.state != "RUNNING":
-            log.info("plan for an ended job ignored", job_id=plan.job_id, state=job.state)
-            return arrival
-        if arrival is Arrival.STALE:
-            log.warning(
-                "stale plan ignored", job_id=plan.job_id, version=plan.version, newest=newest
-            )
-            return arrival
-        if arrival is Arrival.DUPLICATE:
-            log.info("plan already recorded", job_id=plan.job_id, version=plan.version)
-            return arrival
-        log.info("plan recorded", job_id=plan.job_id, version=plan.version, reason=plan.reason)
-        if not job.spec.simulated:
-            await self.apply(plan.job_id)
-        return arrival
+            ids = [message.job_id for message in messages]
+            stored = await repository.get_jobs(session, ids)
+            newest: dict[str, int | None] = dict(await repository.newest_versions(session, ids))
+            for message in messages:
+                job = stored.get(message.job_id)
+                if job is None:
+                    found.append(
+                        (
+                            JobNotAdmitted(
+                                f"no admitted job {message.job_id!r}: plan v{message.version}"
+                            ),
+                            None,
+                        )
+                    )
+                    continue
+                arrival = classify_arrival(message.version, newest.get(message.job_id))
+                if arrival is Arrival.NEWER and job.state == "RUNNING":
+                    # A simulated job's plan is applied as it is recorded: it starts no pods.
+                    simulated = job.spec.simulated
+                    state = PlanState.APPLIED if simulated else PlanState.RECORDED
+                    accepted.append((message, state, SIMULATED if simulated else ""))
+                    newest[message.job_id] = message.version
+                found.append((arrival, job))
+            await repository.insert_plans(session, accepted, now)
+        return found
 
     async def admitted(self, decision: job_pb2.AdmissionDecision) -> None:
-        """Store an admitted job's spec (idempotent) and apply a plan already waiting."""
+        """Store an admitted job's spec (idempotent); a redelivery applies its newest plan
+        again."""
         (outcome,) = await self.admitted_all([decision])
         if outcome is not None:
             raise outcome
@@ -262,10 +331,12 @@ class PodWatcher:
     ) -> list[Exception | None]:
         """:meth:`admitted` for a fetched batch; per decision, None or the error it met.
 
-        The specs are stored in one transaction, in order of job (a transaction per job
-        was a third of the pod watcher's work under a stream of submissions,
-        ``bench/submit_load.py``); if it fails, each alone, so a bad one fails alone.
-        Then each job's waiting plan, if any, is applied."""
+        The specs are stored in one transaction (a transaction per job was a third of the
+        pod watcher's work under a stream of submissions, ``bench/submit_load.py``); if it
+        fails, each alone, so a bad one fails alone. A job stored now has no plan yet (a
+        plan of a job not stored is refused and retried, and applied when it is recorded);
+        one stored before (a redelivery, after a crash perhaps) has its plan applied
+        again."""
         outcomes: list[Exception | None] = [None] * len(decisions)
         valid = []
         for index, decision in enumerate(decisions):
@@ -275,41 +346,42 @@ class PodWatcher:
                 outcomes[index] = InvalidArgument(
                     "spec", "an admitted job's decision must carry its spec"
                 )
-        created: dict[int, bool] = {}
-        order = sorted(valid, key=lambda index: decisions[index].job_id)
+        created: set[str] = set()
+        stored: list[int] = []
         try:
-            async with self.database.transaction() as session:
-                for index in order:
-                    decision = decisions[index]
-                    created[index] = await repository.insert_job(
-                        session, decision.job_id, decision.spec, now_utc()
-                    )
+            created = await self._store_jobs([decisions[index] for index in valid])
+            stored = valid
         except Exception as error:
-            if len(order) == 1:
-                outcomes[order[0]] = error
+            if len(valid) <= 1:
+                for index in valid:
+                    outcomes[index] = error
                 return outcomes
             log.info("batch not stored together; one job at a time", why=str(error)[:200])
-            created.clear()
-            for index in order:
-                decision = decisions[index]
+            for index in valid:
                 try:
-                    async with self.database.transaction() as session:
-                        created[index] = await repository.insert_job(
-                            session, decision.job_id, decision.spec, now_utc()
-                        )
+                    created |= await self._store_jobs([decisions[index]])
+                    stored.append(index)
                 except Exception as alone:
                     outcomes[index] = alone
-        for index in order:
-            if index not in created:
-                continue
+        for index in stored:
             job_id = decisions[index].job_id
-            if created[index]:
+            if job_id in created:
                 log.info("job admitted", job_id=job_id)
+                continue
             try:
                 await self.apply(job_id)
             except Exception as error:
                 outcomes[index] = error
         return outcomes
+
+    async def _store_jobs(self, decisions: Sequence[job_pb2.AdmissionDecision]) -> set[str]:
+        """Store the decisions' jobs not stored yet, in one transaction; their ids."""
+        if not decisions:
+            return set()
+        async with self.database.transaction() as session:
+            return await repository.insert_jobs(
+                session, [(decision.job_id, decision.spec) for decision in decisions], now_utc()
+            )
 
     # --- applying ---------------------------------------------------------------------
 

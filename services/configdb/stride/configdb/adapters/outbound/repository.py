@@ -14,7 +14,15 @@ from dataclasses import dataclass, field
 from datetime import UTC, datetime
 from typing import Any, cast
 
-from sqlalchemy import CursorResult, Table, distinct, func, select, update
+from sqlalchemy import (
+    CursorResult,
+    Table,
+    bindparam,
+    distinct,
+    func,
+    select,
+    update,
+)
 from sqlalchemy.dialects import postgresql, sqlite
 from sqlalchemy.ext.asyncio import AsyncSession
 
@@ -149,6 +157,195 @@ async def insert_plan(
     if raw is None:
         raise RuntimeError(f"plan {plan.job_id} v{plan.version} conflicted but is not stored")
     return plan_pb2.ResourcePlan.FromString(raw)
+
+
+def _dialect_insert(session: AsyncSession, table: Table) -> Any:
+    dialect = session.get_bind().dialect.name
+    return (postgresql.insert if dialect == "postgresql" else sqlite.insert)(table)
+
+
+@dataclass(frozen=True)
+class HeldRecord:
+    """What a batch of events needs to know of a job's row (:func:`ensure_records`)."""
+
+    created: bool
+    """The row was made now, as a placeholder."""
+    ended: bool
+    """Its outcome is recorded."""
+    spec: bytes | None
+    """Its spec (serialized), None for a placeholder."""
+
+
+async def ensure_records(
+    session: AsyncSession, job_ids: Sequence[str], now: datetime
+) -> dict[str, HeldRecord]:
+    """:func:`ensure_record` for many jobs, in two statements (three if another writer
+    made one of the rows meanwhile): each job's row exists (a placeholder if new) and is
+    locked.
+
+    The rows that exist are locked first, in order of job id, then the missing ones are
+    inserted, in order of job id (an insert locks its row). Two batches over the same jobs
+    then never wait for each other in a cycle: one waits at an insert only for a row the
+    other inserted, after its own locks on rows that existed, and both insert in the same
+    order. Nothing is written to a row that exists."""
+    ids = sorted(set(job_ids))
+    held = await _lock_records(session, ids)
+    missing = [job_id for job_id in ids if job_id not in held]
+    if missing:
+        inserted = await session.execute(
+            _dialect_insert(session, job_records)
+            .on_conflict_do_nothing(index_elements=["job_id"])
+            .returning(job_records.c.job_id),
+            [
+                {"job_id": job_id, "plan_count": 0, "recorded_at": now, "updated_at": now}
+                for job_id in missing
+            ],
+        )
+        for job_id in inserted.scalars():
+            held[job_id] = HeldRecord(created=True, ended=False, spec=None)
+        raced = [job_id for job_id in missing if job_id not in held]
+        if raced:  # made by another writer since the first statement: locked now
+            held |= await _lock_records(session, raced)
+    return held
+
+
+async def _lock_records(session: AsyncSession, ids: Sequence[str]) -> dict[str, HeldRecord]:
+    rows = await session.execute(
+        select(job_records.c.job_id, job_records.c.outcome, job_records.c.spec)
+        .where(job_records.c.job_id.in_(ids))
+        .order_by(job_records.c.job_id)
+        .with_for_update()
+    )
+    return {row.job_id: HeldRecord(False, row.outcome is not None, row.spec) for row in rows}
+
+
+@dataclass(frozen=True)
+class Completion:
+    """The spec and features that complete a placeholder record (:func:`complete_records`)."""
+
+    job_id: str
+    spec: job_pb2.JobSpec
+    features: JobFeatures
+    recorded_at: datetime | None
+
+
+_COMPLETE = (
+    update(job_records)
+    .where(job_records.c.job_id == bindparam("b_job_id"))
+    .values(
+        updated_at=bindparam("b_now", type_=job_records.c.updated_at.type),
+        recorded_at=func.coalesce(
+            bindparam("b_recorded_at", type_=job_records.c.recorded_at.type),
+            job_records.c.recorded_at,
+        ),
+        spec=bindparam("b_spec"),
+        user=bindparam("b_user"),
+        model_name=bindparam("b_model_name"),
+        model_family=bindparam("b_model_family"),
+        dataset_name=bindparam("b_dataset_name"),
+        dataset_format=bindparam("b_dataset_format"),
+        record_count=bindparam("b_record_count"),
+        batch_size=bindparam("b_batch_size"),
+        embedding_dim=bindparam("b_embedding_dim"),
+        parameter_count=bindparam("b_parameter_count"),
+    )
+)
+
+
+async def complete_records(
+    session: AsyncSession, completions: Sequence[Completion], now: datetime
+) -> None:
+    """:func:`complete_record` for many records, in one statement."""
+    if not completions:
+        return
+    await session.execute(
+        _COMPLETE,
+        [
+            {
+                "b_job_id": done.job_id,
+                "b_now": now,
+                "b_recorded_at": done.recorded_at,
+                "b_spec": done.spec.SerializeToString(),
+                "b_user": done.spec.user[:128] or None,
+                "b_model_name": done.features.model_name,
+                "b_model_family": done.features.model_family,
+                "b_dataset_name": done.features.dataset_name,
+                "b_dataset_format": done.features.dataset_format,
+                "b_record_count": done.features.record_count,
+                "b_batch_size": done.features.batch_size,
+                "b_embedding_dim": done.features.embedding_dim,
+                "b_parameter_count": done.features.parameter_count,
+            }
+            for done in completions
+        ],
+    )
+
+
+_COUNT_PLANS = (
+    update(job_records)
+    .where(job_records.c.job_id == bindparam("b_job_id"))
+    .values(
+        plan_count=job_records.c.plan_count + bindparam("b_added"),
+        updated_at=bindparam("b_now", type_=job_records.c.updated_at.type),
+    )
+)
+
+
+async def insert_plans(
+    session: AsyncSession, accepted: Sequence[plan_pb2.ResourcePlan], now: datetime
+) -> dict[tuple[str, int], plan_pb2.ResourcePlan]:
+    """:func:`insert_plan` for many plans (one per job and version), in at most three
+    statements; the plans already held for the versions that were stored before, by job
+    and version (the others are stored now)."""
+    if not accepted:
+        return {}
+    inserted = await session.execute(
+        _dialect_insert(session, plans)
+        .on_conflict_do_nothing(index_elements=["job_id", "version"])
+        .returning(plans.c.job_id, plans.c.version),
+        [
+            {
+                "job_id": plan.job_id,
+                "version": plan.version,
+                "plan": plan.SerializeToString(),
+                "recorded_at": now,
+            }
+            for plan in accepted
+        ],
+    )
+    stored = {(job_id, int(version)) for job_id, version in inserted}
+    added: dict[str, int] = {}
+    for job_id, _ in stored:
+        added[job_id] = added.get(job_id, 0) + 1
+    if added:
+        await session.execute(
+            _COUNT_PLANS,
+            [
+                {"b_job_id": job_id, "b_added": n, "b_now": now}
+                for job_id, n in sorted(added.items())
+            ],
+        )
+    before = [
+        (plan.job_id, plan.version)
+        for plan in accepted
+        if (plan.job_id, plan.version) not in stored
+    ]
+    if not before:
+        return {}
+    rows = await session.execute(
+        select(plans.c.job_id, plans.c.version, plans.c.plan).where(
+            plans.c.job_id.in_(sorted({job_id for job_id, _ in before}))
+        )
+    )
+    wanted = set(before)
+    held = {
+        (row.job_id, int(row.version)): plan_pb2.ResourcePlan.FromString(row.plan)
+        for row in rows
+        if (row.job_id, int(row.version)) in wanted
+    }
+    if len(held) != len(wanted):
+        raise RuntimeError(f"plans {sorted(wanted - set(held))} conflicted but are not stored")
+    return held
 
 
 async def stored_outcome(session: AsyncSession, job_id: str) -> Outcome | None:

@@ -24,14 +24,18 @@ class AdmittedHandler:
 
 
 class PlanHandler:
-    """Records and applies a plan on ``stride.plans.v1.<job>``; invalid plans dead-letter,
-    plans for a job not admitted (yet) are retried, then dead-lettered."""
+    """Records and applies plans on ``stride.plans.v1.<job>``, a fetched batch in one
+    transaction (``PodWatcher.receive_all``); invalid plans dead-letter, plans for a job
+    not admitted (yet) are retried, then dead-lettered."""
 
     def __init__(self, pods: PodWatcher) -> None:
         self.pods = pods
 
-    async def __call__(self, plan: plan_pb2.ResourcePlan, delivery: Delivery) -> None:
-        await self.pods.receive(plan)
+    async def __call__(
+        self, batch: Sequence[tuple[plan_pb2.ResourcePlan, Delivery]]
+    ) -> Sequence[BaseException | None]:
+        outcomes = await self.pods.receive_all([plan for plan, _ in batch])
+        return [outcome if isinstance(outcome, Exception) else None for outcome in outcomes]
 
 
 class FinishedHandler:

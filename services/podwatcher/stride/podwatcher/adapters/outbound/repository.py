@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
 from datetime import UTC, datetime
 from typing import Any
@@ -37,24 +38,38 @@ async def newest_version(session: AsyncSession, job_id: str) -> int | None:
     return None if value is None else int(value)
 
 
-async def insert_plan(
+async def newest_versions(session: AsyncSession, job_ids: Iterable[str]) -> dict[str, int]:
+    """:func:`newest_version` of each of ``job_ids`` that has a plan, in one statement."""
+    rows = await session.execute(
+        select(plans.c.job_id, func.max(plans.c.version))
+        .where(plans.c.job_id.in_(sorted(set(job_ids))))
+        .group_by(plans.c.job_id)
+    )
+    return {job_id: int(version) for job_id, version in rows}
+
+
+async def insert_plans(
     session: AsyncSession,
-    plan: plan_pb2.ResourcePlan,
-    state: PlanState,
+    accepted: Sequence[tuple[plan_pb2.ResourcePlan, PlanState, str]],
     now: datetime,
-    message: str = "",
 ) -> None:
-    """Store an accepted plan."""
+    """Store accepted plans (each with its state and message), in one statement."""
+    if not accepted:
+        return
     await session.execute(
-        plans.insert().values(
-            job_id=plan.job_id,
-            version=plan.version,
-            plan=plan.SerializeToString(),
-            state=state.value,
-            message=message,
-            recorded_at=now,
-            updated_at=now,
-        )
+        plans.insert(),
+        [
+            {
+                "job_id": plan.job_id,
+                "version": plan.version,
+                "plan": plan.SerializeToString(),
+                "state": state.value,
+                "message": message,
+                "recorded_at": now,
+                "updated_at": now,
+            }
+            for plan, state, message in accepted
+        ],
     )
 
 
@@ -104,26 +119,35 @@ class StoredJob:
     reconfigure_since: datetime | None = None
 
 
-async def insert_job(
-    session: AsyncSession, job_id: str, spec: job_pb2.JobSpec, now: datetime
-) -> bool:
-    """Store an admitted job; False if it was stored before (a redelivery)."""
-    exists = await session.scalar(select(jobs.c.job_id).where(jobs.c.job_id == job_id))
-    if exists is not None:
-        return False
-    await session.execute(
-        jobs.insert().values(
-            job_id=job_id,
-            spec=spec.SerializeToString(),
-            state="RUNNING",
-            message="",
-            reconfigure_version=0,
-            reconfigure_since=None,
-            created_at=now,
-            updated_at=now,
+async def insert_jobs(
+    session: AsyncSession, admitted: Sequence[tuple[str, job_pb2.JobSpec]], now: datetime
+) -> set[str]:
+    """Store admitted jobs (id and spec) that are not stored yet, in two statements; the
+    ids stored now (the others were stored before: a redelivery)."""
+    ids = sorted({job_id for job_id, _ in admitted})
+    stored = set((await session.scalars(select(jobs.c.job_id).where(jobs.c.job_id.in_(ids)))).all())
+    new: dict[str, job_pb2.JobSpec] = {}
+    for job_id, spec in admitted:
+        if job_id not in stored:
+            new.setdefault(job_id, spec)
+    if new:
+        await session.execute(
+            jobs.insert(),
+            [
+                {
+                    "job_id": job_id,
+                    "spec": spec.SerializeToString(),
+                    "state": "RUNNING",
+                    "message": "",
+                    "reconfigure_version": 0,
+                    "reconfigure_since": None,
+                    "created_at": now,
+                    "updated_at": now,
+                }
+                for job_id, spec in new.items()
+            ],
         )
-    )
-    return True
+    return set(new)
 
 
 async def get_job(
@@ -134,8 +158,16 @@ async def get_job(
     if for_update:
         query = query.with_for_update()
     row = (await session.execute(query)).one_or_none()
-    if row is None:
-        return None
+    return None if row is None else _stored_job(row)
+
+
+async def get_jobs(session: AsyncSession, job_ids: Iterable[str]) -> dict[str, StoredJob]:
+    """The stored ones of ``job_ids``, by id, in one statement."""
+    rows = await session.execute(select(jobs).where(jobs.c.job_id.in_(sorted(set(job_ids)))))
+    return {row.job_id: _stored_job(row) for row in rows}
+
+
+def _stored_job(row: Any) -> StoredJob:
     return StoredJob(
         row.job_id,
         job_pb2.JobSpec.FromString(row.spec),
