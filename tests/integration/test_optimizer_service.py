@@ -503,6 +503,11 @@ async def test_admissions_of_a_batch_are_stored_together_and_a_bad_one_fails_alo
             assert [p.version for p in await planning.plans(decision.job_id)] == [1]
         with pytest.raises(NotFound):
             await planning.plans("job-no-spec")
+        # Each new plan 1 waits in the outbox to be published, queued with the batch.
+        async with database.sessions() as session:
+            queued = set((await session.execute(sa.select(outbox_table.c.subject))).scalars())
+        for decision in batch:
+            assert topics.PLAN.subject(decision.job_id) in queued, queued
         # Each plan 1 is the one that job gets alone (same spec, same cold start).
         alone = await planning.plans("job-known")
         for decision in batch:
@@ -512,10 +517,10 @@ async def test_admissions_of_a_batch_are_stored_together_and_a_bad_one_fails_alo
         # One that fails only when stored rolls the batch back; each is then stored alone.
         store = planning._store_first
 
-        async def failing(session: object, first: object) -> object:
+        async def failing(session: object, first: object, *rest: object) -> object:
             if getattr(first, "job_id", "") == "job-c1":
                 raise RuntimeError("disk full")
-            return await store(session, first)  # type: ignore[arg-type]
+            return await store(session, first, *rest)  # type: ignore[arg-type]
 
         monkeypatch.setattr(planning, "_store_first", failing)
         later = [admission(f"job-c{n}") for n in range(3)]

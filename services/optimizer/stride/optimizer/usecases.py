@@ -27,6 +27,7 @@ from typing import Any, Protocol, TypeVar
 import structlog
 
 from stride.bus import topics
+from stride.bus.topics import Outgoing
 from stride.db.engine import Database, Session
 from stride.db.outbox import Outbox
 from stride.decisions import DecisionFailed, DecisionPort
@@ -261,10 +262,14 @@ class Planning:
         if len(ready) > 1:
             try:
                 stored = []
+                # The batch's plan messages go to the outbox together: two statements
+                # for the batch instead of two per job.
+                outgoing: list[Outgoing] = []
                 async with self.database.transaction() as session:
                     for _, first in ready:
                         with first.scope():
-                            stored.append(await self._store_first(session, first))
+                            stored.append(await self._store_first(session, first, outgoing))
+                    await self.outbox.add_events(session, outgoing)
             except Exception as error:
                 log.info("batch not stored together; one job at a time", why=str(error)[:200])
             else:
@@ -330,8 +335,11 @@ class Planning:
             job_id, decision.spec.SerializeToString(), first, explanation, default, share=share
         )
 
-    async def _store_first(self, session: Session, first: _FirstPlan) -> Step:
-        """Store an admitted job's administrator and plan 1 (nothing if it has one)."""
+    async def _store_first(
+        self, session: Session, first: _FirstPlan, outgoing: list[Outgoing] | None = None
+    ) -> Step:
+        """Store an admitted job's administrator and plan 1 (nothing if it has one);
+        ``outgoing``: as :meth:`_store`."""
         now = datetime.now(UTC)
         existing = await repository.get_administrator(session, first.job_id, for_update=True)
         if first.share is not None:
@@ -352,6 +360,7 @@ class Planning:
                 now,
                 explanation=explanation,
                 view=obs.Observations(request=first.default),
+                outgoing=outgoing,
             )
         return step
 
@@ -441,10 +450,12 @@ class Planning:
         now: datetime,
         explanation: Explanation | None = None,
         view: obs.Observations | None = None,
+        outgoing: list[Outgoing] | None = None,
     ) -> None:
         """Write one step: administrator, events, plans (with ``explanation``), the plans'
-        outbox messages, and the job's metric view (``view`` if the caller changed it),
-        which starts a new window for a new plan."""
+        outbox messages (appended to ``outgoing`` instead, if given, for the caller to
+        queue in the same transaction), and the job's metric view (``view`` if the caller
+        changed it), which starts a new window for a new plan."""
         assert step.after is not None, "a step that stores always has an administrator"
         if step.before is None:
             await repository.insert_administrator(session, step.after, spec, now)
@@ -457,9 +468,11 @@ class Planning:
             await repository.insert_plan(
                 session, message, explanation.to_json() if explanation else None
             )
-            await self.outbox.add_event(
-                session, topics.PLAN.outgoing(versioned.job_id, message, versioned.message_id)
-            )
+            queued = topics.PLAN.outgoing(versioned.job_id, message, versioned.message_id)
+            if outgoing is None:
+                await self.outbox.add_event(session, queued)
+            else:
+                outgoing.append(queued)
         if not step.plans and view is None:
             return
         # A new administrator has no metric view yet (metrics of a job the optimizer does
