@@ -49,10 +49,10 @@ import asyncio
 import json
 import socket
 from collections import defaultdict, deque
-from collections.abc import AsyncIterator, Callable, Coroutine, Iterable, Sequence
+from collections.abc import AsyncIterator, Awaitable, Callable, Coroutine, Iterable, Sequence
 from dataclasses import dataclass, replace
 from datetime import UTC, datetime, timedelta
-from typing import Any
+from typing import Any, TypeVar
 
 import structlog
 from google.protobuf import json_format
@@ -92,6 +92,8 @@ from stride.runtime.errors import FailedPrecondition, InvalidArgument, NotFound
 from stride.vocabulary import Role
 
 log = structlog.get_logger(__name__)
+T = TypeVar("T")
+R = TypeVar("R")
 
 SIMULATED = "simulated job: no pods (its agents are played by stride loadgen)"
 """Why a simulated job's plan counts as applied."""
@@ -245,21 +247,14 @@ class PodWatcher:
                 outcomes[index] = error
             else:
                 valid.append(index)
-        try:
-            recorded = await self._record_plans([messages[index] for index in valid])
-        except Exception as error:
-            if len(valid) <= 1:
-                for index in valid:
-                    outcomes[index] = error
-                return outcomes
-            log.info("plans not stored together; one at a time", why=str(error)[:200])
-            recorded = []
-            for index in valid:
-                try:
-                    recorded += await self._record_plans([messages[index]])
-                except Exception as alone:
-                    recorded.append((alone, None))
-        for index, (arrival, job) in zip(valid, recorded, strict=True):
+        recorded = await _together_or_alone(
+            "plans", [messages[index] for index in valid], self._record_plans
+        )
+        for index, result in zip(valid, recorded, strict=True):
+            if isinstance(result, Exception):
+                outcomes[index] = result
+                continue
+            arrival, job = result
             outcomes[index] = arrival
             if isinstance(arrival, Exception) or job is None:
                 continue
@@ -346,42 +341,36 @@ class PodWatcher:
                 outcomes[index] = InvalidArgument(
                     "spec", "an admitted job's decision must carry its spec"
                 )
-        created: set[str] = set()
-        stored: list[int] = []
-        try:
-            created = await self._store_jobs([decisions[index] for index in valid])
-            stored = valid
-        except Exception as error:
-            if len(valid) <= 1:
-                for index in valid:
-                    outcomes[index] = error
-                return outcomes
-            log.info("batch not stored together; one job at a time", why=str(error)[:200])
-            for index in valid:
-                try:
-                    created |= await self._store_jobs([decisions[index]])
-                    stored.append(index)
-                except Exception as alone:
-                    outcomes[index] = alone
-        for index in stored:
+        created = await _together_or_alone(
+            "admitted jobs", [decisions[index] for index in valid], self._store_jobs
+        )
+        for index, new in zip(valid, created, strict=True):
             job_id = decisions[index].job_id
-            if job_id in created:
+            if isinstance(new, Exception):
+                outcomes[index] = new
+            elif new:
                 log.info("job admitted", job_id=job_id)
-                continue
-            try:
-                await self.apply(job_id)
-            except Exception as error:
-                outcomes[index] = error
+            else:
+                try:
+                    await self.apply(job_id)
+                except Exception as error:
+                    outcomes[index] = error
         return outcomes
 
-    async def _store_jobs(self, decisions: Sequence[job_pb2.AdmissionDecision]) -> set[str]:
-        """Store the decisions' jobs not stored yet, in one transaction; their ids."""
+    async def _store_jobs(self, decisions: Sequence[job_pb2.AdmissionDecision]) -> list[bool]:
+        """Store the decisions' jobs not stored yet, in one transaction; per decision,
+        whether it stored its job (False for one stored before, in the batch too)."""
         if not decisions:
-            return set()
+            return []
         async with self.database.transaction() as session:
-            return await repository.insert_jobs(
+            new = await repository.insert_jobs(
                 session, [(decision.job_id, decision.spec) for decision in decisions], now_utc()
             )
+        created = []
+        for decision in decisions:
+            created.append(decision.job_id in new)
+            new.discard(decision.job_id)
+        return created
 
     # --- applying ---------------------------------------------------------------------
 
@@ -1437,6 +1426,26 @@ class PodWatcher:
         finally:
             for task in tasks:
                 task.cancel()
+
+
+async def _together_or_alone(
+    what: str, items: Sequence[T], store: Callable[[Sequence[T]], Awaitable[list[R]]]
+) -> list[R | Exception]:
+    """``store(items)``, one result per item, in one transaction; if that fails, each item
+    stored alone, so a bad one fails alone (its result is then the error it met)."""
+    try:
+        return list(await store(items))
+    except Exception as error:
+        if len(items) <= 1:
+            return [error for _ in items]
+        log.info(f"{what} not stored together; one at a time", why=str(error)[:200])
+    results: list[R | Exception] = []
+    for item in items:
+        try:
+            results += await store([item])
+        except Exception as alone:
+            results.append(alone)
+    return results
 
 
 def _standby_chief(rows: list[StoredPod], version: int) -> StoredPod | None:
