@@ -406,7 +406,6 @@ class Submissions:
         """Decide each arrival in order and store them all in one transaction (the pools'
         lock held by the caller)."""
         rulings = [await self._rule(a.job_id, a.spec, a.curve) for a in batch]
-        stored: list[StoredJob] = []
         async with self.database.transaction() as session:
             for arrival, ruling in zip(batch, rulings, strict=True):
                 job_id, spec, now = arrival.job_id, arrival.spec, arrival.now
@@ -416,9 +415,9 @@ class Submissions:
                 event = job_pb2.JobSubmitted(job_id=job_id, spec=spec, submitted_at=timestamp(now))
                 submitted = topics.JOB_SUBMITTED.outgoing(job_id, event, f"{job_id}.submitted")
                 await self._record(session, ruling, spec, stored=True, first=[submitted])
-                job = await repository.get_job(session, job_id)
-                assert job is not None
-                stored.append(job)
+            # Read back as stored, the batch at once.
+            found = await repository.get_jobs(session, [arrival.job_id for arrival in batch])
+            stored = [found[arrival.job_id] for arrival in batch]
         for arrival, ruling in zip(batch, rulings, strict=True):
             log.info(
                 "job submitted",

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from dataclasses import dataclass
 from datetime import UTC, datetime
 from typing import Any
@@ -112,9 +113,8 @@ async def set_state(session: AsyncSession, job_id: str, state: str, at: datetime
     )
 
 
-async def get_job(session: AsyncSession, job_id: str, for_update: bool = False) -> StoredJob | None:
-    """One job with its latest decision and its share, or None (one round trip: a
-    submission reads its job three times)."""
+def _jobs_query() -> Any:
+    """Jobs with the latest decision and the share of each (one round trip)."""
     latest = (
         select(decisions.c.decision)
         .where(decisions.c.job_id == jobs.c.job_id)
@@ -123,14 +123,10 @@ async def get_job(session: AsyncSession, job_id: str, for_update: bool = False) 
         .scalar_subquery()
     )
     share = select(ledger.c.share).where(ledger.c.job_id == jobs.c.job_id).scalar_subquery()
-    query = select(jobs, latest.label("latest_decision"), share.label("ledger_share")).where(
-        jobs.c.job_id == job_id
-    )
-    if for_update:
-        query = query.with_for_update(of=jobs)
-    row = (await session.execute(query)).one_or_none()
-    if row is None:
-        return None
+    return select(jobs, latest.label("latest_decision"), share.label("ledger_share"))
+
+
+def _stored_job(row: Any) -> StoredJob:
     decision = row.latest_decision
     return StoredJob(
         job_id=row.job_id,
@@ -142,14 +138,30 @@ async def get_job(session: AsyncSession, job_id: str, for_update: bool = False) 
     )
 
 
+async def get_job(session: AsyncSession, job_id: str, for_update: bool = False) -> StoredJob | None:
+    """One job with its latest decision and its share, or None (one round trip: a
+    submission reads its job three times)."""
+    query = _jobs_query().where(jobs.c.job_id == job_id)
+    if for_update:
+        query = query.with_for_update(of=jobs)
+    row = (await session.execute(query)).one_or_none()
+    return None if row is None else _stored_job(row)
+
+
+async def get_jobs(session: AsyncSession, job_ids: Sequence[str]) -> dict[str, StoredJob]:
+    """:func:`get_job` of each of ``job_ids`` that exists, by id, in one round trip."""
+    rows = await session.execute(_jobs_query().where(jobs.c.job_id.in_(sorted(set(job_ids)))))
+    return {row.job_id: _stored_job(row) for row in rows}
+
+
 async def list_jobs(session: AsyncSession, user: str | None, limit: int) -> list[StoredJob]:
     """Jobs newest first, optionally of one user."""
     query = select(jobs.c.job_id).order_by(jobs.c.submitted_at.desc(), jobs.c.job_id).limit(limit)
     if user:
         query = query.where(jobs.c.user == user)
     ids = (await session.scalars(query)).all()
-    found = [await get_job(session, job_id) for job_id in ids]
-    return [job for job in found if job is not None]
+    found = await get_jobs(session, ids)
+    return [found[job_id] for job_id in ids if job_id in found]
 
 
 async def undecided_job_ids(session: AsyncSession) -> list[str]:
