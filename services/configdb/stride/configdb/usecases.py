@@ -74,23 +74,15 @@ class JobHistory:
         self._history_generation = 0
         """Counts recorded outcomes, so a read that raced one is not kept."""
 
-    async def submitted(self, event: job_pb2.JobSubmitted) -> None:
-        """Record a submitted job's spec and features (completing a placeholder if any)."""
-        await self._alone(self._submitted, event)
-
     async def submitted_all(self, events: Sequence[job_pb2.JobSubmitted]) -> Outcomes:
-        """:meth:`submitted` for a fetched batch, in one transaction of a few statements
-        (:meth:`_batched`, :meth:`_submitted_batch`)."""
-        return await self._batched(self._submitted, self._submitted_batch, events)
-
-    async def plan_made(self, plan: plan_pb2.ResourcePlan) -> None:
-        """Append a plan version to the job's record; the same version twice is stored once."""
-        await self._alone(self._plan_made, plan)
+        """Record submitted jobs' specs and features (completing placeholders), a fetched
+        batch in one transaction of a few statements (:meth:`_batched`)."""
+        return await self._batched(self._submitted_batch, events)
 
     async def plans_made(self, plans: Sequence[plan_pb2.ResourcePlan]) -> Outcomes:
-        """:meth:`plan_made` for a fetched batch, in one transaction of a few statements
-        (:meth:`_batched`, :meth:`_plans_batch`)."""
-        return await self._batched(self._plan_made, self._plans_batch, plans)
+        """Append plan versions to their jobs' records (the same version twice is stored
+        once), a fetched batch in one transaction of a few statements (:meth:`_batched`)."""
+        return await self._batched(self._plans_batch, plans)
 
     async def finished(self, event: job_pb2.JobFinished) -> None:
         """Record how and when a job ended; the first outcome sticks."""
@@ -137,92 +129,33 @@ class JobHistory:
                 outcomes.append(None)
         return outcomes
 
-    async def _batched(
-        self, step: Step[E], batch_step: BatchStep[E], events: Sequence[E]
-    ) -> Outcomes:
+    async def _batched(self, batch_step: BatchStep[E], events: Sequence[E]) -> Outcomes:
         """Apply ``events`` with ``batch_step``: a few statements for the whole batch in one
-        transaction instead of a few per event (those were most of configdb's work under a
+        transaction, instead of a few per event (those were most of configdb's work under a
         stream of submissions, ``bench/submit_load.py``). An event the batch step refuses
-        (invalid, or a conflict) fails alone with the error it would meet alone; if the
-        transaction fails, each event is applied alone with ``step`` (:meth:`_together`)."""
-        if len(events) > 1:
-            try:
-                async with self.database.transaction() as session:
-                    outcomes, afters = await batch_step(session, events)
-            except Exception as error:
-                log.info("batch not stored together; one event at a time", why=str(error)[:200])
-            else:
-                for after in afters:
-                    after()
-                return outcomes
-        return await self._together(step, events)
-
-    async def _submitted(self, session: Session, event: job_pb2.JobSubmitted) -> After:
-        _check_job_id(event.job_id)
-        if not event.HasField("spec"):
-            raise InvalidArgument("spec", "is required")
-        now = datetime.now(UTC)
-        features = features_from_spec(event.spec)
-        created, ended = await repository.ensure_record(session, event.job_id, now)
-        existing = await repository.stored_spec(session, event.job_id)
-        if existing is not None:
-            if existing != event.spec:
-                log.warning(
-                    "conflicting submitted event ignored; first spec kept", job_id=event.job_id
-                )
-            return _nothing
-        # Submission time orders the history; without it the record keeps the time configdb
-        # first heard of the job.
-        recorded_at = moment(event.submitted_at) if event.HasField("submitted_at") else None
-        await repository.complete_record(
-            session,
-            job_id=event.job_id,
-            spec=event.spec,
-            features=features,
-            recorded_at=recorded_at,
-            now=now,
-        )
-
-        def after() -> None:
-            if ended:  # its spec came after its outcome: it may be a candidate now
-                self._history_changed()
-            log.info(
-                "job recorded",
-                job_id=event.job_id,
-                model=features.model_name,
-                completed_placeholder=not created,
-            )
-
-        return after
-
-    async def _plan_made(self, session: Session, plan: plan_pb2.ResourcePlan) -> After:
-        _check_job_id(plan.job_id)
-        if plan.version < 1:
-            raise InvalidArgument("version", f"must be at least 1, got {plan.version}")
-        now = datetime.now(UTC)
-        created, ended = await repository.ensure_record(session, plan.job_id, now)
-        held = await repository.insert_plan(session, plan, now)
-        if held is not None and held != plan:
-            # A producer reused a version for a different plan: keep the history truthful
-            # and make the conflict visible on the dead-letter stream.
-            raise PermanentError(
-                f"plan version {plan.version} of job {plan.job_id} is already recorded "
-                "with different contents"
-            )
-        if held is not None:
-            return _nothing
-
-        def after() -> None:
-            if ended:  # a plan after the outcome: it may be a candidate now
-                self._history_changed()
-            log.info("plan recorded", job_id=plan.job_id, version=plan.version, placeholder=created)
-
-        return after
+        (invalid, or a conflict) fails alone without failing the batch; if the transaction
+        fails, each event is applied alone, so a bad one fails alone with the error it would
+        have met alone (dead-lettered or retried by the bus) and the others are stored."""
+        try:
+            async with self.database.transaction() as session:
+                outcomes, afters = await batch_step(session, events)
+        except Exception as error:
+            if len(events) <= 1:
+                return [error for _ in events]
+            log.info("batch not stored together; one event at a time", why=str(error)[:200])
+            outcomes = []
+            for event in events:
+                (outcome,) = await self._batched(batch_step, [event])
+                outcomes.append(outcome)
+            return outcomes
+        for after in afters:
+            after()
+        return outcomes
 
     async def _submitted_batch(
         self, session: Session, events: Sequence[job_pb2.JobSubmitted]
     ) -> tuple[Outcomes, list[After]]:
-        """:meth:`_submitted` for every event of a batch, in a few statements."""
+        """Store what the batch's submitted events say, in a few statements."""
         outcomes: Outcomes = [None] * len(events)
         ready: list[tuple[job_pb2.JobSubmitted, JobFeatures]] = []
         for index, event in enumerate(events):
@@ -279,7 +212,7 @@ class JobHistory:
     async def _plans_batch(
         self, session: Session, plans: Sequence[plan_pb2.ResourcePlan]
     ) -> tuple[Outcomes, list[After]]:
-        """:meth:`_plan_made` for every plan of a batch, in a few statements."""
+        """Store the batch's plans, in a few statements."""
         outcomes: Outcomes = [None] * len(plans)
         ready: dict[tuple[str, int], plan_pb2.ResourcePlan] = {}
         for index, plan in enumerate(plans):
@@ -330,7 +263,7 @@ class JobHistory:
             raise InvalidArgument("outcome", f"unknown job outcome {event.outcome}")
         now = datetime.now(UTC)
         finished_at = moment(event.finished_at) if event.HasField("finished_at") else now
-        await repository.ensure_record(session, event.job_id, now)
+        await repository.ensure_records(session, [event.job_id], now)
         existing = await repository.stored_outcome(session, event.job_id)
         if existing is not None:
             if existing is not outcome:

@@ -216,22 +216,13 @@ class PodWatcher:
 
     # --- plans and admissions -------------------------------------------------------
 
-    async def receive(self, message: plan_pb2.ResourcePlan) -> Arrival:
-        """Validate and record a plan if it is the job's newest, then apply it.
-
-        Raises :class:`InvalidArgument` (dead-lettered) for an invalid plan and
-        :class:`JobNotAdmitted` (retried, then dead-lettered) for a job not admitted.
-        """
-        (outcome,) = await self.receive_all([message])
-        if isinstance(outcome, Exception):
-            raise outcome
-        return outcome
-
     async def receive_all(
         self, messages: Sequence[plan_pb2.ResourcePlan]
     ) -> list[Arrival | Exception]:
-        """:meth:`receive` for a fetched batch, in order; per plan, how it arrived or the
-        error it met.
+        """Validate and record plans that are their jobs' newest, then apply them: a
+        fetched batch, in order; per plan, how it arrived or the error it met (an invalid
+        plan :class:`InvalidArgument`, dead-lettered; a job not admitted
+        :class:`JobNotAdmitted`, retried, then dead-lettered).
 
         The batch's plans are classified against what is stored and the newer ones stored
         in one transaction (a transaction per plan was most of the pod watcher's work
@@ -314,17 +305,11 @@ class PodWatcher:
             await repository.insert_plans(session, accepted, now)
         return found
 
-    async def admitted(self, decision: job_pb2.AdmissionDecision) -> None:
-        """Store an admitted job's spec (idempotent); a redelivery applies its newest plan
-        again."""
-        (outcome,) = await self.admitted_all([decision])
-        if outcome is not None:
-            raise outcome
-
     async def admitted_all(
         self, decisions: Sequence[job_pb2.AdmissionDecision]
     ) -> list[Exception | None]:
-        """:meth:`admitted` for a fetched batch; per decision, None or the error it met.
+        """Store admitted jobs' specs (idempotent), a fetched batch; per decision, None or
+        the error it met.
 
         The specs are stored in one transaction (a transaction per job was a third of the
         pod watcher's work under a stream of submissions, ``bench/submit_load.py``); if it

@@ -1,21 +1,20 @@
 """Configdb's storage: job records, plan versions and runtime-profile measurements, read and
 written with SQLAlchemy Core.
 
-Every writer first makes sure the job's row exists with ``INSERT ... ON CONFLICT DO
-NOTHING``. The three consumers (submitted, plans, finished) run concurrently and may all
-be first to hear of a job; this way none of them fails on a duplicate key, and on SQLite
-the transaction takes the write lock at its first statement instead of upgrading later.
+Every writer first makes sure its jobs' rows exist and locks them (:func:`ensure_records`,
+``INSERT ... ON CONFLICT DO NOTHING`` for the missing ones). The three consumers
+(submitted, plans, finished) run concurrently and may all be first to hear of a job; this
+way none of them fails on a duplicate key.
 """
 
 from __future__ import annotations
 
-from collections.abc import Mapping, Sequence
+from collections.abc import Sequence
 from dataclasses import dataclass, field
 from datetime import UTC, datetime
-from typing import Any, cast
+from typing import Any
 
 from sqlalchemy import (
-    CursorResult,
     Table,
     bindparam,
     distinct,
@@ -59,106 +58,6 @@ def aware(moment: datetime) -> datetime:
     return moment if moment.tzinfo is not None else moment.replace(tzinfo=UTC)
 
 
-async def _insert_ignoring_duplicate(
-    session: AsyncSession, table: Table, values: Mapping[str, Any], keys: Sequence[str]
-) -> bool:
-    """Insert a row unless one with the same ``keys`` exists; True if it was inserted."""
-    dialect = session.get_bind().dialect.name
-    insert = postgresql.insert if dialect == "postgresql" else sqlite.insert
-    statement = (
-        insert(table)
-        .values(**values)
-        .on_conflict_do_nothing(index_elements=list(keys))
-        # SQLAlchemy keeps an INSERT's rowcount only when asked to.
-        .execution_options(preserve_rowcount=True)
-    )
-    result = cast(CursorResult[Any], await session.execute(statement))
-    return result.rowcount == 1
-
-
-async def ensure_record(session: AsyncSession, job_id: str, now: datetime) -> tuple[bool, bool]:
-    """Make sure the job has a row (a placeholder if new) and lock it; whether it was new,
-    and whether its outcome is recorded already."""
-    created = await _insert_ignoring_duplicate(
-        session,
-        job_records,
-        {"job_id": job_id, "plan_count": 0, "recorded_at": now, "updated_at": now},
-        ["job_id"],
-    )
-    outcome = await session.scalar(
-        select(job_records.c.outcome).where(job_records.c.job_id == job_id).with_for_update()
-    )
-    return created, outcome is not None
-
-
-async def stored_spec(session: AsyncSession, job_id: str) -> job_pb2.JobSpec | None:
-    """The job's spec, or None while its record is a placeholder."""
-    raw = await session.scalar(select(job_records.c.spec).where(job_records.c.job_id == job_id))
-    return None if raw is None else job_pb2.JobSpec.FromString(raw)
-
-
-async def complete_record(
-    session: AsyncSession,
-    *,
-    job_id: str,
-    spec: job_pb2.JobSpec,
-    features: JobFeatures,
-    recorded_at: datetime | None,
-    now: datetime,
-) -> None:
-    """Fill in the spec and features of a (placeholder) record; ``recorded_at`` if given."""
-    times = {"updated_at": now}
-    if recorded_at is not None:
-        times["recorded_at"] = recorded_at
-    await session.execute(
-        update(job_records)
-        .where(job_records.c.job_id == job_id)
-        .values(
-            **times,
-            spec=spec.SerializeToString(),
-            user=spec.user[:128] or None,
-            model_name=features.model_name,
-            model_family=features.model_family,
-            dataset_name=features.dataset_name,
-            dataset_format=features.dataset_format,
-            record_count=features.record_count,
-            batch_size=features.batch_size,
-            embedding_dim=features.embedding_dim,
-            parameter_count=features.parameter_count,
-        )
-    )
-
-
-async def insert_plan(
-    session: AsyncSession, plan: plan_pb2.ResourcePlan, now: datetime
-) -> plan_pb2.ResourcePlan | None:
-    """Store a plan version; returns None if stored, else the plan already held for it."""
-    inserted = await _insert_ignoring_duplicate(
-        session,
-        plans,
-        {
-            "job_id": plan.job_id,
-            "version": plan.version,
-            "plan": plan.SerializeToString(),
-            "recorded_at": now,
-        },
-        ["job_id", "version"],
-    )
-    if inserted:
-        await session.execute(
-            update(job_records)
-            .where(job_records.c.job_id == plan.job_id)
-            .values(plan_count=job_records.c.plan_count + 1, updated_at=now)
-        )
-        return None
-    raw = await session.scalar(
-        select(plans.c.plan).where(plans.c.job_id == plan.job_id, plans.c.version == plan.version)
-    )
-    if raw is None:
-        raise RuntimeError(f"plan {plan.job_id} v{plan.version} conflicted but is not stored")
-    return plan_pb2.ResourcePlan.FromString(raw)
-
-
 def _dialect_insert(session: AsyncSession, table: Table) -> Any:
     dialect = session.get_bind().dialect.name
     return (postgresql.insert if dialect == "postgresql" else sqlite.insert)(table)
@@ -179,9 +78,8 @@ class HeldRecord:
 async def ensure_records(
     session: AsyncSession, job_ids: Sequence[str], now: datetime
 ) -> dict[str, HeldRecord]:
-    """:func:`ensure_record` for many jobs, in two statements (three if another writer
-    made one of the rows meanwhile): each job's row exists (a placeholder if new) and is
-    locked.
+    """Make sure each job has a row (a placeholder if new) and lock it, in two statements
+    (three if another writer made one of the rows meanwhile); what each row holds.
 
     The rows that exist are locked first, in order of job id, then the missing ones are
     inserted, in order of job id (an insert locks its row). Two batches over the same jobs
@@ -255,7 +153,8 @@ _COMPLETE = (
 async def complete_records(
     session: AsyncSession, completions: Sequence[Completion], now: datetime
 ) -> None:
-    """:func:`complete_record` for many records, in one statement."""
+    """Fill in the spec and features of (placeholder) records, and ``recorded_at`` where
+    given, in one statement."""
     if not completions:
         return
     await session.execute(
@@ -294,9 +193,9 @@ _COUNT_PLANS = (
 async def insert_plans(
     session: AsyncSession, accepted: Sequence[plan_pb2.ResourcePlan], now: datetime
 ) -> dict[tuple[str, int], plan_pb2.ResourcePlan]:
-    """:func:`insert_plan` for many plans (one per job and version), in at most three
-    statements; the plans already held for the versions that were stored before, by job
-    and version (the others are stored now)."""
+    """Store plan versions (one plan per job and version) and count them on their records,
+    in at most three statements; the plans already held for the versions that were stored
+    before, by job and version (the others are stored now)."""
     if not accepted:
         return {}
     inserted = await session.execute(

@@ -32,14 +32,9 @@ def _aware(moment: datetime) -> datetime:
     return moment if moment.tzinfo is not None else moment.replace(tzinfo=UTC)
 
 
-async def newest_version(session: AsyncSession, job_id: str) -> int | None:
-    """The highest plan version recorded for the job, or None."""
-    value = await session.scalar(select(func.max(plans.c.version)).where(plans.c.job_id == job_id))
-    return None if value is None else int(value)
-
-
 async def newest_versions(session: AsyncSession, job_ids: Iterable[str]) -> dict[str, int]:
-    """:func:`newest_version` of each of ``job_ids`` that has a plan, in one statement."""
+    """The highest plan version recorded for each of ``job_ids`` that has a plan, in one
+    statement."""
     rows = await session.execute(
         select(plans.c.job_id, func.max(plans.c.version))
         .where(plans.c.job_id.in_(sorted(set(job_ids))))
