@@ -63,6 +63,33 @@ async def wait_until_serving(address: str) -> None:
     await assert_eventually(serving, timeout=30)
 
 
+class Reaper:
+    """Once asked for n deaths, kills the first n workers to read a sample that leaves their
+    shard unfinished. Each dies from its own thread, so what it held is known exactly (a kill
+    from outside races the reader between two shards, where a shard being leased is in no
+    field yet), and only a worker with data in hand can be picked (near the end of the data,
+    with shards leased in batches, some workers hold nothing and only wait)."""
+
+    def __init__(self) -> None:
+        self._lock = threading.Lock()
+        self._wanted = 0
+        self.victims: list[Worker] = []
+        self.reaped = threading.Event()
+
+    def reap(self, count: int) -> None:
+        with self._lock:
+            self._wanted = count
+
+    def claim(self, worker: Worker) -> bool:
+        with self._lock:
+            if len(self.victims) >= self._wanted:
+                return False
+            self.victims.append(worker)
+            if len(self.victims) == self._wanted:
+                self.reaped.set()
+            return True
+
+
 class Worker:
     """A training worker: a thread reading sample indices through the client library."""
 
@@ -71,9 +98,11 @@ class Worker:
         address: str,
         name: str,
         ledger: list[tuple[str, Committed]],
+        reaper: Reaper,
         shards_per_call: int = 1,
     ) -> None:
         self.name = name
+        self.reaper = reaper
         self.client = ShardClient(address, JOB, name, timeout=5.0)
         self.reader = ShardReader(
             self.client,
@@ -88,6 +117,9 @@ class Worker:
         self.shards: dict[int, LeasedShard] = {}
         self.error: BaseException | None = None
         self.killed = False
+        self.finished = threading.Event()
+        self.held: set[int] = set()
+        """The shards it held when it died."""
         self.most_waiting = 0
         """The most shards seen waiting their turn (leased by one batched call)."""
         self.thread = threading.Thread(target=self._run, name=name, daemon=True)
@@ -102,18 +134,22 @@ class Worker:
                 span[1] += 1
                 self.shards[shard.shard_id] = shard
                 self.most_waiting = max(self.most_waiting, len(self.reader.waiting))
+                if span[1] < shard.size and self.reaper.claim(self):
+                    self._die()
+                    break
         except BaseException as error:  # reported by the test
             if not self.killed:  # a dead worker's call in flight fails: that is expected
                 self.error = error
+        finally:
+            self.finished.set()
 
-    def kill(self) -> set[int]:
-        """Stop dead, reporting nothing more; returns the shards it held."""
-        held = {s.shard_id for s in (self.reader.current, *self._prefetched()) if s is not None}
-        held |= {s.shard_id for s in self.reader.waiting}
+    def _die(self) -> None:
+        """Stop dead in the middle of a shard, reporting nothing more."""
+        held = {s for s in (self.reader.current, *self._prefetched()) if s is not None}
+        self.held = {s.shard_id for s in (*held, *self.reader.waiting)}
         self.killed = True
         self.reader.stop()
         self.client.close()  # a dead pod makes no more calls, not even to register again
-        return held
 
     def _prefetched(self) -> tuple[LeasedShard, ...]:
         pending = self.reader._next
@@ -186,7 +222,10 @@ async def test_exactly_once_through_a_dispatcher_sigkill_and_two_dead_workers(
                 ),
             )
         ledger: list[tuple[str, Committed]] = []
-        workers = [Worker(process.address, name, ledger, shards_per_call) for name in WORKERS]
+        reaper = Reaper()
+        workers = [
+            Worker(process.address, name, ledger, reaper, shards_per_call) for name in WORKERS
+        ]
         for worker in workers:
             worker.thread.start()
         total = RECORDS * EPOCHS
@@ -198,8 +237,12 @@ async def test_exactly_once_through_a_dispatcher_sigkill_and_two_dead_workers(
         await wait_until_serving(process.address)
 
         await assert_eventually(lambda: committed_records(ledger) >= total // 2, timeout=60)
-        by_event, by_expiry = workers[-2], workers[-1]
-        orphaned = by_event.kill() | by_expiry.kill()
+        reaper.reap(2)
+        assert await asyncio.to_thread(reaper.reaped.wait, 60), "no two workers were reading"
+        by_event, by_expiry = reaper.victims
+        for victim in reaper.victims:
+            assert await asyncio.to_thread(victim.finished.wait, 30), f"{victim.name} lives"
+        orphaned = by_event.held | by_expiry.held
         bus = await producer_bus(nats_url, name="test-podwatcher")
         occurred = Timestamp()
         occurred.FromDatetime(datetime.now(UTC))
@@ -241,11 +284,15 @@ async def test_exactly_once_through_a_dispatcher_sigkill_and_two_dead_workers(
             for shard_id, lease in worker.read:
                 last_lease[shard_id] = max(last_lease.get(shard_id, (0, "")), (lease, worker.name))
         finished_by = {shard_id: name for shard_id, (_, name) in last_lease.items()}
-        # Every shard a dead worker held was finished; a dead worker may have completed the
-        # shard it was on just before it was killed, but at least one was taken over.
+        # Every shard a dead worker held was finished; each died in the middle of a shard,
+        # so each left at least that one to be finished by another worker. (Usually a living
+        # one; but a worker can die reading a lease that was already stale, its shard handed
+        # to the other victim, which finished it before dying in the middle of its own.)
         assert orphaned <= set(finished_by), orphaned - set(finished_by)
-        taken_over = {s for s in orphaned if finished_by[s] not in dead}
-        assert taken_over, "the dead workers held no unfinished shard"
+        for worker in (by_event, by_expiry):
+            taken_over = {s for s in worker.held if finished_by[s] != worker.name}
+            assert taken_over, f"nothing {worker.name} held was finished by another worker"
+        assert any(finished_by[s] not in dead for s in orphaned), "the living finished nothing"
 
         with ShardClient(process.address, JOB, "observer") as observer:
             state = observer.dataset_state("train")
