@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import asyncio
 import uuid
+from collections import Counter
 from collections.abc import AsyncIterator, Awaitable
 from datetime import UTC, datetime, timedelta
 from typing import Any
@@ -12,6 +13,8 @@ import grpc
 import pytest
 from google.protobuf.message import Message
 from google.protobuf.timestamp_pb2 import Timestamp
+from sqlalchemy import event
+from sqlalchemy.engine import Engine
 
 from stride.admission.adapters.outbound import repository
 from stride.admission.app import build
@@ -102,7 +105,9 @@ async def test_a_job_left_submitted_is_decided_on_the_next_start(
     database = Database(database_url, settings.service_name)
     try:
         async with database.transaction() as session:
-            await repository.insert_job(session, job_id, None, valid_spec(), datetime.now(UTC))
+            await repository.insert_jobs(
+                session, [repository.job_row(job_id, None, valid_spec(), datetime.now(UTC))]
+            )
     finally:
         await database.dispose()
     async with (
@@ -240,6 +245,39 @@ async def test_concurrent_submissions_are_stored_together_and_a_bad_one_fails_al
         topics.JOB_SUBMITTED.subject(job_id) for job_id in [first.job.job_id, *new]
     )
     assert len(admitted) == 25
+
+
+async def test_a_group_commit_writes_each_table_once_for_the_batch(
+    stub: pb_grpc.AdmissionServiceAsyncStub, nats_url: str
+) -> None:
+    """Jobs stored together are written with one statement per table for the batch (the
+    jobs, their decisions, their events), not one per job; the events keep the order they
+    would have had job by job."""
+    inserts: Counter[str] = Counter()
+
+    def count(_conn: Any, _cursor: Any, statement: str, *_: Any) -> None:
+        words = statement.split(None, 3)
+        if words[:2] == ["INSERT", "INTO"]:
+            inserts[words[2].replace('"', "").rsplit(".", 1)[-1]] += 1  # (schema.)table
+
+    event.listen(Engine, "before_cursor_execute", count)
+    try:
+        replies = await asyncio.gather(
+            *(stub.SubmitJob(pb.SubmitJobRequest(spec=valid_spec(name=f"g{n}"))) for n in range(32))
+        )
+    finally:
+        event.remove(Engine, "before_cursor_execute", count)
+    assert all(r.job.state == pb.JOB_STATE_ADMITTED for r in replies)
+    # As many transactions as statements per table; fewer than the jobs (they were batched).
+    assert inserts["jobs"] == inserts["decisions"] == inserts["outbox"], inserts
+    assert 1 <= inserts["jobs"] < 32, inserts
+    messages = await assert_eventually(
+        lambda: _at_least(stream_messages(nats_url, "stride.jobs.v1.>"), 64)
+    )
+    for reply in replies:
+        job_id = reply.job.job_id
+        mine = [m.subject for m in messages if job_id in m.subject.split(".")]
+        assert mine == [topics.JOB_SUBMITTED.subject(job_id), topics.JOB_ADMITTED.subject(job_id)]
 
 
 async def _at_least(messages: Awaitable[list[Any]], count: int) -> list[Any]:

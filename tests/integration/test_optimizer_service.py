@@ -4,9 +4,10 @@ from __future__ import annotations
 
 import functools
 import itertools
+from collections import Counter
 from collections.abc import AsyncIterator, Awaitable
 from pathlib import Path
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any
 
 import grpc
 import pytest
@@ -490,14 +491,26 @@ async def test_admissions_of_a_batch_are_stored_together_and_a_bad_one_fails_alo
         no_spec = admission("job-no-spec")
         no_spec.ClearField("spec")
         batch = [admission(f"job-b{n}") for n in range(4)]
+        inserts: Counter[str] = Counter()
+
+        def count(_conn: Any, _cursor: Any, statement: str, *_: Any) -> None:
+            words = statement.split(None, 3)
+            if words[:2] == ["INSERT", "INTO"]:
+                inserts[words[2].replace('"', "").rsplit(".", 1)[-1]] += 1  # (schema.)table
+
+        sa.event.listen(database.engine.sync_engine, "before_cursor_execute", count)
         outcomes = await planning.admitted_all(
             [batch[0], admission("job-known"), batch[1], no_spec, batch[2], batch[3]]
         )
+        sa.event.remove(database.engine.sync_engine, "before_cursor_execute", count)
         assert [type(o).__name__ if o else None for o in outcomes] == [
             None, None, None, "InvalidArgument", None, None,
         ]  # fmt: skip
         assert isinstance(outcomes[3], InvalidArgument) and "spec" in str(outcomes[3])
         assert len(commits) == before + 1  # five jobs, one transaction
+        # Four new jobs, one statement per table (not one per job).
+        tables = ["administrators", "optimization_events", "plans", "observations", "outbox"]
+        assert {table: inserts[table] for table in tables} == dict.fromkeys(tables, 1), inserts
         assert [p.version for p in await planning.plans("job-known")] == [1]
         for decision in batch:
             assert [p.version for p in await planning.plans(decision.job_id)] == [1]
@@ -515,14 +528,14 @@ async def test_admissions_of_a_batch_are_stored_together_and_a_bad_one_fails_alo
             assert list(plan.roles) == list(alone[0].roles)
 
         # One that fails only when stored rolls the batch back; each is then stored alone.
-        store = planning._store_first
+        store = planning._store_firsts
 
-        async def failing(session: object, first: object, *rest: object) -> object:
-            if getattr(first, "job_id", "") == "job-c1":
+        async def failing(session: Any, firsts: Any) -> Any:
+            if any(first.job_id == "job-c1" for first in firsts):
                 raise RuntimeError("disk full")
-            return await store(session, first, *rest)  # type: ignore[arg-type]
+            return await store(session, firsts)
 
-        monkeypatch.setattr(planning, "_store_first", failing)
+        monkeypatch.setattr(planning, "_store_firsts", failing)
         later = [admission(f"job-c{n}") for n in range(3)]
         outcomes = await planning.admitted_all(later)
         assert [str(o) if o else None for o in outcomes] == [None, "disk full", None]

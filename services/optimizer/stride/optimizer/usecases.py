@@ -20,7 +20,7 @@ import contextlib
 import math
 from collections.abc import Awaitable, Callable, Sequence
 from contextlib import AbstractContextManager, nullcontext
-from dataclasses import dataclass, replace
+from dataclasses import dataclass, field, replace
 from datetime import UTC, datetime
 from typing import Any, Protocol, TypeVar
 
@@ -134,9 +134,9 @@ def _share_values(event: job_pb2.JobShare, path: str = "") -> dict[str, Any]:
         "minimum.cpu": float(event.minimum.cpu),
         "minimum.memory_bytes": event.minimum.memory_bytes / obs.GIB,
     }
-    for field, value in amounts.items():
+    for name, value in amounts.items():
         if not math.isfinite(value) or value < 0:
-            raise InvalidArgument(f"{path}{field}", f"must be a finite number >= 0, got {value!r}")
+            raise InvalidArgument(f"{path}{name}", f"must be a finite number >= 0, got {value!r}")
     return {
         "job_id": job_id,
         "version": int(event.version),
@@ -175,6 +175,47 @@ class _FirstPlan:
             job_id=self.job_id,
             plans=[p.version for p in step.plans],
         )
+
+
+@dataclass
+class _Writes:
+    """New rows and plan messages of one or more steps, written together (:meth:`flush`):
+    a statement per table instead of several per step."""
+
+    administrators: list[dict[str, Any]] = field(default_factory=list)
+    events: list[optimization_pb2.OptimizationEvent] = field(default_factory=list)
+    plans: list[dict[str, Any]] = field(default_factory=list)
+    observations: list[dict[str, Any]] = field(default_factory=list)
+    outgoing: list[Outgoing] = field(default_factory=list)
+
+    async def flush(self, session: Session, outbox: Outbox) -> None:
+        """Write what waits, in order (an event id stored before is skipped)."""
+        await repository.insert_administrators(session, self.administrators)
+        await repository.insert_events(session, self.events)
+        await repository.insert_plans(session, self.plans)
+        await repository.insert_observations(session, self.observations)
+        await outbox.add_events(session, self.outgoing)
+        self.administrators, self.events, self.plans = [], [], []
+        self.observations, self.outgoing = [], []
+
+
+def _within_share(
+    bound: ShareBound | None, plan: Plan, explanation: Explanation
+) -> tuple[Plan, Explanation]:
+    """``plan`` shrunk into the job's share (``bound``) if admission's share came first
+    (the two arrive through different consumers) and the plan exceeds it."""
+    shrunk = None if bound is None else _shrunk_into(bound, plan)
+    if shrunk is None:
+        return plan, explanation
+    fitted, why = shrunk
+    fitted_plan = with_pods(
+        plan, fitted, f"{plan.reason}; fitted into the admission share", plan.algorithm
+    )
+    return fitted_plan, replace(
+        explanation,
+        detail=f"{explanation.detail}; fitted into the admission share ({why})",
+        bound="admission share",
+    )
 
 
 class Planning:
@@ -261,15 +302,8 @@ class Planning:
         ready.sort(key=lambda item: item[1].job_id)
         if len(ready) > 1:
             try:
-                stored = []
-                # The batch's plan messages go to the outbox together: two statements
-                # for the batch instead of two per job.
-                outgoing: list[Outgoing] = []
                 async with self.database.transaction() as session:
-                    for _, first in ready:
-                        with first.scope():
-                            stored.append(await self._store_first(session, first, outgoing))
-                    await self.outbox.add_events(session, outgoing)
+                    stored = await self._store_firsts(session, [first for _, first in ready])
             except Exception as error:
                 log.info("batch not stored together; one job at a time", why=str(error)[:200])
             else:
@@ -281,7 +315,7 @@ class Planning:
             try:
                 with first.scope():
                     async with self.database.transaction() as session:
-                        step = await self._store_first(session, first)
+                        (step,) = await self._store_firsts(session, [first])
             except Exception as error:
                 outcomes[index] = error
                 continue
@@ -335,53 +369,45 @@ class Planning:
             job_id, decision.spec.SerializeToString(), first, explanation, default, share=share
         )
 
-    async def _store_first(
-        self, session: Session, first: _FirstPlan, outgoing: list[Outgoing] | None = None
-    ) -> Step:
-        """Store an admitted job's administrator and plan 1 (nothing if it has one);
-        ``outgoing``: as :meth:`_store`."""
+    async def _store_firsts(self, session: Session, firsts: Sequence[_FirstPlan]) -> list[Step]:
+        """Store admitted jobs' administrators and plan 1 (nothing for a job that has an
+        administrator), in order, with a statement per table for the whole batch: under a
+        stream of submissions, about nine statements per job were much of the optimizer's
+        work (``bench/submit_load.py``)."""
         now = datetime.now(UTC)
-        existing = await repository.get_administrator(session, first.job_id, for_update=True)
-        if first.share is not None:
-            # The decision carried the job's share: plan 1 fits it even when the share's own
-            # event comes later (it is then an older version, and changes nothing).
-            await repository.put_share(session, {**first.share, "updated_at": now})
-        plan, explanation = await self._within_share(
-            session, first.job_id, first.plan, first.explanation
-        )
-        step = on_admitted(existing, first.job_id, plan, now)
-        if step.changed:
-            # The stage step's later "request" is the cold default, as the simulator's is
-            # the user's request, whatever the warm start chose.
-            await self._store(
-                session,
-                step,
-                first.spec,
-                now,
-                explanation=explanation,
-                view=obs.Observations(request=first.default),
-                outgoing=outgoing,
-            )
-        return step
-
-    async def _within_share(
-        self, session: Session, job_id: str, plan: Plan, explanation: Explanation
-    ) -> tuple[Plan, Explanation]:
-        """``plan`` shrunk into the job's share if admission's share came first (the two
-        arrive through different consumers) and the plan exceeds it."""
-        bound = await self._share_bound(session, job_id)
-        shrunk = None if bound is None else _shrunk_into(bound, plan)
-        if shrunk is None:
-            return plan, explanation
-        fitted, why = shrunk
-        fitted_plan = with_pods(
-            plan, fitted, f"{plan.reason}; fitted into the admission share", plan.algorithm
-        )
-        return fitted_plan, replace(
-            explanation,
-            detail=f"{explanation.detail}; fitted into the admission share ({why})",
-            bound="admission share",
-        )
+        job_ids = [first.job_id for first in firsts]
+        existing = await repository.get_administrators(session, job_ids, for_update=True)
+        for first in firsts:
+            if first.share is not None:
+                # The decision carried the job's share: plan 1 fits it even when the share's
+                # own event comes later (it is then an older version, and changes nothing).
+                await repository.put_share(session, {**first.share, "updated_at": now})
+        bounds = await self._share_bounds(session, job_ids)
+        writes = _Writes()
+        steps = []
+        for first in firsts:
+            with first.scope():
+                plan, explanation = _within_share(
+                    bounds.get(first.job_id), first.plan, first.explanation
+                )
+                step = on_admitted(existing.get(first.job_id), first.job_id, plan, now)
+                if step.changed:
+                    assert step.after is not None
+                    existing[first.job_id] = step.after  # the same job twice in a batch
+                    # The stage step's later "request" is the cold default, as the
+                    # simulator's is the user's request, whatever the warm start chose.
+                    await self._store(
+                        session,
+                        step,
+                        first.spec,
+                        now,
+                        explanation=explanation,
+                        view=obs.Observations(request=first.default),
+                        writes=writes,
+                    )
+            steps.append(step)
+        await writes.flush(session, self.outbox)
+        return steps
 
     async def _warm_start(
         self,
@@ -450,31 +476,42 @@ class Planning:
         now: datetime,
         explanation: Explanation | None = None,
         view: obs.Observations | None = None,
-        outgoing: list[Outgoing] | None = None,
+        writes: _Writes | None = None,
     ) -> None:
         """Write one step: administrator, events, plans (with ``explanation``), the plans'
-        outbox messages (appended to ``outgoing`` instead, if given, for the caller to
-        queue in the same transaction), and the job's metric view (``view`` if the caller
-        changed it), which starts a new window for a new plan."""
+        outbox messages, and the job's metric view (``view`` if the caller changed it),
+        which starts a new window for a new plan. New rows and messages wait in ``writes``
+        if given, for the caller to write with other steps' in the same transaction."""
         assert step.after is not None, "a step that stores always has an administrator"
+        pending = writes if writes is not None else _Writes()
         if step.before is None:
-            await repository.insert_administrator(session, step.after, spec, now)
+            pending.administrators.append(repository.administrator_row(step.after, spec, now))
         else:
             await repository.update_administrator(session, step.after, now)
-        for event in step.events:
-            await repository.insert_event(session, event_to_proto(event))
+        pending.events += [event_to_proto(event) for event in step.events]
         for versioned in step.plans:
             message = plan_to_proto(versioned)
-            await repository.insert_plan(
-                session, message, explanation.to_json() if explanation else None
+            pending.plans.append(
+                repository.plan_row(message, explanation.to_json() if explanation else None)
             )
-            queued = topics.PLAN.outgoing(versioned.job_id, message, versioned.message_id)
-            if outgoing is None:
-                await self.outbox.add_event(session, queued)
-            else:
-                outgoing.append(queued)
-        if not step.plans and view is None:
-            return
+            pending.outgoing.append(
+                topics.PLAN.outgoing(versioned.job_id, message, versioned.message_id)
+            )
+        if step.plans or view is not None:
+            await self._store_view(session, step, now, view, pending)
+        if writes is None:
+            await pending.flush(session, self.outbox)
+
+    async def _store_view(
+        self,
+        session: Session,
+        step: Step,
+        now: datetime,
+        view: obs.Observations | None,
+        pending: _Writes,
+    ) -> None:
+        """:meth:`_store`'s metric view: a new job's waits in ``pending``."""
+        assert step.after is not None
         # A new administrator has no metric view yet (metrics of a job the optimizer does
         # not know are refused), so there is nothing to read for it.
         stored = (
@@ -490,6 +527,11 @@ class Planning:
                 newest.version, pods_of(newest.plan), obs.job_clock(current, now.timestamp())
             )
             held = plan_totals(newest.plan)
+        if step.before is None:
+            pending.observations.append(
+                repository.observations_row(step.after.job_id, current, now, held)
+            )
+            return
         await repository.put_observations(
             session, step.after.job_id, current, now, new=stored is None, held=held
         )
@@ -530,12 +572,19 @@ class Planning:
         """The most the job may hold, from admission's newest share of it; None when
         admission gave it no CPU share (a job sized by the optimizer alone, a GPU job's
         devices, or a share of zero units, which only preemption may act on)."""
+        return (await self._share_bounds(session, [job_id])).get(job_id)
+
+    async def _share_bounds(
+        self, session: Session, job_ids: Sequence[str]
+    ) -> dict[str, ShareBound]:
+        """:meth:`_share_bound` of each of ``job_ids`` that has one, with one query."""
         if not self.enforce_shares:
-            return None
-        share = await repository.get_share(session, job_id)
-        if share is None or share["cpu"] <= 0 or share["memory_gib"] <= 0:
-            return None
-        return ShareBound(share["cpu"], share["memory_gib"])
+            return {}
+        return {
+            job_id: ShareBound(share["cpu"], share["memory_gib"])
+            for job_id, share in (await repository.get_shares(session, job_ids)).items()
+            if share["cpu"] > 0 and share["memory_gib"] > 0
+        }
 
     async def shared(self, event: job_pb2.JobShare) -> None:
         """Admission set the job's share: store it (an older version changes nothing), fit

@@ -60,28 +60,32 @@ async def job_by_request_id(session: AsyncSession, request_id: str) -> str | Non
     return await session.scalar(select(jobs.c.job_id).where(jobs.c.request_id == request_id))
 
 
-async def insert_job(
-    session: AsyncSession,
+def job_row(
     job_id: str,
     request_id: str | None,
     spec: job_pb2.JobSpec,
     submitted_at: datetime,
     state: str = "SUBMITTED",
-) -> None:
-    """Store a validated job, in state SUBMITTED unless it was decided already (then its
-    decision goes in with :func:`insert_decision`)."""
-    await session.execute(
-        jobs.insert().values(
-            job_id=job_id,
-            request_id=request_id,
-            name=spec.name,
-            user=spec.user,
-            state=state,
-            spec=spec.SerializeToString(),
-            submitted_at=submitted_at,
-            updated_at=submitted_at,
-        )
-    )
+) -> dict[str, Any]:
+    """A validated job's row, in state SUBMITTED unless it was decided already (then its
+    decision goes in too: :func:`decision_row`), for :func:`insert_jobs`."""
+    return {
+        "job_id": job_id,
+        "request_id": request_id,
+        "name": spec.name,
+        "user": spec.user,
+        "state": state,
+        "spec": spec.SerializeToString(),
+        "submitted_at": submitted_at,
+        "updated_at": submitted_at,
+    }
+
+
+async def insert_jobs(session: AsyncSession, rows: Sequence[dict[str, Any]]) -> None:
+    """Store jobs (:func:`job_row`) with one statement; a request id stored before raises
+    the unique constraint's error, and nothing of the batch is stored."""
+    if rows:
+        await session.execute(jobs.insert(), list(rows))
 
 
 async def record_decision(
@@ -92,18 +96,27 @@ async def record_decision(
     await set_state(session, decision.job_id, state, at)
 
 
+def decision_row(decision: job_pb2.AdmissionDecision, at: datetime) -> dict[str, Any]:
+    """A decision's row, for :func:`insert_decisions`."""
+    return {
+        "job_id": decision.job_id,
+        "outcome": job_pb2.AdmissionOutcome.Name(decision.outcome),
+        "decision": decision.SerializeToString(),
+        "decided_at": at,
+    }
+
+
 async def insert_decision(
     session: AsyncSession, decision: job_pb2.AdmissionDecision, at: datetime
 ) -> None:
     """Store a decision (the job's state is the caller's)."""
-    await session.execute(
-        decisions.insert().values(
-            job_id=decision.job_id,
-            outcome=job_pb2.AdmissionOutcome.Name(decision.outcome),
-            decision=decision.SerializeToString(),
-            decided_at=at,
-        )
-    )
+    await insert_decisions(session, [decision_row(decision, at)])
+
+
+async def insert_decisions(session: AsyncSession, rows: Sequence[dict[str, Any]]) -> None:
+    """Store decisions (:func:`decision_row`) with one statement, in order."""
+    if rows:
+        await session.execute(decisions.insert(), list(rows))
 
 
 async def set_state(session: AsyncSession, job_id: str, state: str, at: datetime) -> None:

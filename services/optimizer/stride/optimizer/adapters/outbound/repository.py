@@ -6,6 +6,7 @@ columns that are queried.
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from datetime import UTC, datetime
 from typing import Any
 
@@ -24,6 +25,9 @@ from stride.optimizer.db.tables import (
 from stride.optimizer.domain.administrator import Administrator, JobStage
 from stride.optimizer.domain.observations import Observations, from_json, to_json
 
+_IN_CHUNK = 500
+"""The most keys in one IN (...) list (SQLite's bound-parameter limit is far above)."""
+
 
 async def get_administrator(
     session: AsyncSession, job_id: str, for_update: bool = False
@@ -40,20 +44,46 @@ async def get_administrator(
     return Administrator(job_id=job_id, stage=JobStage[row.stage], plan_version=row.plan_version)
 
 
-async def insert_administrator(
-    session: AsyncSession, administrator: Administrator, spec: bytes | None, at: datetime
-) -> None:
-    """Store a new administrator (with the admitted spec, if known)."""
-    await session.execute(
-        administrators.insert().values(
-            job_id=administrator.job_id,
-            stage=administrator.stage.name,
-            plan_version=administrator.plan_version,
-            spec=spec,
-            created_at=at,
-            updated_at=at,
+async def get_administrators(
+    session: AsyncSession, job_ids: Sequence[str], for_update: bool = False
+) -> dict[str, Administrator]:
+    """The administrators of those of ``job_ids`` the optimizer knows (locked in order of
+    job id with ``for_update``, so two batches never wait on each other in a cycle)."""
+    found: dict[str, Administrator] = {}
+    ordered = sorted(set(job_ids))
+    for start in range(0, len(ordered), _IN_CHUNK):
+        query = (
+            select(administrators.c.job_id, administrators.c.stage, administrators.c.plan_version)
+            .where(administrators.c.job_id.in_(ordered[start : start + _IN_CHUNK]))
+            .order_by(administrators.c.job_id)
         )
-    )
+        if for_update:
+            query = query.with_for_update()
+        for row in await session.execute(query):
+            found[row.job_id] = Administrator(
+                job_id=row.job_id, stage=JobStage[row.stage], plan_version=row.plan_version
+            )
+    return found
+
+
+def administrator_row(
+    administrator: Administrator, spec: bytes | None, at: datetime
+) -> dict[str, Any]:
+    """A new administrator's row (with the admitted spec, if known)."""
+    return {
+        "job_id": administrator.job_id,
+        "stage": administrator.stage.name,
+        "plan_version": administrator.plan_version,
+        "spec": spec,
+        "created_at": at,
+        "updated_at": at,
+    }
+
+
+async def insert_administrators(session: AsyncSession, rows: Sequence[dict[str, Any]]) -> None:
+    """Store new administrators (:func:`administrator_row`) with one statement."""
+    if rows:
+        await session.execute(administrators.insert(), list(rows))
 
 
 async def update_administrator(
@@ -69,40 +99,56 @@ async def update_administrator(
     )
 
 
-async def insert_event(session: AsyncSession, event: optimization_pb2.OptimizationEvent) -> bool:
-    """Store an event; False (and nothing written) if its id was stored before."""
-    existing = await session.scalar(
-        select(optimization_events.c.seq).where(optimization_events.c.event_id == event.event_id)
-    )
-    if existing is not None:
-        return False
-    await session.execute(
-        optimization_events.insert().values(
-            event_id=event.event_id,
-            job_id=event.job_id,
-            root_cause=optimization_pb2.RootCause.Name(event.root_cause),
-            event=event.SerializeToString(),
-            created_at=event.created_at.ToDatetime(tzinfo=UTC),
+async def insert_events(
+    session: AsyncSession, events: Sequence[optimization_pb2.OptimizationEvent]
+) -> int:
+    """Store events in order, with one query for the ids stored before and one insert; an
+    id stored before (or twice in ``events``) is skipped. How many were stored."""
+    ids = [event.event_id for event in events]
+    present: set[str] = set()
+    for start in range(0, len(ids), _IN_CHUNK):
+        rows = await session.execute(
+            select(optimization_events.c.event_id).where(
+                optimization_events.c.event_id.in_(ids[start : start + _IN_CHUNK])
+            )
         )
-    )
-    return True
+        present.update(row.event_id for row in rows)
+    fresh = []
+    for event in events:
+        if event.event_id in present:
+            continue
+        present.add(event.event_id)
+        fresh.append(
+            {
+                "event_id": event.event_id,
+                "job_id": event.job_id,
+                "root_cause": optimization_pb2.RootCause.Name(event.root_cause),
+                "event": event.SerializeToString(),
+                "created_at": event.created_at.ToDatetime(tzinfo=UTC),
+            }
+        )
+    if fresh:
+        await session.execute(optimization_events.insert(), fresh)
+    return len(fresh)
 
 
-async def insert_plan(
-    session: AsyncSession, plan: plan_pb2.ResourcePlan, explanation: str | None = None
-) -> None:
-    """Store a plan version and why it was chosen (the primary key refuses a version
-    stored twice)."""
-    await session.execute(
-        plans.insert().values(
-            job_id=plan.job_id,
-            version=plan.version,
-            algorithm=plan.algorithm,
-            plan=plan.SerializeToString(),
-            created_at=plan.created_at.ToDatetime(tzinfo=UTC),
-            explanation=explanation,
-        )
-    )
+def plan_row(plan: plan_pb2.ResourcePlan, explanation: str | None = None) -> dict[str, Any]:
+    """A plan version's row, with why it was chosen (JSON), for :func:`insert_plans`."""
+    return {
+        "job_id": plan.job_id,
+        "version": plan.version,
+        "algorithm": plan.algorithm,
+        "plan": plan.SerializeToString(),
+        "created_at": plan.created_at.ToDatetime(tzinfo=UTC),
+        "explanation": explanation,
+    }
+
+
+async def insert_plans(session: AsyncSession, rows: Sequence[dict[str, Any]]) -> None:
+    """Store plan versions (:func:`plan_row`) with one statement (the primary key refuses
+    a version stored twice)."""
+    if rows:
+        await session.execute(plans.insert(), list(rows))
 
 
 async def list_explanations(
@@ -128,6 +174,30 @@ async def get_observations(
     return None if text is None else from_json(text)
 
 
+def observations_row(
+    job_id: str, view: Observations, at: datetime, held: tuple[float, float] | None = None
+) -> dict[str, Any]:
+    """The job's metric view as stored, with ``held`` the cores and GiB its current plan
+    holds (a new row without ``held`` holds nothing)."""
+    values: dict[str, Any] = {
+        "job_id": job_id,
+        "view": to_json(view),
+        "updated_at": at,
+        "pending": view.pending,
+    }
+    if held is not None:
+        values["held_cpu"], values["held_memory_gib"] = held
+    return values
+
+
+async def insert_observations(session: AsyncSession, rows: Sequence[dict[str, Any]]) -> None:
+    """Store jobs' first metric views (:func:`observations_row`) with one statement; a row
+    without ``held`` holds nothing."""
+    if rows:
+        empty = {"held_cpu": 0.0, "held_memory_gib": 0.0}
+        await session.execute(observations.insert(), [{**empty, **row} for row in rows])
+
+
 async def put_observations(
     session: AsyncSession,
     job_id: str,
@@ -138,12 +208,11 @@ async def put_observations(
 ) -> None:
     """Store the job's metric view (``new``: its first), and with ``held`` the cores and
     GiB its current plan holds."""
-    values: dict[str, Any] = {"view": to_json(view), "updated_at": at, "pending": view.pending}
-    if held is not None:
-        values["held_cpu"], values["held_memory_gib"] = held
+    values = observations_row(job_id, view, at, held)
     if new:
-        await session.execute(observations.insert().values(job_id=job_id, **values))
+        await session.execute(observations.insert().values(**values))
     else:
+        del values["job_id"]
         await session.execute(
             update(observations).where(observations.c.job_id == job_id).values(**values)
         )
@@ -285,8 +354,19 @@ async def open_claims(session: AsyncSession) -> list[tuple[str, int, str, bool]]
 
 async def get_share(session: AsyncSession, job_id: str) -> dict[str, Any] | None:
     """The job's newest share as stored (version, cpu, memory_gib, minimums, ...)."""
-    row = (await session.execute(select(shares).where(shares.c.job_id == job_id))).one_or_none()
-    return None if row is None else dict(row._mapping)
+    return (await get_shares(session, [job_id])).get(job_id)
+
+
+async def get_shares(session: AsyncSession, job_ids: Sequence[str]) -> dict[str, dict[str, Any]]:
+    """The newest shares stored of those of ``job_ids`` that have one (:func:`get_share`)."""
+    found: dict[str, dict[str, Any]] = {}
+    ordered = sorted(set(job_ids))
+    for start in range(0, len(ordered), _IN_CHUNK):
+        rows = await session.execute(
+            select(shares).where(shares.c.job_id.in_(ordered[start : start + _IN_CHUNK]))
+        )
+        found.update((row.job_id, dict(row._mapping)) for row in rows)
+    return found
 
 
 async def put_share(session: AsyncSession, values: dict[str, Any]) -> bool:
