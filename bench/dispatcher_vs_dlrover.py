@@ -48,11 +48,19 @@ PostgreSQL, the database server's processes (all of them on the machine: the ser
 otherwise idle). The clients share the two cores with the servers, which caps the
 end-to-end rates, so the CPU per pair is the measure that compares the servers.
 Goals (issue #15): server CPU per pair at most 1/3 of DLRover's, p99 no worse than
-DLRover's, PostgreSQL at least at DLRover's pairs/s.
+DLRover's, PostgreSQL at least at DLRover's pairs/s. The p99 is compared at the same load
+too (paced runs, at half and at all of DLRover's own pairs/s): in a closed loop at its
+limit every system queues, and a batch's first pair waits for its whole call.
+
+Leftovers: each run's clients stop with shards in hand, on a dataset of their own. Neither
+system takes those back during the benchmark (DLRover's master never takes a training task
+back by time; Stride's dispatcher runs here with hour-long leases), so no run pays for an
+earlier run's leftovers.
 """
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 import platform
@@ -64,12 +72,12 @@ import sys
 import tempfile
 import textwrap
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 from pathlib import Path
 
 import psycopg
-from suite import cpu_seconds, postgres_pids
+from suite import cpu_seconds, postgres_cpu
 
 from stride.runtime.embedded_nats import NatsServer
 from stride.runtime.healthcheck import check
@@ -84,8 +92,10 @@ POSTGRES_URL = os.environ.get(
     "STRIDE_BENCH_POSTGRES_URL", "postgresql://postgres@127.0.0.1:5432/postgres"
 )
 BATCH_SHARDS = int(os.environ.get("STRIDE_BENCH_BATCH", "16"))
-PACED_SHARE = 0.5
-"""The paced runs' load, as a share of DLRover's closed-loop pairs/s."""
+PACED_SHARES = (0.5, 1.0)
+"""The paced runs' loads, as shares of DLRover's closed-loop pairs/s. At 1.0 DLRover is not
+paced (its closed loop is that load, at its limit): its closed-loop figures are the
+reference there, and the batch systems serve the same pairs/s paced."""
 ONLY = {name for name in os.environ.get("STRIDE_BENCH_SYSTEMS", "").split(",") if name}
 """Run only these of Stride's systems (for example ``stride-sqlite-batch``); all if empty."""
 CLIENTS = tuple(int(n) for n in os.environ.get("STRIDE_BENCH_CLIENTS", "1,8,32").split(","))
@@ -338,18 +348,14 @@ def process_cpu(pid: int) -> float:
     return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
 
 
-def cpu_of(pids: list[int]) -> float:
-    return sum(cpu_seconds(pid) for pid in pids)
-
-
 def settle(server: Server, idle_share: float = 0.03, longest: float = 60.0) -> None:
     """Wait until the server's processes are idle (under ``idle_share`` of a core over half
     a second), for at most ``longest`` seconds."""
     give_up = time.monotonic() + longest
-    last = process_cpu(server.pid) + cpu_of(server.helpers())
+    last = process_cpu(server.pid) + server.helper_cpu()
     while time.monotonic() < give_up:
         time.sleep(0.5)
-        now = process_cpu(server.pid) + cpu_of(server.helpers())
+        now = process_cpu(server.pid) + server.helper_cpu()
         if now - last < idle_share * 0.5:
             return
         last = now
@@ -362,9 +368,10 @@ class Server:
     address: str
     pid: int
     """The server itself (DLRover's master; Stride's dispatcher)."""
-    helpers: Callable[[], list[int]] = list
-    """Other processes a call makes work for: nats-server (the dispatcher's events) and,
-    on PostgreSQL, the database server's processes."""
+    helper_cpu: Callable[[], float] = float
+    """CPU seconds used so far by the other processes a call makes work for: nats-server
+    (the dispatcher's events) and, on PostgreSQL, the database server (``postgres_cpu``:
+    its backends that exited too)."""
 
 
 def run_load(
@@ -381,7 +388,7 @@ def run_load(
     processes = min(clients, 4)
     settle(server)  # the last run's tail (events still being relayed) is not this run's
     server_cpu = process_cpu(server.pid)
-    helper_cpu = cpu_of(server.helpers())
+    helper_cpu = server.helper_cpu()
     python = str(DLROVER_PYTHON) if system == "dlrover" else sys.executable
     env = {**os.environ, "PYTHONWARNINGS": "ignore", "STRIDE_BENCH_BATCH": str(BATCH_SHARDS)}
     running = [
@@ -425,7 +432,7 @@ def run_load(
     # once the servers are idle again, not when the clients stop.
     settle(server)
     server_cpu = process_cpu(server.pid) - server_cpu
-    helper_cpu = cpu_of(server.helpers()) - helper_cpu
+    helper_cpu = server.helper_cpu() - helper_cpu
     if not latencies:
         raise RuntimeError(f"{system}: no pair completed in {SECONDS:g} s with {clients} clients")
     latencies.sort()
@@ -445,12 +452,80 @@ def bound(result: dict[str, float]) -> float:
     return (os.cpu_count() or 1) * 1e6 / (result["server_us"] + result["client_us"])
 
 
+@contextlib.contextmanager
+def fresh_database(server_url: str) -> Iterator[str]:
+    """A database of its own on the server at ``server_url`` for this run, dropped after:
+    every run starts from the same empty tables (the datasets of earlier runs are not
+    left to grow the shards table)."""
+    name = f"stride_bench_dispatcher_{os.getpid()}"
+    with psycopg.connect(server_url, autocommit=True) as admin:
+        admin.execute(f'CREATE DATABASE "{name}"')
+    try:
+        yield server_url.rsplit("/", 1)[0] + "/" + name
+    finally:
+        with psycopg.connect(server_url, autocommit=True) as admin:
+            admin.execute(f'DROP DATABASE IF EXISTS "{name}" WITH (FORCE)')
+
+
 def postgres_reachable() -> bool:
     try:
         with psycopg.connect(POSTGRES_URL, connect_timeout=3):
             return True
     except psycopg.Error:
         return False
+
+
+def paced_runs(
+    share: float,
+    clients: int,
+    base: dict[str, float],
+    systems: dict[str, Server],
+    driver: Path,
+    run: int,
+    say: Callable[..., None],
+) -> int:
+    """Run DLRover (below its limit only) and the batch systems at ``share`` of DLRover's
+    closed-loop pairs/s (``base``) and report them; the number of runs made so far."""
+    target = share * base["pairs_per_second"]
+    paced = [name for name in systems if name.endswith("batch")]
+    if share < 1:
+        paced.insert(0, "dlrover")
+    at_rate: dict[str, list[dict[str, float]]] = {system: [] for system in paced}
+    for _ in range(ROUNDS):
+        for system in paced:
+            run += 1
+            job = f"bench{run}-{os.getpid()}"
+            server = systems[system]
+            create_dataset(system, server.address, job)
+            at_rate[system].append(
+                run_load(system, server.address, job, clients, driver, server, target)
+            )
+    say(
+        f"{clients:>7}  at {share:.0%} of DLRover's pairs/s ({target:.0f}/s, paced"
+        + (")" if share < 1 else "; dlrover: its closed loop, which is that load)")
+        + ": pairs/s, p50 ms, p99 ms, p99/dlrover, server us per pair, x cpu"
+    )
+    reference = (
+        {
+            key: statistics.median(r[key] for r in at_rate["dlrover"])
+            for key in at_rate["dlrover"][0]
+        }
+        if share < 1
+        else base
+    )
+    if share >= 1:
+        at_rate = {"dlrover": [base], **at_rate}
+    for system, results in at_rate.items():
+        result = {key: statistics.median(r[key] for r in results) for key in results[0]}
+        label = system + (" (paced)" if system != "dlrover" or share < 1 else " (closed loop)")
+        say(
+            f"{clients:>7}  {label:<28} {result['pairs_per_second']:>5.0f} "
+            f"{result['p50_ms']:>8.2f} {result['p99_ms']:>8.2f} "
+            f"{result['p99_ms'] / reference['p99_ms']:>8.2f}x "
+            f"{result['server_us']:>6.0f} "
+            f"{result['server_us'] / reference['server_us']:>6.2f}x"
+        )
+    return run
 
 
 def main() -> int:
@@ -462,6 +537,7 @@ def main() -> int:
     services: list[ServiceProcess] = []
     dlrover: subprocess.Popen[bytes] | None = None
     lines: list[str] = []
+    cleanup = contextlib.ExitStack()
 
     def say(line: str = "") -> None:
         print(line, flush=True)
@@ -471,7 +547,7 @@ def main() -> int:
         systems: dict[str, Server] = {}
         backends = {"sqlite": f"sqlite:///{workdir}/dispatcher.db"}
         if postgres_reachable():
-            backends["postgresql"] = POSTGRES_URL
+            backends["postgresql"] = cleanup.enter_context(fresh_database(POSTGRES_URL))
         for backend, url in backends.items():
             env = {
                 "STRIDE_NATS_URL": nats.url,
@@ -480,6 +556,13 @@ def main() -> int:
                 # A benchmark client makes up to 1,000 calls a second, twice what the limit
                 # per identity lets a pod make (it is there for a runaway pod, not for load).
                 "STRIDE_DISPATCHER_GRPC_RATE_PER_SECOND": "0",
+                # A run's clients stop with shards in hand. With the default 60 s lease
+                # those came back to TODO (the sweeper: a write, an event and a log line
+                # each, up to clients x 2 batches of shards) during whichever later run was
+                # being measured, charged to it. DLRover's master never takes a training
+                # task back by time (only evaluation tasks time out; a lost worker's come
+                # back on its node event, which no run makes), so neither does Stride here.
+                "STRIDE_DISPATCHER_LEASE_SECONDS": "3600",
             }
             service = ServiceProcess("dispatcher", env, workdir / backend)
             (workdir / backend).mkdir()
@@ -488,8 +571,9 @@ def main() -> int:
             assert service.process is not None
             nats_pid = nats.pid
 
-            def helpers(backend: str = backend, nats_pid: int = nats_pid) -> list[int]:
-                return [nats_pid, *(postgres_pids() if backend == "postgresql" else [])]
+            def helpers(backend: str = backend, nats_pid: int = nats_pid) -> float:
+                database = postgres_cpu() if backend == "postgresql" else 0.0
+                return cpu_seconds(nats_pid) + database
 
             served = Server(service.address, service.process.pid, helpers)
             systems[f"stride-{backend}-sequential"] = served
@@ -585,38 +669,12 @@ def main() -> int:
                     f"{result['own_us']:>7.0f} {result['client_us']:>9.0f} {bound(result):>8.0f}"
                 )
             # Latency at the same load: DLRover's closed loop runs at its limit, where any
-            # system queues; a batch's first pair waits for its whole call. So both are also
-            # driven at PACED_SHARE of DLRover's own pairs/s, each pair timed from its due
-            # moment.
-            paced = [name for name in systems if name == "dlrover" or name.endswith("batch")]
-            target = PACED_SHARE * base["pairs_per_second"]
-            at_rate: dict[str, list[dict[str, float]]] = {system: [] for system in paced}
-            for _ in range(ROUNDS):
-                for system in paced:
-                    run += 1
-                    job = f"bench{run}-{os.getpid()}"
-                    server = systems[system]
-                    create_dataset(system, server.address, job)
-                    at_rate[system].append(
-                        run_load(system, server.address, job, clients, driver, server, target)
-                    )
-            say(
-                f"{clients:>7}  at {PACED_SHARE:.0%} of DLRover's pairs/s ({target:.0f}/s, paced): "
-                "pairs/s, p50 ms, p99 ms, p99/dlrover, server us per pair, x cpu"
-            )
-            paced_base = {
-                key: statistics.median(r[key] for r in at_rate["dlrover"])
-                for key in at_rate["dlrover"][0]
-            }
-            for system, results in at_rate.items():
-                result = {key: statistics.median(r[key] for r in results) for key in results[0]}
-                say(
-                    f"{clients:>7}  {system + ' (paced)':<28} {result['pairs_per_second']:>5.0f} "
-                    f"{result['p50_ms']:>8.2f} {result['p99_ms']:>8.2f} "
-                    f"{result['p99_ms'] / paced_base['p99_ms']:>8.2f}x "
-                    f"{result['server_us']:>6.0f} "
-                    f"{result['server_us'] / paced_base['server_us']:>6.2f}x"
-                )
+            # system queues; a batch's first pair waits for its whole call. So the batch
+            # systems are also driven at shares of DLRover's own pairs/s (each pair timed
+            # from its due moment): at half of it beside DLRover paced alike, and at all of
+            # it beside DLRover's closed loop, which is that load.
+            for share in PACED_SHARES:
+                run = paced_runs(share, clients, base, systems, driver, run, say)
             say()
         say(
             "# goals (issue #15): server CPU per pair <= 1/3 of DLRover's (x cpu <= 0.33), "
@@ -633,11 +691,18 @@ def main() -> int:
         for service in services:
             service.terminate()
         nats.stop()
+        cleanup.close()
         shutil.rmtree(workdir, ignore_errors=True)
-    RESULT.parent.mkdir(parents=True, exist_ok=True)
-    RESULT.write_text(
+    # A run of some client counts or systems only does not overwrite the full record.
+    partial = bool(ONLY) or CLIENTS != (1, 8, 32)
+    record = RESULT.with_name(f"{RESULT.stem}-partial.txt") if partial else RESULT
+    record.parent.mkdir(parents=True, exist_ok=True)
+    record.write_text(
         "$ .venv/bin/python bench/dispatcher_vs_dlrover.py  "
-        f"(STRIDE_BENCH_SECONDS={SECONDS:g} STRIDE_BENCH_ROUNDS={ROUNDS})\n"
+        f"(STRIDE_BENCH_SECONDS={SECONDS:g} STRIDE_BENCH_ROUNDS={ROUNDS} "
+        f"STRIDE_BENCH_CLIENTS={','.join(map(str, CLIENTS))}"
+        + (f" STRIDE_BENCH_SYSTEMS={','.join(sorted(ONLY))}" if ONLY else "")
+        + ")\n"
         + "\n".join(lines)
         + "\n"
     )

@@ -75,6 +75,24 @@ def postgres_pids() -> list[int]:
     return pids
 
 
+def postgres_cpu() -> float:
+    """CPU seconds the PostgreSQL server has used so far, its exited processes included:
+    every live server process, plus what each postmaster's reaped children used (the kernel
+    adds a child's time to its parent's cutime and cstime when the parent waits for it). A
+    sum over the live processes alone goes down when a backend exits."""
+    pids = postgres_pids()
+    total = 0.0
+    for pid in pids:
+        try:
+            fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
+        except OSError:
+            continue
+        total += (int(fields[11]) + int(fields[12])) / TICKS
+        if int(fields[1]) not in pids:  # a postmaster (its parent is not PostgreSQL)
+            total += (int(fields[13]) + int(fields[14])) / TICKS
+    return total
+
+
 class CpuMeter:
     """CPU seconds of the suite's processes, by process name."""
 
@@ -92,10 +110,7 @@ class CpuMeter:
     def sample(self) -> dict[str, float]:
         taken = {name: cpu_seconds(pid) for name, pid in self.pids.items()}
         if self.postgres:
-            # A backend that exited between two samples takes its CPU with it: the figure
-            # is a lower bound for PostgreSQL (the services keep their connections pooled,
-            # so their backends live through the run).
-            taken["postgresql"] = sum(cpu_seconds(pid) for pid in postgres_pids())
+            taken["postgresql"] = postgres_cpu()
         return taken
 
     async def quiet(self, timeout: float, done: Callable[[], bool] = lambda: True) -> float:
