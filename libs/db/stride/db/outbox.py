@@ -49,6 +49,7 @@ from sqlalchemy.ext.asyncio import AsyncSession
 from stride.bus.client import MSG_ID_HEADER
 from stride.bus.topics import Outgoing
 from stride.db.engine import Database
+from stride.db.rows import insert_new
 from stride.obs.metrics import OUTBOX_PARKED, OUTBOX_PARKED_TOTAL
 
 log = structlog.get_logger(__name__)
@@ -250,10 +251,6 @@ def _current_limit(max_payload: Callable[[], int] | None) -> int | None:
     return limit if limit > 0 else None
 
 
-_IN_CHUNK = 500
-"""Ids per ``IN (...)`` query: well under every driver's bound-parameter limit."""
-
-
 class Outbox:
     """Adds events inside a caller's transaction and relays them to the bus, parking those
     the bus refuses for good.
@@ -311,23 +308,12 @@ class Outbox:
         the ids already queued and one batched insert (a decision that changes hundreds of
         jobs' shares would otherwise pay two round trips per event). Same id twice is
         ignored, within the batch too."""
-        if not events:
-            return
-        ids = [event.message_id for event in events]
-        present: set[str] = set()
-        for start in range(0, len(ids), _IN_CHUNK):
-            chunk = ids[start : start + _IN_CHUNK]
-            rows = await session.execute(
-                select(self.table.c.message_id).where(self.table.c.message_id.in_(chunk))
-            )
-            present.update(row.message_id for row in rows)
         now = datetime.now(UTC)
-        fresh = []
-        for event in events:
-            if event.message_id in present:
-                continue
-            present.add(event.message_id)
-            fresh.append(
+        await insert_new(
+            session,
+            self.table,
+            "message_id",
+            [
                 {
                     "message_id": event.message_id,
                     "subject": event.subject,
@@ -335,9 +321,9 @@ class Outbox:
                     "headers": dict(event.headers),
                     "created_at": now,
                 }
-            )
-        if fresh:
-            await session.execute(self._insert, fresh)
+                for event in events
+            ],
+        )
 
     def notify(self) -> None:
         """Wake the relay after a commit, so events go out without waiting for the poll."""

@@ -13,6 +13,7 @@ from typing import Any
 from sqlalchemy import case, delete, func, insert, select, text, update
 from sqlalchemy.ext.asyncio import AsyncSession
 
+from stride.db.rows import IN_CHUNK, insert_new
 from stride.events.v1 import optimization_pb2, plan_pb2
 from stride.optimizer.db.tables import (
     administrators,
@@ -24,9 +25,6 @@ from stride.optimizer.db.tables import (
 )
 from stride.optimizer.domain.administrator import Administrator, JobStage
 from stride.optimizer.domain.observations import Observations, from_json, to_json
-
-_IN_CHUNK = 500
-"""The most keys in one IN (...) list (SQLite's bound-parameter limit is far above)."""
 
 
 async def get_administrator(
@@ -51,10 +49,10 @@ async def get_administrators(
     job id with ``for_update``, so two batches never wait on each other in a cycle)."""
     found: dict[str, Administrator] = {}
     ordered = sorted(set(job_ids))
-    for start in range(0, len(ordered), _IN_CHUNK):
+    for start in range(0, len(ordered), IN_CHUNK):
         query = (
             select(administrators.c.job_id, administrators.c.stage, administrators.c.plan_version)
-            .where(administrators.c.job_id.in_(ordered[start : start + _IN_CHUNK]))
+            .where(administrators.c.job_id.in_(ordered[start : start + IN_CHUNK]))
             .order_by(administrators.c.job_id)
         )
         if for_update:
@@ -104,21 +102,11 @@ async def insert_events(
 ) -> int:
     """Store events in order, with one query for the ids stored before and one insert; an
     id stored before (or twice in ``events``) is skipped. How many were stored."""
-    ids = [event.event_id for event in events]
-    present: set[str] = set()
-    for start in range(0, len(ids), _IN_CHUNK):
-        rows = await session.execute(
-            select(optimization_events.c.event_id).where(
-                optimization_events.c.event_id.in_(ids[start : start + _IN_CHUNK])
-            )
-        )
-        present.update(row.event_id for row in rows)
-    fresh = []
-    for event in events:
-        if event.event_id in present:
-            continue
-        present.add(event.event_id)
-        fresh.append(
+    return await insert_new(
+        session,
+        optimization_events,
+        "event_id",
+        [
             {
                 "event_id": event.event_id,
                 "job_id": event.job_id,
@@ -126,10 +114,9 @@ async def insert_events(
                 "event": event.SerializeToString(),
                 "created_at": event.created_at.ToDatetime(tzinfo=UTC),
             }
-        )
-    if fresh:
-        await session.execute(optimization_events.insert(), fresh)
-    return len(fresh)
+            for event in events
+        ],
+    )
 
 
 def plan_row(plan: plan_pb2.ResourcePlan, explanation: str | None = None) -> dict[str, Any]:
@@ -361,9 +348,9 @@ async def get_shares(session: AsyncSession, job_ids: Sequence[str]) -> dict[str,
     """The newest shares stored of those of ``job_ids`` that have one (:func:`get_share`)."""
     found: dict[str, dict[str, Any]] = {}
     ordered = sorted(set(job_ids))
-    for start in range(0, len(ordered), _IN_CHUNK):
+    for start in range(0, len(ordered), IN_CHUNK):
         rows = await session.execute(
-            select(shares).where(shares.c.job_id.in_(ordered[start : start + _IN_CHUNK]))
+            select(shares).where(shares.c.job_id.in_(ordered[start : start + IN_CHUNK]))
         )
         found.update((row.job_id, dict(row._mapping)) for row in rows)
     return found
