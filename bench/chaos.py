@@ -36,7 +36,6 @@ import os
 import re
 import shutil
 import signal
-import subprocess
 import sys
 import tempfile
 import time
@@ -47,7 +46,7 @@ from pathlib import Path
 
 import grpc
 import numpy as np
-from suite import record, stream_messages, stride
+from suite import Postgres, record, stream_messages, stride
 
 from stride.api.admission.v1 import admission_service_pb2 as admission_pb
 from stride.api.admission.v1 import admission_service_pb2_grpc as admission_grpc
@@ -58,7 +57,6 @@ from stride.cli.endpoints import SUITE, Phase, SuiteState
 from stride.cli.supervisor import HEALTH_NAMES
 from stride.events.v1 import job_pb2, plan_pb2
 from stride.runtime import tls
-from stride.runtime.embedded_nats import free_port
 from stride.runtime.healthcheck import check
 from stride.runtime.tokens import TokenSource
 
@@ -122,72 +120,6 @@ def _wait(what: Callable[[], bool], timeout: float) -> float | None:
             pass
         time.sleep(0.2)
     return None
-
-
-# --- PostgreSQL of the run's own ----------------------------------------------------------
-
-
-@dataclass
-class Postgres:
-    folder: Path
-    port: int
-
-    @classmethod
-    def start(cls, parent: Path) -> Postgres | None:
-        """A throwaway cluster (VERIFIED.md's recipe), or None where initdb is missing."""
-        if shutil.which("initdb") is None or shutil.which("pg_ctl") is None:
-            return None
-        folder = parent / "pg"
-        folder.mkdir()
-        if os.geteuid() == 0:  # initdb refuses root: the cluster is the postgres user's
-            shutil.chown(folder, "postgres", "postgres")
-            shutil.chown(parent, "postgres", "postgres")
-        data = folder / "data"
-        subprocess.run(
-            [*_runas(), "initdb", "-D", str(data), "-U", "postgres", "-A", "trust", "--no-sync"],
-            check=True,
-            capture_output=True,
-        )
-        server = cls(folder, free_port())
-        server._pg_ctl("start")
-        return server
-
-    def _pg_ctl(self, action: str, *extra: str, check: bool = True) -> None:
-        options = f"-p {self.port} -k {self.folder} -c listen_addresses=127.0.0.1 -c fsync=off"
-        subprocess.run(
-            [
-                *_runas(),
-                "pg_ctl",
-                "-D",
-                str(self.folder / "data"),
-                "-o",
-                options,
-                "-w",
-                "-l",
-                str(self.folder / "postgres.log"),
-                action,
-                *extra,
-            ],
-            check=check,
-            capture_output=True,
-        )
-
-    @property
-    def url(self) -> str:
-        return f"postgresql://postgres@127.0.0.1:{self.port}/postgres"
-
-    def crash_restart(self) -> None:
-        """Immediate shutdown (no checkpoint: recovery from the WAL at start), then start."""
-        self._pg_ctl("stop", "-m", "immediate")
-        self._pg_ctl("start")
-
-    def stop(self) -> None:
-        self._pg_ctl("stop", "-m", "fast", check=False)
-
-
-def _runas() -> list[str]:
-    """The prefix that runs a PostgreSQL tool as its own user when we are root."""
-    return ["runuser", "-u", "postgres", "--"] if os.geteuid() == 0 else []
 
 
 # --- the jobs -----------------------------------------------------------------------------
@@ -461,7 +393,7 @@ async def run(load_count: int, keep: bool) -> int:
     state_dir = work / "state"
     env = {k: v for k, v in os.environ.items() if not k.startswith("STRIDE_")}
     env.update({"STRIDE_STATE_DIR": str(state_dir), "COLUMNS": "200"})
-    postgres = Postgres.start(work)
+    postgres = Postgres.start(work, fsync=False)  # restarted often; commits not measured
     if postgres is not None:
         env["STRIDE_DATABASE_URL"] = postgres.url
     lines = [

@@ -14,8 +14,11 @@ import sys
 import tempfile
 import time
 from collections.abc import Callable, Iterator, Mapping
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
+
+from stride.runtime.embedded_nats import free_port
 
 
 def stride(*args: str, env: Mapping[str, str]) -> subprocess.CompletedProcess[str]:
@@ -75,11 +78,12 @@ def postgres_pids() -> list[int]:
     return pids
 
 
-def postgres_cpu() -> float:
-    """CPU seconds the PostgreSQL server has used so far, its exited processes included:
+def postgres_cpu(postmaster: int | None = None) -> float:
+    """CPU seconds a PostgreSQL server has used so far, its exited processes included:
     every live server process, plus what each postmaster's reaped children used (the kernel
     adds a child's time to its parent's cutime and cstime when the parent waits for it). A
-    sum over the live processes alone goes down when a backend exits."""
+    sum over the live processes alone goes down when a backend exits. ``postmaster``: that
+    server only (its postmaster's pid); every server on the machine by default."""
     pids = postgres_pids()
     total = 0.0
     for pid in pids:
@@ -87,8 +91,11 @@ def postgres_cpu() -> float:
             fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
         except OSError:
             continue
+        parent = int(fields[1])
+        if postmaster is not None and postmaster not in (pid, parent):
+            continue
         total += (int(fields[11]) + int(fields[12])) / TICKS
-        if int(fields[1]) not in pids:  # a postmaster (its parent is not PostgreSQL)
+        if parent not in pids:  # a postmaster (its parent is not PostgreSQL)
             total += (int(fields[13]) + int(fields[14])) / TICKS
     return total
 
@@ -281,3 +288,82 @@ def record(path: Path, lines: list[str]) -> None:
     text = "\n".join(lines) + "\n"
     print(text)
     path.write_text(text)
+
+
+# --- PostgreSQL of a run's own ----------------------------------------------------------
+
+
+@dataclass
+class Postgres:
+    """A throwaway PostgreSQL cluster in a run's folder (VERIFIED.md's recipe): restartable
+    without touching anything else, and with the server's default settings, whatever the
+    machine's own server runs with (this machine's has autovacuum off)."""
+
+    folder: Path
+    port: int
+    fsync: bool = True
+
+    @classmethod
+    def start(cls, parent: Path, fsync: bool = True) -> Postgres | None:
+        """Make and start the cluster, or None where initdb is missing. ``fsync=False``
+        for runs that restart it often and measure no commit cost."""
+        if shutil.which("initdb") is None or shutil.which("pg_ctl") is None:
+            return None
+        folder = parent / "pg"
+        folder.mkdir()
+        if os.geteuid() == 0:  # initdb refuses root: the cluster is the postgres user's
+            shutil.chown(folder, "postgres", "postgres")
+            shutil.chown(parent, "postgres", "postgres")
+        data = folder / "data"
+        subprocess.run(
+            [*_runas(), "initdb", "-D", str(data), "-U", "postgres", "-A", "trust", "--no-sync"],
+            check=True,
+            capture_output=True,
+        )
+        server = cls(folder, free_port(), fsync)
+        server._pg_ctl("start")
+        return server
+
+    def _pg_ctl(self, action: str, *extra: str, check: bool = True) -> None:
+        options = f"-p {self.port} -k {self.folder} -c listen_addresses=127.0.0.1"
+        if not self.fsync:
+            options += " -c fsync=off"
+        subprocess.run(
+            [
+                *_runas(),
+                "pg_ctl",
+                "-D",
+                str(self.folder / "data"),
+                "-o",
+                options,
+                "-w",
+                "-l",
+                str(self.folder / "postgres.log"),
+                action,
+                *extra,
+            ],
+            check=check,
+            capture_output=True,
+        )
+
+    @property
+    def url(self) -> str:
+        return f"postgresql://postgres@127.0.0.1:{self.port}/postgres"
+
+    @property
+    def pid(self) -> int:
+        """The postmaster's pid (the first line of its ``postmaster.pid``)."""
+        return int((self.folder / "data" / "postmaster.pid").read_text().split()[0])
+
+    def crash_restart(self) -> None:
+        """Immediate shutdown (no checkpoint: recovery from the WAL at start), then start."""
+        self._pg_ctl("stop", "-m", "immediate")
+        self._pg_ctl("start")
+
+    def stop(self) -> None:
+        self._pg_ctl("stop", "-m", "fast", check=False)
+
+
+def _runas() -> list[str]:
+    """The prefix that runs a PostgreSQL tool as its own user when we are root."""
+    return ["runuser", "-u", "postgres", "--"] if os.geteuid() == 0 else []

@@ -272,7 +272,7 @@ async def test_a_group_commit_writes_each_table_once_for_the_batch(
     assert inserts["jobs"] == inserts["decisions"] == inserts["outbox"], inserts
     assert 1 <= inserts["jobs"] < 32, inserts
     messages = await assert_eventually(
-        lambda: _at_least(stream_messages(nats_url, "stride.jobs.v1.>"), 64)
+        lambda: _at_least(stream_messages(nats_url, topics.JOBS.subjects[0]), 64)
     )
     for reply in replies:
         job_id = reply.job.job_id
