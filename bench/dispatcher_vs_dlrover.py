@@ -81,7 +81,7 @@ from pathlib import Path
 import psycopg
 from suite import Postgres, cpu_seconds, postgres_cpu
 
-from stride.runtime.embedded_nats import NatsServer
+from stride.runtime.embedded_nats import NatsServer, free_port
 from stride.runtime.healthcheck import check
 from stride.testing.channels import ensure_certificates, sync_channel
 from stride.testing.processes import ServiceProcess
@@ -264,12 +264,6 @@ DRIVER = textwrap.dedent(
                       "cpu": time.process_time() - cpu}))
     """
 )
-
-
-def free_port() -> int:
-    with socket.socket() as probe:
-        probe.bind(("127.0.0.1", 0))
-        return int(probe.getsockname()[1])
 
 
 def ensure_dlrover() -> None:
