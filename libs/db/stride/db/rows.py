@@ -5,11 +5,24 @@ from __future__ import annotations
 from collections.abc import Mapping, Sequence
 from typing import Any
 
-from sqlalchemy import Table, select
+from sqlalchemy import ColumnElement, Row, Select, Table, select
 from sqlalchemy.ext.asyncio import AsyncSession
 
 IN_CHUNK = 500
 """Keys per ``IN (...)`` query: well under every driver's bound-parameter limit."""
+
+
+async def rows_in(
+    session: AsyncSession, query: Select[Any], column: ColumnElement[Any], keys: Sequence[Any]
+) -> list[Row[Any]]:
+    """The rows of ``query`` whose ``column`` is one of ``keys``, with one query per
+    :data:`IN_CHUNK` keys (in the order given: sort them first where the query locks)."""
+    found: list[Row[Any]] = []
+    for start in range(0, len(keys), IN_CHUNK):
+        found += (
+            await session.execute(query.where(column.in_(keys[start : start + IN_CHUNK])))
+        ).all()
+    return found
 
 
 async def insert_new(
@@ -22,13 +35,8 @@ async def insert_new(
     if not rows:
         return 0
     column = table.c[key]
-    keys = [row[key] for row in rows]
-    present: set[Any] = set()
-    for start in range(0, len(keys), IN_CHUNK):
-        found = await session.execute(
-            select(column).where(column.in_(keys[start : start + IN_CHUNK]))
-        )
-        present.update(found.scalars())
+    stored = await rows_in(session, select(column), column, [row[key] for row in rows])
+    present: set[Any] = {found[0] for found in stored}
     fresh = []
     for row in rows:
         if row[key] in present:

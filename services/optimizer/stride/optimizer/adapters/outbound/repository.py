@@ -13,7 +13,7 @@ from typing import Any
 from sqlalchemy import case, delete, func, insert, select, text, update
 from sqlalchemy.ext.asyncio import AsyncSession
 
-from stride.db.rows import IN_CHUNK, insert_new
+from stride.db.rows import insert_new, rows_in
 from stride.events.v1 import optimization_pb2, plan_pb2
 from stride.optimizer.db.tables import (
     administrators,
@@ -47,21 +47,18 @@ async def get_administrators(
 ) -> dict[str, Administrator]:
     """The administrators of those of ``job_ids`` the optimizer knows (locked in order of
     job id with ``for_update``, so two batches never wait on each other in a cycle)."""
-    found: dict[str, Administrator] = {}
-    ordered = sorted(set(job_ids))
-    for start in range(0, len(ordered), IN_CHUNK):
-        query = (
-            select(administrators.c.job_id, administrators.c.stage, administrators.c.plan_version)
-            .where(administrators.c.job_id.in_(ordered[start : start + IN_CHUNK]))
-            .order_by(administrators.c.job_id)
+    query = select(
+        administrators.c.job_id, administrators.c.stage, administrators.c.plan_version
+    ).order_by(administrators.c.job_id)
+    if for_update:
+        query = query.with_for_update()
+    rows = await rows_in(session, query, administrators.c.job_id, sorted(set(job_ids)))
+    return {
+        row.job_id: Administrator(
+            job_id=row.job_id, stage=JobStage[row.stage], plan_version=row.plan_version
         )
-        if for_update:
-            query = query.with_for_update()
-        for row in await session.execute(query):
-            found[row.job_id] = Administrator(
-                job_id=row.job_id, stage=JobStage[row.stage], plan_version=row.plan_version
-            )
-    return found
+        for row in rows
+    }
 
 
 def administrator_row(
@@ -346,14 +343,8 @@ async def get_share(session: AsyncSession, job_id: str) -> dict[str, Any] | None
 
 async def get_shares(session: AsyncSession, job_ids: Sequence[str]) -> dict[str, dict[str, Any]]:
     """The newest shares stored of those of ``job_ids`` that have one (:func:`get_share`)."""
-    found: dict[str, dict[str, Any]] = {}
-    ordered = sorted(set(job_ids))
-    for start in range(0, len(ordered), IN_CHUNK):
-        rows = await session.execute(
-            select(shares).where(shares.c.job_id.in_(ordered[start : start + IN_CHUNK]))
-        )
-        found.update((row.job_id, dict(row._mapping)) for row in rows)
-    return found
+    rows = await rows_in(session, select(shares), shares.c.job_id, sorted(set(job_ids)))
+    return {row.job_id: dict(row._mapping) for row in rows}
 
 
 async def put_share(session: AsyncSession, values: dict[str, Any]) -> bool:
