@@ -22,6 +22,8 @@ from sqlalchemy import (
     Table,
     UniqueConstraint,
     false,
+    literal_column,
+    text,
 )
 
 from stride.db.outbox import outbox_dead_letter_table, outbox_table
@@ -70,11 +72,36 @@ shards = Table(
     Column("updated_at", DateTime(timezone=True), nullable=False),
     # Stream partition (STREAM kind only; 0 otherwise) (0002).
     Column("partition", Integer, nullable=False, server_default="0"),
-    Index("ix_shards_next", "dataset_id", "state", "epoch", "position"),
-    Index("ix_shards_worker", "worker", "state"),
-    # The lease sweeper's scan: DOING shards by expiry (0002).
-    Index("ix_shards_lease", "state", "lease_expires_at"),
+    # Partial (0005): TODO shards in hand-out order; DOING shards by holder and by expiry
+    # (the lease sweeper's scan). A query uses one only if it spells the state as a literal
+    # (TODO_STATE, DOING_STATE), not as a bound parameter.
+    Index(
+        "ix_shards_todo",
+        "dataset_id",
+        "epoch",
+        "position",
+        "shard_id",
+        postgresql_where=text("state = 'TODO'"),
+        sqlite_where=text("state = 'TODO'"),
+    ),
+    Index(
+        "ix_shards_held",
+        "worker",
+        postgresql_where=text("state = 'DOING'"),
+        sqlite_where=text("state = 'DOING'"),
+    ),
+    Index(
+        "ix_shards_lease",
+        "lease_expires_at",
+        postgresql_where=text("state = 'DOING'"),
+        sqlite_where=text("state = 'DOING'"),
+    ),
 )
+
+TODO_STATE = shards.c.state == literal_column("'TODO'")
+"""``state = 'TODO'`` with the literal the partial index ``ix_shards_todo`` is defined by."""
+DOING_STATE = shards.c.state == literal_column("'DOING'")
+"""``state = 'DOING'`` as ``ix_shards_held`` and ``ix_shards_lease`` spell it."""
 
 workers = Table(
     "workers",

@@ -95,6 +95,7 @@ class SlowPath:
 SLOW: Final = SlowPath()
 
 BUSY_TIMEOUT: Final = 5.0
+"""Seconds a batch waits for another connection's write lock before answering UNAVAILABLE."""
 
 WAL_RESET_FRAMES: Final = 4096
 """WAL frames (pages; 16 MiB at SQLite's 4 KiB) past which the hot connection rewinds the
@@ -102,7 +103,6 @@ log between two batches (see the module docstring)."""
 
 FAST_CUT_SHARDS: Final = 20_000
 """Epochs of more shards are cut on the general path (see :meth:`FastPath.get_shard`)."""
-"""Seconds a batch waits for another connection's write lock before answering UNAVAILABLE."""
 
 
 class _Busy(Exception):
@@ -113,6 +113,31 @@ SHARD_COLUMNS = (
     "shard_id, epoch, position, start_index, end_index, consumed, state, worker, "
     "incarnation, leases, lease_expires_at, partition"
 )
+
+_LEASE = (
+    "UPDATE shards SET state = 'DOING', worker = ?, incarnation = ?, leases = leases + 1, "
+    "lease_expires_at = ?, updated_at = ? WHERE dataset_id = ? AND shard_id "
+)
+_NEXT_TODO = (
+    "(SELECT shard_id FROM shards WHERE dataset_id = ? AND state = 'TODO' "
+    "AND (epoch, position) >= (?, ?) ORDER BY epoch, position, shard_id LIMIT "
+)
+_LEASE_ONE = _LEASE + "= " + _NEXT_TODO + f"1) RETURNING {SHARD_COLUMNS}"
+_LEASE_MANY = _LEASE + "IN " + _NEXT_TODO + f"?) RETURNING {SHARD_COLUMNS}"
+_PG_LEASE_MANY = (
+    "UPDATE shards SET state = 'DOING', worker = ?, incarnation = ?, leases = shards.leases + 1, "
+    "lease_expires_at = ?, updated_at = ? FROM (SELECT dataset_id, shard_id FROM shards "
+    "WHERE dataset_id = ? AND state = 'TODO' AND (epoch, position) >= (?, ?) "
+    "ORDER BY epoch, position, shard_id LIMIT ?) AS k "
+    "WHERE shards.dataset_id = k.dataset_id AND shards.shard_id = k.shard_id "
+    "RETURNING " + ", ".join(f"shards.{column.strip()}" for column in SHARD_COLUMNS.split(","))
+)
+"""On PostgreSQL each leased row is joined by its whole key. The planner's statistics never
+know a dataset created since the table was last analyzed (every new job's): it estimates
+such a dataset at one row, and given ``dataset_id = ? AND shard_id IN (...)`` it read the
+shards by scanning all of the dataset's primary key and filtering (14,000 rows for 16,
+3-30 ms a call; auto_explain under ``bench/dispatcher_vs_dlrover.py``). A join on both key
+columns leaves it one sensible plan, a key lookup per shard, whatever it estimates."""
 
 
 def _stamp(moment: datetime) -> str:
@@ -216,6 +241,9 @@ class FastPath:
         """Statements of the batch to send with its COMMIT (the last call's RELEASE)."""
         self.commits = 0
         """Transactions committed so far (one per batch of calls)."""
+        self._front: dict[int, tuple[int, int]] = {}
+        """Per dataset id, the hand-out order key (epoch, position) of the last shard this
+        batch leased: its next lease scans from there (see :meth:`_lease_next`)."""
 
     def _connect(self) -> Connection:
         """The dedicated connection, opened on first use (dialect)."""
@@ -255,6 +283,7 @@ class FastPath:
         batch fails with Unavailable: no call is answered before its change committed.
         """
         self._begin_deferred, self._closing = False, []
+        self._front = {}
         try:
             connection = self._connect()  # (again, if the last one broke: a database restart)
             if connection.in_transaction:  # left open by an earlier batch that died mid-way
@@ -295,14 +324,17 @@ class FastPath:
                 connection, [*self._take_opening(), *(["RELEASE call"] * held), "SAVEPOINT call"]
             )
             held = True
+            front = dict(self._front)  # a call rolled back gives its leases back
             try:
                 result = work(connection)
             except Exception as error:
                 connection.execute("ROLLBACK TO call")
+                self._front = front
                 outcomes.append(_Outcome(None, error))
                 continue
             if isinstance(result, SlowPath):
                 connection.execute("ROLLBACK TO call")
+                self._front = front
             outcomes.append(_Outcome(result, None))
         if held:
             self._closing = ["RELEASE call"]  # sent with the COMMIT
@@ -781,17 +813,14 @@ class FastPath:
         ).fetchall()
         return [_shard(row) for row in rows]
 
-    @staticmethod
     def _cut_epoch(
-        connection: Connection, job_id: str, dataset: str, stored: _Dataset, now: datetime
+        self, connection: Connection, job_id: str, dataset: str, stored: _Dataset, now: datetime
     ) -> None:
         epoch = stored.epochs_created
         stamp = _stamp(now)
         planned = plan_epoch(stored.parameters, epoch)
-        connection.executemany(
-            "INSERT INTO shards (dataset_id, shard_id, epoch, position, start_index, end_index, "
-            "consumed, state, worker, incarnation, leases, lease_expires_at, updated_at, "
-            "partition) VALUES (?, ?, ?, ?, ?, ?, 0, 'TODO', NULL, NULL, 0, NULL, ?, ?)",
+        self._insert_shards(
+            connection,
             [
                 (stored.id, p.shard_id, p.epoch, p.position, p.start, p.end, stamp, p.partition)
                 for p in planned
@@ -802,26 +831,55 @@ class FastPath:
         )
         log.info("epoch started", job_id=job_id, dataset=dataset, epoch=epoch, shards=len(planned))
 
+    def _lease_many(
+        self,
+        connection: Connection,
+        lease: tuple[Any, ...],
+        scan: tuple[int, int, int],
+        count: int,
+    ) -> list[tuple[Any, ...]]:
+        """The rows of the next ``count`` TODO shards, leased: ``lease`` is (worker,
+        incarnation, expiry, now), ``scan`` (dataset id, epoch and position to scan from)
+        (dialect: SQLite)."""
+        rows: list[tuple[Any, ...]] = connection.execute(
+            _LEASE_MANY, (*lease, scan[0], *scan, count)
+        ).fetchall()
+        return rows
+
+    def _insert_shards(self, connection: Connection, rows: Sequence[tuple[Any, ...]]) -> None:
+        """Insert an epoch's new TODO shards: (dataset id, shard id, epoch, position, start,
+        end, updated at, partition) each (dialect: SQLite, a statement per row)."""
+        connection.executemany(_INSERT_SHARD, rows)
+
     def _lease_next(
         self, connection: Connection, dataset_id: int, holder: Holder, now: datetime, count: int
     ) -> list[ShardRecord]:
-        """Lease the next ``count`` TODO shards (fewer if fewer are left), in hand-out order."""
-        parameters = (
-            holder.worker,
-            holder.incarnation,
-            _stamp(now + self.lease_duration),
-            _stamp(now),
-            dataset_id,
-            dataset_id,
-        )
+        """Lease the next ``count`` TODO shards (fewer if fewer are left), in hand-out order.
+
+        The scan for TODO shards starts where this batch's last lease in the dataset left
+        off (:attr:`_front`), not at the head of the queue: every shard an earlier call of
+        the same transaction leased still has its TODO index entry there, which PostgreSQL
+        cannot skip until the transaction commits, and each one cost a visit to its row (on
+        PostgreSQL the lease statement cost 2.5 ms for 16 shards with 8 callers, found with
+        pg_stat_statements under ``bench/dispatcher_vs_dlrover.py``). Nothing before the
+        front is TODO except a shard another transaction returned meanwhile; the next batch,
+        which scans from the head again, hands that out.
+        """
+        epoch, position = self._front.get(dataset_id, (-1, -1))
+        lease = (holder.worker, holder.incarnation, _stamp(now + self.lease_duration), _stamp(now))
+        scan = (dataset_id, epoch, position)
         if count == 1:  # the common call: "=" lets both databases take the one row directly
-            row = connection.execute(_LEASE_ONE, parameters).fetchone()
-            return [] if row is None else [_shard(row)]
-        rows = connection.execute(_LEASE_MANY, (*parameters, count)).fetchall()
-        # RETURNING gives no order: hand-out order is (epoch, position, shard id).
-        return sorted(
-            (_shard(row) for row in rows), key=lambda s: (s.epoch, s.position, s.shard_id)
-        )
+            row = connection.execute(_LEASE_ONE, (*lease, dataset_id, *scan)).fetchone()
+            leased = [] if row is None else [_shard(row)]
+        else:
+            rows = self._lease_many(connection, lease, scan, count)
+            # RETURNING gives no order: hand-out order is (epoch, position, shard id).
+            leased = sorted(
+                (_shard(row) for row in rows), key=lambda s: (s.epoch, s.position, s.shard_id)
+            )
+        if leased:
+            self._front[dataset_id] = (leased[-1].epoch, leased[-1].position)
+        return leased
 
 
 class SqliteFastPath(FastPath):
@@ -937,18 +995,32 @@ _INSERT_OUTBOX = (
     "INSERT INTO outbox (message_id, subject, payload, headers, created_at) "
     "VALUES (?, ?, ?, ?, ?) ON CONFLICT (message_id) DO NOTHING"
 )
-_LEASE = (
-    "UPDATE shards SET state = 'DOING', worker = ?, incarnation = ?, leases = leases + 1, "
-    "lease_expires_at = ?, updated_at = ? WHERE dataset_id = ? AND shard_id "
+_INSERT_SHARD = (
+    "INSERT INTO shards (dataset_id, shard_id, epoch, position, start_index, end_index, "
+    "consumed, state, worker, incarnation, leases, lease_expires_at, updated_at, "
+    "partition) VALUES (?, ?, ?, ?, ?, ?, 0, 'TODO', NULL, NULL, 0, NULL, ?, ?)"
 )
-_LEASE_ONE = (
-    _LEASE + "= (SELECT shard_id FROM shards WHERE dataset_id = ? AND state = 'TODO' "
-    f"ORDER BY epoch, position, shard_id LIMIT 1) RETURNING {SHARD_COLUMNS}"
+_PG_INSERT_SHARDS = (
+    "INSERT INTO shards (dataset_id, shard_id, epoch, position, start_index, end_index, "
+    "consumed, state, worker, incarnation, leases, lease_expires_at, updated_at, "
+    "partition) SELECT v.dataset_id, v.shard_id, v.epoch, v.position, v.start_index, "
+    "v.end_index, 0, 'TODO', NULL, NULL, 0, NULL, v.updated_at, v.partition "
+    "FROM unnest(?::int[], ?::bigint[], ?::bigint[], ?::bigint[], ?::bigint[], ?::bigint[], "
+    "?::timestamptz[], ?::int[]) AS v(dataset_id, shard_id, epoch, position, start_index, "
+    "end_index, updated_at, partition)"
 )
-_LEASE_MANY = (
-    _LEASE + "IN (SELECT shard_id FROM shards WHERE dataset_id = ? AND state = 'TODO' "
-    f"ORDER BY epoch, position, shard_id LIMIT ?) RETURNING {SHARD_COLUMNS}"
+"""An epoch's shards on PostgreSQL in one statement (the rows of
+:meth:`FastPath._insert_shards`, as columns)."""
+_PG_SHARDS_LOCKED = (
+    "SELECT "
+    + ", ".join(f"s.{column.strip()}" for column in SHARD_COLUMNS.split(","))
+    + " FROM unnest(?::int[], ?::bigint[]) AS k(dataset_id, shard_id) JOIN shards s "
+    "ON s.dataset_id = k.dataset_id AND s.shard_id = k.shard_id ORDER BY s.shard_id "
+    "FOR UPDATE OF s"
 )
+"""A dataset's shards by id, locked in key order, on PostgreSQL: the dataset id comes with
+each key (an array) so that the planner sees no ``dataset_id = ?`` to scan by (see
+``_PG_LEASE_MANY``)."""
 _SAVE_SHARD = (
     "UPDATE shards SET end_index = ?, consumed = ?, state = ?, worker = ?, "
     "incarnation = ?, leases = ?, lease_expires_at = ?, updated_at = ? "
@@ -1158,6 +1230,12 @@ class PostgresFastPath(FastPath):
                 psycopg.sql.SQL("SET search_path TO {}").format(psycopg.sql.Identifier(self.schema))
             )
             raw.execute("SET TIME ZONE 'UTC'")  # timestamps are written as UTC text
+            # Plan every execution for the table as it is now. PostgreSQL's plan cache
+            # otherwise settles on one generic plan, made while the shards table was small
+            # and kept after it grew (no ANALYZE has run yet): a hash join over a scan of the
+            # whole table to fetch 16 shards, 4-13 ms a call (auto_explain under
+            # bench/dispatcher_vs_dlrover.py).
+            raw.execute("SET plan_cache_mode = force_custom_plan")
             # Commits stay synchronous whatever sync_commits says: with synchronous_commit
             # off, a crash of the database server loses the last acknowledged reports, and
             # their shards are read again (DispatcherSettings.sync_commits).
@@ -1169,14 +1247,30 @@ class PostgresFastPath(FastPath):
         # driver's work each.
         connection.execute(_PG_SAVE_MANY, [list(column) for column in zip(*rows, strict=True)])
 
+    def _lease_many(
+        self,
+        connection: Connection,
+        lease: tuple[Any, ...],
+        scan: tuple[int, int, int],
+        count: int,
+    ) -> list[tuple[Any, ...]]:
+        rows: list[tuple[Any, ...]] = connection.execute(
+            _PG_LEASE_MANY, (*lease, *scan, count)
+        ).fetchall()
+        return rows
+
+    def _insert_shards(self, connection: Connection, rows: Sequence[tuple[Any, ...]]) -> None:
+        # One statement over arrays: a statement per row cost about 25 us of the two
+        # processes' CPU per shard, a seventh of a batched pair's (bench/dispatcher_vs_dlrover.py).
+        connection.execute(_PG_INSERT_SHARDS, [list(column) for column in zip(*rows, strict=True)])
+
     def _shards(
         self, connection: Connection, dataset_id: int, shard_ids: Sequence[int]
     ) -> list[ShardRecord]:
         # Locked in key order, as a batch of heartbeats locks them.
+        # Joined by the whole key, as _PG_LEASE_MANY says why.
         rows = connection.execute(
-            f"SELECT {SHARD_COLUMNS} FROM shards WHERE dataset_id = ? AND shard_id = ANY(?) "
-            "ORDER BY shard_id FOR UPDATE",
-            (dataset_id, list(shard_ids)),
+            _PG_SHARDS_LOCKED, ([dataset_id] * len(shard_ids), list(shard_ids))
         ).fetchall()
         return [_shard(row) for row in rows]
 

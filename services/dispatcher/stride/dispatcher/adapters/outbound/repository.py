@@ -20,10 +20,18 @@ from dataclasses import dataclass
 from datetime import UTC, datetime
 from typing import Any
 
-from sqlalchemy import bindparam, delete, func, select, update
+from sqlalchemy import bindparam, delete, func, literal_column, select, update
 from sqlalchemy.ext.asyncio import AsyncSession
 
-from stride.dispatcher.db.tables import datasets, shards, step_cursors, step_leases, workers
+from stride.dispatcher.db.tables import (
+    DOING_STATE,
+    TODO_STATE,
+    datasets,
+    shards,
+    step_cursors,
+    step_leases,
+    workers,
+)
 from stride.dispatcher.domain.datasets import SPLIT_ID_BASE, DatasetParameters, ShardingKind
 from stride.dispatcher.domain.queue import Holder, ShardRecord, ShardState, WorkerRecord
 
@@ -222,7 +230,7 @@ _LEASE_NEXT = (
             select(_TODO.c.shard_id)
             .where(
                 _TODO.c.dataset_id == bindparam("b_dataset_id"),
-                _TODO.c.state == ShardState.TODO.value,
+                _TODO.c.state == literal_column("'TODO'"),  # as ix_shards_todo's predicate
             )
             .order_by(_TODO.c.epoch, _TODO.c.position, _TODO.c.shard_id)
             .limit(1)
@@ -285,8 +293,8 @@ async def next_todo(session: AsyncSession, dataset_id: int) -> ShardRecord | Non
     row = (
         await session.execute(
             select(shards)
-            .where(shards.c.dataset_id == dataset_id, shards.c.state == ShardState.TODO.value)
-            .order_by(shards.c.epoch, shards.c.position)
+            .where(shards.c.dataset_id == dataset_id, TODO_STATE)
+            .order_by(shards.c.epoch, shards.c.position, shards.c.shard_id)
             .limit(1)
         )
     ).one_or_none()
@@ -353,7 +361,7 @@ async def renew_held(
             shards.c.dataset_id == dataset_id,
             shards.c.worker == holder.worker,
             shards.c.incarnation == holder.incarnation,
-            shards.c.state == ShardState.DOING.value,
+            DOING_STATE,
             shards.c.shard_id != except_shard_id,
         )
         .values(lease_expires_at=expires, updated_at=at)
@@ -479,7 +487,7 @@ async def expired_leases(session: AsyncSession, now: datetime, limit: int) -> li
         await session.execute(
             select(shards)
             .where(
-                shards.c.state == ShardState.DOING.value,
+                DOING_STATE,
                 shards.c.lease_expires_at <= now,
             )
             .order_by(shards.c.dataset_id, shards.c.shard_id)
@@ -644,7 +652,7 @@ async def held_shards(session: AsyncSession, job_id: str, worker: str) -> list[H
             .where(
                 datasets.c.job_id == job_id,
                 shards.c.worker == worker,
-                shards.c.state == ShardState.DOING.value,
+                DOING_STATE,
             )
             .order_by(shards.c.dataset_id, shards.c.shard_id)
             .with_for_update(of=shards)
