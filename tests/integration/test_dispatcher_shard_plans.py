@@ -16,8 +16,9 @@ from collections.abc import AsyncIterator
 from datetime import timedelta
 from typing import Any
 
+import psycopg
 import pytest
-from sqlalchemy import create_engine, inspect, text
+from sqlalchemy import create_engine, inspect, make_url, text
 
 from stride.db.engine import Database, schema_for, sync_url
 from stride.db.migrations import current_and_head, downgrade, upgrade
@@ -204,3 +205,23 @@ def test_migration_0005_makes_the_shard_indexes_partial_and_back(database_url: s
         assert set(indexes()) == {"ix_shards_todo", "ix_shards_held", "ix_shards_lease"}
     finally:
         engine.dispose()
+
+
+def test_array_literals_reach_postgresql_as_the_values_they_spell(postgres_url: str) -> None:
+    """The fast path sends its ``unnest`` arrays as literals (``fastpath._pg_array``): worker
+    names, job ids and timestamps arrive exactly, whatever characters they hold."""
+    texts = ['a"b', "c\\d", None, "NULL", "", "x,y{}", " padded ", "ü", "'quoted'"]
+    numbers = [0, -1, 2**62, None]
+    floats = [0.1, 1e-300, None]
+    url = make_url(postgres_url).set(drivername="postgresql").render_as_string(hide_password=False)
+    with psycopg.connect(url, autocommit=True) as connection:
+        row = connection.execute(
+            "SELECT %s::text[], %s::bigint[], %s::float8[], %s::int[]",
+            (
+                fastpath._pg_array(texts),
+                fastpath._pg_array(numbers),
+                fastpath._pg_array(floats),
+                fastpath._pg_array([]),
+            ),
+        ).fetchone()
+    assert row == (texts, numbers, floats, [])

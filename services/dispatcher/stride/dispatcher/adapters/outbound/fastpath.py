@@ -1187,6 +1187,30 @@ class _Heartbeat:
         )
 
 
+def _pg_array(values: Iterable[Any]) -> str:
+    """A PostgreSQL array literal of ``values`` (ints, floats, strings, None), for a
+    parameter the statement casts (``?::bigint[]``). psycopg's list dumper looks up a dumper
+    for every element: it was 7 % of the dispatcher's CPU under batched hand-outs (py-spy,
+    ``bench/dispatcher_vs_dlrover.py``); this is a join."""
+    values = list(values)
+    if all(type(value) is int for value in values):
+        return "{" + ",".join(map(str, values)) + "}"
+    parts = []
+    for value in values:
+        if value is None:
+            parts.append("NULL")
+        elif isinstance(value, str):
+            parts.append('"' + value.replace("\\", "\\\\").replace('"', '\\"') + '"')
+        else:
+            parts.append(str(value))
+    return "{" + ",".join(parts) + "}"
+
+
+def _pg_columns(rows: Sequence[Sequence[Any]]) -> list[str]:
+    """Rows as one array literal per column (the parameters of an ``unnest`` statement)."""
+    return [_pg_array(column) for column in zip(*rows, strict=True)]
+
+
 class _PgConnection:
     """A psycopg connection (autocommit) with the ``sqlite3`` calls the fast path makes:
     ``?`` placeholders become ``%s`` (once per statement text).
@@ -1330,7 +1354,7 @@ class PostgresFastPath(FastPath):
     def _save_many(self, connection: Connection, rows: Sequence[tuple[Any, ...]]) -> None:
         # One statement over arrays: a statement per row costs a pipelined round of the
         # driver's work each.
-        self._write(connection, _PG_SAVE_MANY, [list(column) for column in zip(*rows, strict=True)])
+        self._write(connection, _PG_SAVE_MANY, _pg_columns(rows))
 
     def _write(self, connection: Connection, sql: str, parameters: Sequence[Any]) -> None:
         connection.defer(sql, parameters)
@@ -1369,7 +1393,7 @@ class PostgresFastPath(FastPath):
     def _insert_shards(self, connection: Connection, rows: Sequence[tuple[Any, ...]]) -> None:
         # One statement over arrays: a statement per row cost about 25 us of the two
         # processes' CPU per shard, a seventh of a batched pair's (bench/dispatcher_vs_dlrover.py).
-        connection.execute(_PG_INSERT_SHARDS, [list(column) for column in zip(*rows, strict=True)])
+        connection.execute(_PG_INSERT_SHARDS, _pg_columns(rows))
 
     def _shards(
         self, connection: Connection, dataset_id: int, shard_ids: Sequence[int]
@@ -1377,7 +1401,7 @@ class PostgresFastPath(FastPath):
         # Locked in key order, as a batch of heartbeats locks them.
         # Joined by the whole key, as _PG_LEASE_MANY says why.
         rows = connection.execute(
-            _PG_SHARDS_LOCKED, ([dataset_id] * len(shard_ids), list(shard_ids))
+            _PG_SHARDS_LOCKED, (_pg_array([dataset_id] * len(shard_ids)), _pg_array(shard_ids))
         ).fetchall()
         return [_shard(row) for row in rows]
 
@@ -1438,11 +1462,11 @@ class PostgresFastPath(FastPath):
         found = connection.execute(
             _PG_HEARTBEATS_READ,
             (
-                [index for index, _ in beats],
-                [beat.job_id for _, beat in beats],
-                [beat.worker for _, beat in beats],
-                [beat.dataset for _, beat in beats],
-                [beat.shard_id for _, beat in beats],
+                _pg_array([index for index, _ in beats]),
+                _pg_array([beat.job_id for _, beat in beats]),
+                _pg_array([beat.worker for _, beat in beats]),
+                _pg_array([beat.dataset for _, beat in beats]),
+                _pg_array([beat.shard_id for _, beat in beats]),
             ),
         ).fetchall()
         rows = {row[0]: row[1:] for row in found}
@@ -1459,7 +1483,7 @@ class PostgresFastPath(FastPath):
                 continue
             outcomes[index] = _Outcome(None, None)
         if writes:
-            columns = [list(column) for column in zip(*writes, strict=True)]
+            columns = _pg_columns(writes)
             connection.execute(_PG_HEARTBEATS_WRITE, columns)
         batched = {index for index, _ in beats}
         rest = [index for index in range(len(works)) if index not in batched]
