@@ -104,6 +104,25 @@ async def _explain(fast: PostgresFastPath, statements: Statements, runs: int = 1
     return await fast._on_connection_thread(explain)
 
 
+async def _explain_each_time(fast: PostgresFastPath, statements: Statements) -> dict[str, str]:
+    """The plans of statements planned at every execution (not prepared), on the fast
+    path's own connection."""
+
+    def explain() -> dict[str, str]:
+        connection = fast._connect().connection
+        plans = {}
+        for name, (sql, parameters) in statements.items():
+            assert sql in fastpath._PgConnection.REPLANNED, name
+            text = _numbered(sql)
+            for number, parameter in reversed(list(enumerate(parameters, start=1))):
+                text = text.replace(f"${number}", _literal(parameter))
+            rows = connection.execute(f"EXPLAIN {text}").fetchall()
+            plans[name] = "\n".join(row[0] for row in rows)
+        return plans
+
+    return await fast._on_connection_thread(explain)
+
+
 async def test_a_new_jobs_dataset_is_served_by_key_lookups_after_the_table_grew(
     dispatcher: ShardDispatcher, postgres_url: str
 ) -> None:
@@ -122,18 +141,24 @@ async def test_a_new_jobs_dataset_is_served_by_key_lookups_after_the_table_grew(
             text(f"SELECT id FROM \"{schema}\".datasets WHERE dataset = 'small'")
         ).scalar_one()
 
-    def statements(dataset_id: int, shard_ids: list[int]) -> Statements:
-        now = "2026-01-01 00:00:00"
+    now = "2026-01-01 00:00:00"
+
+    def joins(dataset_id: int, shard_ids: list[int]) -> Statements:
         return {
             "locked": (fastpath._PG_SHARDS_LOCKED, ([dataset_id] * len(shard_ids), shard_ids)),
-            "lease": (
-                fastpath._PG_LEASE_MANY,
-                ("w0", 1, now, now, dataset_id, -1, -1, 16),
-            ),
+            "lease": (fastpath._PG_LEASE_MANY, ("w0", 1, now, now, dataset_id, -1, -1, 16)),
         }
 
-    # Plans made (and cached, generic or not) while the table holds the small dataset alone.
-    await _explain(fast, statements(small_id, list(range(16))), runs=8)
+    def lookups(dataset_id: int, shard_id: int) -> Statements:
+        saved = (1, 0, "DOING", "w0", 1, 1, now, now, dataset_id, shard_id)
+        return {
+            "save": (fastpath._SAVE_SHARD, saved),
+            "lease_one": (fastpath._LEASE_ONE, ("w0", 1, now, now, dataset_id, dataset_id, -1, -1)),
+        }
+
+    # Key lookups are prepared: their plans are made (and cached, generic or not) while the
+    # table holds the small dataset alone.
+    await _explain(fast, lookups(small_id, 1), runs=8)
 
     # A new job's big dataset: an epoch of 15,000 shards, cut by its first batched call.
     await dispatcher.create_dataset(JOB, "big", _parameters(15_000))
@@ -151,10 +176,17 @@ async def test_a_new_jobs_dataset_is_served_by_key_lookups_after_the_table_grew(
         for name in cached:
             fast._connect().connection.execute(f"DEALLOCATE {name}")
 
-    # The statements as cached above, now asked about the big dataset.
-    cached = statements(big_id, [shard.shard_id for shard in leased if shard is not None])
+    # The key lookups as cached above, now about the big dataset: still by index.
+    cached = lookups(big_id, 1)
     plans = await _explain(fast, cached)
     await fast._on_connection_thread(deallocate)
+    for name, plan in plans.items():
+        assert "Seq Scan" not in plan, (name, plan)
+        assert "Index" in plan, (name, plan)
+    # The joins, planned at each execution, for the big dataset the statistics never saw.
+    plans = await _explain_each_time(
+        fast, joins(big_id, [shard.shard_id for shard in leased if shard is not None])
+    )
     for name, plan in plans.items():
         assert "Seq Scan on shards" not in plan, (name, plan)
         assert "Hash Join" not in plan, (name, plan)

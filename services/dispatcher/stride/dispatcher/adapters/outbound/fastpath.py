@@ -1252,6 +1252,26 @@ class _PgConnection:
         if self._prefix or self._deferred:
             self.execute_all([])
 
+    REPLANNED: Final = frozenset(
+        {
+            _PG_LEASE_MANY,
+            _PG_SHARDS_LOCKED,
+            _PG_SAVE_MANY,
+            _PG_HEARTBEATS_READ,
+            _PG_HEARTBEATS_WRITE,
+        }
+    )
+    """Statements planned at every execution, for the table as it is then (the rest are
+    prepared once and planned the way PostgreSQL's plan cache chooses): the joins. The plan
+    cache settled on a generic plan made while the shards table was small and kept it after
+    the table grew, a hash join over a scan of the whole table to fetch 16 shards, 4-13 ms a
+    call (auto_explain under bench/dispatcher_vs_dlrover.py). Planning every statement
+    instead cost a single-shard call about 200 us of PostgreSQL's CPU (pg_stat_statements)."""
+
+    def _run(self, sql: str, parameters: Sequence[Any]) -> psycopg.Cursor[Any]:
+        prepare = bool(parameters) and sql not in self.REPLANNED
+        return self.connection.execute(self._text(sql), parameters, prepare=prepare)
+
     def execute_all(
         self, statements: Sequence[tuple[str, Sequence[Any]]]
     ) -> list[psycopg.Cursor[Any]]:
@@ -1260,13 +1280,9 @@ class _PgConnection:
         everything = [*((sql, ()) for sql in self._prefix), *self._deferred, *statements]
         self.reset()
         if len(everything) == 1:
-            sql, parameters = everything[0]
-            return [self.connection.execute(self._text(sql), parameters, prepare=bool(parameters))]
+            return [self._run(*everything[0])]
         with self.connection.pipeline():
-            cursors = [
-                self.connection.execute(self._text(sql), parameters, prepare=bool(parameters))
-                for sql, parameters in everything
-            ]
+            cursors = [self._run(sql, parameters) for sql, parameters in everything]
         return cursors[len(everything) - len(statements) :]
 
     def _text(self, sql: str) -> str:
@@ -1339,12 +1355,11 @@ class PostgresFastPath(FastPath):
                 psycopg.sql.SQL("SET search_path TO {}").format(psycopg.sql.Identifier(self.schema))
             )
             raw.execute("SET TIME ZONE 'UTC'")  # timestamps are written as UTC text
-            # Plan every execution for the table as it is now. PostgreSQL's plan cache
-            # otherwise settles on one generic plan, made while the shards table was small
-            # and kept after it grew (no ANALYZE has run yet): a hash join over a scan of the
-            # whole table to fetch 16 shards, 4-13 ms a call (auto_explain under
-            # bench/dispatcher_vs_dlrover.py).
-            raw.execute("SET plan_cache_mode = force_custom_plan")
+            # Key lookups never scan the table, whatever size the statistics (or a plan cached
+            # while the table was small) say it has: a generic plan for "the row with this key"
+            # made on a 200-row table is a scan, and stays cached after the table grew. The
+            # statements that join are planned at every execution (_PgConnection.REPLANNED).
+            raw.execute("SET enable_seqscan = off")
             # Commits stay synchronous whatever sync_commits says: with synchronous_commit
             # off, a crash of the database server loses the last acknowledged reports, and
             # their shards are read again (DispatcherSettings.sync_commits).
