@@ -694,8 +694,6 @@ class FastPath:
             epochs_created=row[9],
         )
 
-    _DATASET_COLUMNS = _DATASET_COLUMNS
-
     def _lock_dataset(self, connection: Connection, job_id: str, dataset: str) -> _Dataset:
         if self.locks_rows:  # the row lock the general path's lock_dataset takes
             row = connection.execute(_LOCK_DATASET, (job_id, dataset)).fetchone()
@@ -714,7 +712,7 @@ class FastPath:
 
     def _find_dataset(self, connection: Connection, job_id: str, dataset: str) -> _Dataset:
         row = connection.execute(
-            f"SELECT {self._DATASET_COLUMNS} FROM datasets WHERE job_id = ? AND dataset = ?",
+            f"SELECT {_DATASET_COLUMNS} FROM datasets WHERE job_id = ? AND dataset = ?",
             (job_id, dataset),
         ).fetchone()
         return self._dataset(row, job_id, dataset)
