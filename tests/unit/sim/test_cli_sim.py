@@ -81,3 +81,75 @@ def test_bad_input_is_one_line_and_writes_nothing(tmp_path: Path) -> None:
     assert "bad.csv:2" in broken.stderr and "deadline" in broken.stderr
     assert "Traceback" not in broken.stderr
     assert not out.exists()
+
+
+def _deadline_args(out: Path, *extra: str) -> list[str]:
+    return [
+        "--env",
+        "deadline",
+        "--trace",
+        str(SHARED_TRACES / "itp-ef" / "195job.csv"),
+        "--cluster",
+        str(SHARED_TRACES / "cluster_specs" / "n16g8.csv"),
+        "--curves",
+        str(SHARED_TRACES / "throughputs_A100"),
+        "--out",
+        str(out),
+        *extra,
+    ]
+
+
+def test_elasticflow_model_report_shows_guarantees_bound_and_usage(tmp_path: Path) -> None:
+    out = tmp_path / "ef"
+    result = stride_sim(
+        *_deadline_args(
+            out,
+            "--model",
+            "elasticflow",
+            "--slot",
+            "240",
+            "--window",
+            "first:30",
+            "--policies",
+            "stride,elasticflow,elasticflow-noac,edf",
+            "--curve-error",
+            "0.1",
+            "--best-effort-fraction",
+            "0.2",
+            "--seed",
+            "4",
+        )
+    )
+    assert result.returncode == 0, result.stderr
+    text = (out / "report.md").read_text()
+    assert "cost model: elasticflow" in text and "rounds at least 240 s apart" in text
+    assert "curve error +-0.1" in text and "best-effort fraction 0.2" in text
+    assert "## Guarantees and the physical bound" in text
+    assert "| physical bound |" in text and "admitted hard deadlines met" in text
+    assert "gpu_utilization.png" in text and (out / "gpu_utilization.png").is_file()
+    document = json.loads((out / "results.json").read_text())
+    assert set(document["physical_bound"]) == {"all", "lambda_ge_1", "lambda_lt_1"}
+    for name, row in document["results"].items():
+        assert row["model"] == "elasticflow"
+        assert row["admitted"] + row["declined"] == 30, name
+        assert row["best_effort"] > 0 and row["curve_error"] == 0.1
+    assert document["results"]["elasticflow-noac"]["declined"] == 0
+
+
+def test_model_options_are_checked_and_named(tmp_path: Path) -> None:
+    out = tmp_path / "bad"
+    for options, message in (
+        (("--model", "pollux"), "--model: 'pollux' is not one of stride, elasticflow"),
+        (("--model", "elasticflow", "--slot", "0"), "--slot: must be a finite number"),
+        (("--pause", "-1"), "--pause: must be a finite number of seconds >= 0"),
+        (("--curve-error", "1.5"), "--curve-error: must be in [0, 1)"),
+        (("--best-effort-fraction", "2"), "--best-effort-fraction: must be in [0, 1]"),
+        (("--model", "elasticflow", "--policies", "pollux"), "--policies: unknown pollux"),
+    ):
+        result = stride_sim(*_deadline_args(out, *options))
+        assert result.returncode == 2, options
+        assert message in result.stderr, (options, result.stderr)
+        assert "Traceback" not in result.stderr
+        assert not out.exists()
+    wrong_env = stride_sim("--env", "dataworkers", "--model", "elasticflow", "--out", str(out))
+    assert wrong_env.returncode == 2 and "apply to --env deadline only" in wrong_env.stderr

@@ -693,7 +693,41 @@ def sim(
         Path | None, typer.Option(help="Folder of throughput tables (deadline env).")
     ] = None,
     policies: Annotated[str, typer.Option(help="Comma-separated; default all.")] = "",
-    seed: Annotated[int, typer.Option(help="Seed: the same seed gives the same report.")] = 1,
+    seed: Annotated[
+        int,
+        typer.Option(
+            help="Seed: the same seed gives the same report. Deadline env: it draws only which "
+            "jobs are best effort (--best-effort-fraction) and each job's true speed "
+            "(--curve-error); with neither, it changes nothing (the trace fixes the rest). "
+            "Synthetic envs: it draws the job population."
+        ),
+    ] = 1,
+    model: Annotated[
+        str,
+        typer.Option(
+            help="Deadline env cost model: stride (ours: event-driven, a pause per start or "
+            "rescale) or elasticflow (ElasticFlow's published simulator: rounds at least "
+            "--slot apart, overhead every round, raw curves and trace durations for the "
+            "baselines)."
+        ),
+    ] = "stride",
+    slot: Annotated[
+        float, typer.Option(help="Seconds between rounds under --model elasticflow.")
+    ] = 60.0,
+    pause: Annotated[
+        float,
+        typer.Option(help="Seconds a job pauses per start or rescale under --model stride."),
+    ] = 20.0,
+    best_effort_fraction: Annotated[
+        float, typer.Option(help="Share of deadline jobs made best effort (seeded draw).")
+    ] = 0.0,
+    curve_error: Annotated[
+        float,
+        typer.Option(
+            help="E: each job's true curve is its profiled one times a seeded factor in "
+            "[1-E, 1+E]; the policies see only the profiled one (deadline env)."
+        ),
+    ] = 0.0,
     window: Annotated[str, typer.Option(help="START:END seconds, first:N, or all.")] = "all",
     jobs: Annotated[int, typer.Option(help="Jobs (synthetic environments).")] = 1000,
     out: Annotated[Path, typer.Option(help="Output directory for report.md and plots.")] = Path(
@@ -721,6 +755,11 @@ def sim(
         traces=traces,
         cpus=cpus,
         memory_gib=memory_gib,
+        model=model,
+        slot=slot,
+        pause=pause,
+        best_effort_fraction=best_effort_fraction,
+        curve_error=curve_error,
     )
     if code:
         raise typer.Exit(code)

@@ -3,6 +3,8 @@ and the baselines, and write a Markdown report with plots."""
 
 from __future__ import annotations
 
+import dataclasses
+import math
 import shlex
 import sys
 from collections.abc import Callable, Sequence
@@ -83,44 +85,41 @@ def simulate(
     traces: Path = Path("../shared/traces"),
     cpus: int = 6000,
     memory_gib: int = 40000,
+    model: str = "stride",
+    slot: float = 60.0,
+    pause: float = 20.0,
+    best_effort_fraction: float = 0.0,
+    curve_error: float = 0.0,
 ) -> Path:
     """Run one environment for every requested policy and write the report; returns its path."""
     command = "stride sim " + " ".join(shlex.quote(a) for a in sys.argv[2:])
     stride_version = version("stride-platform")
+    if env != "deadline" and (
+        model != "stride" or curve_error or best_effort_fraction or slot != 60.0 or pause != 20.0
+    ):
+        raise SimUsageError(
+            "--model, --slot, --pause, --best-effort-fraction and --curve-error "
+            "apply to --env deadline only"
+        )
     if env == "deadline":
-        from stride.sim.deadline import POLICIES, DeadlineCluster, run_deadline
-        from stride.sim.traces import load_cluster_spec, load_curves, load_deadline_trace
-
-        if trace is None or cluster is None or curves is None:
-            raise SimUsageError("--trace, --cluster and --curves are required for --env deadline")
-        trace_jobs = load_deadline_trace(trace, parse_window(window))
-        spec = load_cluster_spec(cluster)
-        library = load_curves(curves)
-        gpu_cluster = DeadlineCluster.from_spec(spec)
-        names = _policies(policies, list(POLICIES))
-        results = _run_all(
-            console, names, lambda p: run_deadline(trace_jobs, gpu_cluster, p, seed, library)
+        return _deadline(
+            trace,
+            cluster,
+            curves,
+            policies,
+            seed,
+            window,
+            out,
+            console,
+            command,
+            stride_version,
+            model,
+            slot,
+            pause,
+            best_effort_fraction,
+            curve_error,
         )
-        context = RunContext(
-            environment="deadline (GPU, ElasticFlow setting)",
-            trace=str(trace),
-            window=f"{window or 'all'} ({len(trace_jobs)} jobs)",
-            cluster=f"{cluster.name} ({gpu_cluster.num_gpus} GPUs)",
-            seed=seed,
-            stride_version=stride_version,
-            command=command,
-            notes=(
-                f"throughput tables: {curves}",
-                "traces: microsoft/elasticflow-traces (MIT)",
-                "overhead: every start, resume, rescale or migration pauses the job 20 s "
-                "(ElasticFlow sec. 6.6, Fig. 12b)",
-                "placement: Stride places GPUs by buddy allocation with migration (sec. 4.3) "
-                "when the node tree allows it; baselines count GPUs",
-                "ElasticFlow's reported DSR means over its traces (Fig. 8b): EF 0.761, "
-                "Chronus 0.451, Themis 0.432, Tiresias 0.401, Gandiva 0.304, EDF 0.286",
-            ),
-        )
-    elif env == "dataworkers":
+    if env == "dataworkers":
         from stride.sim.dataworkers import DATAWORKER_POLICIES, DataWorkerCluster, run_dataworkers
 
         dw_cluster = DataWorkerCluster()
@@ -172,3 +171,139 @@ def run_cli(**options: Any) -> int:
         return 2
     console.print(f"report: {report}", highlight=False)
     return 0
+
+
+def _deadline(
+    trace: Path | None,
+    cluster: Path | None,
+    curves: Path | None,
+    policies: str,
+    seed: int,
+    window: str,
+    out: Path,
+    console: Console,
+    command: str,
+    stride_version: str,
+    model: str,
+    slot: float,
+    pause: float,
+    best_effort_fraction: float,
+    curve_error: float,
+) -> Path:
+    """The deadline environment's run and report (see :func:`simulate`)."""
+    from stride.sim.deadline import (
+        EF_MODEL_POLICIES,
+        MODELS,
+        POLICIES,
+        DeadlineCluster,
+        physical_bound,
+        run_deadline,
+    )
+    from stride.sim.traces import load_cluster_spec, load_curves, load_deadline_trace
+
+    if trace is None or cluster is None or curves is None:
+        raise SimUsageError("--trace, --cluster and --curves are required for --env deadline")
+    if model not in MODELS:
+        raise SimUsageError(f"--model: {model!r} is not one of {', '.join(MODELS)}")
+    if not (slot > 0 and math.isfinite(slot)):
+        raise SimUsageError(f"--slot: must be a finite number of seconds > 0, got {slot}")
+    if not (pause >= 0 and math.isfinite(pause)):
+        raise SimUsageError(f"--pause: must be a finite number of seconds >= 0, got {pause}")
+    if not 0.0 <= best_effort_fraction <= 1.0:
+        raise SimUsageError(
+            f"--best-effort-fraction: must be in [0, 1], got {best_effort_fraction}"
+        )
+    if not 0.0 <= curve_error < 1.0:
+        raise SimUsageError(f"--curve-error: must be in [0, 1), got {curve_error}")
+    trace_jobs = load_deadline_trace(trace, parse_window(window))
+    spec = load_cluster_spec(cluster)
+    library = load_curves(curves)
+    gpu_cluster = DeadlineCluster.from_spec(spec)
+    known = list(POLICIES) if model == "stride" else list(EF_MODEL_POLICIES)
+    names = _policies(policies, known)
+    results = _run_all(
+        console,
+        names,
+        lambda p: run_deadline(
+            trace_jobs,
+            gpu_cluster,
+            p,
+            seed,
+            library,
+            pause_seconds=pause,
+            best_effort_fraction=best_effort_fraction,
+            model=model,
+            slot=slot,
+            curve_error=curve_error,
+        ),
+    )
+    bound = physical_bound(trace_jobs, gpu_cluster, library, model=model, pause_seconds=pause)
+    if model == "stride":
+        cost = (
+            f"cost model: stride (event-driven; every start, resume, rescale or migration "
+            f"pauses the job {pause:g} s; ElasticFlow sec. 6.6, Fig. 12b)"
+        )
+    else:
+        cost = (
+            f"cost model: elasticflow (ElasticFlow's published simulator: rounds at least "
+            f"{slot:g} s apart, per-round overhead 2 s, or 2 + 2 (log2 n + 1) s on a new GPU "
+            f"range, +27 s every {int(slot)}th round; raw curves for the elastic baselines, "
+            f"trace durations for the non-elastic ones)"
+        )
+    context = RunContext(
+        environment="deadline (GPU, ElasticFlow setting)",
+        trace=str(trace),
+        window=f"{window or 'all'} ({len(trace_jobs)} jobs)",
+        cluster=f"{cluster.name} ({gpu_cluster.num_gpus} GPUs)",
+        seed=seed,
+        stride_version=stride_version,
+        command=command,
+        notes=(
+            f"throughput tables: {curves}",
+            "traces: microsoft/elasticflow-traces (MIT)",
+            cost,
+            f"best-effort fraction {best_effort_fraction:g}, curve error +-{curve_error:g}",
+            "placement: Stride places GPUs by buddy allocation with migration (sec. 4.3) "
+            "when the node tree allows it (stride model); baselines count GPUs",
+            "ElasticFlow's reported DSR means over its traces (Fig. 8b): EF 0.761, "
+            "Chronus 0.451, Themis 0.432, Tiresias 0.401, Gandiva 0.304, EDF 0.286",
+        ),
+    )
+    return write_report(
+        out,
+        context,
+        results,
+        sections=[guarantee_section(results, bound)],
+        capacity=gpu_cluster.num_gpus,
+        extra={"physical_bound": dataclasses.asdict(bound)},
+    )
+
+
+def _share(value: float | None) -> str:
+    return "n/a" if value is None else f"{value:.3f}"
+
+
+def guarantee_section(results: dict[str, Any], bound: Any) -> str:
+    """The deadline report's guarantee table: admission, the guarantee kept, and each DSR
+    beside the trace's physical bound (lambda >= 1 and < 1 apart)."""
+    lines = [
+        "## Guarantees and the physical bound",
+        "",
+        "Physical bound: the share of deadline jobs that could meet their deadline running "
+        "alone on the empty cluster at their fastest size. No policy can exceed it.",
+        "",
+        "| policy | admitted | declined | best effort | admitted hard deadlines met | "
+        "cluster efficiency | DSR | DSR lambda >= 1 | bound lambda >= 1 | DSR lambda < 1 | "
+        "bound lambda < 1 |",
+        "|---|---|---|---|---|---|---|---|---|---|---|",
+    ]
+    for name, result in results.items():
+        lines.append(
+            f"| {name} | {result.admitted} | {result.declined} | {result.best_effort} | "
+            f"{_share(result.admitted_hard_met)} | {result.cluster_efficiency:.3f} | "
+            f"{_share(result.dsr)} | {_share(result.dsr_lambda_ge_1)} | "
+            f"{_share(bound.lambda_ge_1)} | {_share(result.dsr_lambda_lt_1)} | "
+            f"{_share(bound.lambda_lt_1)} |"
+        )
+    lines.append(f"| physical bound | | | | | | {_share(bound.all)} | | | | |")
+    return "\n".join(lines)

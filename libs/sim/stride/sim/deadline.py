@@ -51,6 +51,9 @@ from __future__ import annotations
 import math
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
+from typing import Any
+
+import numpy as np
 
 from stride.policy.elasticflow.curves import ScalingCurve
 from stride.policy.elasticflow.guarantees import (
@@ -62,12 +65,26 @@ from stride.policy.elasticflow.guarantees import (
 )
 from stride.policy.elasticflow.placement import InvalidPlacement, Placements, Topology
 from stride.policy.elasticflow.priorities import unit_weight
-from stride.sim.deadline_baselines import ChronusPolicy, ThemisPolicy, TiresiasPolicy
+from stride.sim.deadline_baselines import (
+    ChronusPolicy,
+    GandivaPolicy,
+    ThemisPolicy,
+    TiresiasPolicy,
+)
+from stride.sim.deadline_ef_policies import (
+    EF_MODEL_POLICIES,
+    ElasticFlowNoAdmissionPolicy,
+    ElasticFlowPolicy,
+    ef_model_policy,
+)
+from stride.sim.deadline_rounds import DEFAULT_SLOT_SECONDS, RoundJob, ef_overhead, run_rounds
 from stride.sim.deadline_views import DeadlinePolicy, DeadlineView, JobView, edf_key
 from stride.sim.engine import Event, EventKind, Simulation, SimulationError
 from stride.sim.traces import ClusterSpec, CurveLibrary, TraceJob
 
 __all__ = [
+    "EF_MODEL_POLICIES",
+    "MODELS",
     "POLICIES",
     "SCALING_PAUSE_SECONDS",
     "SLOT_SECONDS",
@@ -76,6 +93,8 @@ __all__ = [
     "DeadlineResult",
     "DeadlineView",
     "JobView",
+    "PhysicalBound",
+    "physical_bound",
     "run_deadline",
 ]
 
@@ -172,38 +191,6 @@ class EdfAdmissionPolicy:
         return _edf_elastic(view)
 
 
-@dataclass
-class GandivaPolicy:
-    """Gandiva-like: the trace's GPU count, strict FIFO (no backfill), no admission.
-
-    Gandiva's time slicing and packing are not modelled; a job holds exactly ``num_gpu``
-    GPUs from start to finish.
-    """
-
-    name: str = "gandiva"
-
-    def admit(self, view: DeadlineView, candidate: JobView) -> bool:
-        """Always admits."""
-        return True
-
-    def wakeup(self, view: DeadlineView, decision: dict[str, int]) -> float | None:
-        """Event-driven only."""
-        return None
-
-    def decide(self, view: DeadlineView) -> dict[str, int]:
-        """Running jobs keep their GPUs; waiting jobs start in arrival order while they fit."""
-        free = view.capacity - sum(job.devices for job in view.jobs)
-        result = {job.job_id: job.devices for job in view.jobs if job.devices}
-        for job in sorted(view.jobs, key=lambda j: (j.submission_time, j.job_id)):
-            if job.devices:
-                continue
-            if job.num_gpu > free:
-                break
-            result[job.job_id] = job.num_gpu
-            free -= job.num_gpu
-        return result
-
-
 POLICIES: Mapping[
     str,
     type[
@@ -214,9 +201,12 @@ POLICIES: Mapping[
         | TiresiasPolicy
         | ThemisPolicy
         | ChronusPolicy
+        | ElasticFlowPolicy
     ],
 ] = {
     "stride": StridePolicy,
+    "elasticflow": ElasticFlowPolicy,
+    "elasticflow-noac": ElasticFlowNoAdmissionPolicy,
     "edf": EdfPolicy,
     "edf-ac": EdfAdmissionPolicy,
     "gandiva": GandivaPolicy,
@@ -253,7 +243,21 @@ class DeadlineResult:
     """Jobs moved to other GPUs at the same size (buddy repacking), each paying the pause."""
     placement: str = "counted"
     """``buddy`` when GPUs were placed on the cluster's tree, ``counted`` otherwise."""
+    model: str = "stride"
+    """The cost model (:data:`MODELS`)."""
+    admitted: int = 0
+    """Jobs accepted at arrival (every job, for policies without admission control)."""
+    declined: int = 0
+    """Jobs refused at arrival (``len(dropped)``)."""
+    best_effort: int = 0
+    """Jobs without a deadline (``best_effort_fraction``)."""
+    admitted_hard_met: float | None = None
+    """Of the admitted jobs with a deadline, the share that met it: the guarantee kept."""
+    curve_error: float = 0.0
+    """Each job's true curve is its profiled one times a seeded factor in ``1 +- curve_error``."""
     finish_times: Mapping[str, float | None] = field(default_factory=dict)
+    gpu_usage: tuple[tuple[float, int], ...] = ()
+    """(time, GPUs allocated from then on) at every scheduling round, for the usage plot."""
 
 
 @dataclass
@@ -278,6 +282,8 @@ class _Job:
     """KOD2's weight on this cluster (the order within a priority class)."""
     waiting_since: float | None = None
     """Since when the job has held no GPUs (None while it holds some), as admission keeps it."""
+    speed: float = 1.0
+    """True throughput over profiled (``curve_error``): the policy sees the profiled curve."""
 
     def view(self) -> JobView:
         if self.cached_view is not None:
@@ -303,7 +309,7 @@ class _Job:
             return 0.0
         if self.rate_devices != self.devices:  # cached: advance() asks on every event
             self.rate_devices = self.devices
-            self.rate_value = self.curve.throughput(self.devices)
+            self.rate_value = self.curve.throughput(self.devices) * self.speed
         return self.rate_value
 
 
@@ -337,6 +343,7 @@ class _Environment:
         self.clock = 0.0
         self.round_at: float | None = None
         self.timer_at: float | None = None
+        self.usage: list[tuple[float, int]] = []
 
     def view(self, now: float) -> DeadlineView:
         for job_id in self.stale:
@@ -355,7 +362,7 @@ class _Environment:
             if now > start:  # exact: no progress (and no efficiency) while paused
                 rate = job.rate()
                 job.remaining = max(0.0, job.remaining - rate * (now - start))
-                area += rate / job.unit_throughput * (now - start)
+                area += rate / (job.unit_throughput * job.speed) * (now - start)
             job.last_update = now
         self.efficiency_area += area
         self.clock = now
@@ -386,17 +393,32 @@ class _Environment:
                 return  # superseded by a later re-allocation: nothing happened
         self.advance(sim.now)
         if event.kind is EventKind.ARRIVAL:
-            job = self.jobs[str(event.job_id)]
-            job.last_update = sim.now
-            job.waiting_since = sim.now
-            job.cached_view = None
-            if self.policy.admit(self.view(sim.now), job.view()):
-                self.active[job.trace.job_id] = job
-                self.views[job.trace.job_id] = job.view()
-                self.request_round(sim)
+            assert isinstance(event.payload, tuple)
+            group = [self.jobs[job_id] for job_id in event.payload]
+            for job in group:
+                job.last_update = sim.now
+                job.waiting_since = sim.now
+                job.cached_view = None
+            admit_group = getattr(self.policy, "admit_group", None)
+            if admit_group is not None:  # all-or-nothing per arrival event
+                said = admit_group(self.view(sim.now), tuple(job.view() for job in group))
+                verdicts = [said] * len(group) if isinstance(said, bool) else list(said)
             else:
-                job.ended = True
-                self.dropped.append(job.trace.job_id)
+                verdicts = []
+                for job in group:
+                    verdict = self.policy.admit(self.view(sim.now), job.view())
+                    verdicts.append(verdict)
+                    if verdict:
+                        self.active[job.trace.job_id] = job
+                        self.views[job.trace.job_id] = job.view()
+            for job, verdict in zip(group, verdicts, strict=True):
+                if verdict:
+                    self.active[job.trace.job_id] = job
+                    self.views[job.trace.job_id] = job.view()
+                    self.request_round(sim)
+                else:
+                    job.ended = True
+                    self.dropped.append(job.trace.job_id)
         elif event.kind is EventKind.COMPLETION:
             job = self.jobs[str(event.job_id)]
             self.finish(job, sim.now)
@@ -431,6 +453,10 @@ class _Environment:
                 f"policy {self.policy.name}: allocated {total} GPUs, capacity {self.capacity}"
             )
         self.peak = max(self.peak, total)
+        if self.usage and self.usage[-1][0] == sim.now:
+            self.usage[-1] = (sim.now, total)
+        else:
+            self.usage.append((sim.now, total))
         migrating = self.place(decision) if self.topology is not None else set()
         for job_id, job in self.active.items():
             count = decision.get(job_id, 0)
@@ -469,6 +495,52 @@ class _Environment:
             sim.schedule(wakeup, EventKind.TIMER)
 
 
+MODELS = ("stride", "elasticflow")
+"""Cost models: ``stride`` (ours, the default, this module) and ``elasticflow`` (ElasticFlow's
+published simulator's, :mod:`stride.sim.deadline_rounds`)."""
+
+
+def _check(
+    policy_name: str,
+    model: str,
+    trace_jobs: Sequence[TraceJob],
+    best_effort_fraction: float,
+    pause_seconds: float,
+    curve_error: float,
+) -> None:
+    known = POLICIES if model == "stride" else EF_MODEL_POLICIES
+    if model not in MODELS:
+        raise SimulationError(f"model: unknown {model!r} (known: {', '.join(MODELS)})")
+    if policy_name not in known:
+        raise SimulationError(
+            f"policy_name: unknown {policy_name!r} under model {model} "
+            f"(known: {', '.join(sorted(known))})"
+        )
+    if not trace_jobs:
+        raise SimulationError("trace_jobs: is empty")
+    if not 0.0 <= best_effort_fraction <= 1.0:
+        raise SimulationError(
+            f"best_effort_fraction: must be in [0, 1], got {best_effort_fraction}"
+        )
+    if pause_seconds < 0 or not math.isfinite(pause_seconds):
+        raise SimulationError(f"pause_seconds: must be finite and >= 0, got {pause_seconds}")
+    if not 0.0 <= curve_error < 1.0:
+        raise SimulationError(f"curve_error: must be in [0, 1), got {curve_error}")
+
+
+def _draws(
+    seed: int, count: int, best_effort_fraction: float, curve_error: float
+) -> tuple[Any, Any]:
+    """The seed's only uses: which jobs are best effort, and each job's true speed factor.
+
+    Both come from ``numpy.random.default_rng(seed)`` in that order, so with neither option
+    the seed changes nothing (the trace fixes everything else)."""
+    rng = np.random.default_rng(seed)
+    best_effort = rng.random(count) < best_effort_fraction
+    speeds = 1.0 + rng.uniform(-curve_error, curve_error, count) if curve_error else np.ones(count)
+    return best_effort, speeds
+
+
 def run_deadline(
     trace_jobs: Sequence[TraceJob],
     cluster: DeadlineCluster,
@@ -479,27 +551,42 @@ def run_deadline(
     pause_seconds: float = SCALING_PAUSE_SECONDS,
     best_effort_fraction: float = 0.0,
     incremental: bool = True,
+    model: str = "stride",
+    slot: float = DEFAULT_SLOT_SECONDS,
+    curve_error: float = 0.0,
 ) -> DeadlineResult:
-    """Replay ``trace_jobs`` on ``cluster`` under a policy from :data:`POLICIES`.
+    """Replay ``trace_jobs`` on ``cluster`` under a policy from :data:`POLICIES` (or, with
+    ``model="elasticflow"``, :data:`EF_MODEL_POLICIES`).
 
-    ``best_effort_fraction`` of the jobs, drawn with ``numpy.random.default_rng(seed)``,
-    lose their deadline (ElasticFlow sec. 6.5's mix); it is the only use of the seed, so a
-    run is fully determined by its arguments. ``incremental=False`` makes the admission
+    ``best_effort_fraction`` of the jobs lose their deadline (ElasticFlow sec. 6.5's mix);
+    with ``curve_error`` E each job's true throughput is its profiled curve's times a factor
+    drawn uniformly from ``[1 - E, 1 + E]`` while every policy sees the profiled curve. Both
+    draws come from ``numpy.random.default_rng(seed)``: they are the seed's only uses, so
+    without them the seed changes nothing. ``incremental=False`` makes the admission
     policies re-run Algorithm 1 from scratch at every decision (the slow reference; see
-    :class:`GuaranteePlanner` for how the two can differ).
+    :class:`GuaranteePlanner` for how the two can differ). ``model="elasticflow"`` replays
+    the trace as ElasticFlow's published simulator does, in rounds at least ``slot``
+    seconds apart (:mod:`stride.sim.deadline_rounds`); ``pause_seconds`` is then unused
+    (that model's overhead is its own).
     """
-    if policy_name not in POLICIES:
-        raise SimulationError(
-            f"policy_name: unknown {policy_name!r} (known: {', '.join(sorted(POLICIES))})"
+    _check(policy_name, model, trace_jobs, best_effort_fraction, pause_seconds, curve_error)
+    best_effort, speeds = _draws(seed, len(trace_jobs), best_effort_fraction, curve_error)
+    for trace in trace_jobs:
+        curve = curves.curve(trace)
+        if curve.sizes[0] > cluster.num_gpus:
+            raise SimulationError(
+                f"{trace.source}:{trace.line} model_name: {trace.model_name} needs "
+                f"{curve.sizes[0]} GPUs, cluster has {cluster.num_gpus}"
+            )
+        if policy_name in _FIXED_SIZE and trace.num_gpu > cluster.num_gpus:
+            raise SimulationError(
+                f"{trace.source}:{trace.line} num_gpu: {trace.num_gpu} exceeds the cluster's "
+                f"{cluster.num_gpus} GPUs"
+            )
+    if model == "elasticflow":
+        return _run_rounds(
+            trace_jobs, cluster, policy_name, seed, curves, best_effort, speeds, slot, curve_error
         )
-    if not trace_jobs:
-        raise SimulationError("trace_jobs: is empty")
-    if not 0.0 <= best_effort_fraction <= 1.0:
-        raise SimulationError(
-            f"best_effort_fraction: must be in [0, 1], got {best_effort_fraction}"
-        )
-    if pause_seconds < 0 or not math.isfinite(pause_seconds):
-        raise SimulationError(f"pause_seconds: must be finite and >= 0, got {pause_seconds}")
     policy_class = POLICIES[policy_name]
     policy: DeadlinePolicy
     if policy_class is StridePolicy or policy_class is EdfAdmissionPolicy:
@@ -507,20 +594,9 @@ def run_deadline(
     else:
         policy = policy_class()
     sim = Simulation(seed)
-    best_effort = sim.rng.random(len(trace_jobs)) < best_effort_fraction
     jobs: list[_Job] = []
     for index, trace in enumerate(trace_jobs):
         curve = curves.curve(trace)
-        where = f"{trace.source}:{trace.line}"
-        if curve.sizes[0] > cluster.num_gpus:
-            raise SimulationError(
-                f"{where} model_name: {trace.model_name} needs {curve.sizes[0]} GPUs, "
-                f"cluster has {cluster.num_gpus}"
-            )
-        if policy_name == "gandiva" and trace.num_gpu > cluster.num_gpus:
-            raise SimulationError(
-                f"{where} num_gpu: {trace.num_gpu} exceeds the cluster's {cluster.num_gpus} GPUs"
-            )
         first = curve.sizes[0]
         jobs.append(
             _Job(
@@ -530,27 +606,158 @@ def run_deadline(
                 remaining=trace.iterations,
                 unit_throughput=curve.throughputs[0] / first,
                 weight=unit_weight(first, first, cluster.num_gpus),
+                speed=float(speeds[index]),
             )
         )
     topology = cluster.buddy_topology() if getattr(policy, "placement", "") == "buddy" else None
     environment = _Environment(jobs, cluster.num_gpus, policy, pause_seconds, topology)
+    arriving: dict[float, list[str]] = {}
     for job in jobs:
-        sim.schedule(job.trace.submission_time, EventKind.ARRIVAL, job.trace.job_id)
+        arriving.setdefault(job.trace.submission_time, []).append(job.trace.job_id)
+    for at, group in arriving.items():
+        sim.schedule(at, EventKind.ARRIVAL, group[0], tuple(group))
     sim.run(environment.handle)
     for job in jobs:
         if not job.ended:
             raise SimulationError(f"job {job.trace.job_id}: never ended")
-    return _result(policy_name, seed, jobs, environment)
+    outcomes = [_Outcome(job.trace, job.deadline, job.finish) for job in jobs]
+    return _result(
+        policy_name,
+        seed,
+        outcomes,
+        _Totals(
+            capacity=environment.capacity,
+            efficiency_area=environment.efficiency_area,
+            scaling_events=environment.scaling_events,
+            dropped=tuple(environment.dropped),
+            peak=environment.peak,
+            migrations=environment.migrations,
+            placement="buddy" if environment.topology is not None else "counted",
+            usage=tuple(environment.usage),
+        ),
+        model="stride",
+        curve_error=curve_error,
+    )
+
+
+_FIXED_SIZE = frozenset({"gandiva", "tiresias", "themis", "chronus"})
+"""Baselines that run a job on its trace GPU count only."""
+
+
+def _run_rounds(
+    trace_jobs: Sequence[TraceJob],
+    cluster: DeadlineCluster,
+    policy_name: str,
+    seed: int,
+    curves: CurveLibrary,
+    best_effort: Any,
+    speeds: Any,
+    slot: float,
+    curve_error: float,
+) -> DeadlineResult:
+    """``run_deadline`` under ElasticFlow's cost model (:mod:`stride.sim.deadline_rounds`)."""
+    policy, charges, seen = ef_model_policy(policy_name, slot)
+    jobs: list[RoundJob] = []
+    for index, trace in enumerate(trace_jobs):
+        raw = curves.raw_curve(trace)
+        speed = float(speeds[index])
+        if policy_name in _FIXED_SIZE:
+            # Non-elastic: the trace's own rate on its own GPU count (the trace's duration).
+            fixed = ScalingCurve((trace.num_gpu,), (trace.iterations / trace.duration,))
+            shown, true = fixed, _scaled(fixed, speed)
+        else:
+            shown = curves.curve(trace) if seen == "envelope" else raw
+            true = _scaled(raw, speed)
+        first = shown.sizes[0]
+        jobs.append(
+            RoundJob(
+                job_id=trace.job_id,
+                submission_time=trace.submission_time,
+                deadline=None if best_effort[index] else trace.deadline,
+                tightness=trace.tightness,
+                total_iterations=trace.iterations,
+                num_gpu=trace.num_gpu,
+                seen_curve=shown,
+                true_curve=true,
+                weight=unit_weight(first, first, cluster.num_gpus),
+            )
+        )
+    outcome = run_rounds(
+        jobs,
+        cluster.num_gpus,
+        policy,
+        slot=slot,
+        charge_overhead=charges,
+        pause_seconds=ef_overhead(64, restart=False, cached=False, cluster_gpus=cluster.num_gpus),
+    )
+    by_id = {job.job_id: job for job in jobs}
+    for job in jobs:
+        if not job.ended:
+            raise SimulationError(f"job {job.job_id}: never ended")
+    outcomes = [
+        _Outcome(trace, by_id[trace.job_id].deadline, by_id[trace.job_id].finish)
+        for trace in trace_jobs
+    ]
+    return _result(
+        policy_name,
+        seed,
+        outcomes,
+        _Totals(
+            capacity=cluster.num_gpus,
+            efficiency_area=outcome.efficiency_area,
+            scaling_events=outcome.scaling_events,
+            dropped=tuple(outcome.dropped),
+            peak=outcome.peak,
+            migrations=0,
+            placement="counted",
+            usage=tuple(outcome.usage),
+        ),
+        model="elasticflow",
+        curve_error=curve_error,
+    )
+
+
+def _scaled(curve: ScalingCurve, speed: float) -> ScalingCurve:
+    if speed == 1.0:
+        return curve
+    return ScalingCurve(curve.sizes, tuple(value * speed for value in curve.throughputs))
+
+
+@dataclass(frozen=True)
+class _Outcome:
+    trace: TraceJob
+    deadline: float | None
+    finish: float | None
+
+
+@dataclass(frozen=True)
+class _Totals:
+    capacity: int
+    efficiency_area: float
+    scaling_events: int
+    dropped: tuple[str, ...]
+    peak: int
+    migrations: int
+    placement: str
+    usage: tuple[tuple[float, int], ...]
 
 
 def _ratio(numerator: int, denominator: int) -> float | None:
     return numerator / denominator if denominator else None
 
 
-def _result(policy: str, seed: int, jobs: list[_Job], env: _Environment) -> DeadlineResult:
+def _result(
+    policy: str,
+    seed: int,
+    jobs: list[_Outcome],
+    totals: _Totals,
+    *,
+    model: str,
+    curve_error: float,
+) -> DeadlineResult:
     with_deadline = [job for job in jobs if job.deadline is not None]
 
-    def met(job: _Job) -> bool:
+    def met(job: _Outcome) -> bool:
         return (
             job.finish is not None
             and job.deadline is not None
@@ -568,6 +775,8 @@ def _result(policy: str, seed: int, jobs: list[_Job], env: _Environment) -> Dead
         if job.deadline is None and job.finish is not None
     ]
     met_count = sum(1 for job in with_deadline if met(job))
+    dropped = set(totals.dropped)
+    admitted_hard = [job for job in with_deadline if job.trace.job_id not in dropped]
     return DeadlineResult(
         policy=policy,
         seed=seed,
@@ -577,13 +786,74 @@ def _result(policy: str, seed: int, jobs: list[_Job], env: _Environment) -> Dead
         dsr=_ratio(met_count, len(with_deadline)),
         dsr_lambda_ge_1=_ratio(sum(1 for job in loose if met(job)), len(loose)),
         dsr_lambda_lt_1=_ratio(sum(1 for job in tight if met(job)), len(tight)),
-        cluster_efficiency=(env.efficiency_area / (env.capacity * makespan)) if makespan else 0.0,
+        cluster_efficiency=(
+            (totals.efficiency_area / (totals.capacity * makespan)) if makespan else 0.0
+        ),
         best_effort_jct=(sum(best_effort) / len(best_effort)) if best_effort else None,
         makespan=makespan,
-        scaling_events=env.scaling_events,
-        dropped=tuple(env.dropped),
-        peak_gpus_in_use=env.peak,
-        migrations=env.migrations,
-        placement="buddy" if env.topology is not None else "counted",
+        scaling_events=totals.scaling_events,
+        dropped=totals.dropped,
+        peak_gpus_in_use=totals.peak,
+        migrations=totals.migrations,
+        placement=totals.placement,
+        model=model,
+        admitted=len(jobs) - len(dropped),
+        declined=len(dropped),
+        best_effort=len(jobs) - len(with_deadline),
+        admitted_hard_met=_ratio(sum(1 for job in admitted_hard if met(job)), len(admitted_hard)),
+        curve_error=curve_error,
         finish_times={job.trace.job_id: job.finish for job in jobs},
+        gpu_usage=totals.usage,
+    )
+
+
+@dataclass(frozen=True)
+class PhysicalBound:
+    """The share of a trace's deadline jobs that could meet their deadline running alone on
+    the empty cluster, at their fastest size: no policy can do better on those groups."""
+
+    all: float | None
+    lambda_ge_1: float | None
+    lambda_lt_1: float | None
+
+
+def physical_bound(
+    trace_jobs: Sequence[TraceJob],
+    cluster: DeadlineCluster,
+    curves: CurveLibrary,
+    *,
+    model: str = "stride",
+    pause_seconds: float = SCALING_PAUSE_SECONDS,
+) -> PhysicalBound:
+    """:class:`PhysicalBound` of a trace under a cost model.
+
+    Alone, a job starts at its arrival on its fastest size within the cluster and pays one
+    start: under ``stride`` the pause, on the concave curve; under ``elasticflow`` one
+    round's overhead on a new GPU range, on the raw row, its end rounded up to a second
+    (as that simulator does). Every job with a deadline counts (best-effort draws aside).
+    """
+    if model not in MODELS:
+        raise SimulationError(f"model: unknown {model!r} (known: {', '.join(MODELS)})")
+    feasible: list[tuple[float, bool]] = []
+    for trace in trace_jobs:
+        if trace.deadline is None:
+            continue
+        if model == "stride":
+            curve = curves.curve(trace)
+            size = curve.usable(min(curve.max_size, cluster.num_gpus))
+            rate = curve.throughput(size)
+            end = trace.submission_time + pause_seconds + trace.iterations / rate
+        else:
+            raw = curves.raw_curve(trace)
+            sizes = [size for size in raw.sizes if size <= cluster.num_gpus]
+            size = max(sizes, key=raw.throughput)
+            end = math.ceil(trace.submission_time + trace.iterations / raw.throughput(size))
+            end += ef_overhead(size, restart=False, cached=False, cluster_gpus=cluster.num_gpus)
+        feasible.append((trace.tightness or 0.0, end <= trace.deadline + _EPSILON))
+    loose = [ok for tightness, ok in feasible if tightness >= 1.0]
+    tight = [ok for tightness, ok in feasible if tightness < 1.0]
+    return PhysicalBound(
+        all=_ratio(sum(ok for _, ok in feasible), len(feasible)),
+        lambda_ge_1=_ratio(sum(loose), len(loose)),
+        lambda_lt_1=_ratio(sum(tight), len(tight)),
     )

@@ -44,6 +44,7 @@ __all__ = [
     "THEMIS_LEASE_SECONDS",
     "TIRESIAS_QUEUE_THRESHOLDS",
     "ChronusPolicy",
+    "GandivaPolicy",
     "ThemisPolicy",
     "TiresiasPolicy",
 ]
@@ -272,3 +273,35 @@ class ChronusPolicy:
     def wakeup(self, view: DeadlineView, decision: dict[str, int]) -> float | None:
         """Event-driven only."""
         return None
+
+
+@dataclass
+class GandivaPolicy:
+    """Gandiva-like: the trace's GPU count, strict FIFO (no backfill), no admission.
+
+    Gandiva's time slicing and packing are not modelled; a job holds exactly ``num_gpu``
+    GPUs from start to finish.
+    """
+
+    name: str = "gandiva"
+
+    def admit(self, view: DeadlineView, candidate: JobView) -> bool:
+        """Always admits."""
+        return True
+
+    def wakeup(self, view: DeadlineView, decision: dict[str, int]) -> float | None:
+        """Event-driven only."""
+        return None
+
+    def decide(self, view: DeadlineView) -> dict[str, int]:
+        """Running jobs keep their GPUs; waiting jobs start in arrival order while they fit."""
+        free = view.capacity - sum(job.devices for job in view.jobs)
+        result = {job.job_id: job.devices for job in view.jobs if job.devices}
+        for job in sorted(view.jobs, key=lambda j: (j.submission_time, j.job_id)):
+            if job.devices:
+                continue
+            if job.num_gpu > free:
+                break
+            result[job.job_id] = job.num_gpu
+            free -= job.num_gpu
+        return result

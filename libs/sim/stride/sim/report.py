@@ -136,8 +136,48 @@ def _plot(path: Path, metric: str, results: Mapping[str, Any], context: RunConte
     plt.close(figure)
 
 
-def write_report(out_dir: Path, context: RunContext, results: Mapping[str, Any]) -> Path:
-    """Write report.md and one PNG per numeric metric into ``out_dir`` atomically."""
+def _usage_plot(path: Path, results: Mapping[str, Any], capacity: int, context: RunContext) -> None:
+    """GPUs allocated over time, one step line per policy (as a share of the cluster)."""
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    figure, axes = plt.subplots(figsize=(8.0, 3.6))
+    origin = min(
+        (result.gpu_usage[0][0] for result in results.values() if result.gpu_usage),
+        default=0.0,
+    )
+    for name, result in results.items():
+        if not result.gpu_usage:
+            continue
+        times = [(at - origin) / 3600.0 for at, _ in result.gpu_usage]
+        shares = [gpus / capacity for _, gpus in result.gpu_usage]
+        axes.step(times, shares, where="post", label=name, linewidth=0.8)
+    axes.set_xlabel("hours since the first arrival")
+    axes.set_ylabel("GPUs allocated / cluster")
+    axes.set_ylim(0.0, 1.05)
+    axes.set_title(f"GPU utilization over time ({context.environment})", fontsize=9)
+    axes.legend(fontsize=7, ncols=3)
+    figure.tight_layout()
+    figure.savefig(path, dpi=110)
+    plt.close(figure)
+
+
+def write_report(
+    out_dir: Path,
+    context: RunContext,
+    results: Mapping[str, Any],
+    *,
+    sections: Sequence[str] = (),
+    capacity: int | None = None,
+    extra: Mapping[str, Any] | None = None,
+) -> Path:
+    """Write report.md and one PNG per numeric metric into ``out_dir`` atomically.
+
+    ``sections``: more Markdown after the table. ``capacity``: the cluster's GPUs; with it,
+    results that carry ``gpu_usage`` get a GPU-utilization-over-time plot. ``extra``: more
+    top-level keys for ``results.json`` (e.g. the trace's physical bound)."""
     if not results:
         raise ValueError("results: no policy produced a result; nothing to report")
     for policy, result in results.items():
@@ -156,8 +196,15 @@ def write_report(out_dir: Path, context: RunContext, results: Mapping[str, Any])
                 name = f"{metric}.png"
                 _plot(staging / name, metric, results, context)
                 plots.append(name)
-        (staging / "report.md").write_text(markdown(context, results, plots))
+        if capacity and any(getattr(result, "gpu_usage", ()) for result in results.values()):
+            _usage_plot(staging / "gpu_utilization.png", results, capacity, context)
+            plots.append("gpu_utilization.png")
+        text = markdown(context, results, plots)
+        if sections:
+            text = text.rstrip("\n") + "\n\n" + "\n\n".join(sections) + "\n"
+        (staging / "report.md").write_text(text)
         document = results_document(context, results)
+        document.update(extra or {})
         (staging / "results.json").write_text(json.dumps(document, indent=1, allow_nan=False))
         if out_dir.exists():
             shutil.rmtree(out_dir)

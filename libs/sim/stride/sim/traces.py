@@ -292,15 +292,36 @@ class CurveLibrary:
     sizes up to the fastest point), as ElasticFlow's allocation requires.
     """
 
-    def __init__(self, curves: dict[tuple[str, int], ScalingCurve], source: str = "") -> None:
-        """Wrap ready curves; ``source`` names the folder in errors."""
+    def __init__(
+        self,
+        curves: dict[tuple[str, int], ScalingCurve],
+        source: str = "",
+        raw: dict[tuple[str, int], ScalingCurve] | None = None,
+    ) -> None:
+        """Wrap ready curves; ``source`` names the folder in errors. ``raw``: the tables as
+        measured (every runnable column, past the peak too), when known; else the curves."""
         self.curves = dict(curves)
         self.source = source
+        self.raw = dict(raw) if raw is not None else dict(curves)
 
     def curve(self, job: TraceJob) -> ScalingCurve:
         """The curve of a job's model and batch size; raises naming the job's line if absent."""
+        return self._find(self.curves, job)
+
+    def raw_curve(self, job: TraceJob) -> ScalingCurve:
+        """The measured row as ElasticFlow's simulator reads it: every runnable column up to
+        ``min(64, batch size)`` GPUs (its ``max_gpu``), past the throughput peak included."""
+        row = self._find(self.raw, job)
+        cap = min(64, job.batch_size)
+        kept = [index for index, size in enumerate(row.sizes) if size <= cap] or [0]
+        return ScalingCurve(
+            tuple(row.sizes[index] for index in kept),
+            tuple(row.throughputs[index] for index in kept),
+        )
+
+    def _find(self, table: dict[tuple[str, int], ScalingCurve], job: TraceJob) -> ScalingCurve:
         key = (job.model_name, job.batch_size)
-        found = self.curves.get(key)
+        found = table.get(key)
         if found is None:
             known = sorted({model for model, _ in self.curves})
             if job.model_name not in known:
@@ -330,13 +351,15 @@ def load_curves(folder: str | Path, models: Sequence[str] | None = None) -> Curv
     if models is not None:
         files = [file for file in files if file.stem in set(models)]
     curves: dict[tuple[str, int], ScalingCurve] = {}
+    measured: dict[tuple[str, int], ScalingCurve] = {}
     for file in files:
         try:
             table = parse_throughput_table(file.read_text(encoding="utf-8"), str(file))
             for batch_size, raw in table.items():
                 curves[(file.stem, batch_size)] = concave_envelope(raw)
+                measured[(file.stem, batch_size)] = raw
         except PolicyError as error:
             raise TraceError(str(file), 0, "table", str(error)) from error
     if not curves:
         raise TraceError(str(directory), 0, "folder", "holds no throughput table")
-    return CurveLibrary(curves, str(directory))
+    return CurveLibrary(curves, str(directory), measured)
