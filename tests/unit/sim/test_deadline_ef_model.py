@@ -186,3 +186,16 @@ def test_policy_names_and_bad_options_are_named() -> None:
         run_deadline(jobs, DeadlineCluster(1), "edf", 0, library, model="pollux")
     with pytest.raises(SimulationError, match="slot: must be finite and > 0"):
         run_deadline(jobs, DeadlineCluster(1), "edf", 0, library, model="elasticflow", slot=0)
+
+
+def test_stride_replans_guarantees_on_measured_speed() -> None:
+    from stride.policy.elasticflow.guarantees import DeadlineView, GuaranteePolicy, JobView
+
+    curve = ScalingCurve((1, 2, 4), (1.0, 2.0, 4.0))
+    job = JobView("J", curve, 300.0, 1000.0, 0.0, 1, 1, 0.0, 300.0)
+    trusted = GuaranteePolicy().minimum_shares(DeadlineView(0.0, 4, (job,), 0.0))
+    slower = dataclasses.replace(job, measured_speed=0.25)
+    measured = GuaranteePolicy().minimum_shares(DeadlineView(0.0, 4, (slower,), 0.0))
+    # 300 iterations in three 300 s slots take one GPU on the curve; at a quarter of its
+    # speed the same work is 1,200 of the curve's iterations: two GPUs.
+    assert trusted == {"J": 1} and measured == {"J": 2}

@@ -284,6 +284,9 @@ class _Job:
     """Since when the job has held no GPUs (None while it holds some), as admission keeps it."""
     speed: float = 1.0
     """True throughput over profiled (``curve_error``): the policy sees the profiled curve."""
+    measured: bool = False
+    """Whether the job has made progress (its throughput is then measured, as the live
+    agent reports it): its view carries ``measured_speed``."""
 
     def view(self) -> JobView:
         if self.cached_view is not None:
@@ -301,6 +304,7 @@ class _Job:
             self.attained,
             weight=self.weight,
             waiting_since=self.waiting_since,
+            measured_speed=self.speed if self.measured and self.speed != 1.0 else None,
         )
         return self.cached_view
 
@@ -360,6 +364,7 @@ class _Environment:
             job.attained += job.devices * (now - job.last_update)
             start = max(job.last_update, job.paused_until)
             if now > start:  # exact: no progress (and no efficiency) while paused
+                job.measured = True
                 rate = job.rate()
                 job.remaining = max(0.0, job.remaining - rate * (now - start))
                 area += rate / (job.unit_throughput * job.speed) * (now - start)
@@ -680,6 +685,7 @@ def _run_rounds(
                 seen_curve=shown,
                 true_curve=true,
                 weight=unit_weight(first, first, cluster.num_gpus),
+                speed=speed,
             )
         )
     outcome = run_rounds(

@@ -345,7 +345,7 @@ class ElasticFlowPolicy:
         left: float,
         allocations: list[tuple[float, int]],
     ) -> _Plan:
-        took = math.ceil(max(left, 0.0) / rate - 1e-9)
+        took = max(1, math.ceil(max(left, 0.0) / rate - 1e-9))  # a whole second at least
         real_end = start + took
         end = start + math.ceil(took / self.slot - 1e-9) * self.slot
         profile.take(start, end, gpus)

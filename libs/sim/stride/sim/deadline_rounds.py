@@ -102,6 +102,10 @@ class RoundJob:
     ended: bool = False
     ever_ran: bool = False
     waiting_since: float | None = None
+    speed: float = 1.0
+    """True throughput over the shown curve's (``curve_error``)."""
+    measured: bool = False
+    """Whether it has made progress (its ``measured_speed`` is then known)."""
 
     def view(self, now: float) -> JobView:
         return JobView(
@@ -117,6 +121,7 @@ class RoundJob:
             self.attained,
             weight=self.weight,
             waiting_since=self.waiting_since,
+            measured_speed=self.speed if self.measured and self.speed != 1.0 else None,
         )
 
 
@@ -187,6 +192,7 @@ def run_rounds(
             run = step - max(0.0, now - job.stop_at)
             run = max(0.0, run - job.overhead)
             rate = job.true_curve.throughput(job.devices)
+            job.measured = job.measured or run > 0
             job.remaining -= run * rate
             job.attained += job.devices * step
             outcome.efficiency_area += run * rate / _unit_rate(job)

@@ -93,6 +93,10 @@ class JobView:
     """KOD2's weight (eq. 1, :func:`.priorities.unit_weight`), the order within a class."""
     waiting_since: float | None = None
     """Since when the job has held no units (None while it holds some): its age."""
+    measured_speed: float | None = None
+    """Measured throughput over the curve's at the job's size, once it has run (None: no
+    measurement yet, the curve is trusted). Guarantees are re-planned on it: a job found
+    slower needs more of its share (or loses its guarantee), one found faster less."""
 
 
 @dataclass(frozen=True)
@@ -172,12 +176,15 @@ def _budget(job: JobView, now: float, pause: float) -> tuple[int, float]:
     assert job.deadline is not None
     window = job.deadline - pause - now
     first = first_slot(now)
+    work = job.remaining_iterations
+    if job.measured_speed is not None and job.measured_speed > 0:
+        work /= job.measured_speed  # in the curve's iterations: what the plan can count on
     if window >= first:
         return (
             deadline_slots(job.deadline - pause, now, SLOT_SECONDS, f"job {job.job_id}", first),
-            job.remaining_iterations,
+            work,
         )
-    return 1, job.remaining_iterations * first / window
+    return 1, work * first / window
 
 
 def _feasible_plans(
