@@ -26,13 +26,14 @@ import math
 from collections.abc import Sequence
 from dataclasses import dataclass, field
 
-from stride.sim.deadline_baselines import ThemisPolicy
+from stride.sim.deadline_baselines import ThemisPolicy, TiresiasPolicy
 from stride.sim.deadline_views import DeadlinePolicy, DeadlineView, JobView, edf_key
 
 __all__ = [
     "EF_MODEL_POLICIES",
     "EdfNowPolicy",
     "EdfPlanAdmissionPolicy",
+    "EfTiresiasPolicy",
     "ElasticFlowNoAdmissionPolicy",
     "ElasticFlowPolicy",
     "FreeProfile",
@@ -184,7 +185,7 @@ def ef_model_policy(name: str, slot: float) -> tuple[DeadlinePolicy, bool, str]:
     """The policy ``name`` under ElasticFlow's model: (policy, whether it pays the per-round
     overhead, which curve it is shown: ``raw`` rows or the concave ``envelope``)."""
     from stride.policy.elasticflow.guarantees import GuaranteePolicy
-    from stride.sim.deadline_baselines import ChronusPolicy, TiresiasPolicy
+    from stride.sim.deadline_baselines import ChronusPolicy
 
     if name == "stride":
         return GuaranteePolicy(), True, "envelope"
@@ -197,8 +198,7 @@ def ef_model_policy(name: str, slot: float) -> tuple[DeadlinePolicy, bool, str]:
     if name == "edf-ac":
         return EdfPlanAdmissionPolicy(slot=slot), True, "raw"
     if name == "tiresias":
-        # The simulator's queues: 3,250 and 7,200 GPU-seconds.
-        return TiresiasPolicy(thresholds=(3250.0, 7200.0)), True, "raw"
+        return EfTiresiasPolicy(), True, "raw"
     if name == "themis":
         # The simulator leases for one slot and charges Themis no overhead.
         return GridThemisPolicy(lease_seconds=slot), False, "raw"
@@ -489,3 +489,13 @@ class ElasticFlowNoAdmissionPolicy(ElasticFlowPolicy):
 
     name: str = "elasticflow-noac"
     admission: bool = False
+
+
+@dataclass
+class EfTiresiasPolicy(TiresiasPolicy):
+    """Tiresias as ElasticFlow's simulator runs it: queues at 3,250 and 7,200 GPU-seconds,
+    overhead charged once per (re)start rather than every round (:class:`TiresiasPolicy`
+    otherwise)."""
+
+    thresholds: tuple[float, ...] = (3250.0, 7200.0)
+    overhead_on_start_only: bool = True

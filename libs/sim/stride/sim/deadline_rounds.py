@@ -15,7 +15,12 @@ no code of it is used here:
 - **Completions.** A job's end is computed in the round that last sized it
   (``ceil(round + remaining / throughput)`` plus that round's overhead) and is its recorded
   finish time, the one compared with the deadline; its GPUs stay held until the round that
-  processes the end.
+  processes the end. Departure: a policy that plans its jobs' ends (ElasticFlow's) has a
+  job complete at the first round after its planned end; that simulator waits for the
+  completion event, which a round one slot after the last can pre-empt, and re-plans the
+  job's last seconds past its deadline. The same DSR on 195job (240 s slots); with 60 s
+  slots ElasticFlow loses far more jobs that way in its simulator (itp cluster05: 0.481
+  there, 0.688 here; ``bench/results/ef_head_to_head.txt``).
 - **Overhead.** Policies that charge it (ElasticFlow's own and EDF with admission control;
   its plain EDF does not) pay it for every running job in every round, changed or not:
   2 s when the job's GPU range was used in a round since the last restart, else
@@ -199,10 +204,13 @@ def run_rounds(
             job.overhead = 0.0
         # Completions whose end fell in the interval (their GPUs were held until now).
         for job in sorted(active.values(), key=lambda j: j.end_time):
-            # A planned job whose planned end has passed completes in this round even if
-            # its completion (planned end + overhead) lies a moment later: otherwise a
-            # round every slot, each eating the job's last seconds in overhead, would
-            # hold it (and its GPUs) forever.
+            # A planned job completes at the first round after its planned end even if its
+            # completion (planned end + overhead) lies a moment later. Departure from the
+            # simulator, which waits for that completion: a round due a slot after the last
+            # (an arrival) pre-empts it, and the job's last seconds, eaten by the round's
+            # overhead, are re-planned into the next slot, often past its deadline. Same
+            # DSR on 195job (240 s slots); on 60 s slots it costs ElasticFlow there (itp
+            # cluster05: 0.481 in its simulator, 0.688 here; bench/ef_head_to_head.py).
             ends_at = min(job.end_time, job.stop_at) if job.planned else job.end_time
             if job.devices and ends_at <= now + 1e-9:
                 job.finish = job.end_time if job.recorded is None else job.recorded
@@ -248,6 +256,10 @@ def run_rounds(
         outcome.usage.append((now, total))
         restart = outcome.rounds > 0 and outcome.rounds % int(slot) == 0
         uses_cache = getattr(policy, "overhead_cache", True)
+        on_start_only = getattr(policy, "overhead_on_start_only", False)
+        starting = {
+            job.job_id for job in active.values() if decision.get(job.job_id, 0) and not job.devices
+        }
         on_completions = getattr(policy, "rounds_on_completions", True)
         planned_ends = getattr(policy, "planned_ends", None)
         ends = planned_ends() if planned_ends is not None and active else {}
@@ -295,7 +307,11 @@ def run_rounds(
         for job in placed:
             span = (offset, job.devices)
             offset += job.devices
-            if charge_overhead and (on_completions or index < len(arrivals)):
+            if (
+                charge_overhead
+                and (on_completions or index < len(arrivals))
+                and (not on_start_only or job.job_id in starting)
+            ):
                 job.overhead = ef_overhead(
                     job.devices,
                     restart=restart,
