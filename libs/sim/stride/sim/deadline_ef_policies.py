@@ -22,10 +22,12 @@ simulator observably does, with none of its code.
 from __future__ import annotations
 
 import bisect
+import functools
 import math
 from collections.abc import Sequence
 from dataclasses import dataclass, field
 
+from stride.policy.elasticflow.curves import ScalingCurve
 from stride.sim.deadline_baselines import ThemisPolicy, TiresiasPolicy
 from stride.sim.deadline_views import DeadlinePolicy, DeadlineView, JobView, edf_key
 
@@ -215,6 +217,13 @@ def _slot_ceil(origin: float, at: float, slot: float) -> float:
     return origin + math.ceil((at - origin) / slot - 1e-9) * slot
 
 
+@functools.lru_cache(maxsize=4096)
+def _levels_of(curve: ScalingCurve) -> list[tuple[int, float]]:
+    """A row's columns up to its throughput peak (ElasticFlow's levels for the job)."""
+    peak = max(range(len(curve.sizes)), key=lambda index: (curve.throughputs[index], -index))
+    return list(zip(curve.sizes[: peak + 1], curve.throughputs[: peak + 1], strict=True))
+
+
 @dataclass
 class _Plan:
     now_gpus: int
@@ -261,9 +270,7 @@ class ElasticFlowPolicy:
         return "size" if self.admission else "started"
 
     def _levels(self, job: JobView) -> list[tuple[int, float]]:
-        curve = job.curve
-        peak = max(range(len(curve.sizes)), key=lambda index: (curve.throughputs[index], -index))
-        return list(zip(curve.sizes[: peak + 1], curve.throughputs[: peak + 1], strict=True))
+        return _levels_of(job.curve)
 
     @staticmethod
     def _fit(levels: list[tuple[int, float]], cap: int) -> tuple[int, float]:

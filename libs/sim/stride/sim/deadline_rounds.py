@@ -112,8 +112,17 @@ class RoundJob:
     measured: bool = False
     """Whether it has made progress (its ``measured_speed`` is then known)."""
 
+    cached: JobView | None = None
+    _state: tuple[float, int, float, float | None, bool] | None = None
+
     def view(self, now: float) -> JobView:
-        return JobView(
+        """The policy's view (no pauses in this model: ``paused_until`` is the arrival).
+        Cached until the job's state changes: in overload thousands of jobs wait unchanged."""
+        state = (self.remaining, self.devices, self.attained, self.waiting_since, self.measured)
+        if self.cached is not None and self._state == state:
+            return self.cached
+        self._state = state
+        self.cached = JobView(
             self.job_id,
             self.seen_curve,
             max(self.remaining, 0.0),
@@ -121,13 +130,14 @@ class RoundJob:
             self.submission_time,
             self.num_gpu,
             self.devices,
-            now,
+            self.submission_time,
             self.total_iterations,
             self.attained,
             weight=self.weight,
             waiting_since=self.waiting_since,
             measured_speed=self.speed if self.measured and self.speed != 1.0 else None,
         )
+        return self.cached
 
 
 @dataclass
