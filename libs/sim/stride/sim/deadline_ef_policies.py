@@ -262,6 +262,9 @@ class ElasticFlowPolicy:
     slot: float = 60.0
     _plans: dict[str, _Plan] = field(default_factory=dict, repr=False)
     _markers: set[float] = field(default_factory=set, repr=False)
+    _order: list[tuple[float, float, int, str]] = field(default_factory=list, repr=False)
+    _order_ids: set[str] = field(default_factory=set, repr=False)
+    _arrivals: int = field(default=0, repr=False)
 
     @property
     def placement_order(self) -> str:
@@ -360,18 +363,32 @@ class ElasticFlowPolicy:
         change = next((at for at, count in allocations if at > now and count != first), None)
         return _Plan(first, float(real_end), float(end), change)
 
+    def _edf_order(self, view: DeadlineView) -> list[JobView]:
+        """``view.jobs`` in deadline order (ties in the order they arrived), kept sorted
+        across rounds: a job's key never changes, and thousands may wait in overload."""
+        by_id = {job.job_id: job for job in view.jobs}
+        if self._order_ids != by_id.keys():
+            gone = self._order_ids - by_id.keys()
+            if gone:
+                self._order = [entry for entry in self._order if entry[3] not in gone]
+            for job in view.jobs:
+                if job.job_id not in self._order_ids:
+                    self._arrivals += 1
+                    bisect.insort(self._order, (*edf_key(job), self._arrivals, job.job_id))
+            self._order_ids = set(by_id)
+        return [by_id[entry[3]] for entry in self._order]
+
     def _plan_all(
         self, view: DeadlineView, jobs: Sequence[JobView], *, until_full: bool = False
     ) -> dict[str, _Plan]:
-        """Plans in deadline order. ``until_full``: once no GPU is free now, the later jobs
-        get none now and are not planned further (their plans would only move markers):
-        in overload, without admission, thousands wait and this keeps a round linear."""
+        """Plans in deadline order (``jobs`` already in it). ``until_full``: once no GPU is
+        free now the later jobs get none now and are not planned (their plans would only
+        move markers): in overload, without admission, thousands wait."""
         profile = FreeProfile(view.now, view.capacity)
         plans: dict[str, _Plan] = {}
-        for job in sorted(jobs, key=edf_key):
+        for job in jobs:
             if until_full and profile.free[0] <= 0:
-                plans[job.job_id] = _Plan(0, math.inf, math.inf, None)
-                continue
+                break
             plans[job.job_id] = self._plan(job, profile, view.now)
         return plans
 
@@ -379,8 +396,8 @@ class ElasticFlowPolicy:
         """All-or-nothing for the jobs seen in one round (best effort always kept)."""
         if not self.admission:
             return [True] * len(group)
-        plans = self._plan_all(view, [*view.jobs, *group])
-        everyone = [*view.jobs, *group]
+        everyone = sorted([*view.jobs, *group], key=edf_key)
+        plans = self._plan_all(view, everyone)
         ok = all(
             job.deadline is None or plans[job.job_id].real_end <= job.deadline for job in everyone
         )
@@ -392,17 +409,16 @@ class ElasticFlowPolicy:
 
     def decide(self, view: DeadlineView) -> dict[str, int]:
         """Each job's planned GPUs now, then spare GPUs one level at a time."""
-        plans = self._plan_all(view, view.jobs, until_full=True)
+        order = self._edf_order(view)
+        plans = self._plan_all(view, order, until_full=True)
         counts = {job_id: plan.now_gpus for job_id, plan in plans.items()}
         spare = view.capacity - sum(counts.values())
-        order = sorted(view.jobs, key=edf_key)
-        levels = {job.job_id: self._levels(job) for job in order}
         while spare > 0:
             best: tuple[float, int, JobView, int, float] | None = None
             for position, job in enumerate(order):
-                current = counts[job.job_id]
+                current = counts.get(job.job_id, 0)
                 step = next(
-                    ((size, rate) for size, rate in levels[job.job_id] if size > current), None
+                    ((size, rate) for size, rate in self._levels(job) if size > current), None
                 )
                 if step is None or step[0] - current > spare:
                     continue
@@ -418,7 +434,7 @@ class ElasticFlowPolicy:
             if best is None:
                 break
             _, _, job, size, rate = best
-            spare -= size - counts[job.job_id]
+            spare -= size - counts.get(job.job_id, 0)
             counts[job.job_id] = size
             took = math.ceil(job.remaining_iterations / rate - 1e-9)
             plans[job.job_id] = _Plan(

@@ -98,6 +98,8 @@ class RoundJob:
     recorded: float | None = None
     """The finish to record at completion, when the policy plans it (else ``end_time``)."""
     overhead: float = 0.0
+    seq: int = 0
+    """Its place in the arrival order (the order admission keeps active jobs in)."""
     started: int = 0
     """Order in which jobs first got GPUs (placement order of some policies)."""
     planned: bool = False
@@ -190,10 +192,17 @@ def run_rounds(
         raise SimulationError(f"slot: must be finite and > 0, got {slot}")
     outcome = RoundOutcome()
     arrivals = sorted(jobs, key=lambda job: job.submission_time)
-    for job in arrivals:
+    for seq, job in enumerate(arrivals):
         job.remaining = job.total_iterations
+        job.seq = seq
     index = 0
     active: dict[str, RoundJob] = {}
+    running: dict[str, RoundJob] = {}
+    """The active jobs holding GPUs (only they progress or complete)."""
+    views: dict[str, JobView] = {}
+    """Each active job's view, in admission order."""
+    dirty: set[str] = set()
+    """Jobs whose view must be rebuilt at the next round."""
     cache: set[tuple[int, int]] = set()
     now = arrivals[0].submission_time
     step = 0.0
@@ -201,9 +210,7 @@ def run_rounds(
     starts = 0
     while index < len(arrivals) or active:
         # Progress over the interval that ends now, at the sizes set in the last round.
-        for job in active.values():
-            if not job.devices:
-                continue
+        for job in running.values():
             run = step - max(0.0, now - job.stop_at)
             run = max(0.0, run - job.overhead)
             rate = job.true_curve.throughput(job.devices)
@@ -213,7 +220,7 @@ def run_rounds(
             outcome.efficiency_area += run * rate / _unit_rate(job)
             job.overhead = 0.0
         # Completions whose end fell in the interval (their GPUs were held until now).
-        for job in sorted(active.values(), key=lambda j: j.end_time):
+        for job in sorted(running.values(), key=lambda j: j.end_time):
             # A planned job completes at the first round after its planned end even if its
             # completion (planned end + overhead) lies a moment later. Departure from the
             # simulator, which waits for that completion: a round due a slot after the last
@@ -227,6 +234,8 @@ def run_rounds(
                 job.ended = True
                 job.devices = 0
                 del active[job.job_id]
+                del running[job.job_id]
+                views.pop(job.job_id, None)
                 forget = getattr(policy, "forget", None)
                 if forget is not None:
                     forget(job.job_id)
@@ -235,8 +244,12 @@ def run_rounds(
         while index < len(arrivals) and arrivals[index].submission_time <= now + 1e-9:
             group.append(arrivals[index])
             index += 1
-        views = tuple(job.view(now) for job in active.values())
-        view = DeadlineView(now, capacity, views, pause_seconds)
+        # Views change only for jobs that ran or were re-sized (thousands may wait).
+        for job_id in dirty:
+            if job_id in active:
+                views[job_id] = active[job_id].view(now)
+        dirty = set(running)
+        view = DeadlineView(now, capacity, tuple(views.values()), pause_seconds)
         if group:
             for job in group:
                 job.waiting_since = now
@@ -244,12 +257,11 @@ def run_rounds(
             for job, verdict in zip(group, verdicts, strict=True):
                 if verdict:
                     active[job.job_id] = job
+                    views[job.job_id] = job.view(now)
                 else:
                     job.ended = True
                     outcome.dropped.append(job.job_id)
-            view = DeadlineView(
-                now, capacity, tuple(job.view(now) for job in active.values()), pause_seconds
-            )
+            view = DeadlineView(now, capacity, tuple(views.values()), pause_seconds)
         decision = policy.decide(view) if active else {}
         total = 0
         for job_id, count in decision.items():
@@ -267,14 +279,15 @@ def run_rounds(
         restart = outcome.rounds > 0 and outcome.rounds % int(slot) == 0
         uses_cache = getattr(policy, "overhead_cache", True)
         on_start_only = getattr(policy, "overhead_on_start_only", False)
-        starting = {
-            job.job_id for job in active.values() if decision.get(job.job_id, 0) and not job.devices
-        }
+        holding = sorted(
+            (active[job_id] for job_id, count in decision.items() if count),
+            key=lambda job: job.seq,
+        )
+        starting = {job.job_id for job in holding if not job.devices}
         on_completions = getattr(policy, "rounds_on_completions", True)
         planned_ends = getattr(policy, "planned_ends", None)
         ends = planned_ends() if planned_ends is not None and active else {}
         offset = 0
-        holding = [job for job in active.values() if decision.get(job.job_id, 0)]
         for job in holding:
             if not job.ever_ran:
                 starts += 1
@@ -292,7 +305,10 @@ def run_rounds(
             placed = big + small
         else:
             placed = sorted(holding, key=lambda job: -decision[job.job_id])
-        for job in active.values():
+        changing = {job.job_id: job for job in holding}
+        changing.update(running)
+        dirty.update(changing)
+        for job in changing.values():
             count = decision.get(job.job_id, 0)
             if count != job.devices and job.ever_ran:
                 outcome.scaling_events += 1
@@ -301,10 +317,12 @@ def run_rounds(
                     job.waiting_since = now
                 job.devices = 0
                 job.end_time = math.inf
+                running.pop(job.job_id, None)
                 continue
             job.waiting_since = None
             job.ever_ran = True
             job.devices = count
+            running[job.job_id] = job
             rate = job.true_curve.throughput(count)
             if rate <= 0:
                 raise SimulationError(f"job {job.job_id}: zero throughput on {count} GPUs")
@@ -338,7 +356,7 @@ def run_rounds(
         asked = policy.wakeup(view, decision) if active else None
         wakeup = asked if asked is not None and asked > now else None
         # The next round: every event due within a slot is merged into one at now + slot.
-        due: list[float] = [job.end_time for job in active.values() if job.devices]
+        due: list[float] = [job.end_time for job in running.values()]
         if not on_completions and index < len(arrivals):
             due = []  # rounds only with arrivals while any remain, then every slot
         elif not on_completions and active:
