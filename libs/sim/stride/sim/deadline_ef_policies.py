@@ -33,6 +33,7 @@ from stride.sim.deadline_views import DeadlinePolicy, DeadlineView, JobView, edf
 
 __all__ = [
     "EF_MODEL_POLICIES",
+    "DeadlineOrder",
     "EdfNowPolicy",
     "EdfPlanAdmissionPolicy",
     "EfTiresiasPolicy",
@@ -149,20 +150,55 @@ class EdfPlanAdmissionPolicy:
         return None
 
 
+class DeadlineOrder:
+    """A view's jobs in deadline order (ties in the order they arrived), kept sorted across
+    rounds: a job's key never changes, and in overload thousands wait, so re-sorting every
+    round would dominate a run."""
+
+    def __init__(self) -> None:
+        self._order: list[tuple[float, float, int, str]] = []
+        self._ids: set[str] = set()
+        self._arrivals = 0
+
+    def of(self, view: DeadlineView) -> list[JobView]:
+        """``view.jobs`` sorted by :func:`edf_key`, stable over the view's order."""
+        by_id = {job.job_id: job for job in view.jobs}
+        if self._ids != by_id.keys():
+            gone = self._ids - by_id.keys()
+            if gone:
+                self._order = [entry for entry in self._order if entry[3] not in gone]
+            for job in view.jobs:
+                if job.job_id not in self._ids:
+                    self._arrivals += 1
+                    bisect.insort(self._order, (*edf_key(job), self._arrivals, job.job_id))
+            self._ids = set(by_id)
+        return [by_id[entry[3]] for entry in self._order]
+
+
 @dataclass
 class EdfNowPolicy:
     """EDF as ElasticFlow's simulator runs it: :func:`edf_now` on the raw rows, every round,
     no admission; that simulator charges it no overhead."""
 
     name: str = "edf"
+    _order: DeadlineOrder = field(default_factory=DeadlineOrder, repr=False)
 
     def admit(self, view: DeadlineView, candidate: JobView) -> bool:
         """Always admits."""
         return True
 
     def decide(self, view: DeadlineView) -> dict[str, int]:
-        """See :func:`edf_now`."""
-        return edf_now(view)
+        """See :func:`edf_now` (the jobs left without GPUs are not listed)."""
+        free = view.capacity
+        result: dict[str, int] = {}
+        for job in self._order.of(view):
+            if free <= 0:
+                break
+            take = job.curve.usable(min(job.curve.max_size, free))
+            if take:
+                result[job.job_id] = take
+                free -= take
+        return result
 
     def wakeup(self, view: DeadlineView, decision: dict[str, int]) -> float | None:
         """Round-driven only."""
@@ -262,9 +298,7 @@ class ElasticFlowPolicy:
     slot: float = 60.0
     _plans: dict[str, _Plan] = field(default_factory=dict, repr=False)
     _markers: set[float] = field(default_factory=set, repr=False)
-    _order: list[tuple[float, float, int, str]] = field(default_factory=list, repr=False)
-    _order_ids: set[str] = field(default_factory=set, repr=False)
-    _arrivals: int = field(default=0, repr=False)
+    _deadline_order: DeadlineOrder = field(default_factory=DeadlineOrder, repr=False)
 
     @property
     def placement_order(self) -> str:
@@ -363,21 +397,6 @@ class ElasticFlowPolicy:
         change = next((at for at, count in allocations if at > now and count != first), None)
         return _Plan(first, float(real_end), float(end), change)
 
-    def _edf_order(self, view: DeadlineView) -> list[JobView]:
-        """``view.jobs`` in deadline order (ties in the order they arrived), kept sorted
-        across rounds: a job's key never changes, and thousands may wait in overload."""
-        by_id = {job.job_id: job for job in view.jobs}
-        if self._order_ids != by_id.keys():
-            gone = self._order_ids - by_id.keys()
-            if gone:
-                self._order = [entry for entry in self._order if entry[3] not in gone]
-            for job in view.jobs:
-                if job.job_id not in self._order_ids:
-                    self._arrivals += 1
-                    bisect.insort(self._order, (*edf_key(job), self._arrivals, job.job_id))
-            self._order_ids = set(by_id)
-        return [by_id[entry[3]] for entry in self._order]
-
     def _plan_all(
         self, view: DeadlineView, jobs: Sequence[JobView], *, until_full: bool = False
     ) -> dict[str, _Plan]:
@@ -409,7 +428,7 @@ class ElasticFlowPolicy:
 
     def decide(self, view: DeadlineView) -> dict[str, int]:
         """Each job's planned GPUs now, then spare GPUs one level at a time."""
-        order = self._edf_order(view)
+        order = self._deadline_order.of(view)
         plans = self._plan_all(view, order, until_full=True)
         counts = {job_id: plan.now_gpus for job_id, plan in plans.items()}
         spare = view.capacity - sum(counts.values())
