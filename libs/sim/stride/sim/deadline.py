@@ -75,10 +75,11 @@ from stride.sim.deadline_ef_policies import (
     EF_MODEL_POLICIES,
     ElasticFlowNoAdmissionPolicy,
     ElasticFlowPolicy,
+    edf_now,
     ef_model_policy,
 )
 from stride.sim.deadline_rounds import DEFAULT_SLOT_SECONDS, RoundJob, ef_overhead, run_rounds
-from stride.sim.deadline_views import DeadlinePolicy, DeadlineView, JobView, edf_key
+from stride.sim.deadline_views import DeadlinePolicy, DeadlineView, JobView
 from stride.sim.engine import Event, EventKind, Simulation, SimulationError
 from stride.sim.traces import ClusterSpec, CurveLibrary, TraceJob
 
@@ -138,17 +139,6 @@ class DeadlineCluster:
         return Topology(self.fanouts, ("switch", "node", "gpu"))
 
 
-def _edf_elastic(view: DeadlineView) -> dict[str, int]:
-    """EDF: in deadline order each job takes its maximum useful size from what is free."""
-    free = view.capacity
-    result: dict[str, int] = {}
-    for job in sorted(view.jobs, key=edf_key):
-        take = job.curve.usable(min(job.curve.max_size, free))
-        result[job.job_id] = take
-        free -= take
-    return result
-
-
 @dataclass
 class EdfPolicy:
     """EDF, elastic to each job's maximum useful size, no admission control (sec. 6.1)."""
@@ -164,8 +154,8 @@ class EdfPolicy:
         return None
 
     def decide(self, view: DeadlineView) -> dict[str, int]:
-        """See :func:`_edf_elastic`."""
-        return _edf_elastic(view)
+        """See :func:`~stride.sim.deadline_ef_policies.edf_now`."""
+        return edf_now(view)
 
 
 @dataclass
@@ -187,8 +177,8 @@ class EdfAdmissionPolicy:
         return admission_test(view, candidate)
 
     def decide(self, view: DeadlineView) -> dict[str, int]:
-        """See :func:`_edf_elastic`."""
-        return _edf_elastic(view)
+        """See :func:`~stride.sim.deadline_ef_policies.edf_now`."""
+        return edf_now(view)
 
 
 POLICIES: Mapping[
