@@ -199,3 +199,19 @@ def test_stride_replans_guarantees_on_measured_speed() -> None:
     # 300 iterations in three 300 s slots take one GPU on the curve; at a quarter of its
     # speed the same work is 1,200 of the curve's iterations: two GPUs.
     assert trusted == {"J": 1} and measured == {"J": 2}
+
+
+def test_gandiva_packs_a_node_then_queues_behind_it() -> None:
+    # One 8-GPU node, nine 1-GPU jobs of 100 s arriving together. Gandiva opens a node set
+    # for the first, packs the next six (a set takes jobs while one more keeps its use
+    # count below its capacity of 8), time-slices the eighth onto it (it still runs: the
+    # first 8 of a set run) and queues the ninth behind them. Rounds come with arrivals,
+    # then every slot: the first eight end at 100 s (their exact end is recorded), the
+    # round at 120 s frees the node and the ninth ends at 220 s.
+    jobs, library = _toy(
+        ScalingCurve((1,), (1.0,)),
+        *(TraceJob(f"J{i}", 0.0, 100.0, "toy", 64, 1, 100.0, 1000.0) for i in range(9)),
+    )
+    cluster = DeadlineCluster(8, fanouts=(1, 1, 8))
+    result = run_deadline(jobs, cluster, "gandiva", 0, library, model="elasticflow", slot=60)
+    assert result.finish_times == {**{f"J{i}": 100.0 for i in range(8)}, "J8": 220.0}
