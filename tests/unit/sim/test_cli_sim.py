@@ -23,22 +23,7 @@ def stride_sim(*args: str) -> subprocess.CompletedProcess[str]:
 def test_deadline_run_writes_a_report_with_context(tmp_path: Path) -> None:
     out = tmp_path / "report"
     result = stride_sim(
-        "--env",
-        "deadline",
-        "--trace",
-        str(SHARED_TRACES / "itp-ef" / "195job.csv"),
-        "--cluster",
-        str(SHARED_TRACES / "cluster_specs" / "n16g8.csv"),
-        "--curves",
-        str(SHARED_TRACES / "throughputs_A100"),
-        "--window",
-        "first:20",
-        "--policies",
-        "stride,edf",
-        "--seed",
-        "3",
-        "--out",
-        str(out),
+        *_deadline_args(out, "--window", "first:20", "--policies", "stride,edf", "--seed", "3")
     )
     assert result.returncode == 0, result.stderr
     text = (out / "report.md").read_text()
