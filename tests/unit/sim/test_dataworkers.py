@@ -124,3 +124,13 @@ def test_bad_input_is_named() -> None:
         DataWorkerCluster(nodes=0)
     with pytest.raises(SimulationError, match="steps"):
         _job("y", 0.0, 0.0, 1.0, 1.0)
+
+
+def test_a_job_that_can_never_progress_is_an_error_not_a_hang() -> None:
+    # 64 GPUs on the 64-GPU testbed: GoldMiner's tuned training workers (8 CPUs per GPU)
+    # take all 512 CPUs, so no data worker can exist and the job would never progress.
+    job = DataWorkerJob("big", 0.0, 64, 38_383.0, 1.08, 44.04)
+    with pytest.raises(SimulationError, match=r"\['big'\] can never progress under goldminer"):
+        run_dataworkers(1, policy_name="goldminer-srtf", seed=0, jobs=[job])
+    # Without data workers it is slow but finishes.
+    assert run_dataworkers(1, policy_name="no-dw-tuned", seed=0, jobs=[job]).num_jobs == 1

@@ -558,6 +558,25 @@ class _DataWorkerEnvironment:
         self._schedule()
         self._check_capacity()
 
+    def _check_progress(self) -> None:
+        """Raise instead of re-allocating forever when nothing can ever change: every job
+        has arrived, and no running job progresses (each holds no data-worker CPU, as its
+        training workers leave none free), so none completes and none of the queue starts."""
+        arrived = len(self.outcomes) + len(self.running) + len(self.queue)
+        if (
+            not self.running
+            or arrived < len(self.jobs)
+            or any(state.rate > _EPSILON for state in self.running.values())
+        ):
+            return
+        stuck = sorted(self.running)[:5]
+        used = self.cluster.total_cpus - sum(self.free_cpus)
+        raise SimulationError(
+            f"jobs {stuck} can never progress under {self.policy}: their training workers "
+            f"hold {used} of the cluster's {self.cluster.total_cpus} CPUs and no data-worker "
+            f"CPU is left (a GoldMiner job pre-processes only in data workers)"
+        )
+
     def _finish(self, state: _Running) -> None:
         job = state.job
         if job.job_id in self.outcomes:
@@ -578,6 +597,7 @@ class _DataWorkerEnvironment:
             self.queue.pop(0)
         if self.policy in _GOLDMINER:
             self._reallocate()
+            self._check_progress()
             if self.running and not self.timer_pending:
                 self.sim.schedule(self.sim.now + self.interval, EventKind.TIMER)
                 self.timer_pending = True
