@@ -669,7 +669,6 @@ def _run_rounds(
                 job_id=trace.job_id,
                 submission_time=trace.submission_time,
                 deadline=None if best_effort[index] else trace.deadline,
-                tightness=trace.tightness,
                 total_iterations=trace.iterations,
                 num_gpu=trace.num_gpu,
                 seen_curve=shown,

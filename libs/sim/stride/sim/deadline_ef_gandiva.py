@@ -18,9 +18,6 @@ __all__ = ["GANDIVA_CLASSES", "GandivaNodeSetPolicy"]
 GANDIVA_CLASSES = (1, 2, 4, 8, 12, 16, 24, 32, 40, 48, 56, 64, 72, 88, 128, 256)
 """GPU counts with a node-set class of their own (the simulator's, in its order)."""
 
-_PROBE = 1e-3
-"""How far ahead the one-off wake-up that measures the slot asks (see ``wakeup``)."""
-
 
 @dataclass
 class _NodeSet:
@@ -80,15 +77,14 @@ class GandivaNodeSetPolicy:
     environment's clock. The replay may lag the environment by a round (while it cannot yet
     tell whether more arrivals are due) without changing any result. The environment's own
     overhead and progress are not used, nor is a true speed that differs from the shown one
-    (``curve_error``). Unless ``slot`` is given it is measured once: the environment merges a
-    wake-up asked for just after the first round into a round one slot later.
+    (``curve_error``).
     """
 
     name: str = "gandiva"
     node_gpus: int = 8
     capacity: int = 128
-    slot: float | None = None
-    """The simulator's scheduling slot; measured from the environment when None."""
+    slot: float = 60.0
+    """The simulator's scheduling slot (the environment's)."""
     epoch: float | None = None
     """Absolute time of the trace's clock zero, to rotate time-sliced sets on whole
     minutes as the simulator does; None (rebased traces): never rotate."""
@@ -109,8 +105,7 @@ class GandivaNodeSetPolicy:
     _finished: dict[str, float] = field(default_factory=dict, repr=False)
     _plans: dict[str, tuple[float | None, float, float]] = field(default_factory=dict, repr=False)
     _clock: float | None = None
-    _first_round: float | None = None
-    _decides: int = 0
+    _started: bool = False
     _arrivals_over: bool = False
     _charged_rounds: int = 0
 
@@ -266,8 +261,6 @@ class GandivaNodeSetPolicy:
                 at, step = self._known[0].time, 0.0
             else:
                 slot = self.slot
-                if slot is None:
-                    return
                 upcoming = self._next_round(slot)
                 if upcoming is None or upcoming[0] > until:
                     return
@@ -311,13 +304,10 @@ class GandivaNodeSetPolicy:
         """Replay the simulator's rounds up to now, then hold the jobs it has finished (each
         completes at the environment's next round with its replayed finish) and, within
         capacity, the jobs running in the replay."""
-        self._decides += 1
-        if self._first_round is None:
-            self._first_round = view.now
-        elif self._decides == 2 and self.slot is None:
-            self.slot = view.now - self._first_round  # the answer to the probe
+        if not self._started:
+            self._started = True
         elif not self._arriving:
-            # Rounds come only with arrivals while any remain (and the probe's one).
+            # Rounds come only with arrivals while any remain.
             self._arrivals_over = True
         self._known = sorted(self._known + self._arriving, key=lambda arrival: arrival.time)
         self._arriving = []
@@ -347,8 +337,5 @@ class GandivaNodeSetPolicy:
         return self._plans
 
     def wakeup(self, view: DeadlineView, decision: dict[str, int]) -> float | None:
-        """Once, right after the first round while the slot is unknown: the environment
-        merges it into a round one slot later, which measures the slot."""
-        if self.slot is None and self._decides == 1:
-            return view.now + _PROBE
+        """Arrival-driven (then every slot, the environment's rounds)."""
         return None

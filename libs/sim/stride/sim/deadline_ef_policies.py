@@ -133,9 +133,6 @@ class EdfPlanAdmissionPolicy:
 
     name: str = "edf-ac"
     slot: float = 60.0
-    charges_overhead: bool = True
-    curves: str = "raw"
-    _unused: list[str] = field(default_factory=list, repr=False)
 
     def admit(self, view: DeadlineView, candidate: JobView) -> bool:
         """Admitted if the EDF plan of everyone plus the candidate is on time."""
@@ -306,9 +303,6 @@ class ElasticFlowPolicy:
         admission, largest first); through the GPU-range cache this sets the overhead."""
         return "size" if self.admission else "started"
 
-    def _levels(self, job: JobView) -> list[tuple[int, float]]:
-        return _levels_of(job.curve)
-
     @staticmethod
     def _fit(levels: list[tuple[int, float]], cap: int) -> tuple[int, float]:
         found = (0, 0.0)
@@ -319,7 +313,7 @@ class ElasticFlowPolicy:
         return found
 
     def _plan(self, job: JobView, profile: FreeProfile, now: float) -> _Plan:
-        levels = self._levels(job)
+        levels = _levels_of(job.curve)
         slot = self.slot
         left = job.remaining_iterations
         deadline = math.inf if job.deadline is None else job.deadline
@@ -437,7 +431,7 @@ class ElasticFlowPolicy:
             for position, job in enumerate(order):
                 current = counts.get(job.job_id, 0)
                 step = next(
-                    ((size, rate) for size, rate in self._levels(job) if size > current), None
+                    ((size, rate) for size, rate in _levels_of(job.curve) if size > current), None
                 )
                 if step is None or step[0] - current > spare:
                     continue

@@ -81,7 +81,6 @@ class RoundJob:
     job_id: str
     submission_time: float
     deadline: float | None
-    tightness: float | None
     total_iterations: float
     num_gpu: int
     seen_curve: ScalingCurve
@@ -208,6 +207,13 @@ def run_rounds(
     step = 0.0
     wakeup: float | None = None
     starts = 0
+    # What the policy says about how it runs (constant over a run).
+    uses_cache = getattr(policy, "overhead_cache", True)
+    on_start_only = getattr(policy, "overhead_on_start_only", False)
+    on_completions = getattr(policy, "rounds_on_completions", True)
+    planned_ends = getattr(policy, "planned_ends", None)
+    by_start = getattr(policy, "placement_order", "size") == "started"
+    forget = getattr(policy, "forget", None)
     while index < len(arrivals) or active:
         # Progress over the interval that ends now, at the sizes set in the last round.
         for job in running.values():
@@ -236,7 +242,6 @@ def run_rounds(
                 del active[job.job_id]
                 del running[job.job_id]
                 views.pop(job.job_id, None)
-                forget = getattr(policy, "forget", None)
                 if forget is not None:
                     forget(job.job_id)
         # Arrivals seen in this round, in submission order.
@@ -277,22 +282,18 @@ def run_rounds(
         outcome.peak = max(outcome.peak, total)
         outcome.usage.append((now, total))
         restart = outcome.rounds > 0 and outcome.rounds % int(slot) == 0
-        uses_cache = getattr(policy, "overhead_cache", True)
-        on_start_only = getattr(policy, "overhead_on_start_only", False)
         holding = sorted(
             (active[job_id] for job_id, count in decision.items() if count),
             key=lambda job: job.seq,
         )
         starting = {job.job_id for job in holding if not job.devices}
-        on_completions = getattr(policy, "rounds_on_completions", True)
-        planned_ends = getattr(policy, "planned_ends", None)
         ends = planned_ends() if planned_ends is not None and active else {}
         offset = 0
         for job in holding:
             if not job.ever_ran:
                 starts += 1
                 job.started = starts
-        if getattr(policy, "placement_order", "size") == "started":
+        if by_start:
             # Whole-node jobs in the order they started, then smaller ones by size.
             big = sorted(
                 (job for job in holding if decision[job.job_id] >= node_gpus),
