@@ -138,3 +138,56 @@ def test_model_options_are_checked_and_named(tmp_path: Path) -> None:
         assert not out.exists()
     wrong_env = stride_sim("--env", "dataworkers", "--model", "elasticflow", "--out", str(out))
     assert wrong_env.returncode == 2 and "apply to --env deadline only" in wrong_env.stderr
+
+
+ITP_RAW_01 = SHARED_TRACES / "itp-raw" / "cluster01.csv"
+
+
+def test_dataworkers_trace_window_report(tmp_path: Path) -> None:
+    # Cluster01's jobs submitted in hours 672-688: five, two of them on 64 GPUs.
+    out = tmp_path / "dw"
+    result = stride_sim(
+        "--env",
+        "dataworkers",
+        "--trace",
+        str(ITP_RAW_01),
+        "--window",
+        "2419200:2476800",
+        "--policies",
+        "no-dw-tuned,goldminer-srtf",
+        "--out",
+        str(out),
+    )
+    assert result.returncode == 0, result.stderr
+    text = (out / "report.md").read_text()
+    assert "cluster01.csv (arrivals, GPUs and durations)" in text
+    assert "2419200:2476800 (5 jobs, arrivals from the first at 0 s)" in text
+    assert "per-job CPU demands are synthetic" in text and "elasticflow-traces (MIT)" in text
+    document = json.loads((out / "results.json").read_text())
+    srtf, tuned = document["results"]["goldminer-srtf"], document["results"]["no-dw-tuned"]
+    assert srtf["num_jobs"] == tuned["num_jobs"] == 5
+    # Both 64-GPU jobs are too large for data workers on the 64-GPU testbed.
+    assert srtf["fallback_jobs"] >= 2 and tuned["fallback_jobs"] == 0
+    # The last job arrives 41,430 s after the first and runs at least 40,379 s.
+    assert srtf["makespan_s"] >= 41_430 + 40_379 and tuned["makespan_s"] >= 41_430 + 40_379
+
+
+def test_dataworkers_trace_errors_name_the_option(tmp_path: Path) -> None:
+    out = tmp_path / "dw"
+    malformed = tmp_path / "bad.csv"
+    malformed.write_text("job_id,submission_time,duration,num_gpu\na,0,600,two\n")
+    missing = SHARED_TRACES / "itp-raw" / "cluster11.csv"
+    for options, message in (
+        (("--trace", str(missing)), f"--trace: no file {missing}"),
+        (("--trace", str(malformed)), "--trace: " + str(malformed) + ":2 num_gpu: is not a number"),
+        (("--trace", str(ITP_RAW_01), "--window", "0:28800"), "--window: '0:28800' lies outside"),
+        (("--trace", str(ITP_RAW_01), "--window", "1940000:1990000"), "holds no job"),
+        (("--trace", str(ITP_RAW_01), "--window", "1990000:1990000"), "END must be after START"),
+        (("--trace", str(ITP_RAW_01), "--window", "8h"), "--window: '8h' is not START:END"),
+        (("--window", "first:5"), "--window: applies to --env dataworkers only with --trace"),
+    ):
+        result = stride_sim("--env", "dataworkers", *options, "--out", str(out))
+        assert result.returncode == 2, options
+        assert message in result.stderr, (options, result.stderr)
+        assert len(result.stderr.strip().splitlines()) == 1, result.stderr
+        assert not out.exists()

@@ -2,18 +2,25 @@
 
 from __future__ import annotations
 
+import csv
+
 import pytest
 
+from stride.sim import dataworkers
 from stride.sim.dataworkers import (
     DATAWORKER_POLICIES,
     DataWorkerCluster,
     DataWorkerJob,
+    data_workers_pay,
     generate_dataworker_jobs,
     jct_gain,
     run_dataworkers,
+    trace_dataworker_jobs,
     tune_job,
 )
 from stride.sim.engine import SimulationError
+from stride.sim.traces import TraceWindow, load_raw_trace, parse_raw_trace
+from stride.testing import SHARED_TRACES
 
 SMALL_CLUSTER = DataWorkerCluster(nodes=2, gpus_per_node=8, cpus_per_node=64)
 ONE_NODE = DataWorkerCluster(nodes=1, gpus_per_node=8, cpus_per_node=64)
@@ -126,11 +133,96 @@ def test_bad_input_is_named() -> None:
         _job("y", 0.0, 0.0, 1.0, 1.0)
 
 
-def test_a_job_that_can_never_progress_is_an_error_not_a_hang() -> None:
-    # 64 GPUs on the 64-GPU testbed: GoldMiner's tuned training workers (8 CPUs per GPU)
-    # take all 512 CPUs, so no data worker can exist and the job would never progress.
+def test_the_synthetic_draw_is_unchanged() -> None:
+    # Recorded results (bench/results/sim/dataworkers-100) depend on this exact draw.
+    jobs = generate_dataworker_jobs(100, seed=1)
+    assert (jobs[0].gpus, jobs[0].steps) == (2, 8189.8024136689)
+    assert jobs[0].training_cpu_per_gpu == 1.8687957744490609
+    assert jobs[0].preprocessing_cpu_per_gpu == 8.573013080198503
+    assert jobs[99].training_cpu_per_gpu == 1.7240321159207121
+    assert jobs[99].preprocessing_cpu_per_gpu == 3.9278588010147297
+
+
+# Cluster01 from 2,419,200 s to 2,476,800 s (hours 672-688 of the trace): five jobs, two of
+# them on 64 GPUs.
+CLUSTER01 = SHARED_TRACES / "itp-raw" / "cluster01.csv"
+WINDOW = TraceWindow(2_419_200.0, 2_476_800.0)
+
+
+def test_trace_jobs_are_the_window_rows_rebased() -> None:
+    with CLUSTER01.open() as file:
+        rows = [
+            row
+            for row in csv.DictReader(file)
+            if 2_419_200 <= int(row["submission_time"]) < 2_476_800
+        ]
+    jobs = trace_dataworker_jobs(load_raw_trace(CLUSTER01, WINDOW), seed=1)
+    first = int(rows[0]["submission_time"])
+    assert first == 2_427_284 and len(jobs) == 5
+    assert [job.job_id for job in jobs] == [row["job_id"] for row in rows]
+    assert [job.submit_time for job in jobs] == [
+        int(row["submission_time"]) - first for row in rows
+    ]
+    assert [job.gpus for job in jobs] == [64, 64, 8, 8, 8]
+    assert [job.steps for job in jobs] == [float(row["duration"]) for row in rows]
+    # CPU demands: the synthetic rule, seeded; three of five jobs CPU-intensive.
+    assert sum(job.cpu_intensive for job in jobs) == 3
+    assert all(1.0 <= job.training_cpu_per_gpu <= 3.0 for job in jobs)
+    assert all(4.0 <= job.best_fit_ratio <= 64.0 for job in jobs)
+    assert trace_dataworker_jobs(load_raw_trace(CLUSTER01, WINDOW), seed=1) == jobs
+    assert trace_dataworker_jobs(load_raw_trace(CLUSTER01, WINDOW), seed=2) != jobs
+
+
+def test_a_job_too_large_for_data_workers_falls_back_to_local_preprocessing() -> None:
+    # 64 GPUs on the 64-GPU testbed, 44 pre-processing CPUs per GPU: its training workers
+    # (8 CPUs per GPU: the queue is never ideal, so the tuner never shrinks them) would hold
+    # all 512 CPUs and leave no data worker. It falls back to 8 local CPUs per GPU, as the
+    # hardware-ratio baseline runs it: 38,383 steps at 8 / 45.12 steps/s.
+    job = DataWorkerJob("big", 0.0, 64, 38_383.0, 1.08, 44.04)
+    for policy in ("goldminer-srtf", "no-dw-hw"):
+        result = run_dataworkers(1, policy_name=policy, seed=0, jobs=[job])
+        assert result.avg_jct_s == pytest.approx(38_383.0 * 45.12 / 8), policy
+        assert result.fallback_jobs == (1 if policy == "goldminer-srtf" else 0)
+
+
+def test_a_job_started_when_no_data_worker_could_pay_falls_back() -> None:
+    # One node (8 GPU, 64 CPU); a and b: 4 GPUs, m = 1, r = 140 (tuned: 8-CPU training
+    # workers). a starts alone: the 32 CPUs beside its training workers give it 32 / 560 of
+    # full speed, above 95% of its local speed at 8 CPUs per GPU (8 / 141), so it uses data
+    # workers. When b starts at 1 s no CPU is left for data workers, so b runs locally at
+    # 8 / 141 (17,625 s); a gets no data-worker CPU until b ends, then 32 again.
+    tuned = tune_job(_job("a", 0.0, 1000.0, 1.0, 140.0, gpus=4), ONE_NODE)
+    assert (tuned.training_worker_cpu, tuned.fell_back) == (8, False)
+    assert data_workers_pay(_job("a", 0.0, 1000.0, 1.0, 140.0, gpus=4), tuned, 32)
+    assert not data_workers_pay(_job("a", 0.0, 1000.0, 1.0, 140.0, gpus=4), tuned, 0)
+    jobs = [_job(name, float(at), 1000.0, 1.0, 140.0, gpus=4) for name, at in (("a", 0), ("b", 1))]
+    result = run_dataworkers(2, ONE_NODE, "goldminer-srtf", seed=0, jobs=jobs)
+    a, b = result.outcomes
+    assert b.end_time == pytest.approx(1.0 + 1000.0 * 141 / 8)
+    assert a.end_time == pytest.approx(b.end_time + (1000.0 - 32 / 560) * 560 / 32)
+    assert result.fallback_jobs == 1
+
+
+def test_a_run_that_can_never_progress_is_an_error_not_a_hang(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    # Without the fallback test the 64-GPU job's training workers hold every CPU and it
+    # never progresses: the simulator names it instead of re-allocating forever.
+    monkeypatch.setattr(dataworkers, "data_workers_pay", lambda job, tuned, spare: True)
     job = DataWorkerJob("big", 0.0, 64, 38_383.0, 1.08, 44.04)
     with pytest.raises(SimulationError, match=r"\['big'\] can never progress under goldminer"):
         run_dataworkers(1, policy_name="goldminer-srtf", seed=0, jobs=[job])
-    # Without data workers it is slow but finishes.
-    assert run_dataworkers(1, policy_name="no-dw-tuned", seed=0, jobs=[job]).num_jobs == 1
+
+
+def test_raw_trace_rows_are_checked_and_named() -> None:
+    header = "job_id,submission_time,duration,num_gpu\n"
+    assert [job.num_gpu for job in parse_raw_trace(header + "a,5,600,2\nb,1,700,4\n")] == [4, 2]
+    for text, message in (
+        ("job_id,submission_time,num_gpu\na,0,1\n", "trace:1 duration: is missing"),
+        (header + "a,0,600,1.5\n", "trace:2 num_gpu: must be a whole number > 0"),
+        (header + "a,0,-1,1\n", "trace:2 duration: must be > 0"),
+        (header + "a,0,600,1\na,1,600,1\n", "trace:3 job_id: must be unique"),
+        (header + "a,x,600,1\n", "trace:2 submission_time: is not a number"),
+    ):
+        with pytest.raises(SimulationError, match=message):
+            parse_raw_trace(text)

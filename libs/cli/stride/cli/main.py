@@ -687,7 +687,14 @@ def replay(
 @app.command()
 def sim(
     env: Annotated[str, typer.Option(help="deadline, dlrm or dataworkers.")] = "deadline",
-    trace: Annotated[Path | None, typer.Option(help="Trace CSV (deadline env).")] = None,
+    trace: Annotated[
+        Path | None,
+        typer.Option(
+            help="Trace CSV (deadline env). Dataworkers env: an itp-raw CSV whose window "
+            "(--window) gives the jobs' arrivals, GPUs and durations instead of --jobs "
+            "synthetic ones."
+        ),
+    ] = None,
     cluster: Annotated[Path | None, typer.Option(help="Cluster spec CSV (deadline env).")] = None,
     curves: Annotated[
         Path | None, typer.Option(help="Folder of throughput tables (deadline env).")
@@ -699,7 +706,8 @@ def sim(
             help="Seed: the same seed gives the same report. Deadline env: it draws only which "
             "jobs are best effort (--best-effort-fraction) and each job's true speed "
             "(--curve-error); with neither, it changes nothing (the trace fixes the rest). "
-            "Synthetic envs: it draws the job population."
+            "Synthetic envs: it draws the job population (dataworkers with --trace: the "
+            "jobs' CPU demands)."
         ),
     ] = 1,
     model: Annotated[
@@ -728,7 +736,13 @@ def sim(
             "[1-E, 1+E]; the policies see only the profiled one (deadline env)."
         ),
     ] = 0.0,
-    window: Annotated[str, typer.Option(help="START:END seconds, first:N, or all.")] = "all",
+    window: Annotated[
+        str,
+        typer.Option(
+            help="Jobs of --trace submitted in START:END seconds (END excluded), the "
+            "first:N, or all."
+        ),
+    ] = "all",
     jobs: Annotated[int, typer.Option(help="Jobs (synthetic environments).")] = 1000,
     out: Annotated[Path, typer.Option(help="Output directory for report.md and plots.")] = Path(
         "sim-report"

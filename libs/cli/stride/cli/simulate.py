@@ -120,23 +120,8 @@ def simulate(
             curve_error,
         )
     if env == "dataworkers":
-        from stride.sim.dataworkers import DATAWORKER_POLICIES, DataWorkerCluster, run_dataworkers
-
-        dw_cluster = DataWorkerCluster()
-        names = _policies(policies, list(DATAWORKER_POLICIES))
-        results = _run_all(console, names, lambda p: run_dataworkers(jobs, dw_cluster, p, seed))
-        context = RunContext(
-            environment="data workers (GoldMiner setting)",
-            trace="synthetic, seeded",
-            window=f"{jobs} jobs",
-            cluster=(
-                f"{dw_cluster.nodes} x ({dw_cluster.gpus_per_node} GPU, "
-                f"{dw_cluster.cpus_per_node} CPU)"
-            ),
-            seed=seed,
-            stride_version=stride_version,
-            command=command,
-            notes=("the job population is synthetic: no public data-worker trace exists",),
+        results, context = _dataworkers(
+            trace, policies, seed, window, jobs, console, command, stride_version
         )
     elif env == "dlrm":
         from stride.sim import dlrm
@@ -171,6 +156,96 @@ def run_cli(**options: Any) -> int:
         return 2
     console.print(f"report: {report}", highlight=False)
     return 0
+
+
+def _dataworkers(
+    trace: Path | None,
+    policies: str,
+    seed: int,
+    window: str,
+    jobs: int,
+    console: Console,
+    command: str,
+    stride_version: str,
+) -> tuple[dict[str, Any], RunContext]:
+    """The data-worker environment's runs and report context (see :func:`simulate`): the
+    synthetic load, or with ``trace`` the jobs of an itp-raw window."""
+    from stride.sim.dataworkers import (
+        DATAWORKER_POLICIES,
+        DataWorkerCluster,
+        run_dataworkers,
+        trace_dataworker_jobs,
+    )
+
+    dw_cluster = DataWorkerCluster()
+    names = _policies(policies, list(DATAWORKER_POLICIES))
+    shape = f"{dw_cluster.nodes} x ({dw_cluster.gpus_per_node} GPU, {dw_cluster.cpus_per_node} CPU)"
+    if trace is None:
+        if window not in ("", "all"):
+            raise SimUsageError("--window: applies to --env dataworkers only with --trace")
+        results = _run_all(console, names, lambda p: run_dataworkers(jobs, dw_cluster, p, seed))
+        return results, RunContext(
+            environment="data workers (GoldMiner setting)",
+            trace="synthetic, seeded",
+            window=f"{jobs} jobs",
+            cluster=shape,
+            seed=seed,
+            stride_version=stride_version,
+            command=command,
+            notes=("the job population is synthetic: no public data-worker trace exists",),
+        )
+    population = trace_dataworker_jobs(_trace_window(trace, window), seed)
+    results = _run_all(
+        console,
+        names,
+        lambda p: run_dataworkers(len(population), dw_cluster, p, seed, jobs=population),
+    )
+    return results, RunContext(
+        environment="data workers (GoldMiner setting)",
+        trace=f"{trace} (arrivals, GPUs and durations)",
+        window=f"{window or 'all'} ({len(population)} jobs, arrivals from the first at 0 s)",
+        cluster=shape,
+        seed=seed,
+        stride_version=stride_version,
+        command=command,
+        notes=(
+            "traces: microsoft/elasticflow-traces (MIT)",
+            "per-job CPU demands are synthetic, drawn with the seed (no public trace has "
+            "them): half CPU-intensive (best-fit CPUs per GPU U(12, 64)), half not "
+            "(U(4, 12)); training-worker CPUs per GPU U(1, 3)",
+            "a GoldMiner job runs without data workers, at the hardware ratio "
+            "(fallback_jobs), when the CPUs no training worker holds as it starts cannot "
+            "give it its tuned speed or 95% of its speed without them (GoldMiner's fallback, "
+            "sec. 3.4.1), e.g. a CPU-intensive 64-GPU job on this 64-GPU cluster",
+        ),
+    )
+
+
+def _trace_window(trace: Path, window: str) -> list[Any]:
+    """The rows of an itp-raw trace that ``--window`` keeps, rebased; every problem is a
+    :class:`SimUsageError` naming ``--trace`` or ``--window``."""
+    from stride.sim.traces import TraceError, TraceWindow, load_raw_trace, select_window
+
+    if not trace.is_file():
+        raise SimUsageError(
+            f"--trace: no file {trace} (an itp-raw CSV, e.g. ../shared/traces/itp-raw/"
+            "cluster01.csv)"
+        )
+    selected = parse_window(window)
+    if not selected.start < selected.end:
+        raise SimUsageError(f"--window: {window!r} is empty: END must be after START")
+    try:
+        rows = load_raw_trace(trace, TraceWindow(rebase=False))
+    except (TraceError, UnicodeDecodeError) as error:
+        raise SimUsageError(f"--trace: {error}") from None
+    first, last = rows[0].submission_time, rows[-1].submission_time
+    span = f"{trace.name} has submissions from {first:g} to {last:g} s"
+    if selected.end <= first or selected.start > last:
+        raise SimUsageError(f"--window: {window!r} lies outside the trace ({span})")
+    try:
+        return select_window(rows, selected, str(trace))
+    except TraceError:
+        raise SimUsageError(f"--window: {window!r} holds no job ({span})") from None
 
 
 def _deadline(

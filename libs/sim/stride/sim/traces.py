@@ -6,6 +6,8 @@ records out); the ``load_*`` helpers only read files.
 
 - ``itp-ef/clusterNN.csv`` and ``195job.csv``: ElasticFlow's ITP jobs
   (``job_id,submission_time,num_iteration,model_name,deadline,batch_size,num_gpu,duration``);
+- ``itp-raw/clusterNN.csv``: the same ITP jobs with only their shape
+  (``job_id,submission_time,duration,num_gpu``), for environments that need no model;
 - ``philly-vc/philly_103959.csv``: ElasticFlow's Philly virtual cluster
   (``job_id,submit_time,real_iteration,model_name,ddl,batch_size,num_gpu,real_duration,...``);
 - ``throughputs_A100|T4/<model>.csv``: measured curves, parsed by
@@ -19,8 +21,9 @@ import csv
 import io
 import math
 from collections.abc import Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from pathlib import Path
+from typing import TypeVar
 
 from stride.policy.elasticflow.curves import (
     ScalingCurve,
@@ -33,13 +36,17 @@ from stride.sim.engine import SimulationError
 __all__ = [
     "ClusterSpec",
     "CurveLibrary",
+    "RawTraceJob",
     "TraceJob",
     "TraceWindow",
     "load_cluster_spec",
     "load_curves",
     "load_deadline_trace",
+    "load_raw_trace",
     "parse_cluster_spec",
     "parse_deadline_trace",
+    "parse_raw_trace",
+    "select_window",
 ]
 
 
@@ -80,6 +87,28 @@ class TraceJob:
             return None
         return (self.deadline - self.submission_time) / self.duration
 
+    def rebased(self, origin: float) -> TraceJob:
+        """The job with its times (submission and deadline) moved ``origin`` seconds earlier."""
+        deadline = None if self.deadline is None else self.deadline - origin
+        return replace(self, submission_time=self.submission_time - origin, deadline=deadline)
+
+
+@dataclass(frozen=True)
+class RawTraceJob:
+    """One job's shape as ``itp-raw`` gives it: when it came, how long it ran on how many
+    GPUs (seconds). No model, batch size or deadline."""
+
+    job_id: str
+    submission_time: float
+    duration: float
+    num_gpu: int
+    source: str = ""
+    line: int = 0
+
+    def rebased(self, origin: float) -> RawTraceJob:
+        """The job with its submission moved ``origin`` seconds earlier."""
+        return replace(self, submission_time=self.submission_time - origin)
+
 
 @dataclass(frozen=True)
 class TraceWindow:
@@ -105,6 +134,7 @@ _ITP_FIELDS = (
     "num_gpu",
     "duration",
 )
+_RAW_FIELDS = ("job_id", "submission_time", "duration", "num_gpu")
 _PHILLY_FIELDS = (
     "job_id",
     "submit_time",
@@ -202,8 +232,17 @@ def parse_deadline_trace(
                 line=line,
             )
         )
-    jobs.sort(key=lambda job: (job.submission_time, job.line))
-    kept = [job for job in jobs if window.start <= job.submission_time < window.end]
+    return select_window(jobs, window, source)
+
+
+_Job = TypeVar("_Job", TraceJob, RawTraceJob)
+
+
+def select_window(jobs: Sequence[_Job], window: TraceWindow, source: str = "trace") -> list[_Job]:
+    """The jobs a window keeps, sorted by submission time (then file line); rebased so the
+    first kept job arrives at 0 when ``window.rebase``. An empty window raises."""
+    ordered = sorted(jobs, key=lambda job: (job.submission_time, job.line))
+    kept = [job for job in ordered if window.start <= job.submission_time < window.end]
     if window.first_n is not None:
         if window.first_n <= 0:
             raise TraceError(source, 0, "window.first_n", f"must be > 0, got {window.first_n}")
@@ -213,26 +252,12 @@ def parse_deadline_trace(
             source,
             0,
             "window",
-            f"keeps no job of {len(jobs)} (start {window.start}, "
+            f"keeps no job of {len(ordered)} (start {window.start}, "
             f"end {window.end}, first_n {window.first_n})",
         )
     if window.rebase:
         origin = kept[0].submission_time
-        kept = [
-            TraceJob(
-                job.job_id,
-                job.submission_time - origin,
-                job.iterations,
-                job.model_name,
-                job.batch_size,
-                job.num_gpu,
-                job.duration,
-                None if job.deadline is None else job.deadline - origin,
-                job.source,
-                job.line,
-            )
-            for job in kept
-        ]
+        kept = [job.rebased(origin) for job in kept]
     return kept
 
 
@@ -240,6 +265,51 @@ def load_deadline_trace(path: str | Path, window: TraceWindow | None = None) -> 
     """:func:`parse_deadline_trace` of a file."""
     file = Path(path)
     return parse_deadline_trace(file.read_text(encoding="utf-8"), str(file), window)
+
+
+def parse_raw_trace(
+    text: str, source: str = "trace", window: TraceWindow | None = None
+) -> list[RawTraceJob]:
+    """Job shapes from a CSV with the ``itp-raw`` columns (an ``itp-ef`` file has them too),
+    sorted by submission time, then windowed as :func:`select_window` does.
+
+    Rows are validated: a unique job id, a finite submission time, a duration > 0 and a
+    whole number of GPUs > 0.
+    """
+    reader = csv.DictReader(io.StringIO(text))
+    header = tuple(reader.fieldnames or ())
+    missing = [field for field in _RAW_FIELDS if field not in header]
+    if missing:
+        raise TraceError(source, 1, missing[0], f"is missing from the header {header}")
+    jobs: list[RawTraceJob] = []
+    seen: set[str] = set()
+    for line, row in enumerate(reader, start=2):
+        if None in row:
+            raise TraceError(source, line, "row", f"has more cells than the header ({header})")
+        job_id = (row.get("job_id") or "").strip()
+        if not job_id or job_id in seen:
+            raise TraceError(source, line, "job_id", f"must be unique and non-empty: {job_id!r}")
+        seen.add(job_id)
+        duration = _number(row, "duration", source, line)
+        if duration <= 0:
+            raise TraceError(source, line, "duration", f"must be > 0, got {duration}")
+        jobs.append(
+            RawTraceJob(
+                job_id=job_id,
+                submission_time=_number(row, "submission_time", source, line),
+                duration=duration,
+                num_gpu=_whole(row, "num_gpu", source, line),
+                source=source,
+                line=line,
+            )
+        )
+    return select_window(jobs, window or TraceWindow(), source)
+
+
+def load_raw_trace(path: str | Path, window: TraceWindow | None = None) -> list[RawTraceJob]:
+    """:func:`parse_raw_trace` of a file."""
+    file = Path(path)
+    return parse_raw_trace(file.read_text(encoding="utf-8"), str(file), window)
 
 
 @dataclass(frozen=True)
