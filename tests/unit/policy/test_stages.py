@@ -19,8 +19,11 @@ from stride.policy.stages import (
     SearchSpace,
     Stage,
     StageRequest,
+    next_probe,
     stage_step,
 )
+from stride.policy.throughput import GIB
+from stride.policy.warm_start import HistoricalJob, ResourceConfiguration
 
 FEATURES = JobFeatures("dlrm-1", 10_000_000, 512, max_epochs=1, family="dlrm", embedding_dim=16)
 SHAPE = JobShape(512, 16, 5e7, 1e7)
@@ -62,8 +65,9 @@ def test_sampling_probes_one_dimension_then_the_model_decides() -> None:
         samples = (*samples, Sample(pods, 1000.0 + 100 * len(samples)))
     assert seen[0] is Stage.SAMPLING and Stage.OPTIMIZING in seen
     first = stage_step(tick((Sample(START, 1000.0),)))
-    assert first.root_cause.startswith("probe worker_cpu") and first.pods is not None
-    assert first.pods.worker_cpu == 16 and first.pods.worker_mem_gib == 3  # ceil(2.0 x 1.1)
+    # The cheapest move first: twice the workers (no pause under dynamic sharding).
+    assert first.root_cause.startswith("probe workers") and first.pods is not None
+    assert first.pods.workers == 2 and first.pods.worker_mem_gib == 3  # ceil(2.0 x 1.1)
 
 
 def test_an_oom_doubles_ps_memory_before_growth_is_measured_and_predicts_after() -> None:
@@ -158,3 +162,51 @@ def test_a_decision_never_exceeds_the_job_limit_or_a_node(
         for cores, before in ((chosen.worker_cpu, pods.worker_cpu), (chosen.ps_cpu, pods.ps_cpu)):
             assert cores <= max(top, before), (chosen, top)
         pods = chosen
+
+
+def _history(job_id: str, model: str, worker_gib: int, ps_gib: int) -> HistoricalJob:
+    return HistoricalJob(
+        job_id,
+        JobFeatures(model, 10_000_000, 512, max_epochs=1, family="dlrm", embedding_dim=16),
+        ResourceConfiguration(8, 4.0, worker_gib * GIB, 2, 4.0, ps_gib * GIB),
+    )
+
+
+def test_warm_start_takes_memory_from_finished_jobs_of_the_same_model_only() -> None:
+    request = Pods(8, 8, 20, 2, 8, 40)
+    same = _history("a", "dlrm-1", 4, 10)
+    # Same model: workers 4 GiB x 1.25 = 5; PS 2 x 10 GiB x 1.10 = 22 GiB over 2 PS = 11.
+    reply = stage_step(
+        StageRequest(Reason.ARRIVAL, FEATURES, SHAPE, request, request, history=(same,))
+    )
+    assert reply.stage is Stage.WARM_START and reply.pods is not None
+    assert (reply.pods.worker_mem_gib, reply.pods.ps * reply.pods.ps_mem_gib) == (5, 22)
+    # Only another model finished: its tables say nothing of this job's, the request stands.
+    other = _history("b", "dlrm-2", 4, 10)
+    reply = stage_step(
+        StageRequest(Reason.ARRIVAL, FEATURES, SHAPE, request, request, history=(other,))
+    )
+    assert reply.pods is not None and reply.pods.worker_mem_gib == 20
+    assert reply.pods.ps * reply.pods.ps_mem_gib >= 2 * 40
+
+
+def test_probes_take_the_cheapest_moves_that_make_the_fit_identifiable() -> None:
+    space = SearchSpace()
+    pods = Pods(8, 4, 4, 4, 4, 8)
+    sampled = {pods}
+    seen = []
+    while (probe := next_probe(pods, space, 200, sampled, SHAPE)) is not None:
+        seen.append((probe.workers, probe.worker_cpu, probe.ps, probe.ps_cpu))
+        sampled.add(probe)
+        pods = probe
+    # Workers x2 (no pause), a worker's cores x2 (30 s), twice the PS at half the cores
+    # (60 s), the workers back (no pause): five configurations, two pauses, and the rows of
+    # eq. 2-5's terms span all five coefficients.
+    assert seen == [(16, 4, 4, 4), (16, 8, 4, 4), (16, 8, 8, 2), (8, 8, 8, 2)]
+    # Without an embedding there are four coefficients: four configurations suffice.
+    flat = JobShape(512, 0, 5e7, 1e7)
+    pods, sampled, count = Pods(8, 4, 4, 4, 4, 8), {Pods(8, 4, 4, 4, 4, 8)}, 0
+    while (probe := next_probe(pods, space, 200, sampled, flat)) is not None:
+        sampled.add(probe)
+        pods, count = probe, count + 1
+    assert count == 3

@@ -11,17 +11,21 @@ import pytest
 from stride.policy.stages import ALMOST_BEST_FRACTION, JOB_CPU_LIMIT
 from stride.policy.throughput import PAPER_PARAMETERS, throughput
 from stride.sim.dlrm import (
-    OPTIMUS_MIN_EFFICIENCY,
-    OPTIMUS_PS_STEP,
-    OPTIMUS_WORKER_STEP,
+    CALIBRATION_CPUS,
+    CALIBRATION_MEMORY_GIB,
     POLICIES,
     RESTART_SECONDS,
+    SEAMLESS_TICK_SECONDS,
+    Decision,
     DlrmJobSpec,
     DlroverHeuristicPolicy,
+    EsPolicy,
     JobView,
     OptimusPolicy,
     Pods,
+    StridePolicy,
     _config,
+    calibration_jobs,
     expected_min_speed,
     generate_jobs,
     grid_throughput,
@@ -33,6 +37,12 @@ from stride.sim.dlrm import (
     tuned_static_pods,
     warm_start_accuracy,
     within_search_space,
+)
+from stride.sim.dlrm_baselines import (
+    ES_STEP,
+    OPTIMUS_PROFILE,
+    OPTIMUS_PS_STEP,
+    OPTIMUS_WORKER_STEP,
 )
 from stride.sim.engine import SimulationError
 from stride.testing import SHARED_TRACES
@@ -157,51 +167,76 @@ def _view(
     return JobView(**fields)  # type: ignore[arg-type]
 
 
-def test_optimus_starts_small_and_adds_fixed_increments() -> None:
+def test_optimus_starts_a_job_at_one_ps_and_one_worker() -> None:
     spec = _spec(1e9)
     policy = OptimusPolicy()
     start = policy.decide(_view(spec, spec.request, (), reason="arrival")).pods
-    assert start is not None
-    assert (start.ps, start.workers) == (1, 1)
-    # The user's per-pod cores, and the user's total PS memory on the one PS.
-    assert (start.worker_cpu, start.ps_cpu) == (spec.request.worker_cpu, spec.request.ps_cpu)
-    assert start.ps_mem_gib == spec.request.ps * spec.request.ps_mem_gib
-    # Throughput grows linearly in workers and PS: every increment is worth taking.
-    pods = start
-    samples: list[tuple[Pods, float]] = []
-    for _ in range(6):
-        samples.append((pods, 100.0 * pods.workers * pods.ps))
-        decision = policy.decide(_view(spec, pods, tuple(samples)))
-        assert decision.pods is not None
-        step = (decision.pods.ps - pods.ps, decision.pods.workers - pods.workers)
-        assert step in ((OPTIMUS_PS_STEP, 0), (0, OPTIMUS_WORKER_STEP))
-        pods = decision.pods
-    # No growth while other jobs wait for their first pods.
-    samples.append((pods, 100.0 * pods.workers * pods.ps))
-    assert policy.decide(_view(spec, pods, tuple(samples), queued_jobs=1)).pods is None
+    # The request is Pods(4, 8, 4, 2, 8, 8): per-pod cores 8 and 8 and worker memory 4 kept;
+    # its total PS memory 2 x 8 = 16 GiB on the one PS.
+    assert start == Pods(1, 8, 4, 1, 8, 16)
+    # Later changes come from the cluster-wide allocate, never from a job's own tick.
+    assert policy.decide(_view(spec, start, ((start, 100.0),))).pods is None
 
 
-def test_optimus_stops_when_the_gain_is_below_its_threshold() -> None:
+def _async_samples(
+    request: Pods, theta: tuple[float, float, float, float], counts: tuple[tuple[int, int], ...]
+) -> tuple[tuple[Pods, float], ...]:
+    """Exact throughputs of Optimus's asynchronous model at (PS, workers) ``counts``."""
+    t0, t1, t2, t3 = theta
+    return tuple(
+        (replace(request, ps=p, workers=w), w / (t0 + t1 * w / p + t2 * w + t3 * p))
+        for p, w in counts
+    )
+
+
+def test_optimus_allocate_moves_running_jobs_by_the_fixed_steps() -> None:
+    first = replace(_spec(1e9), job_id=0)
+    second = replace(_spec(1e9), job_id=1)
+    request = first.request  # Pods(4, 8, 4, 2, 8, 8): every pod 8 cores; limit 200 cores.
+    distinct = ((1, 1), (1, 2), (2, 1), (2, 2))  # rows [1, w/p, w, p] of full rank
+    # Job 0 at 1 PS + 1 worker, theta (0.001, 0.001, 0, 0): remaining time
+    # R (0.001/w + 0.001/p), PS and workers alike. On a cluster far larger than both jobs
+    # Optimus fills its 200 / 8 = 25 tasks, about half each: at least 3 PS and 5 workers.
+    # One round moves it by 2 PS and 4 workers at most: (1 + 2, 1 + 4) = (3, 5), with the
+    # 16 GiB of PS memory over 3 PS: ceil(16 / 3) = 6 GiB each.
+    current_first = replace(request, ps=1, workers=1)
+    view_first = _view(
+        first, current_first, _async_samples(request, (0.001, 0.001, 0.0, 0.0), distinct)
+    )
+    # Job 1 at 10 PS + 10 workers, theta (0.001, 0, 0, 0): speed 1000 w, whatever the PS.
+    # Optimus's target is 1 PS and (200 - 8) / 8 = 24 workers; one round moves it to
+    # 10 - 2 = 8 PS and 10 + 4 = 14 workers, 16 / 8 = 2 GiB per PS.
+    current_second = replace(request, ps=10, workers=10)
+    view_second = _view(
+        second,
+        current_second,
+        _async_samples(request, (0.001, 0.0, 0.0, 0.0), (*distinct, (10, 10))),
+    )
+    plans = OptimusPolicy().allocate([view_first, view_second], 10_000, 100_000)
+    assert plans == {0: Pods(5, 8, 4, 3, 8, 6), 1: Pods(14, 8, 4, 8, 8, 2)}
+    for view in (view_first, view_second):
+        plan = plans[view.spec.job_id]
+        assert abs(plan.ps - view.pods.ps) <= OPTIMUS_PS_STEP
+        assert abs(plan.workers - view.pods.workers) <= OPTIMUS_WORKER_STEP
+
+
+def test_es_scales_in_when_the_last_step_did_not_pay() -> None:
     spec = _spec(1e9)
-    policy = OptimusPolicy()
-    pods = Pods(3, 8, 4, 2, 8, 4)
-    # The same throughput whatever the counts: the fitted model predicts no gain at all.
-    flat = tuple((replace(pods, workers=w, ps=p), 500.0) for w, p in ((1, 1), (3, 1), (3, 2)))
-    assert policy.decide(_view(spec, pods, flat)).pods is None
-
-    # Amdahl-like speed 1000 w / (1 + w / 8), whatever the PS: the efficiency of two more
-    # workers is about 1.0 at 3 workers and about 0.2 (below 0.3) at 30.
-    def saturating(counts: tuple[tuple[int, int], ...]) -> tuple[tuple[Pods, float], ...]:
-        small = replace(pods, worker_cpu=1, ps_cpu=1)
-        return tuple((replace(small, workers=w, ps=p), 1000.0 * w / (1 + w / 8)) for w, p in counts)
-
-    few = saturating(((1, 1), (2, 1), (3, 1), (3, 2)))
-    many = saturating(((26, 1), (28, 1), (30, 1), (30, 2)))
-    assert policy.decide(_view(spec, many[-1][0], many)).pods is None
-    grown = policy.decide(_view(spec, few[-1][0], few)).pods
-    assert grown is not None
-    assert grown.workers == few[-1][0].workers + OPTIMUS_WORKER_STEP
-    assert OPTIMUS_MIN_EFFICIENCY == 0.3
+    current = replace(spec.request, workers=12)
+    samples = (
+        # Another PS configuration: not ES's to compare (with it, 4 -> 8 would pass and ES
+        # would scale in further, to max(1, 4 - 4) = 1).
+        (replace(spec.request, ps=3, workers=4), 100.0),
+        (replace(current, workers=8), 780.0),
+        (replace(current, workers=8), 820.0),
+        (current, 900.0),
+    )
+    # At the current PS: 8 workers 800 (the mean of 780 and 820), 12 workers 900.
+    # 8 -> 12: ((900 - 800) / 4) / (800 / 8) = 25 / 100 = 0.25, not above 0.3: the first
+    # pair fails, so ES scales in to 8 - 4 = 4 workers.
+    decision = EsPolicy().decide(_view(spec, current, samples))
+    assert decision.pods == replace(current, workers=8 - ES_STEP)
+    assert ES_STEP == 4
 
 
 def test_optimus_is_registered_and_runs() -> None:
@@ -334,3 +369,79 @@ def test_stride_keeps_held_growths_as_claims_and_grants_them_when_capacity_frees
     assert result.peak_cpu <= 600 and result.peak_memory_gib <= 3000
     # The baselines keep dropping what does not fit (no claims).
     assert simulate(specs, 600, 3000, "optimus", 3).claims_granted == 0
+
+
+class _Recorder:
+    """The request, never changed; records when it is consulted with a fresh sample."""
+
+    name = "recorder"
+    dynamic_sharding = True
+    seamless = True
+
+    def __init__(self, tick_seconds: float | None = None, worker_mem_gib: int = 0) -> None:
+        if tick_seconds is not None:
+            self.tick_seconds = tick_seconds
+        self.worker_mem_gib = worker_mem_gib
+        self.ticks: list[float] = []
+
+    def decide(self, view: JobView) -> Decision:
+        if view.reason == "arrival":
+            if self.worker_mem_gib:
+                return Decision(replace(view.spec.request, worker_mem_gib=self.worker_mem_gib))
+            return Decision(view.spec.request)
+        self.ticks.append(view.now)
+        return Decision()
+
+
+def test_a_sample_needs_a_minute_after_the_pause_whatever_the_tick() -> None:
+    spec = _spec(1e9)
+    # Start at 10 s, first progress at 130 s (restart pause); a sample needs 60 s more.
+    slow = _Recorder()  # the default three-minute tick: 190, 370, ...
+    simulate([spec], 700, 4000, "recorder", 1, policy=slow)
+    assert slow.ticks[:2] == [190.0, 370.0]
+    fast = _Recorder(tick_seconds=SEAMLESS_TICK_SECONDS)  # 70 and 130 have no full minute
+    simulate([spec], 700, 4000, "recorder", 1, policy=fast)
+    assert fast.ticks[:3] == [190.0, 250.0, 310.0]
+    assert StridePolicy.tick_seconds == SEAMLESS_TICK_SECONDS == 60.0
+    assert not hasattr(OptimusPolicy, "tick_seconds") and not hasattr(EsPolicy, "tick_seconds")
+
+
+def test_workers_below_their_memory_need_are_refused_by_name() -> None:
+    # Worker OOM is not played out, so a policy that under-sizes workers must not pass
+    # silently with its used memory capped at the limit.
+    with pytest.raises(SimulationError, match=r"job 0: .*'recorder'.*1 GiB, below .* 2\.0 GiB"):
+        simulate([_spec(1e9)], 700, 4000, "recorder", 1, policy=_Recorder(worker_mem_gib=1))
+
+
+def test_memory_follows_the_model_within_ten_percent() -> None:
+    jobs = generate_jobs(400, np.random.default_rng(3), load_straggler_covs(COVS))
+    by_model: dict[str, list[DlrmJobSpec]] = {}
+    for job in jobs:
+        by_model.setdefault(job.model_name, []).append(job)
+    assert len(by_model) == 8
+    for same in by_model.values():
+        for field in ("worker_mem_need_gib", "ps_static_gib", "embedding_final_gib"):
+            values = [getattr(job, field) for job in same]
+            # +-10 % around one footprint: the extremes are at most 1.1 / 0.9 apart.
+            assert max(values) / min(values) <= 1.1 / 0.9 + 1e-9
+
+
+def test_calibration_jobs_run_alone_calm_and_as_long_as_model_x() -> None:
+    jobs = calibration_jobs(generate_jobs(5, np.random.default_rng(4), load_straggler_covs(COVS)))
+    assert [j.submit_time for j in jobs] == [i * 86_400.0 for i in range(5)]
+    assert all(j.straggler_cov == 0.0 for j in jobs)
+    result = simulate(jobs, CALIBRATION_CPUS, CALIBRATION_MEMORY_GIB, "tuned-static", 4)
+    # Alone on the cluster, no stragglers: 120 s of start, then 27.4 minutes of training
+    # (pod failures aside, which add a restart).
+    runs = sorted(result.jcts)
+    assert runs[0] == pytest.approx(RESTART_SECONDS + 27.4 * 60.0, rel=1e-6)
+
+
+def test_optimus_profiles_before_it_starts_and_then_grows_by_marginal_gain() -> None:
+    spec = replace(_spec(1e9), straggler_cov=0.0)
+    configs, seconds = OptimusPolicy().profile(spec)
+    assert [(p.ps, p.workers) for p in configs] == list(OPTIMUS_PROFILE)
+    assert seconds == 8 * 30.0
+    result = simulate([spec], 700, 4000, "optimus", 2)
+    # It starts at one PS and one worker and the first rounds add tasks: a restart each.
+    assert result.scaling_events >= 1 and result.completed == 1

@@ -88,8 +88,24 @@ SHRINK_MIN_REMAINING_SECONDS = 1800.0
 more than this left: the pause must buy enough pod-seconds of freed memory. On seed 2 this
 took Stride's median JCT from 1.11x to 1.02x the tuned-static-dyn oracle and its memory
 utilisation from 0.63 to 0.52 (900 s: 1.06x and 0.59)."""
-REFIT_EVERY_TICKS = 6
-"""Stride fits and optimises once it has sampled, then refits every sixth tick."""
+WARM_PS_MEMORY_MARGIN = 0.10
+"""PS memory a warm-started job gets above its similar jobs' measured need. Their needs
+vary (the simulator's population: +-10 % around the model's footprint); a PS that needs
+more is raised by the OOM prediction before its limit (its memory grows with progress).
+Chosen on seed 2 (600 jobs: 0.25 left 21 % of jobs below half CPU and memory use, 0.10
+left 8 %, one OOM kill and no failure); reports use seeds 1-5."""
+WARM_WORKER_MEMORY_MARGIN = 0.25
+"""Worker memory above the similar jobs' measured need. A worker needs its memory from its
+first step, so the margin covers the whole spread: (1 + 0.10) / (1 - 0.10) = 1.22 over the
+need with headroom 1.1 takes 1.11, and 1.25 leaves room for rounding."""
+REFIT_EVERY_TICKS = 3
+"""Stride fits and optimises once it has sampled, then refits every third tick. At the
+simulator's one-minute tick of a seamless policy, 6 left the slowest decile of jobs 5-8 %
+behind the oracle on seeds 1, 2 and 7 (they reach their best pods late); 3 brought it to
+3.5-5 % with the median below the oracle (2 was no better)."""
+FASTER_BY = 0.10
+"""The model-based stage moves a job to faster pods only when the fit predicts at least this
+much more throughput (fits are noisy: a smaller bar has a job chase its own noise)."""
 GIB_PRICE = 0.125
 """Cost of a GiB relative to a core (as :class:`stride.policy.throughput.ResourcePrices`)."""
 SAMPLES_PER_CONFIG = 5
@@ -411,22 +427,81 @@ def per_ps(total_gib: float, ps: int) -> int:
     return max(1, math.ceil(total_gib / ps))
 
 
-_PROBE_DIMENSIONS = ("worker_cpu", "ps", "ps_cpu", "workers")
+_PROBE_DIMENSIONS = ("workers", "worker_cpu", "ps", "ps_cpu")
+_PROBE_MOVES: tuple[tuple[tuple[str, float], ...], ...] = (
+    (("workers", 2.0),),
+    (("workers", 0.5),),
+    (("worker_cpu", 2.0),),
+    (("worker_cpu", 0.5),),
+    (("ps", 2.0), ("ps_cpu", 0.5)),
+    (("ps", 0.5), ("ps_cpu", 2.0)),
+    (("ps", 2.0),),
+    (("ps", 0.5),),
+    (("ps_cpu", 2.0),),
+    (("ps_cpu", 0.5),),
+)
+"""The sampling stage's moves, cheapest pause first: the worker count (no pause: dynamic
+sharding), a worker's cores (a worker restart), then the PS (a PS change). Moving the PS
+count and a PS's cores against each other keeps the PS cores and separates the ``1/p``
+terms of eq. 3-5 from the update term in one PS change."""
 
 
-def next_probe(pods: Pods, space: SearchSpace, limit: int, sampled: int) -> Pods | None:
-    """The sampling stage's next configuration after ``sampled`` distinct ones: double one
-    dimension (worker cores, PS, PS cores, workers, in turn), or halve it where doubling
-    leaves the search space; None when no dimension can move."""
-    for offset in range(len(_PROBE_DIMENSIONS)):
-        name = _PROBE_DIMENSIONS[(sampled - 1 + offset) % len(_PROBE_DIMENSIONS)]
-        top = getattr(space, name)[-1]
-        value = getattr(pods, name)
-        up = replace(pods, **{name: value * 2})
-        if value * 2 <= top and up.cpu <= limit:
-            return up
-        if value >= 2:
-            return replace(pods, **{name: value // 2})
+def _design_row(pods: Pods, shape: JobShape) -> np.ndarray:
+    """The terms of eq. 2-5 that multiply each alpha, and the beta sum's 1: the fit is
+    identifiable when these rows span as many dimensions as they can."""
+    w, lw, p, lp = float(pods.workers), float(pods.worker_cpu), float(pods.ps), float(pods.ps_cpu)
+    return np.array(
+        [
+            shape.batch_size / lw,
+            w / (p * lp),
+            shape.batch_size * shape.embedding_dim / p,
+            (shape.model_bytes / p) / (LINK_BYTES_PER_SECOND / w),
+            1.0,
+        ]
+    )
+
+
+def _rank(rows: list[np.ndarray]) -> int:
+    matrix = np.array(rows)
+    scale = np.abs(matrix).max(axis=0)
+    scale[scale == 0] = 1.0
+    return int(np.linalg.matrix_rank(matrix / scale, tol=1e-9))
+
+
+def next_probe(
+    pods: Pods,
+    space: SearchSpace,
+    limit: int,
+    sampled: frozenset[Pods] | set[Pods],
+    shape: JobShape,
+) -> Pods | None:
+    """The sampling stage's next configuration: the cheapest move (:data:`_PROBE_MOVES`)
+    from ``pods`` that stays in ``space`` and ``limit``, was not sampled, and adds a
+    dimension to the fit's design (:func:`_design_row`); None when no move does.
+
+    From a start in the middle of the space this measures, in turn, twice the workers (no
+    pause), twice a worker's cores, twice the PS with half the cores each, and the workers
+    back: five configurations that identify eq. 1-6 for two pauses (30 s and 60 s), where
+    one dimension at a time took three (30, 60 and 60 s)."""
+    shapes = {(q.workers, q.worker_cpu, q.ps, q.ps_cpu) for q in sampled}
+    rows = [_design_row(q, shape) for q in sampled] or [_design_row(pods, shape)]
+    have = _rank(rows)
+    for move in _PROBE_MOVES:
+        changed: dict[str, int] = {}
+        for name, factor in move:
+            value = getattr(pods, name) * factor
+            if value != int(value) or not 1 <= value <= getattr(space, name)[-1]:
+                break
+            changed[name] = int(value)
+        else:
+            candidate = replace(pods, **changed)
+            key = (candidate.workers, candidate.worker_cpu, candidate.ps, candidate.ps_cpu)
+            if (
+                candidate.cpu <= limit
+                and key not in shapes
+                and _rank([*rows, _design_row(candidate, shape)]) > have
+            ):
+                return candidate
     return None
 
 
@@ -507,10 +582,29 @@ def _arrival(request: StageRequest) -> StageReply:
         space,
         space.limit_for(start),
     )
-    # Memory: the embedding size of a new job is not a function of the features warm start
-    # matches on, so until the first ticks measure it the request's memory (the user's
-    # total PS memory, spread over the PS) is the best guess.
-    pods = replace(moved, ps_mem_gib=per_ps(start.ps * start.ps_mem_gib, moved.ps))
+    # Memory too comes from the similar jobs (Algorithm 1 warm-starts the whole resource
+    # configuration): their workers' memory and their PS memory in total, spread over this
+    # job's PS, with WARM_MEMORY_MARGIN on top until the first ticks measure this job. A
+    # job's embedding tables follow its model, so this is closer than the request, which
+    # users over-provision (000 sec. 2) or under-provision (the 5 % that OOM).
+    # Jobs of other models say nothing about this one's tables: without a finished job of
+    # the same model, the request's memory (the user's total PS memory over the PS) stands.
+    same_model = tuple(
+        h for h in request.history if h.features.model_name == request.features.model_name
+    )
+    if same_model:
+        m = warm_start(WarmStartRequest(request.features, same_model)).configuration
+        pods = replace(
+            moved,
+            worker_mem_gib=max(
+                1, math.ceil(m.worker_memory_bytes / GIB * (1.0 + WARM_WORKER_MEMORY_MARGIN))
+            ),
+            ps_mem_gib=per_ps(
+                m.ps_count * m.ps_memory_bytes / GIB * (1.0 + WARM_PS_MEMORY_MARGIN), moved.ps
+            ),
+        )
+    else:
+        pods = replace(moved, ps_mem_gib=per_ps(start.ps * start.ps_mem_gib, moved.ps))
     return StageReply(
         pods,
         False,
@@ -559,20 +653,20 @@ def stage_step(request: StageRequest) -> StageReply:
     probing = len(distinct) < PROBE_CONFIGS and (
         not request.history or remaining_s > PROBE_MIN_REMAINING_SECONDS
     )
-    probe = next_probe(pods, space, limit, len(distinct)) if probing else None
+    probe = next_probe(pods, space, limit, distinct, request.shape) if probing else None
     last_fit = request.last_fit_sample_count
     fitted_at = -1
     fit_error = predicted = predicted_now = -1.0
     bound = ""
     if probe is not None:
-        # Sampling stage: one factor of two along one dimension per tick, so that the five
-        # coefficients of eq. 1-6 are identifiable from the job's own samples.
+        # Sampling stage: one cheap move per tick until the five coefficients of eq. 1-6
+        # are identifiable from the job's own samples.
         target = replace(
             probe, ps_mem_gib=memory(probe.workers, probe.ps)[1], worker_mem_gib=worker_mem
         )
         stage = Stage.SAMPLING
         changed = [n for n in _PROBE_DIMENSIONS if getattr(probe, n) != getattr(pods, n)]
-        cause = f"probe {changed[0] if changed else 'none'} ({len(distinct)} of {PROBE_CONFIGS})"
+        cause = f"probe {'+'.join(changed)} ({len(distinct)} of {PROBE_CONFIGS})"
     elif (
         len(distinct) >= 3
         and request.sample_count >= 5
@@ -600,7 +694,7 @@ def stage_step(request: StageRequest) -> StageReply:
         pred_now = model_throughput(params, shape, pods)
         predicted, predicted_now = pred_best, pred_now
         cheaper = best.cpu < 0.8 * pods.cpu and pred_best >= 0.9 * pred_now
-        faster = pred_best > 1.1 * pred_now
+        faster = pred_best > (1.0 + FASTER_BY) * pred_now
         stage = Stage.OPTIMIZING
         if cheaper or faster:
             target = best

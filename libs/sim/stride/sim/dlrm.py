@@ -21,13 +21,27 @@ Ground truth of one job:
   throughput is what a job sees on average when every worker's progress counts. With static
   sharding a job waits for its slowest worker (progress factor ``min speed``); with dynamic
   sharding (DLRover 000 sec. 5.2, 5.4) fast workers take more shards (factor ``mean speed``,
-  about 1). Speeds are redrawn whenever the worker set changes. (An earlier version drew
+  about 1). A job's i-th worker keeps its speed across rescales and across policies (each
+  job draws its workers' speeds, and its sample noise, from its own seeded stream): every
+  policy meets the same stragglers, so a comparison's difference is not the draw's. Speeds
+  were redrawn from one shared stream at every change before; on one population, Stride's
+  p90 over the oracle's then moved between 0.995 and 1.052 with the simulator's seed alone.
+  (An earlier version drew
   *times* with mean 1, whose reciprocal has mean ``1 + CoV^2``: dynamic sharding then made a
   job up to twice as fast as its model, an advantage no paper claims.)
 - Memory: each worker needs a fixed amount; each PS holds a static share plus embedding
   memory that grows linearly with consumed samples (002 sec. 5.3). A PS whose use exceeds
   its limit is OOM-killed: the job pauses for a pod restart and, after
-  :data:`MAX_OOM_KILLS` kills, fails.
+  :data:`MAX_OOM_KILLS` kills, fails. The three amounts are the model's (a fixed catalogue
+  of :data:`MODELS` footprints, since a model's embedding tables set them) within
+  +-:data:`MODEL_MEMORY_SPREAD` per job; an earlier version drew them per job regardless of
+  the model, so no finished job could tell a new one its memory. Worker OOM is not played
+  out: a policy that gives workers less than their need is refused with an error.
+- Ticks and samples: a policy is consulted every :data:`TICK_SECONDS` (three minutes, the
+  baselines' interval in 000 sec. 6.3 and 002 sec. 6.2), or every
+  :data:`SEAMLESS_TICK_SECONDS` for the policies that rescale seamlessly (000 sec. 6.1:
+  DLRover's elasticity is at least 60 s apart). Either way a throughput sample needs
+  :data:`SAMPLE_SECONDS` at the current pods after any pause.
 - Pod failures at 1.5 % per pod-day (002 Table 4 order of magnitude); a failure pauses the
   job for a pod restart (no progress is lost: checkpoints are assumed frequent).
 - A pod starts in 20 s and training initialises in 100 s (000 sec. 6.3): a job's first
@@ -59,24 +73,26 @@ Policies (one interface, :class:`DlrmPolicy`):
   before two memory samples exist), a hot PS is re-partitioned, dynamic sharding absorbs
   stragglers, and rescaling is seamless. Until the first tick measures memory, a job keeps
   the request's memory (the user's total PS memory spread over its PS).
-- ``optimus``: Optimus (Peng et al., EuroSys'18) as 000 sec. 6.3 and 002 sec. 6.1 run it:
-  it keeps the user's per-pod sizes ("ignores the resources of each node"), starts a job
-  with one PS and one worker (as Optimus does) and, at every adjustment, adds a fixed
-  increment of PS (:data:`OPTIMUS_PS_STEP`) or of workers (:data:`OPTIMUS_WORKER_STEP`),
-  whichever its fitted speed model (Optimus's asynchronous-training form
-  ``f(p, w) = w / (t0 + t1 w/p + t2 w + t3 p)``, NNLS) predicts gives more speed-up per core,
-  until that gain falls below :data:`OPTIMUS_MIN_EFFICIENCY`, and not while other jobs wait
-  for their first pods (Optimus serves every job one PS and one worker first). The user's
-  total PS memory is spread over the PS. Every change is a checkpoint-restart; static
-  sharding; no OOM handling.
-- ``es``: ES autoscaling (Or et al. 2020, 000 sec. 6.3): add workers while the scaling
-  efficiency exceeds 0.3; checkpoint-restart; static sharding.
+- ``optimus``: Optimus (Peng et al., EuroSys'18), profiled before it starts, its speed
+  model fitted online, jobs allocated by marginal gain every three minutes and moved by
+  fixed steps as 000 sec. 6.3 ran it (:mod:`stride.sim.dlrm_baselines` cites the sections
+  and lists the departures).
+- ``es``: ES autoscaling (Or et al., MLSys'20, as 000 sec. 6.3 ran it): workers only, four
+  at a time, by measured scaling efficiency above 0.3, scaling in to find where scaling
+  pays (:mod:`stride.sim.dlrm_baselines`).
 - ``dlrover-heuristic``: the rules of DLRover's open-source ``LocalOptimizer``
   (``dlrover/python/master/resource/local_optimizer.py``): a PS whose CPU use is at least
   0.9 of its cores (``ps_cpu_hot_threshold``) gets more cores; otherwise, when the busiest
   PS is below 0.9 (``ps_cpu_overload_threshold``), workers are multiplied by
   ``0.9 / max PS CPU utilisation`` (only ever up) with each worker sized to its measured
   CPU use; an OOM-killed pod's memory is doubled (``oom_memory_up_factor`` 2).
+
+History (Stride's warm start): a finished job leaves its final pods with the memory it
+was measured to need (workers' use, the PS's last memory sample, with the headroom).
+
+Calibration (:func:`calibration_jobs`, ``bench/dlrm_seeds.py``): the same jobs in the form
+of 002 Fig. 7, one at a time on its 640-core cluster without stragglers, each as long as
+model-X.
 
 Metrics (:class:`DlrmResult`): JCT median and p90 over completed jobs, completion rate,
 CPU and memory utilisation as used over allocated, time-weighted over every pod-second of
@@ -96,7 +112,6 @@ from pathlib import Path
 from typing import Protocol
 
 import numpy as np
-from scipy.optimize import nnls
 
 from stride.policy import stages
 from stride.policy.cold_start import JobFeatures
@@ -128,6 +143,19 @@ from stride.policy.throughput import (
 from stride.policy.warm_start import (
     HistoricalJob,
     ResourceConfiguration,
+)
+from stride.sim.dlrm_baselines import (
+    ES_STEP,
+    OPTIMUS_MIN_POINTS,
+    OPTIMUS_PROFILE,
+    OPTIMUS_PROFILE_RUN_SECONDS,
+    OPTIMUS_PS_STEP,
+    OPTIMUS_WORKER_STEP,
+    OptimusJob,
+    es_target,
+    fit_optimus_model,
+    optimus_allocate,
+    step_toward,
 )
 from stride.sim.engine import Event, EventKind, Simulation, SimulationError
 
@@ -163,24 +191,20 @@ POD_FAILURE_PER_DAY = 0.015
 MAX_OOM_KILLS = 3
 """A job that is OOM-killed this many times fails."""
 TICK_SECONDS = 180.0
-"""How often a running job's policy is consulted: every three minutes, the adjustment
-interval of the baselines in 000 sec. 6.3 and 002 sec. 6.2 (20 s pod start, 100 s init and
-60 s of sampling). The same for every policy."""
+"""How often a running job's policy is consulted unless the policy says otherwise: every
+three minutes, the adjustment interval of the baselines in 000 sec. 6.3 and 002 sec. 6.2
+(20 s pod start, 100 s init and 60 s of sampling)."""
+SEAMLESS_TICK_SECONDS = 60.0
+"""The tick of the policies that rescale seamlessly (Stride, the DLRover heuristic): "the
+interval time period between two elasticity of DLROVER is at least 60s" (000 sec. 6.1).
+New pods start while the old ones train (002 sec. 5.2), so only the sampling minute of the
+three is left."""
+SAMPLE_SECONDS = 60.0
+"""A throughput sample needs this long at the current pods after any pause (000 sec. 6.3:
+60 s to sample), whatever the tick."""
 MAX_STRAGGLER_COV = 1.0
 HOT_PS_FRACTION = 0.30
 UNDER_PROVISIONED_FRACTION = 0.05
-OPTIMUS_PS_STEP = 1
-OPTIMUS_WORKER_STEP = 2
-"""Optimus's fixed increments. The original adds one PS or one worker; 000 sec. 6.3 used
-(2 PS, 4 workers) for Wide & Deep and (1, 1) for xDeepFM to speed it up; we take (1, 2)."""
-OPTIMUS_MIN_EFFICIENCY = 0.3
-"""Optimus adds an increment while its predicted speed-up per added core is at least 0.3 of
-the job's current throughput per core. Optimus itself stops when the marginal gain is used
-up cluster-wide; a per-job threshold is needed here, and we take ES's 0.3 (000 sec. 6.3) on
-the same normalised efficiency so the two baselines stop by the same rule."""
-OPTIMUS_SAMPLING_CONFIGS = 3
-"""Optimus fits its model after profiling a few configurations (its pre-run); until it has
-this many distinct (PS, workers) samples it alternates +workers and +PS."""
 DLROVER_OVERLOAD = 0.9
 """``ps_cpu_overload_threshold`` and ``ps_cpu_hot_threshold`` of DLRover's LocalOptimizer."""
 DLROVER_NODE_MAX_CPU = 32
@@ -329,6 +353,25 @@ def load_straggler_covs(path: Path = DEFAULT_PAI_COV_PATH) -> tuple[float, ...]:
     return tuple(covs)
 
 
+MODELS = 8
+"""Distinct models in the population (``dlrm-0`` to ``dlrm-7``)."""
+MODEL_MEMORY_SPREAD = 0.10
+"""A job's memory needs lie within +-10 % of its model's footprint."""
+
+
+def _model_memory() -> tuple[tuple[float, float, float], ...]:
+    """(worker GiB, PS static GiB, final embedding GiB) of each model: a fixed catalogue
+    drawn once from the ranges the population used before memory followed the model
+    (U(2, 6), U(2, 8), U(8, 60))."""
+    draw = np.random.default_rng(20_171).uniform(size=(MODELS, 3))
+    return tuple(
+        (2.0 + 4.0 * float(a), 2.0 + 6.0 * float(b), 8.0 + 52.0 * float(c)) for a, b, c in draw
+    )
+
+
+_MODEL_MEMORY = _model_memory()
+
+
 def generate_jobs(
     num_jobs: int,
     rng: np.random.Generator,
@@ -356,20 +399,26 @@ def generate_jobs(
         model_bytes = float(np.exp(rng.uniform(math.log(1e6), math.log(5e7))))
         hot = float(rng.uniform(1.5, 3.0)) if rng.random() < HOT_PS_FRACTION else 1.0
         cov = min(MAX_STRAGGLER_COV, covs[int(rng.integers(len(covs)))])
-        worker_need = float(rng.uniform(2.0, 6.0))
-        ps_static = float(rng.uniform(2.0, 8.0))
-        emb_final = float(rng.uniform(8.0, 60.0))
+        # Memory is a property of the model (its embedding tables), within +-10 % per job:
+        # the uniform draws place the job inside its model's footprint.
+        spread = rng.uniform(0.0, 1.0, size=3)
         workers = int(rng.choice([4, 8, 12, 16, 24]))
         ps = int(rng.choice([2, 4, 6, 8]))
         request_stub = Pods(
             workers, int(rng.choice([8, 12, 16])), 1, ps, int(rng.choice([8, 16])), 1
         )
-        peak_hot = (ps_static + emb_final * (min(hot, ps) if hot > 1 else 1.0)) / ps
         under = rng.random() < UNDER_PROVISIONED_FRACTION
         ps_factor = rng.uniform(0.5, 0.85) if under else rng.uniform(1.5, 4.0)
+        worker_factor = rng.uniform(1.5, 4.0)
+        model = int(rng.integers(MODELS))
+        worker_need, ps_static, emb_final = (
+            need * (1.0 - MODEL_MEMORY_SPREAD + 2.0 * MODEL_MEMORY_SPREAD * float(u))
+            for need, u in zip(_MODEL_MEMORY[model], spread, strict=True)
+        )
+        peak_hot = (ps_static + emb_final * (min(hot, ps) if hot > 1 else 1.0)) / ps
         request = replace(
             request_stub,
-            worker_mem_gib=max(1, math.ceil(worker_need * rng.uniform(1.5, 4.0))),
+            worker_mem_gib=max(1, math.ceil(worker_need * worker_factor)),
             ps_mem_gib=max(1, math.ceil(peak_hot * ps_factor)),
         )
         spec = DlrmJobSpec(
@@ -386,12 +435,37 @@ def generate_jobs(
             ps_static_gib=ps_static,
             embedding_final_gib=emb_final,
             request=request,
-            model_name=f"dlrm-{int(rng.integers(8))}",
+            model_name=f"dlrm-{model}",
         )
         hours = float(np.exp(rng.uniform(math.log(0.5), math.log(6.0))))
         speed = _one(params, spec, hot, request)[0]
         jobs.append(replace(spec, total_samples=speed * hours * 3600.0))
     return jobs
+
+
+CALIBRATION_CPUS = 640
+CALIBRATION_MEMORY_GIB = 3840
+"""002 sec. 6's small cluster: 20 servers of 2 x 16 cores and 192 GB."""
+CALIBRATION_TUNED_MINUTES = 27.4
+"""Model-X's well-tuned JCT in 002 sec. 6.1 (DLRover-RM's 27.74 minutes is 1.4 % above it)."""
+CALIBRATION_SPACING_SECONDS = 86_400.0
+"""One job a day: each runs alone, as 002 Fig. 7's jobs did, and Stride's warm start sees
+the earlier ones finished."""
+
+
+def calibration_jobs(jobs: list[DlrmJobSpec]) -> list[DlrmJobSpec]:
+    """``jobs`` in the form of 002 Fig. 7's comparison: one at a time on the small cluster
+    (:data:`CALIBRATION_CPUS`), no stragglers ("eliminates the impact of cloud
+    instability", 002 sec. 6.1), and each as long as model-X: its well-tuned configuration
+    trains for :data:`CALIBRATION_TUNED_MINUTES`. Hot PS and over-provisioned requests stay
+    (they are properties of the job, not of the cloud)."""
+    out = []
+    for index, spec in enumerate(jobs):
+        calm = replace(spec, straggler_cov=0.0, submit_time=index * CALIBRATION_SPACING_SECONDS)
+        tuned = tuned_static_pods(calm)
+        speed = _one(calm.params, calm, calm.hot_factor, tuned)[0]
+        out.append(replace(calm, total_samples=speed * CALIBRATION_TUNED_MINUTES * 60.0))
+    return out
 
 
 def _features(spec: DlrmJobSpec) -> JobFeatures:
@@ -558,6 +632,7 @@ class StridePolicy:
     name = "stride"
     dynamic_sharding = True
     seamless = True
+    tick_seconds = SEAMLESS_TICK_SECONDS
 
     def __init__(self) -> None:
         self._fitted: dict[int, int] = {}
@@ -606,77 +681,128 @@ def ps_memory_need(view: JobView) -> Callable[[int], int] | None:
 
 
 class OptimusPolicy:
-    """Optimus-style scaling (see the module docstring): fixed +PS / +worker increments,
-    chosen by a fitted speed model, until the predicted gain per core is too small."""
+    """Optimus (:mod:`stride.sim.dlrm_baselines`): profiled and fitted per job, allocated
+    across jobs by marginal gain every round, stepped as DLRover's authors ran it; static
+    sharding, checkpoint-restart, no memory handling."""
 
     name = "optimus"
     dynamic_sharding = False
     seamless = False
+    round_seconds = TICK_SECONDS
+    """The environment calls :meth:`allocate` this often (000 sec. 6.3: three minutes)."""
 
     def decide(self, view: JobView) -> Decision:
-        """One PS and one worker on arrival; at most one increment per tick."""
-        request = view.spec.request
+        """One PS and one worker on arrival; everything else happens in :meth:`allocate`."""
         if view.reason == "arrival":
-            start = Pods(1, request.worker_cpu, request.worker_mem_gib, 1, request.ps_cpu, 1)
-            return Decision(self._with_memory(start, request))
-        if view.reason != "tick" or not view.samples or view.samples[-1][0] != view.pods:
-            return Decision()
-        if view.queued_jobs:
-            # Optimus first gives every job one PS and one worker, then hands out what is
-            # left by marginal gain (Peng et al. sec. 4.1): no growth while jobs wait.
-            return Decision()
-        pods = view.pods
-        more_workers = replace(pods, workers=pods.workers + OPTIMUS_WORKER_STEP)
-        more_ps = replace(pods, ps=pods.ps + OPTIMUS_PS_STEP)
-        limit = _job_cpu_limit(view.spec)
-        candidates = [c for c in (more_workers, more_ps) if c.cpu <= limit]
-        if not candidates:
-            return Decision()
-        distinct = {(p.ps, p.workers) for p, _ in view.samples}
-        if len(distinct) < OPTIMUS_SAMPLING_CONFIGS:
-            # Profiling: alternate the two increments so the fit sees both directions.
-            wanted = more_workers if len(distinct) % 2 == 1 else more_ps
-            choice = wanted if wanted in candidates else candidates[0]
-            return Decision(self._with_memory(choice, request))
-        theta = fit_optimus_model(view.samples)
-        now = optimus_speed(theta, pods.ps, pods.workers)
-        best: tuple[float, Pods] | None = None
-        for candidate in candidates:
-            gain = optimus_speed(theta, candidate.ps, candidate.workers) - now
-            efficiency = (gain / (candidate.cpu - pods.cpu)) / (now / pods.cpu)
-            if best is None or efficiency > best[0]:
-                best = (efficiency, candidate)
-        assert best is not None
-        if best[0] < OPTIMUS_MIN_EFFICIENCY:
-            return Decision()
-        return Decision(self._with_memory(best[1], request))
+            return Decision(optimus_pods(self.pod_sizes(view.spec), 1, 1))
+        return Decision()
 
-    @staticmethod
-    def _with_memory(pods: Pods, request: Pods) -> Pods:
-        # The user's total PS memory spread over the PS: Optimus manages counts, not memory.
-        return replace(pods, ps_mem_gib=per_ps(request.ps * request.ps_mem_gib, pods.ps))
+    def __init__(self) -> None:
+        self._fits: dict[int, tuple[int, frozenset[tuple[int, int]], np.ndarray | None]] = {}
+        """Job id -> (sample count, configurations, theta) of its last fit."""
+
+    def _theta(self, view: JobView) -> np.ndarray | None:
+        """The job's fitted model, refitted when it ran a new configuration or took
+        :data:`OPTIMUS_REFIT_SAMPLES` samples since the last fit (the fit is the
+        simulator's hot spot; a refit on one more sample of a known configuration moves it
+        by little)."""
+        last = self._fits.get(view.spec.job_id)
+        if last is not None and last[0] == view.sample_count:
+            return last[2]
+        points = [(p.ps, p.workers, rate) for p, rate in view.samples]
+        distinct = frozenset((p, w) for p, w, _ in points)
+        if len(distinct) < OPTIMUS_MIN_POINTS:
+            return None
+        if (
+            last is not None
+            and last[1] == distinct
+            and view.sample_count - last[0] < OPTIMUS_REFIT_SAMPLES
+        ):
+            return last[2]
+        theta = fit_optimus_model(points)
+        self._fits[view.spec.job_id] = (view.sample_count, distinct, theta)
+        return theta
+
+    def pod_sizes(self, spec: DlrmJobSpec) -> Pods:
+        """Whose per-pod cores and memory Optimus uses (it never changes them): the user's
+        request. ``bench/dlrm_seeds.py`` overrides this with the well-tuned sizes, as 000
+        sec. 6.3 configured its baselines' pods "according to Table 2"."""
+        return spec.request
+
+    def profile(self, spec: DlrmJobSpec) -> tuple[tuple[Pods, ...], float]:
+        """The profiling runs before the job starts, and the seconds they take."""
+        sizes = self.pod_sizes(spec)
+        configs = tuple(optimus_pods(sizes, p, w) for p, w in OPTIMUS_PROFILE)
+        return configs, OPTIMUS_PROFILE_RUN_SECONDS * len(configs)
+
+    def allocate(
+        self, views: list[JobView], cluster_cpus: int, cluster_memory_gib: int
+    ) -> dict[int, Pods]:
+        """Pods for every job of ``views`` (running and waiting, in arrival order) that
+        gets any this round: Optimus's allocation, each running job moved toward it by at
+        most the fixed steps."""
+        jobs = []
+        for view in views:
+            request = self.pod_sizes(view.spec)
+            theta = self._theta(view)
+            first = optimus_pods(request, 1, 1)
+            jobs.append(
+                OptimusJob(
+                    job_id=view.spec.job_id,
+                    remaining=max(0.0, view.spec.total_samples - view.consumed),
+                    theta=theta,
+                    worker_cpu=request.worker_cpu,
+                    worker_mem_gib=request.worker_mem_gib,
+                    ps_cpu=request.ps_cpu,
+                    # The PS share one fixed total (below), so a further PS adds no memory
+                    # and the first PS carries it all.
+                    first_ps_mem_gib=first.ps_mem_gib,
+                    ps_mem_gib=0,
+                    cpu_limit=_job_cpu_limit(view.spec),
+                )
+            )
+        target = optimus_allocate(jobs, cluster_cpus, cluster_memory_gib)
+        plans: dict[int, Pods] = {}
+        for view in views:
+            if view.spec.job_id not in target:
+                continue
+            ps, workers = target[view.spec.job_id]
+            if view.reason == "tick":
+                ps = step_toward(view.pods.ps, ps, OPTIMUS_PS_STEP)
+                workers = step_toward(view.pods.workers, workers, OPTIMUS_WORKER_STEP)
+            request = self.pod_sizes(view.spec)
+            room = (_job_cpu_limit(view.spec) - ps * request.ps_cpu) // request.worker_cpu
+            # Stepping PS and workers separately can overshoot the job's core limit.
+            workers = max(1, min(workers, room))
+            if view.reason == "tick" and (ps, workers) == (view.pods.ps, view.pods.workers):
+                plans[view.spec.job_id] = view.pods
+            else:
+                plans[view.spec.job_id] = optimus_pods(request, ps, workers)
+        return plans
 
 
-def fit_optimus_model(samples: tuple[tuple[Pods, float], ...]) -> np.ndarray:
-    """NNLS fit of Optimus's asynchronous speed model ``f(p, w) = w / (t0 + t1 w/p + t2 w +
-    t3 p)`` to measured (pods, samples/s); returns (t0, t1, t2, t3) >= 0."""
-    rows = np.array([[1.0, p.workers / p.ps, float(p.workers), float(p.ps)] for p, _ in samples])
-    per_worker_time = np.array([p.workers / speed for p, speed in samples])
-    scale = float(per_worker_time.max())
-    theta, _ = nnls(rows, per_worker_time / scale)
-    result: np.ndarray = theta * scale
-    return result
+OPTIMUS_REFIT_SAMPLES = 5
+"""Samples at known configurations after which Optimus refits anyway."""
 
 
-def optimus_speed(theta: np.ndarray, ps: int, workers: int) -> float:
-    """Optimus's predicted samples/s with ``ps`` PS and ``workers`` workers."""
-    time = float(theta @ np.array([1.0, workers / ps, float(workers), float(ps)]))
-    return workers / time if time > 0 else math.inf
+def optimus_pods(request: Pods, ps: int, workers: int) -> Pods:
+    """Optimus's pods: ``request``'s per-pod cores and worker memory, its total PS memory
+    spread over the PS (departure: Optimus's tasks keep a fixed size, which would put every
+    embedding on the first PS and OOM it; spreading the total favours it)."""
+    return Pods(
+        workers,
+        request.worker_cpu,
+        request.worker_mem_gib,
+        ps,
+        request.ps_cpu,
+        per_ps(request.ps * request.ps_mem_gib, ps),
+    )
 
 
 class EsPolicy:
-    """ES autoscaling (000 sec. 6 baseline): from the request, add workers (25 %, at least
-    one) while the last addition's scaling efficiency exceeds 0.3; checkpoint-restart."""
+    """ES (:mod:`stride.sim.dlrm_baselines`, Or et al. MLSys'20 as 000 sec. 6.3 ran it):
+    from the request, workers only, :data:`ES_STEP` at a time by measured scaling
+    efficiency; static sharding, checkpoint-restart, no memory handling."""
 
     name = "es"
     dynamic_sharding = False
@@ -686,22 +812,18 @@ class EsPolicy:
         """See the class docstring."""
         if view.reason == "arrival":
             return Decision(view.spec.request)
-        if view.reason != "tick" or not view.samples:
+        if view.reason != "tick" or not view.samples or view.samples[-1][0] != view.pods:
             return Decision()
         pods = view.pods
-        last = [s for s in view.samples if s[0] == pods]
-        earlier = [s for s in view.samples if s[0].workers < pods.workers]
-        if earlier:
-            before_pods, before = earlier[-1]
-            now = last[-1][1] if last else 0.0
-            added = pods.workers - before_pods.workers
-            efficiency = ((now - before) / added) / (before / before_pods.workers)
-            if efficiency <= 0.3:
-                return Decision()
-            # Only keep growing from the newest configuration.
-        if any(s[0].workers > pods.workers for s in view.samples):
-            return Decision()
-        return Decision(replace(pods, workers=pods.workers + max(1, pods.workers // 4)))
+        by_count: dict[int, list[float]] = {}
+        for sampled, rate in view.samples:
+            if replace(sampled, workers=pods.workers) == pods:
+                by_count.setdefault(sampled.workers, []).append(rate)
+        measured = {k: statistics.fmean(v) for k, v in by_count.items()}
+        limit = _job_cpu_limit(view.spec)
+        most = max(1, (limit - pods.ps * pods.ps_cpu) // pods.worker_cpu)
+        workers = es_target(measured, pods.workers, ES_STEP, most)
+        return Decision(None if workers == pods.workers else replace(pods, workers=workers))
 
 
 class DlroverHeuristicPolicy:
@@ -726,6 +848,7 @@ class DlroverHeuristicPolicy:
     name = "dlrover-heuristic"
     dynamic_sharding = True
     seamless = True
+    tick_seconds = SEAMLESS_TICK_SECONDS
 
     def decide(self, view: JobView) -> Decision:
         """See the class docstring."""
@@ -789,6 +912,11 @@ class _Job:
     failed: bool = False
     failed_by_oom: bool = False
     samples: list[tuple[Pods, float]] = field(default_factory=list)
+    per_config: dict[Pods, int] = field(default_factory=dict)
+    worker_speeds: np.ndarray = field(default_factory=lambda: np.ones(0))
+    """Speed multipliers of the job's workers, first ``workers`` in use (drawn on demand)."""
+    noise: np.random.Generator | None = None
+    """How many of ``samples`` each configuration has."""
     sample_count: int = 0
     memory_points: list[tuple[float, float, float]] = field(default_factory=list)
     cpu_used_s: float = 0.0
@@ -843,9 +971,12 @@ class DlrmResult:
 def _keep_sample(job: _Job, sample: tuple[Pods, float]) -> None:
     job.sample_count += 1
     job.samples.append(sample)
-    same = [i for i, (pods, _) in enumerate(job.samples) if pods == sample[0]]
-    if len(same) > SAMPLES_PER_CONFIG:
-        del job.samples[same[0]]
+    held = job.per_config.get(sample[0], 0) + 1
+    if held > SAMPLES_PER_CONFIG:
+        oldest = next(i for i, (pods, _) in enumerate(job.samples) if pods == sample[0])
+        del job.samples[oldest]
+        held -= 1
+    job.per_config[sample[0]] = held
 
 
 def _memory_point(job: _Job) -> tuple[float, float, float]:
@@ -867,6 +998,8 @@ class _Env:
         tick: float = TICK_SECONDS,
     ) -> None:
         self.tick = tick
+        self.seed = 0
+        """Seeds the per-job streams (worker speeds, sample noise)."""
         self.jobs = {j.job_id: _Job(j, hot=j.hot_factor) for j in jobs}
         self.cpus, self.mem = cpus, mem
         self.used_cpu, self.used_mem = 0, 0
@@ -914,9 +1047,24 @@ class _Env:
         cov = job.spec.straggler_cov
         if cov <= 0:
             return 1.0
-        sigma = _speed_sigma(cov)
-        speeds = self.sim.rng.lognormal(-sigma * sigma / 2, sigma, size=workers)
+        if len(job.worker_speeds) < workers:
+            # The job's i-th worker keeps its speed (a slow machine stays slow) whatever
+            # the policy, so every policy meets the same stragglers (common random numbers
+            # across policies: their difference is not the draw's).
+            sigma = _speed_sigma(cov)
+            stream = np.random.default_rng([self.seed, job.spec.job_id, 1])
+            size = max(workers, 2 * len(job.worker_speeds), 64)
+            job.worker_speeds = stream.lognormal(-sigma * sigma / 2, sigma, size=size)
+        speeds = job.worker_speeds[:workers]
         return float(speeds.mean() if self.policy.dynamic_sharding else speeds.min())
+
+    def _noise(self, job: _Job) -> float:
+        """The measurement noise of the job's next throughput sample (5 %), from the job's
+        own stream so that the n-th sample of a job carries the same noise under every
+        policy."""
+        if job.noise is None:
+            job.noise = np.random.default_rng([self.seed, job.spec.job_id, 2])
+        return float(job.noise.lognormal(0.0, 0.05))
 
     def _reschedule(self, job: _Job) -> None:
         job.version += 1
@@ -962,13 +1110,21 @@ class _Env:
         assert self.used_cpu <= self.cpus and self.used_mem <= self.mem
         self.peak_cpu = max(self.peak_cpu, self.used_cpu)
         self.peak_mem = max(self.peak_mem, self.used_mem)
+        if pods.worker_mem_gib < job.spec.worker_mem_need_gib:
+            # Only PS memory grows and is OOM-killed here; a worker below its fixed need
+            # would fail at its first step, which this model does not play out.
+            raise SimulationError(
+                f"job {job.spec.job_id}: policy {self.policy.name!r} gave workers "
+                f"{pods.worker_mem_gib} GiB, below their need of "
+                f"{job.spec.worker_mem_need_gib:.1f} GiB (worker OOM is not modelled)"
+            )
         if old is None or old.workers != pods.workers:
             job.speed_factor = self._speed(job, pods.workers)
         job.pods = pods
         job.paused_until = max(job.paused_until, self.sim.now + pause)
         self._reschedule(job)
 
-    def _view(self, job: _Job, reason: str) -> JobView:
+    def _view(self, job: _Job, reason: str, with_history: bool = True) -> JobView:
         pods = job.pods if job.pods is not None else job.spec.request
         _, wbusy, pbusy = _one(job.spec.params, job.spec, job.hot, pods)
         return JobView(
@@ -984,7 +1140,7 @@ class _Env:
             worker_memory_used_gib=job.spec.worker_mem_need_gib,
             memory_points=tuple(job.memory_points),
             hot_detected=job.hot > 1.2 and pods.ps > 1,
-            history=tuple(self.history[-200:]),
+            history=tuple(self.history[-200:]) if with_history else (),
             cluster_cpus=self.cpus,
             queued_jobs=len(self.queue),
         )
@@ -1001,15 +1157,65 @@ class _Env:
                 job.initial = pods
             pods = job.initial
             if self._fits(pods.cpu, pods.memory_gib):
-                job.start = self.sim.now
-                job.last = self.sim.now
-                self._set_pods(job, pods, RESTART_SECONDS)
-                # The profiler's first memory sample: the PS as loaded, before any training.
-                job.memory_points.append(_memory_point(job))
-                self.sim.schedule(self.sim.now + self.tick, EventKind.TIMER, job_id, None)
+                self._start(job, pods)
             else:
                 waiting.append(job_id)
         self.queue = waiting
+
+    def _start(self, job: _Job, pods: Pods) -> None:
+        job.start = self.sim.now
+        job.last = self.sim.now
+        pause = RESTART_SECONDS
+        profile = getattr(self.policy, "profile", None)
+        if profile is not None:
+            # Profiling runs before the job trains (Optimus sec. 3.2): each measured like a
+            # tick's sample, on the job's own time.
+            configs, seconds = profile(job.spec)
+            for config in configs:
+                rate = _one(job.spec.params, job.spec, job.hot, config)[0]
+                noise = self._noise(job)
+                _keep_sample(job, (config, rate * self._speed(job, config.workers) * noise))
+            pause += seconds
+        self._set_pods(job, pods, pause)
+        # The profiler's first memory sample: the PS as loaded, before any training.
+        job.memory_points.append(_memory_point(job))
+        self.sim.schedule(self.sim.now + self.tick, EventKind.TIMER, job.spec.job_id, None)
+
+    def allocation_round(self) -> None:
+        """A cluster-wide round of a policy with ``allocate`` (Optimus): every running and
+        waiting job's pods at once; decreases first, then starts, then increases in arrival
+        order while they fit. Every change is a checkpoint-restart."""
+        allocate = getattr(self.policy, "allocate", None)
+        assert allocate is not None
+        ids = sorted(
+            [i for i, j in self.jobs.items() if j.pods is not None and j.end is None] + self.queue
+        )
+        views = []
+        for job_id in ids:
+            job = self.jobs[job_id]
+            self._advance(job, self.sim.now)
+            # Allocation reads samples and progress, never the warm-start history.
+            reason = "tick" if job.pods is not None else "arrival"
+            views.append(self._view(job, reason, with_history=False))
+        plans: dict[int, Pods] = allocate(views, self.cpus, self.mem)
+        changes = [
+            (self.jobs[i], pods)
+            for i, pods in plans.items()
+            if self.jobs[i].pods is not None and pods != self.jobs[i].pods
+        ]
+        for job, pods in changes:
+            assert job.pods is not None
+            if pods.cpu <= job.pods.cpu and pods.memory_gib <= job.pods.memory_gib:
+                self._set_pods(job, pods, RESTART_SECONDS)
+                self.scaling_events += 1
+        self._try_start()
+        for job, pods in changes:
+            assert job.pods is not None
+            if pods != job.pods and self._fits(
+                pods.cpu - job.pods.cpu, pods.memory_gib - job.pods.memory_gib
+            ):
+                self._set_pods(job, pods, RESTART_SECONDS)
+                self.scaling_events += 1
 
     def _finish(self, job: _Job, failed: bool) -> None:
         assert job.pods is not None
@@ -1022,7 +1228,12 @@ class _Env:
         self.claims.pop(job.spec.job_id, None)
         job.version += 1
         if not failed:
+            # The config DB keeps the job's final pods with the memory it was measured to
+            # need (its workers' use and its PS's peak, the last memory sample, each with
+            # the headroom), not the memory it happened to hold: a short job that never
+            # resized would otherwise hand its user's over-provisioning to every similar job.
             p = job.pods
+            peak_total = _memory_point(job)[1]
             self.history.append(
                 HistoricalJob(
                     str(job.spec.job_id),
@@ -1030,10 +1241,10 @@ class _Env:
                     ResourceConfiguration(
                         p.workers,
                         float(p.worker_cpu),
-                        p.worker_mem_gib * GIB,
+                        math.ceil(job.spec.worker_mem_need_gib * MEMORY_HEADROOM * GIB),
                         p.ps,
                         float(p.ps_cpu),
-                        p.ps_mem_gib * GIB,
+                        math.ceil(peak_total / p.ps * MEMORY_HEADROOM * GIB),
                     ),
                 )
             )
@@ -1097,6 +1308,14 @@ class _Env:
             self._reschedule(job)
 
     def handle(self, sim: Simulation, event: Event) -> None:
+        if event.kind == EventKind.SCHEDULING_ROUND:
+            assert isinstance(event.payload, float)
+            self.allocation_round()
+            if any(j.end is None for j in self.jobs.values()):
+                sim.schedule(
+                    sim.now + event.payload, EventKind.SCHEDULING_ROUND, None, event.payload
+                )
+            return
         if event.kind == EventKind.ARRIVAL:
             assert isinstance(event.job_id, int)
             self.queue.append(event.job_id)
@@ -1136,8 +1355,8 @@ class _Env:
         if event.kind == EventKind.TIMER:
             self._advance(job, sim.now)
             assert job.pods is not None
-            if sim.now >= job.paused_until and job.rate > 0:
-                noise = float(sim.rng.lognormal(0.0, 0.05))
+            if sim.now >= job.paused_until + SAMPLE_SECONDS and job.rate > 0:
+                noise = self._noise(job)
                 _keep_sample(job, (job.pods, job.rate * noise))
                 job.memory_points.append(_memory_point(job))
                 del job.memory_points[:-MEMORY_WINDOW]
@@ -1151,12 +1370,13 @@ def simulate(
     cluster_memory_gib: int,
     policy_name: str,
     seed: int,
-    tick_seconds: float = TICK_SECONDS,
+    tick_seconds: float | None = None,
     policy: DlrmPolicy | None = None,
 ) -> DlrmResult:
     """Run ``jobs`` under a policy on a cluster of ``cluster_cpus`` cores and
     ``cluster_memory_gib`` GiB (aggregate capacity, no node packing), consulting the policy
-    every ``tick_seconds`` of a running job (``stride loadgen`` compares at its own tick).
+    every ``tick_seconds`` of a running job (by default the policy's own ``tick_seconds``,
+    else :data:`TICK_SECONDS`; ``stride loadgen`` compares at its own tick).
     ``policy`` runs a policy object instead of the registered ``policy_name`` (ablations in
     ``bench/``)."""
     if policy is None and policy_name not in POLICIES:
@@ -1171,11 +1391,17 @@ def simulate(
     if policy is None:
         policy = POLICIES[policy_name]()
     sim = Simulation(seed)
+    if tick_seconds is None:
+        tick_seconds = float(getattr(policy, "tick_seconds", TICK_SECONDS))
     if not tick_seconds > 0:
         raise SimulationError(f"tick_seconds: must be positive, got {tick_seconds}")
     env = _Env(jobs, cluster_cpus, cluster_memory_gib, policy, sim, tick_seconds)
+    env.seed = seed
     for spec in jobs:
         sim.schedule(spec.submit_time, EventKind.ARRIVAL, spec.job_id)
+    round_seconds = getattr(policy, "round_seconds", None)
+    if round_seconds is not None:
+        sim.schedule(round_seconds, EventKind.SCHEDULING_ROUND, None, float(round_seconds))
     sim.run(env.handle)
     states = [env.jobs[spec.job_id] for spec in jobs]
     jcts = tuple(
@@ -1243,6 +1469,22 @@ def run_dlrm(
     return simulate(jobs, cluster_cpus, cluster_memory_gib, policy_name, seed)
 
 
+BASELINE_STATUS = {
+    "optimus": "checked against 002 Fig. 7's form (bench/dlrm_seeds.py, results in "
+    "bench/results/sim/dlrm-seeds.txt): there 002 has Stride-like JCT at 0.715 of Optimus's, "
+    "we get 0.26 (0.47 with the well-tuned pod sizes); the gap is explained (start at one PS "
+    "and one worker, a restart per step, no lookup term), not closed: read this baseline as "
+    "written from its paper, not as a reproduction of 002's number",
+    "es": "checked against 002 Fig. 7's form (bench/dlrm_seeds.py, results in "
+    "bench/results/sim/dlrm-seeds.txt): there 002 has Stride-like JCT at 0.823 of ES's, we "
+    "get 0.29 from the user's request and 0.88 from the well-tuned configuration: the start "
+    "(which 002 does not state) explains the gap",
+    "dlrover-heuristic": "unverified: the open-source LocalOptimizer's rules, not checked "
+    "against a published result",
+}
+"""How far each elastic baseline has been checked against what its paper reports."""
+
+
 def report_notes(results: Mapping[str, DlrmResult]) -> tuple[str, ...]:
     """The definitions a DLRM report must state, and Stride's JCT against each baseline."""
     notes = [
@@ -1260,6 +1502,9 @@ def report_notes(results: Mapping[str, DlrmResult]) -> tuple[str, ...]:
         "true peak + 10 %, static sharding (000 sec. 6.1-6.2 and Table 2, 002 sec. 6.1); "
         "tuned-static-dyn: the same search for a job with dynamic sharding",
     ]
+    for name in results:
+        if name in BASELINE_STATUS:
+            notes.append(f"{name}: {BASELINE_STATUS[name]}")
     stride = results.get("stride")
     if stride is not None and not math.isnan(stride.jct_median_s):
         for name, other in results.items():
@@ -1274,7 +1519,7 @@ def report_notes(results: Mapping[str, DlrmResult]) -> tuple[str, ...]:
 
 
 def _goals(stride: DlrmResult, results: Mapping[str, DlrmResult]) -> list[str]:
-    """Issue #4's goals for environment B, each marked met or NOT met."""
+    """The goals of issues 4 and 17 for environment B, each marked met or NOT met."""
 
     def mark(ok: bool) -> str:
         return "met" if ok else "NOT met"
@@ -1294,6 +1539,24 @@ def _goals(stride: DlrmResult, results: Mapping[str, DlrmResult]) -> list[str]:
                 f"goal: stride JCT at least 25 % below {name} (median ratio <= 0.75): "
                 f"{ratio:.3g}, {mark(ratio <= 0.75)}"
             )
+    oracle = results.get("tuned-static-dyn")
+    if oracle is not None:
+        median = stride.jct_median_s / oracle.jct_median_s
+        p90 = stride.jct_p90_s / oracle.jct_p90_s
+        goals.append(
+            f"goal: stride p90 JCT within 5 % of tuned-static-dyn with the median at or below "
+            f"it: p90 {p90:.3f}, median {median:.3f}, {mark(p90 <= 1.05 and median <= 1.0)}"
+        )
+    goals.append(
+        f"goal: at most 15 % of stride's jobs below half CPU and memory use, no OOM failure, "
+        f"memory utilisation >= 0.5: {stride.low_utilization_jobs:.1%}, "
+        f"{stride.oom_failed} failed, {stride.memory_utilization:.3f}, "
+        + mark(
+            stride.low_utilization_jobs <= 0.15
+            and stride.oom_failed == 0
+            and stride.memory_utilization >= 0.5
+        )
+    )
     cpu, memory = stride.cpu_utilization, stride.memory_utilization
     goals.append(
         f"goal: stride CPU and memory utilisation >= 0.40: {cpu:.3f} and {memory:.3f}, "
