@@ -20,7 +20,7 @@ from __future__ import annotations
 import csv
 import io
 import math
-from collections.abc import Sequence
+from collections.abc import Iterator, Sequence
 from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import TypeVar
@@ -147,6 +147,22 @@ _PHILLY_FIELDS = (
 )
 
 
+def _unique_rows(
+    reader: csv.DictReader[str], header: tuple[str, ...], source: str
+) -> Iterator[tuple[int, dict[str, str], str]]:
+    """(line, row, job id) of every row, raising TraceError for a row longer than the header
+    or a missing or repeated job id."""
+    seen: set[str] = set()
+    for line, row in enumerate(reader, start=2):
+        if None in row:
+            raise TraceError(source, line, "row", f"has more cells than the header ({header})")
+        job_id = (row.get("job_id") or "").strip()
+        if not job_id or job_id in seen:
+            raise TraceError(source, line, "job_id", f"must be unique and non-empty: {job_id!r}")
+        seen.add(job_id)
+        yield line, row, job_id
+
+
 def _number(row: dict[str, str], field: str, source: str, line: int) -> float:
     text = (row.get(field) or "").strip()
     try:
@@ -195,14 +211,7 @@ def parse_deadline_trace(
             source, 1, "header", f"is neither itp-ef {_ITP_FIELDS} nor philly-vc {_PHILLY_FIELDS}"
         )
     jobs: list[TraceJob] = []
-    seen: set[str] = set()
-    for line, row in enumerate(reader, start=2):
-        if None in row:
-            raise TraceError(source, line, "row", f"has more cells than the header ({header})")
-        job_id = (row.get("job_id") or "").strip()
-        if not job_id or job_id in seen:
-            raise TraceError(source, line, "job_id", f"must be unique and non-empty: {job_id!r}")
-        seen.add(job_id)
+    for line, row, job_id in _unique_rows(reader, header, source):
         model = (row.get("model_name") or "").strip()
         if not model:
             raise TraceError(source, line, "model_name", "is empty")
@@ -282,14 +291,7 @@ def parse_raw_trace(
     if missing:
         raise TraceError(source, 1, missing[0], f"is missing from the header {header}")
     jobs: list[RawTraceJob] = []
-    seen: set[str] = set()
-    for line, row in enumerate(reader, start=2):
-        if None in row:
-            raise TraceError(source, line, "row", f"has more cells than the header ({header})")
-        job_id = (row.get("job_id") or "").strip()
-        if not job_id or job_id in seen:
-            raise TraceError(source, line, "job_id", f"must be unique and non-empty: {job_id!r}")
-        seen.add(job_id)
+    for line, row, job_id in _unique_rows(reader, header, source):
         duration = _number(row, "duration", source, line)
         if duration <= 0:
             raise TraceError(source, line, "duration", f"must be > 0, got {duration}")
