@@ -141,14 +141,8 @@ def _oracle_and_calibration(
     met = True
     for seed in seeds:
         stride, oracle = results["load", seed, "stride"], results["load", seed, "tuned-static-dyn"]
-        median = stride.jct_median_s / oracle.jct_median_s
-        p90 = stride.jct_p90_s / oracle.jct_p90_s
-        ok = p90 <= 1.05 and median <= 1.0
-        util_ok = (
-            stride.low_utilization_jobs <= 0.15
-            and stride.oom_failed == 0
-            and stride.memory_utilization >= 0.5
-        )
+        median, p90, ok = dlrm.tail_goal(stride, oracle)
+        util_ok = dlrm.utilization_goal(stride)
         met = met and ok and util_ok
         print(
             f"  seed {seed}: median {median:.3f}  p90 {p90:.3f}  "

@@ -582,13 +582,13 @@ def _arrival(request: StageRequest) -> StageReply:
         space,
         space.limit_for(start),
     )
-    # Memory too comes from the similar jobs (Algorithm 1 warm-starts the whole resource
-    # configuration): their workers' memory and their PS memory in total, spread over this
-    # job's PS, with WARM_MEMORY_MARGIN on top until the first ticks measure this job. A
-    # job's embedding tables follow its model, so this is closer than the request, which
-    # users over-provision (000 sec. 2) or under-provision (the 5 % that OOM).
-    # Jobs of other models say nothing about this one's tables: without a finished job of
-    # the same model, the request's memory (the user's total PS memory over the PS) stands.
+    # Memory too comes from similar jobs (Algorithm 1 warm-starts the whole resource
+    # configuration), but only from jobs of the same model, whose embedding tables are this
+    # job's: their workers' memory and their PS memory in total, spread over this job's PS,
+    # with the WARM_*_MEMORY_MARGIN on top until the first ticks measure this job. That is
+    # closer than the request, which users over-provision (000 sec. 2) or under-provision
+    # (the 5 % that OOM). Without a finished job of the same model the request's memory
+    # (the user's total PS memory over the PS) stands.
     same_model = tuple(
         h for h in request.history if h.features.model_name == request.features.model_name
     )
