@@ -58,7 +58,7 @@ lint: install  ## ruff, mypy --strict, import contracts, buf lint
 	$(VENV)/bin/lint-imports
 	cd proto && ../$(VENV)/bin/buf lint
 
-test: install system-deps  ## Unit, integration (real NATS and PostgreSQL) and end-to-end tests
+test: install system-deps  ## Unit, integration (real NATS and PostgreSQL, both started by the run) and end-to-end tests
 	$(VENV)/bin/pytest -n $(TEST_WORKERS) --dist loadgroup --max-worker-restart=0 --durations=15 $(PYTEST_ARGS)
 
 test-unit: install  ## Only the fast unit tests
@@ -101,7 +101,7 @@ demo: install  ## A job that trains: submit, pods start, loss falls, the optimiz
 	if $(STRIDE) submit examples/invalid-job.yaml $$S; then \
 	  echo "error: the invalid job was accepted"; exit 1; fi
 
-up: install  ## Start the suite in the background (embedded NATS and SQLite unless URLs are set)
+up: install  ## Start the suite in the background (embedded NATS and PostgreSQL 18 unless URLs are set)
 	$(STRIDE) up
 
 down: install  ## Stop the suite

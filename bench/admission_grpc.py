@@ -2,8 +2,8 @@
 the same on 1,024 CPU units.
 
 Run: ``.venv/bin/python bench/admission_grpc.py [gpu|cpu ...]`` (NATS at
-``STRIDE_NATS_URL``, default 127.0.0.1:4222; PostgreSQL at ``STRIDE_TEST_DATABASE_URL``;
-writes ``bench/results/admission_grpc.txt``).
+``STRIDE_NATS_URL``, else an embedded one; PostgreSQL at ``STRIDE_TEST_DATABASE_URL``, else
+an embedded one; writes ``bench/results/admission_grpc.txt``).
 
 Workload: the jobs of ``itp-ef/cluster04.csv`` in submission order (microsoft/
 elasticflow-traces, MIT), each with its A100 curve (pkusys/ElasticFlow tables, Apache-2.0,
@@ -53,10 +53,11 @@ from stride.policy.elasticflow.admission import DeadlineJob, admit_from_scratch
 from stride.policy.elasticflow.curves import ScalingCurve
 from stride.policy.elasticflow.guarantees import SLOT_SECONDS
 from stride.policy.elasticflow.units import CpuUnit, profile_curve
+from stride.runtime.embedded_nats import NatsServer
 from stride.sim.traces import TraceJob, load_curves, load_deadline_trace
 from stride.testing import SHARED_TRACES
 from stride.testing.channels import aio_channel, ensure_certificates
-from stride.testing.databases import create_database, drop_database
+from stride.testing.databases import create_database, drop_database, test_database_server
 from stride.testing.eventually import assert_eventually
 from stride.testing.health import SERVING, equals, health
 from stride.testing.processes import ServiceProcess
@@ -138,7 +139,7 @@ async def phase(kind: str) -> list[str]:
     service = ServiceProcess(
         "admission",
         {
-            "STRIDE_NATS_URL": os.environ.get("STRIDE_NATS_URL", "nats://127.0.0.1:4222"),
+            "STRIDE_NATS_URL": os.environ["STRIDE_NATS_URL"],
             "STRIDE_ADMISSION_DATABASE_URL": database,
             "STRIDE_ADMISSION_LOG_LEVEL": "WARNING",
             **capacity,
@@ -248,4 +249,13 @@ if __name__ == "__main__":
     unknown = [kind for kind in chosen if kind not in ("gpu", "cpu")]
     if unknown:
         sys.exit(f"unknown phase {unknown[0]!r}: use gpu, cpu or both")
-    sys.exit(asyncio.run(main(chosen)))
+    nats = None if os.environ.get("STRIDE_NATS_URL") else NatsServer().start()
+    if nats is not None:
+        os.environ["STRIDE_NATS_URL"] = nats.url
+    try:
+        with test_database_server():  # STRIDE_TEST_DATABASE_URL's, else an embedded one
+            code = asyncio.run(main(chosen))
+    finally:
+        if nats is not None:
+            nats.stop()
+    sys.exit(code)

@@ -5,7 +5,7 @@ Run: ``.venv/bin/python bench/agents_load.py [--agents 1000] [--jobs 50] [--minu
 [--database postgresql|sqlite]`` (writes ``bench/results/agents_load-<database>.txt``).
 
 The suite is the one a user runs: ``stride up`` (embedded NATS locked down, mutual TLS,
-tokens) on a fresh PostgreSQL database (or the embedded SQLite). ``--jobs`` simulated jobs
+tokens) on a fresh PostgreSQL database (or SQLite files). ``--jobs`` simulated jobs
 are submitted through admission (no pods start), and each gets ``agents / jobs`` agents,
 played in this process as the agent sidecar of a worker pod plays its part:
 

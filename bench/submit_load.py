@@ -7,11 +7,11 @@ the name).
 
 The suite is the one a user runs: ``stride up`` (embedded NATS locked down, mutual TLS,
 tokens) in a fresh state folder, on a fresh database of the PostgreSQL at
-``STRIDE_TEST_DATABASE_URL`` (default ``postgresql://postgres@127.0.0.1:5432``) or on the
-embedded SQLite. The jobs are ``stride loadgen --env dlrm``'s seeded population, submitted
-as that command submits them (simulated: no pods start, so what is measured is the
-services' work, not TensorFlow's), each with a request id, by ``--clients`` clients that
-each keep one SubmitJob in flight on a connection of their own (one process, asyncio).
+``STRIDE_TEST_DATABASE_URL`` (else an embedded one of the run's own) or on SQLite files. The
+jobs are ``stride loadgen --env dlrm``'s seeded population, submitted as that command
+submits them (simulated: no pods start, so what is measured is the services' work, not
+TensorFlow's), each with a request id, by ``--clients`` clients that each keep one SubmitJob
+in flight on a connection of their own (one process, asyncio).
 
 Measured:
 - jobs/s: submissions answered over the wall time from the first sent to the last answered;
@@ -76,7 +76,7 @@ from stride.runtime import tls
 from stride.runtime.tokens import TokenSource
 from stride.sim.dlrm import generate_jobs, load_straggler_covs
 from stride.testing import SHARED_TRACES
-from stride.testing.databases import admin_url
+from stride.testing.databases import admin_url, test_server_log
 
 ROOT = Path(__file__).resolve().parents[1]
 
@@ -104,8 +104,17 @@ def table_work(url: str) -> dict[str, collections.Counter[str]]:
 
 STATEMENT = re.compile(r"LOG:  (?:statement|execute [^:]*): ")
 """A statement in the log: simple protocol (BEGIN, COMMIT) or extended (parameters)."""
-POSTGRES_LOG = Path("/var/log/postgresql/postgresql-15-main.log")
-"""Where this machine's PostgreSQL writes its log (``--statements`` reads it)."""
+
+
+def postgres_log() -> Path:
+    """Where the run's embedded PostgreSQL writes its log (``--statements`` reads it)."""
+    log = test_server_log()
+    if log is None:
+        raise SystemExit(
+            "--statements reads the log of the run's embedded PostgreSQL: "
+            "unset STRIDE_TEST_DATABASE_URL"
+        )
+    return log
 
 
 def statement_counts(log_from: int, database: str) -> dict[str, collections.Counter[str]]:
@@ -113,7 +122,7 @@ def statement_counts(log_from: int, database: str) -> dict[str, collections.Coun
     bench's database), by kind. A connection is the service whose schema it names first."""
     by_pid: dict[str, collections.Counter[str]] = collections.defaultdict(collections.Counter)
     owner: dict[str, str] = {}
-    with POSTGRES_LOG.open(errors="replace") as log:
+    with postgres_log().open(errors="replace") as log:
         log.seek(log_from)
         for line in log:
             found = STATEMENT.search(line)
@@ -246,7 +255,7 @@ async def run(
         planned = PlanCount()
         subscription = await bus.watch(topics.PLAN, planned.plan)
         profilers = start_profiles(state_dir, profile, work) if profile else []
-        log_from = POSTGRES_LOG.stat().st_size if statements else 0  # noqa: ASYNC240
+        log_from = postgres_log().stat().st_size if statements else 0
         tables_before = table_work(database_url) if database_url else {}
         before = meter.sample()
         paused = [state.processes[service].pid for service in pause]
@@ -357,8 +366,8 @@ def main() -> int:
     parser.add_argument(
         "--statements",
         action="store_true",
-        help="count each service's SQL statements (PostgreSQL's log_statement, read from "
-        f"{POSTGRES_LOG}; the logging costs the server CPU)",
+        help="count each service's SQL statements (PostgreSQL's log_statement, read from the "
+        "embedded server's log; the logging costs the server CPU)",
     )
     parser.add_argument(
         "--pause",

@@ -14,11 +14,8 @@ import sys
 import tempfile
 import time
 from collections.abc import Callable, Iterator, Mapping
-from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
-
-from stride.runtime.embedded_nats import free_port
 
 
 def stride(*args: str, env: Mapping[str, str]) -> subprocess.CompletedProcess[str]:
@@ -37,8 +34,9 @@ def stride(*args: str, env: Mapping[str, str]) -> subprocess.CompletedProcess[st
 def running_suite(
     *up_args: str, settings: Mapping[str, str] | None = None
 ) -> Iterator[dict[str, Any]]:
-    """A suite started with ``stride up`` (embedded NATS, SQLite) in a fresh state
-    directory, with ``settings`` as extra environment; yields its endpoints, then stops it."""
+    """A suite started with ``stride up`` (embedded NATS and PostgreSQL) in a fresh state
+    directory, with ``settings`` as extra environment; yields its endpoints, then stops it
+    and removes the directory."""
     state = Path(tempfile.mkdtemp(prefix="stride-bench-"))
     env = {k: v for k, v in os.environ.items() if not k.startswith("STRIDE_")}
     env.update({"STRIDE_STATE_DIR": str(state), "STRIDE_LOG_LEVEL": "WARNING", **(settings or {})})
@@ -49,6 +47,7 @@ def running_suite(
         yield json.loads((state / "endpoints.json").read_text())
     finally:
         stride("down", env=env)
+        shutil.rmtree(state, ignore_errors=True)
 
 
 TICKS = os.sysconf("SC_CLK_TCK")
@@ -217,37 +216,31 @@ def suite_on_database(
     database: str, prefix: str, before_up: Callable[[str], None] | None = None
 ) -> Iterator[tuple[Path, dict[str, str], str]]:
     """``stride up`` in a fresh state folder (``<work>/state``) on a fresh database of the
-    PostgreSQL at ``STRIDE_TEST_DATABASE_URL`` (``database`` "postgresql") or on the
-    embedded SQLite; yields (work folder, the CLI's environment, the database URL or ""),
-    then stops the suite, drops the database and removes the folder. ``before_up`` gets the
-    database URL before any service connects."""
-    from stride.testing.databases import (
-        create_database,
-        drop_database,
-        postgres_unreachable_reason,
-    )
+    PostgreSQL at ``STRIDE_TEST_DATABASE_URL``, else of an embedded one of the run's own
+    (``database`` "postgresql"), or on SQLite files; yields (work folder, the CLI's
+    environment, the database URL or ""), then stops the suite, drops the database and
+    removes the folder. ``before_up`` gets the database URL before any service connects."""
+    from stride.testing.databases import create_database, drop_database, test_database_server
 
     work = Path(tempfile.mkdtemp(prefix=f"stride-{prefix}-"))
     env = {k: v for k, v in os.environ.items() if not k.startswith("STRIDE_")}
     env.update({"STRIDE_STATE_DIR": str(work / "state"), "STRIDE_LOG_LEVEL": "WARNING"})
     database_url = ""
-    try:
+    with contextlib.ExitStack() as cleanup:
+        cleanup.callback(shutil.rmtree, work, ignore_errors=True)
         if database == "postgresql":
-            if (reason := postgres_unreachable_reason()) is not None:
-                raise RuntimeError(f"PostgreSQL unreachable: {reason}")
+            cleanup.enter_context(test_database_server())
             database_url = create_database(f"stride_bench_{prefix.replace('-', '_')}")
+            cleanup.callback(drop_database, database_url)
             env["STRIDE_DATABASE_URL"] = database_url
             if before_up is not None:
                 before_up(database_url)
-        up = stride("up", env=env)
+        up_args = ("--database", "sqlite") if database == "sqlite" else ()
+        cleanup.callback(stride, "down", env=env)
+        up = stride("up", *up_args, env=env)
         if up.returncode != 0:
             raise RuntimeError(f"stride up failed:\n{up.stdout}{up.stderr}")
         yield work, env, database_url
-    finally:
-        stride("down", env=env)
-        if database_url:
-            drop_database(database_url)
-        shutil.rmtree(work, ignore_errors=True)
 
 
 def suite_arguments(parser: Any, profiled: str) -> None:
@@ -288,82 +281,3 @@ def record(path: Path, lines: list[str]) -> None:
     text = "\n".join(lines) + "\n"
     print(text)
     path.write_text(text)
-
-
-# --- PostgreSQL of a run's own ----------------------------------------------------------
-
-
-@dataclass
-class Postgres:
-    """A throwaway PostgreSQL cluster in a run's folder (VERIFIED.md's recipe): restartable
-    without touching anything else, and with the server's default settings, whatever the
-    machine's own server runs with (this machine's has autovacuum off)."""
-
-    folder: Path
-    port: int
-    fsync: bool = True
-
-    @classmethod
-    def start(cls, parent: Path, fsync: bool = True) -> Postgres | None:
-        """Make and start the cluster, or None where initdb is missing. ``fsync=False``
-        for runs that restart it often and measure no commit cost."""
-        if shutil.which("initdb") is None or shutil.which("pg_ctl") is None:
-            return None
-        folder = parent / "pg"
-        folder.mkdir()
-        if os.geteuid() == 0:  # initdb refuses root: the cluster is the postgres user's
-            shutil.chown(folder, "postgres", "postgres")
-            shutil.chown(parent, "postgres", "postgres")
-        data = folder / "data"
-        subprocess.run(
-            [*_runas(), "initdb", "-D", str(data), "-U", "postgres", "-A", "trust", "--no-sync"],
-            check=True,
-            capture_output=True,
-        )
-        server = cls(folder, free_port(), fsync)
-        server._pg_ctl("start")
-        return server
-
-    def _pg_ctl(self, action: str, *extra: str, check: bool = True) -> None:
-        options = f"-p {self.port} -k {self.folder} -c listen_addresses=127.0.0.1"
-        if not self.fsync:
-            options += " -c fsync=off"
-        subprocess.run(
-            [
-                *_runas(),
-                "pg_ctl",
-                "-D",
-                str(self.folder / "data"),
-                "-o",
-                options,
-                "-w",
-                "-l",
-                str(self.folder / "postgres.log"),
-                action,
-                *extra,
-            ],
-            check=check,
-            capture_output=True,
-        )
-
-    @property
-    def url(self) -> str:
-        return f"postgresql://postgres@127.0.0.1:{self.port}/postgres"
-
-    @property
-    def pid(self) -> int:
-        """The postmaster's pid (the first line of its ``postmaster.pid``)."""
-        return int((self.folder / "data" / "postmaster.pid").read_text().split()[0])
-
-    def crash_restart(self) -> None:
-        """Immediate shutdown (no checkpoint: recovery from the WAL at start), then start."""
-        self._pg_ctl("stop", "-m", "immediate")
-        self._pg_ctl("start")
-
-    def stop(self) -> None:
-        self._pg_ctl("stop", "-m", "fast", check=False)
-
-
-def _runas() -> list[str]:
-    """The prefix that runs a PostgreSQL tool as its own user when we are root."""
-    return ["runuser", "-u", "postgres", "--"] if os.geteuid() == 0 else []

@@ -1,5 +1,6 @@
-"""`stride up` / `stride down` on a machine with nothing configured: embedded NATS, SQLite,
-and a small job that trains to the end through every live service, as a user runs it."""
+"""`stride up` / `stride down` on a machine with nothing configured: embedded NATS, the
+embedded PostgreSQL, and a small job that trains to the end through every live service, as
+a user runs it; the jobs are still there after `stride down` and `stride up`."""
 
 from __future__ import annotations
 
@@ -50,7 +51,7 @@ def test_up_submit_status_down_with_the_embedded_defaults(tmp_path: Path) -> Non
     assert up.returncode == 0, up.stdout + up.stderr
     # The suite's state is its user's alone: the folder 0700, what it made 0600 / 0700.
     assert (tmp_path / "state").stat().st_mode & 0o777 == 0o700
-    made = [*(tmp_path / "state" / "db").iterdir(), *(tmp_path / "state" / "logs").iterdir()]
+    made = [*(tmp_path / "state" / "postgres").iterdir(), *(tmp_path / "state" / "logs").iterdir()]
     assert made and all(path.stat().st_mode & 0o077 == 0 for path in made), [
         (path.name, oct(path.stat().st_mode)) for path in made
     ]
@@ -70,7 +71,12 @@ def test_up_submit_status_down_with_the_embedded_defaults(tmp_path: Path) -> Non
         ):
             health_pb2_grpc.HealthStub(plain).Check(health_pb2.HealthCheckRequest(), timeout=5)
         assert refused.value.code() == grpc.StatusCode.UNAVAILABLE, service
-    assert state.database.startswith("sqlite files in")
+    # The production database by default: the embedded PostgreSQL 18, data in the state.
+    data = tmp_path / "state" / "postgres" / "data"
+    assert state.database.startswith("embedded PostgreSQL 18 at postgresql://"), state.database
+    assert "database: embedded PostgreSQL 18 at" in up.stdout, up.stdout
+    assert f"data: {data} (kept by `stride down`)" in up.stdout, up.stdout
+    assert state.postgres_process is not None and (data / "PG_VERSION").read_text() == "18\n"
     # Two replicas of the executor pool, each its own process and log.
     assert {"executor", "executor-2"} <= set(state.services)
     assert state.processes["executor"].pid != state.processes["executor-2"].pid
@@ -134,7 +140,6 @@ def test_up_submit_status_down_with_the_embedded_defaults(tmp_path: Path) -> Non
         assert stride("status", env={**env, "STRIDE_TOKEN": again.stdout.strip()}).returncode == 0
         forged = stride("status", env={**env, "STRIDE_TOKEN": "not.a.token"})
         assert forged.returncode == 2 and "not a JWT" in forged.stderr, forged
-        assert (tmp_path / "state" / "db" / "admission.db").exists()
         assert stride("cancel", job_id.group(0), env=env).returncode == 0
 
         # A small job, end to end: admitted, planned, pods started, trained, succeeded, and
@@ -191,3 +196,16 @@ def test_up_submit_status_down_with_the_embedded_defaults(tmp_path: Path) -> Non
     assert SuiteState.read(tmp_path / "state") is None
     supervisor_log = (tmp_path / "state" / "supervisor.log").read_text()
     assert "suite stopped" in supervisor_log and "restarting" not in supervisor_log
+    assert not pid_alive(state.postgres_process.pid)
+
+    # The data survives: the next `stride up` finds every job where it was.
+    again = stride("up", env=env)
+    assert again.returncode == 0, again.stdout + again.stderr
+    try:
+        listed = stride("status", env=env)
+        assert listed.returncode == 0, listed.stderr
+        for job in (job_id.group(0), small_job.group(0)):
+            assert job in listed.stdout, listed.stdout
+        assert "succeeded" in stride("status", small_job.group(0), env=env).stdout
+    finally:
+        assert stride("down", env=env).returncode == 0

@@ -33,7 +33,6 @@ from stride.podwatcher.adapters.outbound.backends.localpods import LocalPods
 from stride.runtime.healthcheck import probe_identity
 from stride.runtime.tls import TLS_DIR_ENV
 from stride.testing.channels import aio_channel, job_token_file, pod_key_file, sync_channel
-from stride.testing.databases import create_database, drop_database, optional_postgres_problem
 from stride.testing.eventually import assert_eventually
 from stride.testing.otlp_collector import OtlpCollector
 from stride.testing.processes import SERVICES, ServiceProcess, run_cli
@@ -62,21 +61,8 @@ def collector() -> Iterator[OtlpCollector]:
 
 
 @pytest.fixture
-def shared_database() -> Iterator[str | None]:
-    """A fresh PostgreSQL database; None (SQLite files) only where PostgreSQL is optional."""
-    if optional_postgres_problem() is not None:
-        yield None
-        return
-    url = create_database()
-    try:
-        yield url
-    finally:
-        drop_database(url)
-
-
-@pytest.fixture
 def suite(
-    nats_url: str, shared_database: str | None, collector: OtlpCollector, tmp_path: Path
+    nats_url: str, postgres_url: str, collector: OtlpCollector, tmp_path: Path
 ) -> Iterator[dict[str, ServiceProcess]]:
     env = {
         "STRIDE_NATS_URL": nats_url,
@@ -93,12 +79,8 @@ def suite(
         "STRIDE_ADMISSION_CLUSTER_CPU": "8",
         "STRIDE_ADMISSION_CLUSTER_MEMORY_GIB": "32",
     }
-    if shared_database is not None:
-        env["STRIDE_DATABASE_URL"] = shared_database  # one database, a schema per service
+    env["STRIDE_DATABASE_URL"] = postgres_url  # one database, a schema per service
     processes = {name: ServiceProcess(name, env, tmp_path) for name in SERVICES}
-    if shared_database is None:  # no PostgreSQL here: a SQLite file per service
-        for name, process in processes.items():
-            process.env[f"STRIDE_{name.upper()}_DATABASE_URL"] = f"sqlite:///{tmp_path / name}.db"
     agent = processes["agent"]
     token_file = job_token_file(tmp_path, "job-e2eprobe", "job-e2eprobe-worker-0")
     agent.env.update(

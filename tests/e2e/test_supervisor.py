@@ -1,6 +1,8 @@
-"""`stride up` supervises like a process manager: NATS comes back, crash loops back off.
+"""`stride up` supervises like a process manager: NATS and PostgreSQL come back, crash
+loops back off.
 
-Real processes only: the suite is started with `stride up` (embedded nats-server, SQLite),
+Real processes only: the suite is started with `stride up` (embedded nats-server and
+PostgreSQL),
 broken from outside (SIGKILL, a bad setting for one service) and observed through the
 suite state, health RPCs, `stride status` and /proc.
 """
@@ -23,7 +25,8 @@ from grpc_health.v1 import health_pb2, health_pb2_grpc
 from stride.bus.client import Bus
 from stride.bus.permissions import ADMIN
 from stride.cli.endpoints import SUITE, Phase, ProcessState, SuiteState, pid_alive
-from stride.cli.supervisor import HEALTH_NAMES, SERVICE_RESTARTS
+from stride.cli.restarts import SERVICE_RESTARTS
+from stride.cli.supervisor import HEALTH_NAMES
 from stride.runtime.healthcheck import check
 from stride.runtime.tls import TLS_DIR_ENV
 from stride.testing.eventually import assert_eventually
@@ -91,7 +94,7 @@ def suite_env(tmp_path: Path) -> Iterator[dict[str, str]]:
             os.kill(pid, signal.SIGKILL)
 
 
-async def test_a_killed_embedded_nats_server_comes_back_and_jobs_still_flow(
+async def test_killed_embedded_nats_and_postgres_come_back_and_jobs_still_flow(
     suite_env: dict[str, str],
 ) -> None:
     state_dir = Path(suite_env["STRIDE_STATE_DIR"])
@@ -132,6 +135,36 @@ async def test_a_killed_embedded_nats_server_comes_back_and_jobs_still_flow(
     print(f"every service healthy again {time.monotonic() - killed_at:.2f}s after the kill")
     # They reconnected by themselves: none of them had to be restarted.
     assert {s: p.restarts for s, p in read_state(state_dir).processes.items() if p.restarts} == {}
+
+    # PostgreSQL, SIGKILLed (no checkpoint): started again on the same socket and data,
+    # recovering from its write-ahead log; the first job is still there.
+    postgres = after.postgres_process
+    assert postgres is not None and postgres.phase is Phase.RUNNING
+    old_postgres = postgres.pid
+    os.kill(old_postgres, signal.SIGKILL)
+    killed_at = time.monotonic()
+
+    def postgres_back() -> ProcessState | None:
+        process = read_state(state_dir).postgres_process
+        assert process is not None
+        running = process.phase is Phase.RUNNING and process.pid != old_postgres
+        return process if running else None
+
+    await assert_eventually(postgres_back, timeout=20, message="postgres not restarted")
+    print(f"postgres back after {time.monotonic() - killed_at:.2f}s")
+    assert zombie_or_running(old_postgres) in ("", "X"), f"pid {old_postgres} was not reaped"
+    assert read_state(state_dir).database == after.database  # same socket, same database
+    first_job = re.search(r"job-[0-9a-f]{12}", first.stdout)
+    assert first_job is not None
+
+    def listed() -> bool:
+        status = stride("status", env=suite_env)
+        return status.returncode == 0 and first_job.group(0) in status.stdout
+
+    await assert_eventually(listed, timeout=30, message="the first job is not listed again")
+    await assert_eventually(
+        lambda: healthy(after, list(SUITE)), timeout=30, message="services not healthy again"
+    )
     # `--new`: a new job must flow; the same spec again would be the first job (idempotent).
     submitted = stride(
         "submit", str(ROOT / "examples" / "wide-deep.yaml"), "--wait", "--new", env=suite_env
@@ -142,6 +175,8 @@ async def test_a_killed_embedded_nats_server_comes_back_and_jobs_still_flow(
     log = (state_dir / "supervisor.log").read_text()
     assert f"embedded NATS (pid {old_pid}) killed by SIGKILL" in log
     assert "embedded NATS started again" in log
+    assert f"embedded PostgreSQL (pid {old_postgres}) killed by SIGKILL" in log
+    assert "embedded PostgreSQL started again" in log
 
     down = stride("down", env=suite_env)
     assert down.returncode == 0, down.stderr
@@ -236,8 +271,9 @@ async def test_a_crash_looping_service_backs_off_while_the_rest_of_the_suite_ser
 
     recorded = read_state(state_dir)
     children = pids | {p.pid for p in recorded.processes.values() if p.pid}
-    if recorded.nats_process is not None:
-        children.add(recorded.nats_process.pid)
+    for server in (recorded.nats_process, recorded.postgres_process):
+        assert server is not None
+        children.add(server.pid)
     stopping = time.monotonic()
     down = stride("down", env=suite_env)
     print(f"`stride down` while backing off took {time.monotonic() - stopping:.1f}s")
@@ -276,11 +312,15 @@ async def test_up_fails_and_leaves_nothing_running_when_admission_crash_loops(
     assert SuiteState.read(state_dir) is None
 
 
-def test_up_insecure_runs_plain_text_and_says_so(suite_env: dict[str, str]) -> None:
-    """Plain text only when asked, with a warning; the CLI then follows the suite's choice."""
+def test_up_insecure_on_sqlite_runs_plain_text_and_says_so(suite_env: dict[str, str]) -> None:
+    """Plain text only when asked, with a warning; the CLI then follows the suite's choice.
+    And the lightest setup: SQLite files instead of the embedded PostgreSQL."""
     state_dir = Path(suite_env["STRIDE_STATE_DIR"])
-    up = stride("up", "--insecure", env=suite_env)
+    up = stride("up", "--insecure", "--database", "sqlite", env=suite_env)
     assert up.returncode == 0, up.stdout + up.stderr
+    assert f"database: SQLite files in {state_dir / 'db'}" in up.stdout, up.stdout
+    assert read_state(state_dir).postgres_process is None
+    assert not (state_dir / "postgres").exists()
     assert "plain text without peer authentication" in up.stderr
     assert "gRPC: plain text (--insecure)" in up.stdout
     state = read_state(state_dir)

@@ -6,7 +6,7 @@ from __future__ import annotations
 import asyncio
 import random
 from collections import Counter
-from collections.abc import AsyncIterator, Iterator
+from collections.abc import AsyncIterator
 from typing import Any
 
 import grpc
@@ -23,7 +23,6 @@ from stride.dispatcher.settings import DispatcherSettings
 from stride.events.v1 import shard_pb2
 from stride.runtime.lifecycle import ServiceHost
 from stride.testing.channels import aio_channel
-from stride.testing.databases import create_database, drop_database, require_postgres
 from stride.testing.eventually import assert_eventually
 from stride.testing.inprocess import local_settings, running_service
 from stride.testing.streams import stream_messages
@@ -635,17 +634,6 @@ async def test_a_batched_get_shard_leases_several_and_reports_several_done(
     )
     after = await stub.GetDatasetState(pb.GetDatasetStateRequest(job_id=JOB, dataset="train"))
     assert (after.done, after.doing) == (8, 8 + 3 + 1)  # nothing changed by the refusals
-
-
-@pytest.fixture
-def postgres_url() -> Iterator[str]:
-    """A fresh PostgreSQL database (SQLite has no server to drop its connections)."""
-    require_postgres()
-    url = create_database()
-    try:
-        yield url
-    finally:
-        drop_database(url)
 
 
 async def test_hand_outs_resume_after_the_database_dropped_every_connection(

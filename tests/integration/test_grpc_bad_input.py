@@ -80,7 +80,7 @@ from stride.runtime.grpc_server import MAX_STATUS_MESSAGE_BYTES, request_limit
 from stride.runtime.lifecycle import ServiceHost
 from stride.runtime.settings import ServiceSettings
 from stride.testing.channels import job_token_file, pod_key_file, sync_channel
-from stride.testing.databases import create_database, drop_database, require_postgres
+from stride.testing.databases import create_database, drop_database
 from stride.testing.inprocess import local_settings, running_service
 
 pytestmark = pytest.mark.integration
@@ -333,7 +333,6 @@ def invoke(channel: grpc.Channel, method: MethodDescriptor, payloads: Sequence[b
 def suite(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Suite]:
     """One running instance of every service for the whole module, with things to find:
     a submitted job, a dataset with a registered worker, a stored checkpoint."""
-    require_postgres()
     nats_server = NatsServer().start()
     database_url = create_database()
     running = Suite(nats_server.url, database_url, tmp_path_factory.mktemp("bad-input"))

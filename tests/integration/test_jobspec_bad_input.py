@@ -35,7 +35,7 @@ from stride.events.v1 import job_pb2
 from stride.runtime.embedded_nats import NatsServer
 from stride.runtime.lifecycle import ServiceHost
 from stride.testing.channels import aio_channel
-from stride.testing.databases import create_database, drop_database, optional_postgres_problem
+from stride.testing.databases import create_database, drop_database
 from stride.testing.inprocess import local_settings, running_service
 from stride.testing.streams import stream_messages
 
@@ -354,12 +354,9 @@ def module_nats() -> Iterator[NatsServer]:
 
 
 @pytest.fixture(scope="module")
-def module_database(tmp_path_factory: pytest.TempPathFactory) -> Iterator[str]:
-    """PostgreSQL when reachable (SQLite otherwise, unless CI requires PostgreSQL): the table
-    is about refusals, which must store nothing on either."""
-    if optional_postgres_problem() is not None:
-        yield f"sqlite:///{tmp_path_factory.mktemp('admission') / 'admission.db'}"
-        return
+def module_database() -> Iterator[str]:
+    """A PostgreSQL database for the module: the table is about refusals, which must
+    store nothing."""
     url = create_database()
     try:
         yield url

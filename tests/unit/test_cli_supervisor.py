@@ -11,19 +11,22 @@ import pytest
 
 from stride.cli.endpoints import (
     CRASH_LOOP_EXITS,
+    DatabaseKind,
     Phase,
     ProcessState,
     SuiteState,
     describe_exit,
     pid_alive,
 )
-from stride.cli.supervisor import (
+from stride.cli.restarts import (
     NATS_RESTARTS,
+    POSTGRES_RESTARTS,
     SERVICE_RESTARTS,
     Backoff,
     RestartPolicy,
     log_tail,
 )
+from stride.cli.supervisor import Supervisor
 from stride.testing.eventually import assert_eventually
 
 pytestmark = pytest.mark.timeout(10)
@@ -38,6 +41,11 @@ def test_nats_restarts_sooner_and_caps_lower_than_services() -> None:
     assert [NATS_RESTARTS.delay(n) for n in range(1, 7)] == [0.5, 1, 2, 4, 8, 10]
     assert NATS_RESTARTS.delay(1) < SERVICE_RESTARTS.delay(1)
     assert NATS_RESTARTS.max_seconds < SERVICE_RESTARTS.max_seconds
+
+
+def test_the_embedded_postgres_restarts_as_soon_as_nats_does() -> None:
+    """Every service waits on it; a retry costs a fraction of a second."""
+    assert [POSTGRES_RESTARTS.delay(n) for n in range(1, 7)] == [0.5, 1, 2, 4, 8, 10]
 
 
 def test_a_delay_needs_an_exit() -> None:
@@ -115,6 +123,8 @@ def test_the_suite_state_round_trips_and_lists_only_what_is_not_running(tmp_path
         services={"admission": "127.0.0.1:1", "configdb": "127.0.0.1:2"},
         ready=True,
         nats_process=ProcessState(Phase.RUNNING, 7, "/n.log", started_at=1.0, restarts=1),
+        postgres_process=crashed(1),
+        database_data="/state/postgres/data",
         processes={
             "admission": ProcessState(Phase.RUNNING, 8, "/a.log", started_at=1.0),
             "configdb": crashed(5),
@@ -125,7 +135,10 @@ def test_the_suite_state_round_trips_and_lists_only_what_is_not_running(tmp_path
     read = SuiteState.read(tmp_path)
     assert read == state
     assert read is not None and read.processes["configdb"].phase is Phase.BACKING_OFF
-    assert [p for _, p in read.problems(now=102)] == [state.processes["configdb"]]
+    assert read.postgres_process is not None and read.postgres_process.phase is Phase.BACKING_OFF
+    problems = read.problems(now=102)
+    assert [p for _, p in problems] == [state.postgres_process, state.processes["configdb"]]
+    assert problems[0][0].startswith("postgres (embedded) is restarting: exited with code 2")
 
 
 def test_fields_from_a_newer_supervisor_are_ignored(tmp_path: Path) -> None:
@@ -159,3 +172,35 @@ async def test_a_zombie_is_not_alive() -> None:
     finally:
         child.wait()
     assert not pid_alive(child.pid)
+
+
+@pytest.mark.parametrize("database", list(DatabaseKind))
+def test_a_server_named_by_the_environment_wins_unless_sqlite_was_asked_for(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, database: DatabaseKind
+) -> None:
+    """STRIDE_DATABASE_URL names the user's own server; `--database sqlite` beside it is a
+    contradiction, refused before anything starts."""
+    monkeypatch.setenv("STRIDE_DATABASE_URL", "postgresql://stride:secret@db.example:5432/s")
+    supervisor = Supervisor(tmp_path, database=database)
+    error = supervisor._start_database()
+    assert supervisor.postgres is None and not list(tmp_path.iterdir())  # nothing started
+    if database is DatabaseKind.SQLITE:
+        assert error == (
+            "--database sqlite, but STRIDE_DATABASE_URL names a server: unset one of them"
+        )
+        return
+    assert error == ""
+    assert supervisor.state.database.endswith("db.example:5432/s (STRIDE_DATABASE_URL)")
+    assert supervisor.database_url == ""  # the services read the variable themselves
+
+
+def test_sqlite_is_a_file_per_service_in_the_state_folder(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.delenv("STRIDE_DATABASE_URL", raising=False)
+    supervisor = Supervisor(tmp_path, database=DatabaseKind.SQLITE)
+    assert supervisor._start_database() == ""
+    assert supervisor.state.database == f"SQLite files in {tmp_path / 'db'}"
+    assert supervisor.postgres is None
+    env = supervisor._environment("admission", "nats://x", 1, {"configdb": 2})
+    assert env["STRIDE_ADMISSION_DATABASE_URL"] == f"sqlite:///{tmp_path / 'db'}/admission.db"

@@ -17,6 +17,7 @@ from typing import Any
 
 import nats
 import pytest
+import structlog.testing
 
 from stride.bus import callout, permissions, topics
 from stride.bus.callout import Callout, Issuer
@@ -26,8 +27,16 @@ from stride.runtime import tls
 from stride.runtime.embedded_nats import NatsServer
 from stride.runtime.tokens import Revocations, Signer, Verifier
 from stride.testing.channels import job_token, user_token
+from stride.testing.eventually import assert_eventually
 
 A, B = "job-callout00000a", "job-callout00000b"
+
+# nats-py leaves the socket of a connection the server refused (Authorization Violation)
+# for the garbage collector, which warns "unclosed StreamWriter" in whichever test it runs
+# in; this module refuses connections on purpose.
+pytestmark = pytest.mark.filterwarnings(
+    "ignore:Exception ignored in.*StreamWriter.__del__:pytest.PytestUnraisableExceptionWarning"
+)
 
 
 def _folder() -> Path:
@@ -208,3 +217,68 @@ async def test_no_agent_connects_while_no_callout_answers(server: NatsServer) ->
         assert not pod.is_connected, errors
     finally:
         await pod.close()
+
+
+async def _serve_callout(server: NatsServer, revoked: Revocations) -> Bus:
+    """The pod watcher's callout, on a connection of its own."""
+    material = tls.load(permissions.CALLOUT_HOST)
+    assert material is not None
+    host = await Bus.connect(server.url, "test-podwatcher", 10, identity=permissions.CALLOUT_HOST)
+    issuer = Issuer.from_file(_folder() / callout.SEED_NAME)
+    await callout.serve(host.nc, Callout(issuer, Verifier(material.ca, revoked).verify))
+    return host
+
+
+async def test_an_agent_refused_while_the_callout_is_late_after_a_nats_restart_gets_back_in(
+    server: NatsServer,
+) -> None:
+    """NATS restarts and the agent is back before the pod watcher answers its callout: the
+    server refuses it once (Authorization Violation). nats-py closed the connection for good
+    then, leaving the agent without NATS until its pod was replaced; it must reconnect as
+    soon as the callout answers. A revoked job's agent is still refused at every try."""
+    admin = await Bus.connect(server.url, "test-admin", 10, identity=permissions.ADMIN)
+    await admin.ensure_streams()
+    await admin.close()
+    revoked = Revocations()
+    podwatcher = await _serve_callout(server, revoked)
+    agent = await Bus.connect(
+        server.url,
+        "test-agent",
+        10,
+        identity="agent",
+        token=lambda: job_token(A, "pod-0"),
+        inbox=permissions.agent_inbox_prefix(A, "pod-0"),
+    )
+    late: Bus | None = None
+    try:
+        assert agent.is_connected
+        # The pod watcher is down; NATS dies and comes back on its port.
+        await podwatcher.close()
+        with structlog.testing.capture_logs() as logged:
+            server.kill()
+            server.start()
+
+            def refused() -> bool:  # the server gives up on the unanswered callout (~2 s)
+                errors = [entry.get("error", "") for entry in logged]
+                return agent.nc.is_closed or any("AuthorizationError" in e for e in errors)
+
+            await assert_eventually(refused, timeout=15, message="the agent was not refused")
+        assert not agent.nc.is_closed, "the agent gave up on NATS"
+        late = await _serve_callout(server, revoked)  # the pod watcher is back
+
+        async def published() -> bool:
+            """A step-metrics event taken by JetStream: the agent is back in, as its job."""
+            try:
+                acked = await agent.js.publish(
+                    topics.STEP_METRICS.subject(A), b"steps-after", timeout=1
+                )
+            except (nats.errors.Error, TimeoutError) as error:
+                raise AssertionError(f"not back in: {error!r}") from error
+            return acked.stream == topics.STEP_METRICS.stream.name
+
+        await assert_eventually(published, timeout=20, interval=0.2, message="agent not back")
+        assert not agent.nc.is_closed
+    finally:
+        await agent.close()
+        if late is not None:
+            await late.close()

@@ -25,6 +25,7 @@ from nats.aio.subscription import Subscription
 from nats.errors import TimeoutError as NatsTimeoutError
 from nats.js import JetStreamContext, api
 from nats.js.errors import BadRequestError, NotFoundError, ServiceUnavailableError
+from nats.protocol.parser import AUTHORIZATION_VIOLATION
 from opentelemetry import trace
 
 from stride.bus import permissions
@@ -117,6 +118,29 @@ message and in order, None (done: acked) or the exception that message met (dead
 or retried as a single handler's would be)."""
 
 
+class _Connection(NatsClient):
+    """nats-py's client, except that an Authorization Violation on a live connection makes it
+    reconnect instead of closing for good.
+
+    nats-py closes the connection at any ``-ERR`` the server sends; nats.c and nats.go
+    retry a reconnect that meets an authorization error. A pod's agent needs the retry: its
+    NATS user comes from the pod watcher's auth callout, and after a NATS restart the agent
+    is often back before the pod watcher has answered its callout requests again. The server
+    then refuses the agent once, and nats-py left the agent without NATS for the rest of its
+    life (its job stalled until the pod was replaced; `make chaos` caught it). Refusals for
+    good (a revoked token) are still refused at every try, so nothing gets in that would not
+    have; the agent stays unhealthy and says why."""
+
+    async def _process_err(self, err_msg: str) -> None:
+        refused = AUTHORIZATION_VIOLATION in err_msg
+        if refused and self.options["allow_reconnect"] and self.is_connected:
+            self._err = nats.errors.AuthorizationError()
+            await self._error_cb(self._err)
+            await self._process_op_err(self._err)
+            return
+        await super()._process_err(err_msg)
+
+
 class Bus:
     """A NATS connection with JetStream, opened by :meth:`connect`."""
 
@@ -201,13 +225,15 @@ class Bus:
         async def on_reconnect() -> None:
             log.info("nats reconnected")
 
+        nc = _Connection()
         try:
-            nc = await asyncio.wait_for(
-                nats.connect(
+            await asyncio.wait_for(
+                nc.connect(
                     servers=[u.strip() for u in url.split(",")],
                     name=name,
                     connect_timeout=max(1, int(min(timeout, 5))),
-                    reconnect_time_wait=0.5,
+                    # Annotated int, used as seconds to sleep: a float is what it means.
+                    reconnect_time_wait=0.5,  # type: ignore[arg-type]
                     max_reconnect_attempts=-1,
                     error_cb=on_error,
                     disconnected_cb=on_disconnect,
@@ -218,6 +244,8 @@ class Bus:
             )
         except (TimeoutError, OSError, nats.errors.Error) as error:
             reason = last_error[0] if last_error else f"{type(error).__name__}: {error}"
+            with contextlib.suppress(Exception):  # a half-made connection's tasks
+                await nc.close()
             raise StartupError(
                 f"cannot connect to NATS at {url} within {timeout:g}s ({reason})"
             ) from None

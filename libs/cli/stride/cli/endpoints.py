@@ -37,6 +37,16 @@ waiting for that service (about eight seconds in, not the full ready timeout).""
 STATE_FILE = "endpoints.json"
 
 
+class DatabaseKind(StrEnum):
+    """What `stride up` stores the services' data in when no ``STRIDE_DATABASE_URL`` names
+    a server (``stride up --database``)."""
+
+    POSTGRES = "postgres"
+    """The embedded PostgreSQL 18, in ``<state>/postgres``: the production database."""
+    SQLITE = "sqlite"
+    """A SQLite file per service in ``<state>/db``: the lightest setup."""
+
+
 class Phase(StrEnum):
     """Where a supervised process is in its life."""
 
@@ -114,6 +124,9 @@ class SuiteState:
     nats_url: str
     embedded_nats: bool
     database: str
+    """What the services store their data in, for people: "embedded PostgreSQL 18 at ..."."""
+    database_data: str = ""
+    """The folder the suite's own database keeps its data in; "" for a server of the user's."""
     services: dict[str, str] = field(default_factory=dict)
     """gRPC address of each service."""
     ready: bool = False
@@ -122,6 +135,8 @@ class SuiteState:
     """Why the suite did not start; the supervisor then stops everything."""
     nats_process: ProcessState | None = None
     """The embedded nats-server; None when NATS is external."""
+    postgres_process: ProcessState | None = None
+    """The embedded PostgreSQL; None on SQLite or a server of the user's."""
     processes: dict[str, ProcessState] = field(default_factory=dict)
     """Each service's process."""
     tls_dir: str = ""
@@ -137,6 +152,8 @@ class SuiteState:
         named: list[tuple[str, ProcessState]] = []
         if self.nats_process is not None:
             named.append(("nats (embedded)", self.nats_process))
+        if self.postgres_process is not None:
+            named.append(("postgres (embedded)", self.postgres_process))
         named.extend(self.processes.items())
         return [(line, p) for name, p in named if (line := p.problem(name, moment))]
 
@@ -163,6 +180,8 @@ class SuiteState:
         state = cls(**_known_fields(cls, data))
         if isinstance(state.nats_process, dict):
             state.nats_process = _process_state(state.nats_process)
+        if isinstance(state.postgres_process, dict):
+            state.postgres_process = _process_state(state.postgres_process)
         state.processes = {
             name: _process_state(value) if isinstance(value, dict) else value
             for name, value in state.processes.items()

@@ -30,7 +30,15 @@ from stride.api.optimizer.v1 import optimizer_service_pb2_grpc as optimizer_grpc
 from stride.api.podwatcher.v1 import podwatcher_service_pb2 as podwatcher_pb
 from stride.api.podwatcher.v1 import podwatcher_service_pb2_grpc as podwatcher_grpc
 from stride.cli import channels
-from stride.cli.endpoints import NoSuite, Phase, ProcessState, SuiteState, address, pid_alive
+from stride.cli.endpoints import (
+    DatabaseKind,
+    NoSuite,
+    Phase,
+    ProcessState,
+    SuiteState,
+    address,
+    pid_alive,
+)
 from stride.cli.jobspec import SpecError, load_submission
 from stride.cli.running import register as register_running
 from stride.cli.shards import register as register_shards
@@ -902,8 +910,16 @@ def up(
             "can call it. Only on a machine of your own."
         ),
     ] = False,
+    database: Annotated[
+        DatabaseKind,
+        typer.Option(
+            help="Where the services keep their data when STRIDE_DATABASE_URL names no "
+            "server: the embedded PostgreSQL 18 (data in <state>/postgres) or a SQLite file "
+            "per service (<state>/db)."
+        ),
+    ] = DatabaseKind.POSTGRES,
 ) -> None:
-    """Start the whole suite locally (embedded NATS and SQLite unless URLs are configured).
+    """Start the whole suite locally (embedded NATS and PostgreSQL unless URLs are configured).
 
     Every gRPC server and client speaks mutual TLS with certificates made on first start in
     the state folder (``tls/``, by ``stride certs init``), unless ``STRIDE_TLS_DIR`` (or the
@@ -928,6 +944,8 @@ def up(
         str(state_dir),
         "--executors",
         str(executors),
+        "--database",
+        database.value,
         *(["--insecure"] if insecure else []),
     ]
     if insecure:
@@ -977,12 +995,17 @@ def up(
         redact(state.nats_url),
         _phase_text(state.nats_process) if state.nats_process else "external",
     )
+    if state.postgres_process is not None:
+        table.add_row("postgres (embedded)", "unix socket", _phase_text(state.postgres_process))
     for service, target in state.services.items():
         table.add_row(service, target, _phase_text(state.processes.get(service)))
     console.print(table)
-    console.print(
-        f"database: {redact(state.database)}; logs: {state_dir / 'logs'}", highlight=False
-    )
+    console.print(f"database: {redact(state.database)}", highlight=False, soft_wrap=True)
+    if state.database_data:
+        console.print(
+            f"data: {state.database_data} (kept by `stride down`)", highlight=False, soft_wrap=True
+        )
+    console.print(f"logs: {state_dir / 'logs'}", highlight=False, soft_wrap=True)
     console.print(
         "gRPC: plain text (--insecure)"
         if state.insecure

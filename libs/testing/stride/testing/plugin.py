@@ -5,8 +5,10 @@
 - ``database_url``: parametrized over PostgreSQL and a SQLite file, for storage code that
   must work on both.
 
-On a machine without PostgreSQL the PostgreSQL cases skip with the reason, so the suite still
-runs there on SQLite; ``STRIDE_TEST_REQUIRE_POSTGRES=1`` (set by CI) turns that into a failure.
+The databases live on the run's PostgreSQL (:mod:`stride.testing.databases`): the server
+``STRIDE_TEST_DATABASE_URL`` names, else an embedded one the run starts before its first
+test (once, in the controlling process under ``pytest -n``) and stops when it ends, after
+a failure, a timeout, Ctrl-C or SIGTERM too. No PostgreSQL test ever skips.
 
 Every gRPC server and client needs certificates (mutual TLS is on by default): each test
 process makes a CA and a certificate per identity once, and sets ``STRIDE_TLS_DIR`` for
@@ -16,6 +18,8 @@ missing certificates changes the environment it gives its own processes.
 
 from __future__ import annotations
 
+import os
+import signal
 from collections.abc import Generator, Iterator
 from pathlib import Path
 
@@ -26,7 +30,13 @@ from opentelemetry.sdk.trace.export.in_memory_span_exporter import InMemorySpanE
 from stride.obs.tracing import configure_tracing
 from stride.runtime.embedded_nats import NatsServer
 from stride.testing.channels import ensure_certificates
-from stride.testing.databases import create_database, drop_database, require_postgres
+from stride.testing.databases import (
+    TEST_DATABASE_ENV,
+    create_database,
+    drop_database,
+    start_test_server,
+    stop_test_server,
+)
 from stride.testing.watchdog import Watchdog, grace_from_environment, timeout_of
 
 _WATCHDOG = pytest.StashKey[Watchdog]()
@@ -34,9 +44,21 @@ _WATCHDOG = pytest.StashKey[Watchdog]()
 
 def pytest_configure(config: pytest.Config) -> None:
     """The session's certificates and admin token (see :func:`ensure_certificates`), unless
-    the caller set some; the hang watchdog (:mod:`stride.testing.watchdog`)."""
+    the caller set some; the hang watchdog (:mod:`stride.testing.watchdog`); the run's
+    PostgreSQL, started here by the controlling process so that xdist's workers, started
+    after this hook, inherit its URL."""
     ensure_certificates()
     config.stash[_WATCHDOG] = Watchdog(grace_from_environment())
+    if not hasattr(config, "workerinput") and not os.environ.get(TEST_DATABASE_ENV):
+        # SIGTERM (a CI job's timeout, `kill`) unwinds like Ctrl-C, so the server is
+        # stopped and its folder removed; SIGKILL leaves it to the kernel (embedded_postgres).
+        signal.signal(signal.SIGTERM, signal.default_int_handler)
+        start_test_server()
+
+
+def pytest_unconfigure(config: pytest.Config) -> None:
+    """Stop the run's embedded PostgreSQL, if this process started one."""
+    stop_test_server()
 
 
 @pytest.hookimpl(hookwrapper=True)
@@ -68,8 +90,7 @@ def nats_url(nats_server: NatsServer) -> str:
 
 @pytest.fixture
 def postgres_url() -> Iterator[str]:
-    """A fresh, empty PostgreSQL database (STRIDE_TEST_DATABASE_URL, else 127.0.0.1:5432)."""
-    require_postgres()
+    """A fresh, empty PostgreSQL database on the run's server."""
     url = create_database()
     try:
         yield url
@@ -83,7 +104,6 @@ def database_url(request: pytest.FixtureRequest, tmp_path: Path) -> Iterator[str
     if request.param == "sqlite":
         yield f"sqlite:///{tmp_path / 'test.db'}"
         return
-    require_postgres()
     url = create_database()
     try:
         yield url
