@@ -24,9 +24,9 @@ from stride.cli.restarts import (
     SERVICE_RESTARTS,
     Backoff,
     RestartPolicy,
-    log_tail,
 )
 from stride.cli.supervisor import Supervisor
+from stride.runtime.processes import log_tail
 from stride.testing.eventually import assert_eventually
 
 pytestmark = pytest.mark.timeout(10)

@@ -141,6 +141,48 @@ class _Connection(NatsClient):
         await super()._process_err(err_msg)
 
 
+async def _dial(url: str, name: str, timeout: float, options: dict[str, Any]) -> _Connection:
+    """Connect to NATS, retrying for up to ``timeout`` seconds, then reconnecting forever;
+    a one-line :class:`StartupError` naming the URL if no server answers in time."""
+    last_error: list[str] = []
+
+    async def on_error(error: Exception) -> None:
+        last_error[:] = [f"{type(error).__name__}: {error}"]
+        log.warning("nats error", error=last_error[0])
+
+    async def on_disconnect() -> None:
+        log.warning("nats disconnected")
+
+    async def on_reconnect() -> None:
+        log.info("nats reconnected")
+
+    nc = _Connection()
+    try:
+        await asyncio.wait_for(
+            nc.connect(
+                servers=[u.strip() for u in url.split(",")],
+                name=name,
+                connect_timeout=max(1, int(min(timeout, 5))),
+                # Annotated int, used as seconds to sleep: a float is what it means.
+                reconnect_time_wait=0.5,  # type: ignore[arg-type]
+                max_reconnect_attempts=-1,
+                error_cb=on_error,
+                disconnected_cb=on_disconnect,
+                reconnected_cb=on_reconnect,
+                **options,
+            ),
+            timeout=timeout,
+        )
+    except (TimeoutError, OSError, nats.errors.Error) as error:
+        reason = last_error[0] if last_error else f"{type(error).__name__}: {error}"
+        with contextlib.suppress(Exception):  # a half-made connection's tasks
+            await nc.close()
+        raise StartupError(
+            f"cannot connect to NATS at {url} within {timeout:g}s ({reason})"
+        ) from None
+    return nc
+
+
 class Bus:
     """A NATS connection with JetStream, opened by :meth:`connect`."""
 
@@ -213,42 +255,7 @@ class Bus:
             }
             if token is not None:
                 secure["token"] = token
-        last_error: list[str] = []
-
-        async def on_error(error: Exception) -> None:
-            last_error[:] = [f"{type(error).__name__}: {error}"]
-            log.warning("nats error", error=last_error[0])
-
-        async def on_disconnect() -> None:
-            log.warning("nats disconnected")
-
-        async def on_reconnect() -> None:
-            log.info("nats reconnected")
-
-        nc = _Connection()
-        try:
-            await asyncio.wait_for(
-                nc.connect(
-                    servers=[u.strip() for u in url.split(",")],
-                    name=name,
-                    connect_timeout=max(1, int(min(timeout, 5))),
-                    # Annotated int, used as seconds to sleep: a float is what it means.
-                    reconnect_time_wait=0.5,  # type: ignore[arg-type]
-                    max_reconnect_attempts=-1,
-                    error_cb=on_error,
-                    disconnected_cb=on_disconnect,
-                    reconnected_cb=on_reconnect,
-                    **secure,
-                ),
-                timeout=timeout,
-            )
-        except (TimeoutError, OSError, nats.errors.Error) as error:
-            reason = last_error[0] if last_error else f"{type(error).__name__}: {error}"
-            with contextlib.suppress(Exception):  # a half-made connection's tasks
-                await nc.close()
-            raise StartupError(
-                f"cannot connect to NATS at {url} within {timeout:g}s ({reason})"
-            ) from None
+        nc = await _dial(url, name, timeout, secure)
         return cls(nc, name, signer_for, verifier)
 
     def _signed(self, subject: str, payload: bytes, headers: dict[str, str]) -> dict[str, str]:

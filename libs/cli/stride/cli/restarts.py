@@ -8,7 +8,6 @@ they know and nothing stored is lost.
 
 from __future__ import annotations
 
-import os
 import time
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -16,10 +15,7 @@ from typing import Protocol
 
 from stride.cli.endpoints import Phase, ProcessState, describe_exit
 from stride.obs.secrets import redact
-
-LOG_TAIL_LINES = 3
-"""Log lines kept from a process that exited: the error a service prints last, with room
-for the end of a traceback."""
+from stride.runtime.processes import file_size, log_tail
 
 
 @dataclass(frozen=True)
@@ -95,34 +91,6 @@ def log(message: str) -> None:
     print(f"{time.strftime('%H:%M:%S')} supervisor: {redact(message)}", flush=True)
 
 
-def log_tail(
-    path: Path, since: int = 0, lines: int = LOG_TAIL_LINES, max_line: int = 300
-) -> list[str]:
-    """The last ``lines`` non-empty lines a log got after byte ``since``, each cut short.
-
-    ``since`` is the log's size when the process started, so the lines are what this run
-    printed, not an earlier run's; if this run printed nothing, the lines before it.
-    """
-    try:
-        with path.open("rb") as log:
-            end = log.seek(0, os.SEEK_END)
-            # Only the end matters, and a service's log may have grown large.
-            log.seek(max(0, end - 16_384) if since >= end else max(since, end - 16_384))
-            text = log.read().decode("utf-8", errors="replace")
-    except FileNotFoundError:
-        return []
-    kept = [line.strip() for line in text.splitlines() if line.strip()][-lines:]
-    return [line if len(line) <= max_line else line[: max_line - 3] + "..." for line in kept]
-
-
-def file_size(path: Path) -> int:
-    """The size of a file, 0 if there is none."""
-    try:
-        return path.stat().st_size
-    except FileNotFoundError:
-        return 0
-
-
 class EmbeddedProcess(Protocol):
     """An embedded server the supervisor runs: :class:`~stride.runtime.embedded_nats.
     NatsServer` or :class:`~stride.runtime.embedded_postgres.EmbeddedPostgres`."""
@@ -193,19 +161,22 @@ class SupervisedServer:
         """Observe it and take at most one step; True if its state changed."""
         if self.state is None:
             return False
-        now = time.monotonic()
         if self.next_start_monotonic is None:
-            code = self.server.poll()  # reaps the dead server: no zombie
-            if code is None:
-                return False
-            self._exited(
-                f"{self.name} (pid {self.state.pid}) {describe_exit(code)}",
-                code,
-                now - self.started_monotonic,
-            )
-            return True
-        if now < self.next_start_monotonic:
+            return self._observe(self.state)
+        if time.monotonic() < self.next_start_monotonic:
             return False
+        return self._start_again(self.state)
+
+    def _observe(self, state: ProcessState) -> bool:
+        """Notice its exit (reaping it, so no zombie stays) and schedule its next start."""
+        code = self.server.poll()
+        if code is None:
+            return False
+        uptime = time.monotonic() - self.started_monotonic
+        self._exited(f"{self.name} (pid {state.pid}) {describe_exit(code)}", code, uptime)
+        return True
+
+    def _start_again(self, state: ProcessState) -> bool:
         self.log_offset = file_size(self.server.log_path)
         try:
             self.server.start(self.start_timeout)
@@ -214,10 +185,10 @@ class SupervisedServer:
             return True
         self.started_monotonic = time.monotonic()
         self.next_start_monotonic = None
-        self.state.phase = Phase.RUNNING
-        self.state.pid = self.server.pid
-        self.state.started_at = time.time()
-        self.state.next_start_at = None
+        state.phase = Phase.RUNNING
+        state.pid = self.server.pid
+        state.started_at = time.time()
+        state.next_start_at = None
         log(f"{self.name} started again at {self.where} (pid {self.server.pid}), {self.comeback}")
         return True
 

@@ -66,8 +66,6 @@ from stride.cli.restarts import (
     SERVICE_RESTARTS,
     Backoff,
     SupervisedServer,
-    file_size,
-    log_tail,
 )
 from stride.cli.restarts import log as _log
 from stride.obs.secrets import redact
@@ -79,6 +77,7 @@ from stride.runtime.embedded_postgres import EmbeddedPostgres
 from stride.runtime.errors import StartupError
 from stride.runtime.healthcheck import check
 from stride.runtime.machine import machine_cores, machine_memory_bytes
+from stride.runtime.processes import file_size, log_tail, start_time
 from stride.runtime.tokens import USER_ISSUER, Signer, write_token
 
 READY_TIMEOUT_SECONDS = 90.0
@@ -180,14 +179,6 @@ class Child:
 POD_STOP_SECONDS = 15.0
 
 
-def _pid_start_time(pid: int) -> int | None:
-    try:
-        with open(f"/proc/{pid}/stat") as stat:
-            return int(stat.read().rsplit(")", 1)[1].split()[19])
-    except (OSError, IndexError, ValueError):
-        return None
-
-
 def stop_local_pods(pods_dir: Path) -> int:
     """Stop the local pods of the suite (``stride down``): pods outlive a podwatcher restart
     by design, so the suite's end stops them itself. Each pod's shim (``<pod>/shim.pid``,
@@ -202,7 +193,7 @@ def stop_local_pods(pods_dir: Path) -> int:
             pid = int(found["pid"])
         except (OSError, ValueError, KeyError, TypeError):
             continue
-        if _pid_start_time(pid) != found.get("start_time"):
+        if start_time(pid) != found.get("start_time"):
             continue
         (record.parent / "stop-reason").write_text("Deleted the suite was stopped")
         with contextlib.suppress(ProcessLookupError):
@@ -210,7 +201,7 @@ def stop_local_pods(pods_dir: Path) -> int:
             shims.append(pid)
     deadline = time.monotonic() + POD_STOP_SECONDS
     while shims and time.monotonic() < deadline:
-        shims = [pid for pid in shims if _pid_start_time(pid) is not None]
+        shims = [pid for pid in shims if start_time(pid) is not None]
         time.sleep(0.1)
     if shims:
         _log(f"{len(shims)} pods did not stop in {POD_STOP_SECONDS:g} s")
@@ -370,7 +361,6 @@ class Supervisor:
         signal.signal(signal.SIGTERM, lambda *_: self.stop_requested.set())
         signal.signal(signal.SIGINT, lambda *_: self.stop_requested.set())
         private_state(self.state_dir)
-        (self.state_dir / "db").mkdir(parents=True, exist_ok=True)
         (self.state_dir / "logs").mkdir(parents=True, exist_ok=True)
         nats_url = os.environ.get("STRIDE_NATS_URL", "")
         self.state = SuiteState(
@@ -432,10 +422,22 @@ class Supervisor:
             _log(f"database: {redact(self.state.database)}")
             return ""
         if self.database is DatabaseKind.SQLITE:
+            sqlite_folder.mkdir(parents=True, exist_ok=True)
             self.state.database = f"SQLite files in {sqlite_folder}"
             self.state.database_data = str(sqlite_folder)
             _log(f"database: {self.state.database}")
             return ""
+        problem = self._start_postgres()
+        if not problem and any(sqlite_folder.glob("*.db")):
+            _log(
+                f"note: {sqlite_folder} holds SQLite data of an earlier "
+                "`stride up --database sqlite`, which this run does not read"
+            )
+        return problem
+
+    def _start_postgres(self) -> str:
+        """Start the embedded PostgreSQL and its ``stride`` database; returns why it could
+        not start, or ""."""
         server = EmbeddedPostgres(
             self.state_dir / "postgres", log_path=self.state_dir / "logs" / "postgres.log"
         )
@@ -458,11 +460,6 @@ class Supervisor:
         self.state.database = f"embedded PostgreSQL {server.version} at {self.database_url}"
         self.state.database_data = str(server.data)
         _log(f"{self.state.database} (pid {server.pid}); data in {server.data}")
-        if any(sqlite_folder.glob("*.db")):
-            _log(
-                f"note: {sqlite_folder} holds SQLite data of an earlier "
-                "`stride up --database sqlite`, which this run does not read"
-            )
         return ""
 
     def _start_nats(self) -> str:

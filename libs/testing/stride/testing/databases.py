@@ -25,6 +25,7 @@ from sqlalchemy import create_engine, make_url, text
 from sqlalchemy.engine import URL
 
 from stride.runtime.embedded_postgres import EmbeddedPostgres
+from stride.runtime.processes import start_time
 
 TEST_DATABASE_ENV = "STRIDE_TEST_DATABASE_URL"
 """A PostgreSQL server to make test databases on, instead of an embedded one."""
@@ -101,13 +102,9 @@ def remove_stale_folders() -> None:
             shutil.rmtree(folder, ignore_errors=True)
 
 
-def _identity(pid: int) -> dict[str, int]:
+def _identity(pid: int) -> dict[str, int | None]:
     """A process id with its start time, so a reused id is not taken for the same process."""
-    try:
-        started = int(Path(f"/proc/{pid}/stat").read_text().rpartition(")")[2].split()[19])
-    except (OSError, IndexError, ValueError):
-        started = -1
-    return {"pid": pid, "start_time": started}
+    return {"pid": pid, "start_time": start_time(pid)}
 
 
 def admin_url() -> URL:

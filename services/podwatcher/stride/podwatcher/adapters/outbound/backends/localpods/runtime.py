@@ -41,6 +41,7 @@ from stride.podwatcher.adapters.outbound.backends.localpods.cgroups import (
 )
 from stride.podwatcher.domain.nodes import PodUsage as PodMemory
 from stride.podwatcher.domain.nodes import choose_eviction
+from stride.runtime.processes import start_time
 
 log = structlog.get_logger(__name__)
 
@@ -126,15 +127,6 @@ class Usage:
 
 class ResizeRefused(Exception):
     """The pod cannot be resized in place; the message says why."""
-
-
-def _start_time(pid: int) -> int | None:
-    """A process's start time in clock ticks since boot (None if it is gone)."""
-    try:
-        with open(f"/proc/{pid}/stat") as stat:
-            return int(stat.read().rsplit(")", 1)[1].split()[19])
-    except (OSError, IndexError, ValueError):
-        return None
 
 
 def _available_memory() -> int:
@@ -227,7 +219,7 @@ class LocalPods:
             recorded = json.loads((self._pod_dir(pod) / "shim.pid").read_text())
         except (OSError, ValueError):
             return False
-        return bool(_start_time(int(recorded["pid"])) == recorded.get("start_time"))
+        return bool(start_time(int(recorded["pid"])) == recorded.get("start_time"))
 
     def _read_exit(self, pod: str) -> PodExit | None:
         pod_dir = self._pod_dir(pod)
@@ -282,7 +274,7 @@ class LocalPods:
             )
         self._shims[launch.pod] = child
         (pod_dir / "shim.pid").write_text(
-            json.dumps({"pid": child.pid, "start_time": _start_time(child.pid)})
+            json.dumps({"pid": child.pid, "start_time": start_time(child.pid)})
         )
         self._yielded.discard(launch.pod)
         pids = await self._wait_for_pids(launch.pod, child)
@@ -395,7 +387,7 @@ class LocalPods:
         except (OSError, ValueError):
             return None
         pid = int(recorded["pid"])
-        return pid if _start_time(pid) == recorded.get("start_time") else None
+        return pid if start_time(pid) == recorded.get("start_time") else None
 
     def _process_names(self, pod: str) -> list[str]:
         try:
