@@ -24,6 +24,7 @@ from stride.admission.settings import AdmissionSettings
 from stride.api.admission.v1 import admission_service_pb2 as pb
 from stride.api.admission.v1 import admission_service_pb2_grpc as pb_grpc
 from stride.bus import topics
+from stride.bus.signing import logical_message_id
 from stride.events.v1 import cluster_pb2, job_pb2
 from stride.testing.bus import producer_bus
 from stride.testing.channels import aio_channel
@@ -224,7 +225,7 @@ async def test_a_guaranteed_job_keeps_its_reservation_and_the_rest_waits_then_ru
     )
     assert len(decisions) == 1
     assert decisions[0].headers is not None
-    assert decisions[0].headers["Nats-Msg-Id"] == f"{waiting.job_id}.decision.2"
+    assert logical_message_id(decisions[0].headers["Nats-Msg-Id"]) == f"{waiting.job_id}.decision.2"
     # Admitted off the queue, it carries the share that admitted it.
     carried = job_pb2.AdmissionDecision.FromString(decisions[0].data).share
     assert carried.units == 8 and carried.version == started.job.share.version

@@ -24,6 +24,7 @@ from stride.api.ckptcache.v1 import ckptcache_service_pb2_grpc as ckpt_grpc
 from stride.api.dispatcher.v1 import dispatcher_service_pb2 as disp_pb
 from stride.api.dispatcher.v1 import dispatcher_service_pb2_grpc as disp_grpc
 from stride.bus import topics
+from stride.bus.signing import logical_message_id
 from stride.ckptcache.app import build as build_ckptcache
 from stride.ckptcache.domain.checksum import checksum
 from stride.ckptcache.settings import CheckpointCacheSettings
@@ -308,7 +309,7 @@ async def test_step_reports_land_on_the_metrics_stream_once(stack: Stack, nats_u
 
     messages = await assert_eventually(two)
     assert len(messages) == 2
-    assert [(m.headers or {}).get("Nats-Msg-Id") for m in messages] == [
+    assert [logical_message_id((m.headers or {}).get("Nats-Msg-Id", "")) for m in messages] == [
         f"{POD}.3.100",
         f"{POD}.3.200",
     ]

@@ -22,6 +22,7 @@ from stride.api.optimizer.v1 import optimizer_service_pb2 as pb
 from stride.api.optimizer.v1 import optimizer_service_pb2_grpc as pb_grpc
 from stride.bus import topics
 from stride.bus.client import Bus
+from stride.bus.signing import logical_message_id
 from stride.db.engine import Database
 from stride.db.outbox import Outbox
 from stride.decisions import build_decisions
@@ -186,7 +187,7 @@ async def test_admitted_job_gets_one_cold_start_plan_in_the_same_trace(
 
     (message,) = await published_plans(nats_url, job_id)
     assert message.headers is not None
-    assert message.headers["Nats-Msg-Id"] == f"{job_id}.plan.1"
+    assert logical_message_id(message.headers["Nats-Msg-Id"]) == f"{job_id}.plan.1"
     assert message.headers["Stride-Type"] == "stride.events.v1.ResourcePlan"
     assert plan_pb2.ResourcePlan.FromString(message.data) == plan
 
@@ -458,7 +459,7 @@ async def test_sigkill_at_any_point_leaves_exactly_one_plan(
         messages = await assert_eventually(
             lambda: at_least(nats_url, topics.PLANS.subjects[0], len(jobs))
         )
-        ids = sorted(m.headers["Nats-Msg-Id"] for m in messages if m.headers)
+        ids = sorted(logical_message_id(m.headers["Nats-Msg-Id"]) for m in messages if m.headers)
         assert ids == sorted(f"{job_id}.plan.1" for job_id in jobs)
         assert process.terminate() == 0, process.log_text()[-2000:]
     finally:

@@ -23,6 +23,7 @@ from stride.api.optimizer.v1 import optimizer_service_pb2 as pb
 from stride.api.optimizer.v1 import optimizer_service_pb2_grpc as pb_grpc
 from stride.bus import topics
 from stride.bus.client import Bus
+from stride.bus.signing import logical_message_id
 from stride.configdb.app import build as build_configdb
 from stride.configdb.settings import ConfigDbSettings
 from stride.db.engine import schema_for
@@ -524,7 +525,7 @@ async def test_an_optimizer_sigkilled_mid_round_resumes_with_no_plan_duplicated_
                 assert pods_of(as_policy_plan(published[version])) == expected.pods
                 version, pods = version + 1, expected.pods
         messages = await stream_messages(nats_url, topics.PLAN.subject(job_id))
-        ids = [(m.headers or {})["Nats-Msg-Id"] for m in messages]
+        ids = [logical_message_id((m.headers or {})["Nats-Msg-Id"]) for m in messages]
         assert ids == [f"{job_id}.plan.{v}" for v in range(1, version + 1)]
         async with aio_channel(process.address, "optimizer") as channel:
             stub = pb_grpc.OptimizerServiceStub(channel)

@@ -19,6 +19,7 @@ from stride.bus.signing import (
     PodSigner,
     SenderVerifier,
     as_producers,
+    logical_message_id,
 )
 from stride.events.v1 import metrics_pb2, plan_pb2
 from stride.runtime import tls
@@ -201,3 +202,24 @@ def test_a_token_that_binds_no_key_signs_nothing(folder: Path) -> None:
     headers[JOB_TOKEN_HEADER] = user
     with pytest.raises(ForgedSender, match="a user's token"):
         check_pod(folder, event, headers, "job-a")
+
+
+def test_message_ids_are_keyed_by_the_publishers_own_key(folder: Path) -> None:
+    """#37 finding 2: the wire id of an event is ``<logical id>#<tag>``; the tag only the
+    publisher's key makes, for this subject and logical id, and it makes it again."""
+    subject = topics.CONTROL_ACK.subject("job-a")
+    logical = "pod-0.ack.2.reconfigure"
+    pod = PodSigner(new_pod_key(), lambda: "token")
+    other_pod = PodSigner(new_pod_key(), lambda: "token")
+    service = MessageSigner(load(folder, "optimizer"))
+    again = MessageSigner(load(folder, "optimizer"))  # another replica, the same key
+
+    keyed = pod.message_id(subject, logical)
+    assert keyed.startswith(f"{logical}#") and len(keyed) == len(logical) + 33
+    assert logical_message_id(keyed) == logical
+    assert pod.message_id(subject, logical) == keyed
+    assert other_pod.message_id(subject, logical) != keyed
+    assert pod.message_id(topics.CONTROL_ACK.subject("job-b"), logical) != keyed
+    assert service.message_id(subject, logical) == again.message_id(subject, logical)
+    assert service.message_id(subject, logical) != keyed
+    assert logical_message_id("plain.id") == "plain.id"  # plain text: unkeyed

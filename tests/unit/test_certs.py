@@ -31,6 +31,7 @@ def test_init_makes_a_ca_and_one_certificate_per_identity_its_users_alone(
         "ca.crt",
         "ca.key",
         "nats-callout.nk",
+        "nats-system.nk",
         *(f"{name}.{suffix}" for name in tls.IDENTITIES for suffix in ("crt", "key")),
     }
     assert all(key.stat().st_mode & 0o777 == 0o600 for key in folder.glob("*.key"))
@@ -40,6 +41,10 @@ def test_init_makes_a_ca_and_one_certificate_per_identity_its_users_alone(
     assert seed.read_bytes().startswith(b"SA")
     assert "nats-callout.nk" not in init(folder).created
     assert seed.read_bytes().startswith(b"SA")
+    # NATS's system-account user (the pod watcher ends revoked sessions with it): a user seed.
+    system = folder / "nats-system.nk"
+    assert system.stat().st_mode & 0o777 == 0o600
+    assert system.read_bytes().startswith(b"SU")
     ca = certificate(folder / "ca.crt")
     assert ca.extensions.get_extension_for_class(x509.BasicConstraints).value.ca
     for name in tls.IDENTITIES:
@@ -157,7 +162,7 @@ def test_stride_certs_init_as_a_user_runs_it(tmp_path: Path) -> None:
         env=env,
     )  # fmt: skip
     assert made.returncode == 0, made.stderr
-    assert f"{len(tls.IDENTITIES) * 2 + 3} files written" in made.stdout
+    assert f"{len(tls.IDENTITIES) * 2 + 4} files written" in made.stdout
     assert (tmp_path / "secrets.yaml").stat().st_mode & 0o777 == 0o600
     again = run_cli("certs", "init", str(tmp_path / "tls"), env=env)
     assert "0 files written" in again.stdout and f"{len(tls.IDENTITIES)} certificates kept" in (

@@ -11,6 +11,7 @@ from __future__ import annotations
 import asyncio
 import os
 import ssl
+import time
 from collections.abc import AsyncIterator, Iterator
 from pathlib import Path
 from typing import Any
@@ -23,9 +24,13 @@ from stride.bus import callout, permissions, topics
 from stride.bus.callout import Callout, Issuer
 from stride.bus.client import Bus
 from stride.bus.lockdown import config_text
+from stride.bus.sessions import SessionGuard
+from stride.bus.signing import PodSigner, logical_message_id
+from stride.events.v1 import auth_pb2, control_pb2
 from stride.runtime import tls
+from stride.runtime.certs import SYSTEM_SEED_NAME
 from stride.runtime.embedded_nats import NatsServer
-from stride.runtime.tokens import Revocations, Signer, Verifier
+from stride.runtime.tokens import JOB_ISSUER, Revocations, Signer, Verifier, new_pod_key
 from stride.testing.channels import job_token, user_token
 from stride.testing.eventually import assert_eventually
 
@@ -282,3 +287,194 @@ async def test_an_agent_refused_while_the_callout_is_late_after_a_nats_restart_g
         await agent.close()
         if late is not None:
             await late.close()
+
+
+def _pod_signer(job: str, pod: str = "pod-0") -> tuple[PodSigner, str]:
+    """A pod's signer and job token binding its key, as the pod watcher makes them."""
+    key = new_pod_key()
+    material = tls.load(JOB_ISSUER)
+    assert material is not None
+    token = Signer(material).job_token(job, pod, "worker", pod_key=key.public_key())
+    return PodSigner(key, lambda: token), token
+
+
+async def _agent_bus(server: NatsServer, signer: PodSigner, token: str, job: str) -> Bus:
+    """A pod's agent on the bus as the agent connects: its job token opens its NATS user,
+    its pod key signs what it publishes and keys the message ids."""
+    return await Bus.connect(
+        server.url,
+        f"test-agent-{job}",
+        10,
+        identity=permissions.AGENT,
+        signer=signer,
+        token=lambda: token,
+        inbox=permissions.agent_inbox_prefix(job, "pod-0"),
+    )
+
+
+async def test_a_pod_cannot_mute_another_jobs_events_with_their_message_ids(
+    server: NatsServer, revocations: Revocations
+) -> None:
+    """Finding 2 of #37: JetStream drops a message whose ``Nats-Msg-Id`` it saw in the
+    stream's duplicate window, whoever sent it. Job A's pod published on its own subject
+    with job B's predictable next id, and B's reconfigure acknowledgement never reached the
+    stream. Ids are now keyed with the publisher's own key: nothing A sends collides with
+    B's, while B's own retry (and B's restarted agent, with its kept key) is still dropped."""
+    signer_b, token_b = _pod_signer(B)
+    agent_b = await _agent_bus(server, signer_b, token_b, B)
+    attacker, errors = await _pod(server, job_token(A))
+    logical = "pod-0.ack.2.reconfigure"
+    try:
+        # A publishes, on its own job's subject, every id it can make of B's next event.
+        for forged in (logical, f"{logical}#{'0' * 32}", f"{logical}#"):
+            acked = await attacker.jetstream().publish(
+                topics.CONTROL_ACK.subject(A), b"", headers={"Nats-Msg-Id": forged}
+            )
+            assert not acked.duplicate
+        assert errors == []
+
+        ack = control_pb2.ControlAck(plan_version=2)
+        first = await agent_b.publish(topics.CONTROL_ACK, B, ack, logical)
+        assert not first.duplicate, "B's acknowledgement was muted by A's message ids"
+        again = await agent_b.publish(topics.CONTROL_ACK, B, ack, logical)
+        assert again.duplicate and again.seq == first.seq  # B's own retry: dropped
+        restarted = await _agent_bus(server, signer_b, token_b, B)
+        try:
+            retried = await restarted.publish(topics.CONTROL_ACK, B, ack, logical)
+            assert retried.duplicate and retried.seq == first.seq
+        finally:
+            await restarted.close()
+
+        # The stream holds B's acknowledgement once, with its logical id for consumers.
+        reader = await Bus.connect(server.url, "test-reader", 10, identity=permissions.ADMIN)
+        try:
+            stored = await reader.js.get_msg(topics.CONTROL_ACK.stream.name, first.seq)
+        finally:
+            await reader.close()
+        assert stored.subject == topics.CONTROL_ACK.subject(B)
+        wire_id = (stored.headers or {})["Nats-Msg-Id"]
+        assert wire_id != logical and logical_message_id(wire_id) == logical
+    finally:
+        await attacker.close()
+        await agent_b.close()
+
+
+async def _callout_with_sessions(
+    server: NatsServer, revoked: Revocations, session_seconds: float
+) -> tuple[Bus, Callout, Any, asyncio.Event, asyncio.Task[None]]:
+    """The pod watcher's callout issuing users of ``session_seconds``, and its session guard
+    on a system-account connection (the folder's ``nats-system.nk``), checking every 0.2 s."""
+    admin = await Bus.connect(server.url, "test-admin", 10, identity=permissions.ADMIN)
+    await admin.ensure_streams()
+    await admin.close()
+    material = tls.load(permissions.CALLOUT_HOST)
+    assert material is not None
+    host = await Bus.connect(server.url, "test-podwatcher", 10, identity=permissions.CALLOUT_HOST)
+    issuer = Issuer.from_file(_folder() / callout.SEED_NAME)
+    answering = Callout(
+        issuer, Verifier(material.ca, revoked).verify, session_seconds=session_seconds
+    )
+    await callout.serve(host.nc, answering)
+    system = await nats.connect(
+        server.url,
+        tls=_context(permissions.CALLOUT_HOST),
+        nkeys_seed=str(_folder() / SYSTEM_SEED_NAME),
+    )
+    stop = asyncio.Event()
+    guard = asyncio.create_task(SessionGuard(system, answering).run(stop, interval=0.2))
+    return host, answering, system, stop, guard
+
+
+async def test_a_revoked_pods_session_ends_within_seconds_and_others_stay(
+    server: NatsServer,
+) -> None:
+    """Finding 3 of #37: after job A ended and its tokens were revoked, A's open connection
+    could still publish and subscribe. The pod watcher now disconnects it (NATS's KICK, as
+    the system account's user) within about a second, and NATS refuses it again; job B's
+    pod is left alone."""
+    revoked = Revocations()
+    host, answering, system, stop, guard = await _callout_with_sessions(server, revoked, 300)
+    pod_a, _ = await _pod(server, job_token(A))
+    pod_b, errors_b = await _pod(server, job_token(B), job=B)
+    try:
+        assert len(answering.sessions) == 2
+        revoked.revoke_job(A, time.time() + 1)
+
+        async def cut_off() -> bool:
+            return not pod_a.is_connected
+
+        await assert_eventually(cut_off, timeout=5, message="A's session outlived its job")
+        assert "Authorization Violation" in await _refused(server, job_token(A, ttl=60))
+        # B was not touched: still in, still publishing on its own job.
+        acked = await pod_b.jetstream().publish(topics.STEP_METRICS.subject(B), b"steps-b")
+        assert acked.stream == topics.STEP_METRICS.stream.name
+        assert pod_b.is_connected and errors_b == []
+        assert next(iter(answering.sessions.values())).job.job_id == B
+    finally:
+        stop.set()
+        await guard
+        for connection in (pod_a, pod_b, system):
+            await connection.close()
+        await host.close()
+
+
+async def test_a_pods_nats_user_expires_and_is_renewed_while_its_token_is_valid(
+    server: NatsServer,
+) -> None:
+    """A pod's NATS user is short-lived: NATS ends it when it expires, and the agent
+    reconnects with its (rewritten) job token and is let in again. A connection that does not
+    come back with a valid token stays out."""
+    revoked = Revocations()
+    host, _answering, system, stop, guard = await _callout_with_sessions(server, revoked, 2)
+    token = job_token(A, "pod-0")
+    agent = await Bus.connect(
+        server.url,
+        "test-agent",
+        10,
+        identity="agent",
+        token=lambda: token,
+        inbox=permissions.agent_inbox_prefix(A, "pod-0"),
+    )
+    raw, _errors = await _pod(server, job_token(A))  # no reconnect: ends with its user
+    try:
+        with structlog.testing.capture_logs() as logged:
+
+            async def expired() -> bool:
+                return raw.is_closed
+
+            await assert_eventually(expired, timeout=10, message="the NATS user never expired")
+
+            async def reconnected() -> bool:
+                return any(entry.get("event") == "nats reconnected" for entry in logged)
+
+            await assert_eventually(reconnected, timeout=10, message="the agent did not renew")
+        acked = await agent.js.publish(topics.STEP_METRICS.subject(A), b"after-renewal")
+        assert acked.stream == topics.STEP_METRICS.stream.name
+        assert not agent.nc.is_closed
+    finally:
+        stop.set()
+        await guard
+        await agent.close()
+        await raw.close()
+        await system.close()
+        await host.close()
+
+
+async def test_agents_follow_revocations(server: NatsServer, revocations: Revocations) -> None:
+    """Every agent logged a permissions violation for ``stride.auth.v1.*.revoked``: the
+    subscription was narrowed to its own job as if it were job-scoped. Revocations are keyed
+    by token, and every server (the agent too) follows all of them."""
+    pod, errors = await _pod(server, job_token(A))
+    admission = await Bus.connect(server.url, "test-admission", 10, identity="admission")
+    try:
+        revoked = await pod.subscribe(topics.TOKEN_REVOKED.pattern())
+        await pod.flush()
+        event = auth_pb2.TokenRevocation(token_id="t-1", revoked_by="admin")
+        key = topics.revoked_token_key("t-1")
+        await admission.publish(topics.TOKEN_REVOKED, key, event, "revoked.t-1")
+        message = await revoked.next_msg(timeout=5)
+        assert auth_pb2.TokenRevocation.FromString(message.data).token_id == "t-1"
+        assert errors == []
+    finally:
+        await pod.close()
+        await admission.close()

@@ -60,6 +60,13 @@ the issuer's public key from (``issuer: $STRIDE_NATS_CALLOUT_ISSUER``)."""
 GLOBAL_ACCOUNT = "$G"
 """The account of a configuration without accounts, where the agents' users are made."""
 MAX_REQUEST_BYTES = 64 * 1024
+SESSION_SECONDS = 300.0
+"""The longest a pod's NATS user lives (its JWT's ``exp``; never past its job token's). The
+agent then reconnects, presenting its job token as rewritten meanwhile, and the callout
+issues a new user while the token is valid. It bounds how long a session outlives its
+token where nothing disconnects it sooner (a pod watcher restarted since it issued the
+user, or a NATS without the system user: ``stride.bus.sessions``); five minutes costs an
+agent one reconnect in that time."""
 
 
 class CalloutError(Exception):
@@ -154,16 +161,44 @@ def _certificate_identity(client_tls: Any) -> str | None:
     return str(names[0].value) if names else None
 
 
+@dataclass(frozen=True)
+class Session:
+    """A NATS user the callout issued to a pod: whose token opened it, until when."""
+
+    user_nkey: str
+    token: str
+    job: JobIdentity
+    expires: float
+
+    @property
+    def user_name(self) -> str:
+        """The NATS user's name (what NATS reports as its ``authorized_user``)."""
+        return user_name(self.job)
+
+
+def user_name(job: JobIdentity) -> str:
+    """The name of a pod's NATS user."""
+    return f"agent:{job.job_id}/{job.pod}"
+
+
 class Callout:
     """Answers NATS's authorization requests for training pods (see the module)."""
 
     def __init__(
-        self, issuer: Issuer, verify: Callable[[str], Any], now: Callable[[], float] = time.time
+        self,
+        issuer: Issuer,
+        verify: Callable[[str], Any],
+        now: Callable[[], float] = time.time,
+        session_seconds: float = SESSION_SECONDS,
     ) -> None:
         self.issuer = issuer
         self.verify = verify
         """A token verifier's ``verify``: the identity, or :class:`TokenError`."""
         self.now = now
+        self.session_seconds = session_seconds
+        self.sessions: dict[str, Session] = {}
+        """The users this callout issued, by user nkey, until they expire: what
+        ``stride.bus.sessions`` checks again."""
 
     def answer(self, request: bytes) -> bytes:
         """The signed response to one request: a user for the pod, or an error naming why."""
@@ -180,8 +215,10 @@ class Callout:
         now = int(self.now())
         response: dict[str, Any] = {"type": "authorization_response", "version": 2}
         try:
-            user, job = self._user(user_nkey, nats, now)
+            user, session = self._user(user_nkey, nats, now)
             response["jwt"] = user
+            self._remember(session)
+            job = session.job
             log.info("nats user for pod", job_id=job.job_id, pod=job.pod, role=job.role)
         except CalloutError as refusal:
             response["error"] = str(refusal)
@@ -197,7 +234,13 @@ class Callout:
             self.issuer.keys,
         ).encode()
 
-    def _user(self, user_nkey: str, nats: dict[str, Any], now: int) -> tuple[str, JobIdentity]:
+    def _remember(self, session: Session) -> None:
+        now = self.now()
+        for nkey in [nkey for nkey, known in self.sessions.items() if known.expires < now]:
+            del self.sessions[nkey]
+        self.sessions[session.user_nkey] = session
+
+    def _user(self, user_nkey: str, nats: dict[str, Any], now: int) -> tuple[str, Session]:
         identity = _certificate_identity(nats.get("client_tls"))
         if identity != permissions.AGENT:
             raise CalloutError(
@@ -214,11 +257,15 @@ class Callout:
         if not isinstance(job, JobIdentity):
             raise CalloutError("a user's token opens no pod's NATS user; a job token is needed")
         allowed = permissions.agent_permissions(job.job_id, job.pod)
+        expires = int(now + self.session_seconds)
+        if job.expires:
+            expires = min(expires, int(job.expires))
         claims: dict[str, Any] = {
             "iat": now,
+            "exp": max(expires, now + 1),
             "iss": self.issuer.public_key,
             "sub": user_nkey,
-            "name": f"agent:{job.job_id}/{job.pod}",
+            "name": user_name(job),
             "aud": GLOBAL_ACCOUNT,
             "nats": {
                 "pub": {"allow": list(allowed.publish)},
@@ -230,7 +277,7 @@ class Callout:
                 "version": 2,
             },
         }
-        return encode_jwt(claims, self.issuer.keys), job
+        return encode_jwt(claims, self.issuer.keys), Session(user_nkey, token, job, expires)
 
 
 async def serve(nc: Any, callout: Callout) -> Any:

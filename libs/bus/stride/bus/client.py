@@ -35,6 +35,7 @@ from stride.bus.signing import (
     MessageSigner,
     SenderVerifier,
     SignerFor,
+    logical_message_id,
 )
 from stride.bus.topics import (
     DUPLICATE_WINDOW,
@@ -55,6 +56,8 @@ log = structlog.get_logger(__name__)
 tracer = trace.get_tracer("stride.bus")
 
 MSG_ID_HEADER = "Nats-Msg-Id"
+AUTHENTICATION_EXPIRED = "authentication expired"
+"""What NATS says (``-ERR 'User Authentication Expired'``) when a client's user expires."""
 PROGRESS_HEADER = "Stride-Progress"
 """Marks a responder's progress message (empty) to a request's reply subject."""
 
@@ -129,10 +132,13 @@ class _Connection(NatsClient):
     then refuses the agent once, and nats-py left the agent without NATS for the rest of its
     life (its job stalled until the pod was replaced; `make chaos` caught it). Refusals for
     good (a revoked token) are still refused at every try, so nothing gets in that would not
-    have; the agent stays unhealthy and says why."""
+    have; the agent stays unhealthy and says why.
+
+    The same for a user that expired (:data:`~stride.bus.callout.SESSION_SECONDS`): the
+    agent reconnects with its job token as the pod watcher rewrote it, and gets a new user."""
 
     async def _process_err(self, err_msg: str) -> None:
-        refused = AUTHORIZATION_VIOLATION in err_msg
+        refused = AUTHORIZATION_VIOLATION in err_msg or AUTHENTICATION_EXPIRED in err_msg.lower()
         if refused and self.options["allow_reconnect"] and self.is_connected:
             self._err = nats.errors.AuthorizationError()
             await self._error_cb(self._err)
@@ -259,10 +265,12 @@ class Bus:
         return cls(nc, name, signer_for, verifier)
 
     def _signed(self, subject: str, payload: bytes, headers: dict[str, str]) -> dict[str, str]:
-        """``headers`` with the publisher's signature, if it signs."""
+        """``headers`` with the publisher's signature and its keyed message id
+        (:func:`stride.bus.signing.keyed_message_id`), if it signs."""
         signer = self.signer_for(subject) if self.signer_for is not None else None
         if signer is not None:
             headers.update(signer.headers(subject, headers.get(TYPE_HEADER, ""), payload))
+            headers[MSG_ID_HEADER] = signer.message_id(subject, headers[MSG_ID_HEADER])
         return headers
 
     def forged(
@@ -624,7 +632,8 @@ class Bus:
         headers = dict(msg.headers or {})
         attempt = msg.metadata.num_delivered or 1
         key = topic.key_of(msg.subject) or ""
-        delivery = Delivery(msg.subject, headers.get(MSG_ID_HEADER, ""), attempt, key)
+        message_id = logical_message_id(headers.get(MSG_ID_HEADER, ""))
+        delivery = Delivery(msg.subject, message_id, attempt, key)
         message_type = topic.message_type
         expected = message_type.DESCRIPTOR.full_name
         sent_type = headers.get(TYPE_HEADER)

@@ -25,15 +25,18 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+import binascii
 import os
 import sys
 from collections.abc import Mapping, Sequence
 from pathlib import Path
 
+import nkeys
+
 from stride.bus import callout, permissions
 from stride.bus.client import Bus
 from stride.runtime import tls
-from stride.runtime.certs import owner_argument, write_private
+from stride.runtime.certs import SYSTEM_SEED_NAME, owner_argument, write_private
 from stride.runtime.errors import StartupError
 
 
@@ -71,9 +74,23 @@ def config_text(
             ca_file=ca or str(folder / "ca.crt"),
             identities=tls.IDENTITIES,
             callout_issuer=issuer,
+            system_user=_system_user(folder),
         )
     except ValueError as error:
         raise StartupError(f"--callout-issuer: {error}") from None
+
+
+def _system_user(folder: Path) -> str | None:
+    """The public key of ``folder``'s NATS system user (``nats-system.nk``), if it holds one
+    (a folder made before it existed has none: ``stride certs init`` adds it)."""
+    seed = folder / SYSTEM_SEED_NAME
+    if not seed.is_file():
+        return None
+    try:
+        public: bytes = nkeys.from_seed(seed.read_bytes().strip()).public_key
+    except (nkeys.NkeysError, ValueError, binascii.Error) as error:
+        raise StartupError(f"{seed}: not an nkey seed ({error})") from None
+    return public.decode()
 
 
 def write_config(text: str, out: Path, owner: tuple[int, int] | None = None) -> None:

@@ -216,7 +216,12 @@ def agent_permissions(job_id: str, pod: str) -> Permissions:
     """What the agent of one pod of ``job_id`` may do: the agent identity's permissions with
     every job-scoped subject narrowed to this job, and its own inbox."""
     general = permissions(AGENT)
-    scoped = {topic.pattern(): topic.subject(job_id) for topic in _all_topics()}
+    # What every server follows (revoked tokens) is keyed by token, not by job: the agent
+    # follows all of it, like every server (narrowed, its subscription was refused).
+    followed = FOLLOWS.get(AGENT, ())
+    scoped = {
+        topic.pattern(): topic.subject(job_id) for topic in _all_topics() if topic not in followed
+    }
 
     def narrow(subjects: Iterable[str]) -> tuple[str, ...]:
         return tuple(dict.fromkeys(scoped.get(subject, subject) for subject in subjects))
@@ -263,20 +268,29 @@ def server_config(
     ca_file: str,
     identities: Sequence[str],
     callout_issuer: str,
+    system_user: str | None = None,
 ) -> str:
     """The lock-down part of a nats-server configuration: mutual TLS with the deployment's
     CA (every client must present a certificate of it), one user per identity, mapped from
     its certificate, with its permissions, and the auth callout that makes the training
     pods' users (``callout_issuer``: its public key, or :data:`ISSUER_FROM_ENVIRONMENT`).
-    Listen address and JetStream are the caller's. (The configuration format accepts JSON
-    values, so values are JSON.)"""
+    ``system_user``: the public key (``U...``) of the one user of NATS's system account
+    (:data:`SYSTEM_ACCOUNT`), with which the pod watcher disconnects revoked pods' sessions
+    (``stride.bus.sessions``); None: no system user, and a revoked session lasts until its
+    NATS user expires. Listen address and JetStream are the caller's. (The configuration
+    format accepts JSON values, so values are JSON.)"""
     users = server_users(identities)
-    callout = {
-        # A variable reference is written bare, for NATS to resolve.
-        "issuer": "@ISSUER@",
-        # Everyone the configuration names is authorized by it, not by the callout.
-        "auth_users": [user["user"] for user in users],
-    }
+    # Everyone the configuration names is authorized by it, not by the callout.
+    auth_users = [user["user"] for user in users]
+    system: dict[str, Any] = {}
+    if system_user is not None:
+        auth_users.append(_public_key(system_user, "U", "system user"))
+        system = {
+            "system_account": SYSTEM_ACCOUNT,
+            "accounts": {SYSTEM_ACCOUNT: {"users": [{"nkey": system_user}]}},
+        }
+    # A variable reference is written bare, for NATS to resolve.
+    callout = {"issuer": "@ISSUER@", "auth_users": auth_users}
     body = {
         "tls": {
             "cert_file": cert_file,
@@ -286,6 +300,7 @@ def server_config(
             "timeout": 2,
         },
         "authorization": {"users": users, "auth_callout": callout},
+        **system,
     }
     issuer = (
         callout_issuer
@@ -298,6 +313,16 @@ def server_config(
 
 
 def _public_account_key(text: str) -> str:
-    if len(text) != 56 or not text.startswith("A") or not text.isalnum() or not text.isupper():
-        raise ValueError(f"callout issuer {text!r}: not an account public nkey (A..., 56 chars)")
+    return _public_key(text, "A", "callout issuer")
+
+
+def _public_key(text: str, prefix: str, what: str) -> str:
+    if len(text) != 56 or not text.startswith(prefix) or not text.isalnum() or not text.isupper():
+        kind = "an account" if prefix == "A" else "a user"
+        raise ValueError(f"{what} {text!r}: not {kind} public nkey ({prefix}..., 56 chars)")
     return text
+
+
+SYSTEM_ACCOUNT = "SYS"
+"""NATS's system account (the server's own requests: CONNZ, KICK). Its one user is the
+pod watcher's system connection; no other identity is in it."""

@@ -30,8 +30,19 @@ key it binds, and that the token's job is the subject's: the sender is that pod 
 job, and no other job's subject accepts it. A token alone (seen in a message) signs
 nothing.
 
+**Message ids.** JetStream drops a message whose ``Nats-Msg-Id`` it saw in the stream's
+duplicate window, and the window is the stream's, not the publisher's: a logical id that
+anyone can predict (``<pod>.ack.<version>.<action>``) lets one job publish another job's
+future id on its own subject and so mute that job's event. So a signer also keys the ids
+it publishes (:meth:`MessageSigner.message_id`): ``<logical id>#<tag>``, the tag an HMAC
+over the subject and the logical id with a secret derived from the signer's private key.
+No other identity can produce the tag, and the same publisher sending the same event
+again (a retry, an outbox relay after a crash, a restarted pod with its kept key) makes
+the same id, so its own redeliveries are still dropped. Consumers see the logical id
+(:func:`logical_message_id`).
+
 In plain text (``STRIDE_INSECURE=1``) nothing is signed or checked, as nothing is verified
-on gRPC there either.
+on gRPC there either; message ids are the logical ones.
 """
 
 from __future__ import annotations
@@ -39,6 +50,7 @@ from __future__ import annotations
 import base64
 import functools
 import hashlib
+import hmac
 import time
 from collections.abc import Callable, Mapping
 from typing import Protocol
@@ -66,6 +78,31 @@ JOB_TOKEN_HEADER = "Stride-Job-Token"
 POD_PRODUCER = "agent"
 """The producer of the topics pods publish (their agents): signed by :class:`PodSigner`."""
 _CONTEXT = b"stride-bus-v1\0"
+_ID_CONTEXT = b"stride-bus-message-id-v1\0"
+ID_TAG_SEPARATOR = "#"
+"""Between a message id's logical part and its keyed tag (logical ids use dots)."""
+_ID_TAG_HEX = 32
+"""128 bits of the HMAC: no guess collides within any duplicate window."""
+
+
+def id_secret(key: ec.EllipticCurvePrivateKey) -> bytes:
+    """The message-id secret of a signing key: derived from the private key, so every
+    replica holding the same key (and a pod restarted with its kept key) derives the same."""
+    private = key.private_numbers().private_value.to_bytes(66, "big")
+    return hashlib.sha256(_ID_CONTEXT + private).digest()
+
+
+def keyed_message_id(secret: bytes, subject: str, message_id: str) -> str:
+    """``<message_id>#<tag>``: the wire id only the holder of ``secret`` makes for this
+    subject and logical id (see the module)."""
+    tag = hmac.new(secret, subject.encode() + b"\0" + message_id.encode(), hashlib.sha256)
+    return f"{message_id}{ID_TAG_SEPARATOR}{tag.hexdigest()[:_ID_TAG_HEX]}"
+
+
+def logical_message_id(wire_id: str) -> str:
+    """The logical part of a (possibly keyed) message id."""
+    logical, separator, _tag = wire_id.rpartition(ID_TAG_SEPARATOR)
+    return logical if separator else wire_id
 
 
 class ForgedSender(Exception):
@@ -99,6 +136,7 @@ class MessageSigner:
         certificate = x509.load_pem_x509_certificates(material.certificate)[0]
         self.identity = material.identity
         self._key = key
+        self._id_secret = id_secret(key)
         self._certificate = base64.b64encode(
             certificate.public_bytes(serialization.Encoding.DER)
         ).decode()
@@ -113,11 +151,17 @@ class MessageSigner:
             SIGNATURE_HEADER: base64.b64encode(signature).decode(),
         }
 
+    def message_id(self, subject: str, message_id: str) -> str:
+        """The keyed wire id of one event (see the module)."""
+        return keyed_message_id(self._id_secret, subject, message_id)
+
 
 class EventSigner(Protocol):
     """Whatever signs an event: its headers for one subject and payload."""
 
     def headers(self, subject: str, type_name: str, payload: bytes) -> dict[str, str]: ...
+
+    def message_id(self, subject: str, message_id: str) -> str: ...
 
 
 SignerFor = Callable[[str], "EventSigner | None"]
@@ -132,6 +176,11 @@ class PodSigner:
     def __init__(self, key: ec.EllipticCurvePrivateKey, token: Callable[[], str | None]) -> None:
         self._key = key
         self._token = token
+        self._id_secret = id_secret(key)
+
+    def message_id(self, subject: str, message_id: str) -> str:
+        """The keyed wire id of one event: only this pod's key makes it."""
+        return keyed_message_id(self._id_secret, subject, message_id)
 
     def headers(self, subject: str, type_name: str, payload: bytes) -> dict[str, str]:
         token = self._token()
@@ -251,12 +300,19 @@ class JobPods:
 
     def headers(self, subject: str, type_name: str, payload: bytes) -> dict[str, str]:
         """Signed as the pod of the job ``subject`` names (one of the pods' topics)."""
+        return self._pod_of(subject).headers(subject, type_name, payload)
+
+    def message_id(self, subject: str, message_id: str) -> str:
+        """Keyed as the pod of the job ``subject`` names."""
+        return self._pod_of(subject).message_id(subject, message_id)
+
+    def _pod_of(self, subject: str) -> PodSigner:
         from stride.bus.topics import TOPICS
 
         for topic in TOPICS:
             job_id = topic.key_of(subject) if topic.producers == (POD_PRODUCER,) else None
             if job_id:
-                return self.for_job(job_id).headers(subject, type_name, payload)
+                return self.for_job(job_id)
         raise TokenError(f"{subject}: not a subject pods publish on")
 
 

@@ -354,6 +354,7 @@ class Replay:
         signer = self._signers(outgoing.subject)
         if signer is not None:
             headers.update(signer.headers(outgoing.subject, headers[TYPE_HEADER], outgoing.payload))
+            headers["Nats-Msg-Id"] = signer.message_id(outgoing.subject, outgoing.message_id)
         await self.js.publish(outgoing.subject, outgoing.payload, headers=headers)
 
 

@@ -45,6 +45,9 @@ from stride.runtime.tls import CA_CERT_NAME, IDENTITIES
 
 CALLOUT_SEED_NAME = "nats-callout.nk"
 """The NATS auth callout issuer's seed (an account nkey), beside the certificates."""
+SYSTEM_SEED_NAME = "nats-system.nk"
+"""The seed (a user nkey) of NATS's system-account user, beside the certificates: the pod
+watcher disconnects the sessions of revoked job tokens with it (``stride.bus.sessions``)."""
 
 CA_KEY_NAME = "ca.key"
 CA_DAYS = 3650
@@ -307,6 +310,12 @@ def init(
 
         write_private(seed, nkeys.encode_seed(os.urandom(32), nkeys.PREFIX_BYTE_ACCOUNT), 0o600)
         created.append(CALLOUT_SEED_NAME)
+    system_seed = folder / SYSTEM_SEED_NAME
+    if not system_seed.exists():
+        import nkeys
+
+        write_private(system_seed, nkeys.encode_seed(os.urandom(32), nkeys.PREFIX_BYTE_USER), 0o600)
+        created.append(SYSTEM_SEED_NAME)
     kept: list[str] = []
     for identity in identities:
         sans, names = _sans(identity, extra_sans)

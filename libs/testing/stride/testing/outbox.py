@@ -9,6 +9,7 @@ import nats
 from sqlalchemy import select
 
 from stride.bus.client import MSG_ID_HEADER
+from stride.bus.signing import logical_message_id
 from stride.db.engine import Database
 from stride.db.outbox import Outbox
 
@@ -47,7 +48,7 @@ class OutboxHarness:
 
 
 async def published_ids(url: str, stream: str) -> list[str]:
-    """The ``Nats-Msg-Id`` of every message in ``stream``, in stream order."""
+    """The logical ``Nats-Msg-Id`` of every message in ``stream``, in stream order."""
     nc = await nats.connect(url)
     try:
         js = nc.jetstream()
@@ -57,7 +58,7 @@ async def published_ids(url: str, stream: str) -> list[str]:
         ids = []
         for seq in range(info.state.first_seq, info.state.last_seq + 1):
             message = await js.get_msg(stream, seq)
-            ids.append((message.headers or {}).get(MSG_ID_HEADER, ""))
+            ids.append(logical_message_id((message.headers or {}).get(MSG_ID_HEADER, "")))
         return ids
     finally:
         await nc.close()

@@ -14,12 +14,12 @@ import asyncio
 import os
 from collections.abc import Callable, Mapping, Sequence
 from pathlib import Path
-from typing import TYPE_CHECKING, TypeVar
+from typing import TYPE_CHECKING, Any, TypeVar
 
 import structlog
 from google.protobuf.message import Message
 
-from stride.bus import topics
+from stride.bus import permissions, topics
 from stride.bus.client import ACK_WAIT_SECONDS, BatchHandler, Bus, Follower, Handler
 from stride.bus.permissions import check_consumer
 from stride.bus.signing import EventSigner
@@ -117,7 +117,9 @@ async def connect_bus(
     return bus
 
 
-async def serve_nats_callout(host: ServiceHost, bus: Bus, seed_file: Path | None) -> None:
+async def serve_nats_callout(
+    host: ServiceHost, bus: Bus, seed_file: Path | None, system_seed_file: Path | None = None
+) -> None:
     """Answer NATS's authorization requests for training pods (:mod:`stride.bus.callout`):
     a user for one job and pod to an agent whose job token this suite's pod watcher signed
     and nobody revoked. ``seed_file``: the issuer's seed (unreadable: the service does not
@@ -144,8 +146,51 @@ async def serve_nats_callout(host: ServiceHost, bus: Bus, seed_file: Path | None
     except CalloutError as error:
         raise StartupError(str(error)) from None
     # The server's own verifier: the same revocations and verified-token cache.
-    await serve(bus.nc, Callout(issuer, host.verifier.verify))
+    answering = Callout(issuer, host.verifier.verify)
+    await serve(bus.nc, answering)
     log.info("answering NATS authorization for training pods", issuer=issuer.public_key)
+    from stride.runtime.certs import SYSTEM_SEED_NAME
+
+    seed = system_seed_file or seed_file.parent / SYSTEM_SEED_NAME
+    await _guard_sessions(host, bus, answering, seed if seed.is_file() else None)
+
+
+async def _guard_sessions(host: ServiceHost, bus: Bus, answering: Any, seed: Path | None) -> None:
+    """End the NATS sessions of tokens no longer valid (:mod:`stride.bus.sessions`), as the
+    NATS system account's user whose seed is ``seed`` (None: there is none)."""
+    import nats
+
+    from stride.bus.sessions import SessionGuard
+
+    material = tls.load(permissions.CALLOUT_HOST)
+    if seed is None or material is None:
+        log.warning(
+            "no NATS system user: a revoked pod's NATS session lasts until its user expires",
+            seed=str(seed),
+            expires_after_seconds=answering.session_seconds,
+        )
+        return
+    try:
+        system = await nats.connect(
+            bus.nc.connected_url.geturl() if bus.nc.connected_url else "",
+            tls=tls.ssl_client_context(material),
+            nkeys_seed=str(seed),
+            name=f"{host.settings.service_name}-sessions",
+            max_reconnect_attempts=-1,
+        )
+    except (OSError, nats.errors.Error) as error:
+        raise StartupError(
+            f"NATS refused the system user of {seed} ({type(error).__name__}: {error}); "
+            "is NATS configured by this folder's `stride bus config`?"
+        ) from None
+    guard = SessionGuard(system, answering)
+    host.add_root_task("nats-sessions", lambda: guard.run(host.stop))
+
+    async def connected() -> bool:
+        return bool(system.is_connected)
+
+    host.add_dependency(Dependency("nats-system", connected, system.close, closes_early=True))
+    log.info("ending NATS sessions of revoked tokens", system_user=str(seed))
 
 
 REVOCATION_CATCH_UP_SECONDS = 10.0
