@@ -138,19 +138,37 @@ async def test_a_quota_set_through_the_api_outlives_a_restart_over_the_file(
             if round_ == 0:
                 await stub.SetQuota(
                     pb.SetQuotaRequest(
-                        quota=pb.Quota(scope="team:ranking", members=["alice"], max_active_jobs=9)
+                        quota=pb.Quota(
+                            scope="team:ranking",
+                            members=["alice"],
+                            max_active_jobs=9,
+                            max_priority=job_pb2.PRIORITY_HIGH,
+                            allow_simulated=True,
+                        )
                     )
                 )
             else:
                 kept = (await stub.GetQuota(pb.GetQuotaRequest(scope="team:ranking"))).status
                 assert kept.quota.max_active_jobs == 9 and kept.quota.source == "api"
                 assert list(kept.quota.members) == ["alice"]
+                assert kept.quota.max_priority == job_pb2.PRIORITY_HIGH
+                assert kept.quota.allow_simulated
 
 
 BAD_QUOTAS = [
     (pb.Quota(scope="alice", max_active_jobs=1), "INVALID_ARGUMENT", "quota.scope: 'alice'"),
     (pb.Quota(scope="user:al ice", max_active_jobs=1), "INVALID_ARGUMENT", "quota.scope"),
-    (pb.Quota(scope="user:alice"), "INVALID_ARGUMENT", "quota: sets no limit"),
+    (pb.Quota(scope="user:alice"), "INVALID_ARGUMENT", "quota: sets no limit and grants nothing"),
+    (
+        pb.Quota(scope="user:alice", max_priority=job_pb2.PRIORITY_LOW),
+        "INVALID_ARGUMENT",
+        "quota.max_priority: 'low' cannot be granted: give high",
+    ),
+    (
+        pb.Quota(scope="user:alice", max_priority=9),  # type: ignore[arg-type]
+        "INVALID_ARGUMENT",
+        "quota.max_priority: '9' cannot be granted",
+    ),
     (
         pb.Quota(scope="team:x", max_active_jobs=1),
         "INVALID_ARGUMENT",
@@ -191,23 +209,39 @@ async def test_bad_quotas_are_refused_naming_the_field(
     assert [q.quota.scope for q in listed] == ["team:ranking", "user:carol"]  # unchanged
 
 
-async def test_a_quota_below_current_use_is_refused_and_nothing_changes(
+async def test_a_quota_below_current_use_is_set_its_jobs_stay_and_new_ones_are_rejected(
     stub: pb_grpc.AdmissionServiceAsyncStub,
 ) -> None:
+    """Issue 37, finding 6: an admin clamps a user who holds more than the new quota (it
+    was refused as 'below current use', leaving the admin no way to)."""
+    held = [await submit(stub, "erin") for _ in range(3)]
+    clamped = await stub.SetQuota(
+        pb.SetQuotaRequest(quota=pb.Quota(scope="user:erin", max_active_jobs=1))
+    )
+    assert clamped.status.quota.max_active_jobs == 1 and clamped.status.use.active_jobs == 3
+    for job in held:  # what runs keeps running
+        kept = (await stub.GetJob(pb.GetJobRequest(job_id=job.job_id))).job
+        assert kept.state == pb.JOB_STATE_ADMITTED, kept
+    refused = await submit(stub, "erin")
+    assert refused.state == pb.JOB_STATE_REJECTED
+    assert refused.decision.reason.startswith(
+        "over the quota of user:erin: 4 active (admitted or queued) jobs would exceed the "
+        "quota of 1"
+    ), refused.decision.reason
+    # A team's quota, too; its members' jobs stay.
     await submit(stub, "alice")
     await submit(stub, "bob")
-    with pytest.raises(grpc.aio.AioRpcError) as raised:
-        await stub.SetQuota(
-            pb.SetQuotaRequest(
-                quota=pb.Quota(scope="team:ranking", members=["alice", "bob"], max_active_jobs=1)
-            )
+    team = await stub.SetQuota(
+        pb.SetQuotaRequest(
+            quota=pb.Quota(scope="team:ranking", members=["alice", "bob"], max_active_jobs=1)
         )
-    assert raised.value.code() == grpc.StatusCode.FAILED_PRECONDITION
-    assert "team:ranking holds 2 active (admitted or queued) jobs, above max_active_jobs 1" in str(
-        raised.value.details()
     )
-    kept = (await stub.GetQuota(pb.GetQuotaRequest(scope="team:ranking"))).status
-    assert kept.quota.max_active_jobs == 3 and kept.quota.source == "config"
+    assert team.status.use.active_jobs == 2
+    assert (await submit(stub, "bob")).state == pb.JOB_STATE_REJECTED
+    # Once the use falls below the quota, a job is admitted again.
+    for job in held:
+        await stub.CancelJob(pb.CancelJobRequest(job_id=job.job_id))
+    assert (await submit(stub, "erin")).state == pb.JOB_STATE_ADMITTED
 
 
 @pytest.mark.parametrize(
@@ -264,6 +298,12 @@ async def test_stride_quota_as_a_user_runs_it(
 
         code, out, err = await cli("set", "user:erin", "--max-active-jobs", "2")
         assert code == 0 and "user:erin" in out and "0 of 2" in out, (out, err)
+        code, out, err = await cli(
+            "set", "user:frank", "--max-priority", "high", "--allow-simulated"
+        )
+        assert code == 0 and "high, simulated" in out, (out, err)
+        code, out, err = await cli("set", "user:frank", "--max-priority", "urgent")
+        assert code == 2 and "--max-priority: 'urgent' is not a priority" in err, err
         code, out, err = await cli()
         assert code == 0 and "team:ranking" in out and "alice, bob" in out, (out, err)
         code, out, err = await cli("set", "erin", "--max-active-jobs", "2")

@@ -276,9 +276,11 @@ CASES = [
     Case("resource-kind-unknown-word", "spec.resource_kind", {"resource_kind": "tpu"}, grpc=False),
     # the whole spec
     Case(
-        "spec-over-2-mib",
+        "spec-over-256-kib",
         "spec",
-        {"hyperparameters.blob": "x" * (2 * 1024 * 1024)},
+        # Over the spec's 256 KiB, inside SubmitJob's transport limit (test_jobspec_limits
+        # sends one over that too).
+        {"hyperparameters.blob": "x" * (260 * 1024)},
         words="over the 262,144-byte limit for a job spec",
     ),
     Case(

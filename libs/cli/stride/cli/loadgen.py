@@ -4,10 +4,13 @@ Each job of ``stride sim --env dlrm``'s seeded population is submitted through a
 as a *simulated* job (``JobSpec.simulated``: the pod watcher starts no pods for it), and a
 task plays its agents: for the plan the services published, it reports the throughput,
 CPU and memory the environment's ground truth gives (``stride.sim.dlrm``), on the job's own
-accelerated clock (a window of ``tick`` simulated seconds per round trip). A plan change
-pauses the job as the simulator pauses it (``overhead_seconds``; 120 s for the first pods
-and after an OOM kill); a PS whose memory passes its limit is OOM-killed and reported as
-the pod watcher would. When the job has consumed its samples the task reports it finished.
+accelerated clock (a window of ``tick`` simulated seconds per round trip). Admission takes
+simulated jobs only from an admin (the CLI's default token after ``stride up``) or a user
+whose quota sets ``allow_simulated``; anyone else is refused naming ``spec.simulated``.
+A plan change pauses the job as the simulator pauses it (``overhead_seconds``; 120 s for
+the first pods and after an OOM kill); a PS whose memory passes its limit is OOM-killed and
+reported as the pod watcher would. When the job has consumed its samples the task reports
+it finished.
 
 Alongside, each window's decision is checked against the simulator's Stride policy on
 exactly the observations the task sent, so the run says how often the live services

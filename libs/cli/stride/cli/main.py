@@ -1401,7 +1401,7 @@ def _admission(state_dir: Path, rpc: Callable[[Any], T]) -> T:
 
 def _quota_table(statuses: list[admission_pb.QuotaStatus]) -> Table:
     table = Table(title="quotas")
-    for column in ("scope", "active jobs", "submissions", "window", "members", "set by"):
+    for column in ("scope", "active jobs", "submissions", "window", "members", "grants", "set by"):
         table.add_column(
             column, justify="right" if column in ("active jobs", "submissions") else "left"
         )
@@ -1413,9 +1413,20 @@ def _quota_table(statuses: list[admission_pb.QuotaStatus]) -> Table:
             f"{use.submissions} of {quota.max_submissions or 'any'}",
             f"{quota.window_seconds / 3600:g}h",
             ", ".join(quota.members) or "-",
+            _grants(quota),
             quota.source,
         )
     return table
+
+
+def _grants(quota: admission_pb.Quota) -> str:
+    """What a quota lets its users ask for beyond the defaults."""
+    grants = []
+    if quota.max_priority:
+        grants.append(job_pb2.Priority.Name(quota.max_priority).removeprefix("PRIORITY_").lower())
+    if quota.allow_simulated:
+        grants.append("simulated")
+    return ", ".join(grants) or "-"
 
 
 @quota_app.callback(invoke_without_command=True)
@@ -1446,15 +1457,30 @@ def quota_set(
     ] = 0,
     window_hours: Annotated[float, typer.Option(help="The submission window.")] = 24.0,
     members: Annotated[str, typer.Option(help="A team's users, comma-separated.")] = "",
+    max_priority: Annotated[
+        str, typer.Option(help="Grants a priority above normal to its users: high.")
+    ] = "",
+    allow_simulated: Annotated[
+        bool, typer.Option(help="Lets its users submit simulated jobs (no pods run).")
+    ] = False,
     state_dir: StateDir = DEFAULT_STATE_DIR,
 ) -> None:
-    """Set (replace) a quota; refused if the scope already holds more than it allows."""
+    """Set (replace) a quota. One below what the scope holds now is set too: its jobs stay,
+    and new ones are rejected until the use falls below it."""
+    priority = job_pb2.PRIORITY_UNSPECIFIED
+    if max_priority:
+        try:
+            priority = job_pb2.Priority.Value(f"PRIORITY_{max_priority.upper()}")
+        except ValueError:
+            fail(f"--max-priority: {max_priority!r} is not a priority (low, normal, high)")
     quota = admission_pb.Quota(
         scope=scope,
         max_active_jobs=max_active_jobs,
         max_submissions=max_submissions,
         window_seconds=window_hours * 3600,
         members=[m.strip() for m in members.split(",") if m.strip()],
+        max_priority=priority,
+        allow_simulated=allow_simulated,
     )
     status = _admission(
         state_dir,

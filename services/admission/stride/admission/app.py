@@ -22,6 +22,7 @@ from stride.api.admission.v1 import admission_service_pb2, admission_service_pb2
 from stride.bus import topics
 from stride.db.outbox import Outbox
 from stride.policy.elasticflow.units import GIB, CpuUnit, cpu_capacity
+from stride.runtime.auth import RateLimiter
 from stride.runtime.errors import InvalidArgument, StartupError
 from stride.runtime.lifecycle import Dependency, ServiceHost
 from stride.runtime.machine import machine_cores, machine_memory_bytes
@@ -55,9 +56,10 @@ async def build(settings: AdmissionSettings) -> ServiceHost:
         replay_clock(settings),
         settings.replay_speedup,
         history,
+        settings.default_max_active_jobs,
     )
     admission_service_pb2_grpc.add_AdmissionServiceServicer_to_server(
-        AdmissionApi(submissions), host.server.server
+        AdmissionApi(submissions, submission_rate(settings)), host.server.server
     )
     if settings.replay_stepped:
         admission_service_pb2_grpc.add_ReplayClockServiceServicer_to_server(
@@ -90,6 +92,13 @@ async def build(settings: AdmissionSettings) -> ServiceHost:
             handler=InventoryHandler(submissions),
         )
     return host
+
+
+def submission_rate(settings: AdmissionSettings) -> RateLimiter | None:
+    """The token bucket per user of SubmitJob (None: the rate is off)."""
+    if not settings.submit_rate_per_second:
+        return None
+    return RateLimiter(settings.submit_rate_per_second, settings.submit_rate_burst)
 
 
 def configured_quotas(settings: AdmissionSettings) -> tuple[Quota, ...]:

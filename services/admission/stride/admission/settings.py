@@ -11,6 +11,15 @@ from pydantic_settings import SettingsConfigDict
 from stride.admission.domain.gputree import GpuTree, TreeError
 from stride.decisions.settings import DecisionSettings
 from stride.runtime.settings import MIB, ServiceSettings
+from stride.vocabulary.jobspec import MAX_SPEC_BYTES
+
+SUBMIT_ENVELOPE_BYTES = 8 * 1024
+"""What a SubmitJobRequest holds beside a spec at its limit: its request id (at most 200
+characters, 800 bytes of UTF-8), two field keys and lengths (under 10 bytes), with room to
+spare, so a spec a few KiB over :data:`MAX_SPEC_BYTES` is still decoded and refused by name."""
+SUBMIT_REQUEST_BYTES = MAX_SPEC_BYTES + SUBMIT_ENVELOPE_BYTES
+"""SubmitJob's request limit, the admission server's receive limit (and its proto's
+``max_request_bytes``, which ``tests/unit/admission/test_limits.py`` holds equal)."""
 
 LOOPBACK = ("127.0.0.1", "localhost", "::1")
 """Addresses a stepped replay clock may be served on."""
@@ -24,13 +33,15 @@ class AdmissionSettings(ServiceSettings, DecisionSettings):
 
     grpc_port: int = Field(default=50051, ge=0, le=65535)
     """The job API's well-known port (the CLI's default target)."""
-    grpc_max_receive_message_bytes: int = Field(default=4 * MIB, ge=64 * 1024, le=2**31 - 1)
-    """The largest request is SubmitJob's job spec, whose own limit is
-    :data:`stride.vocabulary.jobspec.MAX_SPEC_BYTES` (256 KiB). This limit stays well above
-    it on purpose: a spec over 256 KiB is then refused by validation, INVALID_ARGUMENT
-    naming ``spec`` and the limit, rather than by gRPC with a bare RESOURCE_EXHAUSTED; past
-    4 MiB (gRPC's default) a request is refused before it is decoded, so one call cannot
-    make admission hold more than that."""
+    grpc_max_receive_message_bytes: int = Field(
+        default=SUBMIT_REQUEST_BYTES, ge=64 * 1024, le=2**31 - 1
+    )
+    """The largest request is SubmitJob's (:data:`SUBMIT_REQUEST_BYTES`: a spec at its own
+    limit, :data:`~stride.vocabulary.jobspec.MAX_SPEC_BYTES`, and its envelope). A bigger
+    one is refused by gRPC, RESOURCE_EXHAUSTED, before it is decoded, so a call makes
+    admission hold at most this much (issue 37: at gRPC's 4 MiB default, 100 concurrent
+    3.9 MB requests grew it to 834 MiB). A spec just over its limit still fits the envelope
+    and is refused by validation, INVALID_ARGUMENT naming ``spec`` and the limit."""
     grpc_max_send_message_bytes: int = Field(default=4 * MIB, ge=64 * 1024, le=2**31 - 1)
     """The largest answer is ListJobs (up to 1000 jobs with their specs); 4 MiB is what the
     CLI and any client with gRPC's defaults accepts, so a bigger page fails here with
@@ -77,6 +88,26 @@ class AdmissionSettings(ServiceSettings, DecisionSettings):
     """A YAML file of user and team quotas (``quotas: [{scope: team:ranking, members:
     [alice, bob], max_active_jobs: 8, max_submissions: 50, window_seconds: 86400}]``),
     loaded at start; the admin API's SetQuota wins for the same scope."""
+    submit_rate_per_second: float = Field(default=5.0, ge=0, le=1e6, allow_inf_nan=False)
+    """Jobs a second one user may submit, sustained, as verified by their token (a token
+    bucket per user; past it and ``submit_rate_burst``, SubmitJob is RESOURCE_EXHAUSTED
+    saying when to retry). 0 turns it off. Admins are not limited (replays and load
+    generators submit thousands for many users), nor is plain text (nobody is verified).
+    Five a second is 18,000 an hour, more than any person or sweep submits, while one
+    user's flood takes at most 1/20 of what admission stores on this machine (about 100
+    jobs a second, ``bench/submit_load.py``), so other users' submissions keep their
+    latency (``bench/submit_flood.py``). The server-wide ``grpc_rate_per_second`` (500)
+    bounds every call, not submissions: it never triggered on a flood of 1,000 jobs."""
+    submit_rate_burst: int = Field(default=20, ge=1, le=1_000_000)
+    """Jobs one user may submit at once above ``submit_rate_per_second``: a script
+    submitting a directory of specs, or a sweep of 20, goes through without waiting."""
+    default_max_active_jobs: int = Field(default=50, ge=0, le=1_000_000)
+    """Jobs one user may hold active (admitted or queued) at once when no quota of their
+    own (``user:<name>``) sets ``max_active_jobs``; past it SubmitJob is RESOURCE_EXHAUSTED
+    naming the limit and the user's active jobs. 0 turns it off. Admins' submissions are
+    not counted against it (as ``submit_rate_per_second``). 50 is far more than one person
+    watches at once, and small enough that one user cannot fill the books, the pools and
+    every round's work for everyone else; a team that needs more gets a quota."""
     replay_speedup: float = Field(default=1.0, ge=1.0, le=100_000.0, allow_inf_nan=False)
     """``stride replay`` only: admission's clock runs this many times faster than the wall
     clock from ``replay_origin``, so a trace's days pass in minutes (its slot-boundary

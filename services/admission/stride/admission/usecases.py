@@ -41,6 +41,13 @@ from stride.admission.adapters.outbound.repository import StoredJob
 from stride.admission.domain.gputree import GpuTree, TreeError
 from stride.admission.domain.jobs import JobSpec, Priority, check_request_id, validate
 from stride.admission.domain.ledger import Entry, Pool
+from stride.admission.domain.limits import (
+    Refusal,
+    Submitter,
+    active_cap,
+    over_active_cap,
+    privilege_refusal,
+)
 from stride.admission.domain.policy import (
     POLICY,
     Decision,
@@ -52,7 +59,7 @@ from stride.admission.domain.policy import (
     in_words,
     job_curve,
 )
-from stride.admission.domain.quotas import Quota, below_use, check_scope, violation
+from stride.admission.domain.quotas import Quota, check_scope, violation
 from stride.bus import topics
 from stride.bus.topics import Outgoing, Topic
 from stride.db.engine import ConflictingWrite, Database
@@ -68,6 +75,8 @@ from stride.runtime.errors import (
     FailedPrecondition,
     InvalidArgument,
     NotFound,
+    PermissionDenied,
+    ResourceExhausted,
     Unavailable,
 )
 from stride.vocabulary.jobspec import ResourceKind
@@ -228,6 +237,9 @@ class _Announcement:
 GROUP_COMMIT_LIMIT = 64
 """The most submissions stored in one transaction."""
 
+CAP_SETTING = "STRIDE_ADMISSION_DEFAULT_MAX_ACTIVE_JOBS"
+"""The setting a refusal by the default cap on a user's active jobs names."""
+
 
 @dataclass
 class _Arrival:
@@ -239,6 +251,8 @@ class _Arrival:
     now: datetime
     curve: JobCurve | None
     done: asyncio.Future[StoredJob]
+    cap: int = 0
+    """The most active jobs its user may hold under the default cap (0: none applies)."""
 
 
 @dataclass
@@ -279,7 +293,11 @@ class Submissions:
         clock: Clock = wall_clock,
         speedup: float = 1.0,
         history: RunSource | None = None,
+        default_max_active_jobs: int = 0,
     ) -> None:
+        self.default_max_active_jobs = default_max_active_jobs
+        """Active jobs a user may hold when no quota of theirs says (0: no cap;
+        :func:`~stride.admission.domain.limits.active_cap`)."""
         self.history = history
         """Where similar finished jobs' measurements come from (the config DB); None: a
         job without a profile (or a known model) is planned without a curve."""
@@ -309,8 +327,15 @@ class Submissions:
         """Submissions waiting for the group commit, oldest first."""
         self._committer: asyncio.Task[None] | None = None
 
-    async def submit(self, spec: job_pb2.JobSpec, request_id: str) -> StoredJob:
+    async def submit(
+        self, spec: job_pb2.JobSpec, request_id: str, submitter: Submitter | None = None
+    ) -> StoredJob:
         """Validate, store and decide a job. Invalid specs raise before anything is written.
+
+        ``submitter``: who submits, as verified (None: trusted, as an admin). An untrusted
+        one is refused PERMISSION_DENIED for a spec field only a granting quota allows, and
+        RESOURCE_EXHAUSTED past the default cap on their active jobs
+        (:mod:`stride.admission.domain.limits`).
 
         A retry (the same request id) is found by the job row's unique request key when the
         new row is stored, not by a read before: a retry is rare, and reading first cost
@@ -320,6 +345,7 @@ class Submissions:
         check_request_id(request_id)
         view = spec_from_proto(spec)
         validate(view, None)
+        cap = await self._check_submitter(submitter, spec)
         now = self.clock()
         try:
             validate(view, now)
@@ -329,7 +355,7 @@ class Submissions:
                 raise
             return earlier
         try:
-            return await self._store_and_decide(spec, request_id, now)
+            return await self._store_and_decide(spec, request_id, now, cap)
         except ConflictingWrite:
             # This request id stored a job before (a retry, or a concurrent twin).
             earlier = await self._earlier_submission(request_id, spec) if request_id else None
@@ -356,8 +382,20 @@ class Submissions:
         log.info("duplicate submission", job_id=existing, request_id=request_id)
         return job
 
+    async def _check_submitter(self, submitter: Submitter | None, spec: job_pb2.JobSpec) -> int:
+        """Refuse a field ``submitter`` may not set; the default cap on their active jobs
+        (0: none applies). The quotas are kept in memory: this reads no storage."""
+        if submitter is None or submitter.trusted:
+            return 0
+        quotas = await self._all_quotas()
+        binding = [q for q in quotas if q.binds(spec.user)]
+        refusal = privilege_refusal(submitter, spec.priority, spec.simulated, binding)
+        if refusal is not None:
+            raise PermissionDenied(f"{refusal.field}: {refusal.problem}")
+        return active_cap(spec.user, quotas, self.default_max_active_jobs)
+
     async def _store_and_decide(
-        self, spec: job_pb2.JobSpec, request_id: str, now: datetime
+        self, spec: job_pb2.JobSpec, request_id: str, now: datetime, cap: int = 0
     ) -> StoredJob:
         """Decide a new job and store it with its ``submitted`` event, its decision and the
         shares that changed, in one transaction; the job as stored (read back in that
@@ -377,7 +415,7 @@ class Submissions:
         # submissions need not wait behind.
         curve = await self._curve(job_id, spec)
         arrival = _Arrival(
-            job_id, spec, request_id, now, curve, asyncio.get_running_loop().create_future()
+            job_id, spec, request_id, now, curve, asyncio.get_running_loop().create_future(), cap
         )
         # Its outcome is read by the caller, unless the caller went away first.
         arrival.done.add_done_callback(lambda done: done.cancelled() or done.exception())
@@ -396,6 +434,14 @@ class Submissions:
             while self._arrivals:
                 batch = self._arrivals[:GROUP_COMMIT_LIMIT]
                 del self._arrivals[: len(batch)]
+                try:
+                    batch = await self._under_caps(batch)
+                except Exception as error:
+                    for arrival in batch:
+                        _settle(arrival, error)
+                    continue
+                if not batch:
+                    continue
                 try:
                     async with self._changing():
                         stored = await self._store_batch(batch)
@@ -419,6 +465,31 @@ class Submissions:
             for arrival in pending:
                 _settle(arrival, Unavailable("admission is stopping; submit again"))
             raise
+
+    async def _under_caps(self, batch: list[_Arrival]) -> list[_Arrival]:
+        """The arrivals the default cap on their users' active jobs lets in, in order; the
+        others are refused, RESOURCE_EXHAUSTED. Counted once a batch, before it is stored:
+        this task alone stores new jobs, so no job joins the counts meanwhile (an end only
+        lowers them), and each arrival let in counts for the ones after it. A refused
+        arrival whose request id stored a job before gets that job back (a retry)."""
+        if not any(arrival.cap for arrival in batch):
+            return batch
+        async with self.database.sessions() as session:
+            active = await repository.active_jobs(session, [a.spec.user for a in batch])
+            kept: list[_Arrival] = []
+            for arrival in batch:
+                user = arrival.spec.user
+                refusal = over_active_cap(user, active.get(user, 0), arrival.cap, CAP_SETTING)
+                if refusal is None:
+                    kept.append(arrival)
+                    active[user] = active.get(user, 0) + 1
+                elif arrival.request_id and await repository.job_by_request_id(
+                    session, request_key(user, arrival.request_id)
+                ):
+                    _settle(arrival, ConflictingWrite("a retry of a stored job"))
+                else:
+                    _settle(arrival, _exhausted(refusal))
+        return kept
 
     async def _store_batch(self, batch: Sequence[_Arrival]) -> list[StoredJob]:
         """Decide each arrival in order and store them all in one transaction (the pools'
@@ -1187,18 +1258,29 @@ class Submissions:
         return len(times), active
 
     async def set_quota(self, quota: Quota) -> tuple[Quota, int, int]:
-        """Store a quota set through the API (it wins over the quotas file); refused,
-        changing nothing, if the scope already holds more than it allows. The quota and
-        the scope's submissions and active jobs."""
+        """Store a quota set through the API (it wins over the quotas file). The quota and
+        the scope's submissions and active jobs.
+
+        A quota below what the scope holds now is stored too: its admitted and queued jobs
+        stay, and its next jobs are rejected, naming the quota and the use, until the use
+        falls below it. That is how an admin clamps a user who floods (issue 37: refusing
+        it left the admin no way to)."""
         moment = self.clock()
         async with self.database.transaction() as session:
             submissions, active = await self._use(session, quota, moment)
-            problem = below_use(quota, submissions, active)
-            if problem is not None:
-                raise FailedPrecondition(f"quota below current use: {problem}")
             await repository.put_quota(session, quota, moment)
         self._quotas_changed()
-        log.info("quota set", scope=quota.scope, source=quota.source)
+        below = (quota.max_active_jobs and active > quota.max_active_jobs) or (
+            quota.max_submissions and submissions > quota.max_submissions
+        )
+        log.info(
+            "quota set",
+            scope=quota.scope,
+            source=quota.source,
+            active_jobs=active,
+            submissions=submissions,
+            below_use=bool(below),
+        )
         return quota, submissions, active
 
     async def quota(self, scope: str) -> tuple[Quota, int, int]:
@@ -1350,6 +1432,10 @@ class Submissions:
         if state is None:
             raise InvalidArgument("outcome", f"unknown job outcome {event.outcome}")
         await self._ended(event.job_id, state, event.message, False)
+
+
+def _exhausted(refusal: Refusal) -> ResourceExhausted:
+    return ResourceExhausted(f"{refusal.field}: {refusal.problem}")
 
 
 def _job_tokens_revoked(job_id: str, state: str) -> Outgoing:

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 from sqlalchemy import (
     JSON,
+    Boolean,
     Column,
     DateTime,
     Float,
@@ -15,6 +16,7 @@ from sqlalchemy import (
     String,
     Table,
     Text,
+    false,
 )
 
 from stride.db.outbox import outbox_dead_letter_table, outbox_table
@@ -87,8 +89,11 @@ quotas = Table(
     Column("members", JSON, nullable=False),
     Column("source", String(8), nullable=False),
     Column("updated_at", DateTime(timezone=True), nullable=False),
+    Column("max_priority", String(16), nullable=True),
+    Column("allow_simulated", Boolean, nullable=False, server_default=false()),
 )
-"""Quotas of users and teams (:mod:`stride.admission.domain.quotas`)."""
+"""Quotas of users and teams (:mod:`stride.admission.domain.quotas`), with what they grant
+(``max_priority``: a priority word, NULL for none)."""
 
 outbox = outbox_table(metadata)
 outbox_dead_letter = outbox_dead_letter_table(metadata)

@@ -10,6 +10,10 @@ API (``SetQuota``, which wins over the file for the same scope).
 
 A team's membership is part of its quota, given by the operator; the user a job belongs to
 is its spec's ``user`` (verified identities come with issue 15's tokens).
+
+A quota may also *grant* what a user may not ask for by default (issue 37): a priority
+class above normal (``max_priority``) and simulated jobs (``allow_simulated``), which hold
+a share of the cluster and run no pods (:mod:`stride.admission.domain.limits` checks them).
 """
 
 from __future__ import annotations
@@ -21,10 +25,15 @@ from dataclasses import dataclass
 from stride.policy.elasticflow.quotas import DAY_SECONDS, UserQuota, quota_violation
 from stride.runtime.errors import InvalidArgument
 from stride.vocabulary import InvalidWord, check_name
+from stride.vocabulary.jobspec import Priority
 
 SOURCES = ("config", "api")
 MAX_MEMBERS = 10_000
 MAX_COUNT = 1_000_000
+DEFAULT_CLASS = Priority.NORMAL
+"""The highest priority class every user may ask for; a quota grants more."""
+GRANTABLE = (Priority.HIGH,)
+"""The classes a quota's ``max_priority`` may grant (those above :data:`DEFAULT_CLASS`)."""
 
 
 @dataclass(frozen=True)
@@ -37,6 +46,10 @@ class Quota:
     window_seconds: float = DAY_SECONDS
     members: tuple[str, ...] = ()
     source: str = "api"
+    max_priority: Priority | None = None
+    """The highest priority class its users may ask for (None: :data:`DEFAULT_CLASS`)."""
+    allow_simulated: bool = False
+    """Whether its users may submit simulated jobs (a share held, no pods run)."""
 
     @property
     def kind(self) -> str:
@@ -71,6 +84,25 @@ def check_scope(scope: str, field: str = "scope") -> str:
     return scope
 
 
+def _grants(
+    max_priority: object, allow_simulated: object, field: str
+) -> tuple[Priority | None, bool]:
+    """A quota's grants, checked: the class (a word, "" or None for none) and the flag."""
+    if not isinstance(allow_simulated, bool):
+        raise InvalidArgument(f"{field}.allow_simulated", "must be true or false")
+    if max_priority in (None, ""):
+        return None, allow_simulated
+    words = ", ".join(p.value for p in GRANTABLE)
+    granted = next((p for p in GRANTABLE if p.value == max_priority), None)
+    if granted is None:
+        raise InvalidArgument(
+            f"{field}.max_priority",
+            f"{str(max_priority)[:40]!r} cannot be granted: give {words} (every user may ask "
+            f"for {DEFAULT_CLASS.value} and below), or nothing",
+        )
+    return granted, allow_simulated
+
+
 def make_quota(
     scope: str,
     max_active_jobs: object = 0,
@@ -79,9 +111,14 @@ def make_quota(
     members: Sequence[object] = (),
     source: str = "api",
     field: str = "quota",
+    *,
+    max_priority: object = None,
+    allow_simulated: object = False,
 ) -> Quota:
-    """A checked quota; InvalidArgument names the bad field (under ``field``)."""
+    """A checked quota; InvalidArgument names the bad field (under ``field``).
+    ``max_priority``: a :class:`Priority` word a quota may grant (:data:`GRANTABLE`)."""
     check_scope(scope, f"{field}.scope")
+    granted, simulated = _grants(max_priority, allow_simulated, field)
     counts = {"max_active_jobs": max_active_jobs, "max_submissions": max_submissions}
     for key, value in counts.items():
         if isinstance(value, bool) or not isinstance(value, int) or not 0 <= value <= MAX_COUNT:
@@ -95,10 +132,11 @@ def make_quota(
         raise InvalidArgument(
             f"{field}.window_seconds", "must be from 0 (one day) to 366 days in seconds"
         )
-    if not max_active_jobs and not max_submissions:
+    if not max_active_jobs and not max_submissions and granted is None and not simulated:
         raise InvalidArgument(
             field,
-            "sets no limit: give max_active_jobs or max_submissions (DeleteQuota removes one)",
+            "sets no limit and grants nothing: give max_active_jobs, max_submissions, "
+            "max_priority or allow_simulated (DeleteQuota removes one)",
         )
     kind = scope.partition(":")[0]
     if kind == "user" and members:
@@ -127,12 +165,15 @@ def make_quota(
         float(window) or DAY_SECONDS,
         tuple(seen),
         source,
+        granted,
+        simulated,
     )
 
 
 def quotas_from_config(data: object) -> tuple[Quota, ...]:
     """The quotas file's contents (parsed YAML): ``quotas: [{scope, max_active_jobs,
-    max_submissions, window_seconds, members}]``; InvalidArgument names the bad entry."""
+    max_submissions, window_seconds, members, max_priority, allow_simulated}]``;
+    InvalidArgument names the bad entry."""
     if data is None:
         return ()
     if not isinstance(data, Mapping) or set(data) - {"quotas"}:
@@ -142,7 +183,15 @@ def quotas_from_config(data: object) -> tuple[Quota, ...]:
         raise InvalidArgument("quotas_file.quotas", "must be a list")
     quotas: list[Quota] = []
     scopes: set[str] = set()
-    known = {"scope", "max_active_jobs", "max_submissions", "window_seconds", "members"}
+    known = {
+        "scope",
+        "max_active_jobs",
+        "max_submissions",
+        "window_seconds",
+        "members",
+        "max_priority",
+        "allow_simulated",
+    }
     for index, entry in enumerate(entries):
         field = f"quotas_file.quotas[{index}]"
         if not isinstance(entry, Mapping):
@@ -166,6 +215,8 @@ def quotas_from_config(data: object) -> tuple[Quota, ...]:
             members,
             "config",
             field,
+            max_priority=entry.get("max_priority"),
+            allow_simulated=entry.get("allow_simulated", False),
         )
         if scope in scopes:
             raise InvalidArgument(f"{field}.scope", f"{scope!r} is given twice")
@@ -182,20 +233,3 @@ def violation(
     if problem is None:
         return None
     return problem.replace("admitted jobs", "active (admitted or queued) jobs")
-
-
-def below_use(quota: Quota, submissions: int, active_jobs: int) -> str | None:
-    """Why ``quota`` is below what the scope holds now (so setting it is refused), or None."""
-    if quota.max_active_jobs and active_jobs > quota.max_active_jobs:
-        return (
-            f"{quota.scope} holds {active_jobs} active (admitted or queued) jobs, above "
-            f"max_active_jobs {quota.max_active_jobs}: cancel jobs first, or set at least "
-            f"{active_jobs}"
-        )
-    if quota.max_submissions and submissions > quota.max_submissions:
-        return (
-            f"{quota.scope} submitted {submissions} jobs within the last "
-            f"{quota.window_seconds:g} s, above max_submissions {quota.max_submissions}: set "
-            f"at least {submissions}, or a shorter window"
-        )
-    return None

@@ -28,7 +28,7 @@ from stride.events.v1 import auth_pb2 as stride_dot_events_dot_v1_dot_auth__pb2
 from stride.events.v1 import job_pb2 as stride_dot_events_dot_v1_dot_job__pb2
 
 
-DESCRIPTOR = _descriptor_pool.Default().AddSerializedFile(b'\n/stride/api/admission/v1/admission_service.proto\x12\x17stride.api.admission.v1\x1a\x1fgoogle/protobuf/timestamp.proto\x1a!stride/api/limits/v1/limits.proto\x1a\x1bstride/events/v1/auth.proto\x1a\x1astride/events/v1/job.proto\"\x84\x02\n\x03Job\x12\x0e\n\x06job_id\x18\x01 \x01(\t\x12\'\n\x04spec\x18\x02 \x01(\x0b\x32\x19.stride.events.v1.JobSpec\x12\x30\n\x05state\x18\x03 \x01(\x0e\x32!.stride.api.admission.v1.JobState\x12\x35\n\x08\x64\x65\x63ision\x18\x04 \x01(\x0b\x32#.stride.events.v1.AdmissionDecision\x12\x30\n\x0csubmitted_at\x18\x05 \x01(\x0b\x32\x1a.google.protobuf.Timestamp\x12)\n\x05share\x18\x06 \x01(\x0b\x32\x1a.stride.events.v1.JobShare\"O\n\x10SubmitJobRequest\x12\'\n\x04spec\x18\x01 \x01(\x0b\x32\x19.stride.events.v1.JobSpec\x12\x12\n\nrequest_id\x18\x02 \x01(\t\">\n\x11SubmitJobResponse\x12)\n\x03job\x18\x01 \x01(\x0b\x32\x1c.stride.api.admission.v1.Job\"\x1f\n\rGetJobRequest\x12\x0e\n\x06job_id\x18\x01 \x01(\t\";\n\x0eGetJobResponse\x12)\n\x03job\x18\x01 \x01(\x0b\x32\x1c.stride.api.admission.v1.Job\"2\n\x0fListJobsRequest\x12\x0c\n\x04user\x18\x01 \x01(\t\x12\x11\n\tpage_size\x18\x02 \x01(\x05\">\n\x10ListJobsResponse\x12*\n\x04jobs\x18\x01 \x03(\x0b\x32\x1c.stride.api.admission.v1.Job\"\"\n\x10\x43\x61ncelJobRequest\x12\x0e\n\x06job_id\x18\x01 \x01(\t\">\n\x11\x43\x61ncelJobResponse\x12)\n\x03job\x18\x01 \x01(\x0b\x32\x1c.stride.api.admission.v1.Job\"\x81\x01\n\x05Quota\x12\r\n\x05scope\x18\x01 \x01(\t\x12\x17\n\x0fmax_active_jobs\x18\x02 \x01(\x03\x12\x17\n\x0fmax_submissions\x18\x03 \x01(\x03\x12\x16\n\x0ewindow_seconds\x18\x04 \x01(\x01\x12\x0f\n\x07members\x18\x05 \x03(\t\x12\x0e\n\x06source\x18\x06 \x01(\t\"4\n\x08QuotaUse\x12\x13\n\x0b\x61\x63tive_jobs\x18\x01 \x01(\x03\x12\x13\n\x0bsubmissions\x18\x02 \x01(\x03\"l\n\x0bQuotaStatus\x12-\n\x05quota\x18\x01 \x01(\x0b\x32\x1e.stride.api.admission.v1.Quota\x12.\n\x03use\x18\x02 \x01(\x0b\x32!.stride.api.admission.v1.QuotaUse\"@\n\x0fSetQuotaRequest\x12-\n\x05quota\x18\x01 \x01(\x0b\x32\x1e.stride.api.admission.v1.Quota\"H\n\x10SetQuotaResponse\x12\x34\n\x06status\x18\x01 \x01(\x0b\x32$.stride.api.admission.v1.QuotaStatus\" \n\x0fGetQuotaRequest\x12\r\n\x05scope\x18\x01 \x01(\t\"H\n\x10GetQuotaResponse\x12\x34\n\x06status\x18\x01 \x01(\x0b\x32$.stride.api.admission.v1.QuotaStatus\"E\n\x13RevokeTokensRequest\x12\x10\n\x08token_id\x18\x01 \x01(\t\x12\x0c\n\x04user\x18\x02 \x01(\t\x12\x0e\n\x06reason\x18\x03 \x01(\t\"M\n\x14RevokeTokensResponse\x12\x35\n\nrevocation\x18\x01 \x01(\x0b\x32!.stride.events.v1.TokenRevocation\"\x13\n\x11ListQuotasRequest\"J\n\x12ListQuotasResponse\x12\x34\n\x06quotas\x18\x01 \x03(\x0b\x32$.stride.api.admission.v1.QuotaStatus\"#\n\x12\x44\x65leteQuotaRequest\x12\r\n\x05scope\x18\x01 \x01(\t\"\x15\n\x13\x44\x65leteQuotaResponse\"d\n\x0e\x41\x64vanceRequest\x12&\n\x02to\x18\x01 \x01(\x0b\x32\x1a.google.protobuf.Timestamp\x12\x11\n\tinclusive\x18\x02 \x01(\x08\x12\x17\n\x0fto_unix_seconds\x18\x03 \x01(\x01\"\x9b\x01\n\x0f\x41\x64vanceResponse\x12\'\n\x03now\x18\x01 \x01(\x0b\x32\x1a.google.protobuf.Timestamp\x12.\n\nnext_round\x18\x02 \x01(\x0b\x32\x1a.google.protobuf.Timestamp\x12\x0e\n\x06rounds\x18\x03 \x01(\x05\x12\x1f\n\x17next_round_unix_seconds\x18\x04 \x01(\x01*\xcc\x01\n\x08JobState\x12\x19\n\x15JOB_STATE_UNSPECIFIED\x10\x00\x12\x17\n\x13JOB_STATE_SUBMITTED\x10\x01\x12\x16\n\x12JOB_STATE_ADMITTED\x10\x02\x12\x14\n\x10JOB_STATE_QUEUED\x10\x03\x12\x16\n\x12JOB_STATE_REJECTED\x10\x04\x12\x17\n\x13JOB_STATE_SUCCEEDED\x10\x05\x12\x14\n\x10JOB_STATE_FAILED\x10\x06\x12\x17\n\x13JOB_STATE_CANCELLED\x10\x07\x32\xa7\x07\n\x10\x41\x64missionService\x12k\n\tSubmitJob\x12).stride.api.admission.v1.SubmitJobRequest\x1a*.stride.api.admission.v1.SubmitJobResponse\"\x07\xc8\xf3\x18\x80\x80\x80\x02\x12Y\n\x06GetJob\x12&.stride.api.admission.v1.GetJobRequest\x1a\'.stride.api.admission.v1.GetJobResponse\x12_\n\x08ListJobs\x12(.stride.api.admission.v1.ListJobsRequest\x1a).stride.api.admission.v1.ListJobsResponse\x12\x62\n\tCancelJob\x12).stride.api.admission.v1.CancelJobRequest\x1a*.stride.api.admission.v1.CancelJobResponse\x12g\n\x08SetQuota\x12(.stride.api.admission.v1.SetQuotaRequest\x1a).stride.api.admission.v1.SetQuotaResponse\"\x06\xc8\xf3\x18\x80\x80@\x12_\n\x08GetQuota\x12(.stride.api.admission.v1.GetQuotaRequest\x1a).stride.api.admission.v1.GetQuotaResponse\x12\x65\n\nListQuotas\x12*.stride.api.admission.v1.ListQuotasRequest\x1a+.stride.api.admission.v1.ListQuotasResponse\x12h\n\x0b\x44\x65leteQuota\x12+.stride.api.admission.v1.DeleteQuotaRequest\x1a,.stride.api.admission.v1.DeleteQuotaResponse\x12k\n\x0cRevokeTokens\x12,.stride.api.admission.v1.RevokeTokensRequest\x1a-.stride.api.admission.v1.RevokeTokensResponse2r\n\x12ReplayClockService\x12\\\n\x07\x41\x64vance\x12\'.stride.api.admission.v1.AdvanceRequest\x1a(.stride.api.admission.v1.AdvanceResponseb\x06proto3')
+DESCRIPTOR = _descriptor_pool.Default().AddSerializedFile(b'\n/stride/api/admission/v1/admission_service.proto\x12\x17stride.api.admission.v1\x1a\x1fgoogle/protobuf/timestamp.proto\x1a!stride/api/limits/v1/limits.proto\x1a\x1bstride/events/v1/auth.proto\x1a\x1astride/events/v1/job.proto\"\x84\x02\n\x03Job\x12\x0e\n\x06job_id\x18\x01 \x01(\t\x12\'\n\x04spec\x18\x02 \x01(\x0b\x32\x19.stride.events.v1.JobSpec\x12\x30\n\x05state\x18\x03 \x01(\x0e\x32!.stride.api.admission.v1.JobState\x12\x35\n\x08\x64\x65\x63ision\x18\x04 \x01(\x0b\x32#.stride.events.v1.AdmissionDecision\x12\x30\n\x0csubmitted_at\x18\x05 \x01(\x0b\x32\x1a.google.protobuf.Timestamp\x12)\n\x05share\x18\x06 \x01(\x0b\x32\x1a.stride.events.v1.JobShare\"O\n\x10SubmitJobRequest\x12\'\n\x04spec\x18\x01 \x01(\x0b\x32\x19.stride.events.v1.JobSpec\x12\x12\n\nrequest_id\x18\x02 \x01(\t\">\n\x11SubmitJobResponse\x12)\n\x03job\x18\x01 \x01(\x0b\x32\x1c.stride.api.admission.v1.Job\"\x1f\n\rGetJobRequest\x12\x0e\n\x06job_id\x18\x01 \x01(\t\";\n\x0eGetJobResponse\x12)\n\x03job\x18\x01 \x01(\x0b\x32\x1c.stride.api.admission.v1.Job\"2\n\x0fListJobsRequest\x12\x0c\n\x04user\x18\x01 \x01(\t\x12\x11\n\tpage_size\x18\x02 \x01(\x05\">\n\x10ListJobsResponse\x12*\n\x04jobs\x18\x01 \x03(\x0b\x32\x1c.stride.api.admission.v1.Job\"\"\n\x10\x43\x61ncelJobRequest\x12\x0e\n\x06job_id\x18\x01 \x01(\t\">\n\x11\x43\x61ncelJobResponse\x12)\n\x03job\x18\x01 \x01(\x0b\x32\x1c.stride.api.admission.v1.Job\"\xcc\x01\n\x05Quota\x12\r\n\x05scope\x18\x01 \x01(\t\x12\x17\n\x0fmax_active_jobs\x18\x02 \x01(\x03\x12\x17\n\x0fmax_submissions\x18\x03 \x01(\x03\x12\x16\n\x0ewindow_seconds\x18\x04 \x01(\x01\x12\x0f\n\x07members\x18\x05 \x03(\t\x12\x0e\n\x06source\x18\x06 \x01(\t\x12\x30\n\x0cmax_priority\x18\x07 \x01(\x0e\x32\x1a.stride.events.v1.Priority\x12\x17\n\x0f\x61llow_simulated\x18\x08 \x01(\x08\"4\n\x08QuotaUse\x12\x13\n\x0b\x61\x63tive_jobs\x18\x01 \x01(\x03\x12\x13\n\x0bsubmissions\x18\x02 \x01(\x03\"l\n\x0bQuotaStatus\x12-\n\x05quota\x18\x01 \x01(\x0b\x32\x1e.stride.api.admission.v1.Quota\x12.\n\x03use\x18\x02 \x01(\x0b\x32!.stride.api.admission.v1.QuotaUse\"@\n\x0fSetQuotaRequest\x12-\n\x05quota\x18\x01 \x01(\x0b\x32\x1e.stride.api.admission.v1.Quota\"H\n\x10SetQuotaResponse\x12\x34\n\x06status\x18\x01 \x01(\x0b\x32$.stride.api.admission.v1.QuotaStatus\" \n\x0fGetQuotaRequest\x12\r\n\x05scope\x18\x01 \x01(\t\"H\n\x10GetQuotaResponse\x12\x34\n\x06status\x18\x01 \x01(\x0b\x32$.stride.api.admission.v1.QuotaStatus\"E\n\x13RevokeTokensRequest\x12\x10\n\x08token_id\x18\x01 \x01(\t\x12\x0c\n\x04user\x18\x02 \x01(\t\x12\x0e\n\x06reason\x18\x03 \x01(\t\"M\n\x14RevokeTokensResponse\x12\x35\n\nrevocation\x18\x01 \x01(\x0b\x32!.stride.events.v1.TokenRevocation\"\x13\n\x11ListQuotasRequest\"J\n\x12ListQuotasResponse\x12\x34\n\x06quotas\x18\x01 \x03(\x0b\x32$.stride.api.admission.v1.QuotaStatus\"#\n\x12\x44\x65leteQuotaRequest\x12\r\n\x05scope\x18\x01 \x01(\t\"\x15\n\x13\x44\x65leteQuotaResponse\"d\n\x0e\x41\x64vanceRequest\x12&\n\x02to\x18\x01 \x01(\x0b\x32\x1a.google.protobuf.Timestamp\x12\x11\n\tinclusive\x18\x02 \x01(\x08\x12\x17\n\x0fto_unix_seconds\x18\x03 \x01(\x01\"\x9b\x01\n\x0f\x41\x64vanceResponse\x12\'\n\x03now\x18\x01 \x01(\x0b\x32\x1a.google.protobuf.Timestamp\x12.\n\nnext_round\x18\x02 \x01(\x0b\x32\x1a.google.protobuf.Timestamp\x12\x0e\n\x06rounds\x18\x03 \x01(\x05\x12\x1f\n\x17next_round_unix_seconds\x18\x04 \x01(\x01*\xcc\x01\n\x08JobState\x12\x19\n\x15JOB_STATE_UNSPECIFIED\x10\x00\x12\x17\n\x13JOB_STATE_SUBMITTED\x10\x01\x12\x16\n\x12JOB_STATE_ADMITTED\x10\x02\x12\x14\n\x10JOB_STATE_QUEUED\x10\x03\x12\x16\n\x12JOB_STATE_REJECTED\x10\x04\x12\x17\n\x13JOB_STATE_SUCCEEDED\x10\x05\x12\x14\n\x10JOB_STATE_FAILED\x10\x06\x12\x17\n\x13JOB_STATE_CANCELLED\x10\x07\x32\xa6\x07\n\x10\x41\x64missionService\x12j\n\tSubmitJob\x12).stride.api.admission.v1.SubmitJobRequest\x1a*.stride.api.admission.v1.SubmitJobResponse\"\x06\xc8\xf3\x18\x80\xc0\x10\x12Y\n\x06GetJob\x12&.stride.api.admission.v1.GetJobRequest\x1a\'.stride.api.admission.v1.GetJobResponse\x12_\n\x08ListJobs\x12(.stride.api.admission.v1.ListJobsRequest\x1a).stride.api.admission.v1.ListJobsResponse\x12\x62\n\tCancelJob\x12).stride.api.admission.v1.CancelJobRequest\x1a*.stride.api.admission.v1.CancelJobResponse\x12g\n\x08SetQuota\x12(.stride.api.admission.v1.SetQuotaRequest\x1a).stride.api.admission.v1.SetQuotaResponse\"\x06\xc8\xf3\x18\x80\xc0\x10\x12_\n\x08GetQuota\x12(.stride.api.admission.v1.GetQuotaRequest\x1a).stride.api.admission.v1.GetQuotaResponse\x12\x65\n\nListQuotas\x12*.stride.api.admission.v1.ListQuotasRequest\x1a+.stride.api.admission.v1.ListQuotasResponse\x12h\n\x0b\x44\x65leteQuota\x12+.stride.api.admission.v1.DeleteQuotaRequest\x1a,.stride.api.admission.v1.DeleteQuotaResponse\x12k\n\x0cRevokeTokens\x12,.stride.api.admission.v1.RevokeTokensRequest\x1a-.stride.api.admission.v1.RevokeTokensResponse2r\n\x12ReplayClockService\x12\\\n\x07\x41\x64vance\x12\'.stride.api.admission.v1.AdvanceRequest\x1a(.stride.api.admission.v1.AdvanceResponseb\x06proto3')
 
 _globals = globals()
 _builder.BuildMessageAndEnumDescriptors(DESCRIPTOR, _globals)
@@ -36,11 +36,11 @@ _builder.BuildTopDescriptorsAndMessages(DESCRIPTOR, 'stride.api.admission.v1.adm
 if not _descriptor._USE_C_DESCRIPTORS:
   DESCRIPTOR._loaded_options = None
   _globals['_ADMISSIONSERVICE'].methods_by_name['SubmitJob']._loaded_options = None
-  _globals['_ADMISSIONSERVICE'].methods_by_name['SubmitJob']._serialized_options = b'\310\363\030\200\200\200\002'
+  _globals['_ADMISSIONSERVICE'].methods_by_name['SubmitJob']._serialized_options = b'\310\363\030\200\300\020'
   _globals['_ADMISSIONSERVICE'].methods_by_name['SetQuota']._loaded_options = None
-  _globals['_ADMISSIONSERVICE'].methods_by_name['SetQuota']._serialized_options = b'\310\363\030\200\200@'
-  _globals['_JOBSTATE']._serialized_start=2031
-  _globals['_JOBSTATE']._serialized_end=2235
+  _globals['_ADMISSIONSERVICE'].methods_by_name['SetQuota']._serialized_options = b'\310\363\030\200\300\020'
+  _globals['_JOBSTATE']._serialized_start=2106
+  _globals['_JOBSTATE']._serialized_end=2310
   _globals['_JOB']._serialized_start=202
   _globals['_JOB']._serialized_end=462
   _globals['_SUBMITJOBREQUEST']._serialized_start=464
@@ -60,37 +60,37 @@ if not _descriptor._USE_C_DESCRIPTORS:
   _globals['_CANCELJOBRESPONSE']._serialized_start=855
   _globals['_CANCELJOBRESPONSE']._serialized_end=917
   _globals['_QUOTA']._serialized_start=920
-  _globals['_QUOTA']._serialized_end=1049
-  _globals['_QUOTAUSE']._serialized_start=1051
-  _globals['_QUOTAUSE']._serialized_end=1103
-  _globals['_QUOTASTATUS']._serialized_start=1105
-  _globals['_QUOTASTATUS']._serialized_end=1213
-  _globals['_SETQUOTAREQUEST']._serialized_start=1215
-  _globals['_SETQUOTAREQUEST']._serialized_end=1279
-  _globals['_SETQUOTARESPONSE']._serialized_start=1281
-  _globals['_SETQUOTARESPONSE']._serialized_end=1353
-  _globals['_GETQUOTAREQUEST']._serialized_start=1355
-  _globals['_GETQUOTAREQUEST']._serialized_end=1387
-  _globals['_GETQUOTARESPONSE']._serialized_start=1389
-  _globals['_GETQUOTARESPONSE']._serialized_end=1461
-  _globals['_REVOKETOKENSREQUEST']._serialized_start=1463
-  _globals['_REVOKETOKENSREQUEST']._serialized_end=1532
-  _globals['_REVOKETOKENSRESPONSE']._serialized_start=1534
-  _globals['_REVOKETOKENSRESPONSE']._serialized_end=1611
-  _globals['_LISTQUOTASREQUEST']._serialized_start=1613
-  _globals['_LISTQUOTASREQUEST']._serialized_end=1632
-  _globals['_LISTQUOTASRESPONSE']._serialized_start=1634
-  _globals['_LISTQUOTASRESPONSE']._serialized_end=1708
-  _globals['_DELETEQUOTAREQUEST']._serialized_start=1710
-  _globals['_DELETEQUOTAREQUEST']._serialized_end=1745
-  _globals['_DELETEQUOTARESPONSE']._serialized_start=1747
-  _globals['_DELETEQUOTARESPONSE']._serialized_end=1768
-  _globals['_ADVANCEREQUEST']._serialized_start=1770
-  _globals['_ADVANCEREQUEST']._serialized_end=1870
-  _globals['_ADVANCERESPONSE']._serialized_start=1873
-  _globals['_ADVANCERESPONSE']._serialized_end=2028
-  _globals['_ADMISSIONSERVICE']._serialized_start=2238
-  _globals['_ADMISSIONSERVICE']._serialized_end=3173
-  _globals['_REPLAYCLOCKSERVICE']._serialized_start=3175
-  _globals['_REPLAYCLOCKSERVICE']._serialized_end=3289
+  _globals['_QUOTA']._serialized_end=1124
+  _globals['_QUOTAUSE']._serialized_start=1126
+  _globals['_QUOTAUSE']._serialized_end=1178
+  _globals['_QUOTASTATUS']._serialized_start=1180
+  _globals['_QUOTASTATUS']._serialized_end=1288
+  _globals['_SETQUOTAREQUEST']._serialized_start=1290
+  _globals['_SETQUOTAREQUEST']._serialized_end=1354
+  _globals['_SETQUOTARESPONSE']._serialized_start=1356
+  _globals['_SETQUOTARESPONSE']._serialized_end=1428
+  _globals['_GETQUOTAREQUEST']._serialized_start=1430
+  _globals['_GETQUOTAREQUEST']._serialized_end=1462
+  _globals['_GETQUOTARESPONSE']._serialized_start=1464
+  _globals['_GETQUOTARESPONSE']._serialized_end=1536
+  _globals['_REVOKETOKENSREQUEST']._serialized_start=1538
+  _globals['_REVOKETOKENSREQUEST']._serialized_end=1607
+  _globals['_REVOKETOKENSRESPONSE']._serialized_start=1609
+  _globals['_REVOKETOKENSRESPONSE']._serialized_end=1686
+  _globals['_LISTQUOTASREQUEST']._serialized_start=1688
+  _globals['_LISTQUOTASREQUEST']._serialized_end=1707
+  _globals['_LISTQUOTASRESPONSE']._serialized_start=1709
+  _globals['_LISTQUOTASRESPONSE']._serialized_end=1783
+  _globals['_DELETEQUOTAREQUEST']._serialized_start=1785
+  _globals['_DELETEQUOTAREQUEST']._serialized_end=1820
+  _globals['_DELETEQUOTARESPONSE']._serialized_start=1822
+  _globals['_DELETEQUOTARESPONSE']._serialized_end=1843
+  _globals['_ADVANCEREQUEST']._serialized_start=1845
+  _globals['_ADVANCEREQUEST']._serialized_end=1945
+  _globals['_ADVANCERESPONSE']._serialized_start=1948
+  _globals['_ADVANCERESPONSE']._serialized_end=2103
+  _globals['_ADMISSIONSERVICE']._serialized_start=2313
+  _globals['_ADMISSIONSERVICE']._serialized_end=3247
+  _globals['_REPLAYCLOCKSERVICE']._serialized_start=3249
+  _globals['_REPLAYCLOCKSERVICE']._serialized_end=3363
 # @@protoc_insertion_point(module_scope)

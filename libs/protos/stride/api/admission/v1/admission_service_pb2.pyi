@@ -324,6 +324,8 @@ class Quota(_message.Message):
     WINDOW_SECONDS_FIELD_NUMBER: _builtins.int
     MEMBERS_FIELD_NUMBER: _builtins.int
     SOURCE_FIELD_NUMBER: _builtins.int
+    MAX_PRIORITY_FIELD_NUMBER: _builtins.int
+    ALLOW_SIMULATED_FIELD_NUMBER: _builtins.int
     scope: _builtins.str
     """"user:<name>" or "team:<name>"."""
     max_active_jobs: _builtins.int
@@ -334,6 +336,14 @@ class Quota(_message.Message):
     """The submission window in seconds (0: one day)."""
     source: _builtins.str
     """Where it was set: "config" (the quotas file) or "api" (SetQuota, which wins)."""
+    max_priority: _job_pb2.Priority.ValueType
+    """The highest priority class the scope's users may ask for. Every user may ask for
+    normal and low; unspecified grants nothing more, and only high can be granted.
+    """
+    allow_simulated: _builtins.bool
+    """Whether the scope's users may submit simulated jobs (a share held, no pods run);
+    otherwise only admins may.
+    """
     @_builtins.property
     def members(self) -> _containers.RepeatedScalarFieldContainer[_builtins.str]:
         """A team's users (a team scope needs at least one; a user scope none)."""
@@ -347,10 +357,12 @@ class Quota(_message.Message):
         window_seconds: _builtins.float = ...,
         members: _abc.Iterable[_builtins.str] | None = ...,
         source: _builtins.str = ...,
+        max_priority: _job_pb2.Priority.ValueType = ...,
+        allow_simulated: _builtins.bool = ...,
     ) -> None: ...
     _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
     def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
-    _ClearFieldArgType: _TypeAlias = _typing.Literal["max_active_jobs", b"max_active_jobs", "max_submissions", b"max_submissions", "members", b"members", "scope", b"scope", "source", b"source", "window_seconds", b"window_seconds"]  # noqa: Y015
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["allow_simulated", b"allow_simulated", "max_active_jobs", b"max_active_jobs", "max_priority", b"max_priority", "max_submissions", b"max_submissions", "members", b"members", "scope", b"scope", "source", b"source", "window_seconds", b"window_seconds"]  # noqa: Y015
     def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
     def WhichOneof(self, oneof_group: _Never) -> None: ...
 

@@ -90,6 +90,10 @@ class AdmissionServiceServicer:
         """SubmitJob validates a job spec, stores it and decides whether to admit it.
         An invalid spec fails with INVALID_ARGUMENT naming the field, and nothing is stored.
         Submitting again with the same request_id returns the first job instead of a new one.
+        A user (not an admin) is limited: RESOURCE_EXHAUSTED past their submission rate (the
+        message says when to retry) or their active jobs' default cap (naming the limit and
+        the count); PERMISSION_DENIED naming spec.simulated or spec.priority when they ask for
+        a simulated job or a class above normal that no quota of theirs grants.
         """
         context.set_code(grpc.StatusCode.UNIMPLEMENTED)
         context.set_details('Method not implemented!')
@@ -118,7 +122,9 @@ class AdmissionServiceServicer:
 
     def SetQuota(self, request, context):
         """SetQuota sets (replaces) the quota of a user or a team. INVALID_ARGUMENT names a bad
-        field; FAILED_PRECONDITION when it is below what the scope holds now (nothing changes).
+        field. A quota below what the scope holds now is accepted: its admitted and queued
+        jobs stay, and new ones are rejected, naming the quota and the use, until use falls
+        below it (so an admin can clamp a user who floods).
         """
         context.set_code(grpc.StatusCode.UNIMPLEMENTED)
         context.set_details('Method not implemented!')

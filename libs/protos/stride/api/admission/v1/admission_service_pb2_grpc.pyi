@@ -37,6 +37,10 @@ class AdmissionServiceStub:
     """SubmitJob validates a job spec, stores it and decides whether to admit it.
     An invalid spec fails with INVALID_ARGUMENT naming the field, and nothing is stored.
     Submitting again with the same request_id returns the first job instead of a new one.
+    A user (not an admin) is limited: RESOURCE_EXHAUSTED past their submission rate (the
+    message says when to retry) or their active jobs' default cap (naming the limit and
+    the count); PERMISSION_DENIED naming spec.simulated or spec.priority when they ask for
+    a simulated job or a class above normal that no quota of theirs grants.
     """
     GetJob: _grpc.UnaryUnaryMultiCallable[_admission_service_pb2.GetJobRequest, _admission_service_pb2.GetJobResponse]
     """GetJob returns one job with its spec, state and latest decision. NOT_FOUND if unknown."""
@@ -46,7 +50,9 @@ class AdmissionServiceStub:
     """CancelJob stops a job and frees its capacity. Cancelling a finished job is a no-op."""
     SetQuota: _grpc.UnaryUnaryMultiCallable[_admission_service_pb2.SetQuotaRequest, _admission_service_pb2.SetQuotaResponse]
     """SetQuota sets (replaces) the quota of a user or a team. INVALID_ARGUMENT names a bad
-    field; FAILED_PRECONDITION when it is below what the scope holds now (nothing changes).
+    field. A quota below what the scope holds now is accepted: its admitted and queued
+    jobs stay, and new ones are rejected, naming the quota and the use, until use falls
+    below it (so an admin can clamp a user who floods).
     """
     GetQuota: _grpc.UnaryUnaryMultiCallable[_admission_service_pb2.GetQuotaRequest, _admission_service_pb2.GetQuotaResponse]
     """GetQuota returns a scope's quota and what the scope uses now. NOT_FOUND if it has none."""
@@ -69,6 +75,10 @@ class AdmissionServiceAsyncStub(AdmissionServiceStub):
     """SubmitJob validates a job spec, stores it and decides whether to admit it.
     An invalid spec fails with INVALID_ARGUMENT naming the field, and nothing is stored.
     Submitting again with the same request_id returns the first job instead of a new one.
+    A user (not an admin) is limited: RESOURCE_EXHAUSTED past their submission rate (the
+    message says when to retry) or their active jobs' default cap (naming the limit and
+    the count); PERMISSION_DENIED naming spec.simulated or spec.priority when they ask for
+    a simulated job or a class above normal that no quota of theirs grants.
     """
     GetJob: _aio.UnaryUnaryMultiCallable[_admission_service_pb2.GetJobRequest, _admission_service_pb2.GetJobResponse]  # type: ignore[assignment]
     """GetJob returns one job with its spec, state and latest decision. NOT_FOUND if unknown."""
@@ -78,7 +88,9 @@ class AdmissionServiceAsyncStub(AdmissionServiceStub):
     """CancelJob stops a job and frees its capacity. Cancelling a finished job is a no-op."""
     SetQuota: _aio.UnaryUnaryMultiCallable[_admission_service_pb2.SetQuotaRequest, _admission_service_pb2.SetQuotaResponse]  # type: ignore[assignment]
     """SetQuota sets (replaces) the quota of a user or a team. INVALID_ARGUMENT names a bad
-    field; FAILED_PRECONDITION when it is below what the scope holds now (nothing changes).
+    field. A quota below what the scope holds now is accepted: its admitted and queued
+    jobs stay, and new ones are rejected, naming the quota and the use, until use falls
+    below it (so an admin can clamp a user who floods).
     """
     GetQuota: _aio.UnaryUnaryMultiCallable[_admission_service_pb2.GetQuotaRequest, _admission_service_pb2.GetQuotaResponse]  # type: ignore[assignment]
     """GetQuota returns a scope's quota and what the scope uses now. NOT_FOUND if it has none."""
@@ -104,6 +116,10 @@ class AdmissionServiceServicer(metaclass=_abc_1.ABCMeta):
         """SubmitJob validates a job spec, stores it and decides whether to admit it.
         An invalid spec fails with INVALID_ARGUMENT naming the field, and nothing is stored.
         Submitting again with the same request_id returns the first job instead of a new one.
+        A user (not an admin) is limited: RESOURCE_EXHAUSTED past their submission rate (the
+        message says when to retry) or their active jobs' default cap (naming the limit and
+        the count); PERMISSION_DENIED naming spec.simulated or spec.priority when they ask for
+        a simulated job or a class above normal that no quota of theirs grants.
         """
 
     @_abc_1.abstractmethod
@@ -137,7 +153,9 @@ class AdmissionServiceServicer(metaclass=_abc_1.ABCMeta):
         context: _ServicerContext,
     ) -> _typing.Union[_admission_service_pb2.SetQuotaResponse, _abc.Awaitable[_admission_service_pb2.SetQuotaResponse]]:
         """SetQuota sets (replaces) the quota of a user or a team. INVALID_ARGUMENT names a bad
-        field; FAILED_PRECONDITION when it is below what the scope holds now (nothing changes).
+        field. A quota below what the scope holds now is accepted: its admitted and queued
+        jobs stay, and new ones are rejected, naming the quota and the use, until use falls
+        below it (so an admin can clamp a user who floods).
         """
 
     @_abc_1.abstractmethod

@@ -9,8 +9,14 @@ Who may call (:data:`ACCESS`), by the caller's verified user token:
 - a user reads the quotas that bind them; admins see and manage every job and quota, and
   drive a stepped replay clock.
 
-In plain text (``STRIDE_INSECURE=1``) nothing is verified: the spec's ``user`` stands, and
-a spec without one is :data:`ANONYMOUS`'s.
+A user's submissions are limited by who they are (issue 37): a rate per user
+(:class:`~stride.runtime.auth.RateLimiter` keyed by the token's user, RESOURCE_EXHAUSTED
+saying when to retry), a default cap on their active jobs, and the spec fields only an
+admin or a granting quota may set (:mod:`stride.admission.domain.limits`). An admin is
+trusted with all of it.
+
+In plain text (``STRIDE_INSECURE=1``) nothing is verified: the spec's ``user`` stands, a
+spec without one is :data:`ANONYMOUS`'s, and every caller is trusted as an admin is.
 """
 
 from __future__ import annotations
@@ -24,15 +30,17 @@ from typing import Any
 import grpc
 
 from stride.admission.adapters.convert import timestamp
+from stride.admission.domain.limits import Submitter
 from stride.admission.domain.quotas import Quota, make_quota
 from stride.admission.usecases import ExactMoment, StoredJob, Submissions
 from stride.api.admission.v1 import admission_service_pb2 as pb
 from stride.api.admission.v1 import admission_service_pb2_grpc as pb_grpc
+from stride.events.v1 import job_pb2
 from stride.runtime import auth
-from stride.runtime.errors import InvalidArgument, PermissionDenied
+from stride.runtime.errors import InvalidArgument, PermissionDenied, ResourceExhausted
 from stride.runtime.tokens import NAME_LIMIT, TokenError, check_claim_name
 from stride.vocabulary import InvalidWord, check_job_id, check_name, echo
-from stride.vocabulary.jobspec import MAX_DEADLINE_AHEAD
+from stride.vocabulary.jobspec import MAX_DEADLINE_AHEAD, PRIORITY_BY_NUMBER, Priority
 
 Context = grpc.aio.ServicerContext[Any, Any]
 
@@ -80,9 +88,27 @@ def quota_status(quota: Quota, submissions: int, active: int) -> pb.QuotaStatus:
             window_seconds=quota.window_seconds,
             members=list(quota.members),
             source=quota.source,
+            max_priority=_priority_number(quota.max_priority),
+            allow_simulated=quota.allow_simulated,
         ),
         use=pb.QuotaUse(active_jobs=active, submissions=submissions),
     )
+
+
+def _priority_number(word: Priority | None) -> job_pb2.Priority.ValueType:
+    """A quota's ``max_priority`` on the wire (None: unspecified)."""
+    if word is None:
+        return job_pb2.PRIORITY_UNSPECIFIED
+    return job_pb2.Priority.Value(f"PRIORITY_{word.name}")
+
+
+def _priority_word(number: int) -> str:
+    """A quota's ``max_priority`` as the word the domain checks ("" for unspecified; an
+    unknown number is kept as digits, so the check names it)."""
+    if not number:
+        return ""
+    word = PRIORITY_BY_NUMBER.get(number)
+    return word.value if word is not None else str(number)
 
 
 ANONYMOUS = "anonymous"
@@ -117,8 +143,22 @@ def _not_yours(what: str, caller: auth.Caller) -> PermissionDenied:
 class AdmissionApi(pb_grpc.AdmissionServiceServicer):
     """gRPC servicer; errors are raised as domain errors and mapped by the server."""
 
-    def __init__(self, submissions: Submissions) -> None:
+    def __init__(self, submissions: Submissions, rate: auth.RateLimiter | None = None) -> None:
         self.submissions = submissions
+        self.rate = rate
+        """Submissions per user a second (None: not limited)."""
+
+    def _throttle(self, user: str) -> None:
+        """Take one submission from ``user``'s bucket, or refuse saying when to retry."""
+        if self.rate is None:
+            return
+        wait = self.rate.take(user)
+        if wait > 0:
+            raise ResourceExhausted(
+                f"submission rate: user {user!r} submits more than {self.rate.rate:g} jobs a "
+                f"second (burst {self.rate.burst:g}, STRIDE_ADMISSION_SUBMIT_RATE_PER_SECOND "
+                f"and _BURST); none is left now: retry in {max(wait, 0.001):.3f} s"
+            )
 
     async def _own_job(self, job_id: str) -> StoredJob:
         """The job, if the caller may see it (its submitter, or an admin)."""
@@ -142,7 +182,10 @@ class AdmissionApi(pb_grpc.AdmissionServiceServicer):
                     f"from the token ({caller.user.user!r}); leave spec.user empty"
                 )
             spec.user = caller.user.user
-        job = await self.submissions.submit(spec, _request_id(request.request_id))
+        submitter = Submitter(spec.user, trusted=caller.admin)
+        if not submitter.trusted:
+            self._throttle(spec.user)
+        job = await self.submissions.submit(spec, _request_id(request.request_id), submitter)
         return pb.SubmitJobResponse(job=job_to_proto(job))
 
     async def GetJob(self, request: pb.GetJobRequest, context: Context) -> pb.GetJobResponse:
@@ -179,6 +222,8 @@ class AdmissionApi(pb_grpc.AdmissionServiceServicer):
             given.window_seconds,
             list(given.members),
             "api",
+            max_priority=_priority_word(given.max_priority),
+            allow_simulated=given.allow_simulated,
         )
         return pb.SetQuotaResponse(status=quota_status(*await self.submissions.set_quota(quota)))
 

@@ -13,6 +13,7 @@ from sqlalchemy.ext.asyncio import AsyncSession
 from stride.admission.db.tables import capacity, decisions, jobs, ledger, outbox, quotas
 from stride.admission.domain.quotas import Quota
 from stride.events.v1 import job_pb2
+from stride.vocabulary.jobspec import Priority
 
 ACTIVE_STATES = ("ADMITTED", "QUEUED")
 """States of jobs that hold or wait for a share."""
@@ -350,6 +351,8 @@ def _quota(row: Any) -> Quota:
         row.window_seconds,
         tuple(row.members),
         row.source,
+        Priority(row.max_priority) if row.max_priority else None,
+        bool(row.allow_simulated),
     )
 
 
@@ -374,6 +377,8 @@ async def put_quota(session: AsyncSession, quota: Quota, at: datetime) -> None:
         "members": list(quota.members),
         "source": quota.source,
         "updated_at": at,
+        "max_priority": quota.max_priority.value if quota.max_priority is not None else None,
+        "allow_simulated": quota.allow_simulated,
     }
     updated = await session.execute(
         update(quotas).where(quotas.c.scope == quota.scope).values(**values)
@@ -406,6 +411,18 @@ async def scope_use(
         .where(jobs.c.user.in_(users), jobs.c.state.in_(ACTIVE_STATES), jobs.c.job_id != leave_out)
     )
     return times, int(active or 0)
+
+
+async def active_jobs(session: AsyncSession, users: Sequence[str]) -> dict[str, int]:
+    """Each user's active (admitted or queued) jobs; a user with none is left out."""
+    if not users:
+        return {}
+    rows = await session.execute(
+        select(jobs.c.user, func.count())
+        .where(jobs.c.user.in_(sorted(set(users))), jobs.c.state.in_(ACTIVE_STATES))
+        .group_by(jobs.c.user)
+    )
+    return {user: int(count) for user, count in rows}
 
 
 def _aware(moment: datetime) -> datetime:
