@@ -20,7 +20,6 @@ from google.protobuf.timestamp_pb2 import Timestamp
 from stride.api.dispatcher.v1 import dispatcher_service_pb2 as pb
 from stride.api.dispatcher.v1 import dispatcher_service_pb2_grpc as pb_grpc
 from stride.bus import topics
-from stride.dispatcher.adapters.outbound.fastpath import FAST_CUT_SHARDS
 from stride.dispatcher.app import build
 from stride.dispatcher.settings import DispatcherSettings
 from stride.events.v1 import plan_pb2, pod_pb2, shard_pb2
@@ -593,31 +592,3 @@ async def test_the_client_library_prefetches_and_reports_revocations(
     await asyncio.to_thread(work)
     counts = await state(stub)
     assert (counts.done, counts.doing) == (1, 1)
-
-
-async def test_a_big_epoch_is_cut_whole_even_when_its_first_caller_gives_up(stub: Stub) -> None:
-    """An epoch over FAST_CUT_SHARDS is cut on the general path, off the event loop: a
-    first GetShard whose client times out meanwhile does not roll it back, every shard of
-    the epoch is there once, and the next call leases the first in hand-out order."""
-    shards = FAST_CUT_SHARDS + 5_000
-    await create(stub, record_count=shards, batch_size=1, shard_batches=1)
-    token = await register(stub, "w-0")
-    request = pb.GetShardRequest(worker=ref("w-0", token))
-    try:
-        await stub.GetShard(request, timeout=0.05)  # gives up while the epoch is cut
-    except grpc.aio.AioRpcError as error:
-        assert error.code() == grpc.StatusCode.DEADLINE_EXCEEDED
-
-    async def cut() -> pb.GetDatasetStateResponse:
-        counts = await state(stub)
-        assert counts.todo + counts.doing == shards, counts
-        return counts
-
-    before = await assert_eventually(cut, timeout=60)
-    assert before.doing <= 1  # the abandoned call's lease, if it got that far
-    reply = await get(stub, "w-0", token)
-    assert reply.HasField("shard")
-    after = await state(stub)
-    # The retry's lease, beside the abandoned call's if it got that far (a worker may hold
-    # two: the lost answer's shard comes back when its lease lapses).
-    assert after.todo + after.doing == shards and 1 <= after.doing <= before.doing + 1

@@ -82,11 +82,18 @@ async def test_an_oversized_spec_is_refused_and_the_next_job_is_admitted_and_pla
     services: tuple[ServiceHost, ServiceHost], nats_url: str, tmp_path: Path
 ) -> None:
     admission, optimizer = services
+    # Over the spec's limit but inside SubmitJob's transport limit (the spec's plus a small
+    # envelope): refused by the spec rule, naming it.
     big = valid_spec("too-big")
-    big.hyperparameters["blob"] = "x" * TWO_MIB
-    assert big.ByteSize() > TWO_MIB
+    big.hyperparameters["blob"] = "x" * (260 * 1024)
+    huge = valid_spec("far-too-big")
+    huge.hyperparameters["blob"] = "x" * TWO_MIB
     async with aio_channel(f"127.0.0.1:{admission.server.port}", "admission") as channel:
         stub = admission_grpc.AdmissionServiceStub(channel)
+        # Over the transport limit: gRPC refuses it before anything decodes it.
+        with pytest.raises(grpc.aio.AioRpcError) as raised:
+            await stub.SubmitJob(admission_pb.SubmitJobRequest(spec=huge))
+        assert raised.value.code() == grpc.StatusCode.RESOURCE_EXHAUSTED
         with pytest.raises(grpc.aio.AioRpcError) as raised:
             await stub.SubmitJob(admission_pb.SubmitJobRequest(spec=big))
         assert raised.value.code() == grpc.StatusCode.INVALID_ARGUMENT
@@ -154,3 +161,31 @@ async def test_a_negative_embedding_dim_is_refused_at_submit_not_dead_lettered(
         assert (await stub.ListJobs(admission_pb.ListJobsRequest())).jobs == []
     assert await stream_messages(nats_url, topics.JOBS.subjects[0]) == []
     assert await dead_letters(nats_url, ADMITTED_DURABLE) == []
+
+
+async def test_a_record_count_the_dispatcher_would_refuse_is_refused_at_submit(
+    services: tuple[ServiceHost, ServiceHost], nats_url: str
+) -> None:
+    """Finding 7 of issue 37: ``record_count: 4000000`` was admitted, and the job failed at
+    start when its trainer's index-list dataset was refused by the shard dispatcher."""
+    admission, _ = services
+    spec = valid_spec("four-million")
+    spec.dataset.record_count = 4_000_000
+    async with aio_channel(f"127.0.0.1:{admission.server.port}", "admission") as channel:
+        stub = admission_grpc.AdmissionServiceStub(channel)
+        with pytest.raises(grpc.aio.AioRpcError) as raised:
+            await stub.SubmitJob(admission_pb.SubmitJobRequest(spec=spec))
+        assert raised.value.code() == grpc.StatusCode.INVALID_ARGUMENT
+        details = raised.value.details() or ""
+        assert details.startswith("spec.dataset.record_count: 4,000,000 records is over the ")
+        assert "limit of 2,000,000 (MAX_LIST_RECORDS)" in details
+        assert (await stub.ListJobs(admission_pb.ListJobsRequest())).jobs == []
+        # A simulated job creates no dataset: its size is only a number to plan with.
+        spec.simulated = True
+        job = (await stub.SubmitJob(admission_pb.SubmitJobRequest(spec=spec))).job
+        assert job.state == admission_pb.JOB_STATE_ADMITTED
+    subjects = {m.subject for m in await stream_messages(nats_url, topics.JOBS.subjects[0])}
+    assert subjects == {
+        topics.JOB_SUBMITTED.subject(job.job_id),
+        topics.JOB_ADMITTED.subject(job.job_id),
+    }

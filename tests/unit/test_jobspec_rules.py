@@ -17,6 +17,8 @@ from stride.vocabulary.jobspec import (
     MAX_DEADLINE_AHEAD,
     MAX_EMBEDDING_DIM,
     MAX_HYPERPARAMETERS,
+    MAX_LIST_RECORDS,
+    MAX_RECORD_COUNT,
     MAX_SPEC_BYTES,
     PRIORITY_BY_NUMBER,
     DatasetFormat,
@@ -39,7 +41,7 @@ VALID = JobSpec(
     model=ModelReference(
         name="Wide & Deep", entrypoint="trainers.wide_deep:main", family="dlrm", embedding_dim=16
     ),
-    dataset=DatasetSpec(name="criteo", uri="s3://bucket/criteo", record_count=4_000_000, format=1),
+    dataset=DatasetSpec(name="criteo", uri="s3://bucket/criteo", record_count=2_000_000, format=1),
     batch_size=512,
     hyperparameters=MappingProxyType({"learning_rate": "0.001", "optimizer": "adam"}),
     termination=Termination(max_epochs=2),
@@ -107,6 +109,12 @@ def test_a_valid_spec_passes_and_reads_as_words() -> None:
         ({"dataset": dataset(record_count=0)}, "spec.dataset.record_count", "is required"),
         ({"dataset": dataset(record_count=-1)}, "spec.dataset.record_count", "positive"),
         ({"dataset": dataset(record_count=10**13)}, "spec.dataset.record_count", "at most"),
+        (
+            {"dataset": dataset(record_count=2_000_001)},
+            "spec.dataset.record_count",
+            "2,000,001 records is over the limit of 2,000,000 (MAX_LIST_RECORDS) for a job that "
+            "trains",
+        ),
         ({"dataset": dataset(format=99)}, "spec.dataset.format", "unknown format 99"),
         ({"batch_size": 0}, "spec.batch_size", "is required"),
         ({"batch_size": MAX_BATCH_SIZE + 1}, "spec.batch_size", "at most 10,000,000"),
@@ -192,6 +200,18 @@ def test_limits_hold_exactly_at_their_edges() -> None:
     validate(replace(VALID, model=model(embedding_dim=MAX_EMBEDDING_DIM)), NOW)
     validate(replace(VALID, deadline=Deadline.of(NOW + MAX_DEADLINE_AHEAD)), NOW)
     validate(replace(VALID, hyperparameters=hyper(learning_rate="10", momentum="0")), NOW)
+
+
+def test_a_job_that_trains_has_at_most_the_records_its_dispatcher_dataset_may_hold() -> None:
+    """Finding 7 of issue 37: the trainer creates an index-list dataset, which the shard
+    dispatcher refuses past MAX_LIST_RECORDS; a simulated job creates none."""
+    at_the_limit = replace(VALID, dataset=dataset(record_count=MAX_LIST_RECORDS))
+    validate(at_the_limit, NOW)
+    over = replace(VALID, dataset=dataset(record_count=4_000_000))
+    assert "4,000,000 records is over the limit" in refused(over).problem
+    validate(replace(over, simulated=True), NOW)
+    validate(replace(over, simulated=True, dataset=dataset(record_count=MAX_RECORD_COUNT)), NOW)
+    validate_values(over)  # a partial spec (a similarity query) is no job that trains
 
 
 def test_without_a_clock_only_the_moment_dependent_rules_are_skipped() -> None:

@@ -440,7 +440,7 @@ async def test_a_pods_nats_user_expires_and_is_renewed_while_its_token_is_valid(
         with structlog.testing.capture_logs() as logged:
 
             async def expired() -> bool:
-                return raw.is_closed
+                return bool(raw.is_closed)
 
             await assert_eventually(expired, timeout=10, message="the NATS user never expired")
 

@@ -2,7 +2,9 @@
 get (alone or completing the previous shard), progress, done, failed, lease expiry, duplicate
 and late reports, worker loss (by call and by pod event), straggler splits, snapshot and
 restore, and dispatcher restarts over the same database file, every index of every epoch is
-consumed exactly once and the queue counts agree with what the workers hold.
+consumed exactly once and the queue counts agree with what the workers hold. Epochs are cut
+without their rows, which are written two at a time as the TODO rows run out (issue 37),
+and every shard handed out is the one a whole cut plans (id, place in hand-out order, range).
 
 "Consumed" is what the dispatcher accepted: each worker credits the records of a progress
 or done report only when the call succeeds, the way the client library's ``on_commit``
@@ -43,8 +45,9 @@ from stride.dispatcher.adapters.outbound.fastpath import SqliteFastPath
 from stride.dispatcher.app import MIGRATIONS
 from stride.dispatcher.db.tables import outbox as outbox_table
 from stride.dispatcher.db.tables import shards, workers
-from stride.dispatcher.domain.datasets import DatasetParameters, ShardingKind
-from stride.dispatcher.domain.queue import Grant
+from stride.dispatcher.domain.datasets import SPLIT_ID_BASE, DatasetParameters, ShardingKind
+from stride.dispatcher.domain.queue import Grant, ShardRecord
+from stride.dispatcher.domain.sharding import plan_epoch
 from stride.dispatcher.usecases import DoneReport, ShardDispatcher, Snapshot, WorkerRef
 from stride.runtime.errors import FailedPrecondition, NotFound
 
@@ -53,6 +56,8 @@ JOB = "job-model"
 DATASET = "train"
 WORKERS = ("w0", "w1", "w2")
 LEASE = timedelta(seconds=60)
+ROWS = 2
+"""Shard rows written at a time: small, so epochs are written in many batches."""
 
 
 @dataclass
@@ -129,11 +134,13 @@ class DispatcherMachine(RuleBasedStateMachine):
     def _open(self) -> None:
         self.database = Database(f"sqlite:///{self.path}", "dispatcher")
         fast = (
-            SqliteFastPath(str(self.path), LEASE, timedelta(seconds=30), False)
+            SqliteFastPath(str(self.path), LEASE, timedelta(seconds=30), False, rows_per_write=ROWS)
             if self.fast
             else None
         )
-        self.dispatcher = ShardDispatcher(self.database, Outbox(outbox_table), LEASE, fast=fast)
+        self.dispatcher = ShardDispatcher(
+            self.database, Outbox(outbox_table), LEASE, fast=fast, rows_per_write=ROWS
+        )
 
     def _close(self) -> None:
         if self.dispatcher.fast is not None:
@@ -145,6 +152,15 @@ class DispatcherMachine(RuleBasedStateMachine):
 
     def ref(self, worker: str, token: int) -> WorkerRef:
         return WorkerRef(JOB, DATASET, worker, token)
+
+    def _check_planned(self, shard: ShardRecord) -> None:
+        """A shard handed out is the one a whole cut of its epoch plans at its place (a
+        straggler's split keeps the place and the start, and may end sooner)."""
+        if shard.shard_id >= SPLIT_ID_BASE:
+            return
+        planned = plan_epoch(self.params, shard.epoch)[shard.position]
+        assert (planned.shard_id, planned.start) == (shard.shard_id, shard.start)
+        assert shard.end <= planned.end
 
     def _credit(self, lease: Lease, offset: int) -> None:
         for position in range(lease.start + lease.reported, lease.start + offset):
@@ -190,6 +206,7 @@ class DispatcherMachine(RuleBasedStateMachine):
             assert grant.why_none is (Grant.RETRY_LATER if doing else Grant.END_OF_DATA)
             return
         shard = grant.shard
+        self._check_planned(shard)
         assert shard.shard_id not in process.leases
         # Equal when a worker gave the shard up after reading it to its end.
         assert 0 <= shard.offset <= shard.end - shard.start
@@ -221,6 +238,7 @@ class DispatcherMachine(RuleBasedStateMachine):
         order = [(shard.epoch, shard.position) for shard in leased]
         assert order == sorted(order)  # hand-out order
         for shard in leased:
+            self._check_planned(shard)
             assert shard.shard_id not in process.leases
             assert 0 <= shard.offset <= shard.end - shard.start
             process.leases[shard.shard_id] = Lease(

@@ -57,7 +57,20 @@ RETRYABLE = frozenset(
         grpc.StatusCode.ABORTED,
     }
 )
-"""Codes that say "not now" rather than "no": the dispatcher is restarting or busy."""
+"""Codes that may say "not now" rather than "no": the dispatcher is restarting or busy (a
+database lock, SQLite's or PostgreSQL's, is answered UNAVAILABLE), or rate-limits us. See
+:func:`retryable` for RESOURCE_EXHAUSTED."""
+
+
+def retryable(error: grpc.RpcError) -> bool:
+    """Whether a failed call may succeed if made again. RESOURCE_EXHAUSTED is "not now" only
+    from the rate limiter, which says when to retry ("retry in 0.120 s"); a quota (a job's
+    datasets, ``max_datasets_per_job``) or a request over its size limit stays exhausted, and
+    retrying it for two minutes only hid the error."""
+    code = error.code()
+    if code is grpc.StatusCode.RESOURCE_EXHAUSTED:
+        return "retry in" in (error.details() or "")
+    return code in RETRYABLE
 
 
 CHANNEL_OPTIONS = (
@@ -368,7 +381,7 @@ class ShardClient:
             except grpc.RpcError as error:
                 code = error.code()
                 attempt += 1
-                if code not in RETRYABLE or time.monotonic() - started > self.retry.give_up_after:
+                if not retryable(error) or time.monotonic() - started > self.retry.give_up_after:
                     raise
                 delay = self.retry.delay(attempt)
                 if attempt == 1 or attempt % 20 == 0:
@@ -582,6 +595,29 @@ class ShardClient:
         )
         return bool(reply.created)
 
+    def snapshot_shards(self, dataset: str) -> pb.SnapshotShardsResponse:
+        """The dataset's shard state now (SnapshotShards), to keep with a checkpoint. Retried
+        like every call: a dispatcher whose database is busy answers UNAVAILABLE, and a
+        snapshot taken on the next attempt is as good (DLRover sec. 5.3)."""
+        reply: pb.SnapshotShardsResponse = self.call(
+            lambda: self.stub.SnapshotShards(
+                pb.SnapshotShardsRequest(job_id=self.job_id, dataset=dataset),
+                timeout=self.timeout,
+            )
+        )
+        return reply
+
+    def restore_shards(self, dataset: str, snapshot: bytes) -> int:
+        """Put the dataset's shards back to ``snapshot`` (RestoreShards); the leases revoked.
+        Retried: a restore is idempotent (the same snapshot gives the same queue)."""
+        reply: pb.RestoreShardsResponse = self.call(
+            lambda: self.stub.RestoreShards(
+                pb.RestoreShardsRequest(job_id=self.job_id, dataset=dataset, snapshot=snapshot),
+                timeout=self.timeout,
+            )
+        )
+        return int(reply.revoked)
+
     def dataset_state(self, dataset: str) -> pb.GetDatasetStateResponse:
         """Queue sizes, epoch and per-worker progress."""
         return self.call(
@@ -622,7 +658,7 @@ class PendingShard:
                 return client._shard_reply(self._dataset, reply.get_shard)
             except grpc.RpcError as error:
                 client._raise_revoked(error, self._incarnation)
-                if error.code() not in RETRYABLE:
+                if not retryable(error):
                     raise
                 # A transient failure: make the call again, with the client's retries. The
                 # lost call's lease (if it was granted) lapses; a repeated done is harmless.

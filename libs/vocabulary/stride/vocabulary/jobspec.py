@@ -32,7 +32,11 @@ __all__ = [
     "INTEGER_RULES",
     "MAX_DEADLINE_AHEAD",
     "MAX_DEADLINE_YEARS",
+    "MAX_EPOCHS",
+    "MAX_LIST_RECORDS",
+    "MAX_RECORD_COUNT",
     "MAX_REQUEST_ID_LENGTH",
+    "MAX_SHARDS_PER_EPOCH",
     "MAX_SPEC_BYTES",
     "PRIORITY_BY_NUMBER",
     "RESOURCE_KIND_BY_NUMBER",
@@ -80,17 +84,31 @@ MAX_ENTRYPOINT_LENGTH = 256
 MAX_URI_LENGTH = 2048
 """The length most HTTP servers and object stores accept for a URL."""
 
+# Dataset limits: one home for the spec's rules and the shard dispatcher's (which imports
+# them), so a spec admission accepts is never refused when its trainer creates the dataset.
 MAX_RECORD_COUNT = 10**12
 """A trillion records: over two hundred times Criteo's 4.4 billion click logs (the largest
 public recommendation dataset). With :data:`MAX_EPOCHS` it keeps a job's total steps below
-10**17, well inside a 64-bit integer, so no step count anywhere can overflow."""
+10**17, well inside a 64-bit integer, so no step count anywhere can overflow; the
+dispatcher's stream offsets (``epoch * record_count``) stay inside one too."""
+MAX_LIST_RECORDS = 2_000_000
+"""Records of an index-list dataset (the dispatcher's ``SHARDING_KIND_INDEX_LIST``): each
+epoch's record order is a seeded permutation the dispatcher holds in memory to slice shards
+from (16 MB at this size). The trainer shards every job's dataset this way (shuffled), so a
+job that trains (not ``simulated``) may have at most this many records."""
+MAX_SHARDS_PER_EPOCH = 1_000_000
+"""Shards one epoch of a dataset may be cut into, whatever the dispatcher's own setting
+(which may only be lower). Shard ids are ``epoch * shards_per_epoch + index``, with ids from
+``MAX_EPOCHS * MAX_SHARDS_PER_EPOCH`` up for split shards: stored ids depend on both, so
+neither may ever change."""
 MAX_BATCH_SIZE = 10_000_000
 """Ten million samples a step: a hundred times the largest batches published for
 recommendation models (DLRM trains with tens of thousands); more is a unit mistake."""
 MAX_STEPS = 10**11
 """A hundred billion steps: a thousand years at 3 steps a second, far past any deadline."""
 MAX_EPOCHS = 100_000
-"""Small datasets are trained for thousands of epochs, never for more than this."""
+"""Small datasets are trained for thousands of epochs, never for more than this. The shard
+dispatcher's stored shard ids depend on it (:data:`MAX_SHARDS_PER_EPOCH`): never change it."""
 MAX_EMBEDDING_DIM = 65_536
 """Recommendation models use 16 to 512 and the largest language models about 25,000; a
 larger dimension is a typo, and it sizes parameter server memory, so it must not be one."""
@@ -663,6 +681,8 @@ def _check(spec: JobSpec, now: datetime | None, *, partial: bool) -> None:
     _check_identity(spec, partial)
     _check_model(spec.model, partial)
     _check_dataset(spec.dataset, partial)
+    if not partial:
+        _check_trained_dataset(spec)
     _whole_number("spec.batch_size", spec.batch_size, partial)
     if not partial and spec.batch_size > spec.dataset.record_count:
         raise InvalidWord(
@@ -727,6 +747,20 @@ def _check_dataset(dataset: DatasetSpec, partial: bool) -> None:
             )
     _whole_number("spec.dataset.record_count", dataset.record_count, partial)
     _dataset_format(dataset.format)
+
+
+def _check_trained_dataset(spec: JobSpec) -> None:
+    """A job that trains gets its dataset from the trainer as a shuffled index list (the
+    dispatcher's ``SHARDING_KIND_INDEX_LIST``), which holds at most :data:`MAX_LIST_RECORDS`
+    records: refused here, at submit, rather than by the dispatcher when the job starts."""
+    records = spec.dataset.record_count
+    if not spec.simulated and records > MAX_LIST_RECORDS:
+        raise InvalidWord(
+            "spec.dataset.record_count",
+            f"{records:,} records is over the limit of {MAX_LIST_RECORDS:,} (MAX_LIST_RECORDS) "
+            "for a job that trains: its trainer shards the dataset as a shuffled index list, "
+            "which the shard dispatcher holds in memory",
+        )
 
 
 def _check_termination(termination: Termination, partial: bool) -> None:

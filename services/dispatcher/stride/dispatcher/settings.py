@@ -8,6 +8,8 @@ from typing import ClassVar
 from pydantic import Field
 from pydantic_settings import SettingsConfigDict
 
+from stride.dispatcher.domain.datasets import MAX_SHARDS_PER_EPOCH, DatasetLimits
+from stride.dispatcher.domain.sharding import ROWS_PER_WRITE
 from stride.runtime.settings import MIB, ServiceSettings
 
 
@@ -46,6 +48,26 @@ class DispatcherSettings(ServiceSettings):
     """What GetShard tells a worker to wait when every free shard is taken but others are
     still held: a second is short against a shard's minutes of training."""
 
+    max_datasets_per_job: int = Field(default=16, ge=1, le=10_000)
+    """Datasets one job may create (CreateDataset answers RESOURCE_EXHAUSTED past it). A job
+    reads a training set and perhaps a few evaluation sets; sixteen leaves room for more
+    stages while bounding what one job can make the dispatcher hold: its shard rows, and a
+    cached shuffle order of up to 8 MB per dataset epoch (issue 37: no cap let one job's
+    token create datasets and shards without end)."""
+    max_shards_per_epoch: int = Field(default=MAX_SHARDS_PER_EPOCH, ge=1, le=MAX_SHARDS_PER_EPOCH)
+    """Shards one epoch of a dataset may be cut into (CreateDataset answers INVALID_ARGUMENT
+    past it, naming ``parameters.shard_batches``: bigger shards fix it). The default is the
+    hard limit shard ids are built on (``stride.vocabulary.jobspec.MAX_SHARDS_PER_EPOCH``):
+    an epoch is cut without writing its shards, so its size no longer stalls anyone, and
+    what remains per epoch is its shuffled hand-out order, 8 MB at a million shards and half
+    a second of one thread's CPU to compute once. Lower it on a small dispatcher."""
+    rows_per_write: int = Field(default=ROWS_PER_WRITE, ge=1, le=100_000)
+    """Shard rows written at a time when a dataset's TODO rows run out (the rest of the
+    epoch is TODO without rows). About a millisecond of SQLite's write lock per hundred rows
+    here, so a batch of 1,024 holds other jobs' calls for a few milliseconds, once every
+    1,024 shards handed out (16 calls of 64); smaller batches cost more statements per
+    shard, larger ones a longer pause for everyone."""
+
     batch_timeout_seconds: float = Field(default=30.0, gt=0, le=3600)
     """Data-worker mode: how long a dispatched index batch may go unconsumed before another
     data worker gets it. Thirty seconds is many mini-batches of slack for a data worker
@@ -62,6 +84,11 @@ class DispatcherSettings(ServiceSettings):
     acknowledged commits when the *database server* crashes, not only on power loss
     (``bench/chaos.py``: one immediate shutdown, 40,960 samples trained twice), and a
     database restart must not repeat data."""
+
+    @property
+    def dataset_limits(self) -> DatasetLimits:
+        """The per-job caps, for the use cases."""
+        return DatasetLimits(self.max_shards_per_epoch, self.max_datasets_per_job)
 
     @property
     def rate_window(self) -> timedelta:

@@ -12,19 +12,23 @@ committed call stays DOING for its worker, and one whose call did not commit is 
 from __future__ import annotations
 
 import asyncio
+import functools
 import hashlib
 import statistics
-from collections.abc import Sequence
+from collections.abc import Callable, Coroutine, Sequence
+from concurrent.futures import Executor
 from dataclasses import dataclass, replace
 from datetime import UTC, datetime, timedelta
-from typing import Any
+from typing import Any, ParamSpec, TypeVar
 
 import structlog
+import tenacity
 
 from stride.bus import topics
 from stride.db.engine import ConflictingWrite, Database, Session
 from stride.db.outbox import Outbox
 from stride.dispatcher.adapters.convert import (
+    SnapshotContent,
     decode_snapshot,
     encode_snapshot,
     shard_progress,
@@ -35,32 +39,89 @@ from stride.dispatcher.adapters.convert import (
 from stride.dispatcher.adapters.outbound import repository
 from stride.dispatcher.adapters.outbound.fastpath import FastPath, SlowPath
 from stride.dispatcher.adapters.outbound.repository import StoredDataset, WorkerRate, WorkerShards
-from stride.dispatcher.domain import queue, steps
+from stride.dispatcher.domain import queue, sharding, steps
 from stride.dispatcher.domain.datasets import (
     SPLIT_ID_BASE,
+    DatasetLimits,
     DatasetParameters,
+    ShardingKind,
     check_dataset,
+    check_dataset_count,
     check_job_id,
     check_worker,
     validate,
 )
 from stride.dispatcher.domain.queue import Grant, Holder, QueueCounts, ShardRecord, ShardState
-from stride.dispatcher.domain.sharding import plan_epoch
+from stride.dispatcher.domain.restoring import restored_queue
+from stride.dispatcher.domain.sharding import ROWS_PER_WRITE, OrderNotReady, Shuffle
 from stride.dispatcher.domain.stragglers import decayed_rate, judge, straggler_shard_records
-from stride.runtime.errors import AlreadyExists, FailedPrecondition, InvalidArgument, NotFound
+from stride.runtime.errors import (
+    AlreadyExists,
+    FailedPrecondition,
+    InvalidArgument,
+    NotFound,
+    Unavailable,
+)
 
 log = structlog.get_logger(__name__)
+P = ParamSpec("P")
+T = TypeVar("T")
+
+CONTENTION_ATTEMPTS = 4
+"""Times a general-path call runs its transaction while the database answers "busy" (SQLite's
+write lock still held past the driver's 5 s busy timeout, a PostgreSQL deadlock, serialization
+failure or lost connection) before it answers UNAVAILABLE. The transaction rolled back whole,
+so running it again is safe; letting the error through answered INTERNAL, which clients do
+not retry (issue 37: a SnapshotShards beside a long epoch cut crashed a chief)."""
+CONTENTION_FIRST_DELAY = 0.05
+"""Seconds before the first retry (with full jitter, doubling after each)."""
+ORDER_ATTEMPTS = 3
+"""Times a call that needs a big shuffled epoch's order computes it and runs again; more
+would mean the order cache evicts orders as fast as they are computed."""
+
+
+def _retried_on_contention(
+    method: Callable[P, Coroutine[Any, Any, T]],
+) -> Callable[P, Coroutine[Any, Any, T]]:
+    """Run ``method`` again while the database is busy (:data:`CONTENTION_ATTEMPTS`, with
+    full-jitter exponential back-off), then answer UNAVAILABLE (retryable), never INTERNAL."""
+    name = getattr(method, "__name__", "call")
+
+    def note(state: tenacity.RetryCallState) -> None:
+        error = state.outcome.exception() if state.outcome is not None else None
+        log.warning("database busy; retrying", call=name, error=_busy_reason(error))
+
+    @functools.wraps(method)
+    async def retried(*args: P.args, **kwargs: P.kwargs) -> T:
+        try:
+            async for attempt in tenacity.AsyncRetrying(
+                stop=tenacity.stop_after_attempt(CONTENTION_ATTEMPTS),
+                wait=tenacity.wait_random_exponential(multiplier=CONTENTION_FIRST_DELAY),
+                retry=tenacity.retry_if_exception(repository.is_contention),
+                before_sleep=note,
+                reraise=True,
+            ):
+                with attempt:
+                    return await method(*args, **kwargs)
+        except Exception as error:
+            if not repository.is_contention(error):
+                raise
+            raise Unavailable(
+                f"database busy ({_busy_reason(error)}) after {CONTENTION_ATTEMPTS} attempts; retry"
+            ) from error
+        raise AssertionError("unreachable")  # pragma: no cover
+
+    return retried
+
+
+def _busy_reason(error: BaseException | None) -> str:
+    return str(getattr(error, "orig", None) or error).splitlines()[0]
 
 
 def _retrieve(task: asyncio.Future[Any]) -> None:
     """Log the failure of a shielded call whose caller had gone (nobody else sees it)."""
     if not task.cancelled() and task.exception() is not None:
         log.info("a call finished after its caller left", error=str(task.exception()))
-
-
-def _planned_records(parameters: DatasetParameters, epoch: int) -> list[ShardRecord]:
-    """An epoch's shards as queue records (CPU only: run off the event loop)."""
-    return [ShardRecord.planned(p) for p in plan_epoch(parameters, epoch)]
 
 
 @dataclass(frozen=True)
@@ -175,8 +236,21 @@ class ShardDispatcher:
         rate_window: timedelta = timedelta(seconds=30),
         batch_timeout: timedelta = timedelta(seconds=30),
         fast: FastPath | None = None,
+        *,
+        limits: DatasetLimits | None = None,
+        rows_per_write: int = ROWS_PER_WRITE,
+        shuffler: Executor | None = None,
     ) -> None:
         self.database = database
+        self.limits = limits or DatasetLimits()
+        """Per-job caps on datasets and on shards per epoch."""
+        self.rows_per_write = rows_per_write
+        """Shard rows the general path writes at a time (the fast path has its own)."""
+        self.shuffler = shuffler
+        """Where seeded shuffles run (a worker process: see ``sharding.Shuffle``); None: a
+        thread."""
+        self._orders: dict[tuple[str, tuple[int, int, int]], asyncio.Future[None]] = {}
+        """Shuffles being computed off the event loop, so concurrent callers share one."""
         self.outbox = outbox
         self.lease_duration = lease_duration
         self.rate_window = rate_window
@@ -187,17 +261,20 @@ class ShardDispatcher:
         """The hot calls' single-hop path (see its module); None runs everything through the
         general path (tests of the general path alone)."""
 
+    @_retried_on_contention
     async def create_dataset(
         self, job_id: str, dataset: str, parameters: DatasetParameters
     ) -> bool:
         """Store a dataset; True if created, False if it already exists identically."""
         check_job_id(job_id)
         check_dataset(dataset)
-        validate(parameters)
+        validate(parameters, limits=self.limits)
         try:
             async with self.database.transaction() as session:
                 existing = await repository.find_dataset(session, job_id, dataset)
                 if existing is None:
+                    count = await repository.count_datasets(session, job_id)
+                    check_dataset_count(job_id, count, self.limits)
                     await repository.insert_dataset(
                         session, job_id, dataset, parameters, datetime.now(UTC)
                     )
@@ -223,6 +300,7 @@ class ShardDispatcher:
             )
         return False
 
+    @_retried_on_contention
     async def register_worker(self, job_id: str, worker: str) -> int:
         """A new incarnation token for ``worker``; shards its older incarnation held go back
         to TODO, because the process that held them is gone."""
@@ -254,6 +332,7 @@ class ShardDispatcher:
             requeued = await self._release_held(session, job_id, worker, now, "requeued")
         return incarnation, requeued
 
+    @_retried_on_contention
     async def mark_worker_lost(self, job_id: str, worker: str) -> int:
         """Fence the worker's token and return every shard it holds to TODO."""
         check_job_id(job_id)
@@ -303,6 +382,21 @@ class ShardDispatcher:
             raise InvalidArgument(
                 "max_shards", f"must be 0 to {MAX_SHARDS_PER_CALL} (0 means 1), got {max_shards}"
             )
+        for _ in range(ORDER_ATTEMPTS):
+            try:
+                grant = await self._get_shard_once(ref, reports, max_shards)
+            except OrderNotReady as missing:
+                # Rolled back: the epoch's shuffle is computed off the event loop, then the
+                # call runs again (a 1,000,000-shard shuffle is half a second of CPU).
+                await self._computed(missing.shuffle)
+                continue
+            await self._indices_computed(grant)
+            return grant
+        raise Unavailable("the epoch's shard order is being computed; retry")
+
+    async def _get_shard_once(
+        self, ref: WorkerRef, reports: Sequence[tuple[str, DoneReport]], max_shards: int
+    ) -> ShardGrant:
         if self.fast is not None:
             fast = await self.fast.get_shard(
                 ref.job_id,
@@ -322,6 +416,40 @@ class ShardDispatcher:
         task.add_done_callback(_retrieve)
         return await asyncio.shield(task)
 
+    async def _computed(self, shuffle: Shuffle) -> None:
+        """Run a seeded shuffle (cached by the domain) off the event loop, in the worker
+        process if there is one, once for every caller waiting for the same one."""
+        key = (shuffle.kind, shuffle.key)
+        pending = self._orders.get(key)
+        if pending is None:
+            pending = asyncio.ensure_future(self._shuffled(shuffle))
+            self._orders[key] = pending
+            pending.add_done_callback(lambda _: self._orders.pop(key, None))
+        await asyncio.shield(pending)
+
+    async def _shuffled(self, shuffle: Shuffle) -> None:
+        if self.shuffler is None:
+            await asyncio.to_thread(shuffle.run)
+            return
+        data = await asyncio.get_running_loop().run_in_executor(self.shuffler, shuffle.compute)
+        shuffle.store(data)
+
+    async def _order_computed(self, parameters: DatasetParameters, epoch: int) -> None:
+        """The epoch's hand-out order is cached (computed off the event loop if need be)."""
+        if not sharding.order_ready(parameters, epoch):
+            await self._computed(sharding.order_shuffle(parameters, epoch))
+
+    async def _indices_computed(self, grant: ShardGrant) -> None:
+        """An index-list grant's record orders are cached before the answer slices them on
+        the event loop (a 2,000,000-record shuffle is a second of CPU)."""
+        parameters = grant.parameters
+        if grant.shard is None or parameters.kind is not ShardingKind.INDEX_LIST:
+            return
+        for epoch in sorted({shard.epoch for shard in (grant.shard, *grant.more)}):
+            if not sharding.permutation_ready(parameters, epoch):
+                await self._computed(sharding.permutation_shuffle(parameters, epoch))
+
+    @_retried_on_contention
     async def _get_shard_general(
         self, ref: WorkerRef, reports: Sequence[tuple[str, DoneReport]], max_shards: int
     ) -> ShardGrant:
@@ -392,17 +520,21 @@ class ShardDispatcher:
         expires = now + self.lease_duration
         if not straggler:
             leased = await repository.lease_next(session, dataset.id, holder, expires, now)
-            if leased is not None or dataset.epochs_created >= dataset.parameters.epochs:
-                return leased, dataset
-            dataset = await self._cut_epoch(session, ref, dataset, now)
-            return await repository.lease_next(session, dataset.id, holder, expires, now), dataset
+            while leased is None:
+                written = await self._write_rows(session, ref, dataset, now)
+                if written is None:
+                    break
+                dataset = written
+                leased = await repository.lease_next(session, dataset.id, holder, expires, now)
+            return leased, dataset
         # A straggler's shard is cut down first (DLRover-RM sec. 5.1): read, split, lease.
         shard = await repository.next_todo(session, dataset.id)
-        if shard is None and dataset.epochs_created < dataset.parameters.epochs:
-            dataset = await self._cut_epoch(session, ref, dataset, now)
+        while shard is None:
+            written = await self._write_rows(session, ref, dataset, now)
+            if written is None:
+                return None, dataset
+            dataset = written
             shard = await repository.next_todo(session, dataset.id)
-        if shard is None:
-            return None, dataset
         parts = queue.split(
             shard,
             straggler_shard_records(dataset.parameters),
@@ -416,24 +548,34 @@ class ShardDispatcher:
         await repository.save_shard(session, dataset.id, leased, now)
         return leased, dataset
 
-    async def _cut_epoch(
+    async def _write_rows(
         self, session: Session, ref: WorkerRef, dataset: StoredDataset, now: datetime
-    ) -> StoredDataset:
-        # Cut the next epoch lazily, when the TODO queue runs dry (DLRover sec. 5.2). Planned
-        # on a worker thread and written in chunks (repository.insert_shards), in this one
-        # transaction: a million-shard epoch leaves the event loop free for everyone else.
-        epoch = dataset.epochs_created
-        planned = await asyncio.to_thread(_planned_records, dataset.parameters, epoch)
-        await repository.add_epoch(session, dataset.id, epoch, planned, now)
-        log.info(
-            "epoch started",
-            job_id=ref.job_id,
-            dataset=ref.dataset,
-            epoch=epoch,
-            shards=len(planned),
+    ) -> StoredDataset | None:
+        """The TODO rows ran out: write the newest epoch's next ones, cutting the next epoch
+        when this one is all written (DLRover sec. 5.2); the dataset as it is now, or None
+        when every shard has its row. A batch of rows at a time, in this transaction: a big
+        epoch is never written in one go, which held the lock other jobs' calls wait for.
+        Raises OrderNotReady (this transaction rolls back; :meth:`get_shard` computes it)."""
+        parameters = dataset.parameters
+        batch = sharding.next_rows(
+            parameters, dataset.epochs_created, dataset.written, 1, self.rows_per_write
         )
-        return replace(dataset, epochs_created=epoch + 1)
+        if batch is None:
+            return None
+        planned = sharding.plan_positions(parameters, batch.epoch, batch.first, batch.stop)
+        records = [ShardRecord.planned(p) for p in planned]
+        await repository.write_rows(session, dataset.id, records, batch.epoch + 1, batch.stop, now)
+        if batch.new_epoch:
+            log.info(
+                "epoch started",
+                job_id=ref.job_id,
+                dataset=ref.dataset,
+                epoch=batch.epoch,
+                shards=parameters.shards_per_epoch,
+            )
+        return replace(dataset, epochs_created=batch.epoch + 1, written=batch.stop)
 
+    @_retried_on_contention
     async def report_progress(
         self,
         ref: WorkerRef,
@@ -470,6 +612,7 @@ class ShardDispatcher:
                 await repository.save_shard(session, dataset.id, updated, now)
                 await self._update_rate(session, ref, worker, updated.offset - shard.offset, now)
 
+    @_retried_on_contention
     async def report_done(self, ref: WorkerRef, shard_id: int, lease: int | None = None) -> None:
         """The shard was consumed to its end; duplicates are harmless."""
         ref.validate()
@@ -519,6 +662,7 @@ class ShardDispatcher:
         rate = decayed_rate(worker.rate, records, elapsed, window)
         await repository.set_rate(session, ref.job_id, ref.worker, rate, now)
 
+    @_retried_on_contention
     async def report_failed(
         self, ref: WorkerRef, shard_id: int, reason: str, lease: int | None = None
     ) -> None:
@@ -546,12 +690,14 @@ class ShardDispatcher:
             reason=reason,
         )
 
+    @_retried_on_contention
     async def list_datasets(self, job_id: str) -> list[StoredDataset]:
         """A job's datasets (empty for a job with none)."""
         check_job_id(job_id)
         async with self.database.sessions() as session:
             return await repository.list_datasets(session, job_id)
 
+    @_retried_on_contention
     async def dataset_state(self, job_id: str, dataset: str) -> DatasetState:
         """Queue sizes, the epoch, and per-worker progress."""
         check_job_id(job_id)
@@ -563,9 +709,14 @@ class ShardDispatcher:
             epoch = queue.current_epoch(stored.epochs_created)
             counts = await repository.state_counts(session, stored.id, epoch)
             workers = await repository.worker_shards(session, job_id, stored.id, epoch)
-        finished = queue.is_finished(stored.parameters, stored.epochs_created, counts.unfinished)
+        # The newest epoch's shards without a row yet are TODO too.
+        rowless = sharding.unwritten(stored.parameters, stored.epochs_created, stored.written)
+        finished = queue.is_finished(
+            stored.parameters, stored.epochs_created, counts.unfinished + rowless
+        )
         return DatasetState(
-            QueueCounts(epoch, counts.todo, counts.doing, counts.done_in_epoch, finished), workers
+            QueueCounts(epoch, counts.todo + rowless, counts.doing, counts.done_in_epoch, finished),
+            workers,
         )
 
     async def _lock_dataset(self, session: Session, job_id: str, dataset: str) -> StoredDataset:
@@ -596,6 +747,7 @@ class ShardDispatcher:
             raise NotFound(f"shard_id: shard {shard_id} of dataset {ref.dataset!r} not found")
         return worker, dataset, holder, shard
 
+    @_retried_on_contention
     async def expire_leases(self, limit: int = 500) -> int:
         """Return every shard whose lease lapsed to TODO (the lease sweeper); how many."""
         released = 0
@@ -626,6 +778,7 @@ class ShardDispatcher:
             self.outbox.notify()
         return released
 
+    @_retried_on_contention
     async def judge_stragglers(self) -> list[tuple[str, str]]:
         """Re-judge every job's workers by their rates; returns the newly flagged ones.
 
@@ -676,6 +829,7 @@ class ShardDispatcher:
             self.outbox.notify()
         return flagged
 
+    @_retried_on_contention
     async def pod_gone(self, job_id: str, pod_name: str, occurred_at: datetime) -> int | None:
         """A pod failed or was deleted: mark its worker lost, unless it registered again after.
 
@@ -710,6 +864,7 @@ class ShardDispatcher:
             except TimeoutError:
                 continue
 
+    @_retried_on_contention
     async def fetch_batches(
         self, job_id: str, dataset: str, data_worker: str, max_batches: int
     ) -> tuple[list[steps.StepBatch], bool, int]:
@@ -748,9 +903,16 @@ class ShardDispatcher:
                 data_worker=data_worker,
                 steps=again,
             )
-        batches = [steps.batch_of(stored.parameters, step) for step in [*again, *fresh]]
+        parameters, stepped = stored.parameters, [*again, *fresh]
+        if parameters.kind is ShardingKind.INDEX_LIST:  # sliced below, on the event loop
+            per_epoch = steps.batches_per_epoch(parameters)
+            for epoch in sorted({step // per_epoch for step in stepped}):
+                if not sharding.permutation_ready(parameters, epoch):
+                    await self._computed(sharding.permutation_shuffle(parameters, epoch))
+        batches = [steps.batch_of(parameters, step) for step in stepped]
         return batches, cursor.consumed_step == total - 1, cursor.consumed_step
 
+    @_retried_on_contention
     async def report_consumed(self, job_id: str, dataset: str, step_id: int) -> int:
         """The training side consumed every step up to ``step_id``; returns the last consumed."""
         check_job_id(job_id)
@@ -772,6 +934,7 @@ class ShardDispatcher:
             await repository.forget_consumed_steps(session, stored.id, step_id)
         return step_id
 
+    @_retried_on_contention
     async def snapshot(self, job_id: str, dataset: str) -> Snapshot:
         """Exactly which data of the dataset is done, and how far each started shard got."""
         check_job_id(job_id)
@@ -807,32 +970,18 @@ class ShardDispatcher:
                 f"snapshot: it is of dataset {content.dataset!r} of job {content.job_id!r}, "
                 f"not {dataset!r} of {job_id!r}"
             )
-        async with self.database.transaction() as session:
-            now = datetime.now(UTC)
-            stored = await self._lock_dataset(session, job_id, dataset)
-            if stored.parameters != content.parameters:
-                raise FailedPrecondition(
-                    "snapshot: taken with other dataset parameters "
-                    f"({_describe(content.parameters)}); the dataset has "
-                    f"({_describe(stored.parameters)})"
-                )
-            leases = await repository.lease_counts(session, stored.id)
-            by_id: dict[int, ShardRecord] = {}
-            for epoch in range(content.epochs_created):
-                for planned in plan_epoch(stored.parameters, epoch):
-                    by_id[planned.shard_id] = ShardRecord.planned(planned)
-            for shard in content.shards:
-                by_id[shard.shard_id] = shard
-            restored = [
-                replace(
-                    queue.release(shard),
-                    leases=max(leases.get(shard.shard_id, 0), shard.leases),
-                )
-                for shard in by_id.values()
-            ]
-            revoked = await repository.replace_shards(
-                session, stored.id, restored, content.epochs_created, content.splits, now
-            )
+        for _ in range(ORDER_ATTEMPTS):
+            # The newest epoch's order (its rows up to the last position leased are
+            # written), computed off the event loop before any lock is taken.
+            if content.epochs_created > 0:
+                await self._order_computed(content.parameters, content.epochs_created - 1)
+            try:
+                revoked = await self._restore_once(job_id, dataset, content)
+                break
+            except OrderNotReady:
+                continue
+        else:
+            raise Unavailable("the epoch's shard order is being computed; retry")
         snapshot_id = _snapshot_id(data)
         log.info(
             "shards restored",
@@ -843,6 +992,25 @@ class ShardDispatcher:
             epochs_created=content.epochs_created,
         )
         return snapshot_id, revoked
+
+    @_retried_on_contention
+    async def _restore_once(self, job_id: str, dataset: str, content: SnapshotContent) -> int:
+        async with self.database.transaction() as session:
+            now = datetime.now(UTC)
+            stored = await self._lock_dataset(session, job_id, dataset)
+            if stored.parameters != content.parameters:
+                raise FailedPrecondition(
+                    "snapshot: taken with other dataset parameters "
+                    f"({_describe(content.parameters)}); the dataset has "
+                    f"({_describe(stored.parameters)})"
+                )
+            leased = await repository.lease_counts(session, stored.id)
+            restored = await asyncio.to_thread(
+                restored_queue, stored.parameters, content.epochs_created, content.shards, leased
+            )
+            return await repository.replace_shards(
+                session, stored.id, restored, content.epochs_created, content.splits, now
+            )
 
     async def _add_event(
         self,

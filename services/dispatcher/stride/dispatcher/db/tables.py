@@ -51,6 +51,9 @@ datasets = Table(
     Column("created_at", DateTime(timezone=True), nullable=False),
     # Shards split off for stragglers so far; split shard ids are allotted from it (0002).
     Column("splits", BigInteger, nullable=False, server_default="0"),
+    # Positions of the newest epoch that have a shard row, from the first: the rest are TODO
+    # without one, written a batch at a time just ahead of their leases (0006).
+    Column("written", BigInteger, nullable=False, server_default="0"),
     UniqueConstraint("job_id", "dataset", name="uq_datasets_job_dataset"),
 )
 

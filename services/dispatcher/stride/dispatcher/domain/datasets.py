@@ -12,22 +12,50 @@ from dataclasses import dataclass
 from enum import Enum
 
 from stride import vocabulary
-from stride.runtime.errors import InvalidArgument
+from stride.runtime.errors import InvalidArgument, ResourceExhausted
+from stride.vocabulary.jobspec import (
+    MAX_EPOCHS,
+    MAX_LIST_RECORDS,
+    MAX_RECORD_COUNT,
+    MAX_SHARDS_PER_EPOCH,
+)
 
-MAX_SHARDS_PER_EPOCH = 1_000_000
-"""Every shard of an epoch is a row written when the epoch starts. A million rows is a few
-seconds of work at worst; a dataset that needs more should use bigger shards."""
-MAX_EPOCHS = 100_000
-"""Shard ids are ``epoch * shards_per_epoch + index``; both caps keep them well inside int64."""
-SPLIT_ID_BASE = MAX_EPOCHS * MAX_SHARDS_PER_EPOCH
-"""Shards split off for stragglers get ids from here up, above every planned id."""
-MAX_RECORD_COUNT = 1 << 40
-"""About 10^12 records: past any real dataset, and offsets times epochs stay inside int64."""
-MAX_LIST_RECORDS = 2_000_000
-"""An index-list epoch is a permutation held in memory to slice shards from (about 16 MB
-per epoch at this size); bigger datasets should use index ranges with shuffled shard order."""
+__all__ = [
+    "MAX_EPOCHS",
+    "MAX_LIST_RECORDS",
+    "MAX_PARTITIONS",
+    "MAX_RECORD_COUNT",
+    "MAX_SHARDS_PER_EPOCH",
+    "SPLIT_ID_BASE",
+    "DatasetLimits",
+    "DatasetParameters",
+    "ShardingKind",
+    "check_dataset",
+    "check_dataset_count",
+    "check_job_id",
+    "check_worker",
+    "validate",
+]
+
+# The limits a job spec must respect too (MAX_RECORD_COUNT, MAX_LIST_RECORDS,
+# MAX_SHARDS_PER_EPOCH, MAX_EPOCHS) live in the shared vocabulary (stride.vocabulary.jobspec),
+# so admission refuses at submit what this service would refuse when the trainer starts.
+SPLIT_ID_BASE = 100_000_000_000
+"""Shards split off for stragglers get ids from here up, above every planned id
+(``MAX_EPOCHS * MAX_SHARDS_PER_EPOCH``; stored ids depend on it, so it is spelled out)."""
 MAX_PARTITIONS = 4096
 """Stream partitions per dataset; every partition is cut into at least one shard per epoch."""
+
+
+@dataclass(frozen=True)
+class DatasetLimits:
+    """Per-job caps from the dispatcher's settings (``DispatcherSettings``), within the hard
+    limits above."""
+
+    max_shards_per_epoch: int = MAX_SHARDS_PER_EPOCH
+    """Shards one epoch of a dataset may have (at most :data:`MAX_SHARDS_PER_EPOCH`)."""
+    max_datasets_per_job: int = 16
+    """Datasets one job may create."""
 
 
 class ShardingKind(Enum):
@@ -103,8 +131,13 @@ def check_worker(value: str, field: str = "worker") -> None:
     vocabulary.check_pod_name(value, field, raise_as=InvalidArgument)
 
 
-def validate(parameters: DatasetParameters, path: str = "parameters") -> None:
-    """Raise :class:`InvalidArgument` naming the first bad field of ``parameters``."""
+def validate(
+    parameters: DatasetParameters,
+    path: str = "parameters",
+    limits: DatasetLimits = DatasetLimits(),
+) -> None:
+    """Raise :class:`InvalidArgument` naming the first bad field of ``parameters``, within
+    the hard limits and ``limits``."""
     if parameters.kind is None:
         raise InvalidArgument(
             f"{path}.kind",
@@ -125,7 +158,7 @@ def validate(parameters: DatasetParameters, path: str = "parameters") -> None:
     if parameters.kind is ShardingKind.INDEX_LIST and parameters.record_count > MAX_LIST_RECORDS:
         raise InvalidArgument(
             f"{path}.record_count",
-            f"an index list holds at most {MAX_LIST_RECORDS} records, got "
+            f"an index list holds at most {MAX_LIST_RECORDS} records (MAX_LIST_RECORDS), got "
             f"{parameters.record_count}; use SHARDING_KIND_INDEX_RANGE with shuffle",
         )
     if parameters.batch_size <= 0:
@@ -163,10 +196,22 @@ def validate(parameters: DatasetParameters, path: str = "parameters") -> None:
             f"{parameters.shard_batches} batches of {parameters.batch_size} records is absurd; "
             f"a shard holds at most {MAX_RECORD_COUNT} records",
         )
-    if parameters.shards_per_epoch > MAX_SHARDS_PER_EPOCH:
+    if parameters.shards_per_epoch > limits.max_shards_per_epoch:
         raise InvalidArgument(
             f"{path}.shard_batches",
             f"{parameters.shard_batches} batches of {parameters.batch_size} cut "
             f"{parameters.record_count} records into {parameters.shards_per_epoch} shards; "
-            f"at most {MAX_SHARDS_PER_EPOCH} per epoch are allowed, use bigger shards",
+            f"at most {limits.max_shards_per_epoch} per epoch are allowed "
+            "(max_shards_per_epoch), use bigger shards",
+        )
+
+
+def check_dataset_count(job_id: str, existing: int, limits: DatasetLimits) -> None:
+    """Raise :class:`ResourceExhausted` if job ``job_id``, which has ``existing`` datasets,
+    may not create another."""
+    if existing >= limits.max_datasets_per_job:
+        raise ResourceExhausted(
+            f"job {job_id!r} has {existing} datasets, the most a job may create "
+            f"(max_datasets_per_job={limits.max_datasets_per_job}); reuse one, or split the "
+            "work over jobs"
         )

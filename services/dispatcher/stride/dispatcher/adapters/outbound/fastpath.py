@@ -77,7 +77,7 @@ from stride.dispatcher.domain.queue import (
     ShardState,
     WorkerRecord,
 )
-from stride.dispatcher.domain.sharding import plan_epoch
+from stride.dispatcher.domain.sharding import ROWS_PER_WRITE, next_rows, plan_positions
 from stride.dispatcher.domain.stragglers import decayed_rate
 from stride.runtime.errors import NotFound, Unavailable
 
@@ -101,9 +101,6 @@ WAL_RESET_FRAMES: Final = 4096
 """WAL frames (pages; 16 MiB at SQLite's 4 KiB) past which the hot connection rewinds the
 log between two batches (see the module docstring)."""
 
-FAST_CUT_SHARDS: Final = 20_000
-"""Epochs of more shards are cut on the general path (see :meth:`FastPath.get_shard`)."""
-
 
 class _Busy(Exception):
     """BEGIN found SQLite's write lock taken by another connection."""
@@ -116,7 +113,7 @@ SHARD_COLUMNS = (
 
 _DATASET_COLUMNS = (
     "id, record_count, batch_size, shard_batches, epochs, shuffle, seed, kind, partitions, "
-    "epochs_created"
+    "epochs_created, written"
 )
 _LOCK_DATASET = (
     "UPDATE datasets SET version = version + 1 WHERE job_id = ? AND dataset = ? "
@@ -202,6 +199,8 @@ class _Dataset:
     id: int
     parameters: DatasetParameters
     epochs_created: int
+    written: int
+    """Positions of the newest epoch with a shard row (see ``next_rows``)."""
 
 
 @dataclass(frozen=True)
@@ -249,8 +248,12 @@ class FastPath:
         lease_duration: timedelta,
         rate_window: timedelta,
         sync_commits: bool,
+        *,
+        rows_per_write: int = ROWS_PER_WRITE,
     ) -> None:
         self.path = path
+        self.rows_per_write = rows_per_write
+        """Shard rows written at a time when the TODO rows run out (``next_rows``)."""
         self.lease_duration = lease_duration
         self.window = rate_window.total_seconds()
         self.sync_commits = sync_commits
@@ -358,6 +361,10 @@ class FastPath:
                 self._discard(connection)
                 connection.execute("ROLLBACK TO call")
                 self._front = front
+                if isinstance(
+                    error, self.errors
+                ):  # a deadlock, a lock timeout: not the call's fault
+                    error = Unavailable(f"database: {error}; retry")
                 outcomes.append(_Outcome(None, error))
                 continue
             if isinstance(result, SlowPath):
@@ -470,20 +477,17 @@ class FastPath:
                 )
             self._rate(connection, job_id, worker, current, records, now)
             leased = self._lease_next(connection, stored.id, holder, now, max_shards)
-            while len(leased) < max_shards and stored.epochs_created < stored.parameters.epochs:
-                if stored.parameters.shards_per_epoch > FAST_CUT_SHARDS:
-                    if leased:
-                        break  # the caller asks again for the rest, which cuts the epoch
-                    # A big epoch is cut on the general path: planned off the event loop and
-                    # written in chunks, so health checks and other jobs' calls go on meanwhile
-                    # (here, on SQLite, it would hold the loop; on PostgreSQL, this path's one
-                    # thread, for seconds). Rolled back: the general path redoes the call.
-                    return SLOW
-                # The TODO queue ran dry: cut the next epoch here, in this same transaction
-                # (DLRover sec. 5.2). On the general path every caller that found the queue
-                # empty queued behind the SQLite lock and the cut stalled them all.
-                self._cut_epoch(connection, job_id, dataset, stored, now)
-                stored = _Dataset(stored.id, stored.parameters, stored.epochs_created + 1)
+            while len(leased) < max_shards:
+                # The TODO rows ran out: write the next ones of the newest epoch, cutting the
+                # next epoch if this one is all written (DLRover sec. 5.2), in this same
+                # transaction. A batch of rows at a time, never a whole big epoch: that held
+                # the lock every other job's calls wait for, for seconds (issue 37).
+                written = self._write_rows(
+                    connection, job_id, dataset, stored, now, max_shards - len(leased)
+                )
+                if written is None:
+                    break
+                stored = written
                 leased += self._lease_next(
                     connection, stored.id, holder, now, max_shards - len(leased)
                 )
@@ -692,6 +696,7 @@ class FastPath:
                 partitions=row[8],
             ),
             epochs_created=row[9],
+            written=row[10],
         )
 
     def _lock_dataset(self, connection: Connection, job_id: str, dataset: str) -> _Dataset:
@@ -847,12 +852,26 @@ class FastPath:
         ).fetchall()
         return [_shard(row) for row in rows]
 
-    def _cut_epoch(
-        self, connection: Connection, job_id: str, dataset: str, stored: _Dataset, now: datetime
-    ) -> None:
-        epoch = stored.epochs_created
+    def _write_rows(
+        self,
+        connection: Connection,
+        job_id: str,
+        dataset: str,
+        stored: _Dataset,
+        now: datetime,
+        wanted: int,
+    ) -> _Dataset | None:
+        """Write the next TODO rows (:func:`next_rows`); the dataset as it is now, or None
+        when every shard of the last epoch has its row. Raises ``OrderNotReady`` for a big
+        shuffled epoch whose order is not computed: the caller computes it off the event
+        loop and calls again (this call's savepoint is rolled back)."""
+        batch = next_rows(
+            stored.parameters, stored.epochs_created, stored.written, wanted, self.rows_per_write
+        )
+        if batch is None:
+            return None
+        planned = plan_positions(stored.parameters, batch.epoch, batch.first, batch.stop)
         stamp = _stamp(now)
-        planned = plan_epoch(stored.parameters, epoch)
         self._insert_shards(
             connection,
             [
@@ -860,10 +879,17 @@ class FastPath:
                 for p in planned
             ],
         )
-        connection.execute(
-            "UPDATE datasets SET epochs_created = ? WHERE id = ?", (epoch + 1, stored.id)
+        self._write(
+            connection,
+            "UPDATE datasets SET epochs_created = ?, written = ? WHERE id = ?",
+            (batch.epoch + 1, batch.stop, stored.id),
         )
-        log.info("epoch started", job_id=job_id, dataset=dataset, epoch=epoch, shards=len(planned))
+        if batch.new_epoch:
+            shards = stored.parameters.shards_per_epoch
+            log.info(
+                "epoch started", job_id=job_id, dataset=dataset, epoch=batch.epoch, shards=shards
+            )
+        return _Dataset(stored.id, stored.parameters, batch.epoch + 1, batch.stop)
 
     def _lease_many(
         self,
@@ -1333,8 +1359,12 @@ class PostgresFastPath(FastPath):
         lease_duration: timedelta,
         rate_window: timedelta,
         sync_commits: bool,
+        *,
+        rows_per_write: int = ROWS_PER_WRITE,
     ) -> None:
-        super().__init__(url, lease_duration, rate_window, sync_commits)
+        super().__init__(
+            url, lease_duration, rate_window, sync_commits, rows_per_write=rows_per_write
+        )
         self.schema = schema
 
     def _connect(self) -> Connection:

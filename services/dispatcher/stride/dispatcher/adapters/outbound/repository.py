@@ -15,12 +15,15 @@ SQLAlchemy caches their compiled form.
 
 from __future__ import annotations
 
+import sqlite3
 from collections.abc import Sequence
 from dataclasses import dataclass
 from datetime import UTC, datetime
 from typing import Any
 
+import psycopg
 from sqlalchemy import bindparam, delete, func, literal_column, select, update
+from sqlalchemy.exc import DBAPIError
 from sqlalchemy.ext.asyncio import AsyncSession
 
 from stride.dispatcher.db.tables import (
@@ -34,6 +37,7 @@ from stride.dispatcher.db.tables import (
 )
 from stride.dispatcher.domain.datasets import SPLIT_ID_BASE, DatasetParameters, ShardingKind
 from stride.dispatcher.domain.queue import Holder, ShardRecord, ShardState, WorkerRecord
+from stride.dispatcher.domain.restoring import LeaseCount, RestoredQueue
 
 
 @dataclass(frozen=True)
@@ -46,6 +50,8 @@ class StoredDataset:
     parameters: DatasetParameters
     epochs_created: int
     splits: int = 0
+    written: int = 0
+    """Positions of the newest epoch with a shard row (the rest are TODO without one)."""
 
 
 @dataclass(frozen=True)
@@ -74,6 +80,7 @@ def _dataset(row: Any) -> StoredDataset:
         ),
         epochs_created=row.epochs_created,
         splits=row.splits,
+        written=row.written,
     )
 
 
@@ -177,18 +184,47 @@ async def insert_dataset(
     )
 
 
-async def add_epoch(
+async def write_rows(
     session: AsyncSession,
     dataset_id: int,
-    epoch: int,
     new_shards: Sequence[ShardRecord],
+    epochs_created: int,
+    written: int,
     at: datetime,
 ) -> None:
-    """Insert an epoch's shards and count the epoch as created."""
+    """Insert the next shards of the newest epoch (cutting it, if ``epochs_created`` counts
+    it first) and record how many of its positions now have a row."""
     await insert_shards(session, dataset_id, new_shards, at)
     await session.execute(
-        update(datasets).where(datasets.c.id == dataset_id).values(epochs_created=epoch + 1)
+        update(datasets)
+        .where(datasets.c.id == dataset_id)
+        .values(epochs_created=epochs_created, written=written)
     )
+
+
+async def count_datasets(session: AsyncSession, job_id: str) -> int:
+    """How many datasets the job has."""
+    count: int = (
+        await session.execute(
+            select(func.count()).select_from(datasets).where(datasets.c.job_id == job_id)
+        )
+    ).scalar_one()
+    return count
+
+
+def is_contention(error: BaseException) -> bool:
+    """Whether ``error`` says the database was busy rather than that the call was wrong:
+    SQLite's lock still held by another connection past the busy timeout ("database is
+    locked"), a PostgreSQL serialization failure, deadlock or lock timeout, or a connection
+    lost. Such a transaction rolled back whole, so running it again is safe."""
+    if isinstance(error, DBAPIError):
+        if error.connection_invalidated:
+            return True
+        error = error.orig if error.orig is not None else error
+    if isinstance(error, sqlite3.OperationalError):
+        code = getattr(error, "sqlite_errorcode", 0) & 0xFF
+        return code in (sqlite3.SQLITE_BUSY, sqlite3.SQLITE_LOCKED) or "locked" in str(error)
+    return isinstance(error, psycopg.OperationalError)
 
 
 INSERT_CHUNK = 5_000
@@ -550,22 +586,23 @@ async def snapshot_shards(session: AsyncSession, dataset_id: int) -> list[ShardR
     return [_shard(row) for row in rows]
 
 
-async def lease_counts(session: AsyncSession, dataset_id: int) -> dict[int, int]:
-    """Lease counters of the shards ever leased (kept across a restore, for event ids)."""
+async def lease_counts(session: AsyncSession, dataset_id: int) -> dict[int, LeaseCount]:
+    """The shards ever leased, with their lease counters (kept across a restore, for event
+    ids and lease fencing) and place in hand-out order."""
     rows = (
         await session.execute(
-            select(shards.c.shard_id, shards.c.leases).where(
+            select(shards.c.shard_id, shards.c.leases, shards.c.epoch, shards.c.position).where(
                 shards.c.dataset_id == dataset_id, shards.c.leases > 0
             )
         )
     ).all()
-    return {row.shard_id: row.leases for row in rows}
+    return {row.shard_id: LeaseCount(row.leases, row.epoch, row.position) for row in rows}
 
 
 async def replace_shards(
     session: AsyncSession,
     dataset_id: int,
-    restored: Sequence[ShardRecord],
+    restored: RestoredQueue,
     epochs_created: int,
     splits: int,
     at: datetime,
@@ -579,11 +616,11 @@ async def replace_shards(
         )
     ).scalar_one()
     await session.execute(delete(shards).where(shards.c.dataset_id == dataset_id))
-    await insert_shards(session, dataset_id, restored, at)
+    await insert_shards(session, dataset_id, restored.shards, at)
     await session.execute(
         update(datasets)
         .where(datasets.c.id == dataset_id)
-        .values(epochs_created=epochs_created, splits=splits)
+        .values(epochs_created=epochs_created, splits=splits, written=restored.written)
     )
     return int(revoked)
 
