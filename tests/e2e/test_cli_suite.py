@@ -15,6 +15,7 @@ import pytest
 from grpc_health.v1 import health_pb2, health_pb2_grpc
 
 from stride.cli.endpoints import SuiteState, pid_alive
+from stride.runtime.checkpoint_memory import default_shm_dir
 from stride.runtime.tls import IDENTITIES
 from stride.testing.processes import run_cli
 
@@ -197,6 +198,8 @@ def test_up_submit_status_down_with_the_embedded_defaults(tmp_path: Path) -> Non
     supervisor_log = (tmp_path / "state" / "supervisor.log").read_text()
     assert "suite stopped" in supervisor_log and "restarting" not in supervisor_log
     assert not pid_alive(state.postgres_process.pid)
+    # Nothing of the checkpoint cache is left in shared memory (RAM).
+    assert not default_shm_dir(tmp_path / "state" / "checkpoints").exists()
 
     # The data survives: the next `stride up` finds every job where it was.
     again = stride("up", env=env)

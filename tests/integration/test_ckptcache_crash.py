@@ -23,7 +23,9 @@ import numpy as np
 import pytest
 
 from stride.ckptclient import CheckpointClient
+from stride.cli.supervisor import Child, remove_cache_memory
 from stride.events.v1 import checkpoint_pb2
+from stride.runtime.checkpoint_memory import default_shm_dir, remove_default_shm_dir
 from stride.runtime.healthcheck import check
 from stride.testing.eventually import assert_eventually
 from stride.testing.processes import ServiceProcess
@@ -209,3 +211,74 @@ async def test_a_full_disk_fails_persistence_clearly_without_blocking_training(
         assert "checkpoint not persisted; it stays in memory only" in process.log_text()
     finally:
         assert process.terminate() == 0, process.log_text()[-3000:]
+
+
+async def test_a_clean_stop_keeps_shared_memory_only_while_it_holds_the_only_copy(
+    nats_url: str, tmp_path: Path, shm_dir: Path
+) -> None:
+    """A clean stop gives the shared memory back only when everything in it is durable: a
+    checkpoint whose persist failed stays for the next start, which persists it."""
+    base = cache_process(nats_url, tmp_path, shm_dir)
+    process = FileSizeLimitedProcess(base, 3 * 1024 * 1024)
+    process.start()
+    try:
+        await started(process)
+        client = CheckpointClient(process.address, JOB)
+        try:
+            big = state(2, 1_000_000)  # 4 MB: past the limit, so only in memory
+            await asyncio.to_thread(client.save, 2, big)
+            with pytest.raises(RuntimeError, match=r"EFBIG"):
+                await asyncio.to_thread(client.wait_until_durable, "step-2", 30)
+        finally:
+            client.close()
+    finally:
+        assert process.terminate() == 0, process.log_text()[-3000:]
+    assert "shared memory kept" in process.log_text()
+    assert (shm_dir / JOB / "step-2").is_dir()
+    base.start()  # room on disk again
+    try:
+        await started(base)
+        client = CheckpointClient(base.address, JOB)
+        try:
+            await asyncio.to_thread(client.wait_until_durable, "step-2", 30)
+        finally:
+            client.close()
+    finally:
+        assert base.terminate() == 0, base.log_text()[-3000:]
+    assert gone(shm_dir)
+    assert "shared memory released" in base.log_text()
+
+
+def gone(path: Path) -> bool:
+    return not path.exists()
+
+
+async def test_stride_down_removes_what_a_killed_cache_left_in_shared_memory(
+    nats_url: str, tmp_path: Path
+) -> None:
+    """The supervisor's end of ``stride down``: a cache killed with checkpoints in shared
+    memory cannot remove its directory itself, so the supervisor removes the default one
+    (derived from the store directory, as the cache derives it)."""
+    store = tmp_path / "store"
+    env = {
+        "STRIDE_NATS_URL": nats_url,
+        "STRIDE_CKPTCACHE_STORE_DIR": str(store),
+        "STRIDE_CKPTCACHE_HEALTH_INTERVAL_SECONDS": "0.2",
+    }
+    process = ServiceProcess("ckptcache", env, tmp_path)
+    directory = default_shm_dir(store)
+    process.start()
+    try:
+        await started(process)
+        client = CheckpointClient(process.address, JOB)
+        try:
+            await asyncio.to_thread(client.save, 1, state(1, 1000))
+        finally:
+            client.close()
+        process.kill()
+        assert (directory / JOB / "step-1").is_dir()
+        remove_cache_memory([Child("ckptcache", process.port, process.env, tmp_path / "log")])
+        assert gone(directory)
+    finally:
+        process.kill()
+        remove_default_shm_dir(store)

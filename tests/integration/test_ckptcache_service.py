@@ -22,6 +22,7 @@ from nats.aio.msg import Msg
 from stride.api.ckptcache.v1 import ckptcache_service_pb2 as pb
 from stride.api.ckptcache.v1 import ckptcache_service_pb2_grpc as pb_grpc
 from stride.bus import topics
+from stride.bus.signing import logical_message_id
 from stride.ckptcache.adapters.outbound.directory_store import DirectoryStore
 from stride.ckptcache.app import SERVICE_NAME, build
 from stride.ckptcache.domain.checkpoints import CheckpointInfo, Tier
@@ -256,7 +257,10 @@ async def test_a_streamed_save_lands_in_memory_then_persists_and_is_announced(
     assert event.tier == DURABLE
     assert event.shard_snapshot_id == "snap-100"  # the data position travels with it
     headers = events[0].headers or {}
-    assert headers["Nats-Msg-Id"] == f"{JOB}.step-100.persisted.{checksum(data):08x}"
+    assert (
+        logical_message_id(headers["Nats-Msg-Id"])
+        == f"{JOB}.step-100.persisted.{checksum(data):08x}"
+    )
     saved_events = await stream_messages(nats_url, topics.CHECKPOINT_SAVED.subject(JOB))
     assert len(saved_events) == 1
 
@@ -789,10 +793,18 @@ def held_bytes(path: Path) -> int:
 async def test_a_stream_that_declares_much_and_sends_nothing_holds_nothing(
     nats_url: str, store_dir: Path, shm_dir: Path
 ) -> None:
-    """Memory is reserved as data arrives: three uploads that each declare 64 MiB and then
+    """Pages are allocated as data arrives: three uploads that each declare 64 MiB and then
     wait hold no memory between them (they held 192 MiB when the declared size was
-    reserved up front), and each is discarded when its client goes away."""
-    settings = settings_for(nats_url, store_dir, shm_dir, max_checkpoint_bytes=64 * 1024 * 1024)
+    allocated up front; the quota and budget count it), and each is discarded when its
+    client goes away."""
+    settings = settings_for(
+        nats_url,
+        store_dir,
+        shm_dir,
+        max_checkpoint_bytes=64 * 1024 * 1024,
+        max_job_memory_bytes=3 * 64 * 1024 * 1024,
+        max_uploads_per_job=3,
+    )
     async with (
         running_service(build, settings) as host,
         aio_channel(address(host), "ckptcache") as opened,
@@ -837,7 +849,7 @@ async def test_a_job_past_its_memory_quota_is_refused_others_are_not(
         saved = await save(stub, save_stream(header(first, "step-1", 1), first))
         assert saved.tier == MEMORY
         second = payload(600 * 1024, seed=2)
-        # Refused mid-stream, while the client may still be writing. grpc.aio's client then
+        # Refused after its header, while the client may still be writing. grpc.aio's client then
         # sometimes reports INTERNAL "Failed execute_batch" instead of the server's status
         # (grpc/grpc#36066); the blocking client reports the status the server sent.
         refused = save_blocking(address(host), save_stream(header(second, "step-2", 2), second))

@@ -16,7 +16,7 @@ from stride.ckptcache.adapters.outbound.memory_store import (
     SharedMemoryTooSmall,
 )
 from stride.ckptcache.domain.checksum import checksum
-from stride.runtime.errors import AlreadyExists, FailedPrecondition, InvalidArgument
+from stride.runtime.errors import AlreadyExists, InvalidArgument, ResourceExhausted
 
 
 @pytest.fixture
@@ -91,26 +91,42 @@ def test_released_segments_fill_the_free_pool_then_are_unlinked(store: MemorySto
 def test_a_stream_segment_reserves_its_pages_as_data_arrives_or_says_why_not(
     store: MemoryStore,
 ) -> None:
-    path, descriptor = store.create_incoming("job-1", 8192)
+    path, descriptor = store.create_incoming("job-1")
     try:
-        # Declared 8 KiB, nothing arrived: nothing held yet.
+        # Nothing arrived: nothing held yet.
         assert path.stat().st_size == 0 and path.parent.name == INCOMING
         assert path.stat().st_blocks == 0
         store.reserve(descriptor, 0, 4096)  # the first chunk's pages
         assert path.stat().st_size == 4096 and path.stat().st_blocks * 512 >= 4096
+        # Pages the filesystem cannot back (it filled up since) are refused with the fix.
+        with pytest.raises(ResourceExhausted, match="--shm-size"):
+            store.reserve(descriptor, 4096, 1 << 60)
     finally:
         os.close(descriptor)
-    # A declared size the filesystem cannot hold now is refused before any data is sent.
-    with pytest.raises(FailedPrecondition, match="--shm-size"):
-        store.create_incoming("job-1", 1 << 60)
 
 
-def test_an_empty_store_is_removed_on_stop_a_full_one_is_kept(store: MemoryStore) -> None:
+def test_observe_counts_the_free_pool_and_drop_gives_it_back(store: MemoryStore) -> None:
+    client_segment(store, "a.seg", b"x" * 8192)
+    store.adopt("job-1", "c", 0, "a.seg", 8192)
+    assert store.observe().pool_bytes == 0
+    store.release("job-1", "c")
+    seen = store.observe()
+    assert seen.pool_bytes >= 8192 and seen.free_bytes > 0 and seen.path == str(store.root)
+    store.drop_free_pool()
+    assert store.observe().pool_bytes == 0
+
+
+def test_remove_takes_what_the_cache_keeps_and_only_that(store: MemoryStore) -> None:
     client_segment(store, "a.seg", b"ab")
     store.adopt("job-1", "c", 0, "a.seg", 2)
-    assert store.remove_if_empty() is False and store.root.exists()
-    store.release("job-1", "c")
-    assert store.remove_if_empty() is True and not store.root.exists()
+    store.remove()
+    assert not store.root.exists()
+    # An operator's directory (STRIDE_CKPTCACHE_SHM_DIR=/dev/shm) keeps what is not ours.
+    store.prepare(min_bytes=0)
+    client_segment(store, "b.seg", b"ab")
+    (store.root / "someone-elses.txt").write_text("keep")
+    store.remove()
+    assert [p.name for p in store.root.iterdir()] == ["someone-elses.txt"]
 
 
 def test_the_pool_keeps_the_newest_releases(store: MemoryStore) -> None:

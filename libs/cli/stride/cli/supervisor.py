@@ -72,6 +72,7 @@ from stride.obs.secrets import redact
 from stride.runtime import tls
 from stride.runtime.certs import CertificateError
 from stride.runtime.certs import init as init_certs
+from stride.runtime.checkpoint_memory import remove_default_shm_dir
 from stride.runtime.embedded_nats import NatsServer, free_port
 from stride.runtime.embedded_postgres import EmbeddedPostgres
 from stride.runtime.errors import StartupError
@@ -206,6 +207,20 @@ def stop_local_pods(pods_dir: Path) -> int:
     if shims:
         _log(f"{len(shims)} pods did not stop in {POD_STOP_SECONDS:g} s")
     return len(shims)
+
+
+def remove_cache_memory(children: list[Child]) -> None:
+    """Remove what the stopped checkpoint cache left in shared memory (``stride down``):
+    it removes its directory itself on a clean stop once everything in it is durable, so
+    one is left only by a cache that was killed or could not persist in time. What only
+    it held is lost; the durable checkpoints stay in its store directory. A directory the
+    user named (``STRIDE_CKPTCACHE_SHM_DIR``) is theirs and stays."""
+    for child in children:
+        if child.service != "ckptcache" or child.env.get("STRIDE_CKPTCACHE_SHM_DIR"):
+            continue
+        removed = remove_default_shm_dir(Path(child.env["STRIDE_CKPTCACHE_STORE_DIR"]))
+        if removed is not None:
+            _log(f"removed the checkpoint cache's shared memory {removed}")
 
 
 def default_local_nodes() -> str:
@@ -613,6 +628,7 @@ class Supervisor:
         for child in reversed(self.children):
             child.stop()
         stop_local_pods(self.state_dir / "pods")
+        remove_cache_memory(self.children)
         for server in reversed(self._servers()):
             server.server.stop()
         if not self.failed:

@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import hashlib
 import os
 from pathlib import Path
 from typing import ClassVar
@@ -10,17 +9,10 @@ from typing import ClassVar
 from pydantic import Field
 from pydantic_settings import SettingsConfigDict
 
+from stride.runtime.checkpoint_memory import default_shm_dir
 from stride.runtime.settings import ServiceSettings
 
 MIB = 1024 * 1024
-
-
-def default_shm_dir(store_dir: Path) -> Path:
-    """``/dev/shm/stride-ckptcache-<hash of the store directory>``: the node's shared memory,
-    which trainers can write. Named after the store so two caches on one machine (two local
-    stacks, parallel tests) never share it, while a restarted cache finds its own again."""
-    digest = hashlib.sha256(str(store_dir.resolve()).encode()).hexdigest()[:12]
-    return Path("/dev/shm") / f"stride-ckptcache-{digest}"
 
 
 def default_store_dir() -> Path:
@@ -59,15 +51,39 @@ class CheckpointCacheSettings(ServiceSettings):
     """The largest checkpoint accepted. 64 GiB covers the sparse models in DLRover-RM's
     evaluation (a 20 GB model in sec. 5.2) with room to spare; a bigger declared size is
     refused before any data is sent."""
+    max_memory_bytes: int | None = Field(default=None, gt=0)
+    """Shared memory all jobs' checkpoints may hold through this cache: the shards it keeps,
+    every upload in progress at its declared size, and the free segments it keeps for
+    reuse. A save past it is refused RESOURCE_EXHAUSTED (after the free segments are given
+    back). Whatever it says, a save must also fit what the filesystem has free then, less
+    what the uploads in progress will still write, since a tmpfs page is RAM that other
+    processes on the node may have taken. Unset: half the shared-memory filesystem's size
+    when the cache starts, because /dev/shm is the node's for everyone (trainers' data
+    loaders and NCCL use it too) and tmpfs pages are unswappable RAM; half keeps the cache
+    from crowding them out on Docker's and Kubernetes' sizes (``--shm-size``, an emptyDir's
+    ``sizeLimit``) and on a host's default of half its RAM."""
     max_job_memory_bytes: int | None = Field(default=None, gt=0)
     """Shared memory one job's checkpoints may hold through this cache: the shards it
-    keeps and those arriving (reserved as their data arrives, not as declared). A save past
-    it is refused RESOURCE_EXHAUSTED, so one job cannot fill the node's memory for the
-    others. Unset: twice ``max_checkpoint_bytes`` (a checkpoint kept and the next one)."""
+    keeps and its uploads in progress (at their declared size, from their header on). A
+    save past it is refused RESOURCE_EXHAUSTED before any data is sent, so one job cannot
+    take the node's memory from the others. Unset: twice ``max_checkpoint_bytes`` (a
+    checkpoint kept and the next one), at most ``max_memory_bytes``; set above that
+    budget, the cache refuses to start, since no job could ever use it."""
+    max_uploads_per_job: int = Field(default=2, ge=1, le=64)
+    """Streamed saves (``SaveCheckpoint``) one job may have in progress at once; one more is
+    refused RESOURCE_EXHAUSTED. A trainer saves one shard at a time; two leaves room for a
+    retry while the cache has not yet seen that the abandoned stream is gone."""
+    upload_idle_seconds: float = Field(default=30.0, gt=0, le=3600)
+    """A streamed save that sends nothing (not its header, not a chunk) for this long is
+    aborted DEADLINE_EXCEEDED, and its partial data and reservation are released at once,
+    so an idle stream cannot hold shared memory. A chunk is 1 MiB; 30 s is far longer
+    than any live client takes to send one, even through the agent."""
     shm_dir: Path | None = None
     """Where checkpoints land first: a directory on a memory filesystem (tmpfs) that the
     trainers on this node can also write, so a save is one memory copy. Checkpoints here
-    survive a restart of the cache, not of the node. Unset: see :func:`default_shm_dir`."""
+    survive a crash of the cache, not of the node; a clean stop removes what the cache
+    keeps here once all of it is durable (else it stays for the next start to persist).
+    Unset: see :func:`default_shm_dir`, which ``stride down`` also removes."""
     shm_min_bytes: int = Field(default=256 * MIB, ge=0)
     """The smallest shared-memory filesystem the cache starts on. 256 MiB is four times
     Docker's 64 MB default, which kills a writer with SIGBUS on a real model (DLRover issue

@@ -51,13 +51,18 @@ from stride.ckptcache.domain.checkpoints import (
     newest_first,
     validate_header,
 )
+from stride.ckptcache.domain.memory_budget import (
+    HeldBytes,
+    MemoryLedger,
+    MemoryLimits,
+    Reservation,
+)
 from stride.ckptcache.domain.retention import RetentionPolicy
 from stride.ckptcache.domain.tiers import DurableStore, ShardSource, StoredCheckpoint
 from stride.runtime.errors import (
     AlreadyExists,
     InvalidArgument,
     NotFound,
-    ResourceExhausted,
     StrideError,
 )
 
@@ -190,21 +195,12 @@ class CacheLimits:
     max_size_bytes: int
     chunk_bytes: int
     retention: RetentionPolicy
+    memory: MemoryLimits
+    """The shared-memory budget, the per-job quota and uploads in progress per job."""
     memory_keep: int = 1
     persist_bytes_per_second: float | None = None
     settle_seconds: float = 30.0
     memory_ttl_seconds: float = 3600.0
-    max_job_memory_bytes: int | None = None
-    """Shared memory one job's checkpoints may hold through the cache (shards kept and
-    shards arriving); None: twice ``max_size_bytes``."""
-
-    @property
-    def job_memory_quota(self) -> int:
-        return (
-            self.max_job_memory_bytes
-            if self.max_job_memory_bytes is not None
-            else 2 * self.max_size_bytes
-        )
 
 
 class Checkpoints:
@@ -231,8 +227,8 @@ class Checkpoints:
         self._changed = asyncio.Condition()
         self._publish_wanted = asyncio.Event()
         self._background: set[asyncio.Future[None]] = set()
-        self._arriving: dict[str, int] = {}
-        """Bytes of shards being streamed in, by job (reserved as they arrive)."""
+        self.ledger = MemoryLedger(limits.memory)
+        """Shared memory reserved for shards on their way in."""
 
     # ---- startup -------------------------------------------------------------------------
 
@@ -355,21 +351,26 @@ class Checkpoints:
     async def register(self, header: CheckpointHeader, blob: bytes, segment_name: str) -> Tier:
         """Index a segment the client filled; its checksum is computed in the background."""
         validate_header(header, self.limits.max_size_bytes)
-        self._check_quota(header.job_id, header.size_bytes)
-        entry = await self._reserve(header, None)
-        assert isinstance(entry, MemoryCheckpoint)  # only a streamed retry can be a no-op
+        # The client wrote the segment already: it counts against the limits, not the
+        # filesystem's free space (written_bytes). Refused, the client unlinks it.
+        reservation = await self._reserve_memory(header.job_id, header.size_bytes, False)
         try:
-            path = await asyncio.to_thread(
-                self.memory.adopt,
-                header.job_id,
-                header.checkpoint_id,
-                header.shard_index,
-                segment_name,
-                header.size_bytes,
-            )
-        except BaseException:
-            self._unreserve(entry, header.shard_index)
-            raise
+            entry = await self._reserve(header, None)
+            assert isinstance(entry, MemoryCheckpoint)  # only a streamed retry can be a no-op
+            try:
+                path = await asyncio.to_thread(
+                    self.memory.adopt,
+                    header.job_id,
+                    header.checkpoint_id,
+                    header.shard_index,
+                    segment_name,
+                    header.size_bytes,
+                )
+            except BaseException:
+                self._unreserve(entry, header.shard_index)
+                raise
+        finally:
+            self.ledger.release(reservation)  # counted as the shard it became, from here on
         shard = entry.shards[header.shard_index]
         shard.path = path
         shard.blob = blob
@@ -388,19 +389,15 @@ class Checkpoints:
             return entry  # an identical retry of a save that already happened
         descriptor = -1
         path: Path | None = None
-        held = 0
+        reservation: Reservation | None = None
         try:
-            self._check_quota(header.job_id, header.size_bytes)
-            path, descriptor = await asyncio.to_thread(
-                self.memory.create_incoming, header.job_id, header.size_bytes
-            )
+            reservation = await self._reserve_memory(header.job_id, header.size_bytes, True)
+            path, descriptor = await asyncio.to_thread(self.memory.create_incoming, header.job_id)
             received = 0
             crc = 0
             index = 0
             async for chunk, chunk_crc in chunks:
                 index += 1
-                self._hold(header.job_id, len(chunk))
-                held += len(chunk)
                 if chunk_crc is not None and checksum.checksum(chunk) != chunk_crc:
                     raise InvalidArgument(
                         "data_crc32c",
@@ -416,6 +413,7 @@ class Checkpoints:
                     _reserve_and_write, self.memory.reserve, descriptor, chunk, received
                 )
                 received += len(chunk)
+                reservation.written_bytes = received
             if received != header.size_bytes:
                 raise InvalidArgument(
                     "header.size_bytes",
@@ -439,15 +437,17 @@ class Checkpoints:
                 header.size_bytes,
             )
         except BaseException:
-            # A client that goes away cancels this task; the cleanup must still finish.
-            self._unhold(header.job_id, held)
+            # A client that goes away (or idles past its time) ends this task; the cleanup
+            # must still finish, and the reservation is released at once.
+            if reservation is not None:
+                self.ledger.release(reservation)
             self._unreserve(entry, header.shard_index)
             cleanup = asyncio.ensure_future(asyncio.to_thread(_discard, descriptor, path))
             self._background.add(cleanup)
             cleanup.add_done_callback(self._background.discard)
             await asyncio.shield(cleanup)
             raise
-        self._unhold(header.job_id, held)  # now counted as the shard it became
+        self.ledger.release(reservation)  # now counted as the shard it became
         shard = entry.shards[header.shard_index]
         shard.path = final
         shard.blob = blob
@@ -455,39 +455,28 @@ class Checkpoints:
         await self._finish_shard(entry, shard, crc)
         return Tier.MEMORY
 
-    def _kept_bytes(self, job_id: str) -> int:
-        """Shared memory the job's indexed shards hold (being checksummed, ready, kept)."""
-        return sum(
-            shard.header.size_bytes
-            for entry in self.in_memory.values()
-            if entry.job_id == job_id
-            for shard in entry.shards.values()
-            if shard.path is not None
-        )
+    def _held(self, job_id: str) -> HeldBytes:
+        """Shared memory the indexed shards (being checksummed, ready, kept) hold: the
+        job's and every job's."""
+        job = total = 0
+        for entry in self.in_memory.values():
+            size = sum(s.header.size_bytes for s in entry.shards.values() if s.path is not None)
+            total += size
+            job += size if entry.job_id == job_id else 0
+        return HeldBytes(job, total)
 
-    def _check_quota(self, job_id: str, more: int) -> None:
-        """Refuse a save that would take the job past its shared-memory quota."""
-        quota = self.limits.job_memory_quota
-        held = self._kept_bytes(job_id) + self._arriving.get(job_id, 0)
-        if held + more > quota:
-            raise ResourceExhausted(
-                f"job {job_id!r} holds {held:,} bytes of checkpoints in this node's shared "
-                f"memory and this save needs {more:,} more; its quota is {quota:,} "
-                "(STRIDE_CKPTCACHE_MAX_JOB_MEMORY_BYTES). Delete old checkpoints or wait "
-                "for them to persist and leave memory"
-            )
-
-    def _hold(self, job_id: str, size: int) -> None:
-        """Count ``size`` more bytes arriving for the job, within its quota."""
-        self._check_quota(job_id, size)
-        self._arriving[job_id] = self._arriving.get(job_id, 0) + size
-
-    def _unhold(self, job_id: str, size: int) -> None:
-        left = self._arriving.get(job_id, 0) - size
-        if left > 0:
-            self._arriving[job_id] = left
-        else:
-            self._arriving.pop(job_id, None)
+    async def _reserve_memory(self, job_id: str, size: int, streamed: bool) -> Reservation:
+        """Reserve shared memory for a shard coming in (streamed: its data is still to be
+        written), or raise ResourceExhausted naming the limit it would break. The free
+        segments are given back first when that makes it fit."""
+        wanted = Reservation(job_id, size, streamed, written_bytes=0 if streamed else size)
+        state = await asyncio.to_thread(self.memory.observe)
+        refused = self.ledger.refusal(wanted, self._held(job_id), state)
+        if refused is not None and refused.pool_would_help:
+            await asyncio.to_thread(self.memory.drop_free_pool)
+            state = await asyncio.to_thread(self.memory.observe)
+        self.ledger.reserve(wanted, self._held(job_id), state)  # checked again: no await
+        return wanted
 
     def _spawn(self, work: Coroutine[Any, Any, None]) -> None:
         task: asyncio.Future[None] = asyncio.ensure_future(work)
@@ -549,19 +538,10 @@ class Checkpoints:
     # ---- persistence ---------------------------------------------------------------------
 
     async def run_persister(self, stop: asyncio.Event) -> None:
-        """Persist complete memory checkpoints in order until ``stop``."""
-        while not stop.is_set():
-            getter = asyncio.ensure_future(self._queue.get())
-            stopper = asyncio.ensure_future(stop.wait())
-            done, _ = await asyncio.wait({getter, stopper}, return_when=asyncio.FIRST_COMPLETED)
-            if getter not in done:
-                getter.cancel()
-                stopper.cancel()
-                if await asyncio.to_thread(self.memory.remove_if_empty):
-                    log.info("no checkpoints in shared memory; its directory was removed")
-                return
-            stopper.cancel()
-            key = getter.result()
+        """Persist complete memory checkpoints in order until ``stop``, then those still
+        queued for as long as the host lets it (it cancels this task once its server has
+        stopped), so a clean stop leaves as little as it can only in memory."""
+        while (key := await self._next_queued(stop)) is not None:
             try:
                 await self.persist_one(key)
             except Exception:
@@ -571,6 +551,18 @@ class Checkpoints:
                 if entry is not None and entry.state is PersistState.PERSISTING:
                     entry.state = PersistState.FAILED
                     entry.persist_error = "internal error; see the cache's log"
+
+    async def _next_queued(self, stop: asyncio.Event) -> tuple[str, str] | None:
+        """The next checkpoint to persist; None once ``stop`` is set and none is queued."""
+        if not stop.is_set():
+            getter = asyncio.ensure_future(self._queue.get())
+            stopper = asyncio.ensure_future(stop.wait())
+            done, _ = await asyncio.wait({getter, stopper}, return_when=asyncio.FIRST_COMPLETED)
+            stopper.cancel()
+            if getter in done:
+                return getter.result()
+            getter.cancel()
+        return None if self._queue.empty() else self._queue.get_nowait()
 
     async def persist_one(self, key: tuple[str, str]) -> None:
         """Persist one queued checkpoint (or skip it if a newer one supersedes it)."""
@@ -966,6 +958,35 @@ class Checkpoints:
         """Let background checksum work finish (it is short) before the host stops."""
         if self._background:
             await asyncio.wait(self._background, timeout=10)
+
+    async def leave_shared_memory(self) -> None:
+        """On a clean stop (the server and the root tasks have stopped): remove the
+        shared-memory directory, so a stopped cache holds no RAM, unless a checkpoint's only
+        copy is there (not yet persisted, or its persist failed): then it stays for the
+        next start, which persists it. Incomplete checkpoints are discarded with it (their
+        trainers saved again, or will)."""
+        await self.close()
+        only_here = [
+            f"{entry.job_id}/{entry.checkpoint_id}"
+            for entry in self.in_memory.values()
+            if entry.complete and entry.state not in (PersistState.PERSISTED, PersistState.SKIPPED)
+        ]
+        if only_here:
+            log.warning(
+                "shared memory kept: it holds the only copy of checkpoints not yet persisted; "
+                "the next start persists them",
+                directory=str(self.memory.root),
+                checkpoints=only_here,
+            )
+            return
+        incomplete = sum(1 for entry in self.in_memory.values() if not entry.complete)
+        self.in_memory.clear()
+        await asyncio.to_thread(self.memory.remove)
+        log.info(
+            "shared memory released: every checkpoint in it is durable",
+            directory=str(self.memory.root),
+            incomplete_discarded=incomplete,
+        )
 
 
 def _reserve_and_write(

@@ -8,12 +8,16 @@ and names that could escape the job's space (``..``, ``/``) are INVALID_ARGUMENT
 naming the field. An admin's user token may work on any job, named by the request or the
 ``stride-job-id`` metadata; so may any caller in plain text (``STRIDE_INSECURE=1``, where
 nothing is verified).
+
+A ``SaveCheckpoint`` stream that sends nothing for ``upload_idle_seconds`` is aborted
+DEADLINE_EXCEEDED; the use case then releases its partial data and reservation at once.
 """
 
 from __future__ import annotations
 
+import asyncio
 from collections.abc import AsyncIterator
-from typing import Any, NoReturn
+from typing import Any, NoReturn, TypeVar
 
 import grpc
 
@@ -29,8 +33,9 @@ from stride.ckptcache.domain import checksum
 from stride.ckptcache.domain.checkpoints import check_job_id
 from stride.ckptcache.usecases import Checkpoints, CorruptCheckpoint
 from stride.runtime import auth
-from stride.runtime.errors import InvalidArgument
+from stride.runtime.errors import DeadlineExceeded, InvalidArgument
 
+T = TypeVar("T")
 Context = grpc.aio.ServicerContext[Any, Any]
 
 JOB_METADATA_KEY = "stride-job-id"
@@ -93,6 +98,24 @@ async def caller_job(context: Context, requested: str, field: str) -> str:
     return job_id
 
 
+async def idle_limited(items: AsyncIterator[T], seconds: float) -> AsyncIterator[T]:
+    """``items``, ended with DeadlineExceeded when the next one takes longer than
+    ``seconds`` to arrive."""
+    iterator = aiter(items)
+    while True:
+        try:
+            async with asyncio.timeout(seconds):
+                item = await anext(iterator)
+        except StopAsyncIteration:
+            return
+        except TimeoutError:
+            raise DeadlineExceeded(
+                f"the upload sent nothing for {seconds:g} s (STRIDE_CKPTCACHE_UPLOAD_IDLE_"
+                "SECONDS); it is discarded and its shared memory released"
+            ) from None
+        yield item
+
+
 async def _data_chunks(
     requests: AsyncIterator[pb.SaveCheckpointRequest],
 ) -> AsyncIterator[tuple[bytes, int | None]]:
@@ -114,9 +137,10 @@ async def _data_chunks(
 class CheckpointCacheApi(pb_grpc.CheckpointCacheServiceServicer):
     """gRPC servicer; errors are raised as domain errors and mapped by the server."""
 
-    def __init__(self, checkpoints: Checkpoints) -> None:
+    def __init__(self, checkpoints: Checkpoints, upload_idle_seconds: float) -> None:
         self.checkpoints = checkpoints
         self.memory = checkpoints.memory
+        self.upload_idle_seconds = upload_idle_seconds
 
     async def GetCacheInfo(
         self, request: pb.GetCacheInfoRequest, context: Context
@@ -144,7 +168,7 @@ class CheckpointCacheApi(pb_grpc.CheckpointCacheServiceServicer):
     async def SaveCheckpoint(
         self, request_iterator: AsyncIterator[pb.SaveCheckpointRequest], context: Context
     ) -> pb.SaveCheckpointResponse:
-        requests = aiter(request_iterator)
+        requests = idle_limited(aiter(request_iterator), self.upload_idle_seconds)
         first = await anext(requests, None)
         if first is None:
             raise InvalidArgument("header", "is required: the stream was empty")

@@ -12,8 +12,9 @@ A segment is one contiguous buffer; its tensors' names, dtypes, shapes and offse
 the header (protobuf, never pickle). Moving a segment with ``rename`` hands it over
 atomically. A shard counts only once its header file exists, which the cache writes
 (temp file, then rename) after computing the checksum, so a restart finds only whole
-shards. tmpfs outlives the cache process but not the node: after a cache restart the
-shards are found again by :meth:`MemoryStore.scan`.
+shards. tmpfs outlives the cache process but not the node: after a crash of the cache the
+shards are found again by :meth:`MemoryStore.scan`. A clean stop takes everything away
+(:meth:`MemoryStore.remove`) once all of it is durable, so a stopped cache holds no RAM.
 
 Segments that are no longer needed go to ``.free`` (a few per job) instead of being
 unlinked: their pages are already allocated, and a client that reuses one saves at memory
@@ -51,8 +52,9 @@ from stride.ckptcache.domain.checkpoints import (
     CHECKPOINT_ID_PATTERN,
     checkpoint_directory,
 )
+from stride.ckptcache.domain.memory_budget import SharedMemoryState
 from stride.ckptcache.domain.shared_memory import no_room, too_small
-from stride.runtime.errors import AlreadyExists, FailedPrecondition, InvalidArgument
+from stride.runtime.errors import AlreadyExists, InvalidArgument, ResourceExhausted
 from stride.vocabulary import JOB_ID_PATTERN
 
 log = structlog.get_logger(__name__)
@@ -93,6 +95,8 @@ class MemoryStore:
         self.root = root
         self.free_segments_per_job = free_segments_per_job
         self.node_id = ""
+        self.filesystem_bytes = 0
+        """The shared-memory filesystem's size, read by :meth:`prepare`."""
         self._mappings: dict[Path, tuple[tuple[int, int], mmap.mmap]] = {}
         self._mappings_lock = threading.Lock()
 
@@ -104,7 +108,8 @@ class MemoryStore:
         """
         self.root.mkdir(parents=True, exist_ok=True)
         stats = os.statvfs(self.root)
-        problem = too_small(str(self.root), stats.f_blocks * stats.f_frsize, min_bytes)
+        self.filesystem_bytes = stats.f_blocks * stats.f_frsize
+        problem = too_small(str(self.root), self.filesystem_bytes, min_bytes)
         if problem is not None:
             raise SharedMemoryTooSmall(problem)
         marker = self.root / NODE_ID
@@ -164,34 +169,38 @@ class MemoryStore:
         os.rename(source, target)
         return target
 
-    def create_incoming(self, job_id: str, size_bytes: int) -> tuple[Path, int]:
-        """A new, empty segment for a shard of ``size_bytes`` streamed in, and an open
-        descriptor. Its pages are reserved as data arrives (:meth:`reserve`), not for the
-        declared size up front: a stream that declares 64 GiB and sends nothing holds
-        nothing.
+    def observe(self) -> SharedMemoryState:
+        """What the filesystem has free now, and what the free segments hold."""
+        stats = os.statvfs(self.root)
+        pool = sum(_allocated(path) for path in self.root.glob(f"*/{FREE}/*.seg"))
+        return SharedMemoryState(str(self.root), stats.f_bavail * stats.f_frsize, pool)
 
-        Raises FailedPrecondition (with the fix) if shared memory has no room for the
-        declared size now, so a save that cannot fit fails before any data is sent.
-        """
+    def drop_free_pool(self) -> None:
+        """Unlink every free segment (a save needs their memory more than reuse does)."""
+        for segment in self.root.glob(f"*/{FREE}/*.seg"):
+            segment.unlink(missing_ok=True)
+
+    def create_incoming(self, job_id: str) -> tuple[Path, int]:
+        """A new, empty segment for a shard streamed in, and an open descriptor. Its pages
+        are allocated as data arrives (:meth:`reserve`), not for the declared size up
+        front: a stream that declares 64 GiB and sends nothing holds no memory (whether
+        the declared size fits is the cache's budget's call, before this)."""
         incoming = self.job_dir(job_id) / INCOMING
         incoming.mkdir(parents=True, exist_ok=True)
-        stats = os.statvfs(incoming)
-        problem = no_room(str(self.root), stats.f_bavail * stats.f_frsize, size_bytes)
-        if problem is not None:
-            raise FailedPrecondition(problem)
         path = incoming / f"{uuid.uuid4().hex}.seg"
         descriptor = os.open(path, os.O_RDWR | os.O_CREAT | os.O_EXCL, 0o600)
         return path, descriptor
 
     def reserve(self, descriptor: int, offset: int, length: int) -> None:
-        """Reserve the pages of ``[offset, offset + length)`` before writing them: a full
-        memory filesystem is then a clear FailedPrecondition, not SIGBUS on a later write."""
+        """Reserve the pages of ``[offset, offset + length)`` before writing them: a memory
+        filesystem that filled up since the save was admitted (another process took the
+        memory) is then a clear ResourceExhausted, not SIGBUS on a later write."""
         if length <= 0:
             return
         try:
             os.posix_fallocate(descriptor, offset, length)
         except OSError as error:
-            raise FailedPrecondition(no_room(str(self.root), 0, length) or str(error)) from None
+            raise ResourceExhausted(no_room(str(self.root), 0, length) or str(error)) from None
 
     def compute_checksum(self, path: Path, size_bytes: int) -> int:
         """CRC-32C of the first ``size_bytes`` of a segment (of all of it if it is shorter,
@@ -320,20 +329,38 @@ class MemoryStore:
                 continue
         return removed
 
-    def remove_if_empty(self) -> bool:
-        """Remove the directory if it holds no checkpoint shard (only the node id, empty job
-        directories and free segments), so stopped caches leave nothing in RAM."""
-        for path in self.root.rglob("*.seg"):
-            if path.parent.name != FREE:
-                return False
-        shutil.rmtree(self.root, ignore_errors=True)
-        return True
+    def remove(self) -> None:
+        """Remove what the cache keeps here (the job directories, the node id), then the
+        directory itself if nothing else is in it: a stopped cache leaves nothing in RAM,
+        and an operator's directory (``STRIDE_CKPTCACHE_SHM_DIR=/dev/shm``) keeps what
+        is not the cache's."""
+        with self._mappings_lock:
+            mappings = list(self._mappings.values())
+            self._mappings.clear()
+        for _, mapping in mappings:
+            _unmap(mapping)
+        if not self.root.exists():
+            return
+        for path in self.root.iterdir():
+            if path.is_dir() and JOB_ID_PATTERN.match(path.name):
+                shutil.rmtree(path, ignore_errors=True)
+            elif path.name == NODE_ID or path.name.startswith(f".{NODE_ID}."):
+                path.unlink(missing_ok=True)
+        with contextlib.suppress(OSError):
+            self.root.rmdir()
 
 
 def _unmap(mapping: mmap.mmap) -> None:
     # A checksum still running over it keeps it mapped until that finishes.
     with contextlib.suppress(BufferError):
         mapping.close()
+
+
+def _allocated(path: Path) -> int:
+    try:
+        return path.stat().st_blocks * 512
+    except FileNotFoundError:
+        return 0
 
 
 def _modified(path: Path) -> float:
