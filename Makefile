@@ -38,12 +38,12 @@ $(VENV)/.installed: pyproject.toml constraints.txt
 install: $(VENV)/.installed  ## Create .venv and install everything, pinned by constraints.txt
 	@$(PY) -m compileall -q -j 0 libs services > /dev/null || true
 
-system-deps:  ## OS tools for offline deploy checks (docker-compose validates compose.yaml); skipped when not root
-	@if command -v docker-compose >/dev/null; then exit 0; fi; \
+system-deps:  ## OS tools: docker-compose (validates compose.yaml), nftables (make chaos's partitions); skipped when not root
+	@if command -v docker-compose >/dev/null && command -v nft >/dev/null; then exit 0; fi; \
 	if [ "$$(id -u)" = 0 ] && command -v apt-get >/dev/null; then \
-	  (apt-get update -qq && apt-get install -y -qq --no-install-recommends docker-compose >/dev/null) \
-	    || echo "note: docker-compose could not be installed; its compose check will be skipped"; \
-	else echo "note: not root; install docker-compose to run the compose schema check"; fi
+	  (apt-get update -qq && apt-get install -y -qq --no-install-recommends docker-compose nftables >/dev/null) \
+	    || echo "note: docker-compose or nftables could not be installed; the compose check or chaos's partitions will not run"; \
+	else echo "note: not root; install docker-compose and nftables for the compose check and chaos's partitions"; fi
 
 proto: install  ## Regenerate the protobuf and gRPC stubs from proto/
 	$(PY) proto/generate.py
@@ -70,7 +70,7 @@ fuzz: install  ## 10,000 generated requests per service against all eight runnin
 	  -k "generated_requests or after_everything" -p no:cacheprovider -q --durations=5 2>&1; } \
 	  | tee bench/results/fuzz.txt
 
-chaos: install  ## A training job and 200 simulated jobs while every service, NATS and PostgreSQL is killed in turn; report in bench/results/chaos.txt
+chaos: install system-deps  ## A training job and 200 simulated jobs while every service, NATS and PostgreSQL is killed in turn and the job's pods and a service are cut off by the network; report in bench/results/chaos.txt
 	$(PY) bench/chaos.py --load 200
 
 bench: install  ## Run every benchmark; each prints its ratio to a reference and rewrites bench/results/

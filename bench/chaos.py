@@ -15,7 +15,10 @@ NATS and the embedded PostgreSQL 18, both supervised by `stride up`. Then:
    executor, the config DB, the dispatcher, the checkpoint cache and the pod watcher in turn
    (the supervisor restarts each), SIGKILL the embedded nats-server (restarted on its port
    and store) and the embedded PostgreSQL's postmaster (a crash: no checkpoint; restarted
-   on its socket and data, it recovers from its write-ahead log);
+   on its socket and data, it recovers from its write-ahead log); and two network
+   partitions (``bench/partitions.py``: packets dropped by nftables, matched by cgroup):
+   the training job's pods cut off from the dispatcher and NATS for 30 s, first, while it
+   trains, and the optimizer cut off from NATS for 30 s, last;
 4. the checks, once the training job ended:
    - it succeeded, and its trainer consumed every sample index exactly once per epoch
      (``consumed.jsonl``, written by the trainer for each batch it trained on);
@@ -45,6 +48,7 @@ from pathlib import Path
 
 import grpc
 import numpy as np
+from partitions import Partition, port_of, unavailable
 from suite import record, stream_messages, stride
 
 from stride.api.admission.v1 import admission_service_pb2 as admission_pb
@@ -243,6 +247,81 @@ def kill_server(state_dir: Path, server: str, timeline: Timeline) -> bool:
     return True
 
 
+PARTITION_SECONDS = 30.0
+"""How long a partition lasts: several times the clients' deadlines and NATS's ping
+interval, so connections really break and have to come back."""
+CUT_SERVICE = "optimizer"
+"""The service cut off from NATS: the planner, whose plans and the decisions it consumes
+must neither be lost nor applied twice across the cut."""
+
+
+def _pod_pids(state_dir: Path, job_id: str) -> tuple[int, ...]:
+    """The trainer and agent processes of the job's running pods."""
+    pids: list[int] = []
+    for path in (state_dir / "pods" / "pods").glob(f"{job_id}-*/pids.json"):
+        if (path.parent / "exit.json").exists():
+            continue
+        try:
+            pids += [int(pid) for pid in json.loads(path.read_text()).values()]
+        except (OSError, ValueError):
+            continue
+    return tuple(pids)
+
+
+def partition_pods(state_dir: Path, job_id: str, timeline: Timeline) -> bool:
+    """Cut the training job's pods off from the dispatcher and NATS for
+    :data:`PARTITION_SECONDS`; True once healed and the chief trains again."""
+    state = _state(state_dir)
+    # Cut while it trains: its pods up and its chief past its first steps.
+    if _wait(lambda: chief_step(state_dir, job_id) > 0, 180.0) is None:
+        timeline.note(f"partition: job {job_id} is not training: no pods to cut off")
+        return False
+    pids = _pod_pids(state_dir, job_id)
+    ports = (port_of(state.services["dispatcher"]), port_of(state.nats_url))
+    cut = Partition(f"pods-{job_id}", pids, ports)
+    step = chief_step(state_dir, job_id)
+    cut.cut()
+    timeline.note(
+        f"PARTITION job {job_id}'s {len(pids)} pod processes from the dispatcher and NATS "
+        f"(ports {ports[0]}, {ports[1]}) for {PARTITION_SECONDS:.0f} s; chief at step {step}"
+    )
+    time.sleep(PARTITION_SECONDS)
+    during = chief_step(state_dir, job_id)
+    cut.heal()
+    healed = chief_step(state_dir, job_id)
+    took = _wait(lambda: chief_step(state_dir, job_id) > healed, 120.0)
+    if took is None:
+        timeline.note("partition healed: the chief did NOT train again within 120 s")
+        return False
+    timeline.note(
+        f"partition healed (chief at step {during} at its end); training again after "
+        f"{took:.1f} s, at step {chief_step(state_dir, job_id)}"
+    )
+    return True
+
+
+def partition_service(state_dir: Path, service: str, timeline: Timeline) -> bool:
+    """Cut one service off from NATS for :data:`PARTITION_SECONDS`; True once healed and
+    every service serves."""
+    state = _state(state_dir)
+    pid = state.processes[service].pid
+    cut = Partition(f"service-{service}", (pid,), (port_of(state.nats_url),))
+    cut.cut()
+    timeline.note(f"PARTITION {service} (pid {pid}) from NATS for {PARTITION_SECONDS:.0f} s")
+    time.sleep(PARTITION_SECONDS)
+    cut.heal()
+    took = _wait(lambda: all(_serving(_state(state_dir), name) for name in KILLED), 60.0)
+    if took is None:
+        timeline.note(f"partition of {service} healed: services NOT serving within 60 s")
+        return False
+    same = _state(state_dir).processes[service].pid == pid
+    timeline.note(
+        f"partition of {service} healed: every service SERVING after {took:.1f} s"
+        + ("" if same else f" ({service} was restarted meanwhile)")
+    )
+    return True
+
+
 def chief_step(state_dir: Path, job_id: str) -> int:
     """The training job's last step its chiefs logged (0: none yet)."""
     step = 0
@@ -387,6 +466,10 @@ async def run(load_count: int, keep: bool) -> int:
         f"load: {load_count} simulated jobs, priority low",
     ]
     blows_ok = True
+    partitions_missing = unavailable()
+    if partitions_missing is not None:
+        # Reported as a failed check: a run without its network faults is not a pass.
+        lines.append(f"partitions: NOT RUN ({partitions_missing})")
     outcome = "unknown"
     results: list[tuple[str, bool, str]] = []
     try:
@@ -410,13 +493,18 @@ async def run(load_count: int, keep: bool) -> int:
         loading = asyncio.create_task(
             submit_load(state_dir, load_count, timeline, load, PACE_SECONDS * blow_count)
         )
-        blows: list[Callable[[], bool]] = [
+        blows: list[Callable[[], bool]] = []
+        if partitions_missing is None:
+            blows.append(functools.partial(partition_pods, state_dir, training, timeline))
+        blows += [
             functools.partial(kill_service, state_dir, service, timeline) for service in KILLED
         ]
         blows += [
             functools.partial(kill_server, state_dir, server, timeline)
             for server in ("nats", "postgres")
         ]
+        if partitions_missing is None:
+            blows.append(functools.partial(partition_service, state_dir, CUT_SERVICE, timeline))
         for blow in blows:
             await asyncio.sleep(PACE_SECONDS)
             blows_ok = await asyncio.to_thread(blow) and blows_ok
@@ -444,6 +532,14 @@ async def run(load_count: int, keep: bool) -> int:
         if not keep:
             shutil.rmtree(work, ignore_errors=True)
     results.insert(0, ("every blow recovered from", blows_ok, "see the timeline"))
+    results.insert(
+        1,
+        (
+            "network partitions made",
+            partitions_missing is None,
+            partitions_missing or f"the job's pods and {CUT_SERVICE}, {PARTITION_SECONDS:.0f} s",
+        ),
+    )
     lines += ["", "## timeline", *timeline.lines, "", "## checks"]
     lines += [f"{'PASS' if ok else 'FAIL'}  {name}: {detail}" for name, ok, detail in results]
     passed = all(ok for _, ok, _ in results)

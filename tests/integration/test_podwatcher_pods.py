@@ -11,6 +11,7 @@ Training for real is in ``tests/e2e/test_training.py``.
 
 from __future__ import annotations
 
+import asyncio
 import contextlib
 import json
 import os
@@ -30,7 +31,8 @@ from stride.api.podwatcher.v1 import podwatcher_service_pb2_grpc as pb_grpc
 from stride.bus import topics
 from stride.bus.client import Bus
 from stride.events.v1 import cluster_pb2, control_pb2, job_pb2, plan_pb2, pod_pb2
-from stride.podwatcher.adapters.outbound.backends.localpods import LocalPods
+from stride.podwatcher.adapters.outbound.backends.localpods import LocalPods, firewall
+from stride.podwatcher.adapters.outbound.backends.localpods.firewall import TfFirewall
 from stride.testing.bus import producer_bus
 from stride.testing.channels import aio_channel
 from stride.testing.eventually import assert_eventually
@@ -142,6 +144,8 @@ async def running_podwatcher(
         for status in leftovers.adopt():
             await leftovers.delete(status.launch.pod, grace_seconds=2)
         await leftovers.close()
+        if firewall.unavailable() is None:  # the guard of their TensorFlow ports too
+            TfFirewall(tmp_path / "pods").remove()
 
 
 @pytest.fixture
@@ -789,3 +793,97 @@ async def test_a_chief_that_never_answers_is_suspended_all_the_same_after_the_ti
         done = await plan_state(stub, job, 2, pb.PLAN_STATE_APPLIED)
         assert done.message.startswith("suspended without the chief's checkpoint"), done
         await running(stub, job)
+
+
+# --- the pod sandbox (#37 finding 1) ---------------------------------------------------------
+
+
+def _probes(log: Path) -> dict[str, str]:
+    for line in log.read_text(errors="replace").splitlines():
+        if line.startswith("probe "):
+            found: dict[str, str] = json.loads(line.removeprefix("probe "))
+            return found
+    raise AssertionError(f"no probe line in {log} yet")
+
+
+async def test_a_pods_code_reads_only_its_own_files(
+    nats_url: str, postgres_url: str, tmp_path: Path
+) -> None:
+    """A local pod reads only its own files (#37 finding 1). Pods ran as the pod watcher's
+    user (root): a PS's TensorFlow server, asked by anyone who reached it, read the admin's
+    token, and any job's code could read the suite's keys, another job's token, or signal
+    the services. Now job A's code (the scripted trainer's probes) reads its own token and
+    writes its own folder, and is refused the suite's CA key, the admin's token, job B's
+    token, ``/tmp``, the checkpoint cache's shared memory and the pod watcher's process.
+    Whatever a TensorFlow server in the pod is asked to do runs in the same sandbox."""
+    secrets = tmp_path / "state-tokens"
+    secrets.mkdir(mode=0o700)
+    admin_token = secrets / "admin.token"
+    admin_token.write_text("the admin's token")
+    ca_key = Path(os.environ["STRIDE_TLS_DIR"]) / "ca.key"
+    shm = Path("/dev/shm") / f"stride-ckptcache-probe-{tmp_path.name}"
+    shm.write_bytes(b"another job's checkpoint")
+    outside = Path("/tmp") / f"stride-probe-{tmp_path.name}"
+    job_a, job_b = new_job(), new_job()
+    tokens = tmp_path / "pods" / "tokens"
+    try:
+        async with running_podwatcher(
+            nats_url, postgres_url, tmp_path, STRIDE_PODWATCHER_LOCAL_SANDBOX="landlock"
+        ) as (podwatcher, stub, bus):
+            await admit(bus, job_b, script="run")
+            await bus.publish(topics.PLAN, job_b, plan(job_b, 1), f"{job_b}.plan.1")
+            await running(stub, job_b, f"{job_b}-chief-0", f"{job_b}-ps-0", f"{job_b}-worker-0")
+            other_token = tokens / f"{job_b}-worker-0" / "token"
+            assert other_token.exists()
+            # B's PS, as a TensorFlow server serves: reachable from this test (the suite's
+            # side), never from another job's pod.
+            other_ps = (await pods_of(stub, job_b))[f"{job_b}-ps-0"].address
+            host, _, port = other_ps.rpartition(":")
+
+            async def serving() -> bool:
+                _reader, writer = await asyncio.open_connection(host, int(port))
+                writer.close()
+                return True
+
+            await assert_eventually(serving, timeout=10)
+            assert podwatcher.process.process is not None
+            pid = podwatcher.process.process.pid
+            await admit(
+                bus,
+                job_a,
+                script="run",
+                probe_read=",".join(
+                    (
+                        *("$JOB_TOKEN", str(admin_token), str(ca_key), str(other_token)),
+                        *(str(shm), f"/proc/{pid}/environ"),  # a checkpoint, its settings
+                    )
+                ),
+                probe_write=",".join(["$POD_DIR/mine", str(outside), str(admin_token)]),
+                probe_signal=str(pid),
+                probe_connect=other_ps,
+            )
+            await bus.publish(topics.PLAN, job_a, plan(job_a, 1), f"{job_a}.plan.1")
+            worker = f"{job_a}-worker-0"
+            await running(stub, job_a, f"{job_a}-chief-0", f"{job_a}-ps-0", worker)
+            log = tmp_path / "pods" / "pods" / worker / "trainer.log"
+            found = await assert_eventually(lambda: _probes(log), timeout=20)
+    finally:
+        shm.unlink(missing_ok=True)
+
+    own = tokens / worker / "token"
+    assert found[f"read {own}"] == "ok"  # its own job token
+    assert found[f"write {tmp_path / 'pods' / 'pods' / worker / 'mine'}"] == "ok"
+    for refused in (
+        f"read {admin_token}",
+        f"read {ca_key}",
+        f"read {other_token}",
+        f"read {shm}",
+        f"read /proc/{pid}/environ",
+        f"write {outside}",
+        f"write {admin_token}",
+        f"signal {pid}",
+    ):
+        assert found[refused].startswith(("PermissionError", "OSError")), (refused, found)
+    assert found[f"connect {other_ps}"].startswith("ConnectionRefusedError"), found
+    assert admin_token.read_text() == "the admin's token"
+    assert not outside.exists()

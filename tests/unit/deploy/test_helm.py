@@ -16,6 +16,7 @@ import yaml
 from stride.admission.domain.quotas import quotas_from_config
 from stride.admission.settings import AdmissionSettings
 from stride.bus.lockdown import config_text
+from stride.podwatcher.domain.network import JOB_LABEL, TENSORFLOW_PORT_NAME, job_network_policy
 from stride.runtime import tls
 
 from . import (
@@ -471,12 +472,13 @@ def test_podwatcher_has_rbac_for_training_pods(release: Release) -> None:
     assert role["metadata"]["namespace"] == pod_namespace
     granted: dict[str, set[str]] = {}
     for rule in role["rules"]:
-        assert rule["apiGroups"] == [""]
+        assert rule["apiGroups"] in ([""], ["networking.k8s.io"])
         for resource in rule["resources"]:
             granted.setdefault(resource, set()).update(rule["verbs"])
     assert {"get", "list", "watch", "create", "delete", "patch"} <= granted["pods"]
     assert "get" in granted["pods/log"]
     assert "create" in granted["events"]
+    assert {"create", "delete"} <= granted["networkpolicies"]  # each job's own
 
     binding = release.get("RoleBinding", "podwatcher")
     assert binding["metadata"]["namespace"] == pod_namespace
@@ -747,3 +749,37 @@ def test_nats_lockdown_can_be_left_to_the_operator(chart: helm.Chart) -> None:
     assert not any("nats-lockdown" in name or "bus-init" in name for name in names)
     with pytest.raises(helm.HelmValuesError, match="schema"):
         chart.render({"nats": {"lockdown": {"enabled": "yes"}}}, name="stride", namespace=NAMESPACE)
+
+
+def test_training_pods_admit_only_the_pod_watcher_and_their_own_jobs_pods(
+    release: Release,
+) -> None:
+    """#37 finding 1 on Kubernetes: a TensorFlow server runs whatever graph a client sends.
+    The chart's policy selects every training pod and admits only the pod watcher; the pod
+    watcher's per-job policy admits the job's own pods on the TensorFlow port. Another
+    job's pod matches neither."""
+    pod_namespace = release.values["podwatcher"]["namespace"] or NAMESPACE
+    policy = release.get("NetworkPolicy", "training-pods")
+    assert policy["metadata"]["namespace"] == pod_namespace
+    spec = policy["spec"]
+    training = spec["podSelector"]["matchLabels"]
+    assert training["app.kubernetes.io/component"] == "training-pod"
+    assert spec["policyTypes"] == ["Ingress"]
+    (rule,) = spec["ingress"]
+    (peer,) = rule["from"]
+    assert peer["podSelector"]["matchLabels"]["app.kubernetes.io/component"] == "podwatcher"
+    assert peer["namespaceSelector"]["matchLabels"] == {"kubernetes.io/metadata.name": NAMESPACE}
+
+    job = job_network_policy("job-a", pod_namespace, training)
+    own = {**training, JOB_LABEL: "job-a"}
+    assert job["spec"]["podSelector"]["matchLabels"] == own
+    (allowed,) = job["spec"]["ingress"]
+    assert allowed["from"] == [{"podSelector": {"matchLabels": own}}]
+    assert allowed["ports"] == [{"protocol": "TCP", "port": TENSORFLOW_PORT_NAME}]
+    other = {**training, JOB_LABEL: "job-b"}
+    assert not all(other.get(k) == v for k, v in own.items())  # job B's pods do not match
+
+
+def test_the_training_pod_policy_can_be_turned_off(chart: helm.Chart) -> None:
+    off = _render(chart, "stride", {"podwatcher": {"networkPolicy": {"enabled": False}}})
+    assert off.of_kind("NetworkPolicy") == []

@@ -14,16 +14,24 @@ The script is in the job spec's hyperparameters (``script_<role>``, else ``scrip
 Every run appends a line to ``<consumed log's directory>/starts.log`` when it has a
 consumed log (chiefs): ``<pod> standby=<true|false> <cluster JSON>``, and prints one line
 per second so log tests see output.
+
+What a job's own code could try (the pod sandbox's tests): with ``probe_read``,
+``probe_write`` (paths, comma-separated), ``probe_signal`` (pids) or ``probe_connect``
+(``host:port``s) in the hyperparameters, it first tries each and prints one line
+``probe {"read <path>": "ok" | "<error>", ...}``; ``$JOB_TOKEN`` in a path is its own job
+token file, ``$POD_DIR`` its working directory.
 """
 
 from __future__ import annotations
 
+import functools
 import json
 import os
 import signal
 import socket
 import sys
 import time
+from collections.abc import Callable
 from pathlib import Path
 from types import FrameType
 
@@ -52,6 +60,43 @@ def _listen() -> socket.socket | None:
     return server
 
 
+def _expand(path: str) -> str:
+    return path.replace("$JOB_TOKEN", os.environ.get("STRIDE_JOB_TOKEN_FILE", "")).replace(
+        "$POD_DIR", os.getcwd()
+    )
+
+
+def _attempt(action: Callable[[], object]) -> str:
+    try:
+        action()
+    except OSError as error:
+        return f"{type(error).__name__}: {error.strerror}"
+    return "ok"
+
+
+def _connect(host: str, port: int) -> None:
+    socket.create_connection((host, port), timeout=2).close()
+
+
+def _probe(hyperparameters: dict[str, str]) -> dict[str, str]:
+    """Try what ``probe_*`` asks (see the module); what each attempt met."""
+    results: dict[str, str] = {}
+
+    def items(key: str) -> list[str]:
+        return [item for item in hyperparameters.get(key, "").split(",") if item]
+
+    for path in map(_expand, items("probe_read")):
+        results[f"read {path}"] = _attempt(functools.partial(Path(path).read_bytes))
+    for path in map(_expand, items("probe_write")):
+        results[f"write {path}"] = _attempt(functools.partial(Path(path).write_text, "x"))
+    for pid in items("probe_signal"):
+        results[f"signal {pid}"] = _attempt(functools.partial(os.kill, int(pid), 0))
+    for address in items("probe_connect"):
+        host, _, port = address.rpartition(":")
+        results[f"connect {address}"] = _attempt(functools.partial(_connect, host, int(port)))
+    return results
+
+
 def main() -> int:
     """Follow the script; returns the exit code."""
     stop = False
@@ -62,6 +107,10 @@ def main() -> int:
 
     signal.signal(signal.SIGTERM, on_term)
     script = _script()
+    spec = json.loads(os.environ.get("STRIDE_TRAINER_SPEC_JSON", "{}") or "{}")
+    probes = _probe(spec.get("hyperparameters", {}))
+    if probes:
+        print(f"probe {json.dumps(probes)}", flush=True)
     listening = _listen()
     pod = os.environ.get("STRIDE_TRAINER_POD_NAME", "?")
     consumed = os.environ.get("STRIDE_TRAINER_CONSUMED_LOG", "")

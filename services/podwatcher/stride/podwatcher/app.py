@@ -5,6 +5,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import os
+import sys
 from pathlib import Path
 
 import structlog
@@ -26,7 +27,14 @@ from stride.podwatcher.adapters.outbound.backends.local import (
     detect_local_node,
     pod_tls_folder,
 )
-from stride.podwatcher.adapters.outbound.backends.localpods import Enforcement, LocalPods
+from stride.podwatcher.adapters.outbound.backends.localpods import (
+    Enforcement,
+    LocalPods,
+    firewall,
+    sandbox,
+)
+from stride.podwatcher.adapters.outbound.backends.localpods.firewall import TfFirewall
+from stride.podwatcher.adapters.outbound.backends.localpods.sandbox import PodSandboxes
 from stride.podwatcher.db.tables import outbox as outbox_table
 from stride.podwatcher.domain.nodes import parse_nodes
 from stride.podwatcher.settings import PodWatcherSettings
@@ -89,8 +97,10 @@ def make_backend(settings: PodWatcherSettings) -> Backend:
     base = dict(os.environ)
     material = tls.load(settings.service_name)
     folder = base.get(tls.TLS_DIR_ENV, "").strip()
+    pod_tls = state_dir / "pod-tls"
     if material is not None and folder:
-        base[tls.TLS_DIR_ENV] = str(pod_tls_folder(Path(folder), state_dir / "pod-tls"))
+        base[tls.TLS_DIR_ENV] = str(pod_tls_folder(Path(folder), pod_tls))
+    sandboxes = pod_sandboxes(settings, base, pod_tls, private=(state_dir / "tokens",))
     backend = LocalBackend(
         runtime,
         tuple(nodes),
@@ -98,15 +108,72 @@ def make_backend(settings: PodWatcherSettings) -> Backend:
         base,
         signer=Signer(material) if material is not None else None,
         tokens_dir=state_dir / "tokens",
+        sandboxes=sandboxes,
+        firewall=tf_firewall(settings, runtime, state_dir),
     )
     log.info(
         "local pod backend",
         nodes=len(nodes),
         enforcement=backend.enforcement,
         note=backend.enforcement_note,
+        sandbox="landlock" if sandboxes is not None else "off",
+        tf_ports="own job only" if backend.firewall is not None else "open",
         state_dir=str(state_dir),
     )
     return backend
+
+
+def pod_sandboxes(
+    settings: PodWatcherSettings,
+    environment: dict[str, str],
+    pod_tls: Path,
+    private: tuple[Path, ...],
+) -> PodSandboxes | None:
+    """How local pods are confined (:mod:`...localpods.sandbox`), or None (``off``, or not
+    possible here and ``auto``: said in a warning). ``private``: folders no pod may read,
+    which no folder readable by every pod may hold."""
+    if settings.local_sandbox == "off":
+        log.warning("local pods are not confined: they have the pod watcher's own rights")
+        return None
+    code = sandbox.code_paths(sys.executable, environment.get("PYTHONPATH", ""))
+    why = sandbox.unavailable()
+    if why is None:
+        overlap = sandbox.forbidden_overlap(
+            sandbox.policy(code=code, read=(), read_write=()),
+            (*private, *_secret_folders()),
+        )
+        why = None if overlap is None else f"it would open the suite's secrets: {overlap}"
+    if why is not None:
+        if settings.local_sandbox == "landlock":
+            raise StartupError(f"STRIDE_PODWATCHER_LOCAL_SANDBOX=landlock: {why}")
+        log.warning("local pods are NOT confined to their own files", why=why)
+        return None
+    return sandbox.PodSandboxes(code, (pod_tls,))
+
+
+def tf_firewall(
+    settings: PodWatcherSettings, runtime: LocalPods, state_dir: Path
+) -> TfFirewall | None:
+    """What keeps other jobs' pods off a job's TensorFlow ports (:mod:`...localpods.firewall`),
+    with the sandbox (``local_sandbox``); None where it cannot be (said in a warning)."""
+    if settings.local_sandbox == "off":
+        return None
+    why = firewall.unavailable()
+    if why is None and runtime.enforcement is Enforcement.CGROUP_V2:
+        # A process is in one v2 group only: its pod's, which holds its limits.
+        why = "pods' limits are cgroup v2 groups; job groups need the v1 limits or rlimit"
+    if why is not None:
+        if settings.local_sandbox == "landlock":
+            raise StartupError(f"STRIDE_PODWATCHER_LOCAL_SANDBOX=landlock: {why}")
+        log.warning("jobs' TensorFlow ports are open to other jobs' pods", why=why)
+        return None
+    return TfFirewall(state_dir)
+
+
+def _secret_folders() -> tuple[Path, ...]:
+    """The suite's certificate folder, if named (pods get a copy of theirs only)."""
+    folder = os.environ.get(tls.TLS_DIR_ENV, "").strip()
+    return (Path(folder),) if folder else ()
 
 
 async def build(settings: PodWatcherSettings) -> ServiceHost:

@@ -42,6 +42,14 @@ class PodWatcherSettings(ServiceSettings):
     local_enforcement: Literal["auto", "cgroup-v2", "cgroup-v1", "rlimit"] = "auto"
     """How the local backend enforces limits: ``auto`` takes cgroup v2, else v1, else the
     rlimit fallback (memory by sampling, no CPU quota), and says which at start-up."""
+    local_sandbox: Literal["auto", "landlock", "off"] = "auto"
+    """Whether local pods are isolated from the suite and from each other: confined to
+    their own files, without privileges (localpods.sandbox: Landlock ABI 6 and ``setpriv``),
+    and their TensorFlow ports reachable only by their own job's pods (localpods.firewall:
+    nftables and a cgroup v2 hierarchy, as root). ``auto`` does what the machine allows and
+    says at start what it cannot; ``landlock`` refuses to start without both; ``off`` runs
+    pods with the pod watcher's own rights and open ports (a machine whose users trust
+    every job)."""
     eviction_threshold_bytes: int = Field(default=256 * MIB, ge=0)
     """The local backend evicts a pod when the machine's available memory falls below this,
     as the kubelet does under memory pressure (0: never)."""

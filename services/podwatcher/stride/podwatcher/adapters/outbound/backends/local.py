@@ -15,6 +15,7 @@ say) reaches a pod: every ``STRIDE_`` variable of this process is dropped first.
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import os
 import socket
 import sys
@@ -39,6 +40,8 @@ from stride.podwatcher.adapters.outbound.backends.localpods import (
 from stride.podwatcher.adapters.outbound.backends.localpods import (
     ResizeRefused as RuntimeResizeRefused,
 )
+from stride.podwatcher.adapters.outbound.backends.localpods.firewall import TfFirewall
+from stride.podwatcher.adapters.outbound.backends.localpods.sandbox import PodSandboxes
 from stride.podwatcher.domain.nodes import NodeSpec
 from stride.runtime.tokens import (
     JOB_TOKEN_FILE_ENV,
@@ -171,6 +174,8 @@ class LocalBackend:
         signer: Signer | None = None,
         tokens_dir: Path | None = None,
         token_ttl: float = JOB_TOKEN_TTL,
+        sandboxes: PodSandboxes | None = None,
+        firewall: TfFirewall | None = None,
     ) -> None:
         if signer is not None and tokens_dir is None:
             raise ValueError("tokens_dir: required with a signer")
@@ -187,6 +192,10 @@ class LocalBackend:
         self.base = _base_environment(os.environ if base_environment is None else base_environment)
         self.enforcement = runtime.enforcement.value
         self.enforcement_note = runtime.enforcement_note
+        self.sandboxes = sandboxes
+        """Confines each pod's processes to their own files (None: they are not)."""
+        self.firewall = firewall
+        """Lets only a job's own pods reach its TensorFlow ports (None: anyone may)."""
 
     def nodes(self) -> list[NodeSpec]:
         """The virtual nodes pods may be placed on (drained ones left out)."""
@@ -217,13 +226,17 @@ class LocalBackend:
         """Pods of this backend reach each other on loopback."""
         return LOOPBACK
 
-    def _token_path(self, pod: str) -> Path:
+    def _token_folder(self, pod: str) -> Path:
+        """The pod's own folder of the tokens folder (its token and key, nothing else: what
+        its sandbox may read; a folder, since a rewritten token is a new file)."""
         assert self.tokens_dir is not None
-        return self.tokens_dir / f"{pod}.token"
+        return self.tokens_dir / pod
+
+    def _token_path(self, pod: str) -> Path:
+        return self._token_folder(pod) / "token"
 
     def _key_path(self, pod: str) -> Path:
-        assert self.tokens_dir is not None
-        return self.tokens_dir / f"{pod}.key"
+        return self._token_folder(pod) / "key"
 
     def issue_token(self, pod: str, job_id: str, role: str) -> Path | None:
         """Write a fresh job token for ``pod`` (None: no signer, plain text), binding the
@@ -238,6 +251,7 @@ class LocalBackend:
             log.warning("pod key unreadable; a new one", pod=pod, why=str(error))
             key = None
         if key is None:
+            key_path.parent.mkdir(mode=0o700, exist_ok=True)
             key = new_pod_key()
             write_pod_key(key_path, key)
         path = self._token_path(pod)
@@ -304,10 +318,20 @@ class LocalBackend:
             trainer[JOB_TOKEN_FILE_ENV] = str(token)
         if pod.standby:
             trainer["STRIDE_TRAINER_STANDBY"] = "true"
+        job_dir = env.jobs_dir / record.job_id
+        job_dir.mkdir(parents=True, exist_ok=True)
         if record.role is Role.CHIEF:
-            job_dir = env.jobs_dir / record.job_id
-            job_dir.mkdir(parents=True, exist_ok=True)
             trainer["STRIDE_TRAINER_CONSUMED_LOG"] = str(job_dir / "consumed.jsonl")
+        processes: tuple[ProcessSpec, ...] = (
+            ProcessSpec("trainer", (env.python, "-m", env.trainer_module), trainer),
+            ProcessSpec("agent", (env.python, "-m", "stride.agent"), agent),
+        )
+        policy = None
+        if self.sandboxes is not None:
+            tokens = self._token_folder(record.name) if token is not None else None
+            processes, policy = self.sandboxes.confine(
+                processes, self.runtime.pod_dir(record.name), job_dir, tokens
+            )
         return PodLaunch(
             pod=record.name,
             job_id=record.job_id,
@@ -316,16 +340,18 @@ class LocalBackend:
             node=record.node,
             plan_version=pod.plan_version,
             limits=Limits(cpu=record.cpu, memory_bytes=record.memory_bytes),
-            processes=(
-                ProcessSpec("trainer", (env.python, "-m", env.trainer_module), trainer),
-                ProcessSpec("agent", (env.python, "-m", "stride.agent"), agent),
-            ),
+            processes=processes,
             main="trainer",
             labels={"port": str(pod.port), "agent_port": str(pod.agent_port)},
+            sandbox=policy,
+            groups=(self.firewall.procs_file(record.job_id),) if self.firewall else (),
         )
 
     async def start(self, pod: PodStart) -> None:
-        """Start the pod's processes (idempotent for a running pod)."""
+        """Start the pod's processes (idempotent for a running pod); its TensorFlow port
+        guarded first, so no other job's pod reaches it even for a moment."""
+        if self.firewall is not None:
+            self.firewall.guard(pod.record.name, pod.record.job_id, pod.port)
         await self.runtime.start(self.launch(pod))
 
     async def wait_ready(self, addresses: list[str], timeout: float) -> bool:
@@ -381,6 +407,11 @@ class LocalBackend:
         if self.tokens_dir is not None and name not in self.running():
             self._token_path(name).unlink(missing_ok=True)
             self._key_path(name).unlink(missing_ok=True)
+            with contextlib.suppress(OSError):
+                self._token_folder(name).rmdir()
+        if self.firewall is not None and name not in self.running():
+            self.firewall.release(name)
+            self.firewall.forget_idle_jobs()
 
     def usage(self, name: str) -> PodUsage | None:
         """CPU and memory use from the pod's cgroup (or process tree)."""
@@ -396,5 +427,8 @@ class LocalBackend:
         return self.runtime.follow_logs(name)
 
     async def close(self) -> None:
-        """Stop watching; the pods keep running."""
+        """Stop watching; the pods keep running (and their ports stay guarded; with none
+        left, the guard's rules and groups go)."""
+        if self.firewall is not None and not self.runtime.known():
+            self.firewall.remove()
         await self.runtime.close()

@@ -39,6 +39,7 @@ from stride.podwatcher.adapters.outbound.backends.localpods.cgroups import (
     Enforcement,
     PodGroup,
 )
+from stride.podwatcher.adapters.outbound.backends.localpods.sandbox import SandboxPolicy
 from stride.podwatcher.domain.nodes import PodUsage as PodMemory
 from stride.podwatcher.domain.nodes import choose_eviction
 from stride.runtime.processes import start_time
@@ -92,6 +93,10 @@ class PodLaunch:
     processes: tuple[ProcessSpec, ...]
     main: str
     labels: Mapping[str, str] = field(default_factory=dict)
+    sandbox: SandboxPolicy | None = None
+    """What the pod's processes may touch (:mod:`.sandbox`); None: they are not confined."""
+    groups: tuple[str, ...] = ()
+    """Other cgroups' ``cgroup.procs`` the processes join (the job's, :mod:`.firewall`)."""
 
 
 @dataclass(frozen=True)
@@ -154,6 +159,8 @@ def _launch_to_json(launch: PodLaunch) -> dict[str, Any]:
         ],
         "main": launch.main,
         "labels": dict(launch.labels),
+        "sandbox": launch.sandbox.to_json() if launch.sandbox is not None else None,
+        "groups": list(launch.groups),
     }
 
 
@@ -171,6 +178,8 @@ def _launch_from_json(data: Mapping[str, Any]) -> PodLaunch:
         ),
         main=data["main"],
         labels=dict(data.get("labels", {})),
+        sandbox=SandboxPolicy.from_json(data["sandbox"]) if data.get("sandbox") else None,
+        groups=tuple(data.get("groups", ())),
     )
 
 
@@ -208,7 +217,7 @@ class LocalPods:
 
     # --- paths and records ---------------------------------------------------------------
 
-    def _pod_dir(self, pod: str) -> Path:
+    def pod_dir(self, pod: str) -> Path:
         return self.dir / pod
 
     def _shim_alive(self, pod: str) -> bool:
@@ -216,13 +225,13 @@ class LocalPods:
         if child is not None:
             return child.poll() is None
         try:
-            recorded = json.loads((self._pod_dir(pod) / "shim.pid").read_text())
+            recorded = json.loads((self.pod_dir(pod) / "shim.pid").read_text())
         except (OSError, ValueError):
             return False
         return bool(start_time(int(recorded["pid"])) == recorded.get("start_time"))
 
     def _read_exit(self, pod: str) -> PodExit | None:
-        pod_dir = self._pod_dir(pod)
+        pod_dir = self.pod_dir(pod)
         try:
             data = json.loads((pod_dir / "exit.json").read_text())
             launch = json.loads((pod_dir / "launch.json").read_text())
@@ -245,7 +254,7 @@ class LocalPods:
         known = self._known.get(launch.pod)
         if known is not None and self._shim_alive(launch.pod):
             return known
-        pod_dir = self._pod_dir(launch.pod)
+        pod_dir = self.pod_dir(launch.pod)
         pod_dir.mkdir(parents=True, exist_ok=True)
         for stale in ("exit.json", "stop-reason", "pids.json", "shim.pid"):
             with contextlib.suppress(FileNotFoundError):
@@ -255,7 +264,7 @@ class LocalPods:
         except CgroupError as error:
             raise RuntimeError(f"pod {launch.pod}: cannot set its limits: {error}") from error
         record = _launch_to_json(launch)
-        record["procs_files"] = group.procs_files()
+        record["procs_files"] = group.procs_files() + list(launch.groups)
         record["oom_file"] = group.oom_file()
         record["sample_memory_limit"] = (
             launch.limits.memory_bytes if self.enforcement is Enforcement.RLIMIT else 0
@@ -290,13 +299,13 @@ class LocalPods:
         return status
 
     async def _wait_for_pids(self, pod: str, child: subprocess.Popen[bytes]) -> dict[str, int]:
-        path = self._pod_dir(pod) / "pids.json"
+        path = self.pod_dir(pod) / "pids.json"
         deadline = time.monotonic() + START_TIMEOUT_SECONDS
         while time.monotonic() < deadline:
             with contextlib.suppress(OSError, ValueError):
                 return {k: int(v) for k, v in json.loads(path.read_text()).items()}
-            if child.poll() is not None and not (self._pod_dir(pod) / "exit.json").exists():
-                shim_log = (self._pod_dir(pod) / "shim.log").read_text(errors="replace")[-2000:]
+            if child.poll() is not None and not (self.pod_dir(pod) / "exit.json").exists():
+                shim_log = (self.pod_dir(pod) / "shim.log").read_text(errors="replace")[-2000:]
                 raise RuntimeError(f"pod {pod}: its supervisor exited at start: {shim_log}")
             await asyncio.sleep(0.02)
         return {}
@@ -321,7 +330,7 @@ class LocalPods:
             raise ResizeRefused(f"the kernel refused the new limits: {error}") from error
         launch = PodLaunch(**{**status.launch.__dict__, "limits": limits})
         self._known[pod] = PodStatus(launch, status.pids, status.started_at)
-        path = self._pod_dir(pod) / "launch.json"
+        path = self.pod_dir(pod) / "launch.json"
         record = json.loads(path.read_text())
         record.update(cpu=limits.cpu, memory_bytes=limits.memory_bytes)
         if self.enforcement is Enforcement.RLIMIT:
@@ -329,7 +338,7 @@ class LocalPods:
         path.write_text(json.dumps(record))
 
     async def _stop(self, pod: str, reason: ExitReason, why: str, grace_seconds: float) -> PodExit:
-        pod_dir = self._pod_dir(pod)
+        pod_dir = self.pod_dir(pod)
         existing = self._read_exit(pod)
         if existing is not None:
             return existing
@@ -383,7 +392,7 @@ class LocalPods:
         if child is not None:
             return child.pid
         try:
-            recorded = json.loads((self._pod_dir(pod) / "shim.pid").read_text())
+            recorded = json.loads((self.pod_dir(pod) / "shim.pid").read_text())
         except (OSError, ValueError):
             return None
         pid = int(recorded["pid"])
@@ -391,14 +400,14 @@ class LocalPods:
 
     def _process_names(self, pod: str) -> list[str]:
         try:
-            launch = json.loads((self._pod_dir(pod) / "launch.json").read_text())
+            launch = json.loads((self.pod_dir(pod) / "launch.json").read_text())
         except (OSError, ValueError):
             return []
         return [p["name"] for p in launch.get("processes", [])]
 
     def _kill_leftovers(self, pod: str) -> None:
         try:
-            pids = json.loads((self._pod_dir(pod) / "pids.json").read_text())
+            pids = json.loads((self.pod_dir(pod) / "pids.json").read_text())
         except (OSError, ValueError):
             pids = {}
         for pid in pids.values():
@@ -462,7 +471,7 @@ class LocalPods:
         return [
             status
             for pod, status in self._known.items()
-            if not (self._pod_dir(pod) / "exit.json").exists() and self._shim_alive(pod)
+            if not (self.pod_dir(pod) / "exit.json").exists() and self._shim_alive(pod)
         ]
 
     async def exits(self) -> AsyncIterator[PodExit]:
@@ -484,7 +493,7 @@ class LocalPods:
                             "log_tail": [],
                             "finished_at": time.time(),
                         }
-                        (self._pod_dir(pod) / "exit.json").write_text(json.dumps(record))
+                        (self.pod_dir(pod) / "exit.json").write_text(json.dumps(record))
                         end = self._read_exit(pod)
                 if end is None:
                     continue
@@ -503,7 +512,7 @@ class LocalPods:
 
     async def acknowledge(self, pod: str) -> None:
         """The end of ``pod`` is recorded: forget it (its logs stay)."""
-        pod_dir = self._pod_dir(pod)
+        pod_dir = self.pod_dir(pod)
         if (pod_dir / "exit.json").exists():
             for name in ("launch.json", "exit.json", "pids.json", "shim.pid", "stop-reason"):
                 with contextlib.suppress(FileNotFoundError):
@@ -567,7 +576,7 @@ class LocalPods:
 
     def usage(self, pod: str) -> Usage | None:
         """CPU cores used since the previous sample, and memory used now."""
-        if pod not in self._known or (self._pod_dir(pod) / "exit.json").exists():
+        if pod not in self._known or (self.pod_dir(pod) / "exit.json").exists():
             return None
         group = self.cgroups.group(pod)
         memory = self._memory_used(pod, group)
@@ -583,7 +592,7 @@ class LocalPods:
 
     def log_tail(self, pod: str, lines: int = 100) -> list[str]:
         """The last ``lines`` lines of the pod's processes' logs."""
-        pod_dir = self._pod_dir(pod)
+        pod_dir = self.pod_dir(pod)
         names = self._process_names(pod) or sorted(
             p.stem for p in pod_dir.glob("*.log") if p.stem != "shim"
         )
@@ -591,7 +600,7 @@ class LocalPods:
 
     async def follow_logs(self, pod: str) -> AsyncIterator[list[str]]:
         """New log lines as they are written, until the pod has ended."""
-        pod_dir = self._pod_dir(pod)
+        pod_dir = self.pod_dir(pod)
         names = self._process_names(pod) or sorted(
             p.stem for p in pod_dir.glob("*.log") if p.stem != "shim"
         )

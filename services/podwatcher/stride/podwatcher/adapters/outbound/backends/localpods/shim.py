@@ -14,7 +14,8 @@ SIGTERM, then SIGKILL after a grace period, and ``exit.json`` is written atomica
 - ``Succeeded`` when the main process exited 0;
 - ``Error`` otherwise, with the exit code (or signal) and the last log lines.
 
-Standard library only: it starts fast and small, one per pod.
+Standard library only (and ``py-landlock``, for a confined pod): it starts fast and small,
+one per pod.
 """
 
 from __future__ import annotations
@@ -93,13 +94,25 @@ def tree_rss(pids: list[int]) -> int:
     return total
 
 
-def _joiner(procs_files: list[str]) -> Any:
+def _joiner(procs_files: list[str], sandbox: dict[str, Any] | None) -> Any:
+    """What a pod's process does between fork and exec: its own process group, the pod's
+    cgroups, then (if the pod is confined) its Landlock domain (:mod:`.sandbox`; last, as
+    it closes the cgroup files)."""
+    confine = None
+    if sandbox is not None:
+        # Imported here, before the fork: the child must not import anything.
+        from stride.podwatcher.adapters.outbound.backends.localpods.sandbox import apply
+
+        confine = apply
+
     def join() -> None:
         os.setpgid(0, 0)
         pid = str(os.getpid())
         for path in procs_files:
             with open(path, "w") as procs:
                 procs.write(pid)
+        if confine is not None and sandbox is not None:
+            confine(sandbox)
 
     return join
 
@@ -136,7 +149,7 @@ def run(pod_dir: Path) -> int:
                 cwd=str(pod_dir),
                 # The shim is single-threaded, so a preexec_fn is safe here; it is how a
                 # process joins the pod's cgroups before it runs anything.
-                preexec_fn=_joiner(launch["procs_files"]),  # noqa: PLW1509
+                preexec_fn=_joiner(launch["procs_files"], launch.get("sandbox")),  # noqa: PLW1509
                 close_fds=True,
             )
     (pod_dir / "pids.json").write_text(json.dumps({n: c.pid for n, c in children.items()}))
