@@ -268,6 +268,26 @@ def _pod_pids(state_dir: Path, job_id: str) -> tuple[int, ...]:
     return tuple(pids)
 
 
+def _service_pids(state_dir: Path) -> dict[str, int]:
+    state = _state(state_dir)
+    return {name: process.pid for name, process in state.processes.items()}
+
+
+def _only_cut_failed(
+    state_dir: Path, before: dict[str, int], cut: set[str], timeline: Timeline
+) -> bool:
+    """True if no service outside ``cut`` was restarted while the partition lasted: only
+    what was cut off may fail."""
+    after = _service_pids(state_dir)
+    restarted = sorted(
+        name for name, pid in before.items() if name not in cut and after.get(name) != pid
+    )
+    if restarted:
+        timeline.note(f"partition: services NOT cut off were restarted: {restarted}")
+        return False
+    return True
+
+
 def partition_pods(state_dir: Path, job_id: str, timeline: Timeline) -> bool:
     """Cut the training job's pods off from the dispatcher and NATS for
     :data:`PARTITION_SECONDS`; True once healed and the chief trains again."""
@@ -280,6 +300,7 @@ def partition_pods(state_dir: Path, job_id: str, timeline: Timeline) -> bool:
     ports = (port_of(state.services["dispatcher"]), port_of(state.nats_url))
     cut = Partition(f"pods-{job_id}", pids, ports)
     step = chief_step(state_dir, job_id)
+    services = _service_pids(state_dir)
     cut.cut()
     timeline.note(
         f"PARTITION job {job_id}'s {len(pids)} pod processes from the dispatcher and NATS "
@@ -288,6 +309,8 @@ def partition_pods(state_dir: Path, job_id: str, timeline: Timeline) -> bool:
     time.sleep(PARTITION_SECONDS)
     during = chief_step(state_dir, job_id)
     cut.heal()
+    if not _only_cut_failed(state_dir, services, set(), timeline):
+        return False
     healed = chief_step(state_dir, job_id)
     took = _wait(lambda: chief_step(state_dir, job_id) > healed, 120.0)
     if took is None:
@@ -306,10 +329,13 @@ def partition_service(state_dir: Path, service: str, timeline: Timeline) -> bool
     state = _state(state_dir)
     pid = state.processes[service].pid
     cut = Partition(f"service-{service}", (pid,), (port_of(state.nats_url),))
+    services = _service_pids(state_dir)
     cut.cut()
     timeline.note(f"PARTITION {service} (pid {pid}) from NATS for {PARTITION_SECONDS:.0f} s")
     time.sleep(PARTITION_SECONDS)
     cut.heal()
+    if not _only_cut_failed(state_dir, services, {service}, timeline):
+        return False
     took = _wait(lambda: all(_serving(_state(state_dir), name) for name in KILLED), 60.0)
     if took is None:
         timeline.note(f"partition of {service} healed: services NOT serving within 60 s")

@@ -637,9 +637,10 @@ def validate(spec: JobSpec, now: datetime | None) -> None:
     """Raise :class:`InvalidWord` naming the first bad field of a complete spec.
 
     ``now`` is the moment of submission: the deadline must lie after it and at most
-    :data:`MAX_DEADLINE_AHEAD` beyond it. ``None`` skips the rules that depend on the clock,
-    for a spec already admitted (its deadline may pass while it is planned); everything
-    else is judged the same, so whatever admission accepts every later reader accepts too.
+    :data:`MAX_DEADLINE_AHEAD` beyond it, and a job that trains may have at most
+    :data:`MAX_LIST_RECORDS` records. ``None`` skips those rules of submission, for a spec
+    already admitted (its deadline may pass while it is planned); everything else is judged
+    the same, so whatever admission accepts every later reader accepts too.
     """
     _check(spec, now, partial=False)
 
@@ -681,7 +682,9 @@ def _check(spec: JobSpec, now: datetime | None, *, partial: bool) -> None:
     _check_identity(spec, partial)
     _check_model(spec.model, partial)
     _check_dataset(spec.dataset, partial)
-    if not partial:
+    if not partial and now is not None:
+        # A rule of submission, like the deadline's: what admission accepted before it
+        # existed (and every admitted spec a consumer reads) stays readable.
         _check_trained_dataset(spec)
     _whole_number("spec.batch_size", spec.batch_size, partial)
     if not partial and spec.batch_size > spec.dataset.record_count:

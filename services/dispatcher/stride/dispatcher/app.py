@@ -82,9 +82,11 @@ class Shuffler(ProcessPoolExecutor):
     """One worker process for the seeded shuffles of big epochs (``sharding.Shuffle``): a
     million-shard shuffle is half a second of CPU, and on a thread of this process it held
     the GIL in 5 ms slices, so every other call waited behind it. Spawned, not forked: this
-    process runs gRPC's threads. Started at once, so the first big epoch does not wait for
-    the worker's imports; at a lower CPU priority (nice 10), so on a busy machine a shuffle
-    takes the CPU this process's calls leave (on two cores it set their p99 otherwise)."""
+    process runs gRPC's threads. Started by the first big shuffle (which also waits for the
+    worker's imports, about a second, once): most dispatchers never cut a big shuffled
+    epoch, and a process per dispatcher at start cost every start a second of CPU. At a
+    lower CPU priority (nice 10), so on a busy machine a shuffle takes the CPU this
+    process's calls leave (on two cores it set their p99 otherwise)."""
 
     def __init__(self) -> None:
         super().__init__(
@@ -93,7 +95,6 @@ class Shuffler(ProcessPoolExecutor):
             initializer=os.nice,
             initargs=(10,),
         )
-        self.submit(int)  # start the worker now
 
     async def close(self) -> None:
         """Stop the worker (a shuffle under way is abandoned: its callers are gone)."""
