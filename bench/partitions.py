@@ -17,33 +17,19 @@ machine (v1 controllers, as here) their v1 groups and limits stay as they were.
 
 from __future__ import annotations
 
-import os
-import shutil
 import subprocess
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 
-CGROUP_ROOT = Path("/sys/fs/cgroup")
+from stride.podwatcher.adapters.outbound.backends.localpods.firewall import (
+    CGROUP_ROOT,
+    unavailable,
+)
+from stride.podwatcher.adapters.outbound.backends.localpods.firewall import v2_root as _v2_root
+
+__all__ = ["Partition", "port_of", "unavailable"]
+
 TABLE_PREFIX = "stride_chaos_"
-
-
-def _v2_root() -> Path | None:
-    """Where the cgroup v2 hierarchy is mounted (the whole tree, or its hybrid mount)."""
-    for candidate in (CGROUP_ROOT, CGROUP_ROOT / "unified"):
-        if (candidate / "cgroup.procs").is_file() and (candidate / "cgroup.threads").exists():
-            return candidate
-    return None
-
-
-def unavailable() -> str | None:
-    """Why partitions cannot be made here, or None."""
-    if os.geteuid() != 0:
-        return "not root"
-    if shutil.which("nft") is None:
-        return "nft not found (install Debian's nftables: make system-deps)"
-    if _v2_root() is None:
-        return "no cgroup v2 hierarchy at /sys/fs/cgroup or /sys/fs/cgroup/unified"
-    return None
 
 
 @dataclass
@@ -53,6 +39,8 @@ class Partition:
     name: str
     pids: tuple[int, ...]
     ports: tuple[int, ...]
+    _homes: dict[int, Path] = field(default_factory=dict)
+    """Each process's own v2 group before the cut (a pod's job group), to go back to."""
 
     @property
     def _group(self) -> Path:
@@ -65,30 +53,35 @@ class Partition:
         return TABLE_PREFIX + self.name.replace("-", "_")
 
     def cut(self) -> None:
-        """Move the processes into the partition's group and drop what they send."""
+        """Drop what the processes send to the ports: on the connections they hold now
+        (matched by their local ports: a socket keeps the cgroup it was made in) and on
+        any they open while cut (their new sockets are made in the partition's group)."""
         group = self._group
         group.mkdir(exist_ok=True)
         for pid in self.pids:
             try:
+                self._homes[pid] = _v2_group(pid)
                 (group / "cgroup.procs").write_text(str(pid))
-            except ProcessLookupError:
+            except (ProcessLookupError, FileNotFoundError):
                 continue  # it ended meanwhile: nothing to cut
         # The path nft resolves is relative to /sys/fs/cgroup; the level is the group's
         # depth in the v2 hierarchy (1: a child of its root).
         path = group.relative_to(CGROUP_ROOT)
         ports = ", ".join(str(port) for port in self.ports)
+        held = ", ".join(str(port) for port in _local_ports(self.pids, self.ports))
         rules = (
             f"table inet {self._table} {{\n"
             "  chain output {\n"
             "    type filter hook output priority 0; policy accept;\n"
             f'    socket cgroupv2 level 1 "{path}" tcp dport {{ {ports} }} drop\n'
-            "  }\n"
+            + (f"    tcp sport {{ {held} }} tcp dport {{ {ports} }} drop\n" if held else "")
+            + "  }\n"
             "}\n"
         )
         subprocess.run(["nft", "-f", "-"], input=rules, text=True, check=True)
 
     def heal(self) -> None:
-        """Delete the filter and move the processes back to the hierarchy's root."""
+        """Delete the filter and move the processes back to the groups they came from."""
         subprocess.run(
             ["nft", "delete", "table", "inet", self._table], check=False, capture_output=True
         )
@@ -97,11 +90,39 @@ class Partition:
             return
         root = group.parent
         for line in (group / "cgroup.procs").read_text().split():
+            home = self._homes.get(int(line), root)
             try:
-                (root / "cgroup.procs").write_text(line)
-            except ProcessLookupError:
+                (home / "cgroup.procs").write_text(line)
+            except (ProcessLookupError, FileNotFoundError):
                 continue
         group.rmdir()
+
+
+def _v2_group(pid: int) -> Path:
+    """The v2 group ``pid`` is in now (``0::<path>`` in its /proc cgroup file)."""
+    root = _v2_root()
+    assert root is not None
+    for line in Path(f"/proc/{pid}/cgroup").read_text().splitlines():
+        if line.startswith("0::"):
+            return root / line[3:].lstrip("/")
+    return root
+
+
+def _local_ports(pids: tuple[int, ...], ports: tuple[int, ...]) -> list[int]:
+    """The local ports of the established TCP connections ``pids`` hold to ``ports``."""
+    listed = subprocess.run(
+        ["ss", "-tnpH", "state", "established"], capture_output=True, text=True, check=True
+    )
+    wanted = {f"pid={pid}," for pid in pids}
+    found = []
+    for line in listed.stdout.splitlines():
+        fields = line.split()
+        if len(fields) < 5 or not any(mark in line for mark in wanted):
+            continue
+        local, peer = fields[2], fields[3]
+        if int(peer.rsplit(":", 1)[1]) in ports:
+            found.append(int(local.rsplit(":", 1)[1]))
+    return sorted(set(found))
 
 
 def port_of(address: str) -> int:

@@ -44,6 +44,12 @@ from stride.runtime.tls import TlsMaterial, server_credentials
 
 log = structlog.get_logger(__name__)
 
+SMALL_REQUESTS_BYTES = 1024 * 1024
+"""A server whose transport limit is at most this takes only small requests: it keeps
+HTTP/2's flow-control windows at their default (no bandwidth-delay probing), so a flood of
+oversized requests cannot make each connection buffer megabytes before gRPC refuses them
+(#37: 100 concurrent 3.9 MB SubmitJobs had pushed admission to 834 MiB). Servers that take
+big streams (the checkpoint cache's uploads) keep the probing that makes them fast."""
 DEFAULT_MAX_MESSAGE_BYTES = 4 * 1024 * 1024
 DEFAULT_MAX_REQUEST_BYTES = 64 * 1024
 """A Stride method's request limit when its proto sets no ``max_request_bytes``: enough
@@ -409,6 +415,7 @@ class GrpcServer:
                 ("grpc.so_reuseport", 0),
                 ("grpc.max_receive_message_length", max_receive_message_bytes),
                 ("grpc.max_send_message_length", max_send_message_bytes),
+                ("grpc.http2.bdp_probe", int(max_receive_message_bytes > SMALL_REQUESTS_BYTES)),
             ],
         )
         self.health = HealthServicer()

@@ -385,8 +385,12 @@ class LocalBackend:
             await self.runtime.delete(name)
 
     def adopt(self) -> list[str]:
-        """Pods an earlier podwatcher started that still run."""
-        return [status.launch.pod for status in self.runtime.adopt()]
+        """Pods an earlier podwatcher started that still run (the guard's rules of any that
+        ended meanwhile go)."""
+        adopted = [status.launch.pod for status in self.runtime.adopt()]
+        if self.firewall is not None:
+            self.firewall.prune(self.runtime.known())
+        return adopted
 
     def running(self) -> list[str]:
         """The pods running now."""

@@ -35,6 +35,10 @@ import structlog
 log = structlog.get_logger(__name__)
 
 CGROUP_ROOT = Path("/sys/fs/cgroup")
+REGISTRY = Path("/run/stride-pod-firewalls")
+"""Which state folder each table guards (a file per table, naming it): a table whose state
+folder is gone (a removed test folder, a deleted suite) is swept by the next pod watcher.
+In /run, like the tables themselves: both end with the machine's boot."""
 
 
 def v2_root() -> Path | None:
@@ -66,6 +70,9 @@ class TfFirewall:
         digest = hashlib.sha256(str(state_dir.resolve()).encode()).hexdigest()[:12]
         self.pods_group = root / f"stride-pods-{digest}"
         self.table = f"stride_pods_{digest}"
+        sweep_stale()
+        REGISTRY.mkdir(mode=0o700, exist_ok=True)
+        (REGISTRY / digest).write_text(str(state_dir.resolve()))
         self.pods_group.mkdir(exist_ok=True)
         self._nft(
             f"add table inet {self.table}\n"
@@ -77,15 +84,21 @@ class TfFirewall:
 
     def remove(self) -> None:
         """Remove the table and the groups (when no pod of this state folder runs)."""
-        subprocess.run(
-            ["nft", "delete", "table", "inet", self.table], capture_output=True, check=False
-        )
-        if self.pods_group.exists():
-            for group in self.pods_group.iterdir():
-                with contextlib.suppress(OSError):
-                    group.rmdir()
-            with contextlib.suppress(OSError):
-                self.pods_group.rmdir()
+        _remove(self.table, self.pods_group)
+        (REGISTRY / self.table.removeprefix("stride_pods_")).unlink(missing_ok=True)
+
+    def prune(self, known: list[str]) -> None:
+        """Remove the rules of pods that are not ``known`` (ended while no pod watcher
+        ran), and the groups of jobs left without any."""
+        stale = {(chain, handle) for chain, handle, pod, _job in self._rules() if pod not in known}
+        if stale:
+            self._nft(
+                "".join(
+                    f"delete rule inet {self.table} {chain} handle {handle}\n"
+                    for chain, handle in sorted(stale)
+                )
+            )
+        self.forget_idle_jobs()
 
     def job_group(self, job_id: str) -> Path:
         """The job's pod group (made if missing): its pods' processes join it."""
@@ -122,17 +135,17 @@ class TfFirewall:
     def forget_idle_jobs(self) -> None:
         """Remove the groups of jobs none of whose pods has rules (a group with a process
         in it stays: the kernel refuses to remove it)."""
-        guarded = {job for _chain, _handle, job in self._rules()}
+        guarded = {job for _chain, _handle, _pod, job in self._rules()}
         for group in self.pods_group.iterdir():
             if group.is_dir() and group.name not in guarded:
                 with contextlib.suppress(OSError):
                     group.rmdir()
 
     def _handles(self, pod: str) -> list[tuple[str, int]]:
-        return [(chain, handle) for chain, handle, _job in self._rules(pod)]
+        return [(chain, handle) for chain, handle, _pod, _job in self._rules(pod)]
 
-    def _rules(self, pod: str | None = None) -> list[tuple[str, int, str]]:
-        """(chain, handle, job) of the rules of ``pod`` (None: of every pod)."""
+    def _rules(self, pod: str | None = None) -> list[tuple[str, int, str, str]]:
+        """(chain, handle, pod, job) of the rules of ``pod`` (None: of every pod)."""
         listed = subprocess.run(
             ["nft", "-j", "-a", "list", "table", "inet", self.table],
             capture_output=True,
@@ -146,7 +159,8 @@ class TfFirewall:
                 word.split("=", 1) for word in str(rule.get("comment", "")).split() if "=" in word
             )
             if "pod" in named and (pod is None or named["pod"] == pod):
-                found.append((str(rule["chain"]), int(rule["handle"]), named.get("job", "")))
+                chain, handle = str(rule["chain"]), int(rule["handle"])
+                found.append((chain, handle, named["pod"], named.get("job", "")))
         return found
 
     def _nft(self, commands: str) -> None:
@@ -155,3 +169,29 @@ class TfFirewall:
         )
         if done.returncode != 0:
             raise RuntimeError(f"nft refused the TensorFlow port rules: {done.stderr.strip()}")
+
+
+def _remove(table: str, pods_group: Path) -> None:
+    subprocess.run(["nft", "delete", "table", "inet", table], capture_output=True, check=False)
+    if pods_group.exists():
+        for group in pods_group.iterdir():
+            with contextlib.suppress(OSError):
+                group.rmdir()
+        with contextlib.suppress(OSError):
+            pods_group.rmdir()
+
+
+def sweep_stale() -> int:
+    """Remove the tables and groups of state folders that are gone; how many."""
+    root = v2_root()
+    if root is None or not REGISTRY.is_dir():
+        return 0
+    swept = 0
+    for entry in REGISTRY.iterdir():
+        with contextlib.suppress(OSError):
+            if Path(entry.read_text().strip()).exists():
+                continue
+            _remove(f"stride_pods_{entry.name}", root / f"stride-pods-{entry.name}")
+            entry.unlink()
+            swept += 1
+    return swept
