@@ -20,7 +20,12 @@ settings.load_profile("ci" if os.environ.get("CI") else "dev")
 
 
 TENSORFLOW_FILES = frozenset(
-    {"e2e/test_training.py", "e2e/test_tf_checkpoint.py", "e2e/test_ckptclient_tf_snapshot.py"}
+    {
+        "e2e/test_training.py",
+        "e2e/test_tf_checkpoint.py",
+        "e2e/test_ckptclient_tf_snapshot.py",
+        "e2e/test_tf_server_isolation.py",
+    }
 )
 """End-to-end tests that train TensorFlow jobs: each keeps both cores busy, so under
 ``pytest -n`` (``make test``) they run one after another on one worker
