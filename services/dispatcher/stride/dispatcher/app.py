@@ -5,6 +5,8 @@ from __future__ import annotations
 import asyncio
 import multiprocessing
 import os
+import threading
+import time
 from concurrent.futures import ProcessPoolExecutor
 from datetime import timedelta
 from pathlib import Path
@@ -92,13 +94,29 @@ class Shuffler(ProcessPoolExecutor):
         super().__init__(
             max_workers=1,
             mp_context=multiprocessing.get_context("spawn"),
-            initializer=os.nice,
-            initargs=(10,),
+            initializer=_shuffle_worker,
+            initargs=(os.getpid(),),
         )
 
     async def close(self) -> None:
         """Stop the worker (a shuffle under way is abandoned: its callers are gone)."""
         await asyncio.to_thread(self.shutdown, wait=True, cancel_futures=True)
+
+
+ORPHAN_CHECK_SECONDS = 1.0
+
+
+def _shuffle_worker(dispatcher: int) -> None:
+    """The shuffle worker's start: a lower CPU priority, and an end with its dispatcher's
+    (a SIGKILLed dispatcher cannot stop it, and an orphan would live on idle for good)."""
+    os.nice(10)
+
+    def watch() -> None:
+        while os.getppid() == dispatcher:
+            time.sleep(ORPHAN_CHECK_SECONDS)
+        os._exit(0)
+
+    threading.Thread(target=watch, name="orphan-watch", daemon=True).start()
 
 
 def open_shuffler() -> Shuffler:
