@@ -73,3 +73,18 @@ def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item
             sources[path] = "SHARED_TRACES" in item.path.read_text()
         if sources[path]:
             item.add_marker(pytest.mark.skip(reason=reason))
+
+
+def pytest_sessionfinish(session: pytest.Session) -> None:
+    """Remove the local pod backend's TensorFlow port guards (nftables tables and cgroup v2
+    groups) that this run's pod watchers left: tests stop pod watchers with their pods
+    running, and the guard of a state folder outlives its pod watcher by design (pods do).
+    Run once, by the controlling process, after every worker."""
+    if hasattr(session.config, "workerinput"):
+        return
+    from stride.podwatcher.adapters.outbound.backends.localpods import firewall
+
+    if firewall.unavailable() is not None:
+        return
+    factory = session.config._tmp_path_factory  # type: ignore[attr-defined]
+    firewall.sweep_stale(under=factory.getbasetemp())

@@ -181,15 +181,18 @@ def _remove(table: str, pods_group: Path) -> None:
             pods_group.rmdir()
 
 
-def sweep_stale() -> int:
-    """Remove the tables and groups of state folders that are gone; how many."""
+def sweep_stale(under: Path | None = None) -> int:
+    """Remove the tables and groups of state folders that are gone, and with ``under``, of
+    every state folder below it (a test session's folder at its end); how many."""
     root = v2_root()
     if root is None or not REGISTRY.is_dir():
         return 0
     swept = 0
     for entry in REGISTRY.iterdir():
         with contextlib.suppress(OSError):
-            if Path(entry.read_text().strip()).exists():
+            state = Path(entry.read_text().strip())
+            below = under is not None and state.is_relative_to(under)
+            if state.exists() and not below:
                 continue
             _remove(f"stride_pods_{entry.name}", root / f"stride-pods-{entry.name}")
             entry.unlink()
