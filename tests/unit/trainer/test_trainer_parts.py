@@ -11,9 +11,10 @@ import pytest
 from pydantic import ValidationError
 from stride_examples import criteo
 
+from stride.ckptclient.client import CheckpointCacheError
 from stride.trainer.cluster import ClusterChange, classify
 from stride.trainer.entrypoint import EntrypointError, load
-from stride.trainer.loop import PendingAck
+from stride.trainer.loop import SAVE_ATTEMPTS, PendingAck, after_save_failure
 from stride.trainer.settings import TrainerSettings, parse_cluster
 
 CLUSTER = '{"chief": ["127.0.0.1:1"], "ps": ["127.0.0.1:2"], "worker": ["127.0.0.1:3"]}'
@@ -162,3 +163,28 @@ def test_a_pending_ack_survives_re_execution() -> None:
         1700000000.25,
         "step-120",
     )
+
+
+@pytest.mark.parametrize(
+    ("code", "moving", "attempt", "action"),
+    [
+        ("UNAVAILABLE", False, 1, "retry"),
+        ("UNAVAILABLE", True, 1, "retry"),
+        ("UNAVAILABLE", False, SAVE_ATTEMPTS, "skip"),
+        ("UNAVAILABLE", True, SAVE_ATTEMPTS, "raise"),
+        # #37: a cache at its memory budget, the job's quota or its uploads at once.
+        ("RESOURCE_EXHAUSTED", False, 1, "skip"),
+        ("RESOURCE_EXHAUSTED", True, 1, "raise"),
+        ("INVALID_ARGUMENT", False, 1, "raise"),
+        ("PERMISSION_DENIED", False, 1, "raise"),
+    ],
+)
+def test_a_refused_save_is_retried_skipped_or_fatal(
+    code: str, moving: bool, attempt: int, action: str
+) -> None:
+    """An interval checkpoint the cache is away or full for is skipped (it only bounds what
+    a crash repeats); the checkpoint a move needs, or any other refusal, ends the chief."""
+    import grpc
+
+    error = CheckpointCacheError(getattr(grpc.StatusCode, code), "refused")
+    assert after_save_failure(error, moving, attempt) == action

@@ -44,7 +44,7 @@ import time
 import zlib
 from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass, field, replace
-from typing import Any
+from typing import Any, Literal
 
 import numpy as np
 from google.protobuf import json_format
@@ -80,6 +80,28 @@ def _cache_away(error: Exception) -> bool:
     """Whether the cache was unreachable or too slow (worth another try), not a refusal."""
     text = f"{getattr(error, 'code', '')} {error}"
     return "UNAVAILABLE" in text or "DEADLINE_EXCEEDED" in text
+
+
+def _cache_full(error: Exception) -> bool:
+    """Whether the cache refused the save for memory (its budget, the job's quota, its
+    uploads at once: RESOURCE_EXHAUSTED)."""
+    return "RESOURCE_EXHAUSTED" in f"{getattr(error, 'code', '')} {error}"
+
+
+def after_save_failure(
+    error: Exception, moving: bool, attempt: int
+) -> Literal["raise", "retry", "skip"]:
+    """What a chief does when its checkpoint cache refused save ``attempt``: retry a cache
+    that is away (restarting, slow); skip an interval checkpoint the cache is away for, or
+    full for (it only bounds what a crash repeats: a cache restarted or full must not end
+    the training; bench/chaos.py saw a SIGKILLed cache kill the chief); raise anything else,
+    and any failure of the checkpoint a move needs."""
+    away = _cache_away(error)
+    if away and attempt < SAVE_ATTEMPTS:
+        return "retry"
+    if moving or not (away or _cache_full(error)):
+        return "raise"
+    return "skip"
 
 
 def shard_indices(shard: shard_pb2.Shard) -> np.ndarray:
@@ -555,16 +577,12 @@ class TrainingContext:
                         # not trained yet): the same state, so that checkpoint stands.
                         saved_at[step] = f"step-{step}"
                         return saved_at[step]
-                    if not _cache_away(error):
+                    action = after_save_failure(error, moving, attempt)
+                    if action == "raise":
                         raise
-                    if attempt < SAVE_ATTEMPTS:
+                    if action == "retry":
                         time.sleep(SAVE_RETRY_SECONDS)
                         continue
-                    if moving:
-                        raise
-                    # An interval checkpoint only bounds what a crash repeats: the cache
-                    # being restarted must not end the training (bench/chaos.py saw a
-                    # SIGKILLed cache kill the chief, which then repeated an interval).
                     say("checkpoint skipped", step=step, why=why, error=str(error)[:200])
                     return ""
             saved_at[step] = saved.checkpoint_id
