@@ -159,15 +159,24 @@ async def test_eight_idle_uploads_of_one_job_token_are_refused_or_timed_out_and_
             )
             hang.set()
             codes = [status_of(outcome)[0] for outcome in outcomes]
-            assert sorted(code.name for code in codes) == sorted(
-                ["DEADLINE_EXCEEDED"] * 2 + ["RESOURCE_EXHAUSTED"] * 6
-            ), outcomes
+            assert codes.count(grpc.StatusCode.DEADLINE_EXCEEDED) == 2, outcomes
             for outcome in outcomes:
                 code, details = status_of(outcome)
-                if code is grpc.StatusCode.RESOURCE_EXHAUSTED:
+                if code is grpc.StatusCode.DEADLINE_EXCEEDED:
+                    assert "nothing for 3 s (STRIDE_CKPTCACHE_UPLOAD_IDLE_SECONDS)" in details
+                elif code is grpc.StatusCode.RESOURCE_EXHAUSTED:
                     assert "STRIDE_CKPTCACHE_MAX_UPLOADS_PER_JOB=2" in details, details
                 else:
-                    assert "nothing for 3 s (STRIDE_CKPTCACHE_UPLOAD_IDLE_SECONDS)" in details
+                    # grpc's asyncio client, still writing its chunks when the server
+                    # answered, now and then reports its own failed write instead of the
+                    # server's status (the trainer's client is the synchronous one).
+                    assert (code, details) == (
+                        grpc.StatusCode.INTERNAL,
+                        "Internal error from Core",
+                    ), outcomes
+            # The server refused the six, naming the limit, before any data.
+            refused = process.log_text().count("STRIDE_CKPTCACHE_MAX_UPLOADS_PER_JOB=2")
+            assert refused == 6, process.log_text()[-3000:]
             # Released at once: no partial segment, the memory back to what it was.
             await assert_eventually(lambda: segments(shm_dir) == [], timeout=2)
             assert held_bytes(shm_dir) == baseline
