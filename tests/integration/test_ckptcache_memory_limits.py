@@ -112,6 +112,25 @@ async def idle_upload(
     return reply
 
 
+async def header_only(
+    stub: pb_grpc.CheckpointCacheServiceAsyncStub, checkpoint_id: str, size: int = UPLOAD
+) -> pb.SaveCheckpointResponse:
+    """Declare a save of ``size`` bytes and send nothing more: what the cache answers to the
+    header alone. (A refusal then reaches grpc's asyncio client whole: one still writing
+    chunks when it comes now and then reports its own failed write instead.)"""
+    declared = header(payload(size, seed=7), checkpoint_id)
+    never = asyncio.Event()
+
+    async def messages() -> AsyncIterator[pb.SaveCheckpointRequest]:
+        yield pb.SaveCheckpointRequest(header=declared)
+        await never.wait()
+
+    reply: pb.SaveCheckpointResponse = await asyncio.wait_for(
+        stub.SaveCheckpoint(messages()), timeout=10
+    )
+    return reply
+
+
 async def full_save(
     stub: pb_grpc.CheckpointCacheServiceAsyncStub, checkpoint_id: str, size: int = UPLOAD
 ) -> pb.SaveCheckpointResponse:
@@ -211,7 +230,7 @@ async def test_the_budget_bounds_every_job_together_and_a_refused_upload_leaves_
             await assert_eventually(lambda: len(segments(shm_dir)) == 1, timeout=5)
             other = pb_grpc.CheckpointCacheServiceStub(second)
             with pytest.raises(grpc.aio.AioRpcError) as refused:
-                await full_save(other, "step-1")
+                await header_only(other, "step-1")
             code, details = status_of(refused.value)
             assert code is grpc.StatusCode.RESOURCE_EXHAUSTED
             assert "budget is 3,145,728 (STRIDE_CKPTCACHE_MAX_MEMORY_BYTES)" in details, details
