@@ -17,13 +17,16 @@ import json
 import socket
 import subprocess
 import sys
+from collections.abc import AsyncGenerator
 from pathlib import Path
+from typing import cast
 
 import pytest
 
 from stride.podwatcher.adapters.outbound.backends.localpods import (
     Limits,
     LocalPods,
+    PodExit,
     PodLaunch,
     ProcessSpec,
 )
@@ -175,6 +178,12 @@ async def test_a_tensorflow_server_in_a_pod_reads_only_its_own_pods_files(
     finally:
         for status in runtime.pods():
             await runtime.delete(status.launch.pod, grace_seconds=1)
+        # Every end read and acknowledged, so each pod's supervisor process is reaped.
+        ends = cast(AsyncGenerator[PodExit, None], runtime.exits())  # an async generator
+        while runtime.known():
+            end = await asyncio.wait_for(anext(ends), timeout=30)
+            await runtime.acknowledge(end.pod)
+        await ends.aclose()
         await runtime.close()
         for pod in (ps, "job-b-worker-0"):
             firewall.release(pod)
