@@ -43,7 +43,7 @@ import time
 from datetime import UTC, datetime, timedelta
 from pathlib import Path
 
-from suite import percentile, record
+from suite import bench_servers, percentile, record
 
 from stride.admission.domain.policy import CHIEF
 from stride.api.admission.v1 import admission_service_pb2 as pb
@@ -53,11 +53,10 @@ from stride.policy.elasticflow.admission import DeadlineJob, admit_from_scratch
 from stride.policy.elasticflow.curves import ScalingCurve
 from stride.policy.elasticflow.guarantees import SLOT_SECONDS
 from stride.policy.elasticflow.units import CpuUnit, profile_curve
-from stride.runtime.embedded_nats import NatsServer
 from stride.sim.traces import TraceJob, load_curves, load_deadline_trace
 from stride.testing import SHARED_TRACES
 from stride.testing.channels import aio_channel, ensure_certificates
-from stride.testing.databases import create_database, drop_database, test_database_server
+from stride.testing.databases import create_database, drop_database
 from stride.testing.eventually import assert_eventually
 from stride.testing.health import SERVING, equals, health
 from stride.testing.processes import ServiceProcess
@@ -249,13 +248,6 @@ if __name__ == "__main__":
     unknown = [kind for kind in chosen if kind not in ("gpu", "cpu")]
     if unknown:
         sys.exit(f"unknown phase {unknown[0]!r}: use gpu, cpu or both")
-    nats = None if os.environ.get("STRIDE_NATS_URL") else NatsServer().start()
-    if nats is not None:
-        os.environ["STRIDE_NATS_URL"] = nats.url
-    try:
-        with test_database_server():  # STRIDE_TEST_DATABASE_URL's, else an embedded one
-            code = asyncio.run(main(chosen))
-    finally:
-        if nats is not None:
-            nats.stop()
+    with bench_servers():
+        code = asyncio.run(main(chosen))
     sys.exit(code)

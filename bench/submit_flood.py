@@ -42,14 +42,13 @@ from pathlib import Path
 from typing import Any
 
 import grpc
-from suite import percentile, record
+from suite import bench_servers, percentile, record
 
 from stride.api.admission.v1 import admission_service_pb2 as pb
 from stride.api.admission.v1 import admission_service_pb2_grpc as pb_grpc
 from stride.events.v1 import job_pb2
-from stride.runtime.embedded_nats import NatsServer
 from stride.testing.channels import aio_channel, ensure_certificates, user_token
-from stride.testing.databases import create_database, drop_database, test_database_server
+from stride.testing.databases import create_database, drop_database
 from stride.testing.eventually import assert_eventually
 from stride.testing.health import SERVING, equals, health
 from stride.testing.processes import ServiceProcess
@@ -236,13 +235,6 @@ def arguments() -> argparse.Namespace:
 if __name__ == "__main__":
     chosen = arguments()
     ensure_certificates()  # the service it starts serves mutual TLS; the users have tokens
-    nats = None if os.environ.get("STRIDE_NATS_URL") else NatsServer().start()
-    if nats is not None:
-        os.environ["STRIDE_NATS_URL"] = nats.url
-    try:
-        with test_database_server():  # STRIDE_TEST_DATABASE_URL's, else an embedded one
-            code = asyncio.run(main(chosen))
-    finally:
-        if nats is not None:
-            nats.stop()
+    with bench_servers():
+        code = asyncio.run(main(chosen))
     sys.exit(code)

@@ -243,6 +243,25 @@ def suite_on_database(
         yield work, env, database_url
 
 
+@contextlib.contextmanager
+def bench_servers() -> Iterator[None]:
+    """NATS (``STRIDE_NATS_URL``'s, else an embedded one named there) and PostgreSQL
+    (``STRIDE_TEST_DATABASE_URL``'s, else an embedded one) for a benchmark that starts its
+    services itself; both stopped after."""
+    from stride.runtime.embedded_nats import NatsServer
+    from stride.testing.databases import test_database_server
+
+    nats = None if os.environ.get("STRIDE_NATS_URL") else NatsServer().start()
+    if nats is not None:
+        os.environ["STRIDE_NATS_URL"] = nats.url
+    try:
+        with test_database_server():
+            yield
+    finally:
+        if nats is not None:
+            nats.stop()
+
+
 def suite_arguments(parser: Any, profiled: str) -> None:
     """The options every suite benchmark takes: the database and the services to profile."""
     parser.add_argument("--database", choices=("postgresql", "sqlite"), default="postgresql")

@@ -15,7 +15,6 @@ import resource
 import shutil
 import subprocess
 import sys
-import uuid
 from collections.abc import Iterator
 from pathlib import Path
 
@@ -27,6 +26,8 @@ from stride.cli.supervisor import Child, remove_cache_memory
 from stride.events.v1 import checkpoint_pb2
 from stride.runtime.checkpoint_memory import default_shm_dir, remove_default_shm_dir
 from stride.runtime.healthcheck import check
+from stride.testing import ckptcache
+from stride.testing.ckptcache import shm_folder
 from stride.testing.eventually import assert_eventually
 from stride.testing.processes import ServiceProcess
 
@@ -38,20 +39,10 @@ SERVICE = "stride.api.ckptcache.v1.CheckpointCacheService"
 
 @pytest.fixture
 def shm_dir() -> Iterator[Path]:
-    path = Path("/dev/shm") / f"stride-test-{uuid.uuid4().hex[:12]}"
-    yield path
-    shutil.rmtree(path, ignore_errors=True)
+    yield from shm_folder()
 
 
-def cache_process(nats_url: str, tmp_path: Path, shm_dir: Path, **settings: str) -> ServiceProcess:
-    env = {
-        "STRIDE_NATS_URL": nats_url,
-        "STRIDE_CKPTCACHE_STORE_DIR": str(tmp_path / "store"),
-        "STRIDE_CKPTCACHE_SHM_DIR": str(shm_dir),
-        "STRIDE_CKPTCACHE_HEALTH_INTERVAL_SECONDS": "0.2",
-    }
-    env.update({f"STRIDE_CKPTCACHE_{key.upper()}": value for key, value in settings.items()})
-    return ServiceProcess("ckptcache", env, tmp_path)
+cache_process = ckptcache.cache_process
 
 
 def serving(address: str) -> bool:

@@ -7,7 +7,6 @@ from __future__ import annotations
 
 import asyncio
 import shutil
-import uuid
 from collections.abc import AsyncIterator, Iterator
 from pathlib import Path
 
@@ -19,7 +18,9 @@ from stride.api.ckptcache.v1 import ckptcache_service_pb2_grpc as pb_grpc
 from stride.ckptcache.domain.checksum import checksum
 from stride.events.v1.checkpoint_pb2 import CHECKPOINT_TIER_DURABLE, CHECKPOINT_TIER_MEMORY
 from stride.runtime.healthcheck import check
+from stride.testing import ckptcache
 from stride.testing.channels import aio_channel, job_token
+from stride.testing.ckptcache import shm_folder
 from stride.testing.eventually import assert_eventually
 from stride.testing.processes import ServiceProcess
 
@@ -36,22 +37,13 @@ UPLOAD = 2 * MIB
 
 @pytest.fixture
 def shm_dir() -> Iterator[Path]:
-    path = Path("/dev/shm") / f"stride-test-{uuid.uuid4().hex[:12]}"
-    yield path
-    shutil.rmtree(path, ignore_errors=True)
+    yield from shm_folder()
 
 
 def cache_process(nats_url: str, tmp_path: Path, shm_dir: Path, **settings: str) -> ServiceProcess:
-    env = {
-        "STRIDE_NATS_URL": nats_url,
-        "STRIDE_CKPTCACHE_STORE_DIR": str(tmp_path / "store"),
-        "STRIDE_CKPTCACHE_SHM_DIR": str(shm_dir),
-        "STRIDE_CKPTCACHE_HEALTH_INTERVAL_SECONDS": "0.2",
-        "STRIDE_CKPTCACHE_CHUNK_BYTES": str(CHUNK),
-        "STRIDE_CKPTCACHE_MAX_CHECKPOINT_BYTES": str(8 * MIB),
-    }
-    env.update({f"STRIDE_CKPTCACHE_{key.upper()}": value for key, value in settings.items()})
-    return ServiceProcess("ckptcache", env, tmp_path)
+    """The cache with small chunks and checkpoints, so the limits are reached fast."""
+    small = {"chunk_bytes": str(CHUNK), "max_checkpoint_bytes": str(8 * MIB)}
+    return ckptcache.cache_process(nats_url, tmp_path, shm_dir, **{**small, **settings})
 
 
 async def started(process: ServiceProcess) -> None:

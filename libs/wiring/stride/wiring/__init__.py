@@ -14,7 +14,7 @@ import asyncio
 import os
 from collections.abc import Callable, Mapping, Sequence
 from pathlib import Path
-from typing import TYPE_CHECKING, Any, TypeVar
+from typing import TYPE_CHECKING, TypeVar
 
 import structlog
 from google.protobuf.message import Message
@@ -37,6 +37,7 @@ M = TypeVar("M", bound=Message)
 log = structlog.get_logger("stride.wiring")
 
 if TYPE_CHECKING:
+    from stride.bus.callout import Callout
     from stride.db.engine import Database
     from stride.db.outbox import Outbox
 
@@ -155,7 +156,9 @@ async def serve_nats_callout(
     await _guard_sessions(host, bus, answering, seed if seed.is_file() else None)
 
 
-async def _guard_sessions(host: ServiceHost, bus: Bus, answering: Any, seed: Path | None) -> None:
+async def _guard_sessions(
+    host: ServiceHost, bus: Bus, answering: Callout, seed: Path | None
+) -> None:
     """End the NATS sessions of tokens no longer valid (:mod:`stride.bus.sessions`), as the
     NATS system account's user whose seed is ``seed`` (None: there is none)."""
     import nats
