@@ -18,7 +18,7 @@ TEST_WORKERS ?= 3
 # replaces a dead worker (pytest-dev/pytest-xdist#1323, #1327, #1378).
 
 .DEFAULT_GOAL := help
-.PHONY: help install system-deps proto proto-check lint test test-unit fuzz chaos bench demo up down lock clean
+.PHONY: help install system-deps kube-tools proto proto-check lint test test-unit fuzz chaos bench demo up down lock clean
 
 help:  ## List the commands
 	@grep -hE '^[a-z-]+:.*## ' $(MAKEFILE_LIST) | awk -F':.*## ' '{printf "  make %-17s %s\n", $$1, $$2}'
@@ -44,6 +44,9 @@ system-deps:  ## OS tools: docker-compose (validates compose.yaml), nftables (ma
 	  (apt-get update -qq && apt-get install -y -qq --no-install-recommends docker-compose nftables >/dev/null) \
 	    || echo "note: docker-compose or nftables could not be installed; the compose check or chaos's partitions will not run"; \
 	else echo "note: not root; install docker-compose and nftables for the compose check and chaos's partitions"; fi
+
+kube-tools:  ## Build the tests' Kubernetes control plane (apiserver, controller-manager, scheduler, kine, kwok, helm) into .cache/kube/bin; only what is missing or re-pinned
+	@tools/kube/build.sh
 
 proto: install  ## Regenerate the protobuf and gRPC stubs from proto/
 	$(PY) proto/generate.py

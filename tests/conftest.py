@@ -46,12 +46,20 @@ with a TensorFlow job and the lighter tests (with three at once, a service took 
 start and exit)."""
 
 
+KUBE_FILES = ("integration/test_kube_cluster.py", "e2e/test_kubernetes.py")
+"""Each module starts a Kubernetes control plane of its own: one worker runs them in turn."""
+
+
 @pytest.hookimpl(tryfirst=True)
 def pytest_xdist_make_scheduler(config: pytest.Config, log: Any) -> Any:
     """``--dist loadgroup`` with the TensorFlow end-to-end tests as one group and the other
     end-to-end tests as another, told by their files (``xdist_group`` markers group nothing
     here: :mod:`stride.testing.scheduling`)."""
-    groups = dict.fromkeys(TENSORFLOW_FILES, "tensorflow") | dict.fromkeys(SUITE_FILES, "suite")
+    groups = (
+        dict.fromkeys(TENSORFLOW_FILES, "tensorflow")
+        | dict.fromkeys(SUITE_FILES, "suite")
+        | dict.fromkeys(KUBE_FILES, "kube")
+    )
     return grouped_by_file(config, log, groups)
 
 

@@ -97,6 +97,10 @@ def test_services_that_call_on_the_systems_behalf() -> None:
     assert by_peer == {
         "FindSimilarJobs": frozenset({"admission", "optimizer"}),
         "MarkWorkerLost": frozenset({"podwatcher"}),
+        # The operator, for Kubernetes namespaces' jobs only (StrideJobs; issue 38).
+        "SubmitJob": frozenset({"podwatcher"}),
+        "GetJob": frozenset({"podwatcher"}),
+        "CancelJob": frozenset({"podwatcher"}),
     }
 
 

@@ -285,12 +285,13 @@ def test_insecure_is_warned_about_in_the_notes(release: Release) -> None:
     assert ("mutual TLS" in notes) is release.tls
 
 
-def test_the_podwatcher_passes_the_training_pods_tls_secret(release: Release) -> None:
+def test_the_podwatcher_passes_the_training_pods_tls_secrets(release: Release) -> None:
     env = _env(_container(release.get("Deployment", "podwatcher")))
     if release.tls:
-        assert env["STRIDE_PODWATCHER_POD_TLS_SECRET"] == release.tls_secret("trainer")
+        assert env["STRIDE_PODWATCHER_KUBE_TRAINER_TLS_SECRET"] == release.tls_secret("trainer")
+        assert env["STRIDE_PODWATCHER_KUBE_AGENT_TLS_SECRET"] == release.tls_secret("agent")
     else:
-        assert "STRIDE_PODWATCHER_POD_TLS_SECRET" not in env
+        assert "STRIDE_PODWATCHER_KUBE_TRAINER_TLS_SECRET" not in env
 
 
 def test_migrations_need_no_tls(release: Release) -> None:
@@ -468,27 +469,32 @@ def test_podwatcher_has_rbac_for_training_pods(release: Release) -> None:
     assert pod_spec["automountServiceAccountToken"] is True
 
     pod_namespace = release.values["podwatcher"]["namespace"] or NAMESPACE
-    role = release.get("Role", "podwatcher")
-    assert role["metadata"]["namespace"] == pod_namespace
+    # Pods run in their StrideJob's namespace: the pod rules are cluster-wide, exactly
+    # what the backend calls (tests/e2e/test_kubernetes.py runs it with this role).
+    role = release.get("ClusterRole", "podwatcher")
     granted: dict[str, set[str]] = {}
     for rule in role["rules"]:
-        assert rule["apiGroups"] in ([""], ["networking.k8s.io"])
+        assert rule["apiGroups"] in ([""], ["networking.k8s.io"], ["stride.io"])
         for resource in rule["resources"]:
             granted.setdefault(resource, set()).update(rule["verbs"])
-    assert {"get", "list", "watch", "create", "delete", "patch"} <= granted["pods"]
-    assert "get" in granted["pods/log"]
-    assert "create" in granted["events"]
-    assert {"create", "delete"} <= granted["networkpolicies"]  # each job's own
-
-    binding = release.get("RoleBinding", "podwatcher")
-    assert binding["metadata"]["namespace"] == pod_namespace
-    assert binding["roleRef"] == {
-        "apiGroup": "rbac.authorization.k8s.io",
-        "kind": "Role",
-        "name": role["metadata"]["name"],
-    }
+    assert granted["pods"] == {"list", "watch", "create", "delete"}
+    assert granted["pods/resize"] == {"patch"} and granted["pods/eviction"] == {"create"}
+    assert granted["networkpolicies"] == {"create"}  # each job's own
+    assert granted["nodes"] == {"list", "watch", "patch"}
+    assert granted["stridejobs/status"] == {"patch"}
+    binding = release.get("ClusterRoleBinding", "podwatcher")
+    assert binding["roleRef"]["name"] == role["metadata"]["name"]
     assert binding["subjects"] == [
         {"kind": "ServiceAccount", "name": account["metadata"]["name"], "namespace": NAMESPACE}
+    ]
+    lease = release.get("Role", "podwatcher-lease")
+    assert lease["metadata"]["namespace"] == pod_namespace
+    assert lease["rules"] == [
+        {
+            "apiGroups": ["coordination.k8s.io"],
+            "resources": ["leases"],
+            "verbs": ["get", "create", "update"],
+        }
     ]
 
     env = _env(_container(deployment))
@@ -500,7 +506,7 @@ def test_podwatcher_has_rbac_for_training_pods(release: Release) -> None:
     for name, port in (("dispatcher", 50055), ("ckptcache", 50056)):
         service = release.get("Service", name)
         address = env[f"STRIDE_PODWATCHER_{name.upper()}_ADDRESS"]
-        assert address == f"{service['metadata']['name']}:{port}", address
+        assert address == f"{service['metadata']['name']}.{NAMESPACE}.svc:{port}", address
 
 
 def test_only_the_podwatcher_gets_an_api_token(release: Release) -> None:

@@ -138,7 +138,7 @@ def test_each_pod_gets_a_job_token_for_itself_and_a_tls_folder_without_signing_k
     assert identity.key.public_numbers() == pod_key.public_key().public_numbers()
     # Nothing runs in this test, so a refresh rewrites nothing; an issued token is rewritten
     # with a new id and binds the same key, and the pod's end takes both with it.
-    assert backend.refresh_tokens() == 0
+    assert asyncio.run(backend.refresh_tokens()) == 0
     first = path.read_text()
     backend.issue_token("job-1-worker-2", "job-1", "worker")
     assert path.read_text() != first

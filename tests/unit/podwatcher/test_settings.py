@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import asyncio
 from pathlib import Path
 
 import pydantic
@@ -9,6 +10,7 @@ import pytest
 
 from stride.podwatcher.adapters.outbound.backends.local import LocalBackend
 from stride.podwatcher.app import make_backend
+from stride.podwatcher.operator import api_client
 from stride.podwatcher.settings import PodWatcherSettings
 from stride.runtime.errors import StartupError
 
@@ -33,7 +35,7 @@ def test_unknown_backend_is_rejected() -> None:
         PodWatcherSettings(backend="slurm")  # type: ignore[arg-type]
 
 
-def test_local_backend_is_the_default_and_kubernetes_is_not_built_yet(tmp_path: Path) -> None:
+def test_local_backend_is_the_default(tmp_path: Path) -> None:
     settings = PodWatcherSettings(
         nats_url="nats://127.0.0.1:4222",
         local_state_dir=tmp_path,
@@ -43,8 +45,18 @@ def test_local_backend_is_the_default_and_kubernetes_is_not_built_yet(tmp_path: 
     assert isinstance(backend, LocalBackend)
     assert [node.name for node in backend.nodes()] == ["node-0", "node-1", "node-2"]
     assert backend.enforcement in ("cgroup-v1", "cgroup-v2", "rlimit")
-    with pytest.raises(StartupError, match="kubernetes backend is not implemented yet"):
-        make_backend(PodWatcherSettings(backend="kubernetes"))
+
+
+def test_the_kubernetes_backend_without_an_api_server_fails_start_up_saying_what_to_set(
+    tmp_path: Path,
+) -> None:
+    settings = PodWatcherSettings(
+        nats_url="nats://127.0.0.1:4222", backend="kubernetes", kube_config=tmp_path / "none"
+    )
+    with pytest.raises(StartupError, match="STRIDE_PODWATCHER_KUBE_CONFIG"):
+        asyncio.run(api_client(settings))
+    with pytest.raises(pydantic.ValidationError, match="key=value"):
+        PodWatcherSettings(backend="kubernetes", kube_pod_labels="app")
 
 
 def test_virtual_nodes_that_do_not_parse_are_refused_naming_the_setting() -> None:

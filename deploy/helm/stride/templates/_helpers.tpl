@@ -246,21 +246,41 @@ Call with (list $ "admission").
 {{- end }}
 {{- end }}
 {{- if eq $name "podwatcher" }}
+{{- $ns := $root.Release.Namespace }}
 - name: STRIDE_PODWATCHER_BACKEND
   value: kubernetes
 - name: STRIDE_PODWATCHER_NAMESPACE
   value: {{ include "stride.podwatcherNamespace" $root | quote }}
 - name: STRIDE_PODWATCHER_AGENT_IMAGE
   value: {{ include "stride.image" (list $root "agent") | quote }}
-{{- /* What the training pods' agents and trainers call: the in-cluster Services. */}}
+- name: STRIDE_PODWATCHER_TRAINER_IMAGE
+  value: {{ include "stride.image" (list $root "trainer") | quote }}
+{{- /* What the training pods' agents and trainers call: the in-cluster Services, by their
+full names, since a StrideJob's pods run in its own namespace. */}}
 - name: STRIDE_PODWATCHER_DISPATCHER_ADDRESS
-  value: {{ printf "%s:50055" (include "stride.componentName" (list $root "dispatcher")) | quote }}
+  value: {{ printf "%s.%s.svc:50055" (include "stride.componentName" (list $root "dispatcher")) $ns | quote }}
 - name: STRIDE_PODWATCHER_CKPTCACHE_ADDRESS
-  value: {{ printf "%s:50056" (include "stride.componentName" (list $root "ckptcache")) | quote }}
+  value: {{ printf "%s.%s.svc:50056" (include "stride.componentName" (list $root "ckptcache")) $ns | quote }}
+- name: STRIDE_PODWATCHER_ADMISSION_ADDRESS
+  value: {{ printf "%s:50051" (include "stride.componentName" (list $root "admission")) | quote }}
+{{- /* Training pods carry the release's training-pod labels (its NetworkPolicy selects
+them); each job's policy admits the pod watcher by its own labels. */}}
+- name: STRIDE_PODWATCHER_KUBE_POD_LABELS
+  value: {{ include "stride.selectorLabels" (list $root "training-pod") | replace ": " "=" | replace "\n" "," | quote }}
+- name: STRIDE_PODWATCHER_KUBE_PODWATCHER_LABELS
+  value: {{ include "stride.selectorLabels" (list $root "podwatcher") | replace ": " "=" | replace "\n" "," | quote }}
+{{- with $root.Values.podwatcher.nodeSelector }}
+- name: STRIDE_PODWATCHER_KUBE_NODE_SELECTOR
+  value: {{ . | quote }}
+{{- end }}
+- name: STRIDE_PODWATCHER_LEASE_NAME
+  value: {{ include "stride.componentName" (list $root "podwatcher") | quote }}
 {{- if include "stride.tls" $root }}
-{{- /* The training pods' certificate (trainer identity). */}}
-- name: STRIDE_PODWATCHER_POD_TLS_SECRET
+{{- /* The training pods' certificates (trainer and agent identities). */}}
+- name: STRIDE_PODWATCHER_KUBE_TRAINER_TLS_SECRET
   value: {{ include "stride.tlsSecretName" (list $root "trainer") | quote }}
+- name: STRIDE_PODWATCHER_KUBE_AGENT_TLS_SECRET
+  value: {{ include "stride.tlsSecretName" (list $root "agent") | quote }}
 {{- end }}
 {{- end }}
 {{- end }}

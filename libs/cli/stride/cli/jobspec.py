@@ -338,6 +338,22 @@ def parse_spec(text: str, now: datetime | None = None) -> job_pb2.JobSpec:
     return spec
 
 
+def spec_from_mapping(
+    data: object, created: datetime, now: datetime | None = None
+) -> job_pb2.JobSpec:
+    """A JobSpec from already parsed data (a ``StrideJob``'s ``spec``), checked as a spec
+    file is, form and rules, without its user (admission sets it); raises
+    :class:`SpecError` naming the field. Relative deadlines count from ``created``."""
+    spec = job_pb2.JobSpec()
+    _Reader(created).fill(spec, data, "spec")
+    try:
+        checked = dataclasses.replace(JobSpec.from_message(spec), user=TOKEN_USER_PLACEHOLDER)
+        validate(checked, now or datetime.now(UTC))
+    except InvalidWord as error:
+        raise SpecError(error.field, error.problem) from None
+    return spec
+
+
 def read_spec_text(path: Path) -> str:
     """The text of a spec file; any problem reading it is a :class:`SpecError`."""
     try:

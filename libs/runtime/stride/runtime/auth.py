@@ -38,6 +38,7 @@ from stride.runtime.tokens import (
     Verifier,
     bearer,
 )
+from stride.vocabulary.tenants import tenant_namespace
 
 OPEN_SERVICES = (
     "grpc.health.v1.Health",
@@ -77,6 +78,10 @@ def rule(*services: str, users: bool = False, admins: bool = False, jobs: bool =
     return Rule(frozenset(services), users, admins or users, jobs)
 
 
+OPERATOR = "podwatcher"
+r"""The identity that submits ``StrideJob``\ s, for the namespaces' users only."""
+
+
 @dataclass(frozen=True)
 class Caller:
     """What was verified about the caller of the current call."""
@@ -113,8 +118,12 @@ class Caller:
         return "peer " + ("/".join(self.peers) or "unknown")
 
     def may_see_user(self, owner: str) -> bool:
-        """Whether this caller may see and act on a job of ``owner``'s."""
-        return self.admin or (self.user is not None and self.user.user == owner)
+        """Whether this caller may see and act on a job of ``owner``'s: its owner, an
+        admin, or the operator for a Kubernetes namespace's job
+        (:mod:`stride.vocabulary.tenants`)."""
+        if self.admin or (self.user is not None and self.user.user == owner):
+            return True
+        return self.is_service(OPERATOR) and tenant_namespace(owner) is not None
 
     def require_job(self, job_id: str, field: str) -> None:
         """A job token may only name its own job; other callers passed their rule."""

@@ -4,6 +4,9 @@
 - ``postgres_url``: a fresh PostgreSQL database per test, dropped afterwards.
 - ``database_url``: parametrized over PostgreSQL and a SQLite file, for storage code that
   must work on both.
+- ``kube_cluster``: a real Kubernetes control plane with kwok nodes, per test module
+  (:mod:`stride.testing.kube`). ``make kube-tools`` builds its binaries once per session,
+  before the first test when a collected test needs them (:func:`pytest_collection_finish`).
 
 The databases live on the run's PostgreSQL (:mod:`stride.testing.databases`): the server
 ``STRIDE_TEST_DATABASE_URL`` names, else an embedded one the run starts before its first
@@ -37,9 +40,11 @@ from stride.testing.databases import (
     start_test_server,
     stop_test_server,
 )
+from stride.testing.kube import KubeCluster, KubeToolsMissing, ensure_kube_tools
 from stride.testing.watchdog import Watchdog, grace_from_environment, timeout_of
 
 _WATCHDOG = pytest.StashKey[Watchdog]()
+_KUBE_TOOLS = pytest.StashKey[Path | KubeToolsMissing]()
 
 
 def pytest_configure(config: pytest.Config) -> None:
@@ -59,6 +64,20 @@ def pytest_configure(config: pytest.Config) -> None:
 def pytest_unconfigure(config: pytest.Config) -> None:
     """Stop the run's embedded PostgreSQL, if this process started one."""
     stop_test_server()
+
+
+def pytest_collection_finish(session: pytest.Session) -> None:
+    """Run ``make kube-tools`` now if a collected test needs the Kubernetes control plane:
+    a first build takes minutes, longer than a test's timeout allows its setup. A failed
+    build fails only those tests (:func:`kube_tools`). Under ``pytest -n`` every worker
+    calls it; the build script's lock makes the others wait for the one that builds."""
+    if session.config.option.collectonly:
+        return
+    if any("kube_tools" in getattr(item, "fixturenames", ()) for item in session.items):
+        try:
+            session.config.stash[_KUBE_TOOLS] = ensure_kube_tools()
+        except KubeToolsMissing as error:
+            session.config.stash[_KUBE_TOOLS] = error
 
 
 @pytest.hookimpl(hookwrapper=True)
@@ -109,6 +128,26 @@ def database_url(request: pytest.FixtureRequest, tmp_path: Path) -> Iterator[str
         yield url
     finally:
         drop_database(url)
+
+
+@pytest.fixture(scope="session")
+def kube_tools(request: pytest.FixtureRequest) -> Path:
+    """The folder of the control-plane binaries, which ``make -s kube-tools`` built."""
+    built = request.config.stash.get(_KUBE_TOOLS, None) or ensure_kube_tools()
+    if isinstance(built, KubeToolsMissing):
+        raise KubeToolsMissing(str(built))
+    return built
+
+
+@pytest.fixture(scope="module")
+def kube_cluster(
+    kube_tools: Path, tmp_path_factory: pytest.TempPathFactory
+) -> Iterator[KubeCluster]:
+    """A started :class:`~stride.testing.kube.KubeCluster` (kine, kube-apiserver,
+    kube-controller-manager, kube-scheduler, kwok; users ``alice`` and ``bob``) shared by
+    the module's tests, which keep to namespaces of their own; stopped after the module."""
+    with KubeCluster(tmp_path_factory.mktemp("kube"), bin_dir=kube_tools) as cluster:
+        yield cluster
 
 
 @pytest.fixture(scope="session")

@@ -37,6 +37,7 @@ from stride.podwatcher.adapters.outbound.backends.localpods.firewall import TfFi
 from stride.podwatcher.adapters.outbound.backends.localpods.sandbox import PodSandboxes
 from stride.podwatcher.db.tables import outbox as outbox_table
 from stride.podwatcher.domain.nodes import parse_nodes
+from stride.podwatcher.operator import Operator
 from stride.podwatcher.settings import PodWatcherSettings
 from stride.podwatcher.usecases import PodWatcher, Timing
 from stride.runtime import tls
@@ -63,12 +64,9 @@ RECONFIGURE_CHECK_SECONDS = 5.0
 
 
 def make_backend(settings: PodWatcherSettings) -> Backend:
-    """The backend the settings name; fails start-up clearly for one not built yet."""
+    """The local backend (the Kubernetes one is the :class:`Operator`'s)."""
     if settings.backend != "local":
-        raise StartupError(
-            f"the {settings.backend} backend is not implemented yet; "
-            "set STRIDE_PODWATCHER_BACKEND=local"
-        )
+        raise StartupError(f"make_backend builds the local backend, not {settings.backend}")
     nodes = (
         parse_nodes(settings.local_nodes)
         if settings.local_nodes.strip()
@@ -177,8 +175,10 @@ def _secret_folders() -> tuple[Path, ...]:
 
 
 async def build(settings: PodWatcherSettings) -> ServiceHost:
-    """Connect everything and return a host ready to run."""
-    backend = make_backend(settings)
+    """Connect everything and return a host ready to run. On Kubernetes this waits for the
+    Lease first (:mod:`stride.podwatcher.operator`)."""
+    operator = await Operator.start(settings) if settings.backend == "kubernetes" else None
+    backend: Backend = operator.backend if operator is not None else make_backend(settings)
     host = create_host(settings, [SERVICE_NAME], ACCESS)
     bus = await connect_bus(settings, host)
     # Before the pods start: their agents connect as soon as they run.
@@ -201,6 +201,9 @@ async def build(settings: PodWatcherSettings) -> ServiceHost:
         PodWatcherApi(pods, backend.enforcement), host.server.server
     )
     relay_outbox(host, outbox, database, bus)
+    if operator is not None:
+        operator.attach(host, pods)
+        host.add_dependency(Dependency("lease", backend_ready, operator.close, False))
     await pods.startup()
 
     async def record_ends() -> None:
@@ -251,7 +254,7 @@ async def build(settings: PodWatcherSettings) -> ServiceHost:
     host.add_root_task("sweep-lost", sweep_once)
 
     async def refresh_tokens() -> None:
-        written = backend.refresh_tokens()
+        written = await backend.refresh_tokens()
         log.debug("job tokens rewritten", pods=written)
 
     # Job tokens live an hour; rewritten at a quarter of that (and at once, for pods an

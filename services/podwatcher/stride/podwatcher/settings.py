@@ -13,6 +13,17 @@ from stride.runtime.errors import InvalidArgument
 from stride.runtime.settings import MIB, ServiceSettings
 
 
+def parse_labels(text: str) -> dict[str, str]:
+    """``key=value,...`` as a dict; raises ValueError naming a pair that is not one."""
+    labels = {}
+    for pair in filter(None, (part.strip() for part in text.split(","))):
+        key, separator, value = pair.partition("=")
+        if not separator or not key.strip():
+            raise ValueError(f"{pair!r} is not a key=value label")
+        labels[key.strip()] = value.strip()
+    return labels
+
+
 class PodWatcherSettings(ServiceSettings):
     """Settings of the podwatcher service."""
 
@@ -28,10 +39,11 @@ class PodWatcherSettings(ServiceSettings):
     """The largest answers are a job's pods or the node inventory: kilobytes per hundred
     pods or nodes; 4 MiB is what a client with gRPC's defaults accepts."""
     backend: Literal["local", "kubernetes"] = "local"
-    """What runs the pods. ``local`` (default: a one-machine run needs no cluster) runs
+    r"""What runs the pods. ``local`` (default: a one-machine run needs no cluster) runs
     each pod as a supervised group of processes (trainer and agent sidecar) on this machine,
-    with kernel-enforced limits; ``kubernetes`` will create pods in ``namespace`` (not
-    built yet: it fails at start-up saying so)."""
+    with kernel-enforced limits; ``kubernetes`` creates pods on a cluster
+    (:mod:`...backends.kubernetes`), takes a Lease before it acts and serves
+    ``StrideJob``\ s."""
     local_nodes: str = ""
     """Split this machine into virtual nodes for placement, e.g. ``4x(cpu=2,memory=4Gi)``.
     Empty: one node with this machine's cores and memory."""
@@ -102,7 +114,7 @@ class PodWatcherSettings(ServiceSettings):
                 raise ValueError(str(error)) from None
         return value
 
-    @field_validator("dispatcher_address", "ckptcache_address")
+    @field_validator("dispatcher_address", "ckptcache_address", "admission_address")
     @classmethod
     def _check_address(cls, value: str) -> str:
         host, separator, port = value.rpartition(":")
@@ -113,6 +125,42 @@ class PodWatcherSettings(ServiceSettings):
     agent_image: str = Field(default="stride/agent:latest", min_length=1)
     """Image of the agent sidecar the kubernetes backend adds to training pods. ``latest``
     suits a local build; Helm pins it to the release's tag."""
-    namespace: str = Field(default="default", min_length=1, max_length=63)
-    """Kubernetes namespace the kubernetes backend creates pods in (the cluster's default
-    namespace unless Helm sets the release's)."""
+    namespace: str = Field(default="default", pattern=r"^[a-z0-9]([-a-z0-9]{0,61}[a-z0-9])?$")
+    """Kubernetes namespace the kubernetes backend creates the pods of ``stride submit``'s
+    jobs in, and holds its Lease in (a StrideJob's pods run in its own namespace)."""
+    trainer_image: str = Field(default="stride/trainer:latest", min_length=1)
+    """The trainer image of a job whose spec names none (``spec.model.image``)."""
+    kube_config: Path | None = None
+    """A kubeconfig file to reach the API server with (outside a cluster); unset: the pod's
+    service account (in a cluster)."""
+    kube_context: str = ""
+    """The kubeconfig context (empty: its current one)."""
+    kube_node_selector: str = ""
+    """A label selector of the nodes Stride places pods on (``stride.io/pool=training``);
+    empty: every node."""
+    kube_pod_labels: str = ""
+    """Labels every training pod gets (``key=value,...``): the chart's training-pod
+    selector labels, which its NetworkPolicy selects."""
+    kube_podwatcher_labels: str = ""
+    """The pod watcher's own pod labels (``key=value,...``), which each job's NetworkPolicy
+    admits when the job's pods run in another namespace."""
+    kube_cluster_domain: str = Field(default="cluster.local", min_length=1)
+    kube_trainer_tls_secret: str = ""
+    """The Secret with the ``trainer`` identity's certificate, in each pod namespace
+    (empty: pods run in plain text)."""
+    kube_agent_tls_secret: str = ""
+    leader_election: bool = True
+    """Hold the Lease ``lease_name`` before acting (the Kubernetes backend)."""
+    lease_name: str = Field(default="stride-podwatcher", min_length=1, max_length=253)
+    lease_seconds: int = Field(default=15, ge=3, le=600)
+    """How long a leader that stops renewing keeps the Lease (a standby waits that long)."""
+    stridejobs: bool = True
+    r"""Serve ``StrideJob``\ s (the Kubernetes backend): submit them through admission."""
+    admission_address: str = "127.0.0.1:50051"
+    """host:port of admission, which StrideJobs are submitted to."""
+
+    @field_validator("kube_pod_labels", "kube_podwatcher_labels")
+    @classmethod
+    def _check_labels(cls, value: str) -> str:
+        parse_labels(value)
+        return value

@@ -102,6 +102,9 @@ FAILURE_REASONS = {
     "OOMKilled": pod_pb2.POD_FAILURE_REASON_OOM_KILLED,
     "Evicted": pod_pb2.POD_FAILURE_REASON_EVICTED,
     "Error": pod_pb2.POD_FAILURE_REASON_ERROR,
+    "Preempted": pod_pb2.POD_FAILURE_REASON_PREEMPTED,
+    "ImagePullBackOff": pod_pb2.POD_FAILURE_REASON_IMAGE_PULL_BACK_OFF,
+    "CrashLoopBackOff": pod_pb2.POD_FAILURE_REASON_CRASH_LOOP_BACK_OFF,
 }
 JOB_STATES = {
     job_pb2.JOB_OUTCOME_SUCCEEDED: "SUCCEEDED",
@@ -493,15 +496,14 @@ class PodWatcher:
             now = now_utc()
             async with self.database.transaction() as session:
                 await repository.set_reconfigure(session, job_id, plan.version, now, now)
-            host = self.backend.host()
             self._spawn(
                 job_id,
                 self._reconfigure_when_ready(
                     job_id,
                     chief.record.name,
                     plan.version,
-                    self._cluster_json(recon, starts, by_name),
-                    [f"{host}:{start.port}" for start in starts],
+                    self._cluster_json(job_id, recon, starts, by_name),
+                    starts,
                 ),
             )
         else:
@@ -615,7 +617,7 @@ class PodWatcher:
             for row in rows:
                 await repository.upsert_pod(session, row, now)
         known = {**by_name, **{row.record.name: row for row in rows}}
-        cluster_json = self._cluster_json(recon, [], known)
+        cluster_json = self._cluster_json(job.job_id, recon, [], known)
         spec_json = json_format.MessageToJson(job.spec, indent=None)
         training_chiefs = {
             name
@@ -657,14 +659,20 @@ class PodWatcher:
         )
 
     def _cluster_json(
-        self, recon: Reconciliation, starts: list[PodStart], by_name: dict[str, StoredPod]
+        self,
+        job_id: str,
+        recon: Reconciliation,
+        starts: list[PodStart],
+        by_name: dict[str, StoredPod],
     ) -> str:
         ports = {name: row.port for name, row in by_name.items()}
         ports.update({start.record.name: start.port for start in starts})
-        host = self.backend.host()
+        address = self.backend.address
         cluster = {
             role.value: [
-                f"{host}:{ports[name]}" for name in recon.cluster.get(role, ()) if name in ports
+                address(name, job_id, ports[name])
+                for name in recon.cluster.get(role, ())
+                if name in ports
             ]
             for role in CLUSTER_ROLES
         }
@@ -762,7 +770,7 @@ class PodWatcher:
         return []
 
     async def _reconfigure_when_ready(
-        self, job_id: str, chief: str, version: int, cluster_json: str, new: list[str]
+        self, job_id: str, chief: str, version: int, cluster_json: str, new: list[PodStart]
     ) -> None:
         """Send RECONFIGURE once the new pods' trainers accept connections (or after
         ``reconfigure_timeout_seconds / 2``: the chief then waits for them itself), unless a
@@ -836,10 +844,9 @@ class PodWatcher:
     def _live_cluster_json(self, rows: list[StoredPod]) -> str:
         """The cluster of the pods that stay: live, not retiring, in task order."""
         staying = [row for row in rows if row.record.live and row.retire_after is None]
-        host = self.backend.host()
         cluster = {
             role.value: [
-                f"{host}:{row.port}"
+                self.backend.address(row.record.name, row.record.job_id, row.port)
                 for row in sorted(
                     (r for r in staying if r.record.role is role), key=lambda r: r.record.index
                 )
@@ -1299,9 +1306,13 @@ class PodWatcher:
             rows = await repository.job_pods(session, job_id)
         if stored is None:
             raise NotFound(f"no plan recorded for job {job_id!r}")
-        host = self.backend.host()
+        address = self.backend.address
         views = [
-            PodView(row, self._usage.get(row.record.name), f"{host}:{row.port}")
+            PodView(
+                row,
+                self._usage.get(row.record.name),
+                address(row.record.name, row.record.job_id, row.port),
+            )
             for row in rows
             if row.record.phase is not PodPhase.DELETED
         ]
@@ -1387,7 +1398,7 @@ class PodWatcher:
                 raise NotFound(f"job {job_id!r} has no pod {pod_name!r}; it has {', '.join(names)}")
             names = [pod_name]
         for name in names:
-            yield name, self.backend.log_tail(name, tail)
+            yield name, await self.backend.log_tail(name, tail)
         if not follow:
             return
         queue: asyncio.Queue[tuple[str, list[str]] | None] = asyncio.Queue()

@@ -76,6 +76,12 @@ class _PodFailureReasonEnumTypeWrapper(_enum_type_wrapper._EnumTypeWrapper[_PodF
     """The agent stopped sending heartbeats."""
     POD_FAILURE_REASON_DELETED: _PodFailureReason.ValueType  # 5
     """The pod was deleted."""
+    POD_FAILURE_REASON_PREEMPTED: _PodFailureReason.ValueType  # 6
+    """Preempted for a pod of higher priority (Kubernetes: a DisruptionTarget condition)."""
+    POD_FAILURE_REASON_IMAGE_PULL_BACK_OFF: _PodFailureReason.ValueType  # 7
+    """Its image could not be pulled (Kubernetes: ErrImagePull, ImagePullBackOff)."""
+    POD_FAILURE_REASON_CRASH_LOOP_BACK_OFF: _PodFailureReason.ValueType  # 8
+    """A container kept crashing (Kubernetes: CrashLoopBackOff)."""
 
 class PodFailureReason(_PodFailureReason, metaclass=_PodFailureReasonEnumTypeWrapper):
     """Why a pod stopped."""
@@ -92,6 +98,12 @@ POD_FAILURE_REASON_NO_HEARTBEAT: PodFailureReason.ValueType  # 4
 """The agent stopped sending heartbeats."""
 POD_FAILURE_REASON_DELETED: PodFailureReason.ValueType  # 5
 """The pod was deleted."""
+POD_FAILURE_REASON_PREEMPTED: PodFailureReason.ValueType  # 6
+"""Preempted for a pod of higher priority (Kubernetes: a DisruptionTarget condition)."""
+POD_FAILURE_REASON_IMAGE_PULL_BACK_OFF: PodFailureReason.ValueType  # 7
+"""Its image could not be pulled (Kubernetes: ErrImagePull, ImagePullBackOff)."""
+POD_FAILURE_REASON_CRASH_LOOP_BACK_OFF: PodFailureReason.ValueType  # 8
+"""A container kept crashing (Kubernetes: CrashLoopBackOff)."""
 Global___PodFailureReason: _TypeAlias = PodFailureReason  # noqa: Y015
 
 @_typing.final

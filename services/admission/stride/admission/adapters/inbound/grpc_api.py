@@ -41,6 +41,7 @@ from stride.runtime.errors import InvalidArgument, PermissionDenied, ResourceExh
 from stride.runtime.tokens import NAME_LIMIT, TokenError, check_claim_name
 from stride.vocabulary import InvalidWord, check_job_id, check_name, echo
 from stride.vocabulary.jobspec import MAX_DEADLINE_AHEAD, PRIORITY_BY_NUMBER, Priority
+from stride.vocabulary.tenants import KUBERNETES_TENANT_PREFIX, tenant_namespace
 
 Context = grpc.aio.ServicerContext[Any, Any]
 
@@ -115,16 +116,18 @@ ANONYMOUS = "anonymous"
 """Whose a job without a ``user`` is when nobody is authenticated (plain text)."""
 _USERS = auth.rule(users=True)
 _ADMINS = auth.rule(admins=True)
+_USERS_OR_OPERATOR = auth.rule(auth.OPERATOR, users=True)
+"""Users, and the pod watcher for Kubernetes namespaces' jobs (``StrideJob``)."""
 SERVICE = pb.DESCRIPTOR.services_by_name["AdmissionService"].full_name
 CLOCK_SERVICE = pb.DESCRIPTOR.services_by_name["ReplayClockService"].full_name
 ACCESS = {
     **auth.rules(
         SERVICE,
         {
-            "SubmitJob": _USERS,
-            "GetJob": _USERS,
+            "SubmitJob": _USERS_OR_OPERATOR,
+            "GetJob": _USERS_OR_OPERATOR,
             "ListJobs": _USERS,
-            "CancelJob": _USERS,
+            "CancelJob": _USERS_OR_OPERATOR,
             "SetQuota": _ADMINS,
             "GetQuota": _USERS,
             "ListQuotas": _USERS,
@@ -175,6 +178,12 @@ class AdmissionApi(pb_grpc.AdmissionServiceServicer):
         caller = auth.current()
         if not caller.authenticated and not spec.user:
             spec.user = ANONYMOUS
+        if caller.is_service(auth.OPERATOR) and tenant_namespace(spec.user) is None:
+            raise PermissionDenied(
+                f"spec.user: {echo(spec.user)} is not a Kubernetes namespace's user "
+                f"({KUBERNETES_TENANT_PREFIX}<namespace>): the pod watcher submits StrideJobs "
+                "only, as their namespace"
+            )
         if caller.user is not None and not (caller.user.admin and spec.user):
             if spec.user and spec.user != caller.user.user:
                 raise PermissionDenied(

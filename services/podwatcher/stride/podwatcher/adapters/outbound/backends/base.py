@@ -9,7 +9,7 @@ migrations and the tests do not change with the backend.
 
 from __future__ import annotations
 
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Sequence
 from dataclasses import dataclass
 from typing import Protocol
 
@@ -86,16 +86,16 @@ class Backend(Protocol):
         """Stop a pod as its node would evict it (its end is reported as Evicted)."""
         ...
 
-    def host(self) -> str:
-        """The address other pods reach a pod's trainer at (host part)."""
+    def address(self, name: str, job_id: str, port: int) -> str:
+        """The ``host:port`` other pods of the job reach pod ``name``'s trainer at."""
         ...
 
     async def start(self, pod: PodStart) -> None:
         """Start the pod; a pod of that name already running is left as it is."""
         ...
 
-    async def wait_ready(self, addresses: list[str], timeout: float) -> bool:
-        """Wait until every ``host:port`` (pods' trainers) accepts a connection; False if
+    async def wait_ready(self, pods: Sequence[PodStart], timeout: float) -> bool:
+        """Wait until every pod's trainer serves (its port accepts connections); False if
         ``timeout`` passed first."""
         ...
 
@@ -127,7 +127,7 @@ class Backend(Protocol):
         """The end of ``name`` was recorded; forget it."""
         ...
 
-    def refresh_tokens(self) -> int:
+    async def refresh_tokens(self) -> int:
         """Rewrite the job token of every running pod before it expires; how many."""
         ...
 
@@ -135,7 +135,7 @@ class Backend(Protocol):
         """The pod's usage since its previous sample, or None if it is not running."""
         ...
 
-    def log_tail(self, name: str, lines: int) -> list[str]:
+    async def log_tail(self, name: str, lines: int) -> list[str]:
         """The last lines of the pod's log."""
         ...
 

@@ -19,7 +19,7 @@ import contextlib
 import os
 import socket
 import sys
-from collections.abc import AsyncIterator, Mapping
+from collections.abc import AsyncIterator, Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -222,9 +222,9 @@ class LocalBackend:
         if name in self.running():
             await self.runtime.evict(name, why)
 
-    def host(self) -> str:
+    def address(self, name: str, job_id: str, port: int) -> str:
         """Pods of this backend reach each other on loopback."""
-        return LOOPBACK
+        return f"{LOOPBACK}:{port}"
 
     def _token_folder(self, pod: str) -> Path:
         """The pod's own folder of the tokens folder (its token and key, nothing else: what
@@ -261,7 +261,7 @@ class LocalBackend:
         write_token(path, token)
         return path
 
-    def refresh_tokens(self) -> int:
+    async def refresh_tokens(self) -> int:
         """Rewrite the job token of every running pod (and adopt those an earlier pod
         watcher started); returns how many were written."""
         if self.signer is None:
@@ -354,14 +354,13 @@ class LocalBackend:
             self.firewall.guard(pod.record.name, pod.record.job_id, pod.port)
         await self.runtime.start(self.launch(pod))
 
-    async def wait_ready(self, addresses: list[str], timeout: float) -> bool:
+    async def wait_ready(self, pods: Sequence[PodStart], timeout: float) -> bool:
         """Until every trainer's port accepts a TCP connection (its TensorFlow server is up)."""
         deadline = asyncio.get_running_loop().time() + timeout
-        for address in addresses:
-            host, _, port = address.rpartition(":")
+        for pod in pods:
             while True:
                 try:
-                    _, writer = await asyncio.open_connection(host, int(port))
+                    _, writer = await asyncio.open_connection(LOOPBACK, pod.port)
                 except OSError:
                     if asyncio.get_running_loop().time() > deadline:
                         return False
@@ -422,7 +421,7 @@ class LocalBackend:
         sample = self.runtime.usage(name)
         return None if sample is None else PodUsage(sample.cpu_cores, sample.memory_bytes)
 
-    def log_tail(self, name: str, lines: int) -> list[str]:
+    async def log_tail(self, name: str, lines: int) -> list[str]:
         """The last lines of the pod's processes' logs."""
         return self.runtime.log_tail(name, lines)
 

@@ -1,0 +1,1 @@
+"""The Kubernetes backend: training pods as pods, watched through informers."""

@@ -1,0 +1,501 @@
+"""The Kubernetes backend: a job's pods are pods, watched through informers.
+
+The pod watcher's use cases decide which pods a plan needs, where (KOD2) and how big, as
+they do for the local backend; this backend makes them real on a cluster
+(:mod:`.manifests`) and reports how each ends (:mod:`.status`), from two informers
+(:mod:`.informer`): Stride's pods, in every namespace its jobs use, and the nodes. A job
+submitted as a ``StrideJob`` runs in the namespace of its ``StrideJob``, which owns its
+pods, Service, NetworkPolicy and token Secrets (deleting it deletes them); a job submitted
+with ``stride submit`` runs in the pod watcher's namespace.
+
+Ends. A pod whose status says it is over (:func:`.status.ending`) or that left the API is
+reported once per pod uid through :meth:`ended`; acknowledging the end deletes what is
+left of the pod, so a relaunch under the same name can be created. A restarted pod watcher
+lists the pods again and reports the ends it finds (at least once); pods removed while it
+was down are the use cases' sweep's (rows without a pod are lost, then relaunched).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import base64
+import contextlib
+import json
+from collections.abc import AsyncIterator, Callable, Sequence
+from typing import Any
+
+import structlog
+from cryptography.hazmat.primitives import serialization
+from kubernetes_asyncio import client
+from kubernetes_asyncio.client.exceptions import ApiException
+
+from stride.podwatcher.adapters.outbound.backends.base import (
+    PodEnded,
+    PodStart,
+    PodUsage,
+    ResizeRefused,
+)
+from stride.podwatcher.adapters.outbound.backends.kubernetes import manifests, nodes, status
+from stride.podwatcher.adapters.outbound.backends.kubernetes.informer import Informer
+from stride.podwatcher.adapters.outbound.backends.kubernetes.manifests import Owner, PodTemplate
+from stride.podwatcher.domain.network import JOB_LABEL
+from stride.podwatcher.domain.nodes import NodeSpec
+from stride.runtime.tokens import JOB_TOKEN_TTL, Signer, new_pod_key
+from stride.vocabulary import Role
+from stride.vocabulary.tenants import tenant_namespace
+
+log = structlog.get_logger(__name__)
+
+OwnerLookup = Callable[[str], Owner | None]
+"""A job id's ``StrideJob``, if it was submitted as one."""
+RECREATE_WAIT_SECONDS = 30.0
+"""How long a relaunch waits for the old pod of its name to leave the API."""
+GPU_ROLES = (Role.CHIEF, Role.WORKER)
+
+
+def _error(error: ApiException) -> str:
+    """The API server's own message for a refused call."""
+    try:
+        return str(json.loads(error.body or b"").get("message", error.reason))
+    except (TypeError, ValueError, AttributeError):
+        return str(error.reason)
+
+
+def _body(manifest: dict[str, Any]) -> Any:
+    """A manifest as a request body: the client serializes dicts as they are (its
+    signatures name the generated models, which cost more to build than to send)."""
+    return manifest
+
+
+class KubernetesBackend:
+    """Runs pods on a Kubernetes cluster (see the module docstring)."""
+
+    name = "kubernetes"
+    enforcement = "kubelet"
+    enforcement_note = "limits enforced by each node's kubelet (requests = limits: Guaranteed)"
+
+    def __init__(
+        self,
+        api: client.ApiClient,
+        template: PodTemplate,
+        *,
+        namespace: str,
+        node_selector: str = "",
+        signer: Signer | None = None,
+        owners: OwnerLookup | None = None,
+        token_ttl: float = JOB_TOKEN_TTL,
+    ) -> None:
+        self.api = api
+        self.core = client.CoreV1Api(api)
+        self.networking = client.NetworkingV1Api(api)
+        self.template = template
+        self.namespace = namespace
+        self.signer = signer
+        self.owners = owners or (lambda job_id: None)
+        self.token_ttl = token_ttl
+        selector = ",".join(
+            f"{key}={value}" for key, value in {**template.labels, **manifests.MANAGED_BY}.items()
+        )
+        self.pods = Informer(
+            "pods", self.core.list_pod_for_all_namespaces, self._pod_event, label_selector=selector
+        )
+        self.node_informer = Informer(
+            "nodes", self.core.list_node, self._node_event, label_selector=node_selector
+        )
+        self._names: dict[str, str] = {}
+        """Pod name -> informer key (``namespace/name``)."""
+        self._reported: set[str] = set()
+        """Uids whose end was reported: a pod ends once."""
+        self._ended: dict[str, PodEnded] = {}
+        self._ends: asyncio.Queue[PodEnded] = asyncio.Queue()
+        self._deleting: set[str] = set()
+        self._evicting: dict[str, str] = {}
+        self._jobs_ready: set[str] = set()
+        self._keys: dict[str, Any] = {}
+        self._changed = asyncio.Event()
+        self._stop = asyncio.Event()
+        self._tasks: list[asyncio.Task[None]] = []
+        self.nodes_changed: Callable[[], None] = lambda: None
+        """Called when a node comes, goes or changes (the use cases check the inventory)."""
+        self.job_changed: Callable[[str], None] = lambda job_id: None
+        """Called when one of a job's pods changes (its StrideJob's status follows)."""
+
+    # --- informers -------------------------------------------------------------------
+
+    async def open(self, timeout: float = 60.0) -> None:
+        """Start watching pods and nodes; returns once both are listed."""
+        for informer in (self.pods, self.node_informer):
+            self._tasks.append(asyncio.create_task(informer.run(self._stop)))
+        async with asyncio.timeout(timeout):
+            await self.pods.synced.wait()
+            await self.node_informer.synced.wait()
+
+    def _pod_event(self, kind: str, pod: dict[str, Any]) -> None:
+        meta = pod.get("metadata") or {}
+        name, uid = meta.get("name", ""), meta.get("uid", "")
+        if kind == "DELETED":
+            self._names.pop(name, None)
+            why = self._evicting.pop(name, None)
+            if uid not in self._reported:
+                gone = (
+                    status.Ending("Evicted", None, why)
+                    if why is not None
+                    else status.deleted_ending(pod, by_us=name in self._deleting)
+                )
+                self._report(pod, gone)
+            self._deleting.discard(name)
+        else:
+            self._names[name] = Informer.key(pod)
+            ending = status.ending(pod)
+            if ending is not None and uid not in self._reported:
+                self._report(pod, ending)
+        self._changed.set()
+        job_id = (meta.get("labels") or {}).get(JOB_LABEL)
+        if job_id:
+            self.job_changed(job_id)
+
+    def _node_event(self, kind: str, node: dict[str, Any]) -> None:
+        self.nodes_changed()
+
+    def _report(self, pod: dict[str, Any], ending: status.Ending) -> None:
+        meta = pod.get("metadata") or {}
+        name = meta.get("name", "")
+        self._reported.add(meta.get("uid", ""))
+        job_id = (meta.get("labels") or {}).get(JOB_LABEL, "")
+        end = PodEnded(name, job_id, ending.reason, ending.exit_code, ending.message[:2000])
+        self._ended[name] = end
+        self._ends.put_nowait(end)
+        log.info("pod ended", pod=name, reason=ending.reason, message=ending.message[:200])
+
+    def _pod(self, name: str) -> dict[str, Any] | None:
+        key = self._names.get(name)
+        return None if key is None else self.pods.objects.get(key)
+
+    def _live(self, pod: dict[str, Any]) -> bool:
+        uid = (pod.get("metadata") or {}).get("uid", "")
+        return uid not in self._reported and not (pod.get("metadata") or {}).get(
+            "deletionTimestamp"
+        )
+
+    # --- nodes -----------------------------------------------------------------------
+
+    def all_nodes(self) -> list[tuple[NodeSpec, bool]]:
+        """Every node of Stride's and whether it is drained (see :mod:`.nodes`)."""
+        found = [
+            (nodes.node_spec(node), nodes.drained(node))
+            for node in self.node_informer.objects.values()
+        ]
+        return sorted(found, key=lambda item: item[0].name)
+
+    def nodes(self) -> list[NodeSpec]:
+        return [spec for spec, drained in self.all_nodes() if not drained]
+
+    def set_drained(self, name: str, drained: bool) -> bool:
+        """Cordon or uncordon the node (in the background; the watch brings the change)."""
+        if name not in self.node_informer.objects:
+            return False
+        node = self.node_informer.objects[name]
+        node.setdefault("spec", {})["unschedulable"] = drained or None
+        self._tasks.append(asyncio.create_task(self._cordon(name, drained)))
+        return True
+
+    async def _cordon(self, name: str, drained: bool) -> None:
+        try:
+            await self.core.patch_node(name, nodes.cordon_patch(drained))
+        except ApiException as error:
+            log.warning("could not cordon the node", node=name, why=_error(error))
+
+    # --- pods ------------------------------------------------------------------------
+
+    def address(self, name: str, job_id: str, port: int) -> str:
+        pod = self._pod(name)
+        namespace = (pod or {}).get("metadata", {}).get("namespace") or self._namespace_of(job_id)
+        return manifests.address(name, job_id, namespace, self.template.cluster_domain, port)
+
+    def _namespace_of(self, job_id: str, user: str = "") -> str:
+        """A job's pod namespace: its StrideJob's, its user's tenant namespace, where its
+        pods are, else the pod watcher's own."""
+        owner = self.owners(job_id)
+        if owner is not None and owner.namespace:
+            return owner.namespace
+        owner_namespace = tenant_namespace(user) if user else None
+        if owner_namespace:
+            return owner_namespace
+        for pod in self.pods.objects.values():
+            meta = pod.get("metadata") or {}
+            if (meta.get("labels") or {}).get(JOB_LABEL) == job_id:
+                return str(meta.get("namespace"))
+        return self.namespace
+
+    async def _create(self, body: dict[str, Any], create: Callable[..., Any]) -> None:
+        try:
+            await create(body["metadata"]["namespace"], body)
+        except ApiException as error:
+            if error.status != 409:
+                raise
+
+    async def _prepare_job(self, job_id: str, namespace: str, owner: Owner | None) -> None:
+        """The job's headless Service and NetworkPolicy, once."""
+        if job_id in self._jobs_ready:
+            return
+        template = self.template
+        await self._create(
+            manifests.service_manifest(template, job_id, namespace, owner),
+            self.core.create_namespaced_service,
+        )
+        await self._create(
+            manifests.network_policy(template, job_id, namespace, owner),
+            self.networking.create_namespaced_network_policy,
+        )
+        self._jobs_ready.add(job_id)
+
+    async def _write_token(
+        self, name: str, job_id: str, role: str, namespace: str, owner: Owner | None
+    ) -> None:
+        assert self.signer is not None
+        key = self._keys.get(name) or await self._read_key(name, namespace) or new_pod_key()
+        self._keys[name] = key
+        token = self.signer.job_token(
+            job_id, name, role, ttl=self.token_ttl, pod_key=key.public_key()
+        )
+        pem = key.private_bytes(
+            serialization.Encoding.PEM,
+            serialization.PrivateFormat.PKCS8,
+            serialization.NoEncryption(),
+        )
+        body = manifests.token_secret(self.template, name, job_id, namespace, token, pem, owner)
+        try:
+            await self.core.create_namespaced_secret(namespace, _body(body))
+        except ApiException as error:
+            if error.status != 409:
+                raise
+            await self.core.replace_namespaced_secret(
+                body["metadata"]["name"], namespace, _body(body)
+            )
+
+    async def _read_key(self, name: str, namespace: str) -> Any:
+        try:
+            secret = await self.core.read_namespaced_secret(
+                manifests.token_secret_name(name), namespace
+            )
+        except ApiException:
+            return None
+        pem = base64.b64decode((secret.data or {}).get("key", ""))
+        try:
+            return serialization.load_pem_private_key(pem, password=None)
+        except ValueError:
+            return None
+
+    async def start(self, pod: PodStart) -> None:
+        """Create the pod (its Service, NetworkPolicy and token first); a pod of that name
+        that still runs is left as it is, one on its way out is waited for."""
+        record = pod.record
+        existing = self._pod(record.name)
+        if existing is not None and self._live(existing):
+            return
+        spec = json.loads(pod.spec_json) if pod.spec_json else {}
+        namespace = self._namespace_of(record.job_id, spec.get("user", ""))
+        owner = self.owners(record.job_id)
+        await self._prepare_job(record.job_id, namespace, owner)
+        if self.signer is not None:
+            await self._write_token(record.name, record.job_id, record.role.value, namespace, owner)
+        gpu_job = spec.get("resourceKind") == "RESOURCE_KIND_GPU"
+        gpus = 1 if gpu_job and record.role in GPU_ROLES else 0
+        body = manifests.pod_manifest(
+            pod,
+            self.template,
+            namespace,
+            image=(spec.get("model") or {}).get("image", ""),
+            gpus=gpus,
+            owner=owner,
+            token=self.signer is not None,
+        )
+        loop = asyncio.get_running_loop()
+        deadline = loop.time() + RECREATE_WAIT_SECONDS
+        while True:
+            try:
+                await self.core.create_namespaced_pod(namespace, _body(body))
+                return
+            except ApiException as error:
+                if error.status != 409 or loop.time() > deadline:
+                    raise RuntimeError(f"creating pod {record.name}: {_error(error)}") from None
+            # The pod of this name before it (failed, acknowledged) is still being deleted.
+            self._changed.clear()
+            with contextlib.suppress(TimeoutError):
+                await asyncio.wait_for(self._changed.wait(), 1.0)
+
+    def is_ready(self, name: str) -> bool:
+        pod = self._pod(name)
+        return pod is not None and self._live(pod) and status.ready(pod)
+
+    async def wait_ready(self, pods: Sequence[PodStart], timeout: float) -> bool:
+        """Until every pod's Ready condition is true (its TensorFlow port answers the
+        kubelet's probe); False if ``timeout`` passed first."""
+        loop = asyncio.get_running_loop()
+        deadline = loop.time() + timeout
+        while True:
+            found = [self._pod(start.record.name) for start in pods]
+            if all(pod is not None and status.ready(pod) for pod in found):
+                return True
+            left = deadline - loop.time()
+            if left <= 0:
+                return False
+            self._changed.clear()
+            with contextlib.suppress(TimeoutError):
+                await asyncio.wait_for(self._changed.wait(), min(left, 1.0))
+
+    async def resize(self, name: str, cpu: float, memory_bytes: int) -> None:
+        """Resize the trainer in place through ``pods/resize``; refused (the use case then
+        migrates) where the server has no such subresource or will not take the change."""
+        pod = self._pod(name)
+        if pod is None:
+            raise ResizeRefused(f"pod {name} is not running")
+        size = {"cpu": manifests.quantity_cpu(cpu), "memory": str(memory_bytes)}
+        patch = {
+            "spec": {
+                "containers": [{"name": "trainer", "resources": {"requests": size, "limits": size}}]
+            }
+        }
+        try:
+            await self.core.patch_namespaced_pod_resize(name, pod["metadata"]["namespace"], patch)
+        except ApiException as error:
+            raise ResizeRefused(
+                f"the API server refused the in-place resize ({error.status}): {_error(error)}"
+            ) from None
+
+    async def delete(self, name: str) -> None:
+        """Delete the pod; its end comes through :meth:`ended` as ``Deleted``."""
+        pod = self._pod(name)
+        if pod is None or not self._live(pod):
+            return
+        self._deleting.add(name)
+        await self._delete_pod(name, pod["metadata"]["namespace"])
+
+    async def _delete_pod(self, name: str, namespace: str, grace: int | None = None) -> None:
+        try:
+            options: dict[str, Any] = {} if grace is None else {"grace_period_seconds": grace}
+            await self.core.delete_namespaced_pod(name, namespace, **options)
+        except ApiException as error:
+            if error.status != 404:
+                raise
+
+    async def evict(self, name: str, why: str) -> None:
+        """Evict through the Eviction API (disruption budgets apply); the end is Evicted."""
+        pod = self._pod(name)
+        if pod is None or not self._live(pod):
+            return
+        namespace = pod["metadata"]["namespace"]
+        self._evicting[name] = why
+        body = {
+            "apiVersion": "policy/v1",
+            "kind": "Eviction",
+            "metadata": {"name": name, "namespace": namespace},
+        }
+        try:
+            await self.core.create_namespaced_pod_eviction(name, namespace, _body(body))
+        except ApiException as error:
+            self._evicting.pop(name, None)
+            log.warning("eviction refused", pod=name, why=_error(error))
+
+    def adopt(self) -> list[str]:
+        """The pods running now (the informer listed them at :meth:`open`)."""
+        return self.running()
+
+    def running(self) -> list[str]:
+        return sorted(
+            pod["metadata"]["name"] for pod in self.pods.objects.values() if self._live(pod)
+        )
+
+    def known(self) -> list[str]:
+        return sorted({*self.running(), *self._ended})
+
+    async def ended(self) -> AsyncIterator[PodEnded]:
+        while True:
+            end = await self._ends.get()
+            if end.name in self._ended:
+                yield end
+
+    async def acknowledge(self, name: str) -> None:
+        """Forget a recorded end: delete what is left of the pod and its token."""
+        end = self._ended.pop(name, None)
+        self._keys.pop(name, None)
+        pod = self._pod(name)
+        namespace = (pod or {}).get("metadata", {}).get("namespace")
+        if namespace is None and end is not None:
+            namespace = self._namespace_of(end.job_id)
+        if pod is not None and pod["metadata"].get("uid") in self._reported:
+            await self._delete_pod(name, namespace, grace=0)
+        if self.signer is not None and namespace and name not in self.running():
+            with contextlib.suppress(ApiException):
+                await self.core.delete_namespaced_secret(
+                    manifests.token_secret_name(name), namespace
+                )
+
+    async def refresh_tokens(self) -> int:
+        """Rewrite the job token Secret of every running pod; how many."""
+        if self.signer is None:
+            return 0
+        written = 0
+        for pod in list(self.pods.objects.values()):
+            if not self._live(pod):
+                continue
+            meta = pod["metadata"]
+            labels = meta.get("labels") or {}
+            role = manifests.role_of(labels)
+            if role is None:
+                continue
+            owner = self.owners(labels.get(JOB_LABEL, ""))
+            await self._write_token(
+                meta["name"], labels.get(JOB_LABEL, ""), role.value, meta["namespace"], owner
+            )
+            written += 1
+        return written
+
+    def usage(self, name: str) -> PodUsage | None:
+        """Not sampled on Kubernetes (no metrics API is assumed): the optimizer works from
+        the agents' step reports and the pods' ends."""
+        return None
+
+    async def log_tail(self, name: str, lines: int) -> list[str]:
+        pod = self._pod(name)
+        if pod is None:
+            return []
+        try:
+            text = await self.core.read_namespaced_pod_log(
+                name, pod["metadata"]["namespace"], container="trainer", tail_lines=lines
+            )
+        except ApiException as error:
+            return [f"(no log: {_error(error)})"]
+        return str(text).splitlines()
+
+    async def follow_logs(self, name: str) -> AsyncIterator[list[str]]:
+        pod = self._pod(name)
+        if pod is None:
+            return
+        try:
+            response: Any = await self.core.read_namespaced_pod_log(
+                name,
+                pod["metadata"]["namespace"],
+                container="trainer",
+                follow=True,
+                since_seconds=1,
+                _preload_content=False,
+            )
+        except ApiException as error:
+            yield [f"(no log: {_error(error)})"]
+            return
+        try:
+            async for line in response.content:
+                yield [line.decode(errors="replace").rstrip("\n")]
+        finally:
+            response.release()
+
+    async def close(self) -> None:
+        """Stop watching; the pods keep running."""
+        self._stop.set()
+        for task in self._tasks:
+            task.cancel()
+        for task in self._tasks:
+            with contextlib.suppress(asyncio.CancelledError, Exception):
+                await task
+        await self.api.close()

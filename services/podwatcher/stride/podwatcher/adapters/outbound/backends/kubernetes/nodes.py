@@ -1,0 +1,58 @@
+"""The node inventory from the cluster's Nodes.
+
+A node's room is its ``status.allocatable`` (what the kubelet offers pods, after the
+system's reservations). Placement counts the plan's sizes only; each pod's agent sidecar
+requests 50m and 128Mi more (``manifests.AGENT_RESOURCES``), which the node's reservations
+must leave room for (a departure: the local backend's agents are not counted either). A node is
+drained when it is cordoned (``spec.unschedulable``, ``kubectl cordon`` and ``kubectl
+drain``), tainted ``NoSchedule`` or ``NoExecute``, or not Ready: the pod watcher places no
+pod there, and a drain through Stride's API cordons it. Only nodes matching the selector
+(``STRIDE_PODWATCHER_KUBE_NODE_SELECTOR``) are Stride's.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+from stride.podwatcher.adapters.outbound.backends.kubernetes.manifests import GPU_RESOURCE
+from stride.podwatcher.domain.nodes import NodeSpec
+from stride.vocabulary.quantities import parse_memory
+
+DRAINING_EFFECTS = frozenset({"NoSchedule", "NoExecute"})
+
+
+def parse_cpu(text: str) -> float:
+    """Cores of a CPU quantity (``32``, ``31500m``, ``0.5``); 0 for one that does not parse."""
+    value = str(text).strip()
+    try:
+        return int(value[:-1]) / 1000 if value.endswith("m") else float(value)
+    except ValueError:
+        return 0.0
+
+
+def node_spec(node: dict[str, Any]) -> NodeSpec:
+    """The node as placement sees it: its allocatable cores, memory and GPUs."""
+    allocatable = (node.get("status") or {}).get("allocatable") or {}
+    gpus = str(allocatable.get(GPU_RESOURCE, "0"))
+    return NodeSpec(
+        name=(node.get("metadata") or {}).get("name", ""),
+        cpu=parse_cpu(allocatable.get("cpu", "0")),
+        memory_bytes=parse_memory(str(allocatable.get("memory", "0"))) or 0,
+        gpus=int(gpus) if gpus.isdigit() else 0,
+    )
+
+
+def drained(node: dict[str, Any]) -> bool:
+    """Cordoned, tainted against new pods, or not Ready."""
+    spec = node.get("spec") or {}
+    if spec.get("unschedulable"):
+        return True
+    if any(taint.get("effect") in DRAINING_EFFECTS for taint in spec.get("taints") or []):
+        return True
+    conditions = (node.get("status") or {}).get("conditions") or []
+    return not any(c.get("type") == "Ready" and c.get("status") == "True" for c in conditions)
+
+
+def cordon_patch(drain: bool) -> dict[str, Any]:
+    """The patch that cordons a node (or uncordons it)."""
+    return {"spec": {"unschedulable": True if drain else None}}
