@@ -46,7 +46,11 @@ with a TensorFlow job and the lighter tests (with three at once, a service took 
 start and exit)."""
 
 
-KUBE_FILES = ("integration/test_kube_cluster.py", "e2e/test_kubernetes.py")
+KUBE_FILES = (
+    "integration/test_kube_cluster.py",
+    "integration/test_kubernetes_backend.py",
+    "e2e/test_kubernetes.py",
+)
 """Each module starts a Kubernetes control plane of its own: one worker runs them in turn."""
 
 

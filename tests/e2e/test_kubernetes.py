@@ -344,6 +344,32 @@ def relaunched_one(cluster: KubeCluster, job_id: str, name: str) -> Any:
     return check
 
 
+async def test_a_cordoned_node_is_drained_its_pods_move_to_other_nodes(
+    stack: dict[str, Any],
+) -> None:
+    cluster: KubeCluster = stack["cluster"]
+    job_id = str(status_of(cluster, "wide-deep")["jobId"])
+    pods = job_pods(cluster, job_id)
+    node = pods[0]["spec"]["nodeName"]
+    moving = sorted(p["metadata"]["name"] for p in pods if p["spec"]["nodeName"] == node)
+    cluster.kubectl("cordon", node)
+    try:
+
+        def moved() -> bool:
+            now = {p["metadata"]["name"]: p for p in job_pods(cluster, job_id)}
+            return all(
+                name in now
+                and now[name]["spec"]["nodeName"] != node
+                and now[name]["status"].get("phase") == "Running"
+                for name in moving
+            )
+
+        await assert_eventually(moved, timeout=120, interval=0.5, message=f"pods off {node}")
+        assert all(p["spec"]["nodeName"] != node for p in job_pods(cluster, job_id))
+    finally:
+        cluster.kubectl("uncordon", node)
+
+
 async def test_deleting_the_stridejob_cancels_it_and_removes_its_pods(
     stack: dict[str, Any],
 ) -> None:

@@ -379,6 +379,40 @@ async def test_users_see_and_cancel_their_own_jobs_only(admission: str) -> None:
         assert cancelled.state == adm_pb.JOB_STATE_CANCELLED
 
 
+async def test_the_operator_submits_and_sees_kubernetes_namespaces_jobs_only(
+    admission: str,
+) -> None:
+    """The pod watcher's identity (it submits StrideJobs) acts for ``k8s.<namespace>`` users
+    only: never as a user a token names, never on their jobs (issue 38)."""
+    async with (
+        aio_channel(admission, "admission", token=None, identity="podwatcher") as as_operator,
+        aio_channel(admission, "admission", token=user_token("alice")) as as_alice,
+    ):
+        operator = adm_grpc.AdmissionServiceStub(as_operator)
+        alice = adm_grpc.AdmissionServiceStub(as_alice)
+        team = (await operator.SubmitJob(adm_pb.SubmitJobRequest(spec=spec("k8s.team-a")))).job
+        assert team.spec.user == "k8s.team-a"
+        got = await operator.GetJob(adm_pb.GetJobRequest(job_id=team.job_id))
+        assert got.job.job_id == team.job_id
+        for user in ("alice", "", "k8s.", "k8s.Team_A"):
+            code, details = await code_of(
+                operator.SubmitJob(adm_pb.SubmitJobRequest(spec=spec(user)))
+            )
+            assert code == grpc.StatusCode.PERMISSION_DENIED, (user, details)
+            assert "Kubernetes namespace" in details
+        hers = (await alice.SubmitJob(adm_pb.SubmitJobRequest(spec=spec()))).job
+        for call in (
+            operator.GetJob(adm_pb.GetJobRequest(job_id=hers.job_id)),
+            operator.CancelJob(adm_pb.CancelJobRequest(job_id=hers.job_id)),
+        ):
+            code, details = await code_of(call)
+            assert code == grpc.StatusCode.PERMISSION_DENIED and "another user's" in details
+        code, _ = await code_of(operator.ListJobs(adm_pb.ListJobsRequest()))
+        assert code == grpc.StatusCode.UNAUTHENTICATED  # listing is for users' tokens only
+        cancelled = await operator.CancelJob(adm_pb.CancelJobRequest(job_id=team.job_id))
+        assert cancelled.job.state == adm_pb.JOB_STATE_CANCELLED
+
+
 async def test_a_request_id_is_each_users_own(admission: str) -> None:
     """Two users submitting the same file (the same derived request id) get a job each; a
     retry gets its own user's job back, never the other's."""

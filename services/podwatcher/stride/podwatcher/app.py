@@ -245,6 +245,7 @@ async def build(settings: PodWatcherSettings) -> ServiceHost:
         await host.stop.wait()  # a root task that ends would stop the service
 
     host.add_root_task("pod-ends", record_ends)
+    host.add_root_task("reconcile", lambda: pods.reconcile_loop(host.stop))
     host.add_root_task(
         "usage", lambda: every(settings.usage_interval_seconds, pods.sample_usage, 1.0)
     )

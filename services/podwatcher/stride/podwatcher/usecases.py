@@ -38,6 +38,16 @@ The life of a job here (DLRover sec. 5.1, DLRover-RM sec. 5.2):
    an answer in ``reconfigure_timeout_seconds``, the pods are removed all the same and the
    job resumes from its newest periodic checkpoint.
 
+**The reconcile loop** (KOD2 sec. 4.2; Ray autoscaler v2's instance manager). Events do
+not apply plans themselves: a recorded plan, an admission, a pod's end, a node restored or
+a sweep only put the job's id in a rate-limited work queue (:class:`~stride.podwatcher.
+workqueue.WorkQueue`), and :meth:`PodWatcher.reconcile_loop`'s workers take ids one at a
+time and run a pass, :meth:`PodWatcher.apply`: read the newest plan and the job's pods,
+compare them through the pure :func:`~stride.podwatcher.domain.reconcile.reconcile`, take
+the step it gives and record it. A pass that fails is queued again after a back-off per
+job; an OOM-killed pod's job is queued for after its wait. A job queued many times before a
+worker takes it gets one pass, and one job never has two passes at once.
+
 Each job is handled under its own lock, so a plan, a pod's end and an ack never interleave
 for one job. Every step is idempotent: the database says what was done, and running it
 again after a crash or a redelivery does nothing twice.
@@ -88,6 +98,7 @@ from stride.podwatcher.domain.reconcile import (
     Unplaceable,
     reconcile,
 )
+from stride.podwatcher.workqueue import WorkQueue
 from stride.runtime.errors import FailedPrecondition, InvalidArgument, NotFound
 from stride.vocabulary import Role
 
@@ -212,6 +223,8 @@ class PodWatcher:
         self._locks: defaultdict[str, asyncio.Lock] = defaultdict(asyncio.Lock)
         self._usage: dict[str, PodUsage] = {}
         self._timers: dict[str, asyncio.Task[None]] = {}
+        self.queue = WorkQueue()
+        """Jobs waiting for a pass of :meth:`reconcile_loop`."""
         self._waiting_for_room: set[str] = set()
         """Jobs whose newest plan fits the nodes but not beside the other jobs' pods now:
         applied again whenever a pod ends and frees room (Kubernetes keeps such pods
@@ -264,10 +277,7 @@ class PodWatcher:
                     "plan recorded", job_id=plan.job_id, version=plan.version, reason=plan.reason
                 )
                 if not job.spec.simulated:
-                    try:
-                        await self.apply(plan.job_id)
-                    except Exception as error:
-                        outcomes[index] = error
+                    self.queue.add(plan.job_id)
         return outcomes
 
     async def _record_plans(
@@ -318,8 +328,7 @@ class PodWatcher:
         pod watcher's work under a stream of submissions, ``bench/submit_load.py``); if it
         fails, each alone, so a bad one fails alone. A job stored now has no plan yet (a
         plan of a job not stored is refused and retried, and applied when it is recorded);
-        one stored before (a redelivery, after a crash perhaps) has its plan applied
-        again."""
+        one stored before (a redelivery, after a crash perhaps) is queued for a pass."""
         outcomes: list[Exception | None] = [None] * len(decisions)
         valid = []
         for index, decision in enumerate(decisions):
@@ -339,10 +348,7 @@ class PodWatcher:
             elif new:
                 log.info("job admitted", job_id=job_id)
             else:
-                try:
-                    await self.apply(job_id)
-                except Exception as error:
-                    outcomes[index] = error
+                self.queue.add(job_id)
         return outcomes
 
     async def _store_jobs(self, decisions: Sequence[job_pb2.AdmissionDecision]) -> list[bool]:
@@ -362,8 +368,38 @@ class PodWatcher:
 
     # --- applying ---------------------------------------------------------------------
 
+    async def reconcile_loop(self, stop: asyncio.Event, workers: int = 4) -> None:
+        """Run passes for queued jobs until ``stop`` (see the module docstring)."""
+
+        async def worker() -> None:
+            while True:
+                job_id = await self.queue.get()
+                try:
+                    await self.apply(job_id)
+                    self.queue.forget(job_id)
+                except Exception as error:
+                    delay = self.queue.retry(job_id)
+                    log.warning(
+                        "reconcile pass failed; queued again",
+                        job_id=job_id,
+                        error=f"{type(error).__name__}: {error}"[:500],
+                        retry_in=round(delay, 3),
+                        failures=self.queue.failures(job_id),
+                    )
+                finally:
+                    self.queue.done(job_id)
+
+        tasks = [asyncio.create_task(worker(), name=f"reconcile-{n}") for n in range(workers)]
+        try:
+            await stop.wait()
+        finally:
+            for task in tasks:
+                task.cancel()
+            await asyncio.gather(*tasks, return_exceptions=True)
+            self.queue.close()
+
     async def apply(self, job_id: str) -> None:
-        """Make the job's pods match its newest plan (see the module docstring)."""
+        """One pass: make the job's pods match its newest plan (see the module docstring)."""
         async with self._locks[job_id]:
             await self._apply(job_id)
 
@@ -1003,7 +1039,7 @@ class PodWatcher:
         await self.backend.acknowledge(ended.name)
         self._usage.pop(ended.name, None)
         for waiting in sorted(self._waiting_for_room - {ended.job_id}):
-            self._spawn(waiting, self.apply(waiting))
+            self.queue.add(waiting)
         if follow_up == "end-move":
             async with self._locks[ended.job_id]:
                 async with self.database.sessions() as session:
@@ -1016,7 +1052,7 @@ class PodWatcher:
                         "the newest checkpoint",
                     )
         elif follow_up == "apply":
-            await self.apply(ended.job_id)
+            self.queue.add(ended.job_id)
         elif follow_up == "oom-wait":
             self._apply_later(ended.job_id, self.timing.oom_replan_seconds + 0.5)
 
@@ -1149,11 +1185,7 @@ class PodWatcher:
         task.add_done_callback(lambda t: self._timers.pop(f"{key}:{id(t)}", None))
 
     def _apply_later(self, job_id: str, delay: float) -> None:
-        async def later() -> None:
-            await asyncio.sleep(delay)
-            await self.apply(job_id)
-
-        self._spawn(job_id, later())
+        self.queue.add_after(job_id, delay)
 
     async def _remove_pods(self, job_id: str) -> None:
         async with self._locks[job_id], self.database.sessions() as session:
@@ -1252,7 +1284,7 @@ class PodWatcher:
                     )
                 )
         for job_id in jobs:
-            await self.apply(job_id)
+            self.queue.add(job_id)
 
     async def sample_usage(self) -> None:
         """Sample every running pod's usage and publish it."""
@@ -1382,7 +1414,7 @@ class PodWatcher:
         async with self.database.sessions() as session:
             jobs = await repository.running_jobs(session)
         for job_id in jobs:
-            await self.apply(job_id)
+            self.queue.add(job_id)
 
     async def logs(
         self, job_id: str, pod_name: str, tail: int, follow: bool

@@ -60,8 +60,11 @@ class ResizeRefused(Exception):
     """The backend cannot resize the pod in place; the message says why."""
 
 
-class Backend(Protocol):
-    """Runs pods and reports how they end."""
+class PodProvider(Protocol):
+    """Runs pods: observe them, launch, terminate, resize (Ray's node provider, for pods).
+
+    Each member is one of those four verbs; what is not (nodes, logs, credentials) has an
+    interface of its own below."""
 
     name: str
     """Short name for logs and settings (``local``, ``kubernetes``)."""
@@ -70,42 +73,7 @@ class Backend(Protocol):
     enforcement_note: str
     """One line on the enforcement mode, for ``stride up`` and the node inventory."""
 
-    def nodes(self) -> list[NodeSpec]:
-        """The nodes pods can be placed on."""
-        ...
-
-    def all_nodes(self) -> list[tuple[NodeSpec, bool]]:
-        """Every node the backend knows and whether it is drained."""
-        ...
-
-    def set_drained(self, name: str, drained: bool) -> bool:
-        """Drain a node or put it back; False for an unknown node."""
-        ...
-
-    async def evict(self, name: str, why: str) -> None:
-        """Stop a pod as its node would evict it (its end is reported as Evicted)."""
-        ...
-
-    def address(self, name: str, job_id: str, port: int) -> str:
-        """The ``host:port`` other pods of the job reach pod ``name``'s trainer at."""
-        ...
-
-    async def start(self, pod: PodStart) -> None:
-        """Start the pod; a pod of that name already running is left as it is."""
-        ...
-
-    async def wait_ready(self, pods: Sequence[PodStart], timeout: float) -> bool:
-        """Wait until every pod's trainer serves (its port accepts connections); False if
-        ``timeout`` passed first."""
-        ...
-
-    async def resize(self, name: str, cpu: float, memory_bytes: int) -> None:
-        """Resize in place, or raise :class:`ResizeRefused`."""
-        ...
-
-    async def delete(self, name: str) -> None:
-        """Stop and remove the pod (its end is reported through :meth:`ended`)."""
-        ...
+    # --- observe ---------------------------------------------------------------------
 
     def adopt(self) -> list[str]:
         """At start: the names of pods an earlier run started that still run."""
@@ -127,13 +95,64 @@ class Backend(Protocol):
         """The end of ``name`` was recorded; forget it."""
         ...
 
-    async def refresh_tokens(self) -> int:
-        """Rewrite the job token of every running pod before it expires; how many."""
-        ...
-
     def usage(self, name: str) -> PodUsage | None:
         """The pod's usage since its previous sample, or None if it is not running."""
         ...
+
+    # --- launch ----------------------------------------------------------------------
+
+    def address(self, name: str, job_id: str, port: int) -> str:
+        """The ``host:port`` other pods of the job reach pod ``name``'s trainer at."""
+        ...
+
+    async def start(self, pod: PodStart) -> None:
+        """Start the pod; a pod of that name already running is left as it is."""
+        ...
+
+    async def wait_ready(self, pods: Sequence[PodStart], timeout: float) -> bool:
+        """Wait until every pod's trainer serves (its port accepts connections); False if
+        ``timeout`` passed first."""
+        ...
+
+    # --- terminate -------------------------------------------------------------------
+
+    async def delete(self, name: str) -> None:
+        """Stop and remove the pod (its end is reported through :meth:`ended`)."""
+        ...
+
+    async def evict(self, name: str, why: str) -> None:
+        """Stop a pod as its node would evict it (its end is reported as Evicted)."""
+        ...
+
+    # --- resize ----------------------------------------------------------------------
+
+    async def resize(self, name: str, cpu: float, memory_bytes: int) -> None:
+        """Resize in place, or raise :class:`ResizeRefused`."""
+        ...
+
+    async def close(self) -> None:
+        """Stop watching; running pods keep running."""
+        ...
+
+
+class NodeInventory(Protocol):
+    """The nodes pods are placed on, and drains."""
+
+    def nodes(self) -> list[NodeSpec]:
+        """The nodes pods can be placed on."""
+        ...
+
+    def all_nodes(self) -> list[tuple[NodeSpec, bool]]:
+        """Every node the backend knows and whether it is drained."""
+        ...
+
+    def set_drained(self, name: str, drained: bool) -> bool:
+        """Drain a node or put it back; False for an unknown node."""
+        ...
+
+
+class PodLogs(Protocol):
+    """What pods print."""
 
     async def log_tail(self, name: str, lines: int) -> list[str]:
         """The last lines of the pod's log."""
@@ -143,6 +162,15 @@ class Backend(Protocol):
         """New log lines as they are written, until the pod has ended."""
         ...
 
-    async def close(self) -> None:
-        """Stop watching; running pods keep running."""
+
+class PodCredentials(Protocol):
+    """The job tokens pods present (:mod:`stride.runtime.tokens`)."""
+
+    async def refresh_tokens(self) -> int:
+        """Rewrite the job token of every running pod before it expires; how many."""
         ...
+
+
+class Backend(PodProvider, NodeInventory, PodLogs, PodCredentials, Protocol):
+    """A provider with its three side interfaces, as one backend object implements them
+    (the local one, the Kubernetes one)."""

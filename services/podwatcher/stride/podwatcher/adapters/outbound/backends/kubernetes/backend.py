@@ -111,6 +111,7 @@ class KubernetesBackend:
         self._deleting: set[str] = set()
         self._evicting: dict[str, str] = {}
         self._jobs_ready: set[str] = set()
+        self._evicting_nodes: set[str] = set()
         self._keys: dict[str, Any] = {}
         self._changed = asyncio.Event()
         self._stop = asyncio.Event()
@@ -155,7 +156,26 @@ class KubernetesBackend:
             self.job_changed(job_id)
 
     def _node_event(self, kind: str, node: dict[str, Any]) -> None:
+        name = (node.get("metadata") or {}).get("name", "")
+        if kind != "DELETED" and nodes.evicting(node):
+            if name not in self._evicting_nodes:
+                self._evicting_nodes.add(name)
+                self._tasks.append(asyncio.create_task(self._empty(name)))
+        else:
+            self._evicting_nodes.discard(name)
         self.nodes_changed()
+
+    async def _empty(self, node: str) -> None:
+        """Evict Stride's pods from a node being drained (cordoned or NoExecute)."""
+        names = [
+            pod["metadata"]["name"]
+            for pod in list(self.pods.objects.values())
+            if (pod.get("spec") or {}).get("nodeName") == node and self._live(pod)
+        ]
+        for name in names:
+            await self.evict(name, f"node {node} is drained (cordoned or tainted NoExecute)")
+        if names:
+            log.warning("node drained: pods evicted", node=node, pods=len(names))
 
     def _report(self, pod: dict[str, Any], ending: status.Ending) -> None:
         meta = pod.get("metadata") or {}

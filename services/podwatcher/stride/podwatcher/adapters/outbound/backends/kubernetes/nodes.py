@@ -6,8 +6,9 @@ requests 50m and 128Mi more (``manifests.AGENT_RESOURCES``), which the node's re
 must leave room for (a departure: the local backend's agents are not counted either). A node is
 drained when it is cordoned (``spec.unschedulable``, ``kubectl cordon`` and ``kubectl
 drain``), tainted ``NoSchedule`` or ``NoExecute``, or not Ready: the pod watcher places no
-pod there, and a drain through Stride's API cordons it. Only nodes matching the selector
-(``STRIDE_PODWATCHER_KUBE_NODE_SELECTOR``) are Stride's.
+pod there, and a drain through Stride's API cordons it. A cordoned or ``NoExecute`` node is
+also emptied (:func:`evicting`): its Stride pods are evicted and relaunched elsewhere.
+Only nodes matching the selector (``STRIDE_PODWATCHER_KUBE_NODE_SELECTOR``) are Stride's.
 """
 
 from __future__ import annotations
@@ -42,8 +43,19 @@ def node_spec(node: dict[str, Any]) -> NodeSpec:
     )
 
 
+def evicting(node: dict[str, Any]) -> bool:
+    """Cordoned (an operator's ``kubectl cordon`` or ``drain``, or Stride's drain) or
+    tainted ``NoExecute``: Stride's pods there are evicted and relaunched elsewhere. A node
+    only tainted ``NoSchedule`` (the node controller does so the moment a node is not
+    Ready) or not Ready keeps its pods: a heartbeat late by a second must not move a job."""
+    spec = node.get("spec") or {}
+    return bool(spec.get("unschedulable")) or any(
+        taint.get("effect") == "NoExecute" for taint in spec.get("taints") or []
+    )
+
+
 def drained(node: dict[str, Any]) -> bool:
-    """Cordoned, tainted against new pods, or not Ready."""
+    """Cordoned, tainted against new pods, or not Ready: no new pod goes there."""
     spec = node.get("spec") or {}
     if spec.get("unschedulable"):
         return True
