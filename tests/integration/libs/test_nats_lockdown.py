@@ -13,6 +13,7 @@ from collections.abc import Iterator, Mapping
 from pathlib import Path
 
 import nats
+import nkeys
 import pytest
 import yaml
 from nats.aio.msg import Msg
@@ -447,6 +448,11 @@ async def test_the_charts_lockdown_and_bus_init_job_work_on_a_real_nats(
     port = free_port()
     # As NOTES says: NATS gets the callout issuer from the nats-callout Secret's `issuer`.
     monkeypatch.setenv(callout.ISSUER_ENV, callout.public_key_of(folder / callout.SEED_NAME))
+    # ... and its system user (revoked tokens' sessions are ended with it) from `system-user`.
+    system_seed = (folder / certs.SYSTEM_SEED_NAME).read_bytes().strip()
+    monkeypatch.setenv(
+        permissions.SYSTEM_USER_ENV, nkeys.from_seed(system_seed).public_key.decode()
+    )
     server = NatsServer(tmp_path / "nats", port=port, locked=text).start()
     try:
         container = job["spec"]["template"]["spec"]["containers"][0]

@@ -4,15 +4,18 @@ The one place the embedded suite (``stride up``), the CLI (``stride bus config``
 bus init``), compose's one-shots and Helm's hook Job get both from, so they cannot drift:
 
     python -m stride.bus.lockdown config --tls-dir DIR --out nats.conf \\
-        [--cert PATH --key PATH --ca PATH] [--callout-issuer A...|env] [--owner UID:GID]
+        [--cert PATH --key PATH --ca PATH] [--callout-issuer A...|env] \\
+        [--system-user U...|env] [--owner UID:GID]
     python -m stride.bus.lockdown init --url tls://nats:4222 [--tls-dir DIR]
 
 ``config`` writes the lock-down part of a nats-server configuration
 (:func:`stride.bus.permissions.server_config`: mutual TLS with the suite's CA, one user per
-identity with the permissions the bus contract gives it, and the auth callout that gives
-each training pod a NATS user for its own job, ``stride.bus.callout``); ``--cert/--key/--ca``
-are the paths *on the NATS host* when they differ from ``DIR``'s (a container mounting the
-folder elsewhere; all three and ``--callout-issuer`` given, no folder is read). ``init``
+identity with the permissions the bus contract gives it, the auth callout that gives each
+training pod a NATS user for its own job, ``stride.bus.callout``, and NATS's system account
+with its one user, with which the pod watcher ends revoked pods' sessions,
+``stride.bus.sessions``); ``--cert/--key/--ca`` are the paths *on the NATS host* when they
+differ from ``DIR``'s (a container mounting the folder elsewhere; all three and
+``--callout-issuer`` given, no folder is read). ``init``
 declares the contract's JetStream streams as the bus administrator (the ``cli`` identity:
 its certificate in ``DIR``, else where ``STRIDE_TLS_*`` names it, as for every Stride
 process): on a locked server no service may, and each service fails at start, naming this
@@ -47,11 +50,21 @@ def config_text(
     key: str | None = None,
     ca: str | None = None,
     callout_issuer: str | None = None,
+    system_user: str | None = None,
 ) -> str:
     """The lock-down configuration over ``folder``'s certificates (``nats.crt``, ``nats.key``,
     ``ca.crt``), or over the paths given where NATS sees them elsewhere; the auth callout's
     issuer is the public key of ``folder``'s seed (``nats-callout.nk``) unless given
-    (``env``: NATS reads it from ``$STRIDE_NATS_CALLOUT_ISSUER``)."""
+    (``env``: NATS reads it from ``$STRIDE_NATS_CALLOUT_ISSUER``). The system user is the
+    public key of ``folder``'s ``nats-system.nk`` (none if it holds none) unless given
+    (``env``: NATS reads it from ``$STRIDE_NATS_SYSTEM_USER``); with the issuer from the
+    environment it is from the environment too, unless given: a configuration not made
+    for one deployment (the Helm chart's) takes both keys from NATS's environment."""
+    system: str | None
+    if system_user == "env" or (system_user is None and callout_issuer == "env"):
+        system = permissions.SYSTEM_USER_FROM_ENVIRONMENT
+    else:
+        system = system_user if system_user is not None else _system_user(folder)
     if callout_issuer == "env":
         issuer = permissions.ISSUER_FROM_ENVIRONMENT
     elif callout_issuer is not None:
@@ -74,10 +87,11 @@ def config_text(
             ca_file=ca or str(folder / "ca.crt"),
             identities=tls.IDENTITIES,
             callout_issuer=issuer,
-            system_user=_system_user(folder),
+            system_user=system,
         )
     except ValueError as error:
-        raise StartupError(f"--callout-issuer: {error}") from None
+        option = "--system-user" if "system user" in str(error) else "--callout-issuer"
+        raise StartupError(f"{option}: {error}") from None
 
 
 def _system_user(folder: Path) -> str | None:
@@ -145,6 +159,12 @@ def main(argv: Sequence[str] | None = None) -> int:
         help="the auth callout issuer's public key (A...), or `env` for NATS to read "
         "$STRIDE_NATS_CALLOUT_ISSUER (default: from the folder's nats-callout.nk)",
     )
+    config.add_argument(
+        "--system-user",
+        help="the NATS system user's public key (U...), or `env` for NATS to read "
+        f"${permissions.SYSTEM_USER_ENV} (default: from the folder's {SYSTEM_SEED_NAME}; "
+        "`env` with --callout-issuer env)",
+    )
     init = commands.add_parser("init", help="declare the streams as the bus administrator")
     init.add_argument("--url", required=True, help="the NATS to declare them on")
     init.add_argument("--tls-dir", type=Path, help=f"default: ${tls.TLS_DIR_ENV}")
@@ -168,6 +188,7 @@ def main(argv: Sequence[str] | None = None) -> int:
                 key=arguments.key,
                 ca=arguments.ca,
                 callout_issuer=arguments.callout_issuer,
+                system_user=arguments.system_user,
             )
             write_config(text, arguments.out, arguments.owner)
             print(f"NATS lock-down configuration written to {arguments.out}")

@@ -10,7 +10,10 @@ without the CLI run) writes into ``DIR``:
   and any ``--san`` given.
 
 - ``nats-callout.nk`` (0600): the seed of the account nkey that signs the NATS users of
-  training pods (``stride.bus.callout``; NATS's configuration names its public key).
+  training pods (``stride.bus.callout``; NATS's configuration names its public key);
+- ``nats-system.nk`` (0600): the seed of the user nkey of NATS's system account, with which
+  the pod watcher ends revoked pods' NATS sessions (``stride.bus.sessions``; NATS's
+  configuration names its public key).
 
 Existing files are kept (running it again is a no-op), so ``stride up`` calls it at every
 start; a certificate that expires within :data:`RENEW_WITHIN_DAYS`, or that the CA in the
@@ -20,7 +23,9 @@ folder did not sign, is re-issued. The folder is 0700 and keys are 0600.
 (``<fullname>-<identity>-tls``: ``tls.crt``, ``tls.key``, ``ca.crt``, cert-manager's
 layout), what the Helm chart mounts when cert-manager does not issue them, and the Secret
 ``<fullname>-nats-callout`` (``nats-callout.nk``, the seed the pod watcher signs with;
-``issuer``, its public key, for NATS's environment), which cert-manager cannot issue.
+``issuer``, its public key, for NATS's environment; ``nats-system.nk``, the system user's
+seed the pod watcher ends sessions with; ``system-user``, its public key, for NATS's
+environment), which cert-manager cannot issue.
 """
 
 from __future__ import annotations
@@ -48,6 +53,10 @@ CALLOUT_SEED_NAME = "nats-callout.nk"
 SYSTEM_SEED_NAME = "nats-system.nk"
 """The seed (a user nkey) of NATS's system-account user, beside the certificates: the pod
 watcher disconnects the sessions of revoked job tokens with it (``stride.bus.sessions``)."""
+SYSTEM_USER_KEY = "system-user"
+"""The key of the Secret ``<fullname>-nats-callout`` holding the system user's public key,
+which NATS reads from its environment (``$STRIDE_NATS_SYSTEM_USER``) in the Helm chart's
+configuration."""
 
 CA_KEY_NAME = "ca.key"
 CA_DAYS = 3650
@@ -366,7 +375,14 @@ def kubernetes_secrets(
 
     seed = (folder / CALLOUT_SEED_NAME).read_bytes().strip()
     issuer = nkeys.from_seed(seed).public_key
-    callout = {CALLOUT_SEED_NAME: seed, "issuer": issuer}
+    system_seed = (folder / SYSTEM_SEED_NAME).read_bytes().strip()
+    system_user = nkeys.from_seed(system_seed).public_key
+    callout = {
+        CALLOUT_SEED_NAME: seed,
+        "issuer": issuer,
+        SYSTEM_SEED_NAME: system_seed,
+        SYSTEM_USER_KEY: system_user,
+    }
     documents.append(
         "\n".join(
             [
