@@ -187,9 +187,15 @@ async def test_each_failure_is_named_from_the_pods_status_and_the_name_is_reusab
         assert end.exit_code == 3
     assert pod.record.name in backend.known() and pod.record.name not in backend.running()
     # Acknowledged, the pod and its token go, and the name can be relaunched.
+    first = kube_cluster.get("pod", pod.record.name, "-n", "backend")["metadata"]["uid"]
     await backend.acknowledge(pod.record.name)
     await backend.start(pod)
-    await running(kube_cluster, pod.record.name)
+
+    def relaunched() -> bool:
+        again = kube_cluster.get("pod", pod.record.name, "-n", "backend")
+        return again["metadata"]["uid"] != first and again["status"].get("phase") == "Running"
+
+    await assert_eventually(relaunched, timeout=60, interval=0.3, message="relaunched")
     again = kube_cluster.get("pod", pod.record.name, "-n", "backend")
     assert "kwok.x-k8s.io/status" not in (again["metadata"].get("annotations") or {})
 
@@ -224,14 +230,16 @@ async def test_resize_goes_through_the_resize_subresource(
     assert trainer["resources"]["limits"] == {"cpu": "1500m", "memory": str(2 * GIB)}
     # kwok plays the kubelet's part: the new size reaches the pod's status.
     await assert_eventually(
-        lambda: next(
-            c
-            for c in kube_cluster.get("pod", pod.record.name, "-n", "backend")["status"][
-                "containerStatuses"
-            ]
-            if c["name"] == "trainer"
-        )["resources"]["limits"]["cpu"]
-        == "1500m",
+        lambda: (
+            next(
+                c
+                for c in kube_cluster.get("pod", pod.record.name, "-n", "backend")["status"][
+                    "containerStatuses"
+                ]
+                if c["name"] == "trainer"
+            )["resources"]["limits"]["cpu"]
+            == "1500m"
+        ),
         timeout=30,
         message="resized in status",
     )

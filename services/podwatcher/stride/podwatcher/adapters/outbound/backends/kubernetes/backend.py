@@ -112,6 +112,8 @@ class KubernetesBackend:
         self._evicting: dict[str, str] = {}
         self._jobs_ready: set[str] = set()
         self._evicting_nodes: set[str] = set()
+        self._unseen: set[str] = set()
+        """Pods created whose first watch event has not come yet."""
         self._keys: dict[str, Any] = {}
         self._changed = asyncio.Event()
         self._stop = asyncio.Event()
@@ -147,6 +149,7 @@ class KubernetesBackend:
             self._deleting.discard(name)
         else:
             self._names[name] = Informer.key(pod)
+            self._unseen.discard(name)
             ending = status.ending(pod)
             if ending is not None and uid not in self._reported:
                 self._report(pod, ending)
@@ -190,6 +193,17 @@ class KubernetesBackend:
     def _pod(self, name: str) -> dict[str, Any] | None:
         key = self._names.get(name)
         return None if key is None else self.pods.objects.get(key)
+
+    async def _seen(self, name: str, timeout: float = 10.0) -> dict[str, Any] | None:
+        """The pod from the cache, waiting for one this backend just created to arrive
+        through the watch (a delete right after a create must find it)."""
+        loop = asyncio.get_running_loop()
+        deadline = loop.time() + timeout
+        while name in self._unseen and loop.time() < deadline:
+            self._changed.clear()
+            with contextlib.suppress(TimeoutError):
+                await asyncio.wait_for(self._changed.wait(), 0.5)
+        return self._pod(name)
 
     def _live(self, pod: dict[str, Any]) -> bool:
         uid = (pod.get("metadata") or {}).get("uid", "")
@@ -335,6 +349,8 @@ class KubernetesBackend:
         while True:
             try:
                 await self.core.create_namespaced_pod(namespace, _body(body))
+                if self._pod(record.name) is None or not self._live(self._pod(record.name) or {}):
+                    self._unseen.add(record.name)
                 return
             except ApiException as error:
                 if error.status != 409 or loop.time() > deadline:
@@ -367,7 +383,7 @@ class KubernetesBackend:
     async def resize(self, name: str, cpu: float, memory_bytes: int) -> None:
         """Resize the trainer in place through ``pods/resize``; refused (the use case then
         migrates) where the server has no such subresource or will not take the change."""
-        pod = self._pod(name)
+        pod = await self._seen(name)
         if pod is None:
             raise ResizeRefused(f"pod {name} is not running")
         size = {"cpu": manifests.quantity_cpu(cpu), "memory": str(memory_bytes)}
@@ -385,7 +401,7 @@ class KubernetesBackend:
 
     async def delete(self, name: str) -> None:
         """Delete the pod; its end comes through :meth:`ended` as ``Deleted``."""
-        pod = self._pod(name)
+        pod = await self._seen(name)
         if pod is None or not self._live(pod):
             return
         self._deleting.add(name)
@@ -401,7 +417,7 @@ class KubernetesBackend:
 
     async def evict(self, name: str, why: str) -> None:
         """Evict through the Eviction API (disruption budgets apply); the end is Evicted."""
-        pod = self._pod(name)
+        pod = await self._seen(name)
         if pod is None or not self._live(pod):
             return
         namespace = pod["metadata"]["namespace"]
