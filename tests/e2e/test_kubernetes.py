@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import json
 import signal
+import subprocess
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
@@ -216,6 +217,51 @@ async def test_a_stridejob_applied_by_its_namespaces_user_runs_on_the_cluster(
     table = cluster.kubectl("get", "stridejobs", "-n", TEAM, user="alice").stdout
     assert table.split()[:7] == ["NAME", "JOB", "PHASE", "PLAN", "READY", "PODS", "DEADLINE"]
     assert job_id in table and "Running" in table
+
+
+async def test_the_pod_watchers_account_may_do_what_it_uses_and_nothing_more(
+    stack: dict[str, Any],
+) -> None:
+    """The chart's RBAC, asked of the real API server as the pod watcher's ServiceAccount."""
+    cluster: KubeCluster = stack["cluster"]
+    config = str(stack["folder"] / "podwatcher.kubeconfig")
+
+    def can(*args: str) -> bool:
+        done = subprocess.run(
+            ["kubectl", "--kubeconfig", config, "auth", "can-i", *args],
+            capture_output=True,
+            text=True,
+            check=False,
+        )
+        return done.stdout.strip() == "yes"
+
+    allowed = [
+        ("create", "pods", "-n", TEAM),
+        ("delete", "pods", "-n", TEAM),
+        ("patch", "pods", "--subresource=resize", "-n", TEAM),
+        ("create", "pods", "--subresource=eviction", "-n", TEAM),
+        ("create", "services", "-n", TEAM),
+        ("create", "networkpolicies.networking.k8s.io", "-n", TEAM),
+        ("patch", "nodes"),
+        ("watch", "stridejobs.stride.io", "--all-namespaces"),
+        ("patch", "stridejobs.stride.io", "--subresource=status", "-n", TEAM),
+        ("update", "leases.coordination.k8s.io", "-n", SYSTEM),
+    ]
+    refused = [
+        ("get", "pods", "-n", TEAM),
+        ("patch", "pods", "-n", TEAM),
+        ("create", "pods", "--subresource=exec", "-n", TEAM),
+        ("get", "configmaps", "-n", TEAM),
+        ("delete", "nodes"),
+        ("delete", "services", "-n", TEAM),
+        ("create", "stridejobs.stride.io", "-n", TEAM),
+        ("update", "leases.coordination.k8s.io", "-n", TEAM),
+        ("create", "deployments.apps", "-n", SYSTEM),
+        ("create", "rolebindings.rbac.authorization.k8s.io", "-n", TEAM),
+    ]
+    assert [a for a in allowed if not can(*a)] == []
+    assert [r for r in refused if can(*r)] == []
+    assert cluster.get("lease", f"{RELEASE}-podwatcher", "-n", SYSTEM)["spec"]["holderIdentity"]
 
 
 async def test_a_user_without_rbac_in_the_namespace_cannot_submit(stack: dict[str, Any]) -> None:

@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import asyncio
 import base64
+import contextlib
 import json
 import os
 from collections.abc import AsyncIterator
@@ -13,9 +14,11 @@ from pathlib import Path
 from typing import Any
 
 import pytest
+from kubernetes_asyncio import client
 
 from stride.podwatcher.adapters.outbound.backends.base import PodEnded, PodStart, ResizeRefused
 from stride.podwatcher.adapters.outbound.backends.kubernetes.backend import KubernetesBackend
+from stride.podwatcher.adapters.outbound.backends.kubernetes.informer import Informer
 from stride.podwatcher.adapters.outbound.backends.kubernetes.manifests import Owner, PodTemplate
 from stride.podwatcher.domain.cluster import PodPhase
 from stride.podwatcher.domain.reconcile import PodRecord
@@ -298,3 +301,57 @@ async def test_a_stridejobs_pods_run_in_its_namespace_and_belong_to_it(
     assert backend.address(pod.record.name, "job-owned", 1) == (
         "job-owned-worker-0.job-owned.team-z.svc.cluster.local:1"
     )
+
+
+async def test_the_informer_lists_again_when_its_version_is_compacted_away(
+    tmp_path: Path,
+) -> None:
+    """Resuming a watch from a version the store compacted away is ``410 Gone``: the
+    informer lists again and reports what changed meanwhile, nothing lost or doubled."""
+    with KubeCluster(tmp_path, controller_manager=False, scheduler=False, compaction=1) as kube:
+        kube.create_namespace("gone")
+        settings = PodWatcherSettings(backend="kubernetes", kube_config=kube.kubeconfig())
+        api = await api_client(settings)
+        try:
+            core = client.CoreV1Api(api)
+            seen: list[tuple[str, str]] = []
+
+            async def lister(**options: Any) -> Any:
+                return await core.list_namespaced_config_map("gone", **options)
+
+            informer = Informer(
+                "configmaps",
+                lister,
+                lambda kind, item: seen.append((kind, item["metadata"]["name"])),
+            )
+
+            def configmap(name: str) -> str:
+                meta = {"name": name, "namespace": "gone"}
+                return json.dumps({"apiVersion": "v1", "kind": "ConfigMap", "metadata": meta})
+
+            kube.kubectl("create", "-f", "-", input=configmap("before"))
+            await informer.list()
+            assert seen == [("ADDED", "before")]
+            # While it does not watch (a partition, say), the store moves on and compacts.
+            kube.kubectl("create", "-f", "-", input=configmap("during"))
+            kube.kubectl("delete", "configmap", "before", "-n", "gone")
+            await asyncio.sleep(3)
+            stop = asyncio.Event()
+            task = asyncio.create_task(informer.run(stop))
+            await assert_eventually(lambda: informer.relists == 1, timeout=30, message="410")
+            await assert_eventually(
+                lambda: sorted(seen[1:]) == [("ADDED", "during"), ("DELETED", "before")],
+                timeout=30,
+                message="the changes meanwhile",
+            )
+            assert set(informer.objects) == {"gone/during"}
+            kube.kubectl("create", "-f", "-", input=configmap("after"))
+            await assert_eventually(
+                lambda: ("ADDED", "after") in seen, timeout=30, message="watching again"
+            )
+            stop.set()
+            task.cancel()
+            with contextlib.suppress(asyncio.CancelledError):
+                await task
+        finally:
+            await api.close()

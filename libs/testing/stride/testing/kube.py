@@ -418,16 +418,21 @@ class KubeCluster(KubeClients):
         controller_manager: bool = True,
         scheduler: bool = True,
         bin_dir: Path = KUBE_BIN,
+        compaction: float = 0.0,
     ) -> None:
         """``controller_manager=False``: no garbage collection, no Deployments, no service
         accounts made in new namespaces (the ServiceAccount admission plugin is then off,
         so pods can still be created). ``scheduler=False``: only pods with a
-        ``spec.nodeName`` land anywhere."""
+        ``spec.nodeName`` land anywhere. ``compaction``: seconds between compactions of
+        the store's history, keeping only its newest revision, and no watch cache (watches
+        then resume from the store, as an etcd compacted under a busy cluster does): a
+        client resuming from an old version gets ``410 Gone``; 0 keeps every revision."""
         super().__init__(
             folder, (ADMIN, *dict.fromkeys(users), *CONTROLLER_USERS.values()), bin_dir
         )
         self.controller_manager = controller_manager
         self.scheduler = scheduler
+        self.compaction = compaction
         self._servers: list[ServerProcess] = []
         self._node_numbers: dict[str, int] = {}
         self._nodes_added = 0
@@ -583,6 +588,11 @@ class KubeCluster(KubeClients):
             f"--endpoint=sqlite://{self.folder / 'kine.sqlite'}?{KINE_PARAMETERS}",
             f"--listen-address=127.0.0.1:{port}",
             "--metrics-bind-address=0",  # its default, :8080, would collide between clusters
+            *(
+                [f"--compact-interval={self.compaction:g}s", "--compact-min-retain=1"]
+                if self.compaction
+                else []
+            ),
         ]
 
     def _apiserver_flags(self, kine_port: int) -> list[str]:
@@ -611,6 +621,8 @@ class KubeCluster(KubeClients):
         ]
         if not self.controller_manager:
             flags.append("--disable-admission-plugins=ServiceAccount")
+        if self.compaction:
+            flags.append("--watch-cache=false")
         return flags
 
     def _controller_manager_flags(self) -> list[str]:

@@ -128,9 +128,10 @@ class Informer:
         self.handler(kind, item)
 
     async def run(self, stop: asyncio.Event) -> None:
-        """List, then watch until ``stop``; list again on 410, back off on errors."""
+        """List (unless listed already), then watch until ``stop``; list again on 410, back
+        off on errors."""
         delay = 0.5
-        listed = False
+        listed = bool(self.version)
         while not stop.is_set():
             try:
                 if not listed:
