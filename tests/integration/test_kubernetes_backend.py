@@ -17,7 +17,10 @@ import pytest
 from kubernetes_asyncio import client
 
 from stride.podwatcher.adapters.outbound.backends.base import PodEnded, PodStart, ResizeRefused
-from stride.podwatcher.adapters.outbound.backends.kubernetes.backend import KubernetesBackend
+from stride.podwatcher.adapters.outbound.backends.kubernetes.backend import (
+    KubernetesBackend,
+    close_client,
+)
 from stride.podwatcher.adapters.outbound.backends.kubernetes.informer import Informer
 from stride.podwatcher.adapters.outbound.backends.kubernetes.manifests import Owner, PodTemplate
 from stride.podwatcher.domain.cluster import PodPhase
@@ -189,18 +192,37 @@ async def test_each_failure_is_named_from_the_pods_status_and_the_name_is_reusab
     if reason == "Error":
         assert end.exit_code == 3
     assert pod.record.name in backend.known() and pod.record.name not in backend.running()
-    # Acknowledged, the pod and its token go, and the name can be relaunched.
-    first = kube_cluster.get("pod", pod.record.name, "-n", "backend")["metadata"]["uid"]
+    # Acknowledged, the pod and its token leave the API.
     await backend.acknowledge(pod.record.name)
-    await backend.start(pod)
 
-    def relaunched() -> bool:
-        again = kube_cluster.get("pod", pod.record.name, "-n", "backend")
-        return again["metadata"]["uid"] != first and again["status"].get("phase") == "Running"
+    def gone() -> bool:
+        left = (
+            kube_cluster.kubectl(
+                "get",
+                "pod,secret",
+                "-n",
+                "backend",
+                "-o",
+                "name",
+                "--field-selector",
+                f"metadata.name={pod.record.name}",
+                check=False,
+            ).stdout
+            + kube_cluster.kubectl(
+                "get",
+                "secret",
+                f"{pod.record.name}-token",
+                "-n",
+                "backend",
+                "-o",
+                "name",
+                check=False,
+            ).stdout
+        )
+        return not left.strip()
 
-    await assert_eventually(relaunched, timeout=60, interval=0.3, message="relaunched")
-    again = kube_cluster.get("pod", pod.record.name, "-n", "backend")
-    assert "kwok.x-k8s.io/status" not in (again["metadata"].get("annotations") or {})
+    await assert_eventually(gone, timeout=60, interval=0.3, message="pod and token removed")
+    assert pod.record.name not in backend.known()
 
 
 async def test_deleted_by_the_pod_watcher_evicted_and_deleted_from_outside_are_told_apart(
@@ -216,9 +238,24 @@ async def test_deleted_by_the_pod_watcher_evicted_and_deleted_from_outside_are_t
     await backend.evict(evicted.record.name, "node maintenance")
     end = await next_end(backend, evicted.record.name)
     assert (end.reason, end.message) == ("Evicted", "node maintenance")
+    first = kube_cluster.get("pod", theirs.record.name, "-n", "backend")["metadata"]["uid"]
     kube_cluster.kubectl("delete", "pod", theirs.record.name, "-n", "backend", "--wait=false")
     end = await next_end(backend, theirs.record.name)
     assert end.reason == "Error" and "outside Stride" in end.message
+    # Acknowledged, it is relaunched under its own name (a new pod, the same address).
+    await backend.acknowledge(theirs.record.name)
+    await backend.start(theirs)
+
+    def relaunched() -> bool:
+        found = kube_cluster.get("pods", "-n", "backend", "--field-selector",
+                                 f"metadata.name={theirs.record.name}")["items"]  # fmt: skip
+        return (
+            bool(found)
+            and found[0]["metadata"]["uid"] != first
+            and (found[0]["status"].get("phase") == "Running")
+        )
+
+    await assert_eventually(relaunched, timeout=60, interval=0.3, message="relaunched")
 
 
 async def test_resize_goes_through_the_resize_subresource(
@@ -354,4 +391,4 @@ async def test_the_informer_lists_again_when_its_version_is_compacted_away(
             with contextlib.suppress(asyncio.CancelledError):
                 await task
         finally:
-            await api.close()
+            await close_client(api)

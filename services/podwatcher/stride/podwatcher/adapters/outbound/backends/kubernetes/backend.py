@@ -61,6 +61,14 @@ def _error(error: ApiException) -> str:
         return str(error.reason)
 
 
+async def close_client(api: client.ApiClient) -> None:
+    """Close the client's connections; TLS transports finish closing on the next loop
+    turns, which aiohttp asks callers to give them (else their sockets are reported
+    unclosed)."""
+    await api.close()
+    await asyncio.sleep(0.25)
+
+
 def _body(manifest: dict[str, Any]) -> Any:
     """A manifest as a request body: the client serializes dicts as they are (its
     signatures name the generated models, which cost more to build than to send)."""
@@ -204,6 +212,20 @@ class KubernetesBackend:
             with contextlib.suppress(TimeoutError):
                 await asyncio.wait_for(self._changed.wait(), 0.5)
         return self._pod(name)
+
+    async def _gone(self, name: str, uid: str, timeout: float = RECREATE_WAIT_SECONDS) -> None:
+        """Until the pod ``uid`` of this name has left the API (as the watch tells), so a
+        relaunch under the name never races the old pod's last deletion step (a node
+        agent deleting by name, as kwok does, would take the new pod with it)."""
+        loop = asyncio.get_running_loop()
+        deadline = loop.time() + timeout
+        while loop.time() < deadline:
+            current = self._pod(name)
+            if current is None or current["metadata"].get("uid") != uid:
+                return
+            self._changed.clear()
+            with contextlib.suppress(TimeoutError):
+                await asyncio.wait_for(self._changed.wait(), 0.5)
 
     def _live(self, pod: dict[str, Any]) -> bool:
         uid = (pod.get("metadata") or {}).get("uid", "")
@@ -461,6 +483,7 @@ class KubernetesBackend:
             namespace = self._namespace_of(end.job_id)
         if pod is not None and pod["metadata"].get("uid") in self._reported:
             await self._delete_pod(name, namespace, grace=0)
+            await self._gone(name, pod["metadata"].get("uid", ""))
         if self.signer is not None and namespace and name not in self.running():
             with contextlib.suppress(ApiException):
                 await self.core.delete_namespaced_secret(
@@ -534,4 +557,4 @@ class KubernetesBackend:
         for task in self._tasks:
             with contextlib.suppress(asyncio.CancelledError, Exception):
                 await task
-        await self.api.close()
+        await close_client(self.api)

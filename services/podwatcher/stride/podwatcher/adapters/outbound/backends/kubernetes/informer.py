@@ -61,7 +61,10 @@ class Informer:
         """List everything; report what appeared, changed or went since the cache."""
         self.requests += 1
         response = await self.lister(label_selector=self.label_selector, _preload_content=False)
-        body = json.loads(await response.read())
+        try:
+            body = json.loads(await response.read())
+        finally:
+            response.release()
         fresh = {self.key(item): item for item in body.get("items") or []}
         for key, old in list(self.objects.items()):
             if key not in fresh:
