@@ -73,3 +73,7 @@ def test_nodes_drained_for_placement_and_emptied() -> None:
     assert nodes.evicting(no_execute)
     not_ready = {**plain, "status": {"conditions": [{"type": "Ready", "status": "False"}]}}
     assert nodes.drained(not_ready) and not nodes.evicting(not_ready)
+    # The node controller's own NoExecute taints are Kubernetes' to act on (tolerations).
+    unreachable = {**plain, "spec": {"taints": [
+        {"key": "node.kubernetes.io/unreachable", "effect": "NoExecute"}]}}  # fmt: skip
+    assert nodes.drained(unreachable) and not nodes.evicting(unreachable)

@@ -21,6 +21,7 @@ import asyncio
 import base64
 import contextlib
 import json
+from collections import defaultdict
 from collections.abc import AsyncIterator, Callable, Sequence
 from typing import Any
 
@@ -119,6 +120,9 @@ class KubernetesBackend:
         self._deleting: set[str] = set()
         self._evicting: dict[str, str] = {}
         self._jobs_ready: set[str] = set()
+        self._job_locks: defaultdict[str, asyncio.Lock] = defaultdict(asyncio.Lock)
+        self._job_namespaces: dict[str, str] = {}
+        """Job id -> the namespace its pods are in (from the watch and from starts)."""
         self._evicting_nodes: set[str] = set()
         self._unseen: set[str] = set()
         """Pods created whose first watch event has not come yet."""
@@ -158,6 +162,9 @@ class KubernetesBackend:
         else:
             self._names[name] = Informer.key(pod)
             self._unseen.discard(name)
+            job = (meta.get("labels") or {}).get(JOB_LABEL)
+            if job:
+                self._job_namespaces[job] = meta.get("namespace", self.namespace)
             ending = status.ending(pod)
             if ending is not None and uid not in self._reported:
                 self._report(pod, ending)
@@ -277,33 +284,38 @@ class KubernetesBackend:
         owner_namespace = tenant_namespace(user) if user else None
         if owner_namespace:
             return owner_namespace
-        for pod in self.pods.objects.values():
-            meta = pod.get("metadata") or {}
-            if (meta.get("labels") or {}).get(JOB_LABEL) == job_id:
-                return str(meta.get("namespace"))
-        return self.namespace
+        return self._job_namespaces.get(job_id, self.namespace)
+
+    @staticmethod
+    async def _send(call: Callable[..., Any], *args: Any) -> None:
+        """A create whose answer is not read: not decoded into the client's models (a fifth
+        of the backend's CPU at a thousand pods, ``bench/kube_pods.py``)."""
+        response = await call(*args, _preload_content=False)
+        response.release()
 
     async def _create(self, body: dict[str, Any], create: Callable[..., Any]) -> None:
         try:
-            await create(body["metadata"]["namespace"], body)
+            await self._send(create, body["metadata"]["namespace"], body)
         except ApiException as error:
             if error.status != 409:
                 raise
 
     async def _prepare_job(self, job_id: str, namespace: str, owner: Owner | None) -> None:
-        """The job's headless Service and NetworkPolicy, once."""
-        if job_id in self._jobs_ready:
-            return
-        template = self.template
-        await self._create(
-            manifests.service_manifest(template, job_id, namespace, owner),
-            self.core.create_namespaced_service,
-        )
-        await self._create(
-            manifests.network_policy(template, job_id, namespace, owner),
-            self.networking.create_namespaced_network_policy,
-        )
-        self._jobs_ready.add(job_id)
+        """The job's headless Service and NetworkPolicy, once (one start at a time)."""
+        async with self._job_locks[job_id]:
+            if job_id in self._jobs_ready:
+                return
+            template = self.template
+            await self._create(
+                manifests.service_manifest(template, job_id, namespace, owner),
+                self.core.create_namespaced_service,
+            )
+            await self._create(
+                manifests.network_policy(template, job_id, namespace, owner),
+                self.networking.create_namespaced_network_policy,
+            )
+            self._jobs_ready.add(job_id)
+        self._job_locks.pop(job_id, None)
 
     async def _write_token(
         self, name: str, job_id: str, role: str, namespace: str, owner: Owner | None
@@ -351,6 +363,7 @@ class KubernetesBackend:
             return
         spec = json.loads(pod.spec_json) if pod.spec_json else {}
         namespace = self._namespace_of(record.job_id, spec.get("user", ""))
+        self._job_namespaces[record.job_id] = namespace
         owner = self.owners(record.job_id)
         await self._prepare_job(record.job_id, namespace, owner)
         if self.signer is not None:
@@ -370,7 +383,7 @@ class KubernetesBackend:
         deadline = loop.time() + RECREATE_WAIT_SECONDS
         while True:
             try:
-                await self.core.create_namespaced_pod(namespace, _body(body))
+                await self._send(self.core.create_namespaced_pod, namespace, _body(body))
                 if self._pod(record.name) is None or not self._live(self._pod(record.name) or {}):
                     self._unseen.add(record.name)
                 return

@@ -43,14 +43,23 @@ def node_spec(node: dict[str, Any]) -> NodeSpec:
     )
 
 
+NODE_LIFECYCLE_TAINTS = "node.kubernetes.io/"
+"""Taints the node controller sets by itself (``not-ready``, ``unreachable``, pressure):
+Kubernetes evicts by the pods' tolerations of those (300 s by default, none while every node
+is down), so Stride leaves them to it."""
+
+
 def evicting(node: dict[str, Any]) -> bool:
     """Cordoned (an operator's ``kubectl cordon`` or ``drain``, or Stride's drain) or
-    tainted ``NoExecute``: Stride's pods there are evicted and relaunched elsewhere. A node
-    only tainted ``NoSchedule`` (the node controller does so the moment a node is not
-    Ready) or not Ready keeps its pods: a heartbeat late by a second must not move a job."""
+    tainted ``NoExecute`` by someone (a ``node.kubernetes.io/`` taint is Kubernetes' own,
+    :data:`NODE_LIFECYCLE_TAINTS`): Stride's pods there are evicted and relaunched
+    elsewhere. A node only tainted ``NoSchedule`` or not Ready keeps its pods: a heartbeat
+    late by a second must not move a job."""
     spec = node.get("spec") or {}
     return bool(spec.get("unschedulable")) or any(
-        taint.get("effect") == "NoExecute" for taint in spec.get("taints") or []
+        taint.get("effect") == "NoExecute"
+        and not str(taint.get("key", "")).startswith(NODE_LIFECYCLE_TAINTS)
+        for taint in spec.get("taints") or []
     )
 
 
