@@ -28,7 +28,7 @@ from stride.podwatcher.domain.reconcile import PodRecord
 from stride.podwatcher.operator import api_client
 from stride.podwatcher.settings import PodWatcherSettings
 from stride.runtime import tls
-from stride.runtime.tokens import Signer, Verifier
+from stride.runtime.tokens import JobIdentity, Signer, Verifier
 from stride.testing.eventually import assert_eventually
 from stride.testing.kube import KubeCluster
 from stride.vocabulary import Role
@@ -119,6 +119,7 @@ async def test_a_pod_runs_with_its_objects_token_and_address(
     token = base64.b64decode(secret["data"]["token"]).decode()
     certificates = Path(os.environ[tls.TLS_DIR_ENV])
     identity = Verifier((certificates / "ca.crt").read_bytes()).verify(token)
+    assert isinstance(identity, JobIdentity)
     assert (identity.job_id, identity.pod) == ("job-objects", "job-objects-worker-0")
     assert (
         kube_cluster.get("service", "job-objects", "-n", "backend")["spec"]["clusterIP"] == "None"

@@ -20,6 +20,12 @@ def test_running_and_pending_pods_have_not_ended() -> None:
     assert status.ending(pod("Pending")) is None
 
 
+def reason(item: dict[str, Any]) -> str:
+    ended = status.ending(item)
+    assert ended is not None
+    return ended.reason
+
+
 def test_each_reason() -> None:
     oom = status.ending(pod("Failed", containerStatuses=[terminated("OOMKilled", 137)]))
     assert oom == status.Ending("OOMKilled", 137, "trainer: OOMKilled")
@@ -33,9 +39,9 @@ def test_each_reason() -> None:
     )
     assert status.ending(preempted) == status.Ending("Preempted", None, "PreemptionByScheduler")
     pull = {"name": "trainer", "state": {"waiting": {"reason": "ErrImagePull"}}}
-    assert status.ending(pod("Pending", containerStatuses=[pull])).reason == "ImagePullBackOff"
+    assert reason(pod("Pending", containerStatuses=[pull])) == "ImagePullBackOff"
     crash = {"name": "agent", "state": {"waiting": {"reason": "CrashLoopBackOff"}}}
-    assert status.ending(pod(containerStatuses=[crash])).reason == "CrashLoopBackOff"
+    assert reason(pod(containerStatuses=[crash])) == "CrashLoopBackOff"
     error = status.ending(pod("Failed", containerStatuses=[terminated("Error", 2)]))
     assert error == status.Ending("Error", 2, "trainer: Error")
     assert status.ending(pod("Succeeded")) == status.Ending("Succeeded", 0, "")
@@ -43,7 +49,7 @@ def test_each_reason() -> None:
 
 def test_the_trainers_end_is_the_pods_whatever_the_sidecar_did() -> None:
     both = [terminated("Error", 1, "agent"), terminated("OOMKilled", 137)]
-    assert status.ending(pod("Failed", containerStatuses=both)).reason == "OOMKilled"
+    assert reason(pod("Failed", containerStatuses=both)) == "OOMKilled"
 
 
 def test_a_pod_gone_from_the_api() -> None:
