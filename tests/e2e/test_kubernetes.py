@@ -215,7 +215,16 @@ async def test_a_stridejob_applied_by_its_namespaces_user_runs_on_the_cluster(
     cluster_spec = json.loads(env["STRIDE_TRAINER_CLUSTER_JSON"])
     assert all(f".{job_id}.{TEAM}.svc.cluster.local:" in a for a in cluster_spec["ps"])
     table = cluster.kubectl("get", "stridejobs", "-n", TEAM, user="alice").stdout
-    assert table.split()[:7] == ["NAME", "JOB", "PHASE", "PLAN", "READY", "PODS", "DEADLINE"]
+    assert table.split()[:8] == [
+        "NAME",
+        "JOB",
+        "PHASE",
+        "PLAN",
+        "READY",
+        "PODS",
+        "DONE%",
+        "DEADLINE",
+    ]
     assert job_id in table and "Running" in table
 
 

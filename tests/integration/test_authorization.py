@@ -48,6 +48,7 @@ from stride.dispatcher.settings import DispatcherSettings
 from stride.events.v1 import auth_pb2, job_pb2, shard_pb2
 from stride.optimizer.app import build as build_optimizer
 from stride.optimizer.settings import OptimizerSettings
+from stride.podwatcher.adapters.outbound.dispatcher import DispatcherClient
 from stride.podwatcher.app import build as build_podwatcher
 from stride.podwatcher.settings import PodWatcherSettings
 from stride.runtime.certs import init
@@ -177,7 +178,7 @@ async def test_every_dispatcher_method_refuses_another_jobs_data(dispatcher: str
     # No token, or a plain user's: refused before anything is read.
     async with aio_channel(dispatcher, "dispatcher", token=None) as channel:
         code, details = await code_of(
-            dispatcher_calls(disp_grpc.DispatcherServiceStub(channel), A)["ListDatasets"]()
+            dispatcher_calls(disp_grpc.DispatcherServiceStub(channel), A)["GetShard"]()
         )
         assert code == grpc.StatusCode.UNAUTHENTICATED and "job token" in details
     async with aio_channel(dispatcher, "dispatcher", token=user_token("alice")) as channel:
@@ -185,6 +186,29 @@ async def test_every_dispatcher_method_refuses_another_jobs_data(dispatcher: str
             dispatcher_calls(disp_grpc.DispatcherServiceStub(channel), A)["ListDatasets"]()
         )
         assert code == grpc.StatusCode.PERMISSION_DENIED and "user 'alice'" in details
+
+
+async def test_the_operator_reads_a_jobs_data_progress_and_changes_nothing(
+    dispatcher: str,
+) -> None:
+    """A StrideJob's progress (issue 38): the pod watcher's identity may read any job's
+    dataset state, and nothing else of the dispatcher's."""
+    progress = DispatcherClient(dispatcher)
+    try:
+        assert await progress.progress(A) is None  # no dataset yet: nothing to say
+        async with aio_channel(dispatcher, "dispatcher", token=job_token(A)) as channel:
+            assert (await dispatcher_calls(disp_grpc.DispatcherServiceStub(channel), A)[
+                "CreateDataset"]()).created  # fmt: skip
+        found = await progress.progress(A)
+        assert found is not None and found.epoch == 0 and not found.finished
+        assert found.epochs == parameters().epochs and found.shards > 0 and found.done == 0
+    finally:
+        await progress.close()
+    async with aio_channel(dispatcher, "dispatcher", token=None, identity="podwatcher") as channel:
+        calls = dispatcher_calls(disp_grpc.DispatcherServiceStub(channel), A)
+        for name in ("CreateDataset", "GetShard", "SnapshotShards", "RestoreShards"):
+            code, _ = await code_of(calls[name]())
+            assert code in (grpc.StatusCode.UNAUTHENTICATED, grpc.StatusCode.PERMISSION_DENIED)
 
 
 async def test_a_header_naming_another_job_changes_nothing(dispatcher: str) -> None:

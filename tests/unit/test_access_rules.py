@@ -101,6 +101,8 @@ def test_services_that_call_on_the_systems_behalf() -> None:
         "SubmitJob": frozenset({"podwatcher"}),
         "GetJob": frozenset({"podwatcher"}),
         "CancelJob": frozenset({"podwatcher"}),
+        "GetDatasetState": frozenset({"podwatcher"}),
+        "ListDatasets": frozenset({"podwatcher"}),
     }
 
 

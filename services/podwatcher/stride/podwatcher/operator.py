@@ -19,6 +19,7 @@ from stride.podwatcher.adapters.outbound.admission import AdmissionClient
 from stride.podwatcher.adapters.outbound.backends.kubernetes.backend import KubernetesBackend
 from stride.podwatcher.adapters.outbound.backends.kubernetes.leader import Leadership
 from stride.podwatcher.adapters.outbound.backends.kubernetes.manifests import PodTemplate
+from stride.podwatcher.adapters.outbound.dispatcher import DispatcherClient
 from stride.podwatcher.domain.cluster import PodPhase
 from stride.podwatcher.settings import PodWatcherSettings, parse_labels
 from stride.podwatcher.stridejobs import StrideJobs
@@ -151,7 +152,8 @@ class Operator:
                 ready = sum(1 for v in live if backend.is_ready(v.pod.record.name))
                 return stored.plan.version, ready, len(live)
 
-            jobs = StrideJobs(self.api, admission, counts)
+            dispatcher = DispatcherClient(self.settings.dispatcher_address)
+            jobs = StrideJobs(self.api, admission, counts, dispatcher.progress)
             backend.owners = jobs.owner
             backend.job_changed = jobs.job_changed
             host.add_root_task("stridejobs", lambda: jobs.run(host.stop))

@@ -11,7 +11,8 @@ keyed ``namespace/name``; the watch only adds keys. A pass:
    id, so a retry after a crash finds the job the first try made. A spec admission refuses
    is ``Invalid`` and not retried; an unreachable admission is retried with back-off.
 3. **Known**: write the status: admission's decision and state (with the earliest deadline
-   Stride could keep, when it refused), the newest plan's version, and the ready pods.
+   Stride could keep, when it refused), the newest plan's version, the ready pods, and how
+   far the job is through its data (the dispatcher's epoch and shards).
 
 Only the leading pod watcher runs this (the Lease), so two never submit or write at once.
 """
@@ -34,6 +35,7 @@ from stride.podwatcher.adapters.inbound.stridejob_crd import GROUP, PLURAL, VERS
 from stride.podwatcher.adapters.outbound.admission import AdmissionClient, Refused
 from stride.podwatcher.adapters.outbound.backends.kubernetes.informer import Informer
 from stride.podwatcher.adapters.outbound.backends.kubernetes.manifests import Owner
+from stride.podwatcher.domain.progress import DataProgress, describe
 from stride.podwatcher.workqueue import WorkQueue
 from stride.vocabulary.tenants import namespace_tenant
 
@@ -57,6 +59,8 @@ RESYNC_SECONDS = 10.0
 """How often a running StrideJob's status is refreshed without an event."""
 PodCounts = Callable[[str], Awaitable[tuple[int, int, int]]]
 """A job's (plan version, ready pods, pods)."""
+ProgressLookup = Callable[[str], Awaitable[DataProgress | None]]
+"""How far a job is through its data (the dispatcher's), None if nobody can say yet."""
 
 
 def _time(stamp: Any) -> str:
@@ -81,11 +85,16 @@ class StrideJobs:
     """Reconciles StrideJobs with admission (see the module docstring)."""
 
     def __init__(
-        self, api: client.ApiClient, admission: AdmissionClient, counts: PodCounts
+        self,
+        api: client.ApiClient,
+        admission: AdmissionClient,
+        counts: PodCounts,
+        progress: ProgressLookup | None = None,
     ) -> None:
         self.custom = client.CustomObjectsApi(api)
         self.admission = admission
         self.counts = counts
+        self.progress = progress
         self.queue = WorkQueue()
         self.informer = Informer("stridejobs", self._list, self._event)
         self._owners: dict[str, Owner] = {}
@@ -206,6 +215,10 @@ class StrideJobs:
         if phase not in ("Rejected", "Submitted"):
             version, ready, total = await self.counts(job.job_id)
             fields.update(planVersion=version, readyPods=ready, pods=total)
+        found = await self.progress(job.job_id) if self.progress is not None else None
+        if found is not None:
+            words, percent = describe(found)
+            fields.update(progress=words, percentDone=percent)
         admitted = phase not in ("Rejected", "Submitted", "Queued")
         await self._status(item, fields, "Admitted" if admitted else phase, admitted)
 

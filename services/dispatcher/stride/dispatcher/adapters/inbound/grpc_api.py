@@ -41,6 +41,8 @@ _tracer = trace.get_tracer(__name__)
 
 SERVICE = pb.DESCRIPTOR.services_by_name["DispatcherService"].full_name
 _JOB = auth.rule(admins=True, jobs=True)
+_JOB_OR_OPERATOR = auth.rule(auth.OPERATOR, admins=True, jobs=True)
+"""Reads of a job's datasets: its pods, and the pod watcher (a StrideJob's progress)."""
 ACCESS = auth.rules(
     SERVICE,
     {
@@ -51,8 +53,8 @@ ACCESS = auth.rules(
         "ShardSession": _JOB,
         "ReportShardDone": _JOB,
         "ReportShardFailed": _JOB,
-        "GetDatasetState": _JOB,
-        "ListDatasets": _JOB,
+        "GetDatasetState": _JOB_OR_OPERATOR,
+        "ListDatasets": _JOB_OR_OPERATOR,
         "SnapshotShards": _JOB,
         "RestoreShards": _JOB,
         "MarkWorkerLost": auth.rule("podwatcher", admins=True, jobs=True),

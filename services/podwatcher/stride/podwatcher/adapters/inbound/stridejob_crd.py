@@ -113,6 +113,8 @@ def definition() -> dict[str, Any]:
             "guaranteedFinish": {"type": "string"},
             "planVersion": {"type": "integer"},
             "readyPods": {"type": "integer"},
+            "progress": {"type": "string"},
+            "percentDone": {"type": "integer"},
             "pods": {"type": "integer"},
             "observedGeneration": {"type": "integer"},
             "conditions": {
@@ -134,6 +136,7 @@ def definition() -> dict[str, Any]:
         ("Plan", "integer", ".status.planVersion"),
         ("Ready", "integer", ".status.readyPods"),
         ("Pods", "integer", ".status.pods"),
+        ("Done%", "integer", ".status.percentDone"),
         ("Deadline", "string", ".spec.deadline"),
         ("Age", "date", ".metadata.creationTimestamp"),
     ]
