@@ -19,8 +19,10 @@ from typing import Any
 
 import pytest
 import yaml
+from grpc_health.v1 import health_pb2, health_pb2_grpc
 
 from stride.runtime.embedded_nats import NatsServer
+from stride.testing.channels import aio_channel
 from stride.testing.databases import create_database, drop_database
 from stride.testing.eventually import assert_eventually
 from stride.testing.kube import KubeCluster, KubectlError, ensure_kube_tools
@@ -34,6 +36,7 @@ RELEASE, SYSTEM, TEAM = "stride", "stride-system", "team-a"
 SPEC = yaml.safe_load((ROOT / "examples" / "wide-deep.yaml").read_text())
 SPEC["model"]["image"] = "registry.example/team-a/wide-deep:1"  # its own image, no entrypoint
 del SPEC["model"]["entrypoint"]
+PODWATCHER_SERVICE = "stride.api.podwatcher.v1.PodWatcherService"
 LOCAL = ("STRIDE_PODWATCHER_DISPATCHER_ADDRESS", "STRIDE_PODWATCHER_CKPTCACHE_ADDRESS")
 
 
@@ -367,6 +370,13 @@ async def test_deleted_pods_are_relaunched_and_a_standby_takes_over_without_dupl
     active, standby = processes["podwatcher"], processes["standby"]
     if standby.process is not None and leader.endswith(f"-{standby.process.pid}"):
         active, standby = standby, active
+    # The standby waits alive but not ready: its probes neither restart it nor route to it.
+    async with aio_channel(standby.address, "podwatcher") as channel:
+        health = health_pb2_grpc.HealthStub(channel)
+        alive = await health.Check(health_pb2.HealthCheckRequest(service=""))
+        ready = await health.Check(health_pb2.HealthCheckRequest(service=PODWATCHER_SERVICE))
+    assert alive.status == health_pb2.HealthCheckResponse.SERVING
+    assert ready.status == health_pb2.HealthCheckResponse.NOT_SERVING
     assert active.process is not None
     active.process.send_signal(signal.SIGKILL)
     active.process.wait()

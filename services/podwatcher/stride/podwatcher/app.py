@@ -177,7 +177,9 @@ def _secret_folders() -> tuple[Path, ...]:
 async def build(settings: PodWatcherSettings) -> ServiceHost:
     """Connect everything and return a host ready to run. On Kubernetes this waits for the
     Lease first (:mod:`stride.podwatcher.operator`)."""
-    operator = await Operator.start(settings) if settings.backend == "kubernetes" else None
+    operator = (
+        await Operator.start(settings, [SERVICE_NAME]) if settings.backend == "kubernetes" else None
+    )
     backend: Backend = operator.backend if operator is not None else make_backend(settings)
     host = create_host(settings, [SERVICE_NAME], ACCESS)
     bus = await connect_bus(settings, host)

@@ -10,6 +10,7 @@ StrideJob controller and a task that stops the service if the Lease is lost.
 from __future__ import annotations
 
 import asyncio
+import socket
 from dataclasses import dataclass
 
 import structlog
@@ -26,6 +27,7 @@ from stride.podwatcher.stridejobs import StrideJobs
 from stride.podwatcher.usecases import PodWatcher
 from stride.runtime import tls
 from stride.runtime.errors import StartupError
+from stride.runtime.grpc_server import GrpcServer
 from stride.runtime.lifecycle import ServiceHost
 from stride.runtime.tokens import Signer
 
@@ -71,6 +73,25 @@ def pod_template(settings: PodWatcherSettings) -> PodTemplate:
     )
 
 
+async def _released(host: str, port: int, timeout: float = 10.0) -> None:
+    """Until the standby's port can be bound again (gRPC closes its listener after
+    ``stop`` returns), so the service's own server takes it at once."""
+    loop = asyncio.get_running_loop()
+    deadline = loop.time() + timeout
+    while True:
+        probe = socket.socket(socket.AF_INET6 if ":" in host else socket.AF_INET)
+        probe.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+        try:
+            probe.bind((host.strip("[]"), port))
+            return
+        except OSError:
+            if loop.time() > deadline:
+                return  # the server's own bind says what is wrong
+            await asyncio.sleep(0.05)
+        finally:
+            probe.close()
+
+
 @dataclass
 class Operator:
     """The Kubernetes side of one pod watcher process."""
@@ -81,8 +102,10 @@ class Operator:
     leadership: Leadership | None
 
     @classmethod
-    async def start(cls, settings: PodWatcherSettings) -> Operator:
-        """Connect, wait for the Lease, list pods and nodes."""
+    async def start(cls, settings: PodWatcherSettings, service_names: list[str]) -> Operator:
+        """Connect, wait for the Lease, list pods and nodes. While it waits, a standby
+        answers health checks on its port: alive (``""`` SERVING), not ready (its
+        ``service_names`` NOT_SERVING), so its probes neither restart it nor route to it."""
         api = await api_client(settings)
         leadership = None
         if settings.leader_election:
@@ -95,7 +118,18 @@ class Operator:
                 renew_seconds=settings.lease_seconds * 2 / 3,
                 retry_seconds=max(settings.lease_seconds / 8, 1.05),
             )
-            await leadership.wait()
+            standby = GrpcServer(
+                service_names,
+                settings.grpc_host,
+                settings.grpc_port,
+                tls=tls.load(settings.service_name),
+            )
+            port = await standby.start()
+            try:
+                await leadership.wait()
+            finally:
+                await standby.stop(0)
+            await _released(settings.grpc_host, port)
         material = tls.load(settings.service_name)
         backend = KubernetesBackend(
             api,
