@@ -12,6 +12,7 @@ import structlog
 
 from stride.api.podwatcher.v1 import podwatcher_service_pb2, podwatcher_service_pb2_grpc
 from stride.bus import topics
+from stride.bus.client import Bus
 from stride.db.outbox import Outbox
 from stride.podwatcher.adapters.inbound.bus_handlers import (
     AckHandler,
@@ -207,6 +208,16 @@ async def build(settings: PodWatcherSettings) -> ServiceHost:
         operator.attach(host, pods)
         host.add_dependency(Dependency("lease", backend_ready, operator.close, False))
     await pods.startup()
+    _add_work(host, pods, backend, settings)
+    _consume_events(host, bus, pods)
+    return host
+
+
+def _add_work(
+    host: ServiceHost, pods: PodWatcher, backend: Backend, settings: PodWatcherSettings
+) -> None:
+    """The root tasks: pods' ends recorded, the reconcile loop, and the periodic work
+    (usage samples, reconfigure timeouts, the sweep for lost pods, job tokens, nodes)."""
 
     async def record_ends() -> None:
         ends = backend.ended()
@@ -266,6 +277,10 @@ async def build(settings: PodWatcherSettings) -> ServiceHost:
     host.add_root_task(
         "inventory", lambda: every(settings.inventory_interval_seconds, pods.check_inventory)
     )
+
+
+def _consume_events(host: ServiceHost, bus: Bus, pods: PodWatcher) -> None:
+    """Admissions, plans, finished jobs and the chiefs' acks, from the bus."""
     consume(
         host,
         bus,
@@ -288,4 +303,3 @@ async def build(settings: PodWatcherSettings) -> ServiceHost:
     consume(
         host, bus, topics.CONTROL_ACK, durable="podwatcher-control-acks", handler=AckHandler(pods)
     )
-    return host

@@ -20,7 +20,7 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 
 from stride.runtime.errors import InvalidArgument
-from stride.vocabulary.quantities import parse_memory
+from stride.vocabulary.quantities import parse_cpu, parse_memory
 
 SETTING = "STRIDE_PODWATCHER_LOCAL_NODES"
 MAX_NODES = 256
@@ -43,10 +43,9 @@ def _fail(part: str, problem: str) -> InvalidArgument:
 
 def _cpu(part: str, text: str) -> float:
     value = text.strip()
-    try:
-        cores = int(value[:-1]) / 1000 if value.endswith("m") else float(value)
-    except ValueError:
-        raise _fail(part, f'cpu "{value}" is not a number of cores (2, 0.5 or 500m)') from None
+    cores = parse_cpu(value)
+    if cores is None:
+        raise _fail(part, f'cpu "{value}" is not a number of cores (2, 0.5 or 500m)')
     if not 0 < cores <= 1_000_000:  # also refuses nan
         raise _fail(part, f'cpu "{value}" must be a positive number of cores')
     return cores

@@ -98,11 +98,9 @@ def _message_schema(message: Descriptor, hidden: frozenset[str] = frozenset()) -
     }
 
 
-def definition() -> dict[str, Any]:
-    """The CustomResourceDefinition."""
-    spec = _message_schema(job_pb2.JobSpec.DESCRIPTOR, HIDDEN)
-    spec["description"] = "Stride's job spec (no resources: Stride chooses them)."
-    status = {
+def _status_schema() -> dict[str, Any]:
+    """What the pod watcher writes of a StrideJob (``stride.podwatcher.stridejobs``)."""
+    return {
         "type": "object",
         "x-kubernetes-preserve-unknown-fields": True,
         "properties": {
@@ -130,16 +128,25 @@ def definition() -> dict[str, Any]:
             },
         },
     }
-    columns = [
-        ("Job", "string", ".status.jobId"),
-        ("Phase", "string", ".status.phase"),
-        ("Plan", "integer", ".status.planVersion"),
-        ("Ready", "integer", ".status.readyPods"),
-        ("Pods", "integer", ".status.pods"),
-        ("Done%", "integer", ".status.percentDone"),
-        ("Deadline", "string", ".spec.deadline"),
-        ("Age", "date", ".metadata.creationTimestamp"),
-    ]
+
+
+COLUMNS = [
+    ("Job", "string", ".status.jobId"),
+    ("Phase", "string", ".status.phase"),
+    ("Plan", "integer", ".status.planVersion"),
+    ("Ready", "integer", ".status.readyPods"),
+    ("Pods", "integer", ".status.pods"),
+    ("Done%", "integer", ".status.percentDone"),
+    ("Deadline", "string", ".spec.deadline"),
+    ("Age", "date", ".metadata.creationTimestamp"),
+]
+"""``kubectl get stridejobs``: name, JSON type, where in the object."""
+
+
+def definition() -> dict[str, Any]:
+    """The CustomResourceDefinition."""
+    spec = _message_schema(job_pb2.JobSpec.DESCRIPTOR, HIDDEN)
+    spec["description"] = "Stride's job spec (no resources: Stride chooses them)."
     return {
         "apiVersion": "apiextensions.k8s.io/v1",
         "kind": "CustomResourceDefinition",
@@ -163,7 +170,7 @@ def definition() -> dict[str, Any]:
                     "subresources": {"status": {}},
                     "additionalPrinterColumns": [
                         {"name": name, "type": kind, "jsonPath": path}
-                        for name, kind, path in columns
+                        for name, kind, path in COLUMNS
                     ],
                     "schema": {
                         "openAPIV3Schema": {
@@ -174,7 +181,7 @@ def definition() -> dict[str, Any]:
                                 "kind": {"type": "string"},
                                 "metadata": {"type": "object"},
                                 "spec": spec,
-                                "status": status,
+                                "status": _status_schema(),
                             },
                         }
                     },

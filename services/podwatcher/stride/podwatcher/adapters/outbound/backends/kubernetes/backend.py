@@ -18,7 +18,6 @@ was down are the use cases' sweep's (rows without a pod are lost, then relaunche
 from __future__ import annotations
 
 import asyncio
-import base64
 import contextlib
 import json
 from collections import defaultdict
@@ -26,7 +25,6 @@ from collections.abc import AsyncIterator, Callable, Sequence
 from typing import Any
 
 import structlog
-from cryptography.hazmat.primitives import serialization
 from kubernetes_asyncio import client
 from kubernetes_asyncio.client.exceptions import ApiException
 
@@ -36,12 +34,22 @@ from stride.podwatcher.adapters.outbound.backends.base import (
     PodUsage,
     ResizeRefused,
 )
-from stride.podwatcher.adapters.outbound.backends.kubernetes import manifests, nodes, status
+from stride.podwatcher.adapters.outbound.backends.kubernetes import manifests, status
+from stride.podwatcher.adapters.outbound.backends.kubernetes.api import (
+    api_error,
+    as_body,
+    close_client,
+    create,
+    send,
+)
 from stride.podwatcher.adapters.outbound.backends.kubernetes.informer import Informer
+from stride.podwatcher.adapters.outbound.backends.kubernetes.logs import TrainerLogs
 from stride.podwatcher.adapters.outbound.backends.kubernetes.manifests import Owner, PodTemplate
+from stride.podwatcher.adapters.outbound.backends.kubernetes.node_watch import NodeWatch
+from stride.podwatcher.adapters.outbound.backends.kubernetes.tokens import PodTokens
 from stride.podwatcher.domain.network import JOB_LABEL
 from stride.podwatcher.domain.nodes import NodeSpec
-from stride.runtime.tokens import JOB_TOKEN_TTL, Signer, new_pod_key
+from stride.runtime.tokens import JOB_TOKEN_TTL, Signer
 from stride.vocabulary import Role
 from stride.vocabulary.tenants import tenant_namespace
 
@@ -54,26 +62,8 @@ RECREATE_WAIT_SECONDS = 30.0
 GPU_ROLES = (Role.CHIEF, Role.WORKER)
 
 
-def _error(error: ApiException) -> str:
-    """The API server's own message for a refused call."""
-    try:
-        return str(json.loads(error.body or b"").get("message", error.reason))
-    except (TypeError, ValueError, AttributeError):
-        return str(error.reason)
-
-
-async def close_client(api: client.ApiClient) -> None:
-    """Close the client's connections; TLS transports finish closing on the next loop
-    turns, which aiohttp asks callers to give them (else their sockets are reported
-    unclosed)."""
-    await api.close()
-    await asyncio.sleep(0.25)
-
-
-def _body(manifest: dict[str, Any]) -> Any:
-    """A manifest as a request body: the client serializes dicts as they are (its
-    signatures name the generated models, which cost more to build than to send)."""
-    return manifest
+def _namespace(pod: dict[str, Any]) -> str:
+    return str(pod["metadata"]["namespace"])
 
 
 class KubernetesBackend:
@@ -99,17 +89,22 @@ class KubernetesBackend:
         self.networking = client.NetworkingV1Api(api)
         self.template = template
         self.namespace = namespace
-        self.signer = signer
+        self.logs = TrainerLogs(self.core)
+        self.tokens = PodTokens(self.core, template, signer, token_ttl) if signer else None
+        """Each pod's job token Secret (None: plain text, pods get none)."""
         self.owners = owners or (lambda job_id: None)
-        self.token_ttl = token_ttl
         selector = ",".join(
             f"{key}={value}" for key, value in {**template.labels, **manifests.MANAGED_BY}.items()
         )
         self.pods = Informer(
             "pods", self.core.list_pod_for_all_namespaces, self._pod_event, label_selector=selector
         )
-        self.node_informer = Informer(
-            "nodes", self.core.list_node, self._node_event, label_selector=node_selector
+        # Late bound: the operator sets nodes_changed after the backend is made.
+        self.node_watch = NodeWatch(
+            self.core,
+            node_selector,
+            self._empty,
+            lambda: self.nodes_changed(),  # noqa: PLW0108
         )
         self._names: dict[str, str] = {}
         """Pod name -> informer key (``namespace/name``)."""
@@ -123,10 +118,8 @@ class KubernetesBackend:
         self._job_locks: defaultdict[str, asyncio.Lock] = defaultdict(asyncio.Lock)
         self._job_namespaces: dict[str, str] = {}
         """Job id -> the namespace its pods are in (from the watch and from starts)."""
-        self._evicting_nodes: set[str] = set()
         self._unseen: set[str] = set()
         """Pods created whose first watch event has not come yet."""
-        self._keys: dict[str, Any] = {}
         self._changed = asyncio.Event()
         self._stop = asyncio.Event()
         self._tasks: list[asyncio.Task[None]] = []
@@ -139,11 +132,11 @@ class KubernetesBackend:
 
     async def open(self, timeout: float = 60.0) -> None:
         """Start watching pods and nodes; returns once both are listed."""
-        for informer in (self.pods, self.node_informer):
+        for informer in (self.pods, self.node_watch.informer):
             self._tasks.append(asyncio.create_task(informer.run(self._stop)))
         async with asyncio.timeout(timeout):
             await self.pods.synced.wait()
-            await self.node_informer.synced.wait()
+            await self.node_watch.informer.synced.wait()
 
     def _pod_event(self, kind: str, pod: dict[str, Any]) -> None:
         meta = pod.get("metadata") or {}
@@ -173,16 +166,6 @@ class KubernetesBackend:
         if job_id:
             self.job_changed(job_id)
 
-    def _node_event(self, kind: str, node: dict[str, Any]) -> None:
-        name = (node.get("metadata") or {}).get("name", "")
-        if kind != "DELETED" and nodes.evicting(node):
-            if name not in self._evicting_nodes:
-                self._evicting_nodes.add(name)
-                self._tasks.append(asyncio.create_task(self._empty(name)))
-        else:
-            self._evicting_nodes.discard(name)
-        self.nodes_changed()
-
     async def _empty(self, node: str) -> None:
         """Evict Stride's pods from a node being drained (cordoned or NoExecute)."""
         names = [
@@ -209,30 +192,36 @@ class KubernetesBackend:
         key = self._names.get(name)
         return None if key is None else self.pods.objects.get(key)
 
+    async def _until(self, done: Callable[[], bool], timeout: float, step: float = 0.5) -> bool:
+        """Until ``done()`` holds, checked at every watch event (at least every ``step``);
+        whether it did before ``timeout``."""
+        loop = asyncio.get_running_loop()
+        deadline = loop.time() + timeout
+        while not done():
+            left = deadline - loop.time()
+            if left <= 0:
+                return False
+            self._changed.clear()
+            with contextlib.suppress(TimeoutError):
+                await asyncio.wait_for(self._changed.wait(), min(left, step))
+        return True
+
     async def _seen(self, name: str, timeout: float = 10.0) -> dict[str, Any] | None:
         """The pod from the cache, waiting for one this backend just created to arrive
         through the watch (a delete right after a create must find it)."""
-        loop = asyncio.get_running_loop()
-        deadline = loop.time() + timeout
-        while name in self._unseen and loop.time() < deadline:
-            self._changed.clear()
-            with contextlib.suppress(TimeoutError):
-                await asyncio.wait_for(self._changed.wait(), 0.5)
+        await self._until(lambda: name not in self._unseen, timeout)
         return self._pod(name)
 
     async def _gone(self, name: str, uid: str, timeout: float = RECREATE_WAIT_SECONDS) -> None:
         """Until the pod ``uid`` of this name has left the API (as the watch tells), so a
         relaunch under the name never races the old pod's last deletion step (a node
         agent deleting by name, as kwok does, would take the new pod with it)."""
-        loop = asyncio.get_running_loop()
-        deadline = loop.time() + timeout
-        while loop.time() < deadline:
+
+        def left() -> bool:
             current = self._pod(name)
-            if current is None or current["metadata"].get("uid") != uid:
-                return
-            self._changed.clear()
-            with contextlib.suppress(TimeoutError):
-                await asyncio.wait_for(self._changed.wait(), 0.5)
+            return current is None or current["metadata"].get("uid") != uid
+
+        await self._until(left, timeout)
 
     def _live(self, pod: dict[str, Any]) -> bool:
         uid = (pod.get("metadata") or {}).get("uid", "")
@@ -240,33 +229,16 @@ class KubernetesBackend:
             "deletionTimestamp"
         )
 
-    # --- nodes -----------------------------------------------------------------------
+    # --- nodes (:class:`.node_watch.NodeWatch`) ---------------------------------------
 
     def all_nodes(self) -> list[tuple[NodeSpec, bool]]:
-        """Every node of Stride's and whether it is drained (see :mod:`.nodes`)."""
-        found = [
-            (nodes.node_spec(node), nodes.drained(node))
-            for node in self.node_informer.objects.values()
-        ]
-        return sorted(found, key=lambda item: item[0].name)
+        return self.node_watch.all_nodes()
 
     def nodes(self) -> list[NodeSpec]:
-        return [spec for spec, drained in self.all_nodes() if not drained]
+        return self.node_watch.nodes()
 
     def set_drained(self, name: str, drained: bool) -> bool:
-        """Cordon or uncordon the node (in the background; the watch brings the change)."""
-        if name not in self.node_informer.objects:
-            return False
-        node = self.node_informer.objects[name]
-        node.setdefault("spec", {})["unschedulable"] = drained or None
-        self._tasks.append(asyncio.create_task(self._cordon(name, drained)))
-        return True
-
-    async def _cordon(self, name: str, drained: bool) -> None:
-        try:
-            await self.core.patch_node(name, nodes.cordon_patch(drained))
-        except ApiException as error:
-            log.warning("could not cordon the node", node=name, why=_error(error))
+        return self.node_watch.set_drained(name, drained)
 
     # --- pods ------------------------------------------------------------------------
 
@@ -286,73 +258,22 @@ class KubernetesBackend:
             return owner_namespace
         return self._job_namespaces.get(job_id, self.namespace)
 
-    @staticmethod
-    async def _send(call: Callable[..., Any], *args: Any) -> None:
-        """A create whose answer is not read: not decoded into the client's models (a fifth
-        of the backend's CPU at a thousand pods, ``bench/kube_pods.py``)."""
-        response = await call(*args, _preload_content=False)
-        response.release()
-
-    async def _create(self, body: dict[str, Any], create: Callable[..., Any]) -> None:
-        try:
-            await self._send(create, body["metadata"]["namespace"], body)
-        except ApiException as error:
-            if error.status != 409:
-                raise
-
     async def _prepare_job(self, job_id: str, namespace: str, owner: Owner | None) -> None:
         """The job's headless Service and NetworkPolicy, once (one start at a time)."""
         async with self._job_locks[job_id]:
             if job_id in self._jobs_ready:
                 return
             template = self.template
-            await self._create(
-                manifests.service_manifest(template, job_id, namespace, owner),
+            await create(
                 self.core.create_namespaced_service,
+                manifests.service_manifest(template, job_id, namespace, owner),
             )
-            await self._create(
-                manifests.network_policy(template, job_id, namespace, owner),
+            await create(
                 self.networking.create_namespaced_network_policy,
+                manifests.network_policy(template, job_id, namespace, owner),
             )
             self._jobs_ready.add(job_id)
         self._job_locks.pop(job_id, None)
-
-    async def _write_token(
-        self, name: str, job_id: str, role: str, namespace: str, owner: Owner | None
-    ) -> None:
-        assert self.signer is not None
-        key = self._keys.get(name) or await self._read_key(name, namespace) or new_pod_key()
-        self._keys[name] = key
-        token = self.signer.job_token(
-            job_id, name, role, ttl=self.token_ttl, pod_key=key.public_key()
-        )
-        pem = key.private_bytes(
-            serialization.Encoding.PEM,
-            serialization.PrivateFormat.PKCS8,
-            serialization.NoEncryption(),
-        )
-        body = manifests.token_secret(self.template, name, job_id, namespace, token, pem, owner)
-        try:
-            await self.core.create_namespaced_secret(namespace, _body(body))
-        except ApiException as error:
-            if error.status != 409:
-                raise
-            await self.core.replace_namespaced_secret(
-                body["metadata"]["name"], namespace, _body(body)
-            )
-
-    async def _read_key(self, name: str, namespace: str) -> Any:
-        try:
-            secret = await self.core.read_namespaced_secret(
-                manifests.token_secret_name(name), namespace
-            )
-        except ApiException:
-            return None
-        pem = base64.b64decode((secret.data or {}).get("key", ""))
-        try:
-            return serialization.load_pem_private_key(pem, password=None)
-        except ValueError:
-            return None
 
     async def start(self, pod: PodStart) -> None:
         """Create the pod (its Service, NetworkPolicy and token first); a pod of that name
@@ -366,8 +287,8 @@ class KubernetesBackend:
         self._job_namespaces[record.job_id] = namespace
         owner = self.owners(record.job_id)
         await self._prepare_job(record.job_id, namespace, owner)
-        if self.signer is not None:
-            await self._write_token(record.name, record.job_id, record.role.value, namespace, owner)
+        if self.tokens is not None:
+            await self.tokens.write(record.name, record.job_id, record.role.value, namespace, owner)
         gpu_job = spec.get("resourceKind") == "RESOURCE_KIND_GPU"
         gpus = 1 if gpu_job and record.role in GPU_ROLES else 0
         body = manifests.pod_manifest(
@@ -377,23 +298,21 @@ class KubernetesBackend:
             image=(spec.get("model") or {}).get("image", ""),
             gpus=gpus,
             owner=owner,
-            token=self.signer is not None,
+            token=self.tokens is not None,
         )
         loop = asyncio.get_running_loop()
         deadline = loop.time() + RECREATE_WAIT_SECONDS
         while True:
             try:
-                await self._send(self.core.create_namespaced_pod, namespace, _body(body))
+                await send(self.core.create_namespaced_pod, namespace, as_body(body))
                 if self._pod(record.name) is None or not self._live(self._pod(record.name) or {}):
                     self._unseen.add(record.name)
                 return
             except ApiException as error:
                 if error.status != 409 or loop.time() > deadline:
-                    raise RuntimeError(f"creating pod {record.name}: {_error(error)}") from None
+                    raise RuntimeError(f"creating pod {record.name}: {api_error(error)}") from None
             # The pod of this name before it (failed, acknowledged) is still being deleted.
-            self._changed.clear()
-            with contextlib.suppress(TimeoutError):
-                await asyncio.wait_for(self._changed.wait(), 1.0)
+            await self._until(lambda: False, 1.0, 1.0)
 
     def is_ready(self, name: str) -> bool:
         pod = self._pod(name)
@@ -402,18 +321,12 @@ class KubernetesBackend:
     async def wait_ready(self, pods: Sequence[PodStart], timeout: float) -> bool:
         """Until every pod's Ready condition is true (its TensorFlow port answers the
         kubelet's probe); False if ``timeout`` passed first."""
-        loop = asyncio.get_running_loop()
-        deadline = loop.time() + timeout
-        while True:
+
+        def ready() -> bool:
             found = [self._pod(start.record.name) for start in pods]
-            if all(pod is not None and status.ready(pod) for pod in found):
-                return True
-            left = deadline - loop.time()
-            if left <= 0:
-                return False
-            self._changed.clear()
-            with contextlib.suppress(TimeoutError):
-                await asyncio.wait_for(self._changed.wait(), min(left, 1.0))
+            return all(pod is not None and status.ready(pod) for pod in found)
+
+        return await self._until(ready, timeout, 1.0)
 
     async def resize(self, name: str, cpu: float, memory_bytes: int) -> None:
         """Resize the trainer in place through ``pods/resize``; refused (the use case then
@@ -431,7 +344,7 @@ class KubernetesBackend:
             await self.core.patch_namespaced_pod_resize(name, pod["metadata"]["namespace"], patch)
         except ApiException as error:
             raise ResizeRefused(
-                f"the API server refused the in-place resize ({error.status}): {_error(error)}"
+                f"the API server refused the in-place resize ({error.status}): {api_error(error)}"
             ) from None
 
     async def delete(self, name: str) -> None:
@@ -463,10 +376,10 @@ class KubernetesBackend:
             "metadata": {"name": name, "namespace": namespace},
         }
         try:
-            await self.core.create_namespaced_pod_eviction(name, namespace, _body(body))
+            await self.core.create_namespaced_pod_eviction(name, namespace, as_body(body))
         except ApiException as error:
             self._evicting.pop(name, None)
-            log.warning("eviction refused", pod=name, why=_error(error))
+            log.warning("eviction refused", pod=name, why=api_error(error))
 
     def adopt(self) -> list[str]:
         """The pods running now (the informer listed them at :meth:`open`)."""
@@ -489,7 +402,6 @@ class KubernetesBackend:
     async def acknowledge(self, name: str) -> None:
         """Forget a recorded end: delete what is left of the pod and its token."""
         end = self._ended.pop(name, None)
-        self._keys.pop(name, None)
         pod = self._pod(name)
         namespace = (pod or {}).get("metadata", {}).get("namespace")
         if namespace is None and end is not None:
@@ -497,15 +409,12 @@ class KubernetesBackend:
         if pod is not None and pod["metadata"].get("uid") in self._reported:
             await self._delete_pod(name, namespace, grace=0)
             await self._gone(name, pod["metadata"].get("uid", ""))
-        if self.signer is not None and namespace and name not in self.running():
-            with contextlib.suppress(ApiException):
-                await self.core.delete_namespaced_secret(
-                    manifests.token_secret_name(name), namespace
-                )
+        if self.tokens is not None and namespace and name not in self.running():
+            await self.tokens.remove(name, namespace)
 
     async def refresh_tokens(self) -> int:
         """Rewrite the job token Secret of every running pod; how many."""
-        if self.signer is None:
+        if self.tokens is None:
             return 0
         written = 0
         for pod in list(self.pods.objects.values()):
@@ -517,7 +426,7 @@ class KubernetesBackend:
             if role is None:
                 continue
             owner = self.owners(labels.get(JOB_LABEL, ""))
-            await self._write_token(
+            await self.tokens.write(
                 meta["name"], labels.get(JOB_LABEL, ""), role.value, meta["namespace"], owner
             )
             written += 1
@@ -530,41 +439,18 @@ class KubernetesBackend:
 
     async def log_tail(self, name: str, lines: int) -> list[str]:
         pod = self._pod(name)
-        if pod is None:
-            return []
-        try:
-            text = await self.core.read_namespaced_pod_log(
-                name, pod["metadata"]["namespace"], container="trainer", tail_lines=lines
-            )
-        except ApiException as error:
-            return [f"(no log: {_error(error)})"]
-        return str(text).splitlines()
+        return [] if pod is None else await self.logs.tail(name, _namespace(pod), lines)
 
     async def follow_logs(self, name: str) -> AsyncIterator[list[str]]:
         pod = self._pod(name)
-        if pod is None:
-            return
-        try:
-            response: Any = await self.core.read_namespaced_pod_log(
-                name,
-                pod["metadata"]["namespace"],
-                container="trainer",
-                follow=True,
-                since_seconds=1,
-                _preload_content=False,
-            )
-        except ApiException as error:
-            yield [f"(no log: {_error(error)})"]
-            return
-        try:
-            async for line in response.content:
-                yield [line.decode(errors="replace").rstrip("\n")]
-        finally:
-            response.release()
+        if pod is not None:
+            async for lines in self.logs.follow(name, _namespace(pod)):
+                yield lines
 
     async def close(self) -> None:
         """Stop watching; the pods keep running."""
         self._stop.set()
+        self._tasks.extend(self.node_watch.tasks)
         for task in self._tasks:
             task.cancel()
         for task in self._tasks:

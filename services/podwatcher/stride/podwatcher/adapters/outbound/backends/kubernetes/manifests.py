@@ -125,17 +125,9 @@ def _env(values: Mapping[str, str]) -> list[dict[str, str]]:
     return [{"name": key, "value": value} for key, value in values.items()]
 
 
-def pod_manifest(
-    start: PodStart,
-    template: PodTemplate,
-    namespace: str,
-    image: str = "",
-    gpus: int = 0,
-    owner: Owner | None = None,
-    token: bool = True,
+def _pod_metadata(
+    start: PodStart, template: PodTemplate, namespace: str, owner: Owner | None
 ) -> dict[str, Any]:
-    """The pod of one replica (see the module docstring); ``token``: mount the pod's job
-    token Secret (none in plain text)."""
     record = start.record
     labels = {
         **job_labels(template, record.job_id),
@@ -149,14 +141,12 @@ def pod_manifest(
         PORT_ANNOTATION: str(start.port),
         AGENT_PORT_ANNOTATION: str(start.agent_port),
     }
-    size: dict[str, str] = {
-        "cpu": quantity_cpu(record.cpu),
-        "memory": str(record.memory_bytes),
-    }
-    if gpus:
-        size[GPU_RESOURCE] = str(gpus)
-    token_file = f"{TOKEN_MOUNT}/token"
-    trainer_env = {
+    return meta
+
+
+def _trainer_env(start: PodStart, template: PodTemplate) -> dict[str, str]:
+    record = start.record
+    env = {
         "STRIDE_TRAINER_ROLE": record.role.value,
         "STRIDE_TRAINER_INDEX": str(record.index),
         "STRIDE_TRAINER_JOB_ID": record.job_id,
@@ -171,8 +161,13 @@ def pod_manifest(
         "PYTHONUNBUFFERED": "1",
     }
     if start.standby:
-        trainer_env["STRIDE_TRAINER_STANDBY"] = "true"
-    agent_env = {
+        env["STRIDE_TRAINER_STANDBY"] = "true"
+    return env
+
+
+def _agent_env(start: PodStart, template: PodTemplate) -> dict[str, str]:
+    record = start.record
+    return {
         "STRIDE_AGENT_JOB_ID": record.job_id,
         "STRIDE_AGENT_POD_NAME": record.name,
         "STRIDE_AGENT_ROLE": record.role.value,
@@ -184,42 +179,69 @@ def pod_manifest(
         "STRIDE_AGENT_LOG_LEVEL": template.log_level,
         "STRIDE_AGENT_LOG_JSON": "true",
     }
-    volumes: list[dict[str, Any]] = [{"name": "tmp", "emptyDir": {}}]
-    mounts: list[dict[str, Any]] = [{"name": "tmp", "mountPath": "/tmp"}]
+
+
+@dataclass
+class _Files:
+    """The pod's volumes, and what each container mounts and is told of them."""
+
+    volumes: list[dict[str, Any]]
+    mounts: dict[str, list[dict[str, Any]]]
+    env: dict[str, dict[str, str]]
+
+
+def _files(pod: str, template: PodTemplate, token: bool) -> _Files:
+    """/tmp, the job token Secret (``token``) and each container's TLS identity."""
+    shared: list[dict[str, Any]] = [{"name": "tmp", "mountPath": "/tmp"}]
+    files = _Files([{"name": "tmp", "emptyDir": {}}], {}, {"trainer": {}, "agent": {}})
     if token:
-        trainer_env["STRIDE_JOB_TOKEN_FILE"] = token_file
-        agent_env["STRIDE_AGENT_JOB_TOKEN_FILE"] = token_file
-        agent_env["STRIDE_AGENT_JOB_KEY_FILE"] = f"{TOKEN_MOUNT}/key"
-        volumes.append(
+        token_file = f"{TOKEN_MOUNT}/token"
+        files.env["trainer"]["STRIDE_JOB_TOKEN_FILE"] = token_file
+        files.env["agent"]["STRIDE_AGENT_JOB_TOKEN_FILE"] = token_file
+        files.env["agent"]["STRIDE_AGENT_JOB_KEY_FILE"] = f"{TOKEN_MOUNT}/key"
+        files.volumes.append(
             {
                 "name": "job-token",
-                "secret": {"secretName": token_secret_name(record.name), "defaultMode": 0o440},
+                "secret": {"secretName": token_secret_name(pod), "defaultMode": 0o440},
             }
         )
-        mounts.append({"name": "job-token", "mountPath": TOKEN_MOUNT, "readOnly": True})
-    trainer_mounts, agent_mounts = list(mounts), list(mounts)
-    for who, secret, target in (
-        ("trainer", template.trainer_tls_secret, trainer_mounts),
-        ("agent", template.agent_tls_secret, agent_mounts),
+        shared.append({"name": "job-token", "mountPath": TOKEN_MOUNT, "readOnly": True})
+    for who, secret in (
+        ("trainer", template.trainer_tls_secret),
+        ("agent", template.agent_tls_secret),
     ):
+        files.mounts[who] = list(shared)
         if secret:
-            volumes.append(
+            files.volumes.append(
                 {"name": f"{who}-tls", "secret": {"secretName": secret, "defaultMode": 0o440}}
             )
-            target.append({"name": f"{who}-tls", "mountPath": TLS_MOUNT, "readOnly": True})
-            tls = {
-                "STRIDE_TLS_CERT_FILE": f"{TLS_MOUNT}/tls.crt",
-                "STRIDE_TLS_KEY_FILE": f"{TLS_MOUNT}/tls.key",
-                "STRIDE_TLS_CA_FILE": f"{TLS_MOUNT}/ca.crt",
-            }
-            (trainer_env if who == "trainer" else agent_env).update(tls)
-    trainer = {
+            files.mounts[who].append(
+                {"name": f"{who}-tls", "mountPath": TLS_MOUNT, "readOnly": True}
+            )
+            files.env[who].update(
+                {
+                    "STRIDE_TLS_CERT_FILE": f"{TLS_MOUNT}/tls.crt",
+                    "STRIDE_TLS_KEY_FILE": f"{TLS_MOUNT}/tls.key",
+                    "STRIDE_TLS_CA_FILE": f"{TLS_MOUNT}/ca.crt",
+                }
+            )
+    return files
+
+
+def _trainer(
+    start: PodStart, template: PodTemplate, image: str, gpus: int, files: _Files
+) -> dict[str, Any]:
+    record = start.record
+    size: dict[str, str] = {"cpu": quantity_cpu(record.cpu), "memory": str(record.memory_bytes)}
+    if gpus:
+        size[GPU_RESOURCE] = str(gpus)
+    return {
         "name": "trainer",
         "image": image or template.trainer_image,
         "imagePullPolicy": template.pull_policy,
         "command": ["python", "-m", "stride.trainer"],
         "ports": [{"name": TENSORFLOW_PORT_NAME, "containerPort": start.port, "protocol": "TCP"}],
-        "env": _env(trainer_env),
+        "env": _env({**_trainer_env(start, template), **files.env["trainer"]}),
         "resources": {"requests": size, "limits": size},
         "resizePolicy": [
             {"resourceName": "cpu", "restartPolicy": "NotRequired"},
@@ -227,22 +249,40 @@ def pod_manifest(
         ],
         "readinessProbe": {"tcpSocket": {"port": start.port}, "periodSeconds": 2},
         "securityContext": _security(),
-        "volumeMounts": trainer_mounts,
+        "volumeMounts": files.mounts["trainer"],
     }
-    agent = {
+
+
+def _agent(start: PodStart, template: PodTemplate, files: _Files) -> dict[str, Any]:
+    return {
         "name": "agent",
         "image": template.agent_image,
         "imagePullPolicy": template.pull_policy,
         "command": ["python", "-m", "stride.agent"],
-        "env": _env(agent_env),
+        "env": _env({**_agent_env(start, template), **files.env["agent"]}),
         "resources": AGENT_RESOURCES,
         "securityContext": _security(),
-        "volumeMounts": agent_mounts,
+        "volumeMounts": files.mounts["agent"],
     }
+
+
+def pod_manifest(
+    start: PodStart,
+    template: PodTemplate,
+    namespace: str,
+    image: str = "",
+    gpus: int = 0,
+    owner: Owner | None = None,
+    token: bool = True,
+) -> dict[str, Any]:
+    """The pod of one replica (see the module docstring); ``token``: mount the pod's job
+    token Secret (none in plain text)."""
+    record = start.record
+    files = _files(record.name, template, token)
     return {
         "apiVersion": "v1",
         "kind": "Pod",
-        "metadata": meta,
+        "metadata": _pod_metadata(start, template, namespace, owner),
         "spec": {
             "nodeName": record.node,
             "hostname": record.name,
@@ -259,8 +299,11 @@ def pod_manifest(
                 "seccompProfile": {"type": "RuntimeDefault"},
             },
             # The agent first: the trainer talks to it from its first step.
-            "containers": [agent, trainer],
-            "volumes": volumes,
+            "containers": [
+                _agent(start, template, files),
+                _trainer(start, template, image, gpus, files),
+            ],
+            "volumes": files.volumes,
             # Stride places pods on the nodes it chose and drained ones are not among them;
             # a taint that comes later evicts them, and they are relaunched elsewhere.
             "tolerations": [],

@@ -17,18 +17,9 @@ from typing import Any
 
 from stride.podwatcher.adapters.outbound.backends.kubernetes.manifests import GPU_RESOURCE
 from stride.podwatcher.domain.nodes import NodeSpec
-from stride.vocabulary.quantities import parse_memory
+from stride.vocabulary.quantities import parse_cpu, parse_memory
 
 DRAINING_EFFECTS = frozenset({"NoSchedule", "NoExecute"})
-
-
-def parse_cpu(text: str) -> float:
-    """Cores of a CPU quantity (``32``, ``31500m``, ``0.5``); 0 for one that does not parse."""
-    value = str(text).strip()
-    try:
-        return int(value[:-1]) / 1000 if value.endswith("m") else float(value)
-    except ValueError:
-        return 0.0
 
 
 def node_spec(node: dict[str, Any]) -> NodeSpec:
@@ -37,7 +28,7 @@ def node_spec(node: dict[str, Any]) -> NodeSpec:
     gpus = str(allocatable.get(GPU_RESOURCE, "0"))
     return NodeSpec(
         name=(node.get("metadata") or {}).get("name", ""),
-        cpu=parse_cpu(allocatable.get("cpu", "0")),
+        cpu=parse_cpu(str(allocatable.get("cpu", "0"))) or 0.0,
         memory_bytes=parse_memory(str(allocatable.get("memory", "0"))) or 0,
         gpus=int(gpus) if gpus.isdigit() else 0,
     )
