@@ -17,10 +17,8 @@ import pytest
 from kubernetes_asyncio import client
 
 from stride.podwatcher.adapters.outbound.backends.base import PodEnded, PodStart, ResizeRefused
-from stride.podwatcher.adapters.outbound.backends.kubernetes.backend import (
-    KubernetesBackend,
-    close_client,
-)
+from stride.podwatcher.adapters.outbound.backends.kubernetes.api import close_client
+from stride.podwatcher.adapters.outbound.backends.kubernetes.backend import KubernetesBackend
 from stride.podwatcher.adapters.outbound.backends.kubernetes.informer import Informer
 from stride.podwatcher.adapters.outbound.backends.kubernetes.manifests import Owner, PodTemplate
 from stride.podwatcher.domain.cluster import PodPhase
