@@ -1,13 +1,15 @@
 """Commands for jobs while they run: ``stride top``, ``stride logs``, ``stride scale`` and
 ``stride wait``.
 
-They read what each service knows through its gRPC API: jobs from admission, plans from
-the optimizer, pods from the podwatcher and data progress from the dispatcher. A service
-that does not answer shows as "-" in ``top`` instead of ending the view.
+They read what each service knows through its gRPC API: jobs from admission, plans and the
+throughput of the jobs' newest step metrics from the optimizer, pods from the podwatcher and
+data progress from the dispatcher. A service that does not answer shows as "-" in ``top``
+instead of ending the view.
 """
 
 from __future__ import annotations
 
+import contextlib
 import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
@@ -31,7 +33,7 @@ from stride.api.podwatcher.v1 import podwatcher_service_pb2 as podwatcher_pb
 from stride.api.podwatcher.v1 import podwatcher_service_pb2_grpc as podwatcher_grpc
 from stride.cli import channels
 from stride.cli.endpoints import NoSuite, address
-from stride.events.v1 import optimization_pb2, plan_pb2, pod_pb2
+from stride.events.v1 import job_pb2, optimization_pb2, plan_pb2, pod_pb2
 from stride.runtime.tls import TlsConfigError
 
 T = TypeVar("T")
@@ -100,22 +102,113 @@ def _duration(seconds: float) -> str:
     return f"{hours}h{minutes:02d}m" if hours else f"{minutes}m{seconds:02d}s"
 
 
+def total_samples(spec: job_pb2.JobSpec) -> int:
+    """Samples the job trains on in all, as its termination says: ``max_steps`` global
+    batches, else ``max_epochs`` passes over its dataset (one pass when neither is set, as
+    the trainer reads it)."""
+    if spec.termination.max_steps > 0:
+        return spec.termination.max_steps * spec.batch_size
+    return max(spec.termination.max_epochs, 1) * spec.dataset.record_count
+
+
+def data_consumed(state: dispatcher_pb.GetDatasetStateResponse, spec: job_pb2.JobSpec) -> float:
+    """Samples the dispatcher's shards say are done: the epochs before the current one and
+    the done share of its shards (the whole job once the last epoch is complete)."""
+    if state.finished:
+        return float(total_samples(spec))
+    shards = state.todo + state.doing + state.done
+    within = state.done / shards if shards else 0.0
+    return (state.epoch + within) * spec.dataset.record_count
+
+
+@dataclass(frozen=True)
+class Speed:
+    """How fast a job trains and how far it is: what ``top`` shows as its progress,
+    samples/s and ETA."""
+
+    total: int
+    """Samples the job trains on in all (:func:`total_samples`)."""
+    consumed: float | None
+    """Samples done so far; None when neither the dispatcher nor the step metrics say."""
+    samples_per_second: float
+    """The job's current throughput; 0 when it is not known."""
+
+    @property
+    def done(self) -> float | None:
+        """The fraction of :attr:`total` done, or None when it is not known."""
+        if self.consumed is None or self.total <= 0:
+            return None
+        return min(self.consumed / self.total, 1.0)
+
+    @property
+    def eta_seconds(self) -> float | None:
+        """Seconds until the rest is trained at the current throughput; 0 once nothing is
+        left; None when the rest or the throughput is not known."""
+        if self.consumed is None or self.total <= 0:
+            return None
+        remaining = max(self.total - self.consumed, 0.0)
+        if remaining == 0:
+            return 0.0
+        return remaining / self.samples_per_second if self.samples_per_second > 0 else None
+
+
 @dataclass
 class Progress:
-    """What ``top`` remembers between frames to estimate throughput and ETA."""
+    """What ``top`` remembers between frames: where each job's count of consumed samples
+    stood when ``top`` first saw it. The throughput is the step metrics' own (the newest
+    window the trainer measured); a job without one (the optimizer not answering, or not
+    measuring the job's kind of plan) gets the rate of its count over the frames instead,
+    coarser since the dispatcher counts a shard at a time."""
 
-    seen: dict[str, tuple[float, float]] = field(default_factory=dict)
-    """job -> (monotonic time, fraction done) at the previous frame."""
-    rate: dict[str, float] = field(default_factory=dict)
-    """job -> fraction per second."""
+    first: dict[str, tuple[float, float]] = field(default_factory=dict)
+    """job -> (monotonic time, samples consumed) when first seen."""
+    last: dict[str, float] = field(default_factory=dict)
+    """job -> samples consumed at the previous frame."""
+
+    def rate(self, job_id: str, consumed: float, now: float) -> float:
+        """Samples per second since the job was first seen; 0 until it moved. A count that
+        went back (restored from a checkpoint) starts over."""
+        start = self.first.get(job_id)
+        if start is None or consumed < self.last.get(job_id, 0.0):
+            start = self.first[job_id] = (now, consumed)
+        self.last[job_id] = consumed
+        return (consumed - start[1]) / (now - start[0]) if now > start[0] else 0.0
 
 
-def _fraction(state: dispatcher_pb.GetDatasetStateResponse, epochs: int) -> float:
-    shards = state.todo + state.doing + state.done
-    if state.finished:
-        return 1.0
-    within = state.done / shards if shards else 0.0
-    return min((state.epoch + within) / max(epochs, 1), 1.0)
+def measure(
+    job: admission_pb.Job,
+    plan: optimizer_pb.GetPlanResponse | None,
+    data: dispatcher_pb.GetDatasetStateResponse | None,
+    progress: Progress,
+    now: float,
+) -> Speed:
+    """The job's :class:`Speed` from what the services answered (None: did not). The
+    dispatcher's shards say how far the data is; a job without a dataset there (a simulated
+    one) is as far as its step metrics count."""
+    if data is not None:
+        consumed: float | None = data_consumed(data, job.spec)
+    elif plan is not None and plan.samples_consumed > 0:
+        consumed = float(plan.samples_consumed)
+    else:
+        consumed = None
+    rate = plan.samples_per_second if plan is not None else 0.0
+    if rate <= 0 and consumed is not None:
+        rate = progress.rate(job.job_id, consumed, now)
+    return Speed(total_samples(job.spec), consumed, rate)
+
+
+def speed_cells(
+    speed: Speed, state: admission_pb.JobState.ValueType, epoch_text: str = ""
+) -> tuple[str, str, str]:
+    """The progress, samples/s and ETA cells of a job's row; an ended job has no speed."""
+    done = speed.done
+    progress_text = "-" if done is None else f"{done:.0%}{epoch_text}"
+    if state in TERMINAL:
+        return progress_text, "-", "done" if state == admission_pb.JOB_STATE_SUCCEEDED else "-"
+    rate = speed.samples_per_second
+    eta = speed.eta_seconds
+    eta_text = "-" if eta is None else "done" if eta == 0 else _duration(eta)
+    return progress_text, f"{rate:,.0f}" if rate > 0 else "-", eta_text
 
 
 def _get_plan(job_id: str) -> Callable[[grpc.Channel], optimizer_pb.GetPlanResponse]:
@@ -177,8 +270,8 @@ def frame(state_dir: Path, progress: Progress, all_jobs: bool) -> Group:
         if job.state in TERMINAL and not all_jobs:
             continue
         state_name = admission_pb.JobState.Name(job.state).removeprefix("JOB_STATE_").lower()
-        plan_text, pods_text, progress_text, rate_text, eta_text = "-", "-", "-", "-", "-"
-        stage_text = "-"
+        plan_text, pods_text, stage_text = "-", "-", "-"
+        plan: optimizer_pb.GetPlanResponse | None = None
         try:
             plan = ask(
                 "optimizer",
@@ -225,27 +318,14 @@ def frame(state_dir: Path, progress: Progress, all_jobs: bool) -> Group:
             details.append(table)
         except Unanswered:
             pass
-        try:
-            data = ask(
-                "dispatcher",
-                state_dir,
-                _get_data(job.job_id),
-            )
+        data: dispatcher_pb.GetDatasetStateResponse | None = None
+        epoch_text = ""
+        with contextlib.suppress(Unanswered):
+            data = ask("dispatcher", state_dir, _get_data(job.job_id))
             epochs = int(job.spec.termination.max_epochs or 1)
-            done = _fraction(data, epochs)
-            progress_text = f"{done:.0%} (epoch {min(data.epoch + 1, epochs)}/{epochs})"
-            previous = progress.seen.get(job.job_id)
-            if previous is not None and now > previous[0] and done >= previous[1]:
-                rate = (done - previous[1]) / (now - previous[0])
-                progress.rate[job.job_id] = 0.5 * rate + 0.5 * progress.rate.get(job.job_id, rate)
-            progress.seen[job.job_id] = (now, done)
-            rate = progress.rate.get(job.job_id, 0.0)
-            records = job.spec.dataset.record_count * epochs
-            if rate > 0:
-                rate_text = f"{rate * records:,.0f}"
-                eta_text = _duration((1.0 - done) / rate) if done < 1 else "done"
-        except Unanswered:
-            pass
+            epoch_text = f" (epoch {min(data.epoch + 1, epochs)}/{epochs})"
+        speed = measure(job, plan, data, progress, now)
+        progress_text, rate_text, eta_text = speed_cells(speed, job.state, epoch_text)
         summary.add_row(
             job.job_id,
             job.spec.user,

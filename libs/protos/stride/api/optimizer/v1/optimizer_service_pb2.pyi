@@ -52,12 +52,23 @@ class GetPlanResponse(_message.Message):
     STAGE_FIELD_NUMBER: _builtins.int
     WINDOWS_FIELD_NUMBER: _builtins.int
     DECIDING_FIELD_NUMBER: _builtins.int
+    SAMPLES_PER_SECOND_FIELD_NUMBER: _builtins.int
+    SAMPLES_CONSUMED_FIELD_NUMBER: _builtins.int
     stage: _optimization_pb2.JobStage.ValueType
     """The job's current stage."""
     windows: _builtins.int
     """Metric windows the optimizer has closed for the job (throughput samples taken)."""
     deciding: _builtins.bool
     """True while the decision on the newest closed window is still to be made."""
+    samples_per_second: _builtins.float
+    """Samples per second in the job's newest step metrics: the open metric window's rate, or
+    the newest closed window's while none is open; 0 before a window of the job's current
+    kind of plan (workers and PS) was measured.
+    """
+    samples_consumed: _builtins.int
+    """Samples the job consumed as its step metrics count them; 0 where the agents leave that
+    count to the dispatcher (training pods do: ask it for the job's dataset state).
+    """
     @_builtins.property
     def plan(self) -> _plan_pb2.ResourcePlan:
         """The newest plan."""
@@ -69,10 +80,12 @@ class GetPlanResponse(_message.Message):
         stage: _optimization_pb2.JobStage.ValueType = ...,
         windows: _builtins.int = ...,
         deciding: _builtins.bool = ...,
+        samples_per_second: _builtins.float = ...,
+        samples_consumed: _builtins.int = ...,
     ) -> None: ...
     _HasFieldArgType: _TypeAlias = _typing.Literal["plan", b"plan"]  # noqa: Y015
     def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
-    _ClearFieldArgType: _TypeAlias = _typing.Literal["deciding", b"deciding", "plan", b"plan", "stage", b"stage", "windows", b"windows"]  # noqa: Y015
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["deciding", b"deciding", "plan", b"plan", "samples_consumed", b"samples_consumed", "samples_per_second", b"samples_per_second", "stage", b"stage", "windows", b"windows"]  # noqa: Y015
     def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
     def WhichOneof(self, oneof_group: _Never) -> None: ...
 

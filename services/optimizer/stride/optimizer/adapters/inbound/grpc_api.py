@@ -13,6 +13,7 @@ import grpc
 from stride.api.optimizer.v1 import optimizer_service_pb2 as pb
 from stride.api.optimizer.v1 import optimizer_service_pb2_grpc as pb_grpc
 from stride.optimizer.adapters.convert import STAGE_TO_PROTO
+from stride.optimizer.domain.observations import Observations
 from stride.optimizer.usecases import Planning
 from stride.runtime import auth
 
@@ -27,6 +28,17 @@ ACCESS = auth.rules(
         for method in pb.DESCRIPTOR.services_by_name["OptimizerService"].methods
     },
 )
+
+
+def newest_throughput(view: Observations | None) -> float:
+    """Samples/s of the job's newest step metrics (``stride top`` shows it and its ETA from
+    it): the open window's rate, else the newest closed window's (a window just closed, or
+    a decision due: reports wait for it), 0 before any was measured."""
+    if view is None:
+        return 0.0
+    if view.window.steps:
+        return view.window.rate
+    return view.samples[-1].throughput if view.samples else 0.0
 
 
 class OptimizerApi(pb_grpc.OptimizerServiceServicer):
@@ -49,6 +61,8 @@ class OptimizerApi(pb_grpc.OptimizerServiceServicer):
             stage=STAGE_TO_PROTO[stage],
             windows=view.sample_count if view else 0,
             deciding=view is not None and view.pending >= 0,
+            samples_per_second=newest_throughput(view),
+            samples_consumed=view.consumed if view else 0,
         )
 
     async def ListPlans(
