@@ -54,7 +54,12 @@ from stride.dispatcher.domain.datasets import (
 from stride.dispatcher.domain.queue import Grant, Holder, QueueCounts, ShardRecord, ShardState
 from stride.dispatcher.domain.restoring import restored_queue
 from stride.dispatcher.domain.sharding import ROWS_PER_WRITE, OrderNotReady, Shuffle
-from stride.dispatcher.domain.stragglers import decayed_rate, judge, straggler_shard_records
+from stride.dispatcher.domain.stragglers import (
+    decayed_rate,
+    judge,
+    judged_rate,
+    straggler_shard_records,
+)
 from stride.runtime.errors import (
     AlreadyExists,
     FailedPrecondition,
@@ -657,7 +662,8 @@ class ShardDispatcher:
             return
         window = self.rate_window.total_seconds()
         since = worker.rate_at
-        # The first report measures from registration: no earlier progress to compare with.
+        # Registration sets rate_at, so the first report measures from it; a worker row
+        # registered before it did has none, and measures one window.
         elapsed = window if since is None else (now - since).total_seconds()
         rate = decayed_rate(worker.rate, records, elapsed, window)
         await repository.set_rate(session, ref.job_id, ref.worker, rate, now)
@@ -714,9 +720,11 @@ class ShardDispatcher:
         finished = queue.is_finished(
             stored.parameters, stored.epochs_created, counts.unfinished + rowless
         )
+        window = self.rate_window.total_seconds()
         return DatasetState(
             QueueCounts(epoch, counts.todo + rowless, counts.doing, counts.done_in_epoch, finished),
-            workers,
+            # The rates the straggler verdicts were judged by.
+            [replace(w, rate=judged_rate(w.rate, w.measured, window)) for w in workers],
         )
 
     async def _lock_dataset(self, session: Session, job_id: str, dataset: str) -> StoredDataset:
@@ -793,8 +801,9 @@ class ShardDispatcher:
             by_job: dict[str, list[repository.RatedWorker]] = {}
             for worker in rated:
                 by_job.setdefault(worker.job_id, []).append(worker)
+            window = self.rate_window.total_seconds()
             for job_id, members in by_job.items():
-                rates = {w.worker: w.rate for w in members}
+                rates = {w.worker: judged_rate(w.rate, w.measured, window) for w in members}
                 stragglers = judge(rates, {w.worker for w in members if w.straggler})
                 for worker in members:
                     verdict = worker.worker in stragglers
@@ -804,18 +813,19 @@ class ShardDispatcher:
                         session, job_id, worker.worker, worker.incarnation, verdict
                     ):
                         continue
+                    rate = rates[worker.worker]
                     median = statistics.median(r for w, r in rates.items() if w != worker.worker)
                     log.warning(
                         "straggler detected" if verdict else "straggler recovered",
                         job_id=job_id,
                         worker=worker.worker,
-                        rate=round(worker.rate, 3),
+                        rate=round(rate, 3),
                         peer_median_rate=round(median, 3),
                     )
                     if not verdict:
                         continue
                     flagged.append((job_id, worker.worker))
-                    message = straggler_detected(job_id, worker.worker, worker.rate, median, now)
+                    message = straggler_detected(job_id, worker.worker, rate, median, now)
                     await self.outbox.add_event(
                         session,
                         topics.STRAGGLER_DETECTED.outgoing(

@@ -9,7 +9,12 @@ shard with fewer batches ("scaling down from a shard with 256 batches to one wit
 Neither paper gives a number for "significantly", so the rule here is ours:
 
 * each worker's rate is records reported per second, decayed over ``window`` seconds
-  (:func:`decayed_rate`), so a rate follows a change within about one window;
+  (:func:`decayed_rate`), so a rate follows a change within about one window. It starts
+  at zero when the worker registers (its first GetShard), and the part of its weight that
+  zero still holds is taken out before it is judged (:func:`judged_rate`): a worker that
+  joins a running job (a scale-out, a replaced pod) is compared at its real pace. Without
+  that, with reports every third of a window a newcomer was first judged at about 0.6 of
+  its pace, and one joining a running job at its peers' pace was flagged;
 * a worker is a straggler when its rate is below ``STRAGGLER_RATIO`` (one half) of the
   median rate of its peers, judged only with at least ``MIN_PEERS`` peers (the median of
   one peer is that peer, which says nothing about who is slow);
@@ -47,6 +52,21 @@ def decayed_rate(previous: float, records: int, elapsed: float, window: float) -
         return previous + records / window
     weight = 1.0 - math.exp(-elapsed / window)
     return previous * (1.0 - weight) + (records / elapsed) * weight
+
+
+def judged_rate(rate: float, measured: float, window: float) -> float:
+    """The rate a worker is judged by: ``rate``, decayed from zero since registration over
+    ``measured`` seconds of reports (its last report's time less its registration's),
+    divided by the weight those reports have in it, ``1 - exp(-measured / window)``.
+
+    The bias correction of an exponentially weighted average that starts at zero: a worker
+    reporting ``r`` records a second from its registration on is judged at ``r`` however
+    recently it registered, not at ``r`` times that weight. After a few windows the weight
+    is one and nothing changes.
+    """
+    if measured <= 0:
+        return rate
+    return rate / (1.0 - math.exp(-measured / window))
 
 
 def judge(rates: Mapping[str, float], current: Set[str]) -> set[str]:

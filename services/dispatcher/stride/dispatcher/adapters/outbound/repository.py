@@ -17,7 +17,7 @@ from __future__ import annotations
 
 import sqlite3
 from collections.abc import Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from datetime import UTC, datetime
 from typing import Any
 
@@ -468,10 +468,13 @@ class RatedWorker:
     incarnation: int
     rate: float
     straggler: bool
+    measured: float = 0.0
+    """Seconds from its registration to its last report (the rate's history)."""
 
 
 async def rated_workers(session: AsyncSession, warm_since: datetime) -> list[RatedWorker]:
-    """Active workers that reported progress and registered before ``warm_since``."""
+    """Active workers that reported progress (a rate above zero: reports of no records do
+    not count) and registered before ``warm_since``."""
     rows = (
         await session.execute(
             select(
@@ -480,16 +483,37 @@ async def rated_workers(session: AsyncSession, warm_since: datetime) -> list[Rat
                 workers.c.incarnation,
                 workers.c.rate,
                 workers.c.straggler,
+                workers.c.registered_at,
+                workers.c.rate_at,
             )
             .where(
                 workers.c.lost.is_(False),
+                workers.c.rate > 0,
                 workers.c.rate_at.is_not(None),
                 workers.c.registered_at <= warm_since,
             )
             .order_by(workers.c.job_id, workers.c.worker)
         )
     ).all()
-    return [RatedWorker(r.job_id, r.worker, r.incarnation, r.rate, r.straggler) for r in rows]
+    return [
+        RatedWorker(
+            r.job_id,
+            r.worker,
+            r.incarnation,
+            r.rate,
+            r.straggler,
+            _measured(r.registered_at, r.rate_at),
+        )
+        for r in rows
+    ]
+
+
+def _measured(registered_at: datetime | None, rate_at: datetime | None) -> float:
+    """Seconds from registration to the last report (0: unknown)."""
+    since, until = _aware(registered_at), _aware(rate_at)
+    if since is None or until is None:
+        return 0.0
+    return max((until - since).total_seconds(), 0.0)
 
 
 async def set_straggler(
@@ -628,12 +652,25 @@ async def replace_shards(
 async def bump_incarnation(
     session: AsyncSession, job_id: str, worker: str, at: datetime
 ) -> int | None:
-    """Give a known worker its next incarnation (clearing ``lost``); None if unknown."""
+    """Give a known worker its next incarnation (clearing ``lost``); None if unknown.
+
+    The new incarnation is a new process, perhaps on another node, so it starts afresh, as
+    a first registration does: no straggler verdict, and a rate of zero measured from now.
+    Kept, the old verdict cut its shards through the warm-up window, in which it cannot be
+    judged, and the old rate's time made its first report measure the restart's gap as
+    progress at the old pace, so a fast new process came out a straggler again (and the
+    optimizer was told so)."""
     result = await session.execute(
         update(workers)
         .where(workers.c.job_id == job_id, workers.c.worker == worker)
         .values(
-            incarnation=workers.c.incarnation + 1, lost=False, registered_at=at, last_seen_at=at
+            incarnation=workers.c.incarnation + 1,
+            lost=False,
+            registered_at=at,
+            last_seen_at=at,
+            straggler=False,
+            rate=0.0,
+            rate_at=at,
         )
     )
     if result.rowcount == 0:  # type: ignore[attr-defined]
@@ -649,7 +686,9 @@ async def bump_incarnation(
 
 
 async def insert_worker(session: AsyncSession, job_id: str, worker: str, at: datetime) -> None:
-    """Register a worker for the first time, as incarnation 1."""
+    """Register a worker for the first time, as incarnation 1, with a rate of zero measured
+    from now (its first report's rate is measured from its registration, see
+    ``stragglers.judged_rate``)."""
     await session.execute(
         workers.insert().values(
             job_id=job_id,
@@ -658,6 +697,8 @@ async def insert_worker(session: AsyncSession, job_id: str, worker: str, at: dat
             lost=False,
             registered_at=at,
             last_seen_at=at,
+            rate=0.0,
+            rate_at=at,
         )
     )
 
@@ -737,6 +778,8 @@ class WorkerShards:
     records_consumed: int
     rate: float = 0.0
     straggler: bool = False
+    measured: float = 0.0
+    """Seconds from its registration to its last report (see :class:`RatedWorker`)."""
 
 
 async def worker_shards(
@@ -749,12 +792,23 @@ async def worker_shards(
     """
     active = (
         await session.execute(
-            select(workers.c.worker, workers.c.rate, workers.c.straggler)
+            select(
+                workers.c.worker,
+                workers.c.rate,
+                workers.c.straggler,
+                workers.c.registered_at,
+                workers.c.rate_at,
+            )
             .where(workers.c.job_id == job_id, workers.c.lost.is_(False))
             .order_by(workers.c.worker)
         )
     ).all()
-    by_worker = {w.worker: WorkerShards(w.worker, [], 0, w.rate, w.straggler) for w in active}
+    by_worker = {
+        w.worker: WorkerShards(
+            w.worker, [], 0, w.rate, w.straggler, _measured(w.registered_at, w.rate_at)
+        )
+        for w in active
+    }
     rows = (
         await session.execute(
             select(
@@ -778,10 +832,7 @@ async def worker_shards(
             entry.shard_ids.append(row.shard_id)
         if row.epoch == epoch:
             consumed[row.worker] = consumed.get(row.worker, 0) + row.consumed
-    return [
-        WorkerShards(w.worker, w.shard_ids, consumed.get(w.worker, 0), w.rate, w.straggler)
-        for w in by_worker.values()
-    ]
+    return [replace(w, records_consumed=consumed.get(w.worker, 0)) for w in by_worker.values()]
 
 
 @dataclass(frozen=True)
