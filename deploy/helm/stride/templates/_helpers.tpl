@@ -238,6 +238,9 @@ Call with (list $ "admission").
 {{- /* Warm starts come from the config DB's similar finished jobs. */}}
 - name: STRIDE_OPTIMIZER_CONFIGDB_ADDRESS
   value: {{ printf "%s:50054" (include "stride.componentName" (list $root "configdb")) | quote }}
+{{- /* A plan beyond a job's share is asked of admission (its RequestShare). */}}
+- name: STRIDE_OPTIMIZER_ADMISSION_ADDRESS
+  value: {{ printf "%s:50051" (include "stride.componentName" (list $root "admission")) | quote }}
 {{- with ($root.Values.optimizer).clusterCapacity }}
 - name: STRIDE_OPTIMIZER_CLUSTER_CPU
   value: {{ .cpu | quote }}

@@ -552,6 +552,12 @@ def explain(job_id: str, state_dir: StateDir = DEFAULT_STATE_DIR) -> None:
         for event in held:
             moment = event.created_at.ToDatetime().strftime("%H:%M:%S")
             console.print(f"  {moment}  {_printable(event.detail)}", highlight=False)
+    stragglers = [e for e in events if e.root_cause == optimization_pb2.ROOT_CAUSE_STRAGGLER]
+    if stragglers:
+        console.print("stragglers (the dispatcher gives them smaller shards):")
+        for event in stragglers:
+            moment = event.created_at.ToDatetime().strftime("%H:%M:%S")
+            console.print(f"  {moment}  {_printable(event.detail)}", highlight=False)
 
 
 def _explanation_lines(why: optimizer_pb.PlanExplanation) -> list[str]:

@@ -305,6 +305,8 @@ class Supervisor:
             # And a job no bigger than the four virtual nodes (default_local_nodes) hold.
             env.setdefault(f"{prefix}MAX_JOB_CPU", str(4 * (os.cpu_count() or 1)))
             env[f"{prefix}CONFIGDB_ADDRESS"] = f"127.0.0.1:{ports['configdb']}"
+            # A plan beyond a job's share is asked of admission (its RequestShare).
+            env[f"{prefix}ADMISSION_ADDRESS"] = f"127.0.0.1:{ports['admission']}"
         if service == "admission":
             # A job that declares no profile is planned on what similar jobs measured.
             env[f"{prefix}CONFIGDB_ADDRESS"] = f"127.0.0.1:{ports['configdb']}"

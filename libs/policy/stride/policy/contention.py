@@ -38,6 +38,7 @@ from __future__ import annotations
 import math
 from collections.abc import Iterable
 from dataclasses import dataclass, replace
+from typing import Generic, Protocol, TypeVar
 
 from stride.policy.errors import PolicyError
 from stride.policy.selection import (
@@ -119,6 +120,87 @@ class Claim:
         )
 
 
+@dataclass(frozen=True)
+class ShareRequest:
+    """A claim as admission decides it (DESIGN: "when the optimizer wants more, it says so,
+    and admission decides"): the job's whole plans in cores and GiB, chief and data workers
+    included, since admission counts what pods hold, not what the stage step sizes. The
+    optimizer makes it of its claim (:meth:`of`) and the simulator of its own, and both
+    are decided by :func:`answer` and :func:`settle`, the same functions."""
+
+    job_id: str
+    held_cpu: float
+    """Cores the job's pods hold now (0 while it waits for its request, pods released)."""
+    held_memory_gib: float
+    wanted_cpu: float
+    wanted_memory_gib: float
+    throughput_now: float
+    throughput_wanted: float
+    remaining_samples: float
+    pause_seconds: float
+    safety: bool = False
+    cause: str = ""
+
+    def __post_init__(self) -> None:
+        for name in (
+            "held_cpu",
+            "held_memory_gib",
+            "wanted_cpu",
+            "wanted_memory_gib",
+            "throughput_now",
+            "throughput_wanted",
+            "remaining_samples",
+            "pause_seconds",
+        ):
+            value = getattr(self, name)
+            if not math.isfinite(value) or value < 0:
+                raise InvalidClaim(name, f"must be a finite number >= 0, got {value!r}")
+
+    @classmethod
+    def of(
+        cls, claim: Claim, other_cpu: float = 0.0, other_memory_gib: float = 0.0
+    ) -> ShareRequest:
+        """``claim`` with ``other_cpu`` cores and ``other_memory_gib`` GiB of pods outside
+        its PS and workers (a chief, data workers), which it keeps as they are."""
+        return cls(
+            job_id=claim.job_id,
+            held_cpu=claim.held.cpu + other_cpu,
+            held_memory_gib=claim.held.memory_gib + other_memory_gib,
+            wanted_cpu=claim.wanted.cpu + other_cpu,
+            wanted_memory_gib=claim.wanted.memory_gib + other_memory_gib,
+            throughput_now=claim.throughput_now,
+            throughput_wanted=claim.throughput_wanted,
+            remaining_samples=claim.remaining_samples,
+            pause_seconds=claim.pause_seconds,
+            safety=claim.safety,
+            cause=claim.cause,
+        )
+
+    def holding(self, cpu: float, memory_gib: float) -> ShareRequest:
+        """The same request from a job that now holds ``cpu`` cores and ``memory_gib`` GiB
+        (its pods released while it waits, say)."""
+        return replace(self, held_cpu=cpu, held_memory_gib=memory_gib)
+
+    @property
+    def extra_cpu(self) -> float:
+        return self.wanted_cpu - self.held_cpu
+
+    @property
+    def extra_memory_gib(self) -> float:
+        return self.wanted_memory_gib - self.held_memory_gib
+
+    def candidate(self) -> Candidate:
+        """The request as the weighted greedy's candidate (eq. 7, 8, 11)."""
+        return _candidate(
+            self.extra_cpu,
+            self.extra_memory_gib,
+            self.throughput_now,
+            self.throughput_wanted,
+            self.remaining_samples,
+            self.pause_seconds,
+        )
+
+
 def growth_candidate(
     held: Pods,
     wanted: Pods,
@@ -131,13 +213,31 @@ def growth_candidate(
     and GiB as resources, eq. 8's throughput gain over the horizon (the pause costs the new
     speed for its length), eq. 7's cost of the increments (a move that frees as much as it
     takes is priced at the smallest unit, so eq. 11 stays defined)."""
+    return _candidate(
+        float(wanted.cpu - held.cpu),
+        float(wanted.memory_gib - held.memory_gib),
+        speed_now,
+        speed_wanted,
+        remaining_samples,
+        pause_seconds,
+    )
+
+
+def _candidate(
+    extra_cpu: float,
+    extra_memory: float,
+    speed_now: float,
+    speed_wanted: float,
+    remaining_samples: float,
+    pause_seconds: float,
+) -> Candidate:
+    """:func:`growth_candidate` of a move that adds ``extra_cpu`` cores and
+    ``extra_memory`` GiB."""
     horizon = (
         min(HORIZON_SECONDS, remaining_samples / speed_now) if speed_now > 0 else HORIZON_SECONDS
     )
     horizon = max(horizon, 1.0)
     gain = (speed_wanted - speed_now) - speed_wanted * min(pause_seconds, horizon) / horizon
-    extra_cpu = float(wanted.cpu - held.cpu)
-    extra_memory = float(wanted.memory_gib - held.memory_gib)
     extra_cost = extra_cpu + GIB_PRICE * extra_memory
     return Candidate(
         resources=(max(0.0, extra_cpu), max(0.0, extra_memory)),
@@ -187,11 +287,34 @@ def claim_of(job_id: str, request: StageRequest, reply: StageReply) -> Claim | N
     )
 
 
+class Contender(Protocol):
+    """What :func:`settle` reads of a claim or a share request."""
+
+    @property
+    def job_id(self) -> str: ...
+    @property
+    def safety(self) -> bool: ...
+    @property
+    def throughput_now(self) -> float: ...
+    @property
+    def throughput_wanted(self) -> float: ...
+    @property
+    def remaining_samples(self) -> float: ...
+    @property
+    def extra_cpu(self) -> float: ...
+    @property
+    def extra_memory_gib(self) -> float: ...
+    def candidate(self) -> Candidate: ...
+
+
+C = TypeVar("C", bound=Contender)
+
+
 @dataclass(frozen=True)
-class Grant:
+class Grant(Generic[C]):
     """A claim the settlement took."""
 
-    claim: Claim
+    claim: C
     rank: int
     """1 for the first taken."""
     score: float
@@ -200,11 +323,11 @@ class Grant:
 
 
 @dataclass(frozen=True)
-class Settlement:
+class Settlement(Generic[C]):
     """What one settlement granted, and what it left open."""
 
-    granted: tuple[Grant, ...]
-    left: tuple[Claim, ...]
+    granted: tuple[Grant[C], ...]
+    left: tuple[C, ...]
     free_cpu: float
     """Cores free after the grants."""
     free_memory_gib: float
@@ -217,11 +340,11 @@ def _check_free(free_cpu: float, free_memory_gib: float) -> None:
 
 
 def settle(
-    claims: Iterable[Claim],
+    claims: Iterable[C],
     free_cpu: float,
     free_memory_gib: float,
     rho: float = DEFAULT_RHO,
-) -> Settlement:
+) -> Settlement[C]:
     """Grant the open claims that fit in the free capacity: safety claims first (shortest
     remaining time first), then the weighted greedy over the rest (module docstring).
     Every grant's increments fit in what is free when it is taken; what a shrinking claim
@@ -235,16 +358,16 @@ def settle(
             raise InvalidClaim("claims", f"two claims of job {claim.job_id!r}")
         seen.add(claim.job_id)
     cpu, memory = free_cpu, free_memory_gib
-    granted: list[Grant] = []
+    granted: list[Grant[C]] = []
     taken: set[str] = set()
 
-    def fits(claim: Claim) -> bool:
+    def fits(claim: C) -> bool:
         return (
             max(0.0, claim.extra_cpu) <= cpu + _EPS
             and max(0.0, claim.extra_memory_gib) <= memory + _EPS
         )
 
-    def take(claim: Claim, score: float, why: str) -> None:
+    def take(claim: C, score: float, why: str) -> None:
         nonlocal cpu, memory
         cpu -= max(0.0, claim.extra_cpu)
         memory -= max(0.0, claim.extra_memory_gib)
@@ -284,6 +407,52 @@ def settle(
                 )
     left = tuple(c for c in pending if c.job_id not in taken)
     return Settlement(tuple(granted), left, cpu, memory)
+
+
+@dataclass(frozen=True)
+class Answer:
+    """Admission's answer to a share request (:func:`answer`)."""
+
+    granted: bool
+    queued: bool
+    """Refused for now and kept: decided again (by :func:`settle`) when capacity frees."""
+    reason: str
+
+
+def answer(
+    request: ShareRequest,
+    free_cpu: float,
+    free_memory_gib: float,
+    capacity_cpu: float,
+    capacity_memory_gib: float,
+) -> Answer:
+    """Decide one share request on arrival: granted when its increments fit in what is
+    free (the settlement of it alone: a growth whose gain does not pay is not granted),
+    refused for good when the whole cluster could not hold the wanted plan, else queued
+    until capacity frees. The live admission service and the simulator both call this."""
+    kind = "the OOM fix" if request.safety else "the growth"
+    need = (
+        f"{kind} needs {max(request.extra_cpu, 0):g} more cores and "
+        f"{max(request.extra_memory_gib, 0):g} more GiB"
+    )
+    if (
+        request.wanted_cpu > capacity_cpu + _EPS
+        or request.wanted_memory_gib > capacity_memory_gib + _EPS
+    ):
+        return Answer(
+            False,
+            False,
+            f"refused: the plan needs {request.wanted_cpu:g} cores and "
+            f"{request.wanted_memory_gib:g} GiB, more than the cluster's {capacity_cpu:g} "
+            f"cores and {capacity_memory_gib:g} GiB",
+        )
+    settlement = settle([request], free_cpu, free_memory_gib)
+    free = f"{max(free_cpu, 0):g} cores and {max(free_memory_gib, 0):g} GiB are free"
+    if settlement.granted:
+        return Answer(True, False, f"granted: {need}, {free}")
+    if request.extra_cpu <= free_cpu + _EPS and request.extra_memory_gib <= free_memory_gib + _EPS:
+        return Answer(False, False, f"refused: {need} and {free}, but its gain does not pay")
+    return Answer(False, True, f"queued: {need}, {free}; decided again when capacity frees")
 
 
 # --- Shares -----------------------------------------------------------------------------

@@ -115,7 +115,7 @@ import numpy as np
 
 from stride.policy import stages
 from stride.policy.cold_start import JobFeatures
-from stride.policy.contention import Claim, claim_of, settle
+from stride.policy.contention import Claim, ShareRequest, answer, claim_of, settle
 from stride.policy.stages import (
     ALMOST_BEST_FRACTION,
     GRID_WORKERS,
@@ -908,6 +908,10 @@ class _Job:
     hot: float = 1.0
     speed_factor: float = 1.0
     oom_kills: int = 0
+    waiting: bool = False
+    """Its OOM fix was queued (no room for it): its pods are released and it makes no
+    progress until the fix is granted, rather than being killed again (the live optimizer
+    suspends the job the same way)."""
     start: float | None = None
     end: float | None = None
     failed: bool = False
@@ -1016,7 +1020,7 @@ class _Env:
 
     # accounting
     def _advance(self, job: _Job, now: float) -> None:
-        if job.pods is None:
+        if job.pods is None or job.waiting:
             job.last = now
             return
         dt = now - job.last
@@ -1250,24 +1254,50 @@ class _Env:
         self._try_start()
         self._settle()
 
+    def _request(self, claim: Claim) -> ShareRequest:
+        """``claim`` as admission decides it: from nothing held while its job waits."""
+        request = ShareRequest.of(claim)
+        return request.holding(0.0, 0.0) if self.jobs[int(claim.job_id)].waiting else request
+
     def _settle(self) -> None:
-        """Grant the open claims that now fit, by the weighted greedy (contention.settle).
-        Jobs waiting for their first pods come first: while one waits, freed capacity is
-        theirs and no claim is settled (a running job's growth never starves a new job)."""
-        if not self.claims or self.queue:
+        """Grant the open claims that now fit, by the weighted greedy (contention.settle),
+        as admission settles its queued share requests. Jobs waiting for their first pods
+        come before growth: while one waits, freed capacity is theirs and only OOM fixes
+        are settled (a running job's growth never starves a new job, and a job waiting for
+        its OOM fix is never starved into failure)."""
+        claims = [c for c in self.claims.values() if c.safety or not self.queue]
+        if not claims:
             return
         settlement = settle(
-            self.claims.values(), self.cpus - self.used_cpu, self.mem - self.used_mem
+            [self._request(c) for c in claims], self.cpus - self.used_cpu, self.mem - self.used_mem
         )
         for grant in settlement.granted:
             job = self.jobs[int(grant.claim.job_id)]
-            del self.claims[job.spec.job_id]
+            claim = self.claims.pop(job.spec.job_id)
             # A claim is dropped whenever its job's pods change or it ends.
-            assert job.end is None and job.pods == grant.claim.held
+            assert job.end is None and job.pods == claim.held
             self._advance(job, self.sim.now)
-            self._set_pods(job, grant.claim.wanted, grant.claim.pause_seconds)
+            pause = claim.pause_seconds
+            if job.waiting:  # back from nothing: its pods start again
+                job.waiting = False
+                self.used_cpu += claim.held.cpu
+                self.used_mem += claim.held.memory_gib
+                job.paused_until = self.sim.now
+                pause = RESTART_SECONDS
+            self._set_pods(job, claim.wanted, pause)
             self.scaling_events += 1
             self.granted += 1
+
+    def _wait_for_memory(self, job: _Job) -> None:
+        """The job's OOM fix was queued: release its pods, and void its pending completion
+        and failures, until :meth:`_settle` grants the fix."""
+        assert job.pods is not None
+        self._advance(job, self.sim.now)
+        job.waiting = True
+        job.version += 1
+        self.used_cpu -= job.pods.cpu
+        self.used_mem -= job.pods.memory_gib
+        self._try_start()
 
     def _apply(self, job: _Job, decision: Decision) -> None:
         assert job.pods is not None
@@ -1300,7 +1330,18 @@ class _Env:
                     self._settle()
                 return
             if decision.claim is not None:
-                self.claims[job.spec.job_id] = decision.claim
+                verdict = answer(
+                    self._request(decision.claim),
+                    self.cpus - self.used_cpu,
+                    self.mem - self.used_mem,
+                    self.cpus,
+                    self.mem,
+                )
+                if verdict.queued:
+                    self.claims[job.spec.job_id] = decision.claim
+                    if decision.claim.safety:
+                        self._wait_for_memory(job)
+                        return
         if changed:
             job.paused_until = max(job.paused_until, self.sim.now + pause)
             self.scaling_events += 1
@@ -1354,6 +1395,9 @@ class _Env:
         if event.kind == EventKind.TIMER:
             self._advance(job, sim.now)
             assert job.pods is not None
+            if job.waiting:  # no progress, nothing to measure
+                sim.schedule(sim.now + self.tick, EventKind.TIMER, job.spec.job_id, None)
+                return
             if sim.now >= job.paused_until + SAMPLE_SECONDS and job.rate > 0:
                 noise = self._noise(job)
                 _keep_sample(job, (job.pods, job.rate * noise))

@@ -10,13 +10,18 @@ from pathlib import Path
 import structlog
 import yaml
 
-from stride.admission.adapters.inbound.bus_handlers import FinishedHandler, InventoryHandler
+from stride.admission.adapters.inbound.bus_handlers import (
+    FinishedHandler,
+    InventoryHandler,
+    PlanHandler,
+)
 from stride.admission.adapters.inbound.grpc_api import ACCESS, AdmissionApi, ReplayClockApi
 from stride.admission.adapters.outbound.history import ConfigDbRuns
 from stride.admission.db.tables import outbox as outbox_table
 from stride.admission.domain.gputree import GpuTree
 from stride.admission.domain.quotas import Quota, quotas_from_config
 from stride.admission.settings import AdmissionSettings
+from stride.admission.share_requests import ShareRequests
 from stride.admission.usecases import Clock, Cluster, SteppedClock, Submissions, wall_clock
 from stride.api.admission.v1 import admission_service_pb2, admission_service_pb2_grpc
 from stride.bus import topics
@@ -58,8 +63,9 @@ async def build(settings: AdmissionSettings) -> ServiceHost:
         history,
         settings.default_max_active_jobs,
     )
+    requests = ShareRequests(submissions)
     admission_service_pb2_grpc.add_AdmissionServiceServicer_to_server(
-        AdmissionApi(submissions, submission_rate(settings)), host.server.server
+        AdmissionApi(submissions, submission_rate(settings), requests), host.server.server
     )
     if settings.replay_stepped:
         admission_service_pb2_grpc.add_ReplayClockServiceServicer_to_server(
@@ -82,6 +88,13 @@ async def build(settings: AdmissionSettings) -> ServiceHost:
         topics.JOB_FINISHED,
         durable="admission-finished",
         handler=FinishedHandler(submissions),
+    )
+    consume(
+        host,
+        bus,
+        topics.PLAN,
+        durable="admission-plans",
+        handler=PlanHandler(requests),
     )
     if settings.capacity_source == "nodes":
         consume(

@@ -20,6 +20,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import hashlib
+import math
 import time
 import uuid
 from collections.abc import AsyncIterator, Callable, Mapping, Sequence
@@ -68,7 +69,7 @@ from stride.events.v1 import auth_pb2, cluster_pb2, job_pb2
 from stride.policy.elasticflow.curves import ScalingCurve
 from stride.policy.elasticflow.guarantees import SCALING_PAUSE_SECONDS, SLOT_SECONDS
 from stride.policy.elasticflow.priorities import HIGH, LOW, NORMAL
-from stride.policy.elasticflow.units import CpuUnit, JobCurve, cpu_capacity
+from stride.policy.elasticflow.units import GIB, CpuUnit, JobCurve, cpu_capacity
 from stride.policy.warm_start import MeasuredRun
 from stride.runtime.errors import (
     AlreadyExists,
@@ -282,6 +283,39 @@ def _settle(arrival: _Arrival, outcome: StoredJob | BaseException) -> None:
         arrival.done.set_result(outcome)
 
 
+GRANTED, QUEUED, REFUSED = "granted", "queued", "refused"
+"""States of a share request (``stride.admission.share_requests``)."""
+
+
+class CapacityFreed(Protocol):
+    """Settles the queued share requests after capacity freed, in the caller's transaction."""
+
+    async def __call__(self, session: Any, pool: Pool, reason: str, moment: datetime) -> int: ...
+
+
+def _granted_floor(
+    share: job_pb2.JobShare,
+    request: repository.StoredRequest | None,
+    holding: repository.Holding | None,
+) -> None:
+    """Raise a running job's ``share`` to what its granted share request wanted
+    (``JobShare.granted``) and to what its plan holds: a round that divides the units anew
+    never orders a plan below its pods' memory, which no shrink can cut."""
+    if holding is not None:
+        share.share.cpu = max(share.share.cpu, holding.cpu)
+        share.share.memory_bytes = max(
+            share.share.memory_bytes, math.ceil(holding.memory_gib * GIB)
+        )
+    if request is None or request.state != GRANTED:
+        return
+    cpu = float(request.request["wanted_cpu"])
+    memory = math.ceil(float(request.request["wanted_memory_gib"]) * GIB)
+    share.granted.cpu = cpu
+    share.granted.memory_bytes = memory
+    share.share.cpu = max(share.share.cpu, cpu)
+    share.share.memory_bytes = max(share.share.memory_bytes, memory)
+
+
 class Submissions:
     """Submits, decides and ends jobs against the database, outbox and policy."""
 
@@ -326,6 +360,9 @@ class Submissions:
         self._arrivals: list[_Arrival] = []
         """Submissions waiting for the group commit, oldest first."""
         self._committer: asyncio.Task[None] | None = None
+        self.capacity_freed: CapacityFreed | None = None
+        """Settles the queued share requests when a job ends (``stride.admission.
+        share_requests``); None: none are taken."""
 
     async def submit(
         self, spec: job_pb2.JobSpec, request_id: str, submitter: Submitter | None = None
@@ -546,6 +583,26 @@ class Submissions:
             except BaseException:
                 self._pools.clear()
                 raise
+
+    def changing(self) -> contextlib.AbstractAsyncContextManager[None]:
+        """:meth:`_changing`, for the share requests' steps."""
+        return self._changing()
+
+    async def pool(self, kind: ResourceKind) -> Pool:
+        """:meth:`_pool`, for the share requests' steps."""
+        return await self._pool(kind)
+
+    async def publish_shares(
+        self,
+        session: Any,
+        kind: ResourceKind,
+        pool: Pool,
+        changed: dict[str, int],
+        reason: str,
+        moment: datetime,
+    ) -> None:
+        """:meth:`_publish_shares`, for the share requests' steps."""
+        await self._publish_shares(session, kind, pool, changed, reason, moment)
 
     async def _curve(self, job_id: str, message: job_pb2.JobSpec) -> JobCurve | None:
         """The job's scaling curve: its own (declared profile, known model), else for a CPU
@@ -797,6 +854,13 @@ class Submissions:
         admitted: list[tuple[str, Entry, job_pb2.JobShare]] = []
         preempted: list[tuple[str, Entry, str]] = []
         notes = pool.notes
+        cpu_pool = kind is ResourceKind.CPU
+        granted = (
+            {row.job_id: row for row in await repository.requests_in(session, [GRANTED])}
+            if cpu_pool
+            else {}
+        )
+        holdings = await repository.all_holdings(session) if cpu_pool else {}
         for job_id in changed:
             entry = pool.entries.get(job_id)
             if entry is None:
@@ -807,15 +871,23 @@ class Submissions:
                 job_id=job_id,
                 version=version,
                 share=share_to_proto(
-                    self._share(kind, entry.curve, entry.units, pool.headroom.get(job_id, 0))
+                    self._share(
+                        kind,
+                        entry.curve,
+                        entry.units,
+                        pool.headroom.get(job_id, 0) + pool.granted.get(job_id, 0),
+                    )
                 ),
                 headroom_units=pool.headroom.get(job_id, 0),
+                granted_units=pool.granted.get(job_id, 0),
                 minimum=share_to_proto(self._share(kind, entry.curve, minimum.get(job_id, 0))),
                 units=entry.units,
                 guaranteed=job_id in minimum,
                 reason=why,
                 decided_at=timestamp(moment),
             )
+            if entry.units:
+                _granted_floor(share, granted.get(job_id), holdings.get(job_id))
             tree = self._trees.get(kind)
             if tree is not None:
                 for node, index in tree.where(pool.devices(job_id)):
@@ -1070,9 +1142,12 @@ class Submissions:
             pool.clock = max(pool.clock, row.last_update)
             devices = _devices_of(row.share, tree)
             headroom = int(row.share.headroom_units) if row.share is not None else 0
-            pool.published[row.job_id] = (row.units, devices, headroom)
+            granted = int(row.share.granted_units) if row.share is not None else 0
+            pool.published[row.job_id] = (row.units, devices, headroom + granted)
             if headroom:
                 pool.headroom[row.job_id] = headroom
+            if granted:
+                pool.granted[row.job_id] = granted
             if pool.placements is not None and devices and len(devices) == row.units:
                 pool.placements.placed[row.job_id] = devices
         self._pools[kind] = pool
@@ -1087,13 +1162,19 @@ class Submissions:
         left, if it was in one."""
         kind = spec_from_proto(job.spec).kind
         pool = await self._pool(kind)
+        await repository.forget_requests(session, job.job_id)
+        freed = self.capacity_freed if kind is ResourceKind.CPU else None
         if job.job_id not in pool.entries:
+            if freed is not None:  # a job without a share held its plan all the same
+                await freed(session, pool, reason, moment)
             return None
         now = moment.timestamp()
         pool.leave(now, job.job_id)
         self._versions.pop(job.job_id, None)
         changed = pool.round(now)
         await self._publish_shares(session, kind, pool, changed, reason, moment)
+        if freed is not None:
+            await freed(session, pool, reason, moment)
         return kind, pool
 
     async def inventory(self, event: cluster_pb2.NodeInventory) -> None:

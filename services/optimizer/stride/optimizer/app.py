@@ -16,11 +16,14 @@ from stride.optimizer.adapters.inbound.bus_handlers import (
     ShareHandler,
 )
 from stride.optimizer.adapters.inbound.grpc_api import ACCESS, OptimizerApi
+from stride.optimizer.adapters.inbound.straggler_events import StragglerHandler
+from stride.optimizer.adapters.outbound.admission import AdmissionShares
 from stride.optimizer.adapters.outbound.history import ConfigDbHistory
 from stride.optimizer.db.tables import outbox as outbox_table
 from stride.optimizer.domain.observations import WindowRule
 from stride.optimizer.domain.tuning import search_space
 from stride.optimizer.settings import OptimizerSettings
+from stride.optimizer.stragglers import StragglerEvents
 from stride.optimizer.usecases import STAGE_STEP, Capacity, Planning
 from stride.runtime.lifecycle import Dependency, ServiceHost
 from stride.wiring import connect_bus, consume, create_host, open_database, relay_outbox
@@ -35,6 +38,7 @@ STEP_METRICS_DURABLE = "optimizer-step-metrics"
 ADMITTED_BATCH = 64
 """Admissions stored together at most (a stream of submissions comes in batches)."""
 USAGE_DURABLE = "optimizer-usage"
+STRAGGLERS_DURABLE = "optimizer-stragglers"
 METRICS_BATCH = 128
 """Metrics fetched and applied at once (one transaction per fetch)."""
 
@@ -55,6 +59,10 @@ async def build(settings: OptimizerSettings) -> ServiceHost:
     if settings.configdb_address:
         history = ConfigDbHistory(settings.configdb_address)
         host.add_dependency(Dependency("config DB channel", _always, history.close, False))
+    shares = None
+    if settings.admission_address:
+        shares = AdmissionShares(settings.admission_address)
+        host.add_dependency(Dependency("admission channel", _always, shares.close, False))
     planning = Planning(
         database,
         outbox,
@@ -71,6 +79,7 @@ async def build(settings: OptimizerSettings) -> ServiceHost:
             else None
         ),
         enforce_shares=settings.enforce_shares,
+        shares=shares,
         fallback=build_decisions(
             {STAGE_STEP.name: "inprocess"}, None, settings.decision_timeout_seconds
         ).adjust,
@@ -130,6 +139,14 @@ async def build(settings: OptimizerSettings) -> ServiceHost:
         durable=USAGE_DURABLE,
         batch_handler=metrics,
         batch=METRICS_BATCH,
+        ack_wait=settings.ack_wait_seconds,
+    )
+    consume(
+        host,
+        bus,
+        topics.STRAGGLER_DETECTED,
+        durable=STRAGGLERS_DURABLE,
+        handler=StragglerHandler(StragglerEvents(database)),
         ack_wait=settings.ack_wait_seconds,
     )
     host.add_root_task("due-decisions", lambda: planning.due.run(host.stop))

@@ -55,6 +55,11 @@ class OptimizerSettings(ServiceSettings, DecisionSettings):
     configdb_address: str | None = Field(default=None, min_length=3, max_length=300)
     """host:port of the config DB: a new job starts from the configurations of the most
     similar finished jobs (warm start). Unset: every job starts from the cold default."""
+    admission_address: str | None = Field(default=None, min_length=3, max_length=300)
+    """host:port of admission: a plan beyond a job's share is asked for there (its
+    RequestShare), and goes out at once when admission grants it; an OOM fix admission
+    queues suspends the job until it is granted. Unset: such a plan is held until admission
+    raises the share of its own accord."""
     cluster_cpu: float | None = Field(default=None, gt=0, allow_inf_nan=False)
     """Cores the running jobs may hold together. A plan that would take more than is free
     is held (the stage step's, an OOM rule's) or refused (an operator's), and

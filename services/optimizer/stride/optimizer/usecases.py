@@ -42,6 +42,7 @@ from stride.optimizer.adapters.convert import (
 from stride.optimizer.adapters.outbound import repository
 from stride.optimizer.domain import observations as obs
 from stride.optimizer.domain.administrator import (
+    Administrator,
     JobStage,
     RootCause,
     StageError,
@@ -53,6 +54,7 @@ from stride.optimizer.domain.administrator import (
     on_pod_failure,
 )
 from stride.optimizer.domain.claims import claim_from_json, claim_to_json
+from stride.optimizer.domain.requests import share_request
 from stride.optimizer.domain.tuning import (
     Explanation,
     has_pods,
@@ -64,9 +66,17 @@ from stride.optimizer.domain.tuning import (
     with_pods,
     without_pods,
 )
+from stride.optimizer.share_asking import ShareAnswer, ShareAsker
 from stride.policy import dlrover, stages
 from stride.policy.cold_start import COLD_START, ColdStartRequest, JobFeatures
-from stride.policy.contention import Claim, ShareBound, claim_of, settle, within_share
+from stride.policy.contention import (
+    Claim,
+    ShareBound,
+    ShareRequest,
+    claim_of,
+    settle,
+    within_share,
+)
 from stride.policy.plans import Plan, Role
 from stride.policy.registry import AlgorithmSpec
 from stride.policy.warm_start import HistoricalJob
@@ -235,8 +245,12 @@ class Planning:
         history: HistorySource | None = None,
         capacity: Capacity | None = None,
         enforce_shares: bool = True,
+        shares: ShareAsker | None = None,
     ) -> None:
         self.database = database
+        self.shares = shares
+        """Where a plan beyond the job's share is asked for (admission's RequestShare);
+        None: such a plan is held until admission raises the share of its own accord."""
         self.outbox = outbox
         self.adjust = adjust
         """Where plans are decided (in-process or by the executor pool, as configured)."""
@@ -365,6 +379,8 @@ class Planning:
         share = _share_values(decision.share, "share.") if decision.HasField("share") else None
         if share is not None and share["job_id"] != job_id:
             raise InvalidArgument("share.job_id", f"is {share['job_id']!r}, not {job_id!r}")
+        if share is not None:
+            first = await self._ask_for_first(job_id, share, first)
         return _FirstPlan(
             job_id, decision.spec.SerializeToString(), first, explanation, default, share=share
         )
@@ -568,6 +584,96 @@ class Planning:
             f"{max(free_memory, 0):g} GiB are free"
         )
 
+    async def _ask_admission(
+        self, version: int, held: Plan, wanted: Plan, claim: Claim | None
+    ) -> ShareAnswer | None:
+        """Ask admission for a share that holds ``wanted`` when the job's share does not
+        (None: nothing was asked); a raised share is stored before the caller decides, so
+        the plan goes out in the same decision. No answer is an answer too: the plan is
+        held, and the reason says admission could not be asked."""
+        if self.shares is None or claim is None:
+            return None
+        want = plan_totals(wanted)
+        async with self.database.sessions() as session:
+            bound = await self._share_bound(session, claim.job_id)
+        if bound is None or bound.holds(*want):
+            return None
+        return await self._request_share(version, share_request(claim, plan_totals(held), want))
+
+    async def _within_share_cores(self, plan: Plan, claim: Claim) -> tuple[Plan, Claim]:
+        """An OOM fix with its cores cut to the job's share (workers first; memory is never
+        cut): what it needs of admission is memory, and a fix that asked for cores too
+        would wait for them."""
+        async with self.database.sessions() as session:
+            bound = await self._share_bound(session, claim.job_id)
+        if bound is None:
+            return plan, claim
+        cut = _shrunk_into(ShareBound(bound.cpu, 1e18), plan)  # memory is never cut
+        if cut is None:
+            return plan, claim
+        return with_pods(plan, cut[0], plan.reason, plan.algorithm), replace(claim, wanted=cut[0])
+
+    async def _ask_for_first(self, job_id: str, share: dict[str, Any], plan: Plan) -> Plan:
+        """Plan 1 when it does not fit the share the admission decision carried even with
+        its cores cut (memory per pod is never cut): ask admission for the memory, the job
+        holding nothing yet. Plan 1 is cut to the share's cores either way; not granted, the
+        caller publishes it with the answer in its reason."""
+        if self.shares is None or not self.enforce_shares:
+            return plan
+        bound = ShareBound(share["cpu"], share["memory_gib"])
+        if share["cpu"] <= 0 or share["memory_gib"] <= 0 or _shrunk_into(bound, plan) is not None:
+            return plan
+        if bound.holds(*plan_totals(plan)):
+            return plan
+        cores_only = ShareBound(share["cpu"], 1e18)  # memory is never cut
+        cut = _shrunk_into(cores_only, plan)
+        wanted = with_pods(plan, cut[0], "-", plan.algorithm) if cut is not None else plan
+        cpu, memory = plan_totals(wanted)
+        request = ShareRequest(
+            job_id,
+            0.0,
+            0.0,
+            cpu,
+            memory,
+            0.0,
+            0.0,
+            0.0,
+            0.0,
+            safety=True,
+            cause="plan 1: its pods need this memory to start",
+        )
+        answer = await self._request_share(0, request)  # no plan yet
+        if answer.granted:
+            return wanted
+        # Not granted: plan 1 goes out within the share's cores; its memory is what its pods
+        # need to start, which admission counts once the plan is out.
+        return replace(
+            wanted, reason=f"{plan.reason}; beyond the admission share: admission {answer.reason}"
+        )
+
+    async def _request_share(self, version: int, request: ShareRequest) -> ShareAnswer:
+        """Send ``request`` to admission; store the raised share when it is granted."""
+        assert self.shares is not None
+        try:
+            answer = await self.shares.ask(version, request)
+        except Exception as error:  # admission down or slow: the plan is held, not lost
+            log.warning("share request unanswered", job_id=request.job_id, error=str(error))
+            return ShareAnswer(False, False, f"admission did not answer ({type(error).__name__})")
+        if answer.granted and answer.share is not None:
+            async with self.database.transaction() as session:
+                await repository.put_share(
+                    session, {**_share_values(answer.share), "updated_at": datetime.now(UTC)}
+                )
+        log.info(
+            "share requested",
+            job_id=request.job_id,
+            safety=request.safety,
+            granted=answer.granted,
+            queued=answer.queued,
+            reason=answer.reason,
+        )
+        return answer
+
     async def _share_bound(self, session: Session, job_id: str) -> ShareBound | None:
         """The most the job may hold, from admission's newest share of it; None when
         admission gave it no CPU share (a job sized by the optimizer alone, a GPU job's
@@ -636,6 +742,41 @@ class Planning:
         await repository.delete_claims(session, [job_id])
         log.info("job suspended: its share is zero", job_id=job_id, share_version=version)
 
+    async def _wait_for_memory(
+        self,
+        session: Session,
+        existing: Administrator,
+        current: Plan,
+        claim: Claim,
+        event_id: str,
+        why: str,
+        now: datetime,
+    ) -> None:
+        """Admission queued the job's OOM fix (the cluster has no room for it now): suspend
+        the job, so its pods are not killed again and again into a failure of the relaunch
+        budget, and keep the fix as its claim, on the suspended plan, for :meth:`_resume`
+        when admission grants it."""
+        detail = (
+            f"waits for memory: {why}; the job checkpoints, its pods are removed, and it "
+            "resumes with the fix when admission grants it"
+        )
+        explanation = Explanation(
+            algorithm="stride-share/1",
+            stage=existing.stage.value,
+            root_cause=RootCause.SHARE.value,
+            detail=detail,
+            bound="admission share",
+        )
+        step, explained = on_share_plan(
+            existing, without_pods(current, detail), event_id, explanation, now
+        )
+        await self._store(session, step, None, now, explanation=explained)
+        assert step.after is not None
+        await repository.put_claim(
+            session, existing.job_id, step.after.plan_version, claim_to_json(claim), now
+        )
+        log.warning("job waits for its OOM fix", job_id=existing.job_id, why=why)
+
     async def _resume(
         self, session: Session, job_id: str, version: int, reason: str, now: datetime
     ) -> bool:
@@ -656,7 +797,22 @@ class Planning:
             return False
         plan = running[-1]
         detail = f"resumed: admission's share v{version} ({reason}); the plan before the pause"
+        waited = [
+            claim_from_json(text)
+            for claimant, _, text, current in await repository.open_claims(session)
+            if claimant == job_id and current
+        ]
         bound = await self._share_bound(session, job_id)
+        if waited:  # it waits for its OOM fix: it resumes with it, once the share holds it
+            plan = with_pods(plan, waited[0].wanted, "-", plan.algorithm)
+            if bound is not None and not bound.holds(*plan_totals(plan)):
+                log.info("job still waits for its OOM fix", job_id=job_id, share_version=version)
+                return True
+            detail = (
+                f"resumed with its OOM fix ({waited[0].cause}): admission's share v{version} "
+                f"({reason})"
+            )
+            await repository.delete_claims(session, [job_id])
         shrunk = None if bound is None else _shrunk_into(bound, plan)
         if shrunk is not None:
             plan = with_pods(plan, shrunk[0], "-", plan.algorithm)
@@ -925,6 +1081,17 @@ class Planning:
             plan = reply.plan
             algorithm, fallback = DLROVER_ADJUST.qualified_name, ""
             rule = plan.reason if plan else ""
+            held, wanted = pods_of(current), None if plan is None else pods_of(plan)
+            if held is not None and wanted is not None and wanted != held:
+                # An OOM fix of any role averts a failure: a safety claim, granted first.
+                claim = Claim(job_id, held, wanted, 0.0, 0.0, 0.0, 0.0, safety=True, cause=rule)
+        if plan is not None and claim is not None:
+            plan, claim = await self._within_share_cores(plan, claim)
+        asked = (
+            None
+            if plan is None
+            else await self._ask_admission(newest.version, current, plan, claim)
+        )
         now = datetime.now(UTC)
         async with self.database.transaction() as session:
             existing = await repository.get_administrator(session, job_id, for_update=True)
@@ -934,36 +1101,42 @@ class Planning:
                 # A newer plan was published while deciding: it was made for other pods.
                 raise Unavailable(f"job {job_id} got a new plan meanwhile; deciding again")
             hold = "" if plan is None else await self._capacity_hold(session, job_id, plan)
-            step = on_pod_failure(
-                existing,
-                job_id,
-                plan,
-                event_id,
-                f"{event.pod_name} was OOM-killed: {rule}",
-                now,
-                hold,
-            )
-            if not step.changed:
-                return
-            if hold:
-                # The event says why; the pod watcher relaunches the pod as it was. The
-                # stage step's OOM plan stays open as a claim until capacity frees.
-                await self._store(session, step, None, now)
-                if claim is not None and existing is not None:
-                    await repository.put_claim(
-                        session, job_id, existing.plan_version, claim_to_json(claim), now
-                    )
-                log.warning("OOM relaunch plan held", job_id=job_id, why=hold)
-                return
-            explanation = Explanation(
-                algorithm=algorithm,
-                stage=step.after.stage.value if step.after else "",
-                root_cause=RootCause.OOM.value,
-                detail=f"{event.pod_name} was OOM-killed: {rule}",
-                bound="OOM margin",
-                fallback=fallback,
-            )
-            await self._store(session, step, None, now, explanation=explanation)
+            if hold and asked is not None:
+                hold = f"{hold}; admission {asked.reason}"
+            if asked is not None and asked.queued and hold and claim and claim.safety and existing:
+                # No room now: the job waits for its fix instead of being killed again.
+                await self._wait_for_memory(session, existing, current, claim, event_id, hold, now)
+            else:
+                step = on_pod_failure(
+                    existing,
+                    job_id,
+                    plan,
+                    event_id,
+                    f"{event.pod_name} was OOM-killed: {rule}",
+                    now,
+                    hold,
+                )
+                if not step.changed:
+                    return
+                if hold:
+                    # The event says why; the pod watcher relaunches the pod as it was. The
+                    # stage step's OOM plan stays open as a claim until capacity frees.
+                    await self._store(session, step, None, now)
+                    if claim is not None and existing is not None:
+                        await repository.put_claim(
+                            session, job_id, existing.plan_version, claim_to_json(claim), now
+                        )
+                    log.warning("OOM relaunch plan held", job_id=job_id, why=hold)
+                    return
+                explanation = Explanation(
+                    algorithm=algorithm,
+                    stage=step.after.stage.value if step.after else "",
+                    root_cause=RootCause.OOM.value,
+                    detail=f"{event.pod_name} was OOM-killed: {rule}",
+                    bound="OOM margin",
+                    fallback=fallback,
+                )
+                await self._store(session, step, None, now, explanation=explanation)
         self.outbox.notify()
         log.info("OOM relaunch plan published", job_id=job_id, pod=event.pod_name)
 
@@ -1131,6 +1304,15 @@ class Planning:
         if fallback:
             log.warning("stage step fell back", job_id=job_id, how=fallback)
         now = datetime.now(UTC)
+        asked = None
+        if reply.pods is not None and not self._timing_hold(view, now):
+            running = plan_from_proto(newest)
+            asked = await self._ask_admission(
+                newest.version,
+                running,
+                with_pods(running, reply.pods, "-"),
+                claim_of(job_id, request, reply),
+            )
         async with self.database.transaction() as session:
             existing = await repository.get_administrator(session, job_id, for_update=True)
             current = await repository.get_observations(session, job_id, for_update=True)
@@ -1148,18 +1330,7 @@ class Planning:
                     job_id=job_id,
                 )
                 return
-            hold = ""
-            moment = current.closed_at if current.closed_at >= 0 else now.timestamp()
-            if moment < current.hold_until:
-                hold = f"an operator's plan holds for {current.hold_until - moment:.0f}s more"
-            elif (
-                self.min_plan_interval_seconds > 0
-                and moment - current.last_plan_at < self.min_plan_interval_seconds
-            ):
-                hold = (
-                    f"the last plan is {moment - current.last_plan_at:.0f}s old "
-                    f"(minimum {self.min_plan_interval_seconds:g}s between plans)"
-                )
+            hold = self._timing_hold(current, now)
             bound = reply.bound
             claim: Claim | None = None
             if not hold and reply.pods is not None:
@@ -1168,6 +1339,8 @@ class Planning:
                 )
                 if hold:
                     bound = hold.split(":", 1)[0]
+                    if asked is not None:
+                        hold = f"{hold}; admission {asked.reason}"
                     # Kept as a claim: settled with the others when capacity frees.
                     claim = claim_of(job_id, request, reply)
             explanation = Explanation(
@@ -1238,6 +1411,22 @@ class Planning:
             )
         else:
             log.debug("stage step kept the plan", job_id=job_id, why=reply.root_cause, hold=hold)
+
+    def _timing_hold(self, view: obs.Observations, now: datetime) -> str:
+        """Why a new plan must wait for time to pass ('' when it need not): an operator's
+        plan holding, or the minimum interval between plans."""
+        moment = view.closed_at if view.closed_at >= 0 else now.timestamp()
+        if moment < view.hold_until:
+            return f"an operator's plan holds for {view.hold_until - moment:.0f}s more"
+        if (
+            self.min_plan_interval_seconds > 0
+            and moment - view.last_plan_at < self.min_plan_interval_seconds
+        ):
+            return (
+                f"the last plan is {moment - view.last_plan_at:.0f}s old "
+                f"(minimum {self.min_plan_interval_seconds:g}s between plans)"
+            )
+        return ""
 
     async def explanations(
         self, job_id: str

@@ -627,6 +627,8 @@ class JobShare(_message.Message):
     DECIDED_AT_FIELD_NUMBER: _builtins.int
     GPUS_FIELD_NUMBER: _builtins.int
     HEADROOM_UNITS_FIELD_NUMBER: _builtins.int
+    GRANTED_FIELD_NUMBER: _builtins.int
+    GRANTED_UNITS_FIELD_NUMBER: _builtins.int
     job_id: _builtins.str
     """The job."""
     version: _builtins.int
@@ -641,6 +643,10 @@ class JobShare(_message.Message):
     """Units beyond ``units`` that no job's curve can use now, lent to this running job (CPU
     jobs): counted in ``share`` (the optimizer may plan into them) but not in ``units``
     (no guarantee rests on them); taken back by the next round that needs them.
+    """
+    granted_units: _builtins.int
+    """Units held for ``granted`` beyond ``units`` (CPU jobs): taken out of the capacity the
+    ElasticFlow round divides, so no other job's share counts on them. Zero: none.
     """
     @_builtins.property
     def share(self) -> Global___ResourceShare:
@@ -665,6 +671,13 @@ class JobShare(_message.Message):
         migration.
         """
 
+    @_builtins.property
+    def granted(self) -> Global___ResourceShare:
+        """What admission granted at the optimizer's share request (RequestShare) beyond what the
+        units and headroom give: ``share`` is at least this while it stands. Zero: nothing was
+        granted. It is taken back when the job ends, and replaced by the next grant.
+        """
+
     def __init__(
         self,
         *,
@@ -678,10 +691,12 @@ class JobShare(_message.Message):
         decided_at: _timestamp_pb2.Timestamp | None = ...,
         gpus: _abc.Iterable[Global___PlacedGpu] | None = ...,
         headroom_units: _builtins.int = ...,
+        granted: Global___ResourceShare | None = ...,
+        granted_units: _builtins.int = ...,
     ) -> None: ...
-    _HasFieldArgType: _TypeAlias = _typing.Literal["decided_at", b"decided_at", "minimum", b"minimum", "share", b"share"]  # noqa: Y015
+    _HasFieldArgType: _TypeAlias = _typing.Literal["decided_at", b"decided_at", "granted", b"granted", "minimum", b"minimum", "share", b"share"]  # noqa: Y015
     def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
-    _ClearFieldArgType: _TypeAlias = _typing.Literal["decided_at", b"decided_at", "gpus", b"gpus", "guaranteed", b"guaranteed", "headroom_units", b"headroom_units", "job_id", b"job_id", "minimum", b"minimum", "reason", b"reason", "share", b"share", "units", b"units", "version", b"version"]  # noqa: Y015
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["decided_at", b"decided_at", "gpus", b"gpus", "granted", b"granted", "granted_units", b"granted_units", "guaranteed", b"guaranteed", "headroom_units", b"headroom_units", "job_id", b"job_id", "minimum", b"minimum", "reason", b"reason", "share", b"share", "units", b"units", "version", b"version"]  # noqa: Y015
     def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
     def WhichOneof(self, oneof_group: _Never) -> None: ...
 

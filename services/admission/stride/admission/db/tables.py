@@ -95,5 +95,30 @@ quotas = Table(
 """Quotas of users and teams (:mod:`stride.admission.domain.quotas`), with what they grant
 (``max_priority``: a priority word, NULL for none)."""
 
+holdings = Table(
+    "holdings",
+    metadata,
+    Column("job_id", String(64), ForeignKey("jobs.job_id"), primary_key=True),
+    Column("plan_version", Integer, nullable=False),
+    Column("cpu", Float, nullable=False),
+    Column("memory_gib", Float, nullable=False),
+)
+"""What each running job's newest plan holds, whole (chief and data workers included), from
+the optimizer's ``stride.plans.v1`` events: what share requests are decided against."""
+
+share_requests = Table(
+    "share_requests",
+    metadata,
+    Column("job_id", String(64), ForeignKey("jobs.job_id"), primary_key=True),
+    Column("plan_version", Integer, nullable=False),
+    Column("state", String(8), nullable=False),
+    Column("request", JSON, nullable=False),
+    Column("reason", Text, nullable=False),
+    Column("updated_at", DateTime(timezone=True), nullable=False),
+)
+"""Each job's newest share request (:class:`stride.policy.contention.ShareRequest`) and
+admission's answer: ``queued`` (decided again when capacity frees), ``granted`` (the share
+holds its wanted plan until the job ends or asks again) or ``refused``."""
+
 outbox = outbox_table(metadata)
 outbox_dead_letter = outbox_dead_letter_table(metadata)

@@ -25,6 +25,12 @@ the optimizer plans within, but not of its units, so the policy, its guarantees 
 simulator's bookkeeping never see them. The next round takes them back as soon as any job's
 units need them.
 
+**Granted units** (CPU pools): a share request admission granted (``stride.admission.
+share_requests``) holds its job to the units its wanted plan needs. The units beyond the
+job's own are taken out of the capacity the policy divides, so no other job's units or
+headroom count on them, until the job ends or asks again. A grant never takes a guaranteed
+job's reservation for the current slot (:meth:`Pool.grantable`).
+
 **Placement** (GPU pools with a known topology): after each round the GPUs are placed with
 :class:`~stride.policy.elasticflow.placement.Placements`, the class the simulator places
 with (buddy allocation with repacking, or best fit), and a job moved at an unchanged size
@@ -160,6 +166,8 @@ class Pool:
         """Whether spare units are handed out as headroom (CPU pools; see the module)."""
         self.headroom: dict[str, int] = {}
         """Each running job's headroom after the last round."""
+        self.granted: dict[str, int] = {}
+        """Units granted to jobs beyond their own (share requests; see the module)."""
         self.pause_seconds = pause_seconds
         self.placements = Placements(topology) if topology is not None else None
         """Where each job's devices are (GPU pools with a known tree; else counted)."""
@@ -195,11 +203,35 @@ class Pool:
         if self._view is None or self._view.now != now:
             self._view = DeadlineView(
                 now,
-                self.capacity,
-                tuple(entry.view(self.capacity) for entry in self.entries.values()),
+                self.divided,
+                tuple(entry.view(self.divided) for entry in self.entries.values()),
                 self.pause_seconds,
             )
         return self._view
+
+    @property
+    def divided(self) -> int:
+        """The capacity the policy divides: less the granted units."""
+        return max(0, self.capacity - sum(self.granted.values()))
+
+    def grantable(self, job_id: str, now: float) -> int:
+        """The most units a grant may hold ``job_id`` to beyond its own: capacity that
+        neither other grants nor other jobs' guaranteed reservations hold now."""
+        reserved = self.minimum_shares(now)
+        entry = self.entries.get(job_id)
+        own = entry.units if entry is not None else 0
+        others = sum(units for other, units in self.granted.items() if other != job_id)
+        guaranteed = sum(units for other, units in reserved.items() if other != job_id)
+        return max(0, self.capacity - others - guaranteed - own)
+
+    def grant(self, job_id: str, units: int) -> None:
+        """Hold ``job_id`` to ``units`` beyond its own (0: no more); the next round divides
+        the rest."""
+        if units > 0:
+            self.granted[job_id] = units
+        else:
+            self.granted.pop(job_id, None)
+        self._view = None
 
     def _snapshot(self) -> tuple[dict[str, _Books], dict[str, tuple[int, ...]]]:
         """Every job's books and devices as they stand."""
@@ -241,7 +273,7 @@ class Pool:
     def earliest_deadline(self, now: float, entry: Entry) -> float | None:
         """The earliest deadline at which ``entry`` would be guaranteed now (None: none)."""
         self._rewind(now)
-        return self.policy.earliest_deadline(self.view(now), entry.view(self.capacity))
+        return self.policy.earliest_deadline(self.view(now), entry.view(self.divided))
 
     def blocked(self, now: float) -> bool:
         """Whether no deadline can be guaranteed now beside the guaranteed jobs (see
@@ -258,7 +290,7 @@ class Pool:
         if not entry.units and entry.waiting_since is None:
             entry.waiting_since = now
         if entry.deadline is not None and not self.policy.admit(
-            self.view(now), entry.view(self.capacity)
+            self.view(now), entry.view(self.divided)
         ):
             self.policy.forget(entry.job_id)
             return False
@@ -276,6 +308,7 @@ class Pool:
         self.policy.forget(job_id)
         self.published.pop(job_id, None)
         self.headroom.pop(job_id, None)
+        self.granted.pop(job_id, None)
         if self.placements is not None:
             self.placements.forget(job_id)
         self._view = None
@@ -316,7 +349,11 @@ class Pool:
                     entry.waiting_since = now
         self.headroom = self._split_spare() if self.gives_headroom else {}
         for job_id, entry in self.entries.items():
-            shown = (entry.units, self.devices(job_id), self.headroom.get(job_id, 0))
+            shown = (
+                entry.units,
+                self.devices(job_id),
+                self.headroom.get(job_id, 0) + self.granted.get(job_id, 0),
+            )
             if self.published.get(job_id, (0, (), 0)) != shown:
                 changed[job_id] = entry.units
             self.published[job_id] = shown
@@ -325,7 +362,7 @@ class Pool:
 
     def _split_spare(self) -> dict[str, int]:
         """The units no job holds, split among the running jobs (see the module)."""
-        spare = self.capacity - sum(entry.units for entry in self.entries.values())
+        spare = self.divided - sum(entry.units for entry in self.entries.values())
         running = [job_id for job_id, entry in self.entries.items() if entry.units]
         if spare <= 0 or not running:
             return {}

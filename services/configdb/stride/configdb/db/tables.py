@@ -9,6 +9,7 @@ from __future__ import annotations
 
 from sqlalchemy import (
     BigInteger,
+    Boolean,
     Column,
     DateTime,
     Float,
@@ -20,6 +21,7 @@ from sqlalchemy import (
     String,
     Table,
     Text,
+    false,
 )
 
 metadata = MetaData()
@@ -41,6 +43,9 @@ job_records = Table(
     Column("embedding_dim", BigInteger, nullable=True),
     Column("parameter_count", BigInteger, nullable=True),
     Column("plan_count", Integer, nullable=False),
+    # A simulated job's (a load test's ghost pods): kept, never a warm-start candidate, so
+    # one load test never teaches another, nor a real job, what its model measured.
+    Column("simulated", Boolean, nullable=False, server_default=false()),
     Column("outcome", String(32), nullable=True),
     Column("recorded_at", DateTime(timezone=True), nullable=False, index=True),
     Column("finished_at", DateTime(timezone=True), nullable=True),

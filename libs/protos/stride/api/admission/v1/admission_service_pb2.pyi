@@ -725,3 +725,106 @@ class AdvanceResponse(_message.Message):
     def WhichOneof(self, oneof_group: _Never) -> None: ...
 
 Global___AdvanceResponse: _TypeAlias = AdvanceResponse  # noqa: Y015
+
+@_typing.final
+class RequestShareRequest(_message.Message):
+    """A request for more than a job's share (RequestShare)."""
+
+    DESCRIPTOR: _descriptor.Descriptor
+
+    JOB_ID_FIELD_NUMBER: _builtins.int
+    PLAN_VERSION_FIELD_NUMBER: _builtins.int
+    HELD_FIELD_NUMBER: _builtins.int
+    WANTED_FIELD_NUMBER: _builtins.int
+    SAFETY_FIELD_NUMBER: _builtins.int
+    THROUGHPUT_NOW_FIELD_NUMBER: _builtins.int
+    THROUGHPUT_WANTED_FIELD_NUMBER: _builtins.int
+    REMAINING_SAMPLES_FIELD_NUMBER: _builtins.int
+    PAUSE_SECONDS_FIELD_NUMBER: _builtins.int
+    CAUSE_FIELD_NUMBER: _builtins.int
+    job_id: _builtins.str
+    """The job."""
+    plan_version: _builtins.int
+    """The optimizer's plan version the request is made from (0: the job has no plan yet, and
+    ``held`` is nothing); a request from an older plan than one already decided is
+    answered with that decision.
+    """
+    safety: _builtins.bool
+    """An OOM fix (memory above a measured or predicted peak): granted before any growth, and
+    the job waits for it rather than being killed again.
+    """
+    throughput_now: _builtins.float
+    """Samples/s of the held plan (fitted model, else measured)."""
+    throughput_wanted: _builtins.float
+    """Samples/s expected of the wanted plan."""
+    remaining_samples: _builtins.float
+    """Samples the job has left."""
+    pause_seconds: _builtins.float
+    """Seconds of training the change costs (the migration's pause)."""
+    cause: _builtins.str
+    """Why the optimizer wants it (the stage step's reason)."""
+    @_builtins.property
+    def held(self) -> _job_pb2.ResourceShare:
+        """What the job's whole plan holds now (chief and data workers included)."""
+
+    @_builtins.property
+    def wanted(self) -> _job_pb2.ResourceShare:
+        """What the job's whole wanted plan would hold."""
+
+    def __init__(
+        self,
+        *,
+        job_id: _builtins.str = ...,
+        plan_version: _builtins.int = ...,
+        held: _job_pb2.ResourceShare | None = ...,
+        wanted: _job_pb2.ResourceShare | None = ...,
+        safety: _builtins.bool = ...,
+        throughput_now: _builtins.float = ...,
+        throughput_wanted: _builtins.float = ...,
+        remaining_samples: _builtins.float = ...,
+        pause_seconds: _builtins.float = ...,
+        cause: _builtins.str = ...,
+    ) -> None: ...
+    _HasFieldArgType: _TypeAlias = _typing.Literal["held", b"held", "wanted", b"wanted"]  # noqa: Y015
+    def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["cause", b"cause", "held", b"held", "job_id", b"job_id", "pause_seconds", b"pause_seconds", "plan_version", b"plan_version", "remaining_samples", b"remaining_samples", "safety", b"safety", "throughput_now", b"throughput_now", "throughput_wanted", b"throughput_wanted", "wanted", b"wanted"]  # noqa: Y015
+    def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
+    def WhichOneof(self, oneof_group: _Never) -> None: ...
+
+Global___RequestShareRequest: _TypeAlias = RequestShareRequest  # noqa: Y015
+
+@_typing.final
+class RequestShareResponse(_message.Message):
+    """Admission's answer to a share request."""
+
+    DESCRIPTOR: _descriptor.Descriptor
+
+    GRANTED_FIELD_NUMBER: _builtins.int
+    QUEUED_FIELD_NUMBER: _builtins.int
+    REASON_FIELD_NUMBER: _builtins.int
+    SHARE_FIELD_NUMBER: _builtins.int
+    granted: _builtins.bool
+    """Whether the share now holds the wanted plan."""
+    queued: _builtins.bool
+    """Refused for now and kept: decided again whenever capacity frees."""
+    reason: _builtins.str
+    """Why, in words (recorded on both sides and shown by `stride explain`)."""
+    @_builtins.property
+    def share(self) -> _job_pb2.JobShare:
+        """The job's share after the decision (granted: the new one)."""
+
+    def __init__(
+        self,
+        *,
+        granted: _builtins.bool = ...,
+        queued: _builtins.bool = ...,
+        reason: _builtins.str = ...,
+        share: _job_pb2.JobShare | None = ...,
+    ) -> None: ...
+    _HasFieldArgType: _TypeAlias = _typing.Literal["share", b"share"]  # noqa: Y015
+    def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["granted", b"granted", "queued", b"queued", "reason", b"reason", "share", b"share"]  # noqa: Y015
+    def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
+    def WhichOneof(self, oneof_group: _Never) -> None: ...
+
+Global___RequestShareResponse: _TypeAlias = RequestShareResponse  # noqa: Y015

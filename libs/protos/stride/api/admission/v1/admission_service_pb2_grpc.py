@@ -80,6 +80,11 @@ class AdmissionServiceStub:
                 request_serializer=stride_dot_api_dot_admission_dot_v1_dot_admission__service__pb2.RevokeTokensRequest.SerializeToString,
                 response_deserializer=stride_dot_api_dot_admission_dot_v1_dot_admission__service__pb2.RevokeTokensResponse.FromString,
                 _registered_method=True)
+        self.RequestShare = channel.unary_unary(
+                '/stride.api.admission.v1.AdmissionService/RequestShare',
+                request_serializer=stride_dot_api_dot_admission_dot_v1_dot_admission__service__pb2.RequestShareRequest.SerializeToString,
+                response_deserializer=stride_dot_api_dot_admission_dot_v1_dot_admission__service__pb2.RequestShareResponse.FromString,
+                _registered_method=True)
 
 
 class AdmissionServiceServicer:
@@ -160,6 +165,22 @@ class AdmissionServiceServicer:
         context.set_details('Method not implemented!')
         raise NotImplementedError('Method not implemented!')
 
+    def RequestShare(self, request, context):
+        """RequestShare is the optimizer asking for more than a running job's share (DESIGN: "when
+        the optimizer wants more, it says so, and admission decides"): growth with its eq. 8
+        gain, or an OOM fix marked as safety. Admission grants it when the cluster's free cores
+        and memory (capacity less every running job's whole plan, chief included, or its
+        guaranteed reservation if larger) hold the increment, and answers with the new share;
+        else it refuses with the reason and keeps the request queued, deciding the queued ones
+        together when capacity frees (DLRover-RM's weighted greedy, safety first), or refuses
+        it for good when the whole cluster could not hold the plan. Only the optimizer's
+        identity may call it (PERMISSION_DENIED otherwise); INVALID_ARGUMENT names a bad field;
+        FAILED_PRECONDITION when the job is not running with a share.
+        """
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
 
 def add_AdmissionServiceServicer_to_server(servicer, server):
     rpc_method_handlers = {
@@ -207,6 +228,11 @@ def add_AdmissionServiceServicer_to_server(servicer, server):
                     servicer.RevokeTokens,
                     request_deserializer=stride_dot_api_dot_admission_dot_v1_dot_admission__service__pb2.RevokeTokensRequest.FromString,
                     response_serializer=stride_dot_api_dot_admission_dot_v1_dot_admission__service__pb2.RevokeTokensResponse.SerializeToString,
+            ),
+            'RequestShare': grpc.unary_unary_rpc_method_handler(
+                    servicer.RequestShare,
+                    request_deserializer=stride_dot_api_dot_admission_dot_v1_dot_admission__service__pb2.RequestShareRequest.FromString,
+                    response_serializer=stride_dot_api_dot_admission_dot_v1_dot_admission__service__pb2.RequestShareResponse.SerializeToString,
             ),
     }
     generic_handler = grpc.method_handlers_generic_handler(
@@ -453,6 +479,33 @@ class AdmissionService:
             '/stride.api.admission.v1.AdmissionService/RevokeTokens',
             stride_dot_api_dot_admission_dot_v1_dot_admission__service__pb2.RevokeTokensRequest.SerializeToString,
             stride_dot_api_dot_admission_dot_v1_dot_admission__service__pb2.RevokeTokensResponse.FromString,
+            options,
+            channel_credentials,
+            insecure,
+            call_credentials,
+            compression,
+            wait_for_ready,
+            timeout,
+            metadata,
+            _registered_method=True)
+
+    @staticmethod
+    def RequestShare(request,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.unary_unary(
+            request,
+            target,
+            '/stride.api.admission.v1.AdmissionService/RequestShare',
+            stride_dot_api_dot_admission_dot_v1_dot_admission__service__pb2.RequestShareRequest.SerializeToString,
+            stride_dot_api_dot_admission_dot_v1_dot_admission__service__pb2.RequestShareResponse.FromString,
             options,
             channel_credentials,
             insecure,

@@ -65,6 +65,18 @@ class AdmissionServiceStub:
     now (admins only). It answers once the revocation is on the bus; every server then
     refuses those tokens with UNAUTHENTICATED. INVALID_ARGUMENT names a bad field.
     """
+    RequestShare: _grpc.UnaryUnaryMultiCallable[_admission_service_pb2.RequestShareRequest, _admission_service_pb2.RequestShareResponse]
+    """RequestShare is the optimizer asking for more than a running job's share (DESIGN: "when
+    the optimizer wants more, it says so, and admission decides"): growth with its eq. 8
+    gain, or an OOM fix marked as safety. Admission grants it when the cluster's free cores
+    and memory (capacity less every running job's whole plan, chief included, or its
+    guaranteed reservation if larger) hold the increment, and answers with the new share;
+    else it refuses with the reason and keeps the request queued, deciding the queued ones
+    together when capacity frees (DLRover-RM's weighted greedy, safety first), or refuses
+    it for good when the whole cluster could not hold the plan. Only the optimizer's
+    identity may call it (PERMISSION_DENIED otherwise); INVALID_ARGUMENT names a bad field;
+    FAILED_PRECONDITION when the job is not running with a share.
+    """
 
 @_typing.type_check_only
 class AdmissionServiceAsyncStub(AdmissionServiceStub):
@@ -102,6 +114,18 @@ class AdmissionServiceAsyncStub(AdmissionServiceStub):
     """RevokeTokens revokes one user token (by its id) or every token of a user issued until
     now (admins only). It answers once the revocation is on the bus; every server then
     refuses those tokens with UNAUTHENTICATED. INVALID_ARGUMENT names a bad field.
+    """
+    RequestShare: _aio.UnaryUnaryMultiCallable[_admission_service_pb2.RequestShareRequest, _admission_service_pb2.RequestShareResponse]  # type: ignore[assignment]
+    """RequestShare is the optimizer asking for more than a running job's share (DESIGN: "when
+    the optimizer wants more, it says so, and admission decides"): growth with its eq. 8
+    gain, or an OOM fix marked as safety. Admission grants it when the cluster's free cores
+    and memory (capacity less every running job's whole plan, chief included, or its
+    guaranteed reservation if larger) hold the increment, and answers with the new share;
+    else it refuses with the reason and keeps the request queued, deciding the queued ones
+    together when capacity frees (DLRover-RM's weighted greedy, safety first), or refuses
+    it for good when the whole cluster could not hold the plan. Only the optimizer's
+    identity may call it (PERMISSION_DENIED otherwise); INVALID_ARGUMENT names a bad field;
+    FAILED_PRECONDITION when the job is not running with a share.
     """
 
 class AdmissionServiceServicer(metaclass=_abc_1.ABCMeta):
@@ -191,6 +215,24 @@ class AdmissionServiceServicer(metaclass=_abc_1.ABCMeta):
         """RevokeTokens revokes one user token (by its id) or every token of a user issued until
         now (admins only). It answers once the revocation is on the bus; every server then
         refuses those tokens with UNAUTHENTICATED. INVALID_ARGUMENT names a bad field.
+        """
+
+    @_abc_1.abstractmethod
+    def RequestShare(
+        self,
+        request: _admission_service_pb2.RequestShareRequest,
+        context: _ServicerContext,
+    ) -> _typing.Union[_admission_service_pb2.RequestShareResponse, _abc.Awaitable[_admission_service_pb2.RequestShareResponse]]:
+        """RequestShare is the optimizer asking for more than a running job's share (DESIGN: "when
+        the optimizer wants more, it says so, and admission decides"): growth with its eq. 8
+        gain, or an OOM fix marked as safety. Admission grants it when the cluster's free cores
+        and memory (capacity less every running job's whole plan, chief included, or its
+        guaranteed reservation if larger) hold the increment, and answers with the new share;
+        else it refuses with the reason and keeps the request queued, deciding the queued ones
+        together when capacity frees (DLRover-RM's weighted greedy, safety first), or refuses
+        it for good when the whole cluster could not hold the plan. Only the optimizer's
+        identity may call it (PERMISSION_DENIED otherwise); INVALID_ARGUMENT names a bad field;
+        FAILED_PRECONDITION when the job is not running with a share.
         """
 
 def add_AdmissionServiceServicer_to_server(servicer: AdmissionServiceServicer, server: _typing.Union[_grpc.Server, _aio.Server]) -> None: ...

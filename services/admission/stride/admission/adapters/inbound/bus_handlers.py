@@ -1,10 +1,12 @@
-"""Admission's bus consumers: it learns here that jobs finished and what nodes there are."""
+"""Admission's bus consumers: it learns here that jobs finished, what nodes there are, and
+what each running job's plan holds."""
 
 from __future__ import annotations
 
+from stride.admission.share_requests import ShareRequests
 from stride.admission.usecases import Submissions
 from stride.bus.client import Delivery
-from stride.events.v1 import cluster_pb2, job_pb2
+from stride.events.v1 import cluster_pb2, job_pb2, plan_pb2
 
 
 class FinishedHandler:
@@ -25,3 +27,13 @@ class InventoryHandler:
 
     async def __call__(self, event: cluster_pb2.NodeInventory, delivery: Delivery) -> None:
         await self.submissions.inventory(event)
+
+
+class PlanHandler:
+    """Records what each running job's plan holds from ``stride.plans.v1.<job>``."""
+
+    def __init__(self, requests: ShareRequests) -> None:
+        self.requests = requests
+
+    async def __call__(self, plan: plan_pb2.ResourcePlan, delivery: Delivery) -> None:
+        await self.requests.planned(plan)

@@ -32,12 +32,18 @@ import grpc
 from stride.admission.adapters.convert import timestamp
 from stride.admission.domain.limits import Submitter
 from stride.admission.domain.quotas import Quota, make_quota
+from stride.admission.share_requests import ShareRequests
 from stride.admission.usecases import ExactMoment, StoredJob, Submissions
 from stride.api.admission.v1 import admission_service_pb2 as pb
 from stride.api.admission.v1 import admission_service_pb2_grpc as pb_grpc
 from stride.events.v1 import job_pb2
 from stride.runtime import auth
-from stride.runtime.errors import InvalidArgument, PermissionDenied, ResourceExhausted
+from stride.runtime.errors import (
+    InvalidArgument,
+    PermissionDenied,
+    ResourceExhausted,
+    Unavailable,
+)
 from stride.runtime.tokens import NAME_LIMIT, TokenError, check_claim_name
 from stride.vocabulary import InvalidWord, check_job_id, check_name, echo
 from stride.vocabulary.jobspec import MAX_DEADLINE_AHEAD, PRIORITY_BY_NUMBER, Priority
@@ -118,6 +124,8 @@ _USERS = auth.rule(users=True)
 _ADMINS = auth.rule(admins=True)
 _USERS_OR_OPERATOR = auth.rule(auth.OPERATOR, users=True)
 """Users, and the pod watcher for Kubernetes namespaces' jobs (``StrideJob``)."""
+_OPTIMIZER = auth.rule("optimizer")
+"""The optimizer's verified identity alone: no user or admin asks for a share this way."""
 SERVICE = pb.DESCRIPTOR.services_by_name["AdmissionService"].full_name
 CLOCK_SERVICE = pb.DESCRIPTOR.services_by_name["ReplayClockService"].full_name
 ACCESS = {
@@ -133,6 +141,7 @@ ACCESS = {
             "ListQuotas": _USERS,
             "DeleteQuota": _ADMINS,
             "RevokeTokens": _ADMINS,
+            "RequestShare": _OPTIMIZER,
         },
     ),
     **auth.rules(CLOCK_SERVICE, {"Advance": _ADMINS}),
@@ -146,8 +155,15 @@ def _not_yours(what: str, caller: auth.Caller) -> PermissionDenied:
 class AdmissionApi(pb_grpc.AdmissionServiceServicer):
     """gRPC servicer; errors are raised as domain errors and mapped by the server."""
 
-    def __init__(self, submissions: Submissions, rate: auth.RateLimiter | None = None) -> None:
+    def __init__(
+        self,
+        submissions: Submissions,
+        rate: auth.RateLimiter | None = None,
+        requests: ShareRequests | None = None,
+    ) -> None:
         self.submissions = submissions
+        self.requests = requests
+        """Decides the optimizer's share requests (None: refused as unavailable)."""
         self.rate = rate
         """Submissions per user a second (None: not limited)."""
 
@@ -286,6 +302,13 @@ class AdmissionApi(pb_grpc.AdmissionServiceServicer):
             revoked_by=caller.user.user if caller.user is not None else caller.describe(),
         )
         return pb.RevokeTokensResponse(revocation=revocation)
+
+    async def RequestShare(
+        self, request: pb.RequestShareRequest, context: Context
+    ) -> pb.RequestShareResponse:
+        if self.requests is None:
+            raise Unavailable("this admission service takes no share requests")
+        return await self.requests.request(request)
 
 
 TOKEN_ID = re.compile(r"[0-9a-f]{32}")

@@ -10,7 +10,16 @@ from typing import Any
 from sqlalchemy import bindparam, func, select, update
 from sqlalchemy.ext.asyncio import AsyncSession
 
-from stride.admission.db.tables import capacity, decisions, jobs, ledger, outbox, quotas
+from stride.admission.db.tables import (
+    capacity,
+    decisions,
+    holdings,
+    jobs,
+    ledger,
+    outbox,
+    quotas,
+    share_requests,
+)
 from stride.admission.domain.quotas import Quota
 from stride.events.v1 import job_pb2
 from stride.vocabulary.jobspec import Priority
@@ -433,3 +442,105 @@ def _aware(moment: datetime) -> datetime:
 async def outbox_pending(session: AsyncSession) -> int:
     """Events still in the outbox (not yet on the bus)."""
     return int((await session.execute(select(func.count()).select_from(outbox))).scalar_one())
+
+
+# --- Share requests (issue 39) -------------------------------------------------------------
+
+
+@dataclass(frozen=True)
+class Holding:
+    """What a job's newest plan holds, whole."""
+
+    plan_version: int
+    cpu: float
+    memory_gib: float
+
+
+async def put_holding(
+    session: AsyncSession, job_id: str, version: int, cpu: float, memory_gib: float
+) -> bool:
+    """Record what plan ``version`` of a job holds, unless a newer plan's is recorded;
+    False when it was older (nothing changed)."""
+    row = (
+        await session.execute(
+            select(holdings.c.plan_version).where(holdings.c.job_id == job_id).with_for_update()
+        )
+    ).first()
+    values = {"plan_version": version, "cpu": cpu, "memory_gib": memory_gib}
+    if row is None:
+        await session.execute(holdings.insert().values(job_id=job_id, **values))
+        return True
+    if row.plan_version >= version:
+        return False
+    await session.execute(update(holdings).where(holdings.c.job_id == job_id).values(**values))
+    return True
+
+
+async def all_holdings(session: AsyncSession) -> dict[str, Holding]:
+    """Every running job's holding, by job id."""
+    rows = await session.execute(select(holdings))
+    return {row.job_id: Holding(row.plan_version, row.cpu, row.memory_gib) for row in rows}
+
+
+@dataclass(frozen=True)
+class StoredRequest:
+    """A job's newest share request and admission's answer."""
+
+    job_id: str
+    plan_version: int
+    state: str
+    request: dict[str, Any]
+    reason: str
+
+
+async def put_request(
+    session: AsyncSession,
+    job_id: str,
+    version: int,
+    state: str,
+    request: dict[str, Any],
+    reason: str,
+    at: datetime,
+) -> None:
+    """Insert or replace the job's share request with its answer."""
+    values = {
+        "plan_version": version,
+        "state": state,
+        "request": request,
+        "reason": reason,
+        "updated_at": at,
+    }
+    updated = await session.execute(
+        update(share_requests).where(share_requests.c.job_id == job_id).values(**values)
+    )
+    if not updated.rowcount:  # type: ignore[attr-defined]
+        await session.execute(share_requests.insert().values(job_id=job_id, **values))
+
+
+async def requests_in(session: AsyncSession, states: Sequence[str]) -> list[StoredRequest]:
+    """The share requests in one of ``states``, by job id."""
+    rows = await session.execute(
+        select(share_requests)
+        .where(share_requests.c.state.in_(list(states)))
+        .order_by(share_requests.c.job_id)
+    )
+    return [
+        StoredRequest(row.job_id, row.plan_version, row.state, dict(row.request), row.reason)
+        for row in rows
+    ]
+
+
+async def get_request(session: AsyncSession, job_id: str) -> StoredRequest | None:
+    """The job's newest share request, if any."""
+    row = (
+        await session.execute(select(share_requests).where(share_requests.c.job_id == job_id))
+    ).first()
+    if row is None:
+        return None
+    return StoredRequest(row.job_id, row.plan_version, row.state, dict(row.request), row.reason)
+
+
+async def forget_requests(session: AsyncSession, job_id: str) -> None:
+    """An ended job holds nothing and asks for nothing."""
+    await session.execute(share_requests.delete().where(share_requests.c.job_id == job_id))
+    await session.execute(holdings.delete().where(holdings.c.job_id == job_id))

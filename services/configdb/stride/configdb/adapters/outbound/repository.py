@@ -137,6 +137,7 @@ _COMPLETE = (
             job_records.c.recorded_at,
         ),
         spec=bindparam("b_spec"),
+        simulated=bindparam("b_simulated"),
         user=bindparam("b_user"),
         model_name=bindparam("b_model_name"),
         model_family=bindparam("b_model_family"),
@@ -165,6 +166,7 @@ async def complete_records(
                 "b_now": now,
                 "b_recorded_at": done.recorded_at,
                 "b_spec": done.spec.SerializeToString(),
+                "b_simulated": done.spec.simulated,
                 "b_user": done.spec.user[:128] or None,
                 "b_model_name": done.features.model_name,
                 "b_model_family": done.features.model_family,
@@ -487,6 +489,7 @@ async def warm_start_history(session: AsyncSession, limit: int) -> list[PastJob]
             job_records.c.outcome == Outcome.SUCCEEDED.value,
             job_records.c.spec.is_not(None),
             job_records.c.plan_count > 0,
+            job_records.c.simulated.is_(False),
         )
         .order_by(job_records.c.finished_at.desc(), job_records.c.job_id)
         .limit(limit)
