@@ -44,7 +44,7 @@ def running_suite(
     if up.returncode != 0:
         raise RuntimeError(f"stride up failed:\n{up.stdout}{up.stderr}")
     try:
-        yield json.loads((state / "endpoints.json").read_text())
+        yield {**json.loads((state / "endpoints.json").read_text()), "state_dir": str(state)}
     finally:
         stride("down", env=env)
         shutil.rmtree(state, ignore_errors=True)

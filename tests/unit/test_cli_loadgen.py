@@ -35,7 +35,7 @@ def test_the_jobs_are_valid_specs_marked_simulated() -> None:
 def test_the_comparison_runs_the_simulator_on_the_same_jobs_from_the_same_start() -> None:
     jobs = population(4)
     started = [replace(spec, submit_time=0.0) for spec in jobs]
-    truth = simulate(started, 10**6, 10**7, "stride", 4, 180.0)
+    truth = simulate(started, 10**6, 10**7, "stride", 4, 180.0, pod_failures=False)
     played = [
         Played(i, f"job-{i}", True, jct, 10, 3, 9, 0, start=spec.request)
         for i, (spec, jct) in enumerate(zip(jobs, truth.jcts, strict=True))
@@ -45,6 +45,39 @@ def test_the_comparison_runs_the_simulator_on_the_same_jobs_from_the_same_start(
     assert report["agreement"] == 0.9
     assert math.isclose(report["live"]["median_s"], report["sim"]["median_s"])
     assert math.isclose(report["live"]["p90_s"], report["sim"]["p90_s"])
+    assert report["comparable"] and report["sim_completed"] == 4
+
+
+def test_a_comparison_the_simulator_cannot_run_says_why_instead_of_failing() -> None:
+    jobs = population(2)
+    # Plan 1 as the live services started it has more cores than the cluster the
+    # comparison runs on could ever hold: the simulator refuses the jobs, and the report
+    # says so in a line instead of a traceback.
+    huge = replace(jobs[0].request, workers=10**6)
+    played = [
+        Played(0, "job-0", False, math.nan, 3, 1, 3, 0, start=huge),
+        Played(1, "job-1", False, math.nan, 0, 0, 0, 0, error="stopped by --max-wall-seconds"),
+    ]
+    report = compare(played, jobs, 4, 180.0)
+    assert not report["comparable"]
+    assert "stride sim cannot run these jobs" in report["why"] and "exceeds" in report["why"]
+    assert report["windows"] == 3 and report["agreement"] == 1.0
+    assert report["per_job"][1]["error"] == "stopped by --max-wall-seconds"
+
+
+def test_partial_runs_compare_run_times_over_the_jobs_that_completed_live() -> None:
+    jobs = population(3)
+    started = [replace(spec, submit_time=0.0) for spec in jobs]
+    truth = simulate(started, 10**6, 10**7, "stride", 4, 180.0, pod_failures=False)
+    played = [
+        Played(0, "job-0", True, truth.jcts[0], 5, 2, 5, 0, start=jobs[0].request),
+        Played(1, "job-1", False, math.nan, 2, 1, 2, 0, start=jobs[1].request, error="stopped"),
+        Played(2, "job-2", True, truth.jcts[2], 5, 2, 5, 0, start=jobs[2].request),
+    ]
+    report = compare(played, jobs, 4, 180.0)
+    assert report["completed"] == 2 and report["comparable"]
+    assert math.isclose(report["live"]["median_s"], report["sim"]["median_s"])
+    assert math.isclose(report["sim"]["median_s"], (truth.jcts[0] + truth.jcts[2]) / 2)
 
 
 def test_bad_input_is_named(tmp_path: Path) -> None:
@@ -60,6 +93,8 @@ def test_bad_input_is_named(tmp_path: Path) -> None:
     assert zero.exit_code != 0
     negative = runner.invoke(app, ["loadgen", "--window-seconds", "-1"], env=env)
     assert negative.exit_code != 0 and "--window-seconds" in negative.output
+    bound = runner.invoke(app, ["loadgen", "--max-wall-seconds", "0"], env=env)
+    assert bound.exit_code != 0 and "--max-wall-seconds" in bound.output
 
 
 async def test_the_decision_watch_keeps_each_jobs_newest_plan_and_window() -> None:

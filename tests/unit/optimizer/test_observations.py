@@ -13,11 +13,18 @@ from stride.optimizer.domain.tuning import (
     Explanation,
     on_stage_reply,
     pods_of,
-    search_space,
     with_pods,
 )
 from stride.policy.plans import Plan, Role, RoleResources
-from stride.policy.stages import SAMPLES_PER_CONFIG, MemoryPoint, Pods, Sample, Stage, StageReply
+from stride.policy.stages import (
+    SAMPLES_PER_CONFIG,
+    MemoryPoint,
+    Pods,
+    Sample,
+    Stage,
+    StageReply,
+    search_space,
+)
 
 GIB = 1024**3
 PODS = Pods(1, 8, 4, 2, 4, 8)

@@ -13,6 +13,7 @@ from stride.policy.throughput import PAPER_PARAMETERS, throughput
 from stride.sim.dlrm import (
     CALIBRATION_CPUS,
     CALIBRATION_MEMORY_GIB,
+    MAX_OOM_KILLS,
     POLICIES,
     RESTART_SECONDS,
     SEAMLESS_TICK_SECONDS,
@@ -37,6 +38,7 @@ from stride.sim.dlrm import (
     tuned_static_pods,
     warm_start_accuracy,
     within_search_space,
+    worker_oom_pods,
 )
 from stride.sim.dlrm_baselines import (
     ES_STEP,
@@ -406,11 +408,22 @@ def test_a_sample_needs_a_minute_after_the_pause_whatever_the_tick() -> None:
     assert not hasattr(OptimusPolicy, "tick_seconds") and not hasattr(EsPolicy, "tick_seconds")
 
 
-def test_workers_below_their_memory_need_are_refused_by_name() -> None:
-    # Worker OOM is not played out, so a policy that under-sizes workers must not pass
-    # silently with its used memory capped at the limit.
-    with pytest.raises(SimulationError, match=r"job 0: .*'recorder'.*1 GiB, below .* 2\.0 GiB"):
-        simulate([_spec(1e9)], 700, 4000, "recorder", 1, policy=_Recorder(worker_mem_gib=1))
+def test_workers_below_their_memory_need_are_oom_killed_at_their_first_step() -> None:
+    # A policy that keeps its workers below their need (2 GiB) sees them killed at their
+    # first step (after the 120 s start), again after every restart, until the job fails.
+    result = simulate([_spec(1e9)], 700, 4000, "recorder", 1, policy=_Recorder(worker_mem_gib=1))
+    assert result.oom_kills == MAX_OOM_KILLS and result.oom_failed == 1
+    assert math.isnan(result.jcts[0])
+
+
+def test_strides_workers_below_their_need_get_dlrovers_oom_rule_and_complete() -> None:
+    # DLRover's rule doubles the killed worker's memory (sec. 4.2), as the live optimizer
+    # applies it: 1 GiB -> 2 GiB holds the need, and the job completes after one kill.
+    assert worker_oom_pods(Pods(4, 8, 1, 2, 8, 8)) == Pods(4, 8, 2, 2, 8, 8)
+    starved = replace(_spec(1e6), request=Pods(4, 8, 1, 2, 8, 8))
+    result = simulate([starved], 700, 4000, "stride", 1)
+    assert result.oom_kills == 1 and result.oom_failed == 0
+    assert not math.isnan(result.jcts[0])
 
 
 def test_memory_follows_the_model_within_ten_percent() -> None:

@@ -1,24 +1,32 @@
 """``stride loadgen --env dlrm``: the DLRM environment's jobs, played against the live suite.
 
 Each job of ``stride sim --env dlrm``'s seeded population is submitted through admission
-as a *simulated* job (``JobSpec.simulated``: the pod watcher starts no pods for it), and a
-task plays its agents: for the plan the services published, it reports the throughput,
-CPU and memory the environment's ground truth gives (``stride.sim.dlrm``), on the job's own
-accelerated clock (a window of ``tick`` simulated seconds per round trip). Admission takes
-simulated jobs only from an admin (the CLI's default token after ``stride up``) or a user
-whose quota sets ``allow_simulated``; anyone else is refused naming ``spec.simulated``.
-A plan change pauses the job as the simulator pauses it (``overhead_seconds``; 120 s for
-the first pods and after an OOM kill); a PS whose memory passes its limit is OOM-killed and
-reported as the pod watcher would. When the job has consumed its samples the task reports
-it finished.
+as a *simulated* job (``JobSpec.simulated``: the pod watcher starts no pods for it).
+Admission takes simulated jobs only from an admin (the CLI's default token after ``stride
+up``) or a user whose quota sets ``allow_simulated``; anyone else is refused naming
+``spec.simulated``.
 
-Alongside, each window's decision is checked against the simulator's Stride policy on
-exactly the observations the task sent, so the run says how often the live services
-decided what ``stride sim`` decides. Where they differ the report counts it: the usual
-cause is a window whose decision came after the task's wait (``--decision-wait``).
+Each job is played by the simulator itself (``stride.sim.dlrm``, the job alone on a cluster
+too big to queue), with :class:`LivePolicy` in its policy's place: the simulator keeps the
+job's clock, progress, pauses, stragglers, 5 % measurement noise and OOM kills, from the
+same seeded streams as ``stride sim``'s run of the population, and every decision it asks
+of its policy is asked of the running suite. The player reports what the simulator
+measured as the job's agents and the pod watcher would (PS and worker usage, a window's
+steps on the job's accelerated clock, an OOM kill), waits for the optimizer's decision on
+the bus (a new plan, or the announcement that the plan holds), and hands it back. So the
+player is deterministic where the suite is: a job whose decisions all agree with ``stride
+sim``'s ends exactly when the simulator's does.
 
-What it does not replay: queueing for capacity (every job starts at once; the simulator
-is run on a cluster too big to queue for the comparison) and random pod failures.
+Alongside, each window's decision is checked against the simulator's Stride policy on the
+same view, so the run says how often the live services decided what ``stride sim``
+decides; the usual cause of a difference is a decision that came after
+``--decision-wait``. The reference and the comparison run use the optimizer's own window
+and search space (``GetLoopSettings``), so a suite with a small grid (``stride up`` on a
+laptop) is compared with a simulator searching the same grid.
+
+What it does not replay: queueing for capacity (every job starts at once, and each is
+compared with the simulator on a cluster too big to queue) and random pod failures (the
+comparison fails none either).
 """
 
 from __future__ import annotations
@@ -30,6 +38,7 @@ import math
 import statistics
 import time
 from collections.abc import Mapping, Sequence
+from concurrent.futures import ThreadPoolExecutor
 from dataclasses import asdict, dataclass, field, replace
 from datetime import UTC, datetime, timedelta
 from pathlib import Path
@@ -47,23 +56,20 @@ from stride.bus import topics
 from stride.bus.client import Bus
 from stride.bus.signing import as_producers
 from stride.events.v1 import job_pb2, metrics_pb2, optimization_pb2, plan_pb2, pod_pb2
-from stride.policy.stages import MEMORY_WINDOW, SAMPLES_PER_CONFIG, Pods
-from stride.policy.throughput import overhead_seconds
+from stride.policy.stages import Pods, SearchSpace
 from stride.runtime import tls
 from stride.sim.dlrm import (
-    MAX_OOM_KILLS,
     RESTART_SECONDS,
+    Decision,
     DlrmJobSpec,
     JobView,
     StridePolicy,
-    _config,
     _one,
-    _speed_sigma,
     generate_jobs,
     load_straggler_covs,
-    ps_memory_gib,
     simulate,
 )
+from stride.sim.engine import SimulationError
 
 GIB = 1024**3
 FALLBACK_POLL_SECONDS = 2.0
@@ -145,6 +151,8 @@ class Played:
     differences: list[dict[str, Any]] = field(default_factory=list)
     """The windows decided otherwise than the simulator's policy: the window, both
     decisions (None: keep the pods) and whether the live one came in time."""
+    error: str = ""
+    """Why the job did not complete, when it was not for its OOM kills."""
 
 
 def _stamp(moment: datetime) -> Timestamp:
@@ -190,93 +198,152 @@ def job_spec(index: int, spec: DlrmJobSpec, prefix: str, user: str = "loadgen") 
     )
 
 
+@dataclass
+class Tally:
+    """How the run goes, for the progress bar: updated as windows are decided."""
+
+    jobs: int = 0
+    windows: int = 0
+    agreed: int = 0
+    finished: int = 0
+    failed: int = 0
+
+
+class Stopped(Exception):
+    """The run's wall-time bound passed: the player stops where it is."""
+
+
+class LivePolicy:
+    """The simulator's policy slot filled by the live suite: each decision the simulator asks
+    of its Stride policy is asked of the running services instead. The simulator's own
+    environment (``stride.sim.dlrm``, one job) keeps the job's clock, progress, pauses,
+    stragglers, measurement noise and OOM kills, from the same seeded streams as ``stride
+    sim``'s run of the population, so a job whose decisions all agree ends when the
+    simulator's does; this class reports what that environment measured to the suite as
+    the job's agents and the pod watcher would, and returns the plan the suite published.
+    Beside each window, the simulator's Stride policy decides on the same view: the run's
+    agreement."""
+
+    name = "stride-live"
+    dynamic_sharding = True
+    seamless = True
+
+    def __init__(self, player: JobPlayer) -> None:
+        self.player = player
+        self.tick_seconds = player.tick
+
+    def decide(self, view: JobView) -> Decision:
+        """Called by the simulator (in the player's thread): the suite's decision."""
+        player = self.player
+        computing = time.perf_counter()
+        expected = player.reference.decide(view)
+        if view.reason == "tick":
+            player.compute.append(time.perf_counter() - computing)
+        future = asyncio.run_coroutine_threadsafe(player.decision(view, expected), player.loop)
+        return future.result()
+
+
 class JobPlayer:
-    """One job's simulated agents (module docstring)."""
+    """One job played against the suite (:class:`LivePolicy`)."""
 
     def __init__(
         self,
         bus: Bus,
         optimizer: Any,
         job_id: str,
-        index: int,
         spec: DlrmJobSpec,
-        tick: float,
-        decision_wait: float,
-        seed: int,
+        options: PlayOptions,
         watch: DecisionWatch,
-        window_seconds: float = 0.0,
-        pace_seconds: float = math.inf,
+        tally: Tally,
+        stop: asyncio.Event,
     ) -> None:
-        self.bus, self.job_id, self.index = bus, job_id, index
-        self.watch = watch
-        self.window_seconds = window_seconds
-        """Wall seconds between the job's windows (0: as soon as the last was decided)."""
-        self.pace_seconds = pace_seconds
-        """For how long (wall seconds from its start) the job is paced; after that its
-        windows go as fast as they are decided, and their latencies are not recorded (a
-        paced run measures latency at the paced load only)."""
-        self.optimizer = optimizer
-        """The optimizer's plan API (``OptimizerServiceStub``)."""
-        self.tick, self.decision_wait = tick, decision_wait
-        self.rng = np.random.default_rng([seed, index])
-        self.spec = spec
-        self.clock = 0.0
-        self.consumed = 0.0
-        self.samples: list[tuple[Pods, float]] = []
-        self.sample_count = 0
-        self.memory_points: list[tuple[float, float, float]] = []
-        self.reference = StridePolicy()
+        self.bus, self.optimizer, self.job_id, self.spec = bus, optimizer, job_id, spec
+        self.options, self.watch, self.tally, self.stop = options, watch, tally, stop
+        self.tick = options.tick
+        self.reference = StridePolicy(options.space)
+        self.loop = asyncio.get_running_loop()
+        self.epoch = datetime.now(UTC)
+        """The job's clock starts at its submission (its metrics carry it)."""
+        self.version = 0
+        self.pods: Pods | None = None
+        self.start: Pods | None = None
+        self.windows = self.agreed = self.changes = self.kills = 0
+        self.seen_windows = 0
+        """The optimizer's window count at the last decision seen."""
+        self.memory_sent = 0
+        """Memory points of the view already reported as PS usage."""
+        self.workers_reported = 0
+        """The plan version whose workers' usage was sent."""
+        self.decided_in_time = False
         self.latencies: list[float] = []
         self.compute: list[float] = []
         self.differences: list[dict[str, Any]] = []
         self.messages = 0
-        self.speed = 1.0
-        self.start: Pods | None = None
-        self.decided_in_time = False
-        self.seen_windows = 0
-        """The optimizer's window count at the last decision seen."""
-        self.workers_reported = 0
-        """The plan version whose workers' usage was sent."""
-        self.epoch = datetime.now(UTC)
-        """The job's accelerated clock starts at its submission (its metrics carry it)."""
+        phase = float(np.random.default_rng([spec.job_id, 7]).uniform())
+        self.next_window = self.loop.time() + options.window_seconds * phase
+        self.pace_until = self.loop.time() + options.pace_seconds
 
     def _id(self, kind: str) -> str:
         self.messages += 1
         return f"{self.job_id}.loadgen.{kind}.{self.messages}"
 
-    def _now(self) -> datetime:
-        return self.epoch + timedelta(seconds=self.clock)
+    def _at(self, seconds: float) -> Timestamp:
+        return _stamp(self.epoch + timedelta(seconds=seconds))
 
-    def _ps_bytes(self, pods: Pods) -> list[int]:
-        hot, cold = ps_memory_gib(self.spec, self.spec.hot_factor, pods.ps, self.consumed)
-        return [int(hot * GIB)] + [int(cold * GIB)] * (pods.ps - 1)
+    async def decision(self, view: JobView, expected: Decision) -> Decision:
+        """The suite's decision on ``view`` (the simulator's ask), ``expected`` beside it."""
+        if self.stop.is_set():
+            raise Stopped(self.job_id)
+        if view.reason == "arrival":
+            return await self._first_plan()
+        if view.reason == "oom":
+            return await self._oom(view)
+        return await self._window(view, expected)
 
-    def _worker_bytes(self) -> int:
-        return int(self.spec.worker_mem_need_gib * GIB)
+    async def begin(self) -> None:
+        """Wait for the job's plan 1: the pods it starts with, and the request its stage
+        step plans from (the live optimizer's cold default, as the simulator's is the
+        request)."""
+        first = await self._decided(False, 0, self.options.decision_wait * 30)
+        pods = None if first is None else _pods(first)
+        if first is None or pods is None:
+            raise LoadgenError(
+                f"{self.job_id}: no plan v1 with a worker and a PS from the optimizer"
+            )
+        self.version, self.pods, self.start = first.version, pods, pods
+        self.spec = replace(self.spec, request=pods)
 
-    def _memory_point(self, pods: Pods) -> tuple[float, float, float]:
-        memories = [size / GIB for size in self._ps_bytes(pods)]
-        return self.consumed, sum(memories), max(memories)
+    async def _first_plan(self) -> Decision:
+        assert self.start is not None, "begin() waits for plan 1"
+        return Decision(self.start)
 
-    def _draw_speed(self, workers: int) -> None:
-        cov = self.spec.straggler_cov
-        if cov <= 0:
-            self.speed = 1.0
-            return
-        sigma = _speed_sigma(cov)
-        speeds = self.rng.lognormal(-sigma * sigma / 2, sigma, size=workers)
-        self.speed = float(speeds.mean())  # dynamic sharding (the simulator's Stride)
+    def _ps_bytes(self, point: tuple[float, float, float], ps: int) -> list[int]:
+        _, total, hottest = point
+        rest = (total - hottest) / (ps - 1) if ps > 1 else 0.0
+        return [int(hottest * GIB)] + [int(rest * GIB)] * (ps - 1)
 
-    async def _usage(self, version: int, pods: Pods) -> None:
-        """Each PS's usage, and each worker's once per plan (a worker's memory does not
-        grow; a real pod reports every few seconds, which the optimizer reads the same)."""
+    async def _usage(self, view: JobView) -> None:
+        """PS usage at each memory point the simulator measured since the last report, and
+        each worker's once per plan (a worker's memory does not grow)."""
+        pods = view.pods
         _, worker_busy, ps_busy = _one(self.spec.params, self.spec, self.spec.hot_factor, pods)
-        sizes = []
-        if version != self.workers_reported:
-            sizes = [("worker", i, self._worker_bytes()) for i in range(pods.workers)]
-            self.workers_reported = version
-        sizes += [("ps", i, size) for i, size in enumerate(self._ps_bytes(pods))]
-        for role, index, memory in sizes:
+        samples: list[tuple[str, int, int, float]] = []
+        if self.version != self.workers_reported:
+            need = int(self.spec.worker_mem_need_gib * GIB)
+            samples += [("worker", i, need, view.now) for i in range(pods.workers)]
+            self.workers_reported = self.version
+        # The simulator measured one point as the pods loaded and one per sample since; its
+        # window keeps the newest, and those not reported yet are new.
+        points, measured = view.memory_points, view.sample_count + 1
+        fresh = min(len(points), measured - self.memory_sent)
+        for offset, point in enumerate(points[len(points) - fresh :] if fresh > 0 else ()):
+            # The pods as loaded were sampled a second before training started.
+            first = self.memory_sent == 0 and offset == 0
+            at = RESTART_SECONDS - 1.0 if first else view.now - (fresh - 1 - offset) * 1e-3
+            sizes = self._ps_bytes(point, pods.ps)
+            samples += [("ps", i, size, at) for i, size in enumerate(sizes)]
+        self.memory_sent = measured
+        for role, index, memory, at in samples:
             worker = role == "worker"
             sample = pod_pb2.UsageSample(
                 job_id=self.job_id,
@@ -286,29 +353,62 @@ class JobPlayer:
                 memory_used_bytes=memory,
                 cpu_limit=float(pods.worker_cpu if worker else pods.ps_cpu),
                 memory_limit_bytes=(pods.worker_mem_gib if worker else pods.ps_mem_gib) * GIB,
-                sampled_at=_stamp(self._now()),
-                plan_version=version,
+                sampled_at=self._at(at),
+                plan_version=self.version,
             )
             await self.bus.publish(topics.POD_USAGE, self.job_id, sample, self._id("usage"))
 
-    def _view(self, pods: Pods) -> JobView:
-        return JobView(
-            reason="tick",
-            now=self.clock,
-            spec=self.spec,
-            pods=pods,
-            consumed=self.consumed,
-            samples=tuple(self.samples),
-            sample_count=self.sample_count,
-            worker_util=0.0,
-            ps_util=0.0,
-            worker_memory_used_gib=self._worker_bytes() / GIB,
-            memory_points=tuple(self.memory_points),
-            hot_detected=False,
-            history=(),
-            cluster_cpus=10**6,
-            queued_jobs=0,
+    async def _pace(self) -> bool:
+        """Wait for the job's next paced window; whether this window is paced."""
+        options = self.options
+        paced = options.window_seconds > 0 and self.loop.time() < self.pace_until
+        if paced:
+            await asyncio.sleep(max(0.0, self.next_window - self.loop.time()))
+            self.next_window = max(self.next_window + options.window_seconds, self.loop.time())
+        return paced
+
+    async def _window(self, view: JobView, expected: Decision) -> Decision:
+        paced = await self._pace()
+        await self._usage(view)
+        await asyncio.sleep(0.05)  # usage before steps: they travel on different streams
+        pods, observed = view.samples[-1]
+        metrics = metrics_pb2.StepMetrics(
+            job_id=self.job_id,
+            pod_name=f"{self.job_id}-chief-0",
+            global_step=self.windows + 1,
+            steps=1,
+            step_seconds=self.tick * 1.001,
+            samples_per_second=observed,
+            samples_consumed=int(view.consumed),
+            reported_at=self._at(view.now),
+            plan_version=self.version,
         )
+        sent = time.perf_counter()
+        await self.bus.publish(topics.STEP_METRICS, self.job_id, metrics, self._id("steps"))
+        self.windows += 1
+        newer = await self._decided(True, self.version, self.options.decision_wait)
+        if self.decided_in_time and (paced or self.options.window_seconds <= 0):
+            self.latencies.append(time.perf_counter() - sent)
+        got = None if newer is None else _pods(newer)
+        want = expected.pods if expected.pods != pods else None
+        agreed = got == want
+        self.agreed += int(agreed)
+        self.tally.windows += 1
+        self.tally.agreed += int(agreed)
+        if not agreed:
+            self.differences.append(
+                {
+                    "window": self.windows,
+                    "expected": None if want is None else asdict(want),
+                    "live": None if got is None else asdict(got),
+                    "in_time": self.decided_in_time,
+                }
+            )
+        if newer is not None and got is not None:
+            self.version, self.pods = newer.version, got
+            self.changes += 1
+            return Decision(got)
+        return Decision(None)
 
     async def _decided(
         self, new_window: bool, version: int, wait: float
@@ -369,137 +469,101 @@ class JobPlayer:
         if not reply.deciding and reply.windows > 0:
             self.watch.decided[self.job_id] = Decided(reply.windows, reply.plan.version)
 
-    async def play(self) -> Played:
-        """Train the job to its end under the plans the optimizer publishes."""
-        first = await self._decided(False, 0, self.decision_wait * 30)
-        if first is None:
-            raise LoadgenError(f"{self.job_id}: no plan v1 from the optimizer")
-        version, pods = first.version, _pods(first)
-        if pods is None:
-            raise LoadgenError(f"{self.job_id}: plan v{version} has no worker or PS")
-        self.spec = replace(self.spec, request=pods)
-        self.start = pods
-        self._draw_speed(pods.workers)
-        windows = changes = agreed = kills = 0
-        # The pods as loaded, sampled a second before training starts (the optimizer takes
-        # its first memory point from them, whichever stream it reads first).
-        self.clock = RESTART_SECONDS - 1.0
-        await self._usage(version, pods)
-        self.clock = RESTART_SECONDS
-        self.memory_points.append(self._memory_point(pods))
-        await asyncio.sleep(0.05)  # usage before steps: they travel on different streams
-        loop = asyncio.get_running_loop()
-        # Paced jobs start at a random phase, as real jobs do, not all at one instant.
-        phase = float(np.random.default_rng([self.index, 7]).uniform())
-        next_window = loop.time() + self.window_seconds * phase
-        pace_until = loop.time() + self.pace_seconds
-        while True:
-            paced = self.window_seconds > 0 and loop.time() < pace_until
-            if paced:
-                await asyncio.sleep(max(0.0, next_window - loop.time()))
-                next_window = max(next_window + self.window_seconds, loop.time())
-            # The job progresses at its true rate; the window reports it with the
-            # simulator's 5 % measurement noise.
-            rate = _one(self.spec.params, self.spec, self.spec.hot_factor, pods)[0] * self.speed
-            observed = rate * float(self.rng.lognormal(0.0, 0.05))
-            left = self.spec.total_samples - self.consumed
-            if rate * self.tick >= left:
-                self.clock += left / rate
-                self.consumed = self.spec.total_samples
-                break
-            hot_limit = ps_memory_gib(
-                self.spec, self.spec.hot_factor, pods.ps, self.consumed + rate * self.tick
-            )[0]
-            if hot_limit > pods.ps_mem_gib:
-                kills += 1
-                self.clock += self.tick / 2
-                self.consumed += rate * self.tick / 2
-                if kills >= MAX_OOM_KILLS:
-                    return self._result(False, windows, changes, agreed, kills)
-                event = pod_pb2.PodEvent(
-                    job_id=self.job_id,
-                    pod_name=f"{self.job_id}-ps-0",
-                    role=plan_pb2.ROLE_PS,
-                    index=0,
-                    phase=pod_pb2.POD_PHASE_FAILED,
-                    reason=pod_pb2.POD_FAILURE_REASON_OOM_KILLED,
-                )
-                await self.bus.publish(topics.POD_FAILED, self.job_id, event, self._id("oom"))
-                newer = await self._decided(False, version, self.decision_wait)
-                if newer is not None and (grown := _pods(newer)) is not None:
-                    version, pods = newer.version, grown
-                    changes += 1
-                self.clock += RESTART_SECONDS
-                continue
-            self.consumed += rate * self.tick
-            self.clock += self.tick
-            await self._usage(version, pods)
-            await asyncio.sleep(0.05)
-            metrics = metrics_pb2.StepMetrics(
-                job_id=self.job_id,
-                pod_name=f"{self.job_id}-chief-0",
-                global_step=windows + 1,
-                steps=1,
-                step_seconds=self.tick * 1.001,
-                samples_per_second=observed,
-                samples_consumed=int(self.consumed),
-                reported_at=_stamp(self._now()),
-                plan_version=version,
+    def play(self) -> Played:
+        """The job's life in the simulator's environment, its decisions the suite's (run in
+        a thread of its own: the simulator blocks on each decision)."""
+        spec = replace(self.spec, submit_time=0.0)
+        error = ""
+        try:
+            result = simulate(
+                [spec],
+                HUGE_CPUS,
+                HUGE_MEMORY_GIB,
+                "stride",
+                self.options.seed,
+                self.tick,
+                policy=LivePolicy(self),
+                pod_failures=False,
             )
-            sent = time.perf_counter()
-            await self.bus.publish(topics.STEP_METRICS, self.job_id, metrics, self._id("steps"))
-            windows += 1
-            self.consumed = float(int(self.consumed))
-            self.samples.append((pods, observed))
-            same = [i for i, (p, _) in enumerate(self.samples) if p == pods]
-            if len(same) > SAMPLES_PER_CONFIG:
-                del self.samples[same[0]]
-            self.sample_count += 1
-            self.memory_points.append(self._memory_point(pods))
-            del self.memory_points[:-MEMORY_WINDOW]
-            view = self._view(pods)
-            computing = time.perf_counter()
-            expected = self.reference.decide(view).pods
-            self.compute.append(time.perf_counter() - computing)
-            newer = await self._decided(True, version, self.decision_wait)
-            if self.decided_in_time and (paced or self.window_seconds <= 0):
-                self.latencies.append(time.perf_counter() - sent)
-            got = None if newer is None else _pods(newer)
-            agreed += int(got == expected)
-            if got != expected:
-                self.differences.append(
-                    {
-                        "window": windows,
-                        "expected": None if expected is None else asdict(expected),
-                        "live": None if got is None else asdict(got),
-                        "in_time": self.decided_in_time,
-                    }
-                )
-            if newer is not None and got is not None:
-                self.clock += overhead_seconds(_config(pods, self.spec), _config(got, self.spec))
-                if got.workers != pods.workers:
-                    self._draw_speed(got.workers)
-                version, pods = newer.version, got
-                changes += 1
-        return self._result(True, windows, changes, agreed, kills)
-
-    def _result(
-        self, completed: bool, windows: int, changes: int, agreed: int, kills: int
-    ) -> Played:
+            jct = result.jcts[0]
+        except Stopped:
+            jct, error = math.nan, "stopped by --max-wall-seconds"
+        except (LoadgenError, SimulationError) as problem:
+            jct, error = math.nan, str(problem)
+        completed = not math.isnan(jct)
         return Played(
-            index=self.index,
+            index=spec.job_id,
             job_id=self.job_id,
             completed=completed,
-            run_seconds=self.clock if completed else math.nan,
-            windows=windows,
-            plans=changes + 1,
-            agreed=agreed,
-            oom_kills=kills,
+            run_seconds=jct,
+            windows=self.windows,
+            plans=self.changes + 1,
+            agreed=self.agreed,
+            oom_kills=self.kills,
             start=self.start,
             latencies=self.latencies,
             differences=self.differences,
             compute=self.compute,
+            error=error,
         )
+
+    async def _oom(self, view: JobView) -> Decision:
+        """A pod was OOM-killed (the hottest PS passed its memory, or a worker below its
+        need took its first step): reported as the pod watcher would."""
+        self.kills += 1
+        worker = view.oom_role == "worker"
+        event = pod_pb2.PodEvent(
+            job_id=self.job_id,
+            pod_name=f"{self.job_id}-{'worker' if worker else 'ps'}-0",
+            role=plan_pb2.ROLE_WORKER if worker else plan_pb2.ROLE_PS,
+            index=0,
+            phase=pod_pb2.POD_PHASE_FAILED,
+            reason=pod_pb2.POD_FAILURE_REASON_OOM_KILLED,
+        )
+        await self.bus.publish(topics.POD_FAILED, self.job_id, event, self._id("oom"))
+        newer = await self._decided(False, self.version, self.options.decision_wait)
+        grown = None if newer is None else _pods(newer)
+        if newer is None or grown is None:
+            return Decision(None)
+        self.version, self.pods = newer.version, grown
+        self.changes += 1
+        return Decision(grown)
+
+
+@dataclass(frozen=True)
+class PlayOptions:
+    """How the jobs are played (see :func:`run`)."""
+
+    seed: int
+    tick: float
+    decision_wait: float
+    space: SearchSpace
+    window_seconds: float = 0.0
+    pace_seconds: float = math.inf
+
+
+async def loop_settings(optimizer: Any) -> optimizer_pb.GetLoopSettingsResponse:
+    """How the suite's optimizer decides (its window and search space)."""
+    try:
+        reply: optimizer_pb.GetLoopSettingsResponse = await optimizer.GetLoopSettings(
+            optimizer_pb.GetLoopSettingsRequest(), timeout=10
+        )
+        return reply
+    except grpc.aio.AioRpcError as error:
+        raise LoadgenError(
+            f"the optimizer did not say how it decides ({error.code().name}: {error.details()})"
+        ) from None
+
+
+def space_of(settings: optimizer_pb.GetLoopSettingsResponse) -> SearchSpace:
+    """The optimizer's search space, for the reference policy and the simulator."""
+    return SearchSpace(
+        workers=tuple(settings.workers),
+        worker_cpu=tuple(settings.worker_cpu),
+        ps=tuple(settings.ps),
+        ps_cpu=tuple(settings.ps_cpu),
+        job_cpu_limit=int(settings.job_cpu_limit),
+    )
 
 
 async def run(
@@ -508,7 +572,7 @@ async def run(
     optimizer_address: str,
     jobs: int,
     seed: int,
-    tick: float,
+    tick: float | None,
     decision_wait: float,
     covs_path: Path,
     concurrency: int = 64,
@@ -516,14 +580,18 @@ async def run(
     pace_seconds: float = math.inf,
     tls_environ: Mapping[str, str] | None = None,
     token: tls.Token | None = None,
-) -> tuple[list[Played], list[DlrmJobSpec]]:
+    max_wall_seconds: float = math.inf,
+    tally: Tally | None = None,
+) -> tuple[list[Played], list[DlrmJobSpec], PlayOptions]:
     """Play ``jobs`` jobs of the seeded population against the suite; returns what each
-    job did and the population. ``concurrency`` jobs play at once; ``window_seconds``
-    paces each job to one window per that many wall seconds (0: each window as soon as the
-    last one was decided, the suite's saturation)."""
+    job did, the population and how they were played. ``tick``: the optimizer's window
+    (None: ask it); ``concurrency`` jobs play at once; ``window_seconds`` paces each job to
+    one window per that many wall seconds (0: each window as soon as the last one was
+    decided, the suite's saturation); after ``max_wall_seconds`` every job stops where it
+    is (a partial report). ``tally`` is kept up to date for a progress display."""
     if jobs < 1:
         raise LoadgenError(f"--jobs: must be at least 1, got {jobs}")
-    if tick <= 0 or decision_wait <= 0:
+    if (tick is not None and tick <= 0) or decision_wait <= 0:
         raise LoadgenError("--tick-seconds and --decision-wait: must be positive")
     if window_seconds < 0 or not math.isfinite(window_seconds):
         raise LoadgenError(f"--window-seconds: must be >= 0, got {window_seconds}")
@@ -531,11 +599,15 @@ async def run(
         raise LoadgenError(f"--pace-seconds: must be > 0, got {pace_seconds}")
     if concurrency < 1:
         raise LoadgenError(f"--concurrency: must be at least 1, got {concurrency}")
+    if not max_wall_seconds > 0:
+        raise LoadgenError(f"--max-wall-seconds: must be > 0, got {max_wall_seconds}")
     # Hot PS are not replayed: the live loop records a re-partition but orders none yet.
     population = [
         replace(spec, hot_factor=1.0)
         for spec in generate_jobs(jobs, np.random.default_rng(seed), load_straggler_covs(covs_path))
     ]
+    tally = tally if tally is not None else Tally()
+    tally.jobs = jobs
     # It plays the pods' agents and the pod watcher, signing their events as they would.
     bus = await Bus.connect(
         nats_url,
@@ -545,6 +617,9 @@ async def run(
     )
     limit = asyncio.Semaphore(concurrency)
     watch = DecisionWatch()
+    stop = asyncio.Event()
+    # The simulator blocks on each decision: one thread per job playing.
+    threads = ThreadPoolExecutor(max_workers=concurrency, thread_name_prefix="loadgen")
     try:
         await watch.start(bus)
         async with (
@@ -565,92 +640,152 @@ async def run(
         ):
             stub = admission_grpc.AdmissionServiceStub(channel)
             optimizer = optimizer_grpc.OptimizerServiceStub(optimizer_channel)
+            settings = await loop_settings(optimizer)
+            if tick is not None and not math.isclose(tick, settings.tick_seconds):
+                raise LoadgenError(
+                    f"--tick-seconds: {tick:g} is not the optimizer's window of "
+                    f"{settings.tick_seconds:g} s (STRIDE_OPTIMIZER_TICK_SECONDS); leave it "
+                    "out to play at the suite's"
+                )
+            options = PlayOptions(
+                seed,
+                settings.tick_seconds,
+                decision_wait,
+                space_of(settings),
+                window_seconds,
+                pace_seconds,
+            )
 
-            async def one(index: int, spec: DlrmJobSpec) -> Played:
+            async def one(spec: DlrmJobSpec) -> Played:
                 async with limit:
+                    if stop.is_set():
+                        return _unplayed(spec, "stopped by --max-wall-seconds before it began")
                     reply = await stub.SubmitJob(
                         admission_pb.SubmitJobRequest(
                             spec=job_spec(
-                                index, spec, f"loadgen-s{seed}", "" if token else "loadgen"
+                                spec.job_id, spec, f"loadgen-s{seed}", "" if token else "loadgen"
                             ),
-                            request_id=f"loadgen-{seed}-{index}-{datetime.now(UTC).timestamp()}",
+                            request_id=f"loadgen-{seed}-{spec.job_id}-"
+                            f"{datetime.now(UTC).timestamp()}",
                         ),
                         timeout=30,
                     )
                     job_id = reply.job.job_id
-                    player = JobPlayer(
-                        bus,
-                        optimizer,
-                        job_id,
-                        index,
-                        spec,
-                        tick,
-                        decision_wait,
-                        seed,
-                        watch,
-                        window_seconds,
-                        pace_seconds,
+                    player = JobPlayer(bus, optimizer, job_id, spec, options, watch, tally, stop)
+                    try:
+                        await player.begin()
+                    except LoadgenError as error:
+                        played = _unplayed(spec, str(error))
+                    else:
+                        loop = asyncio.get_running_loop()
+                        played = await loop.run_in_executor(threads, player.play)
+                    tally.finished += int(played.completed)
+                    tally.failed += int(not played.completed)
+                    outcome = (
+                        job_pb2.JOB_OUTCOME_SUCCEEDED
+                        if played.completed
+                        else job_pb2.JOB_OUTCOME_CANCELLED
+                        if stop.is_set()
+                        else job_pb2.JOB_OUTCOME_FAILED
                     )
-                    played = await player.play()
                     end = job_pb2.JobFinished(
                         job_id=job_id,
-                        outcome=(
-                            job_pb2.JOB_OUTCOME_SUCCEEDED
-                            if played.completed
-                            else job_pb2.JOB_OUTCOME_FAILED
-                        ),
-                        message="simulated by stride loadgen",
+                        outcome=outcome,
+                        message="simulated by stride loadgen"
+                        + (f": {played.error}" if played.error else ""),
                         finished_at=_stamp(datetime.now(UTC)),
                     )
                     await bus.publish(topics.JOB_FINISHED, job_id, end, f"{job_id}.loadgen.end")
                     return played
 
-            played = await asyncio.gather(*(one(i, s) for i, s in enumerate(population)))
+            tasks = [asyncio.create_task(one(spec)) for spec in population]
+            _, pending = await asyncio.wait(
+                tasks, timeout=max_wall_seconds if math.isfinite(max_wall_seconds) else None
+            )
+            if pending:
+                stop.set()  # each player stops at its next decision
+                await asyncio.wait(pending)
+            played = [task.result() for task in tasks]
     finally:
+        stop.set()
+        threads.shutdown(wait=False, cancel_futures=True)
         await watch.stop()
         await bus.close()
-    return list(played), population
+    return played, population, options
+
+
+def _unplayed(spec: DlrmJobSpec, why: str) -> Played:
+    return Played(spec.job_id, "", False, math.nan, 0, 0, 0, 0, error=why)
+
+
+HUGE_CPUS = 10**7
+HUGE_MEMORY_GIB = 10**8
+"""A cluster too big to queue on: each job is played alone, as in the comparison."""
 
 
 def compare(
-    played: Sequence[Played], population: Sequence[DlrmJobSpec], seed: int, tick: float
+    played: Sequence[Played],
+    population: Sequence[DlrmJobSpec],
+    seed: int,
+    tick: float,
+    space: SearchSpace | None = None,
 ) -> dict[str, Any]:
     """The live run against ``stride sim``'s Stride policy on the same jobs, all started at
-    once on a cluster too big to queue (what the load generator plays)."""
+    once on a cluster too big to queue (what the load generator plays), with the suite's
+    search space and window, and no random pod failures (the players play none). Run times
+    are compared over the jobs that completed live. A simulator that cannot run the jobs
+    makes the report say why (``comparable`` false) instead of failing."""
     # The simulator's Stride starts a job without history from its request: here, the
     # pods the live services started it with, so both start from the same place.
     started = [
         replace(spec, submit_time=0.0, request=p.start or spec.request)
         for spec, p in zip(population, played, strict=True)
     ]
-    cpus = 10 * sum(max(spec.request.cpu, 200) for spec in population)
-    memory = 10 * sum(spec.request.memory_gib + 1000 for spec in population)
-    result = simulate(started, cpus, memory, "stride", seed, tick)
-    live = [p.run_seconds for p in played if p.completed]
-    simulated = [t for t in result.jcts if not math.isnan(t)]
     windows = sum(p.windows for p in played)
-
-    def summary(values: Sequence[float]) -> dict[str, float]:
-        if not values:
-            return {"median_s": math.nan, "p90_s": math.nan}
-        ordered = sorted(values)
-        return {
-            "median_s": statistics.median(ordered),
-            "p90_s": ordered[min(len(ordered) - 1, math.ceil(0.9 * len(ordered)) - 1)],
-        }
-
-    return {
+    report: dict[str, Any] = {
         "jobs": len(played),
-        "completed": len(live),
+        "completed": sum(p.completed for p in played),
         "windows": windows,
         "decisions_agreed": sum(p.agreed for p in played),
         "agreement": sum(p.agreed for p in played) / windows if windows else math.nan,
-        "live": summary(live),
-        "sim": summary(simulated),
+        "comparable": True,
+        "why": "",
         "per_job": [
             {k: v for k, v in asdict(p).items() if k not in ("latencies", "compute")}
             for p in played
         ],
+    }
+    try:
+        result = simulate(
+            started,
+            HUGE_CPUS,
+            HUGE_MEMORY_GIB,
+            "stride",
+            seed,
+            tick,
+            policy=StridePolicy(space or SearchSpace()),
+            pod_failures=False,
+        )
+    except SimulationError as error:
+        report.update(comparable=False, why=f"stride sim cannot run these jobs: {error}")
+        report["live"] = report["sim"] = _summary([])
+        return report
+    done = [i for i, p in enumerate(played) if p.completed]
+    report["live"] = _summary([played[i].run_seconds for i in done])
+    report["sim"] = _summary([result.jcts[i] for i in done if not math.isnan(result.jcts[i])])
+    report["sim_completed"] = sum(not math.isnan(t) for t in result.jcts)
+    if not done:
+        report.update(comparable=False, why="no job completed live, so no run time compares")
+    return report
+
+
+def _summary(values: Sequence[float]) -> dict[str, float]:
+    if not values:
+        return {"median_s": math.nan, "p90_s": math.nan}
+    ordered = sorted(values)
+    return {
+        "median_s": statistics.median(ordered),
+        "p90_s": ordered[min(len(ordered) - 1, math.ceil(0.9 * len(ordered)) - 1)],
     }
 
 

@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import asyncio
 import contextlib
 import os
 import signal
@@ -40,6 +39,7 @@ from stride.cli.endpoints import (
     pid_alive,
 )
 from stride.cli.jobspec import SpecError, load_submission
+from stride.cli.loadgen_command import register as register_loadgen
 from stride.cli.running import register as register_running
 from stride.cli.shards import register as register_shards
 from stride.events.v1 import job_pb2, optimization_pb2, plan_pb2
@@ -69,6 +69,7 @@ DEFAULT_STATE_DIR = Path.home() / ".local" / "state" / "stride"
 RPC_TIMEOUT_SECONDS = 10.0
 register_shards(app, DEFAULT_STATE_DIR, console, errors)  # `stride shards <job>`
 register_running(app, DEFAULT_STATE_DIR, console, errors)  # top, logs, scale, wait
+register_loadgen(app, DEFAULT_STATE_DIR, console, errors)  # `stride loadgen`
 
 
 class CliError(Exception):
@@ -791,109 +792,6 @@ def sim(
     )
     if code:
         raise typer.Exit(code)
-
-
-@app.command()
-def loadgen(
-    env: Annotated[str, typer.Option(help="The simulated environment: dlrm.")] = "dlrm",
-    jobs: Annotated[int, typer.Option(min=1, max=10_000, help="Jobs to play.")] = 50,
-    seed: Annotated[int, typer.Option(help="Seed of the job population (as stride sim).")] = 1,
-    tick_seconds: Annotated[
-        float,
-        typer.Option(
-            min=1.0, help="Simulated seconds per metric window (the optimizer's tick_seconds)."
-        ),
-    ] = 60.0,
-    decision_wait: Annotated[
-        float, typer.Option(min=0.05, help="Wall seconds to wait for a window's plan.")
-    ] = 2.0,
-    window_seconds: Annotated[
-        float,
-        typer.Option(
-            min=0.0,
-            help="Wall seconds between a job's windows (0: each as soon as the last one was "
-            "decided, which drives the suite at its saturation).",
-        ),
-    ] = 0.0,
-    pace_seconds: Annotated[
-        float,
-        typer.Option(
-            min=1.0,
-            help="With --window-seconds: pace the jobs for this many wall seconds, then let "
-            "them finish unpaced (latencies are recorded while paced).",
-        ),
-    ] = 10**9,
-    concurrency: Annotated[int, typer.Option(min=1, max=10_000, help="Jobs playing at once.")] = 64,
-    traces: Annotated[
-        Path, typer.Option(help="The public traces folder (PAI straggler data).")
-    ] = Path("../shared/traces"),
-    out: Annotated[Path, typer.Option(help="Where to write the JSON report.")] = Path(
-        "loadgen-report.json"
-    ),
-    state_dir: StateDir = DEFAULT_STATE_DIR,
-) -> None:
-    """Play the simulator's jobs as their agents against the running suite, then compare the
-    live decisions and run times with `stride sim` on the same jobs."""
-    from stride.cli.loadgen import LoadgenError, compare, run, write_report
-
-    if env != "dlrm":
-        fail(f"--env: only dlrm can be played live, got {env!r}")
-        return
-    covs = traces / "pai-minibatch-time" / "coefficient_variation.csv"
-    if not covs.is_file():
-        fail(f"--traces: {covs} not found (the PAI straggler data the dlrm jobs use)")
-        return
-    try:
-        nats_url = os.environ.get("STRIDE_NATS_URL") or _suite_nats_url(state_dir)
-        admission = address("admission", state_dir)
-        optimizer = address("optimizer", state_dir)
-        started = time.monotonic()
-        with console.status(f"playing {jobs} simulated jobs against the suite..."):
-            played, population = asyncio.run(
-                run(
-                    nats_url,
-                    admission,
-                    optimizer,
-                    jobs,
-                    seed,
-                    tick_seconds,
-                    decision_wait,
-                    covs,
-                    concurrency=concurrency,
-                    window_seconds=window_seconds,
-                    pace_seconds=pace_seconds,
-                    tls_environ=channels.client_environ(state_dir),
-                    token=channels.client_token(state_dir),
-                )
-            )
-    except (NoSuite, LoadgenError, TlsConfigError) as error:
-        fail(str(error))
-        return
-    report = compare(played, population, seed, tick_seconds)
-    report["wall_seconds"] = time.monotonic() - started
-    write_report(report, out)
-    table = Table(title=f"stride loadgen --env dlrm --jobs {jobs} --seed {seed}")
-    for column in ("", "completed", "JCT median", "JCT p90"):
-        table.add_column(column, justify="left" if not column else "right")
-    for name in ("live", "sim"):
-        summary = report[name]
-        done = report["completed"] if name == "live" else len(population)
-        table.add_row(
-            name, str(done), f"{summary['median_s']:,.0f} s", f"{summary['p90_s']:,.0f} s"
-        )
-    console.print(table)
-    console.print(
-        f"decisions equal to stride sim's on the same observations: {report['decisions_agreed']}"
-        f" of {report['windows']} windows ({report['agreement']:.1%}); report in {out}",
-        highlight=False,
-    )
-
-
-def _suite_nats_url(state_dir: Path) -> str:
-    state = SuiteState.read(state_dir)
-    if state is None or not state.ready or not state.nats_url:
-        raise NoSuite(f"no running suite in {state_dir}: run `stride up`, or set STRIDE_NATS_URL")
-    return state.nats_url
 
 
 STOP_TIMEOUT_SECONDS = 60.0

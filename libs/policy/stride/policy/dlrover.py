@@ -608,3 +608,16 @@ ALGORITHMS: tuple[AlgorithmSpec[Any, Any], ...] = (
     ),
 )
 """The algorithms of this module, for :func:`stride.policy.registry.default_registry`."""
+
+
+def oom_request(plan: Plan, role: Role, index: int) -> AdjustRequest:
+    """DLRover's step request for an OOM kill of pod ``index`` of ``role``."""
+    observations = {}
+    for each in (Role.WORKER, Role.PS):
+        resources = plan.role(each)
+        count = 0 if resources is None else resources.count
+        observations[each] = tuple(
+            PodObservation(i, 0.0, 0, oom_killed=(each is role and i == index))
+            for i in range(count)
+        )
+    return AdjustRequest(Stage.SAMPLE, plan, observations[Role.WORKER], observations[Role.PS])

@@ -227,6 +227,25 @@ class SearchSpace:
         return max(self.job_cpu_limit, request.cpu)
 
 
+def search_space(max_pod_cpu: float | None, job_cpu_limit: int | None) -> SearchSpace:
+    """The simulator's grid without per-pod cores above the largest pod a node holds
+    (``max_pod_cpu``), and the job's core limit (None: :data:`JOB_CPU_LIMIT`): the space the
+    live optimizer searches, and ``stride loadgen``'s reference with it."""
+    worker_cpu: tuple[int, ...] = GRID_WORKER_CPU
+    ps_cpu: tuple[int, ...] = GRID_PS_CPU
+    if max_pod_cpu is not None:
+        top = max(1, math.floor(max_pod_cpu))
+        worker_cpu = tuple(c for c in GRID_WORKER_CPU if c <= top) or (1,)
+        ps_cpu = tuple(c for c in GRID_PS_CPU if c <= top) or (1,)
+    return SearchSpace(
+        workers=GRID_WORKERS,
+        worker_cpu=worker_cpu,
+        ps=GRID_PS,
+        ps_cpu=ps_cpu,
+        job_cpu_limit=job_cpu_limit or JOB_CPU_LIMIT,
+    )
+
+
 @dataclass(frozen=True)
 class Sample:
     """One measured throughput (samples/s) of a configuration."""

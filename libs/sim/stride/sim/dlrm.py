@@ -113,9 +113,10 @@ from typing import Protocol
 
 import numpy as np
 
-from stride.policy import stages
+from stride.policy import dlrover, stages
 from stride.policy.cold_start import JobFeatures
 from stride.policy.contention import Claim, ShareRequest, answer, claim_of, settle
+from stride.policy.plans import Plan, Role, RoleResources
 from stride.policy.stages import (
     ALMOST_BEST_FRACTION,
     GRID_WORKERS,
@@ -517,6 +518,8 @@ class JobView:
     cluster_cpus: int
     queued_jobs: int
     """Jobs waiting for their first pods."""
+    oom_role: str = "ps"
+    """With reason "oom": whose pod was killed, "ps" or "worker"."""
 
 
 @dataclass(frozen=True)
@@ -634,13 +637,18 @@ class StridePolicy:
     seamless = True
     tick_seconds = SEAMLESS_TICK_SECONDS
 
-    def __init__(self) -> None:
+    def __init__(self, space: stages.SearchSpace = _SPACE) -> None:
         self._fitted: dict[int, int] = {}
         """Job id -> sample count at its last model fit."""
+        self.space = space
+        """The grid the stage step searches (``stride loadgen``: the live optimizer's)."""
 
     def decide(self, view: JobView) -> Decision:
         """See the class docstring."""
-        request = stage_request(view, self._fitted.get(view.spec.job_id, -1))
+        if view.reason == "oom" and view.oom_role == "worker":
+            # DLRover's rule for a worker, as the live optimizer applies it (sec. 4.2).
+            return Decision(worker_oom_pods(view.pods))
+        request = stage_request(view, self._fitted.get(view.spec.job_id, -1), self.space)
         reply = stages.stage_step(request)
         if reply.fitted_at >= 0:
             self._fitted[view.spec.job_id] = reply.fitted_at
@@ -650,7 +658,31 @@ class StridePolicy:
         return Decision(reply.pods, reply.repartition, claim)
 
 
-def stage_request(view: JobView, last_fit_sample_count: int = -1) -> stages.StageRequest:
+def worker_oom_pods(pods: Pods) -> Pods:
+    """``pods`` after DLRover's rule for an OOM-killed worker
+    (:func:`stride.policy.dlrover.oom_request`, the request the live optimizer makes)."""
+    plan = Plan(
+        roles=(
+            RoleResources(
+                Role.WORKER, pods.workers, float(pods.worker_cpu), pods.worker_mem_gib * GIB
+            ),
+            RoleResources(Role.PS, pods.ps, float(pods.ps_cpu), pods.ps_mem_gib * GIB),
+        ),
+        reason="the pods a worker was OOM-killed in",
+        algorithm="stride-sim/1",
+    )
+    reply = dlrover.adjust(dlrover.oom_request(plan, Role.WORKER, 0))
+    worker = reply.plan.role(Role.WORKER) if reply.plan is not None else None
+    if worker is None:
+        return pods
+    return replace(
+        pods, worker_mem_gib=max(pods.worker_mem_gib, math.ceil(worker.memory_bytes / GIB))
+    )
+
+
+def stage_request(
+    view: JobView, last_fit_sample_count: int = -1, space: stages.SearchSpace = _SPACE
+) -> stages.StageRequest:
     """The stage step's request for ``view``: what a job master measured, no ground truth."""
     return stages.StageRequest(
         reason=stages.Reason(view.reason),
@@ -666,7 +698,7 @@ def stage_request(view: JobView, last_fit_sample_count: int = -1) -> stages.Stag
         hot_detected=view.hot_detected,
         history=view.history,
         last_fit_sample_count=last_fit_sample_count,
-        space=_SPACE,
+        space=space,
     )
 
 
@@ -1001,8 +1033,12 @@ class _Env:
         policy: DlrmPolicy,
         sim: Simulation,
         tick: float = TICK_SECONDS,
+        pod_failures: bool = True,
     ) -> None:
         self.tick = tick
+        self.pod_failures = pod_failures
+        """Whether pods fail at random (``POD_FAILURE_PER_DAY``); ``stride loadgen``'s
+        comparison plays none, as its players do not."""
         self.jobs = {j.job_id: _Job(j, hot=j.hot_factor) for j in jobs}
         self.cpus, self.mem = cpus, mem
         self.used_cpu, self.used_mem = 0, 0
@@ -1013,7 +1049,8 @@ class _Env:
         self.history: list[HistoricalJob] = []
         self.scaling_events = 0
         self.oom_kills = 0
-        self.ends = [0] * len(jobs)
+        self.ends = {j.job_id: 0 for j in jobs}
+        """How many times each job ended (a check that none ends twice), by job id."""
         self.claims: dict[int, Claim] = {}
         """Open claims (:mod:`stride.policy.contention`), settled when capacity frees."""
         self.granted = 0
@@ -1079,8 +1116,12 @@ class _Env:
         self.sim.schedule(
             begin + remaining / job.rate, EventKind.COMPLETION, job.spec.job_id, job.version
         )
-        # OOM: first consumed count at which the hottest PS exceeds its limit.
         spec, p = job.spec, job.pods
+        if p.worker_mem_gib < spec.worker_mem_need_gib:
+            # A worker below its (fixed) need is OOM-killed at its first step.
+            self.sim.schedule(begin, EventKind.FAILURE, spec.job_id, ("worker_oom", job.version))
+            return
+        # OOM: first consumed count at which the hottest PS exceeds its limit.
         hot_now = ps_memory_gib(spec, job.hot, p.ps, job.consumed)[0]
         hot_end = ps_memory_gib(spec, job.hot, p.ps, spec.total_samples)[0]
         if hot_end > p.ps_mem_gib:
@@ -1095,6 +1136,8 @@ class _Env:
                 job.spec.job_id,
                 ("oom", job.version),
             )
+        if not self.pod_failures:
+            return
         hazard = p.count * POD_FAILURE_PER_DAY / 86400.0
         self.sim.schedule(
             now + float(self.sim.rng.exponential(1.0 / hazard)),
@@ -1113,14 +1156,6 @@ class _Env:
         assert self.used_cpu <= self.cpus and self.used_mem <= self.mem
         self.peak_cpu = max(self.peak_cpu, self.used_cpu)
         self.peak_mem = max(self.peak_mem, self.used_mem)
-        if pods.worker_mem_gib < job.spec.worker_mem_need_gib:
-            # Only PS memory grows and is OOM-killed here; a worker below its fixed need
-            # would fail at its first step, which this model does not play out.
-            raise SimulationError(
-                f"job {job.spec.job_id}: policy {self.policy.name!r} gave workers "
-                f"{pods.worker_mem_gib} GiB, below their need of "
-                f"{job.spec.worker_mem_need_gib:.1f} GiB (worker OOM is not modelled)"
-            )
         if old is None or old.workers != pods.workers:
             job.speed_factor = self._speed(job, pods.workers)
         job.pods = pods
@@ -1386,7 +1421,10 @@ class _Env:
                 self._finish(job, failed=True)
                 return
             job.paused_until = max(job.paused_until, sim.now + RESTART_SECONDS)
-            decision = self.policy.decide(self._view(job, "oom"))
+            view = replace(
+                self._view(job, "oom"), oom_role="worker" if what == "worker_oom" else "ps"
+            )
+            decision = self.policy.decide(view)
             before = job.version
             self._apply(job, decision)
             if job.version == before:
@@ -1415,13 +1453,15 @@ def simulate(
     seed: int,
     tick_seconds: float | None = None,
     policy: DlrmPolicy | None = None,
+    pod_failures: bool = True,
 ) -> DlrmResult:
     """Run ``jobs`` under a policy on a cluster of ``cluster_cpus`` cores and
     ``cluster_memory_gib`` GiB (aggregate capacity, no node packing), consulting the policy
     every ``tick_seconds`` of a running job (by default the policy's own ``tick_seconds``,
     else :data:`TICK_SECONDS`; ``stride loadgen`` compares at its own tick).
     ``policy`` runs a policy object instead of the registered ``policy_name`` (ablations in
-    ``bench/``)."""
+    ``bench/``, and ``stride loadgen``'s live policy); ``pod_failures`` False fails no pod
+    at random."""
     if policy is None and policy_name not in POLICIES:
         raise SimulationError(f"policy_name: unknown {policy_name!r}; known: {sorted(POLICIES)}")
     for spec in jobs:
@@ -1438,7 +1478,7 @@ def simulate(
         tick_seconds = float(getattr(policy, "tick_seconds", TICK_SECONDS))
     if not tick_seconds > 0:
         raise SimulationError(f"tick_seconds: must be positive, got {tick_seconds}")
-    env = _Env(jobs, cluster_cpus, cluster_memory_gib, policy, sim, tick_seconds)
+    env = _Env(jobs, cluster_cpus, cluster_memory_gib, policy, sim, tick_seconds, pod_failures)
     for spec in jobs:
         sim.schedule(spec.submit_time, EventKind.ARRIVAL, spec.job_id)
     round_seconds = getattr(policy, "round_seconds", None)
@@ -1483,7 +1523,7 @@ def simulate(
         peak_cpu=env.peak_cpu,
         peak_memory_gib=env.peak_mem,
         jcts=jcts,
-        ends=tuple(env.ends),
+        ends=tuple(env.ends[spec.job_id] for spec in jobs),
         job_cpu_utilization=job_cpu,
         job_memory_utilization=job_mem,
         claims_granted=env.granted,

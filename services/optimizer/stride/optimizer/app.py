@@ -21,10 +21,10 @@ from stride.optimizer.adapters.outbound.admission import AdmissionShares
 from stride.optimizer.adapters.outbound.history import ConfigDbHistory
 from stride.optimizer.db.tables import outbox as outbox_table
 from stride.optimizer.domain.observations import WindowRule
-from stride.optimizer.domain.tuning import search_space
 from stride.optimizer.settings import OptimizerSettings
 from stride.optimizer.stragglers import StragglerEvents
 from stride.optimizer.usecases import STAGE_STEP, Capacity, Planning
+from stride.policy.stages import search_space
 from stride.runtime.lifecycle import Dependency, ServiceHost
 from stride.wiring import connect_bus, consume, create_host, open_database, relay_outbox
 

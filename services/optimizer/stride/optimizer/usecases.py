@@ -1076,7 +1076,7 @@ class Planning:
             algorithm, rule = STAGE_STEP.qualified_name, stage_reply.root_cause
         else:
             # DLRover's rule for a worker (sec. 4.2: its memory doubles).
-            oom = _oom_request(current, role, event.index)
+            oom = dlrover.oom_request(current, role, event.index)
             reply = await self._decide(DLROVER_ADJUST, oom, job_id)
             plan = reply.plan
             algorithm, fallback = DLROVER_ADJUST.qualified_name, ""
@@ -1543,21 +1543,6 @@ def _stage_heuristic(request: stages.StageRequest) -> stages.StageReply:
         pods = replace(request.pods, ps_mem_gib=request.pods.ps_mem_gib * 2)
         return stages.StageReply(pods, False, stages.Stage.STEADY, "PS OOM-killed: memory x2")
     return stages.StageReply(None, False, stages.Stage.STEADY, "the plan holds (no decision)")
-
-
-def _oom_request(plan: Plan, role: Role, index: int) -> dlrover.AdjustRequest:
-    """DLRover's step request for an OOM kill of pod ``index`` of ``role``."""
-    observations = {}
-    for each in (Role.WORKER, Role.PS):
-        resources = plan.role(each)
-        count = 0 if resources is None else resources.count
-        observations[each] = tuple(
-            dlrover.PodObservation(i, 0.0, 0, oom_killed=(each is role and i == index))
-            for i in range(count)
-        )
-    return dlrover.AdjustRequest(
-        dlrover.Stage.SAMPLE, plan, observations[Role.WORKER], observations[Role.PS]
-    )
 
 
 def _with_counts(plan: Plan, workers: int, ps: int, reason: str) -> Plan:

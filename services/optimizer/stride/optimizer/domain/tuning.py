@@ -35,14 +35,8 @@ from stride.policy.cold_start import JobFeatures
 from stride.policy.plans import Plan, Role, RoleResources
 from stride.policy.stages import (
     ALGORITHM,
-    GRID_PS,
-    GRID_PS_CPU,
-    GRID_WORKER_CPU,
-    GRID_WORKERS,
-    JOB_CPU_LIMIT,
     JobShape,
     Pods,
-    SearchSpace,
     Stage,
     StageReply,
 )
@@ -105,23 +99,6 @@ def shape_of(features: JobFeatures, parameter_count: int) -> JobShape:
     )
     model_bytes = 4.0 * parameter_count if parameter_count > 0 else DEFAULT_MODEL_BYTES
     return JobShape(features.batch_size, features.embedding_dim, model_bytes, float(total))
-
-
-def search_space(max_pod_cpu: float | None, job_cpu_limit: int | None) -> SearchSpace:
-    """The simulator's grid, without per-pod cores above the largest pod a node holds."""
-    worker_cpu: tuple[int, ...] = GRID_WORKER_CPU
-    ps_cpu: tuple[int, ...] = GRID_PS_CPU
-    if max_pod_cpu is not None:
-        top = max(1, math.floor(max_pod_cpu))
-        worker_cpu = tuple(c for c in GRID_WORKER_CPU if c <= top) or (1,)
-        ps_cpu = tuple(c for c in GRID_PS_CPU if c <= top) or (1,)
-    return SearchSpace(
-        workers=GRID_WORKERS,
-        worker_cpu=worker_cpu,
-        ps=GRID_PS,
-        ps_cpu=ps_cpu,
-        job_cpu_limit=job_cpu_limit or JOB_CPU_LIMIT,
-    )
 
 
 @dataclass(frozen=True)

@@ -21,6 +21,81 @@ else:
 DESCRIPTOR: _descriptor.FileDescriptor
 
 @_typing.final
+class GetLoopSettingsRequest(_message.Message):
+    """Request for GetLoopSettings."""
+
+    DESCRIPTOR: _descriptor.Descriptor
+
+    def __init__(
+        self,
+    ) -> None: ...
+    _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
+    def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
+    _ClearFieldArgType: _TypeAlias = _Never  # noqa: Y015
+    def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
+    def WhichOneof(self, oneof_group: _Never) -> None: ...
+
+Global___GetLoopSettingsRequest: _TypeAlias = GetLoopSettingsRequest  # noqa: Y015
+
+@_typing.final
+class GetLoopSettingsResponse(_message.Message):
+    """Response of GetLoopSettings."""
+
+    DESCRIPTOR: _descriptor.Descriptor
+
+    TICK_SECONDS_FIELD_NUMBER: _builtins.int
+    MIN_PLAN_INTERVAL_SECONDS_FIELD_NUMBER: _builtins.int
+    WORKER_CPU_FIELD_NUMBER: _builtins.int
+    PS_CPU_FIELD_NUMBER: _builtins.int
+    WORKERS_FIELD_NUMBER: _builtins.int
+    PS_FIELD_NUMBER: _builtins.int
+    JOB_CPU_LIMIT_FIELD_NUMBER: _builtins.int
+    ENFORCE_SHARES_FIELD_NUMBER: _builtins.int
+    tick_seconds: _builtins.float
+    """Training seconds one throughput sample covers (the window)."""
+    min_plan_interval_seconds: _builtins.float
+    """Least seconds between two plans of the stage step."""
+    job_cpu_limit: _builtins.int
+    """Most cores it gives one job (the job's request if larger)."""
+    enforce_shares: _builtins.bool
+    """Whether plans are kept within admission's shares."""
+    @_builtins.property
+    def worker_cpu(self) -> _containers.RepeatedScalarFieldContainer[_builtins.int]:
+        """Cores per worker the stage step may choose, increasing."""
+
+    @_builtins.property
+    def ps_cpu(self) -> _containers.RepeatedScalarFieldContainer[_builtins.int]:
+        """Cores per PS the stage step may choose, increasing."""
+
+    @_builtins.property
+    def workers(self) -> _containers.RepeatedScalarFieldContainer[_builtins.int]:
+        """Worker counts it may choose, increasing."""
+
+    @_builtins.property
+    def ps(self) -> _containers.RepeatedScalarFieldContainer[_builtins.int]:
+        """PS counts it may choose, increasing."""
+
+    def __init__(
+        self,
+        *,
+        tick_seconds: _builtins.float = ...,
+        min_plan_interval_seconds: _builtins.float = ...,
+        worker_cpu: _abc.Iterable[_builtins.int] | None = ...,
+        ps_cpu: _abc.Iterable[_builtins.int] | None = ...,
+        workers: _abc.Iterable[_builtins.int] | None = ...,
+        ps: _abc.Iterable[_builtins.int] | None = ...,
+        job_cpu_limit: _builtins.int = ...,
+        enforce_shares: _builtins.bool = ...,
+    ) -> None: ...
+    _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
+    def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["enforce_shares", b"enforce_shares", "job_cpu_limit", b"job_cpu_limit", "min_plan_interval_seconds", b"min_plan_interval_seconds", "ps", b"ps", "ps_cpu", b"ps_cpu", "tick_seconds", b"tick_seconds", "worker_cpu", b"worker_cpu", "workers", b"workers"]  # noqa: Y015
+    def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
+    def WhichOneof(self, oneof_group: _Never) -> None: ...
+
+Global___GetLoopSettingsResponse: _TypeAlias = GetLoopSettingsResponse  # noqa: Y015
+
+@_typing.final
 class GetPlanRequest(_message.Message):
     """Request for GetPlan."""
 

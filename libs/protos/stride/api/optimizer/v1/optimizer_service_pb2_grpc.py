@@ -60,6 +60,11 @@ class OptimizerServiceStub:
                 request_serializer=stride_dot_api_dot_optimizer_dot_v1_dot_optimizer__service__pb2.GetPlanExplanationRequest.SerializeToString,
                 response_deserializer=stride_dot_api_dot_optimizer_dot_v1_dot_optimizer__service__pb2.GetPlanExplanationResponse.FromString,
                 _registered_method=True)
+        self.GetLoopSettings = channel.unary_unary(
+                '/stride.api.optimizer.v1.OptimizerService/GetLoopSettings',
+                request_serializer=stride_dot_api_dot_optimizer_dot_v1_dot_optimizer__service__pb2.GetLoopSettingsRequest.SerializeToString,
+                response_deserializer=stride_dot_api_dot_optimizer_dot_v1_dot_optimizer__service__pb2.GetLoopSettingsResponse.FromString,
+                _registered_method=True)
 
 
 class OptimizerServiceServicer:
@@ -103,6 +108,15 @@ class OptimizerServiceServicer:
         context.set_details('Method not implemented!')
         raise NotImplementedError('Method not implemented!')
 
+    def GetLoopSettings(self, request, context):
+        """GetLoopSettings returns how this optimizer decides: its window, the least time between
+        plans, and the search space (``stride loadgen`` runs its reference policy and the
+        simulator with the same).
+        """
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
 
 def add_OptimizerServiceServicer_to_server(servicer, server):
     rpc_method_handlers = {
@@ -130,6 +144,11 @@ def add_OptimizerServiceServicer_to_server(servicer, server):
                     servicer.GetPlanExplanation,
                     request_deserializer=stride_dot_api_dot_optimizer_dot_v1_dot_optimizer__service__pb2.GetPlanExplanationRequest.FromString,
                     response_serializer=stride_dot_api_dot_optimizer_dot_v1_dot_optimizer__service__pb2.GetPlanExplanationResponse.SerializeToString,
+            ),
+            'GetLoopSettings': grpc.unary_unary_rpc_method_handler(
+                    servicer.GetLoopSettings,
+                    request_deserializer=stride_dot_api_dot_optimizer_dot_v1_dot_optimizer__service__pb2.GetLoopSettingsRequest.FromString,
+                    response_serializer=stride_dot_api_dot_optimizer_dot_v1_dot_optimizer__service__pb2.GetLoopSettingsResponse.SerializeToString,
             ),
     }
     generic_handler = grpc.method_handlers_generic_handler(
@@ -268,6 +287,33 @@ class OptimizerService:
             '/stride.api.optimizer.v1.OptimizerService/GetPlanExplanation',
             stride_dot_api_dot_optimizer_dot_v1_dot_optimizer__service__pb2.GetPlanExplanationRequest.SerializeToString,
             stride_dot_api_dot_optimizer_dot_v1_dot_optimizer__service__pb2.GetPlanExplanationResponse.FromString,
+            options,
+            channel_credentials,
+            insecure,
+            call_credentials,
+            compression,
+            wait_for_ready,
+            timeout,
+            metadata,
+            _registered_method=True)
+
+    @staticmethod
+    def GetLoopSettings(request,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.unary_unary(
+            request,
+            target,
+            '/stride.api.optimizer.v1.OptimizerService/GetLoopSettings',
+            stride_dot_api_dot_optimizer_dot_v1_dot_optimizer__service__pb2.GetLoopSettingsRequest.SerializeToString,
+            stride_dot_api_dot_optimizer_dot_v1_dot_optimizer__service__pb2.GetLoopSettingsResponse.FromString,
             options,
             channel_credentials,
             insecure,

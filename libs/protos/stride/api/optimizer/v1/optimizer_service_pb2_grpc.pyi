@@ -47,6 +47,11 @@ class OptimizerServiceStub:
     """GetPlanExplanation returns every plan version of a job with why it was chosen,
     oldest first. NOT_FOUND if the job is unknown.
     """
+    GetLoopSettings: _grpc.UnaryUnaryMultiCallable[_optimizer_service_pb2.GetLoopSettingsRequest, _optimizer_service_pb2.GetLoopSettingsResponse]
+    """GetLoopSettings returns how this optimizer decides: its window, the least time between
+    plans, and the search space (``stride loadgen`` runs its reference policy and the
+    simulator with the same).
+    """
 
 @_typing.type_check_only
 class OptimizerServiceAsyncStub(OptimizerServiceStub):
@@ -66,6 +71,11 @@ class OptimizerServiceAsyncStub(OptimizerServiceStub):
     GetPlanExplanation: _aio.UnaryUnaryMultiCallable[_optimizer_service_pb2.GetPlanExplanationRequest, _optimizer_service_pb2.GetPlanExplanationResponse]  # type: ignore[assignment]
     """GetPlanExplanation returns every plan version of a job with why it was chosen,
     oldest first. NOT_FOUND if the job is unknown.
+    """
+    GetLoopSettings: _aio.UnaryUnaryMultiCallable[_optimizer_service_pb2.GetLoopSettingsRequest, _optimizer_service_pb2.GetLoopSettingsResponse]  # type: ignore[assignment]
+    """GetLoopSettings returns how this optimizer decides: its window, the least time between
+    plans, and the search space (``stride loadgen`` runs its reference policy and the
+    simulator with the same).
     """
 
 class OptimizerServiceServicer(metaclass=_abc_1.ABCMeta):
@@ -113,6 +123,17 @@ class OptimizerServiceServicer(metaclass=_abc_1.ABCMeta):
     ) -> _typing.Union[_optimizer_service_pb2.GetPlanExplanationResponse, _abc.Awaitable[_optimizer_service_pb2.GetPlanExplanationResponse]]:
         """GetPlanExplanation returns every plan version of a job with why it was chosen,
         oldest first. NOT_FOUND if the job is unknown.
+        """
+
+    @_abc_1.abstractmethod
+    def GetLoopSettings(
+        self,
+        request: _optimizer_service_pb2.GetLoopSettingsRequest,
+        context: _ServicerContext,
+    ) -> _typing.Union[_optimizer_service_pb2.GetLoopSettingsResponse, _abc.Awaitable[_optimizer_service_pb2.GetLoopSettingsResponse]]:
+        """GetLoopSettings returns how this optimizer decides: its window, the least time between
+        plans, and the search space (``stride loadgen`` runs its reference policy and the
+        simulator with the same).
         """
 
 def add_OptimizerServiceServicer_to_server(servicer: OptimizerServiceServicer, server: _typing.Union[_grpc.Server, _aio.Server]) -> None: ...

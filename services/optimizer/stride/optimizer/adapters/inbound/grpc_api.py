@@ -65,6 +65,22 @@ class OptimizerApi(pb_grpc.OptimizerServiceServicer):
             samples_consumed=view.consumed if view else 0,
         )
 
+    async def GetLoopSettings(
+        self, request: pb.GetLoopSettingsRequest, context: Context
+    ) -> pb.GetLoopSettingsResponse:
+        planning = self.planning
+        space = planning.space
+        return pb.GetLoopSettingsResponse(
+            tick_seconds=planning.window.tick_seconds,
+            min_plan_interval_seconds=planning.min_plan_interval_seconds,
+            worker_cpu=space.worker_cpu,
+            ps_cpu=space.ps_cpu,
+            workers=space.workers,
+            ps=space.ps,
+            job_cpu_limit=space.job_cpu_limit,
+            enforce_shares=planning.enforce_shares,
+        )
+
     async def ListPlans(
         self, request: pb.ListPlansRequest, context: Context
     ) -> pb.ListPlansResponse:
