@@ -37,7 +37,7 @@ import json
 import math
 import statistics
 import time
-from collections.abc import Mapping, Sequence
+from collections.abc import AsyncIterator, Mapping, Sequence
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import asdict, dataclass, field, replace
 from datetime import UTC, datetime, timedelta
@@ -566,6 +566,156 @@ def space_of(settings: optimizer_pb.GetLoopSettingsResponse) -> SearchSpace:
     )
 
 
+def _check_options(
+    jobs: int,
+    tick: float | None,
+    decision_wait: float,
+    window_seconds: float,
+    pace_seconds: float,
+    concurrency: int,
+    max_wall_seconds: float,
+) -> None:
+    """LoadgenError naming the option that is out of range."""
+    if jobs < 1:
+        raise LoadgenError(f"--jobs: must be at least 1, got {jobs}")
+    if (tick is not None and tick <= 0) or decision_wait <= 0:
+        raise LoadgenError("--tick-seconds and --decision-wait: must be positive")
+    if window_seconds < 0 or not math.isfinite(window_seconds):
+        raise LoadgenError(f"--window-seconds: must be >= 0, got {window_seconds}")
+    if not pace_seconds > 0:
+        raise LoadgenError(f"--pace-seconds: must be > 0, got {pace_seconds}")
+    if concurrency < 1:
+        raise LoadgenError(f"--concurrency: must be at least 1, got {concurrency}")
+    if not max_wall_seconds > 0:
+        raise LoadgenError(f"--max-wall-seconds: must be > 0, got {max_wall_seconds}")
+
+
+def _options(
+    settings: optimizer_pb.GetLoopSettingsResponse,
+    seed: int,
+    tick: float | None,
+    decision_wait: float,
+    window_seconds: float,
+    pace_seconds: float,
+) -> PlayOptions:
+    """How the jobs are played, at the optimizer's window and grid."""
+    if tick is not None and not math.isclose(tick, settings.tick_seconds):
+        raise LoadgenError(
+            f"--tick-seconds: {tick:g} is not the optimizer's window of "
+            f"{settings.tick_seconds:g} s (STRIDE_OPTIMIZER_TICK_SECONDS); leave it "
+            "out to play at the suite's"
+        )
+    return PlayOptions(
+        seed,
+        settings.tick_seconds,
+        decision_wait,
+        space_of(settings),
+        window_seconds,
+        pace_seconds,
+    )
+
+
+@dataclass
+class _Stage:
+    """What every job's play shares: the bus, the APIs, the decision watch, the bound."""
+
+    bus: Bus
+    admission: Any
+    optimizer: Any
+    options: PlayOptions
+    watch: DecisionWatch
+    tally: Tally
+    stop: asyncio.Event
+    limit: asyncio.Semaphore
+    threads: ThreadPoolExecutor
+    user: str
+
+    async def one(self, spec: DlrmJobSpec) -> Played:
+        """Submit one job, play it to its end (or the bound), and report its end as the
+        pod watcher would."""
+        async with self.limit:
+            if self.stop.is_set():
+                return _unplayed(spec, "stopped by --max-wall-seconds before it began")
+            seed = self.options.seed
+            reply = await self.admission.SubmitJob(
+                admission_pb.SubmitJobRequest(
+                    spec=job_spec(spec.job_id, spec, f"loadgen-s{seed}", self.user),
+                    request_id=f"loadgen-{seed}-{spec.job_id}-{datetime.now(UTC).timestamp()}",
+                ),
+                timeout=30,
+            )
+            job_id = reply.job.job_id
+            player = JobPlayer(
+                self.bus,
+                self.optimizer,
+                job_id,
+                spec,
+                self.options,
+                self.watch,
+                self.tally,
+                self.stop,
+            )
+            try:
+                await player.begin()
+            except LoadgenError as error:
+                played = _unplayed(spec, str(error))
+            else:
+                played = await asyncio.get_running_loop().run_in_executor(self.threads, player.play)
+            self.tally.finished += int(played.completed)
+            self.tally.failed += int(not played.completed)
+            await self._ended(job_id, played)
+            return played
+
+    async def all(self, population: Sequence[DlrmJobSpec], max_wall_seconds: float) -> list[Played]:
+        """Every job played; after ``max_wall_seconds`` each stops at its next decision."""
+        tasks = [asyncio.create_task(self.one(spec)) for spec in population]
+        _, pending = await asyncio.wait(
+            tasks, timeout=max_wall_seconds if math.isfinite(max_wall_seconds) else None
+        )
+        if pending:
+            self.stop.set()
+            await asyncio.wait(pending)
+        return [task.result() for task in tasks]
+
+    async def _ended(self, job_id: str, played: Played) -> None:
+        outcome = (
+            job_pb2.JOB_OUTCOME_SUCCEEDED
+            if played.completed
+            else job_pb2.JOB_OUTCOME_CANCELLED
+            if self.stop.is_set()
+            else job_pb2.JOB_OUTCOME_FAILED
+        )
+        end = job_pb2.JobFinished(
+            job_id=job_id,
+            outcome=outcome,
+            message="simulated by stride loadgen" + (f": {played.error}" if played.error else ""),
+            finished_at=_stamp(datetime.now(UTC)),
+        )
+        await self.bus.publish(topics.JOB_FINISHED, job_id, end, f"{job_id}.loadgen.end")
+
+
+@contextlib.asynccontextmanager
+async def _stubs(
+    admission_address: str,
+    optimizer_address: str,
+    tls_environ: Mapping[str, str] | None,
+    token: tls.Token | None,
+) -> AsyncIterator[tuple[Any, Any]]:
+    """Admission's and the optimizer's APIs, as the CLI calls them."""
+    async with (
+        tls.aio_channel(
+            admission_address, server="admission", identity="cli", environ=tls_environ, token=token
+        ) as admission,
+        tls.aio_channel(
+            optimizer_address, server="optimizer", identity="cli", environ=tls_environ, token=token
+        ) as optimizer,
+    ):
+        yield (
+            admission_grpc.AdmissionServiceStub(admission),
+            optimizer_grpc.OptimizerServiceStub(optimizer),
+        )
+
+
 async def run(
     nats_url: str,
     admission_address: str,
@@ -589,18 +739,9 @@ async def run(
     one window per that many wall seconds (0: each window as soon as the last one was
     decided, the suite's saturation); after ``max_wall_seconds`` every job stops where it
     is (a partial report). ``tally`` is kept up to date for a progress display."""
-    if jobs < 1:
-        raise LoadgenError(f"--jobs: must be at least 1, got {jobs}")
-    if (tick is not None and tick <= 0) or decision_wait <= 0:
-        raise LoadgenError("--tick-seconds and --decision-wait: must be positive")
-    if window_seconds < 0 or not math.isfinite(window_seconds):
-        raise LoadgenError(f"--window-seconds: must be >= 0, got {window_seconds}")
-    if not pace_seconds > 0:
-        raise LoadgenError(f"--pace-seconds: must be > 0, got {pace_seconds}")
-    if concurrency < 1:
-        raise LoadgenError(f"--concurrency: must be at least 1, got {concurrency}")
-    if not max_wall_seconds > 0:
-        raise LoadgenError(f"--max-wall-seconds: must be > 0, got {max_wall_seconds}")
+    _check_options(
+        jobs, tick, decision_wait, window_seconds, pace_seconds, concurrency, max_wall_seconds
+    )
     # Hot PS are not replayed: the live loop records a re-partition but orders none yet.
     population = [
         replace(spec, hot_factor=1.0)
@@ -615,97 +756,29 @@ async def run(
         signer_for=as_producers(lambda identity: tls.load(identity, tls_environ)),
         environ=tls_environ,
     )
-    limit = asyncio.Semaphore(concurrency)
     watch = DecisionWatch()
     stop = asyncio.Event()
     # The simulator blocks on each decision: one thread per job playing.
     threads = ThreadPoolExecutor(max_workers=concurrency, thread_name_prefix="loadgen")
     try:
         await watch.start(bus)
-        async with (
-            tls.aio_channel(
-                admission_address,
-                server="admission",
-                identity="cli",
-                environ=tls_environ,
-                token=token,
-            ) as channel,
-            tls.aio_channel(
-                optimizer_address,
-                server="optimizer",
-                identity="cli",
-                environ=tls_environ,
-                token=token,
-            ) as optimizer_channel,
-        ):
-            stub = admission_grpc.AdmissionServiceStub(channel)
-            optimizer = optimizer_grpc.OptimizerServiceStub(optimizer_channel)
+        async with _stubs(admission_address, optimizer_address, tls_environ, token) as stubs:
+            admission, optimizer = stubs
             settings = await loop_settings(optimizer)
-            if tick is not None and not math.isclose(tick, settings.tick_seconds):
-                raise LoadgenError(
-                    f"--tick-seconds: {tick:g} is not the optimizer's window of "
-                    f"{settings.tick_seconds:g} s (STRIDE_OPTIMIZER_TICK_SECONDS); leave it "
-                    "out to play at the suite's"
-                )
-            options = PlayOptions(
-                seed,
-                settings.tick_seconds,
-                decision_wait,
-                space_of(settings),
-                window_seconds,
-                pace_seconds,
+            options = _options(settings, seed, tick, decision_wait, window_seconds, pace_seconds)
+            stage = _Stage(
+                bus,
+                admission,
+                optimizer,
+                options,
+                watch,
+                tally,
+                stop,
+                asyncio.Semaphore(concurrency),
+                threads,
+                "" if token else "loadgen",
             )
-
-            async def one(spec: DlrmJobSpec) -> Played:
-                async with limit:
-                    if stop.is_set():
-                        return _unplayed(spec, "stopped by --max-wall-seconds before it began")
-                    reply = await stub.SubmitJob(
-                        admission_pb.SubmitJobRequest(
-                            spec=job_spec(
-                                spec.job_id, spec, f"loadgen-s{seed}", "" if token else "loadgen"
-                            ),
-                            request_id=f"loadgen-{seed}-{spec.job_id}-"
-                            f"{datetime.now(UTC).timestamp()}",
-                        ),
-                        timeout=30,
-                    )
-                    job_id = reply.job.job_id
-                    player = JobPlayer(bus, optimizer, job_id, spec, options, watch, tally, stop)
-                    try:
-                        await player.begin()
-                    except LoadgenError as error:
-                        played = _unplayed(spec, str(error))
-                    else:
-                        loop = asyncio.get_running_loop()
-                        played = await loop.run_in_executor(threads, player.play)
-                    tally.finished += int(played.completed)
-                    tally.failed += int(not played.completed)
-                    outcome = (
-                        job_pb2.JOB_OUTCOME_SUCCEEDED
-                        if played.completed
-                        else job_pb2.JOB_OUTCOME_CANCELLED
-                        if stop.is_set()
-                        else job_pb2.JOB_OUTCOME_FAILED
-                    )
-                    end = job_pb2.JobFinished(
-                        job_id=job_id,
-                        outcome=outcome,
-                        message="simulated by stride loadgen"
-                        + (f": {played.error}" if played.error else ""),
-                        finished_at=_stamp(datetime.now(UTC)),
-                    )
-                    await bus.publish(topics.JOB_FINISHED, job_id, end, f"{job_id}.loadgen.end")
-                    return played
-
-            tasks = [asyncio.create_task(one(spec)) for spec in population]
-            _, pending = await asyncio.wait(
-                tasks, timeout=max_wall_seconds if math.isfinite(max_wall_seconds) else None
-            )
-            if pending:
-                stop.set()  # each player stops at its next decision
-                await asyncio.wait(pending)
-            played = [task.result() for task in tasks]
+            played = await stage.all(population, max_wall_seconds)
     finally:
         stop.set()
         threads.shutdown(wait=False, cancel_futures=True)

@@ -37,6 +37,43 @@ def _suite_nats_url(state_dir: Path) -> str:
     return state.nats_url
 
 
+TickSeconds = Annotated[
+    float | None,
+    typer.Option(
+        min=1.0,
+        help="Simulated seconds per metric window; it must be the optimizer's "
+        "(STRIDE_OPTIMIZER_TICK_SECONDS). Default: ask the optimizer.",
+    ),
+]
+DecisionWait = Annotated[
+    float, typer.Option(min=0.05, help="Wall seconds to wait for a window's plan.")
+]
+WindowSeconds = Annotated[
+    float,
+    typer.Option(
+        min=0.0,
+        help="Wall seconds between a job's windows (0: each as soon as the last one was "
+        "decided, which drives the suite at its saturation).",
+    ),
+]
+PaceSeconds = Annotated[
+    float,
+    typer.Option(
+        min=1.0,
+        help="With --window-seconds: pace the jobs for this many wall seconds, then let "
+        "them finish unpaced (latencies are recorded while paced).",
+    ),
+]
+MaxWallSeconds = Annotated[
+    float,
+    typer.Option(
+        min=1.0,
+        help="Stop every job where it is after this many wall seconds and report what "
+        "was played (a partial report).",
+    ),
+]
+
+
 def register(app: typer.Typer, default_state_dir: Path, console: Console, errors: Console) -> None:
     """Add ``stride loadgen`` to ``app``."""
 
@@ -49,41 +86,11 @@ def register(app: typer.Typer, default_state_dir: Path, console: Console, errors
         env: Annotated[str, typer.Option(help="The simulated environment: dlrm.")] = "dlrm",
         jobs: Annotated[int, typer.Option(min=1, max=10_000, help="Jobs to play.")] = 50,
         seed: Annotated[int, typer.Option(help="Seed of the job population (as stride sim).")] = 1,
-        tick_seconds: Annotated[
-            float | None,
-            typer.Option(
-                min=1.0,
-                help="Simulated seconds per metric window; it must be the optimizer's "
-                "(STRIDE_OPTIMIZER_TICK_SECONDS). Default: ask the optimizer.",
-            ),
-        ] = None,
-        decision_wait: Annotated[
-            float, typer.Option(min=0.05, help="Wall seconds to wait for a window's plan.")
-        ] = 15.0,
-        window_seconds: Annotated[
-            float,
-            typer.Option(
-                min=0.0,
-                help="Wall seconds between a job's windows (0: each as soon as the last one was "
-                "decided, which drives the suite at its saturation).",
-            ),
-        ] = 0.0,
-        pace_seconds: Annotated[
-            float,
-            typer.Option(
-                min=1.0,
-                help="With --window-seconds: pace the jobs for this many wall seconds, then let "
-                "them finish unpaced (latencies are recorded while paced).",
-            ),
-        ] = 10**9,
-        max_wall_seconds: Annotated[
-            float,
-            typer.Option(
-                min=1.0,
-                help="Stop every job where it is after this many wall seconds and report what "
-                "was played (a partial report).",
-            ),
-        ] = 10**9,
+        tick_seconds: TickSeconds = None,
+        decision_wait: DecisionWait = 15.0,
+        window_seconds: WindowSeconds = 0.0,
+        pace_seconds: PaceSeconds = 10**9,
+        max_wall_seconds: MaxWallSeconds = 10**9,
         concurrency: Annotated[
             int, typer.Option(min=1, max=10_000, help="Jobs playing at once.")
         ] = 64,
@@ -112,7 +119,7 @@ def register(app: typer.Typer, default_state_dir: Path, console: Console, errors
             nats_url = os.environ.get("STRIDE_NATS_URL") or _suite_nats_url(state_dir)
             admission = address("admission", state_dir)
             optimizer = address("optimizer", state_dir)
-            with _loadgen_progress(tally, jobs):
+            with progress_bar(console, tally, jobs):
                 played, population, options = asyncio.run(
                     run(
                         nats_url,
@@ -143,78 +150,71 @@ def register(app: typer.Typer, default_state_dir: Path, console: Console, errors
         report["wall_seconds"] = time.monotonic() - started
         report["tick_seconds"] = options.tick
         write_report(report, out)
-        _print_loadgen(report, jobs, seed, len(population), out)
+        print_report(console, report, jobs, seed, len(population), out)
 
-    @contextlib.contextmanager
-    def _loadgen_progress(tally: Any, jobs: int) -> Iterator[None]:
-        """A live bar: jobs finished, windows decided and agreement so far."""
-        columns = (
-            TextColumn("[progress.description]{task.description}"),
-            BarColumn(),
-            TextColumn("{task.completed}/{task.total} jobs"),
-            TextColumn("{task.fields[windows]} windows, {task.fields[agreement]} agreed"),
-            TimeElapsedColumn(),
+
+@contextlib.contextmanager
+def progress_bar(console: Console, tally: Any, jobs: int) -> Iterator[None]:
+    """A live bar: jobs finished, windows decided and agreement so far."""
+    columns = (
+        TextColumn("[progress.description]{task.description}"),
+        BarColumn(),
+        TextColumn("{task.completed}/{task.total} jobs"),
+        TextColumn("{task.fields[windows]} windows, {task.fields[agreement]} agreed"),
+        TimeElapsedColumn(),
+    )
+    with Progress(*columns, console=console, transient=False) as bar:
+        task = bar.add_task("playing", total=jobs, windows=0, agreement="-")
+        stop = threading.Event()
+
+        def refresh() -> None:
+            agreement = f"{tally.agreed / tally.windows:.1%}" if tally.windows else "-"
+            done = tally.finished + tally.failed
+            bar.update(task, completed=done, windows=tally.windows, agreement=agreement)
+
+        def follow() -> None:
+            while not stop.wait(0.5):
+                refresh()
+
+        watcher = threading.Thread(target=follow, daemon=True)
+        watcher.start()
+        try:
+            yield
+        finally:
+            stop.set()
+            watcher.join()
+            refresh()
+
+
+def print_report(
+    console: Console, report: dict[str, Any], jobs: int, seed: int, population: int, out: Path
+) -> None:
+    table = Table(title=f"stride loadgen --env dlrm --jobs {jobs} --seed {seed}")
+    for column in ("", "completed", "JCT median", "JCT p90"):
+        table.add_column(column, justify="left" if not column else "right")
+    for name in ("live", "sim"):
+        summary = report[name]
+        done = report["completed"] if name == "live" else report.get("sim_completed", "-")
+        table.add_row(
+            name,
+            f"{done} of {population}",
+            "-" if math.isnan(summary["median_s"]) else f"{summary['median_s']:,.0f} s",
+            "-" if math.isnan(summary["p90_s"]) else f"{summary['p90_s']:,.0f} s",
         )
-        with Progress(*columns, console=console, transient=False) as bar:
-            task = bar.add_task("playing", total=jobs, windows=0, agreement="-")
-            stop = threading.Event()
-
-            def refresh() -> None:
-                while not stop.wait(0.5):
-                    agreement = f"{tally.agreed / tally.windows:.1%}" if tally.windows else "-"
-                    bar.update(
-                        task,
-                        completed=tally.finished + tally.failed,
-                        windows=tally.windows,
-                        agreement=agreement,
-                    )
-
-            watcher = threading.Thread(target=refresh, daemon=True)
-            watcher.start()
-            try:
-                yield
-            finally:
-                stop.set()
-                watcher.join()
-                agreement = f"{tally.agreed / tally.windows:.1%}" if tally.windows else "-"
-                bar.update(
-                    task,
-                    completed=tally.finished + tally.failed,
-                    windows=tally.windows,
-                    agreement=agreement,
-                )
-
-    def _print_loadgen(
-        report: dict[str, Any], jobs: int, seed: int, population: int, out: Path
-    ) -> None:
-        table = Table(title=f"stride loadgen --env dlrm --jobs {jobs} --seed {seed}")
-        for column in ("", "completed", "JCT median", "JCT p90"):
-            table.add_column(column, justify="left" if not column else "right")
-        for name in ("live", "sim"):
-            summary = report[name]
-            done = report["completed"] if name == "live" else report.get("sim_completed", "-")
-            table.add_row(
-                name,
-                f"{done} of {population}",
-                "-" if math.isnan(summary["median_s"]) else f"{summary['median_s']:,.0f} s",
-                "-" if math.isnan(summary["p90_s"]) else f"{summary['p90_s']:,.0f} s",
-            )
-        console.print(table)
-        stopped = [job for job in report["per_job"] if job["error"]]
-        for job in stopped[:5]:
-            console.print(
-                f"job {job['index']} ({job['job_id'] or 'not submitted'}): {job['error']}"
-            )
-        if len(stopped) > 5:
-            console.print(f"... and {len(stopped) - 5} more (see {out})")
-        if not report["comparable"]:
-            console.print(f"not compared: {report['why']}", highlight=False)
-        if report["windows"]:
-            console.print(
-                f"decisions equal to stride sim's on the same observations: "
-                f"{report['decisions_agreed']} of {report['windows']} windows "
-                f"({report['agreement']:.1%}); report in {out}",
-                highlight=False,
-            )
-        else:
-            console.print(f"no window was decided; report in {out}", highlight=False)
+    console.print(table)
+    stopped = [job for job in report["per_job"] if job["error"]]
+    for job in stopped[:5]:
+        console.print(f"job {job['index']} ({job['job_id'] or 'not submitted'}): {job['error']}")
+    if len(stopped) > 5:
+        console.print(f"... and {len(stopped) - 5} more (see {out})")
+    if not report["comparable"]:
+        console.print(f"not compared: {report['why']}", highlight=False)
+    if report["windows"]:
+        console.print(
+            f"decisions equal to stride sim's on the same observations: "
+            f"{report['decisions_agreed']} of {report['windows']} windows "
+            f"({report['agreement']:.1%}); report in {out}",
+            highlight=False,
+        )
+    else:
+        console.print(f"no window was decided; report in {out}", highlight=False)

@@ -70,6 +70,14 @@ class InvalidClaim(PolicyError):
     """A claim or a share is invalid: a negative resource, a non-finite throughput."""
 
 
+def _check_amounts(owner: object, *names: str) -> None:
+    """InvalidClaim naming the first of ``owner``'s ``names`` that is negative or not finite."""
+    for name in names:
+        value = getattr(owner, name)
+        if not math.isfinite(value) or value < 0:
+            raise InvalidClaim(name, f"must be a finite number >= 0, got {value!r}")
+
+
 @dataclass(frozen=True)
 class Claim:
     """One job's wish for pods the cluster could not give when it was decided."""
@@ -91,12 +99,9 @@ class Claim:
     """The stage step's reason for the wanted pods."""
 
     def __post_init__(self) -> None:
-        for name in ("throughput_now", "throughput_wanted", "remaining_samples"):
-            value = getattr(self, name)
-            if not math.isfinite(value) or value < 0:
-                raise InvalidClaim(name, f"must be a finite number >= 0, got {value!r}")
-        if not math.isfinite(self.pause_seconds) or self.pause_seconds < 0:
-            raise InvalidClaim("pause_seconds", f"must be >= 0, got {self.pause_seconds!r}")
+        _check_amounts(
+            self, "throughput_now", "throughput_wanted", "remaining_samples", "pause_seconds"
+        )
 
     @property
     def extra_cpu(self) -> float:
@@ -142,7 +147,8 @@ class ShareRequest:
     cause: str = ""
 
     def __post_init__(self) -> None:
-        for name in (
+        _check_amounts(
+            self,
             "held_cpu",
             "held_memory_gib",
             "wanted_cpu",
@@ -151,10 +157,7 @@ class ShareRequest:
             "throughput_wanted",
             "remaining_samples",
             "pause_seconds",
-        ):
-            value = getattr(self, name)
-            if not math.isfinite(value) or value < 0:
-                raise InvalidClaim(name, f"must be a finite number >= 0, got {value!r}")
+        )
 
     @classmethod
     def of(
@@ -383,10 +386,13 @@ def settle(
             take(claim, 0.0, "OOM safety: memory above the peak goes before any speed-up")
     # A claim expected to be no faster than nothing has no gain: never granted.
     rest = [c for c in pending if not c.safety and c.throughput_wanted > 0]
-    if rest and cpu > 0 and memory > 0:
+    if rest:
+        # A growth may need only one of the two (cores alone, memory alone), and an
+        # increment that fits to the last bit must not be lost to rounding: the selection
+        # gets what is free with the same tolerance as ``fits``.
         selection = select(
             SelectionRequest(
-                capacity=(max(cpu, _EPS), max(memory, _EPS)),
+                capacity=(max(cpu, 0.0) + _EPS, max(memory, 0.0) + _EPS),
                 jobs=tuple(
                     JobCandidates(c.job_id, c.remaining_samples, (c.candidate(),)) for c in rest
                 ),

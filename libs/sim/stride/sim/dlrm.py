@@ -961,6 +961,31 @@ class _Job:
     mem_used_s: float = 0.0
     mem_alloc_s: float = 0.0
 
+    def speed(self, seed: int, workers: int, dynamic_sharding: bool) -> float:
+        """How fast ``workers`` of the job run together, against a job without stragglers:
+        their mean speed under dynamic sharding, the slowest's under static sharding."""
+        cov = self.spec.straggler_cov
+        if cov <= 0:
+            return 1.0
+        if len(self.worker_speeds) < workers:
+            # The job's i-th worker keeps its speed (a slow machine stays slow) whatever
+            # the policy, so every policy meets the same stragglers (common random numbers
+            # across policies: their difference is not the draw's).
+            sigma = _speed_sigma(cov)
+            stream = np.random.default_rng([seed, self.spec.job_id, 1])
+            size = max(workers, 2 * len(self.worker_speeds), 64)
+            self.worker_speeds = stream.lognormal(-sigma * sigma / 2, sigma, size=size)
+        speeds = self.worker_speeds[:workers]
+        return float(speeds.mean() if dynamic_sharding else speeds.min())
+
+    def next_noise(self, seed: int) -> float:
+        """The measurement noise of the job's next throughput sample (5 %), from the job's
+        own stream so that the n-th sample of a job carries the same noise under every
+        policy."""
+        if self.noise is None:
+            self.noise = np.random.default_rng([seed, self.spec.job_id, 2])
+        return float(self.noise.lognormal(0.0, 0.05))
+
 
 @dataclass(frozen=True)
 class DlrmResult:
@@ -1083,29 +1108,6 @@ class _Env:
             job.mem_alloc_s += p.memory_gib * dt
         job.last = now
 
-    def _speed(self, job: _Job, workers: int) -> float:
-        cov = job.spec.straggler_cov
-        if cov <= 0:
-            return 1.0
-        if len(job.worker_speeds) < workers:
-            # The job's i-th worker keeps its speed (a slow machine stays slow) whatever
-            # the policy, so every policy meets the same stragglers (common random numbers
-            # across policies: their difference is not the draw's).
-            sigma = _speed_sigma(cov)
-            stream = np.random.default_rng([self.sim.seed, job.spec.job_id, 1])
-            size = max(workers, 2 * len(job.worker_speeds), 64)
-            job.worker_speeds = stream.lognormal(-sigma * sigma / 2, sigma, size=size)
-        speeds = job.worker_speeds[:workers]
-        return float(speeds.mean() if self.policy.dynamic_sharding else speeds.min())
-
-    def _noise(self, job: _Job) -> float:
-        """The measurement noise of the job's next throughput sample (5 %), from the job's
-        own stream so that the n-th sample of a job carries the same noise under every
-        policy."""
-        if job.noise is None:
-            job.noise = np.random.default_rng([self.sim.seed, job.spec.job_id, 2])
-        return float(job.noise.lognormal(0.0, 0.05))
-
     def _reschedule(self, job: _Job) -> None:
         job.version += 1
         assert job.pods is not None
@@ -1157,7 +1159,7 @@ class _Env:
         self.peak_cpu = max(self.peak_cpu, self.used_cpu)
         self.peak_mem = max(self.peak_mem, self.used_mem)
         if old is None or old.workers != pods.workers:
-            job.speed_factor = self._speed(job, pods.workers)
+            job.speed_factor = job.speed(self.sim.seed, pods.workers, self.policy.dynamic_sharding)
         job.pods = pods
         job.paused_until = max(job.paused_until, self.sim.now + pause)
         self._reschedule(job)
@@ -1211,8 +1213,9 @@ class _Env:
             configs, seconds = profile(job.spec)
             for config in configs:
                 rate = _one(job.spec.params, job.spec, job.hot, config)[0]
-                noise = self._noise(job)
-                _keep_sample(job, (config, rate * self._speed(job, config.workers) * noise))
+                noise = job.next_noise(self.sim.seed)
+                speed = job.speed(self.sim.seed, config.workers, self.policy.dynamic_sharding)
+                _keep_sample(job, (config, rate * speed * noise))
             pause += seconds
         self._set_pods(job, pods, pause)
         # The profiler's first memory sample: the PS as loaded, before any training.
@@ -1437,7 +1440,7 @@ class _Env:
                 sim.schedule(sim.now + self.tick, EventKind.TIMER, job.spec.job_id, None)
                 return
             if sim.now >= job.paused_until + SAMPLE_SECONDS and job.rate > 0:
-                noise = self._noise(job)
+                noise = job.next_noise(self.sim.seed)
                 _keep_sample(job, (job.pods, job.rate * noise))
                 job.memory_points.append(_memory_point(job))
                 del job.memory_points[:-MEMORY_WINDOW]
@@ -1455,13 +1458,11 @@ def simulate(
     policy: DlrmPolicy | None = None,
     pod_failures: bool = True,
 ) -> DlrmResult:
-    """Run ``jobs`` under a policy on a cluster of ``cluster_cpus`` cores and
-    ``cluster_memory_gib`` GiB (aggregate capacity, no node packing), consulting the policy
-    every ``tick_seconds`` of a running job (by default the policy's own ``tick_seconds``,
-    else :data:`TICK_SECONDS`; ``stride loadgen`` compares at its own tick).
-    ``policy`` runs a policy object instead of the registered ``policy_name`` (ablations in
-    ``bench/``, and ``stride loadgen``'s live policy); ``pod_failures`` False fails no pod
-    at random."""
+    """Run ``jobs`` under a policy on ``cluster_cpus`` cores and ``cluster_memory_gib`` GiB
+    (aggregate, no node packing), consulting it every ``tick_seconds`` of a running job (by
+    default the policy's own, else :data:`TICK_SECONDS`). ``policy`` runs a policy object
+    instead of ``policy_name`` (ablations in ``bench/``, ``stride loadgen``'s live policy);
+    ``pod_failures`` False fails no pod at random."""
     if policy is None and policy_name not in POLICIES:
         raise SimulationError(f"policy_name: unknown {policy_name!r}; known: {sorted(POLICIES)}")
     for spec in jobs:

@@ -44,10 +44,19 @@ log = structlog.get_logger(__name__)
 
 
 def plan_holds(plan: plan_pb2.ResourcePlan) -> tuple[float, float]:
-    """Cores and GiB a plan's pods hold together, every role counted."""
-    cpu = sum(role.count * role.cpu for role in plan.roles)
-    memory = sum(role.count * role.memory_bytes for role in plan.roles) / GIB
-    return float(cpu), float(memory)
+    """Cores and GiB a plan's pods hold together, every role counted, a pod with an
+    override (a bigger hot PS, say) at its own size."""
+    cpu = memory = 0.0
+    for role in plan.roles:
+        cpu += role.count * role.cpu
+        memory += role.count * role.memory_bytes
+        sized = {o.index: o for o in role.overrides if 0 <= o.index < role.count}
+        for override in sized.values():
+            if override.cpu > 0:
+                cpu += override.cpu - role.cpu
+            if override.memory_bytes > 0:
+                memory += override.memory_bytes - role.memory_bytes
+    return float(cpu), float(memory) / GIB
 
 
 def request_of(message: pb.RequestShareRequest) -> ShareRequest:
@@ -201,17 +210,16 @@ class ShareRequests:
         of what it divides); an answer that queues the request instead when guaranteed
         reservations hold those units now. None: held."""
         entry = pool.entries[request.job_id]
-        extra = max(0, self._needed_units(request) - entry.units)
-        room = pool.grantable(request.job_id, now)
-        if extra > room:
+        needed = max(entry.units if entry.deadline is not None else 0, self._needed_units(request))
+        room = pool.room(request.job_id, now)
+        if needed > room:
             return Answer(
                 False,
                 True,
-                f"queued: the plan needs {extra} CPU units beyond the job's {entry.units}, "
-                f"and guaranteed jobs' reservations leave {room}; decided again when "
-                "capacity frees",
+                f"queued: the plan needs {needed} CPU units, and other jobs' grants and "
+                f"guaranteed reservations leave {room}; decided again when capacity frees",
             )
-        pool.grant(request.job_id, extra)
+        pool.hold(request.job_id, needed)
         return None
 
     async def _publish(
@@ -243,23 +251,30 @@ class ShareRequests:
         cpu, memory = plan_holds(plan)
         if not (math.isfinite(cpu) and math.isfinite(memory)) or cpu < 0 or memory < 0:
             raise InvalidArgument("roles", "hold a negative or non-finite amount")
+        async with self.database.transaction() as session:
+            shrank = await self._record_holding(session, plan, cpu, memory)
+        if not shrank:
+            return
+        # Only a job that holds less frees capacity: then the queued requests are settled,
+        # under the pools' lock (a plan that grows or stays takes no lock at all).
         async with self.submissions.changing():
             pool = await self.submissions.pool(ResourceKind.CPU)
             async with self.database.transaction() as session:
-                await self._record_holding(session, pool, plan, cpu, memory)
+                await self.settle(session, pool, f"{plan.job_id} shrank", self.submissions.clock())
         self.submissions.outbox.notify()
 
     async def _record_holding(
-        self, session: Any, pool: Pool, plan: plan_pb2.ResourcePlan, cpu: float, memory: float
-    ) -> None:
-        """:meth:`planned` in its transaction."""
+        self, session: Any, plan: plan_pb2.ResourcePlan, cpu: float, memory: float
+    ) -> bool:
+        """:meth:`planned` in its transaction: whether the job now holds less while
+        requests are queued."""
         job_id = plan.job_id
         job = await repository.get_job(session, job_id)
         if job is None or job.state != "ADMITTED":
-            return  # not running here (ended, queued, or never known)
-        before = (await repository.all_holdings(session)).get(job_id)
+            return False  # not running here (ended, queued, or never known)
+        before = (await repository.holdings_of(session, [job_id])).get(job_id)
         if not await repository.put_holding(session, job_id, plan.version, cpu, memory):
-            return
+            return False
         asked = await repository.get_request(session, job_id)
         if (
             asked is not None
@@ -278,9 +293,8 @@ class ShareRequests:
                 f"void: plan v{plan.version} replaced the plan it was made from",
                 self.submissions.clock(),
             )
-        if before is not None and (cpu < before.cpu or memory < before.memory_gib):
-            moment = self.submissions.clock()
-            await self.settle(session, pool, f"{job_id} shrank", moment)
+        shrank = before is not None and (cpu < before.cpu or memory < before.memory_gib)
+        return shrank and bool(await repository.requests_in(session, [QUEUED]))
 
     async def settle(self, session: Any, pool: Pool, reason: str, moment: datetime) -> int:
         """Grant the queued requests that the free capacity now holds (safety first, then

@@ -293,27 +293,42 @@ class CapacityFreed(Protocol):
     async def __call__(self, session: Any, pool: Pool, reason: str, moment: datetime) -> int: ...
 
 
-def _granted_floor(
-    share: job_pb2.JobShare,
-    request: repository.StoredRequest | None,
-    holding: repository.Holding | None,
-) -> None:
-    """Raise a running job's ``share`` to what its granted share request wanted
-    (``JobShare.granted``) and to what its plan holds: a round that divides the units anew
-    never orders a plan below its pods' memory, which no shrink can cut."""
-    if holding is not None:
-        share.share.cpu = max(share.share.cpu, holding.cpu)
-        share.share.memory_bytes = max(
-            share.share.memory_bytes, math.ceil(holding.memory_gib * GIB)
-        )
-    if request is None or request.state != GRANTED:
-        return
-    cpu = float(request.request["wanted_cpu"])
-    memory = math.ceil(float(request.request["wanted_memory_gib"]) * GIB)
-    share.granted.cpu = cpu
-    share.granted.memory_bytes = memory
-    share.share.cpu = max(share.share.cpu, cpu)
-    share.share.memory_bytes = max(share.share.memory_bytes, memory)
+@dataclass(frozen=True)
+class _Floors:
+    """What a CPU job's share never falls below: what its granted share request wanted
+    (``JobShare.granted``) and what its plan holds, since a round that divides the units
+    anew must not order a plan below its pods' memory, which no shrink can cut."""
+
+    granted: Mapping[str, repository.StoredRequest]
+    holdings: Mapping[str, repository.Holding]
+
+    @classmethod
+    async def read(cls, session: Any, kind: ResourceKind, job_ids: Sequence[str]) -> _Floors:
+        if kind is not ResourceKind.CPU or not job_ids:
+            return cls({}, {})
+        granted = await repository.requests_in(session, [GRANTED], job_ids)
+        holdings = await repository.holdings_of(session, job_ids)
+        return cls({r.job_id: r for r in granted}, holdings)
+
+    def raise_share(self, share: job_pb2.JobShare, entry: Entry) -> None:
+        """Raise a running job's ``share`` to its floors."""
+        if not entry.units:
+            return
+        holding = self.holdings.get(entry.job_id)
+        if holding is not None:
+            share.share.cpu = max(share.share.cpu, holding.cpu)
+            share.share.memory_bytes = max(
+                share.share.memory_bytes, math.ceil(holding.memory_gib * GIB)
+            )
+        request = self.granted.get(entry.job_id)
+        if request is None:
+            return
+        cpu = float(request.request["wanted_cpu"])
+        memory = math.ceil(float(request.request["wanted_memory_gib"]) * GIB)
+        share.granted.cpu = cpu
+        share.granted.memory_bytes = memory
+        share.share.cpu = max(share.share.cpu, cpu)
+        share.share.memory_bytes = max(share.share.memory_bytes, memory)
 
 
 class Submissions:
@@ -854,44 +869,15 @@ class Submissions:
         admitted: list[tuple[str, Entry, job_pb2.JobShare]] = []
         preempted: list[tuple[str, Entry, str]] = []
         notes = pool.notes
-        cpu_pool = kind is ResourceKind.CPU
-        granted = (
-            {row.job_id: row for row in await repository.requests_in(session, [GRANTED])}
-            if cpu_pool
-            else {}
-        )
-        holdings = await repository.all_holdings(session) if cpu_pool else {}
+        floors = await _Floors.read(session, kind, list(changed))
         for job_id in changed:
             entry = pool.entries.get(job_id)
             if entry is None:
                 continue
             version = self._versions.get(job_id, 0) + 1
             why = f"{notes[job_id]} ({reason})" if job_id in notes else reason
-            share = job_pb2.JobShare(
-                job_id=job_id,
-                version=version,
-                share=share_to_proto(
-                    self._share(
-                        kind,
-                        entry.curve,
-                        entry.units,
-                        pool.headroom.get(job_id, 0) + pool.granted.get(job_id, 0),
-                    )
-                ),
-                headroom_units=pool.headroom.get(job_id, 0),
-                granted_units=pool.granted.get(job_id, 0),
-                minimum=share_to_proto(self._share(kind, entry.curve, minimum.get(job_id, 0))),
-                units=entry.units,
-                guaranteed=job_id in minimum,
-                reason=why,
-                decided_at=timestamp(moment),
-            )
-            if entry.units:
-                _granted_floor(share, granted.get(job_id), holdings.get(job_id))
-            tree = self._trees.get(kind)
-            if tree is not None:
-                for node, index in tree.where(pool.devices(job_id)):
-                    share.gpus.add(node=node, index=index)
+            share = self._share_event(kind, pool, entry, version, minimum, why, moment)
+            floors.raise_share(share, entry)
             books.append(
                 repository.Books(
                     job_id=job_id,
@@ -928,6 +914,38 @@ class Submissions:
             await self._admit_queued(session, job_id, entry, kind, reason, moment, share)
         for job_id, entry, note in preempted:
             await self._requeue(session, job_id, entry, note, moment)
+
+    def _share_event(
+        self,
+        kind: ResourceKind,
+        pool: Pool,
+        entry: Entry,
+        version: int,
+        minimum: Mapping[str, int],
+        why: str,
+        moment: datetime,
+    ) -> job_pb2.JobShare:
+        """A job's share as the round left it: its units, the headroom lent and the units a
+        granted request holds, its reservation, and for GPUs where its devices are."""
+        job_id = entry.job_id
+        headroom, granted = pool.headroom.get(job_id, 0), pool.granted.get(job_id, 0)
+        share = job_pb2.JobShare(
+            job_id=job_id,
+            version=version,
+            share=share_to_proto(self._share(kind, entry.curve, entry.units, headroom + granted)),
+            headroom_units=headroom,
+            granted_units=granted,
+            minimum=share_to_proto(self._share(kind, entry.curve, minimum.get(job_id, 0))),
+            units=entry.units,
+            guaranteed=job_id in minimum,
+            reason=why,
+            decided_at=timestamp(moment),
+        )
+        tree = self._trees.get(kind)
+        if tree is not None:
+            for node, index in tree.where(pool.devices(job_id)):
+                share.gpus.add(node=node, index=index)
+        return share
 
     async def _requeue(
         self, session: Any, job_id: str, entry: Entry, note: str, moment: datetime
@@ -1146,7 +1164,10 @@ class Submissions:
             pool.published[row.job_id] = (row.units, devices, headroom + granted)
             if headroom:
                 pool.headroom[row.job_id] = headroom
-            if granted:
+            pinned = row.share is not None and row.share.granted.cpu > 0 and row.deadline is None
+            if pinned:  # a best-effort job a grant holds (ledger: granted units)
+                pool.pinned[row.job_id] = row.units
+            elif granted:
                 pool.granted[row.job_id] = granted
             if pool.placements is not None and devices and len(devices) == row.units:
                 pool.placements.placed[row.job_id] = devices

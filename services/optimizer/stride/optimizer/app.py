@@ -6,6 +6,8 @@ from pathlib import Path
 
 from stride.api.optimizer.v1 import optimizer_service_pb2, optimizer_service_pb2_grpc
 from stride.bus import topics
+from stride.bus.client import Bus
+from stride.db.engine import Database
 from stride.db.outbox import Outbox
 from stride.decisions import build_decisions
 from stride.optimizer.adapters.inbound.bus_handlers import (
@@ -88,6 +90,16 @@ async def build(settings: OptimizerSettings) -> ServiceHost:
         OptimizerApi(planning), host.server.server
     )
     relay_outbox(host, outbox, database, bus)
+    _consume_facts(host, bus, planning, database, settings.ack_wait_seconds)
+    host.add_root_task("due-decisions", lambda: planning.due.run(host.stop))
+    return host
+
+
+def _consume_facts(
+    host: ServiceHost, bus: Bus, planning: Planning, database: Database, ack_wait: float
+) -> None:
+    """The facts the optimizer acts on: admissions, ends, shares, pod failures, metrics
+    and stragglers, each on its durable consumer."""
     consume(
         host,
         bus,
@@ -95,7 +107,7 @@ async def build(settings: OptimizerSettings) -> ServiceHost:
         durable=ADMITTED_DURABLE,
         batch_handler=AdmittedHandler(planning),
         batch=ADMITTED_BATCH,
-        ack_wait=settings.ack_wait_seconds,
+        ack_wait=ack_wait,
     )
     consume(
         host,
@@ -103,7 +115,7 @@ async def build(settings: OptimizerSettings) -> ServiceHost:
         topics.JOB_FINISHED,
         durable=FINISHED_DURABLE,
         handler=FinishedHandler(planning),
-        ack_wait=settings.ack_wait_seconds,
+        ack_wait=ack_wait,
     )
     consume(
         host,
@@ -111,7 +123,7 @@ async def build(settings: OptimizerSettings) -> ServiceHost:
         topics.JOB_SHARE,
         durable=SHARE_DURABLE,
         handler=ShareHandler(planning),
-        ack_wait=settings.ack_wait_seconds,
+        ack_wait=ack_wait,
     )
     consume(
         host,
@@ -119,7 +131,7 @@ async def build(settings: OptimizerSettings) -> ServiceHost:
         topics.POD_FAILED,
         durable=POD_FAILED_DURABLE,
         handler=PodFailedHandler(planning),
-        ack_wait=settings.ack_wait_seconds,
+        ack_wait=ack_wait,
     )
     # Metrics come at a high rate: each fetched batch is applied in one transaction.
     metrics = MetricsHandler(planning)
@@ -130,7 +142,7 @@ async def build(settings: OptimizerSettings) -> ServiceHost:
         durable=STEP_METRICS_DURABLE,
         batch_handler=metrics,
         batch=METRICS_BATCH,
-        ack_wait=settings.ack_wait_seconds,
+        ack_wait=ack_wait,
     )
     consume(
         host,
@@ -139,7 +151,7 @@ async def build(settings: OptimizerSettings) -> ServiceHost:
         durable=USAGE_DURABLE,
         batch_handler=metrics,
         batch=METRICS_BATCH,
-        ack_wait=settings.ack_wait_seconds,
+        ack_wait=ack_wait,
     )
     consume(
         host,
@@ -147,10 +159,8 @@ async def build(settings: OptimizerSettings) -> ServiceHost:
         topics.STRAGGLER_DETECTED,
         durable=STRAGGLERS_DURABLE,
         handler=StragglerHandler(StragglerEvents(database)),
-        ack_wait=settings.ack_wait_seconds,
+        ack_wait=ack_wait,
     )
-    host.add_root_task("due-decisions", lambda: planning.due.run(host.stop))
-    return host
 
 
 async def _always() -> bool:

@@ -1,13 +1,26 @@
-"""The port share requests go through (admission's ``RequestShare``; see
+"""Share requests, the optimizer's side: the port they go through (admission's
+``RequestShare``) and :class:`ShareAsking`, which asks (see
 :mod:`stride.optimizer.domain.requests`)."""
 
 from __future__ import annotations
 
-from dataclasses import dataclass
-from typing import Protocol
+from collections.abc import Awaitable, Callable
+from dataclasses import dataclass, replace
+from datetime import UTC, datetime
+from typing import Any, Protocol
 
+import structlog
+
+from stride.db.engine import Database, Session
 from stride.events.v1 import job_pb2
-from stride.policy.contention import ShareRequest
+from stride.optimizer.adapters.convert import share_values
+from stride.optimizer.adapters.outbound import repository
+from stride.optimizer.domain.requests import plan_totals, share_request, shrunk_into
+from stride.optimizer.domain.tuning import with_pods
+from stride.policy.contention import Claim, ShareBound, ShareRequest
+from stride.policy.plans import Plan
+
+log = structlog.get_logger(__name__)
 
 
 @dataclass(frozen=True)
@@ -25,3 +38,114 @@ class ShareAsker(Protocol):
     """Where share requests go (admission's API)."""
 
     async def ask(self, plan_version: int, request: ShareRequest) -> ShareAnswer: ...
+
+
+BoundOf = Callable[[Session, str], Awaitable[ShareBound | None]]
+"""The most a job may hold now (admission's share of it), read in a session."""
+
+
+class ShareAsking:
+    """The optimizer's side of share requests (:mod:`stride.optimizer.domain.requests`):
+    asks admission for a plan beyond the job's share, and stores the share it raises."""
+
+    def __init__(
+        self,
+        database: Database,
+        shares: ShareAsker | None,
+        bound: BoundOf,
+        enforce_shares: bool = True,
+    ) -> None:
+        self.database = database
+        self.shares = shares
+        self.bound = bound
+        self.enforce_shares = enforce_shares
+
+    async def ask(
+        self, version: int, held: Plan, wanted: Plan, claim: Claim | None
+    ) -> ShareAnswer | None:
+        """Ask admission for a share that holds ``wanted`` when the job's share does not
+        (None: nothing was asked); a raised share is stored before the caller decides, so
+        the plan goes out in the same decision. No answer is an answer too: the plan is
+        held, and the reason says admission could not be asked."""
+        if self.shares is None or claim is None:
+            return None
+        want = plan_totals(wanted)
+        async with self.database.sessions() as session:
+            bound = await self.bound(session, claim.job_id)
+        if bound is None or bound.holds(*want):
+            return None
+        return await self._request(version, share_request(claim, plan_totals(held), want))
+
+    async def cores_within_share(self, plan: Plan, claim: Claim) -> tuple[Plan, Claim]:
+        """An OOM fix with its cores cut to the job's share (workers first; memory is never
+        cut): what it needs of admission is memory, and a fix that asked for cores too
+        would wait for them."""
+        async with self.database.sessions() as session:
+            bound = await self.bound(session, claim.job_id)
+        if bound is None:
+            return plan, claim
+        cut = shrunk_into(ShareBound(bound.cpu, 1e18), plan)  # memory is never cut
+        if cut is None:
+            return plan, claim
+        return with_pods(plan, cut[0], plan.reason, plan.algorithm), replace(claim, wanted=cut[0])
+
+    async def first(self, job_id: str, share: dict[str, Any], plan: Plan) -> Plan:
+        """Plan 1 when it does not fit the share the admission decision carried even with
+        its cores cut (memory per pod is never cut): ask admission for the memory, the job
+        holding nothing yet. Plan 1 is cut to the share's cores either way; not granted, the
+        caller publishes it with the answer in its reason."""
+        if self.shares is None or not self.enforce_shares:
+            return plan
+        bound = ShareBound(share["cpu"], share["memory_gib"])
+        if share["cpu"] <= 0 or share["memory_gib"] <= 0 or shrunk_into(bound, plan) is not None:
+            return plan
+        if bound.holds(*plan_totals(plan)):
+            return plan
+        cores_only = ShareBound(share["cpu"], 1e18)  # memory is never cut
+        cut = shrunk_into(cores_only, plan)
+        wanted = with_pods(plan, cut[0], "-", plan.algorithm) if cut is not None else plan
+        cpu, memory = plan_totals(wanted)
+        request = ShareRequest(
+            job_id,
+            0.0,
+            0.0,
+            cpu,
+            memory,
+            0.0,
+            0.0,
+            0.0,
+            0.0,
+            safety=True,
+            cause="plan 1: its pods need this memory to start",
+        )
+        answer = await self._request(0, request)  # no plan yet
+        if answer.granted:
+            return wanted
+        # Not granted: plan 1 goes out within the share's cores; its memory is what its pods
+        # need to start, which admission counts once the plan is out.
+        return replace(
+            wanted, reason=f"{plan.reason}; beyond the admission share: admission {answer.reason}"
+        )
+
+    async def _request(self, version: int, request: ShareRequest) -> ShareAnswer:
+        """Send ``request`` to admission; store the raised share when it is granted."""
+        assert self.shares is not None
+        try:
+            answer = await self.shares.ask(version, request)
+        except Exception as error:  # admission down or slow: the plan is held, not lost
+            log.warning("share request unanswered", job_id=request.job_id, error=str(error))
+            return ShareAnswer(False, False, f"admission did not answer ({type(error).__name__})")
+        if answer.granted and answer.share is not None:
+            async with self.database.transaction() as session:
+                await repository.put_share(
+                    session, {**share_values(answer.share), "updated_at": datetime.now(UTC)}
+                )
+        log.info(
+            "share requested",
+            job_id=request.job_id,
+            safety=request.safety,
+            granted=answer.granted,
+            queued=answer.queued,
+            reason=answer.reason,
+        )
+        return answer

@@ -17,7 +17,6 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
-import math
 from collections.abc import Awaitable, Callable, Sequence
 from contextlib import AbstractContextManager, nullcontext
 from dataclasses import dataclass, field, replace
@@ -38,6 +37,7 @@ from stride.optimizer.adapters.convert import (
     features_from_spec,
     plan_from_proto,
     plan_to_proto,
+    share_values,
 )
 from stride.optimizer.adapters.outbound import repository
 from stride.optimizer.domain import observations as obs
@@ -54,7 +54,7 @@ from stride.optimizer.domain.administrator import (
     on_pod_failure,
 )
 from stride.optimizer.domain.claims import claim_from_json, claim_to_json
-from stride.optimizer.domain.requests import share_request
+from stride.optimizer.domain.requests import plan_totals, shrunk_into
 from stride.optimizer.domain.tuning import (
     Explanation,
     has_pods,
@@ -66,16 +66,14 @@ from stride.optimizer.domain.tuning import (
     with_pods,
     without_pods,
 )
-from stride.optimizer.share_asking import ShareAnswer, ShareAsker
+from stride.optimizer.share_asking import ShareAsker, ShareAsking
 from stride.policy import dlrover, stages
 from stride.policy.cold_start import COLD_START, ColdStartRequest, JobFeatures
 from stride.policy.contention import (
     Claim,
     ShareBound,
-    ShareRequest,
     claim_of,
     settle,
-    within_share,
 )
 from stride.policy.plans import Plan, Role
 from stride.policy.registry import AlgorithmSpec
@@ -123,40 +121,8 @@ _UNBOUNDED = 1e18
 """Free capacity where the optimizer bounds none (claims then wait only for shares)."""
 
 
-def plan_totals(plan: Plan) -> tuple[float, float]:
-    """Cores and GiB every pod of ``plan`` holds (chief and data workers included)."""
-    return plan.total_cpu(), plan.total_memory_bytes() / obs.GIB
-
-
 Scope = Callable[[], AbstractContextManager[Any]]
 """What one fact's work runs in (a batch handler gives each its message's trace)."""
-
-
-def _share_values(event: job_pb2.JobShare, path: str = "") -> dict[str, Any]:
-    """A share event's stored form, checked: InvalidArgument names the bad field (under
-    ``path``, when the share came inside another message)."""
-    job_id = check_job_id(event.job_id, f"{path}job_id")
-    if event.version < 1:
-        raise InvalidArgument(f"{path}version", f"must be >= 1, got {event.version}")
-    amounts = {
-        "share.cpu": float(event.share.cpu),
-        "share.memory_bytes": event.share.memory_bytes / obs.GIB,
-        "minimum.cpu": float(event.minimum.cpu),
-        "minimum.memory_bytes": event.minimum.memory_bytes / obs.GIB,
-    }
-    for name, value in amounts.items():
-        if not math.isfinite(value) or value < 0:
-            raise InvalidArgument(f"{path}{name}", f"must be a finite number >= 0, got {value!r}")
-    return {
-        "job_id": job_id,
-        "version": int(event.version),
-        "cpu": amounts["share.cpu"],
-        "memory_gib": amounts["share.memory_bytes"],
-        "minimum_cpu": amounts["minimum.cpu"],
-        "minimum_memory_gib": amounts["minimum.memory_bytes"],
-        "guaranteed": bool(event.guaranteed),
-        "reason": event.reason,
-    }
 
 
 @dataclass(frozen=True)
@@ -214,7 +180,7 @@ def _within_share(
 ) -> tuple[Plan, Explanation]:
     """``plan`` shrunk into the job's share (``bound``) if admission's share came first
     (the two arrive through different consumers) and the plan exceeds it."""
-    shrunk = None if bound is None else _shrunk_into(bound, plan)
+    shrunk = None if bound is None else shrunk_into(bound, plan)
     if shrunk is None:
         return plan, explanation
     fitted, why = shrunk
@@ -248,9 +214,9 @@ class Planning:
         shares: ShareAsker | None = None,
     ) -> None:
         self.database = database
-        self.shares = shares
-        """Where a plan beyond the job's share is asked for (admission's RequestShare);
-        None: such a plan is held until admission raises the share of its own accord."""
+        self.asking = ShareAsking(database, shares, self._share_bound, enforce_shares)
+        """Asks admission for a plan beyond the job's share (None ``shares``: such a plan
+        is held until admission raises the share of its own accord)."""
         self.outbox = outbox
         self.adjust = adjust
         """Where plans are decided (in-process or by the executor pool, as configured)."""
@@ -376,11 +342,11 @@ class Planning:
                 cost=reply.cost,
                 fallback=fallback,
             )
-        share = _share_values(decision.share, "share.") if decision.HasField("share") else None
+        share = share_values(decision.share, "share.") if decision.HasField("share") else None
         if share is not None and share["job_id"] != job_id:
             raise InvalidArgument("share.job_id", f"is {share['job_id']!r}, not {job_id!r}")
         if share is not None:
-            first = await self._ask_for_first(job_id, share, first)
+            first = await self.asking.first(job_id, share, first)
         return _FirstPlan(
             job_id, decision.spec.SerializeToString(), first, explanation, default, share=share
         )
@@ -584,96 +550,6 @@ class Planning:
             f"{max(free_memory, 0):g} GiB are free"
         )
 
-    async def _ask_admission(
-        self, version: int, held: Plan, wanted: Plan, claim: Claim | None
-    ) -> ShareAnswer | None:
-        """Ask admission for a share that holds ``wanted`` when the job's share does not
-        (None: nothing was asked); a raised share is stored before the caller decides, so
-        the plan goes out in the same decision. No answer is an answer too: the plan is
-        held, and the reason says admission could not be asked."""
-        if self.shares is None or claim is None:
-            return None
-        want = plan_totals(wanted)
-        async with self.database.sessions() as session:
-            bound = await self._share_bound(session, claim.job_id)
-        if bound is None or bound.holds(*want):
-            return None
-        return await self._request_share(version, share_request(claim, plan_totals(held), want))
-
-    async def _within_share_cores(self, plan: Plan, claim: Claim) -> tuple[Plan, Claim]:
-        """An OOM fix with its cores cut to the job's share (workers first; memory is never
-        cut): what it needs of admission is memory, and a fix that asked for cores too
-        would wait for them."""
-        async with self.database.sessions() as session:
-            bound = await self._share_bound(session, claim.job_id)
-        if bound is None:
-            return plan, claim
-        cut = _shrunk_into(ShareBound(bound.cpu, 1e18), plan)  # memory is never cut
-        if cut is None:
-            return plan, claim
-        return with_pods(plan, cut[0], plan.reason, plan.algorithm), replace(claim, wanted=cut[0])
-
-    async def _ask_for_first(self, job_id: str, share: dict[str, Any], plan: Plan) -> Plan:
-        """Plan 1 when it does not fit the share the admission decision carried even with
-        its cores cut (memory per pod is never cut): ask admission for the memory, the job
-        holding nothing yet. Plan 1 is cut to the share's cores either way; not granted, the
-        caller publishes it with the answer in its reason."""
-        if self.shares is None or not self.enforce_shares:
-            return plan
-        bound = ShareBound(share["cpu"], share["memory_gib"])
-        if share["cpu"] <= 0 or share["memory_gib"] <= 0 or _shrunk_into(bound, plan) is not None:
-            return plan
-        if bound.holds(*plan_totals(plan)):
-            return plan
-        cores_only = ShareBound(share["cpu"], 1e18)  # memory is never cut
-        cut = _shrunk_into(cores_only, plan)
-        wanted = with_pods(plan, cut[0], "-", plan.algorithm) if cut is not None else plan
-        cpu, memory = plan_totals(wanted)
-        request = ShareRequest(
-            job_id,
-            0.0,
-            0.0,
-            cpu,
-            memory,
-            0.0,
-            0.0,
-            0.0,
-            0.0,
-            safety=True,
-            cause="plan 1: its pods need this memory to start",
-        )
-        answer = await self._request_share(0, request)  # no plan yet
-        if answer.granted:
-            return wanted
-        # Not granted: plan 1 goes out within the share's cores; its memory is what its pods
-        # need to start, which admission counts once the plan is out.
-        return replace(
-            wanted, reason=f"{plan.reason}; beyond the admission share: admission {answer.reason}"
-        )
-
-    async def _request_share(self, version: int, request: ShareRequest) -> ShareAnswer:
-        """Send ``request`` to admission; store the raised share when it is granted."""
-        assert self.shares is not None
-        try:
-            answer = await self.shares.ask(version, request)
-        except Exception as error:  # admission down or slow: the plan is held, not lost
-            log.warning("share request unanswered", job_id=request.job_id, error=str(error))
-            return ShareAnswer(False, False, f"admission did not answer ({type(error).__name__})")
-        if answer.granted and answer.share is not None:
-            async with self.database.transaction() as session:
-                await repository.put_share(
-                    session, {**_share_values(answer.share), "updated_at": datetime.now(UTC)}
-                )
-        log.info(
-            "share requested",
-            job_id=request.job_id,
-            safety=request.safety,
-            granted=answer.granted,
-            queued=answer.queued,
-            reason=answer.reason,
-        )
-        return answer
-
     async def _share_bound(self, session: Session, job_id: str) -> ShareBound | None:
         """The most the job may hold, from admission's newest share of it; None when
         admission gave it no CPU share (a job sized by the optimizer alone, a GPU job's
@@ -696,7 +572,7 @@ class Planning:
         """Admission set the job's share: store it (an older version changes nothing), fit
         the job's plan into it if it no longer fits, and settle the open claims (a larger
         share may let the job's own claim through)."""
-        values = _share_values(event)
+        values = share_values(event)
         job_id = values["job_id"]
         now = datetime.now(UTC)
         async with self.database.transaction() as session:
@@ -728,6 +604,23 @@ class Planning:
             "checkpoints, its pods are removed, and it resumes from that checkpoint when it "
             "gets a share again"
         )
+        await self._store_suspension(
+            session, existing, current, f"{job_id}.share.{version}", detail, now
+        )
+        await repository.delete_claims(session, [job_id])
+        log.info("job suspended: its share is zero", job_id=job_id, share_version=version)
+
+    async def _store_suspension(
+        self,
+        session: Session,
+        existing: Administrator,
+        current: Plan,
+        event_id: str,
+        detail: str,
+        now: datetime,
+    ) -> int:
+        """Store the job's next plan as ``current`` without pods (a suspension), explained by
+        ``detail``; returns its version."""
         explanation = Explanation(
             algorithm="stride-share/1",
             stage=existing.stage.value,
@@ -736,11 +629,11 @@ class Planning:
             bound="admission share",
         )
         step, explained = on_share_plan(
-            existing, without_pods(current, detail), f"{job_id}.share.{version}", explanation, now
+            existing, without_pods(current, detail), event_id, explanation, now
         )
         await self._store(session, step, None, now, explanation=explained)
-        await repository.delete_claims(session, [job_id])
-        log.info("job suspended: its share is zero", job_id=job_id, share_version=version)
+        assert step.after is not None
+        return step.after.plan_version
 
     async def _wait_for_memory(
         self,
@@ -760,21 +653,8 @@ class Planning:
             f"waits for memory: {why}; the job checkpoints, its pods are removed, and it "
             "resumes with the fix when admission grants it"
         )
-        explanation = Explanation(
-            algorithm="stride-share/1",
-            stage=existing.stage.value,
-            root_cause=RootCause.SHARE.value,
-            detail=detail,
-            bound="admission share",
-        )
-        step, explained = on_share_plan(
-            existing, without_pods(current, detail), event_id, explanation, now
-        )
-        await self._store(session, step, None, now, explanation=explained)
-        assert step.after is not None
-        await repository.put_claim(
-            session, existing.job_id, step.after.plan_version, claim_to_json(claim), now
-        )
+        version = await self._store_suspension(session, existing, current, event_id, detail, now)
+        await repository.put_claim(session, existing.job_id, version, claim_to_json(claim), now)
         log.warning("job waits for its OOM fix", job_id=existing.job_id, why=why)
 
     async def _resume(
@@ -813,7 +693,7 @@ class Planning:
                 f"({reason})"
             )
             await repository.delete_claims(session, [job_id])
-        shrunk = None if bound is None else _shrunk_into(bound, plan)
+        shrunk = None if bound is None else shrunk_into(bound, plan)
         if shrunk is not None:
             plan = with_pods(plan, shrunk[0], "-", plan.algorithm)
             detail += f", fitted into the share ({shrunk[1]})"
@@ -844,7 +724,7 @@ class Planning:
         if existing is None or newest is None or existing.stage is JobStage.FINISHED:
             return
         current = plan_from_proto(newest)
-        shrunk = _shrunk_into(bound, current)
+        shrunk = shrunk_into(bound, current)
         if shrunk is None:
             return
         fitted, excess = shrunk
@@ -1059,38 +939,11 @@ class Planning:
         if role is None or current.role(Role.PS) is None or current.role(Role.WORKER) is None:
             log.warning("OOM of a pod the OOM rule does not cover", pod=event.pod_name)
             return
-        async with self.database.sessions() as session:
-            view = await repository.get_observations(session, job_id)
-            spec = await repository.get_spec(session, job_id)
-        plan: Plan | None
-        claim: Claim | None = None
-        if role is Role.PS and view is not None and view.pods is not None and spec is not None:
-            # The stage step's OOM rule, as the simulator applies it: memory above the
-            # predicted peak once growth is measured, else doubled (002 sec. 5.3).
-            oom_request = self._stage_request(view, spec, stages.Reason.OOM)
-            stage_reply, fallback = await self._stage_step(oom_request, job_id)
-            assert stage_reply.pods is not None
-            # Kept if the cluster cannot hold it now: a safety claim, granted first.
-            claim = claim_of(job_id, oom_request, stage_reply)
-            plan = with_pods(current, stage_reply.pods, f"OOM: {stage_reply.root_cause}")
-            algorithm, rule = STAGE_STEP.qualified_name, stage_reply.root_cause
-        else:
-            # DLRover's rule for a worker (sec. 4.2: its memory doubles).
-            oom = dlrover.oom_request(current, role, event.index)
-            reply = await self._decide(DLROVER_ADJUST, oom, job_id)
-            plan = reply.plan
-            algorithm, fallback = DLROVER_ADJUST.qualified_name, ""
-            rule = plan.reason if plan else ""
-            held, wanted = pods_of(current), None if plan is None else pods_of(plan)
-            if held is not None and wanted is not None and wanted != held:
-                # An OOM fix of any role averts a failure: a safety claim, granted first.
-                claim = Claim(job_id, held, wanted, 0.0, 0.0, 0.0, 0.0, safety=True, cause=rule)
+        plan, claim, algorithm, rule, fallback = await self._oom_fix(job_id, current, role, event)
         if plan is not None and claim is not None:
-            plan, claim = await self._within_share_cores(plan, claim)
+            plan, claim = await self.asking.cores_within_share(plan, claim)
         asked = (
-            None
-            if plan is None
-            else await self._ask_admission(newest.version, current, plan, claim)
+            None if plan is None else await self.asking.ask(newest.version, current, plan, claim)
         )
         now = datetime.now(UTC)
         async with self.database.transaction() as session:
@@ -1139,6 +992,37 @@ class Planning:
                 await self._store(session, step, None, now, explanation=explanation)
         self.outbox.notify()
         log.info("OOM relaunch plan published", job_id=job_id, pod=event.pod_name)
+
+    async def _oom_fix(
+        self, job_id: str, current: Plan, role: Role, event: pod_pb2.PodEvent
+    ) -> tuple[Plan | None, Claim | None, str, str, str]:
+        """The OOM rule's plan for a killed pod of ``role``, with its safety claim (kept if
+        the cluster cannot hold it now, granted first), the algorithm, the rule's words and
+        how the decision fell back."""
+        async with self.database.sessions() as session:
+            view = await repository.get_observations(session, job_id)
+            spec = await repository.get_spec(session, job_id)
+        if role is Role.PS and view is not None and view.pods is not None and spec is not None:
+            # The stage step's OOM rule, as the simulator applies it: memory above the
+            # predicted peak once growth is measured, else doubled (002 sec. 5.3).
+            oom_request = self._stage_request(view, spec, stages.Reason.OOM)
+            stage_reply, fallback = await self._stage_step(oom_request, job_id)
+            assert stage_reply.pods is not None
+            plan = with_pods(current, stage_reply.pods, f"OOM: {stage_reply.root_cause}")
+            claim = claim_of(job_id, oom_request, stage_reply)
+            return plan, claim, STAGE_STEP.qualified_name, stage_reply.root_cause, fallback
+        # DLRover's rule for a worker (sec. 4.2: its memory doubles), as the simulator's.
+        reply = await self._decide(
+            DLROVER_ADJUST, dlrover.oom_request(current, role, event.index), job_id
+        )
+        fixed = reply.plan
+        rule = fixed.reason if fixed else ""
+        held, wanted = pods_of(current), None if fixed is None else pods_of(fixed)
+        worker_claim = None
+        if held is not None and wanted is not None and wanted != held:
+            # An OOM fix of any role averts a failure: a safety claim, granted first.
+            worker_claim = Claim(job_id, held, wanted, 0.0, 0.0, 0.0, 0.0, safety=True, cause=rule)
+        return fixed, worker_claim, DLROVER_ADJUST.qualified_name, rule, ""
 
     # --- The live loop: metrics -> windows -> stage step -> plans ----------------------
 
@@ -1307,7 +1191,7 @@ class Planning:
         asked = None
         if reply.pods is not None and not self._timing_hold(view, now):
             running = plan_from_proto(newest)
-            asked = await self._ask_admission(
+            asked = await self.asking.ask(
                 newest.version,
                 running,
                 with_pods(running, reply.pods, "-"),
@@ -1383,20 +1267,11 @@ class Planning:
             else:
                 await repository.delete_claims(session, [job_id])
             after = step.after or existing
-            decided = optimization_pb2.WindowDecided(
-                job_id=job_id,
-                window=view.pending,
-                plan_version=after.plan_version,
-                changed=bool(step.plans),
-                stage=STAGE_TO_PROTO[after.stage],
-                detail=f"{reply.root_cause}; held: {hold}"
-                if hold and reply.pods is not None
-                else reply.root_cause,
+            detail = (
+                f"{reply.root_cause}; held: {hold}" if hold and reply.pods else reply.root_cause
             )
-            decided.decided_at.FromDatetime(now)
             await self.outbox.add_event(
-                session,
-                topics.WINDOW_DECIDED.outgoing(job_id, decided, f"{job_id}.decided.{view.pending}"),
+                session, _window_decided(job_id, view.pending, after, bool(step.plans), detail, now)
             )
         self.outbox.notify()
         if step.plans and reply.pods is not None and _frees(request.pods, reply.pods):
@@ -1515,20 +1390,21 @@ class DueDecisions:
 _ROLE_BY_EVENT = {plan_pb2.ROLE_WORKER: Role.WORKER, plan_pb2.ROLE_PS: Role.PS}
 
 
-def _shrunk_into(bound: ShareBound, plan: Plan) -> tuple[stages.Pods, str] | None:
-    """``plan``'s workers and PS shrunk so the whole plan (chief and data workers too) fits
-    ``bound``, with why it did not; None when it fits already or cannot be made to (no
-    workers and PS to shrink, or not even the smallest shape fits: logged)."""
-    cpu, memory = plan_totals(plan)
-    excess = bound.excess(cpu, memory)
-    pods = pods_of(plan)
-    if not excess or pods is None:
-        return None
-    fitted = within_share(pods, bound, cpu - pods.cpu, memory - pods.memory_gib)
-    if fitted is None:
-        log.warning("share too small for one worker and the PS", why=excess)
-        return None
-    return fitted, excess
+def _window_decided(
+    job_id: str, window: int, after: Administrator, changed: bool, detail: str, now: datetime
+) -> Outgoing:
+    """The announcement that the job's ``window`` was decided (``stride loadgen``'s players,
+    and anyone following the job, learn of a kept plan from it)."""
+    decided = optimization_pb2.WindowDecided(
+        job_id=job_id,
+        window=window,
+        plan_version=after.plan_version,
+        changed=changed,
+        stage=STAGE_TO_PROTO[after.stage],
+        detail=detail,
+    )
+    decided.decided_at.FromDatetime(now)
+    return topics.WINDOW_DECIDED.outgoing(job_id, decided, f"{job_id}.decided.{window}")
 
 
 def _frees(before: stages.Pods, after: stages.Pods) -> bool:

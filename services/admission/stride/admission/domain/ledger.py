@@ -26,10 +26,13 @@ simulator's bookkeeping never see them. The next round takes them back as soon a
 units need them.
 
 **Granted units** (CPU pools): a share request admission granted (``stride.admission.
-share_requests``) holds its job to the units its wanted plan needs. The units beyond the
-job's own are taken out of the capacity the policy divides, so no other job's units or
-headroom count on them, until the job ends or asks again. A grant never takes a guaranteed
-job's reservation for the current slot (:meth:`Pool.grantable`).
+share_requests``) holds its job to the units its wanted plan needs, until the job ends or
+asks again, and those units are taken out of the capacity the policy divides, so no other
+job's units or headroom count on them. A best-effort job is *pinned*: it holds exactly the
+granted units and the policy divides the rest among the others (its progress is still kept
+at its curve's rate). A guaranteed job stays in the policy's hands, for its deadline, and
+holds the granted units beyond its own. A grant never takes a guaranteed job's reservation
+for the current slot (:meth:`Pool.room`).
 
 **Placement** (GPU pools with a known topology): after each round the GPUs are placed with
 :class:`~stride.policy.elasticflow.placement.Placements`, the class the simulator places
@@ -167,7 +170,10 @@ class Pool:
         self.headroom: dict[str, int] = {}
         """Each running job's headroom after the last round."""
         self.granted: dict[str, int] = {}
-        """Units granted to jobs beyond their own (share requests; see the module)."""
+        """Units granted to guaranteed jobs beyond their own (share requests; see the
+        module)."""
+        self.pinned: dict[str, int] = {}
+        """Units best-effort jobs are held to by a grant (see the module)."""
         self.pause_seconds = pause_seconds
         self.placements = Placements(topology) if topology is not None else None
         """Where each job's devices are (GPU pools with a known tree; else counted)."""
@@ -204,33 +210,41 @@ class Pool:
             self._view = DeadlineView(
                 now,
                 self.divided,
-                tuple(entry.view(self.divided) for entry in self.entries.values()),
+                tuple(
+                    entry.view(self.divided)
+                    for job_id, entry in self.entries.items()
+                    if job_id not in self.pinned
+                ),
                 self.pause_seconds,
             )
         return self._view
 
     @property
     def divided(self) -> int:
-        """The capacity the policy divides: less the granted units."""
-        return max(0, self.capacity - sum(self.granted.values()))
+        """The capacity the policy divides: less the granted and pinned units."""
+        held = sum(self.granted.values()) + sum(self.pinned.values())
+        return max(0, self.capacity - held)
 
-    def grantable(self, job_id: str, now: float) -> int:
-        """The most units a grant may hold ``job_id`` to beyond its own: capacity that
-        neither other grants nor other jobs' guaranteed reservations hold now."""
+    def room(self, job_id: str, now: float) -> int:
+        """The most units a grant may hold ``job_id`` to: capacity that neither other
+        grants nor other jobs' guaranteed reservations hold now."""
         reserved = self.minimum_shares(now)
-        entry = self.entries.get(job_id)
-        own = entry.units if entry is not None else 0
-        others = sum(units for other, units in self.granted.items() if other != job_id)
+        held = sum(
+            u for other, u in (*self.granted.items(), *self.pinned.items()) if other != job_id
+        )
         guaranteed = sum(units for other, units in reserved.items() if other != job_id)
-        return max(0, self.capacity - others - guaranteed - own)
+        return max(0, self.capacity - held - guaranteed)
 
-    def grant(self, job_id: str, units: int) -> None:
-        """Hold ``job_id`` to ``units`` beyond its own (0: no more); the next round divides
-        the rest."""
-        if units > 0:
-            self.granted[job_id] = units
-        else:
-            self.granted.pop(job_id, None)
+    def hold(self, job_id: str, units: int) -> None:
+        """Hold ``job_id`` to ``units`` in all (see the module); the next round divides the
+        rest."""
+        entry = self.entries[job_id]
+        self.granted.pop(job_id, None)
+        self.pinned.pop(job_id, None)
+        if entry.deadline is None:
+            self.pinned[job_id] = units
+        elif units > entry.units:
+            self.granted[job_id] = units - entry.units
         self._view = None
 
     def _snapshot(self) -> tuple[dict[str, _Books], dict[str, tuple[int, ...]]]:
@@ -309,6 +323,7 @@ class Pool:
         self.published.pop(job_id, None)
         self.headroom.pop(job_id, None)
         self.granted.pop(job_id, None)
+        self.pinned.pop(job_id, None)
         if self.placements is not None:
             self.placements.forget(job_id)
         self._view = None
@@ -330,8 +345,9 @@ class Pool:
             self._instant = _Instant(now, *self._snapshot())
         self._instant.after = None  # this round decides afresh from the rewound books
         view = self.view(now)
-        decision = self.policy.decide(view)
-        wakeup = self.policy.wakeup(view, decision)
+        decided = self.policy.decide(view)
+        wakeup = self.policy.wakeup(view, decided)
+        decision = {**decided, **self.pinned}
         self.wakeup = wakeup if wakeup is not None and wakeup > now else None
         moved = (
             self.placements.apply(decision, self.entries) if self.placements is not None else set()
@@ -362,8 +378,9 @@ class Pool:
 
     def _split_spare(self) -> dict[str, int]:
         """The units no job holds, split among the running jobs (see the module)."""
-        spare = self.divided - sum(entry.units for entry in self.entries.values())
-        running = [job_id for job_id, entry in self.entries.items() if entry.units]
+        divided = {j: e for j, e in self.entries.items() if j not in self.pinned}
+        spare = self.divided - sum(entry.units for entry in divided.values())
+        running = [job_id for job_id, entry in divided.items() if entry.units]
         if spare <= 0 or not running:
             return {}
         each, rest = divmod(spare, len(running))

@@ -2,7 +2,9 @@
 
 from __future__ import annotations
 
+import math
 from datetime import datetime
+from typing import Any
 
 from google.protobuf.timestamp_pb2 import Timestamp
 
@@ -12,6 +14,7 @@ from stride.optimizer.domain.administrator import (
     OptimizationEvent,
     RootCause,
     VersionedPlan,
+    check_job_id,
 )
 from stride.policy.cold_start import JobFeatures
 from stride.policy.errors import InvalidFeatures
@@ -155,3 +158,33 @@ def plan_from_proto(message: plan_pb2.ResourcePlan) -> Plan:
         reason=message.reason,
         algorithm=message.algorithm,
     )
+
+
+GIB_BYTES = 1024**3
+
+
+def share_values(event: job_pb2.JobShare, path: str = "") -> dict[str, Any]:
+    """A share event's stored form, checked: InvalidArgument names the bad field (under
+    ``path``, when the share came inside another message)."""
+    job_id = check_job_id(event.job_id, f"{path}job_id")
+    if event.version < 1:
+        raise InvalidArgument(f"{path}version", f"must be >= 1, got {event.version}")
+    amounts = {
+        "share.cpu": float(event.share.cpu),
+        "share.memory_bytes": event.share.memory_bytes / GIB_BYTES,
+        "minimum.cpu": float(event.minimum.cpu),
+        "minimum.memory_bytes": event.minimum.memory_bytes / GIB_BYTES,
+    }
+    for name, value in amounts.items():
+        if not math.isfinite(value) or value < 0:
+            raise InvalidArgument(f"{path}{name}", f"must be a finite number >= 0, got {value!r}")
+    return {
+        "job_id": job_id,
+        "version": int(event.version),
+        "cpu": amounts["share.cpu"],
+        "memory_gib": amounts["share.memory_bytes"],
+        "minimum_cpu": amounts["minimum.cpu"],
+        "minimum_memory_gib": amounts["minimum.memory_bytes"],
+        "guaranteed": bool(event.guaranteed),
+        "reason": event.reason,
+    }

@@ -10,7 +10,18 @@ grants it when capacity frees; then the job resumes with the fix.
 
 from __future__ import annotations
 
-from stride.policy.contention import Claim, ShareRequest
+from dataclasses import replace
+
+import structlog
+
+from stride.optimizer.domain.tuning import pods_of
+from stride.policy import stages
+from stride.policy.contention import Claim, ShareBound, ShareRequest, within_share
+from stride.policy.plans import Plan
+
+log = structlog.get_logger(__name__)
+
+GIB = 1024**3
 
 
 def share_request(
@@ -18,16 +29,31 @@ def share_request(
 ) -> ShareRequest:
     """``claim`` as a request for the job's whole plans: ``held`` and ``wanted`` are each
     plan's (cores, GiB) with every role counted."""
-    return ShareRequest(
-        job_id=claim.job_id,
+    return replace(
+        ShareRequest.of(claim),
         held_cpu=held[0],
         held_memory_gib=held[1],
         wanted_cpu=wanted[0],
         wanted_memory_gib=wanted[1],
-        throughput_now=claim.throughput_now,
-        throughput_wanted=claim.throughput_wanted,
-        remaining_samples=claim.remaining_samples,
-        pause_seconds=claim.pause_seconds,
-        safety=claim.safety,
-        cause=claim.cause,
     )
+
+
+def plan_totals(plan: Plan) -> tuple[float, float]:
+    """Cores and GiB every pod of ``plan`` holds (chief and data workers included)."""
+    return plan.total_cpu(), plan.total_memory_bytes() / GIB
+
+
+def shrunk_into(bound: ShareBound, plan: Plan) -> tuple[stages.Pods, str] | None:
+    """``plan``'s workers and PS shrunk so the whole plan (chief and data workers too) fits
+    ``bound``, with why it did not; None when it fits already or cannot be made to (no
+    workers and PS to shrink, or not even the smallest shape fits: logged)."""
+    cpu, memory = plan_totals(plan)
+    excess = bound.excess(cpu, memory)
+    pods = pods_of(plan)
+    if not excess or pods is None:
+        return None
+    fitted = within_share(pods, bound, cpu - pods.cpu, memory - pods.memory_gib)
+    if fitted is None:
+        log.warning("share too small for one worker and the PS", why=excess)
+        return None
+    return fitted, excess

@@ -482,6 +482,14 @@ async def all_holdings(session: AsyncSession) -> dict[str, Holding]:
     return {row.job_id: Holding(row.plan_version, row.cpu, row.memory_gib) for row in rows}
 
 
+async def holdings_of(session: AsyncSession, job_ids: Sequence[str]) -> dict[str, Holding]:
+    """The holdings of ``job_ids`` that have one, by job id."""
+    if not job_ids:
+        return {}
+    rows = await session.execute(select(holdings).where(holdings.c.job_id.in_(list(job_ids))))
+    return {row.job_id: Holding(row.plan_version, row.cpu, row.memory_gib) for row in rows}
+
+
 @dataclass(frozen=True)
 class StoredRequest:
     """A job's newest share request and admission's answer."""
@@ -517,13 +525,14 @@ async def put_request(
         await session.execute(share_requests.insert().values(job_id=job_id, **values))
 
 
-async def requests_in(session: AsyncSession, states: Sequence[str]) -> list[StoredRequest]:
-    """The share requests in one of ``states``, by job id."""
-    rows = await session.execute(
-        select(share_requests)
-        .where(share_requests.c.state.in_(list(states)))
-        .order_by(share_requests.c.job_id)
-    )
+async def requests_in(
+    session: AsyncSession, states: Sequence[str], job_ids: Sequence[str] | None = None
+) -> list[StoredRequest]:
+    """The share requests in one of ``states`` (of ``job_ids`` only, if given), by job id."""
+    query = select(share_requests).where(share_requests.c.state.in_(list(states)))
+    if job_ids is not None:
+        query = query.where(share_requests.c.job_id.in_(list(job_ids)))
+    rows = await session.execute(query.order_by(share_requests.c.job_id))
     return [
         StoredRequest(row.job_id, row.plan_version, row.state, dict(row.request), row.reason)
         for row in rows
