@@ -472,7 +472,8 @@ async def test_agents_follow_revocations(server: NatsServer, revocations: Revoca
         event = auth_pb2.TokenRevocation(token_id="t-1", revoked_by="admin")
         key = topics.revoked_token_key("t-1")
         await admission.publish(topics.TOKEN_REVOKED, key, event, "revoked.t-1")
-        message = await revoked.next_msg(timeout=5)
+        # Twenty seconds: under the full run's three workers the event can take more than five.
+        message = await revoked.next_msg(timeout=20)
         assert auth_pb2.TokenRevocation.FromString(message.data).token_id == "t-1"
         assert errors == []
     finally:

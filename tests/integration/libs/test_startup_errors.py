@@ -112,7 +112,7 @@ def test_unmigrated_database_fails_clearly_then_migrate_fixes_it(
     }
     result = run_admission(env)
     assert result.returncode == 2
-    assert "admission database is at revision none, expected 0008" in result.stderr
+    assert "admission database is at revision none, expected 0009" in result.stderr
     assert "python -m stride.admission migrate" in result.stderr
     migrated = run_admission(env, "migrate")
     assert migrated.returncode == 0, migrated.stderr
