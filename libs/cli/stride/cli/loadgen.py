@@ -72,6 +72,8 @@ from stride.sim.dlrm import (
 from stride.sim.engine import SimulationError
 
 GIB = 1024**3
+STEP_SECONDS = 1.001
+"""A window's one step reports this many ticks: just over one, so it closes the window."""
 FALLBACK_POLL_SECONDS = 2.0
 """A player learns of decisions from the bus (:class:`DecisionWatch`); only when none came
 for this long does it ask the optimizer's plan API (an event lost by core NATS)."""
@@ -337,9 +339,13 @@ class JobPlayer:
         points, measured = view.memory_points, view.sample_count + 1
         fresh = min(len(points), measured - self.memory_sent)
         for offset, point in enumerate(points[len(points) - fresh :] if fresh > 0 else ()):
-            # The pods as loaded were sampled a second before training started.
+            # The pods as loaded were sampled a second before training started, and before
+            # the first window as its steps tell it (``STEP_SECONDS`` of a tick back from
+            # its end, whatever the tick): the optimizer waits for the window's own sample
+            # and still takes this one as the first, whichever stream delivers first.
             first = self.memory_sent == 0 and offset == 0
-            at = RESTART_SECONDS - 1.0 if first else view.now - (fresh - 1 - offset) * 1e-3
+            loaded = min(RESTART_SECONDS - 1.0, view.now - self.tick * STEP_SECONDS - 1.0)
+            at = loaded if first else view.now - (fresh - 1 - offset) * 1e-3
             sizes = self._ps_bytes(point, pods.ps)
             samples += [("ps", i, size, at) for i, size in enumerate(sizes)]
         self.memory_sent = measured
@@ -377,7 +383,7 @@ class JobPlayer:
             pod_name=f"{self.job_id}-chief-0",
             global_step=self.windows + 1,
             steps=1,
-            step_seconds=self.tick * 1.001,
+            step_seconds=self.tick * STEP_SECONDS,
             samples_per_second=observed,
             samples_consumed=int(view.consumed),
             reported_at=self._at(view.now),

@@ -1048,15 +1048,22 @@ class Planning:
         due: list[str] = []
         now = datetime.now(UTC)
         async with self.database.transaction() as session:
-            # Jobs in order, so two batches never wait for each other's rows in a cycle.
-            for job_id in sorted(changes):
-                administrator = await repository.get_administrator(session, job_id, for_update=True)
+            # Every job's rows with one query each, locked in order of job id (so two
+            # batches never wait for each other in a cycle), and the changed views written
+            # with one statement: the batch holds its locks for a few round trips, not three
+            # per job, so the decisions waiting on those rows are not held up behind it.
+            job_ids = sorted(changes)
+            administrators = await repository.get_administrators(session, job_ids, for_update=True)
+            views = await repository.get_observations_many(session, job_ids, for_update=True)
+            changed: dict[str, obs.Observations] = {}
+            for job_id in job_ids:
+                administrator = administrators.get(job_id)
                 view = None
                 problem = f"no job {job_id!r} is known to the optimizer"
                 if administrator is not None:
                     if administrator.stage is JobStage.FINISHED:
                         continue
-                    view = await repository.get_observations(session, job_id, for_update=True)
+                    view = views.get(job_id)
                     problem = f"job {job_id!r} has no plan to measure yet"
                 if view is None:
                     for index, _ in changes[job_id]:
@@ -1069,9 +1076,10 @@ class Planning:
                     except obs.MetricRefused as error:
                         outcomes[index] = InvalidArgument(error.field, error.problem)
                 if after != view:
-                    await repository.put_observations(session, job_id, after, now, new=False)
+                    changed[job_id] = after
                 if after.pending >= 0 and obs.measured(after, self.window):
                     due.append(job_id)
+            await repository.put_observations_many(session, changed, now)
         for job_id in due:
             self.due.schedule(job_id)
         return outcomes

@@ -6,11 +6,11 @@ columns that are queried.
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from datetime import UTC, datetime
 from typing import Any
 
-from sqlalchemy import case, delete, func, insert, select, text, update
+from sqlalchemy import bindparam, case, delete, func, insert, select, text, update
 from sqlalchemy.ext.asyncio import AsyncSession
 
 from stride.db.rows import insert_new, rows_in
@@ -199,6 +199,43 @@ async def put_observations(
         del values["job_id"]
         await session.execute(
             update(observations).where(observations.c.job_id == job_id).values(**values)
+        )
+
+
+async def get_observations_many(
+    session: AsyncSession, job_ids: Sequence[str], for_update: bool = False
+) -> dict[str, Observations]:
+    """The metric views of those of ``job_ids`` that have one, with one query (locked in
+    order of job id with ``for_update``)."""
+    query = select(observations.c.job_id, observations.c.view).order_by(observations.c.job_id)
+    if for_update:
+        query = query.with_for_update()
+    rows = await rows_in(session, query, observations.c.job_id, sorted(set(job_ids)))
+    return {row.job_id: from_json(row.view) for row in rows}
+
+
+_PUT_VIEW = (
+    update(observations)
+    .where(observations.c.job_id == bindparam("b_job_id"))
+    .values(
+        view=bindparam("b_view"),
+        updated_at=bindparam("b_at", type_=observations.c.updated_at.type),
+        pending=bindparam("b_pending"),
+    )
+)
+
+
+async def put_observations_many(
+    session: AsyncSession, views: Mapping[str, Observations], at: datetime
+) -> None:
+    """Store the metric views of jobs that have one, with one statement."""
+    if views:
+        await session.execute(
+            _PUT_VIEW,
+            [
+                {"b_job_id": job_id, "b_view": to_json(view), "b_at": at, "b_pending": view.pending}
+                for job_id, view in views.items()
+            ],
         )
 
 
