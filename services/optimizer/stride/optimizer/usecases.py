@@ -1175,10 +1175,13 @@ class Planning:
         newer plan (an OOM rule, an operator) wins and the stale decision is dropped, so a
         job is never adjusted twice for one reason (DLRover issue #302)."""
         async with self.database.sessions() as session:
-            administrator = await repository.get_administrator(session, job_id)
-            view = await repository.get_observations(session, job_id)
-            spec = await repository.get_spec(session, job_id)
-            newest = await repository.newest_plan(session, job_id)
+            inputs = await repository.decision_inputs(session, job_id)
+        administrator, view, spec, newest = (
+            inputs.administrator,
+            inputs.view,
+            inputs.spec,
+            inputs.newest,
+        )
         if (
             administrator is None
             or administrator.stage is JobStage.FINISHED

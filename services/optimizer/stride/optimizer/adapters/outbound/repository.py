@@ -7,6 +7,7 @@ columns that are queried.
 from __future__ import annotations
 
 from collections.abc import Mapping, Sequence
+from dataclasses import dataclass
 from datetime import UTC, datetime
 from typing import Any
 
@@ -40,6 +41,55 @@ async def get_administrator(
     if row is None:
         return None
     return Administrator(job_id=job_id, stage=JobStage[row.stage], plan_version=row.plan_version)
+
+
+@dataclass(frozen=True)
+class DecisionInputs:
+    """What a job's due decision reads: its administrator, metric view, admitted spec and
+    newest plan (each None when missing)."""
+
+    administrator: Administrator | None
+    view: Observations | None
+    spec: bytes | None
+    newest: plan_pb2.ResourcePlan | None
+
+
+async def decision_inputs(session: AsyncSession, job_id: str) -> DecisionInputs:
+    """:class:`DecisionInputs` with one query (the newest plan is the administrator's plan
+    version; read apart only if that row is missing)."""
+    row = (
+        await session.execute(
+            select(
+                administrators.c.stage,
+                administrators.c.plan_version,
+                administrators.c.spec,
+                observations.c.view,
+                plans.c.plan,
+            )
+            .select_from(
+                administrators.outerjoin(
+                    observations, observations.c.job_id == administrators.c.job_id
+                ).outerjoin(
+                    plans,
+                    (plans.c.job_id == administrators.c.job_id)
+                    & (plans.c.version == administrators.c.plan_version),
+                )
+            )
+            .where(administrators.c.job_id == job_id)
+        )
+    ).one_or_none()
+    if row is None:
+        return DecisionInputs(None, None, None, None)
+    administrator = Administrator(
+        job_id=job_id, stage=JobStage[row.stage], plan_version=row.plan_version
+    )
+    newest = (
+        plan_pb2.ResourcePlan.FromString(row.plan)
+        if row.plan is not None
+        else await newest_plan(session, job_id)
+    )
+    view = None if row.view is None else from_json(row.view)
+    return DecisionInputs(administrator, view, row.spec, newest)
 
 
 async def get_administrators(
