@@ -267,7 +267,6 @@ class JobPlayer:
         self.epoch = datetime.now(UTC)
         """The job's clock starts at its submission (its metrics carry it)."""
         self.version = 0
-        self.pods: Pods | None = None
         self.start: Pods | None = None
         self.windows = self.agreed = self.changes = self.kills = 0
         self.seen_windows = 0
@@ -312,7 +311,7 @@ class JobPlayer:
             raise LoadgenError(
                 f"{self.job_id}: no plan v1 with a worker and a PS from the optimizer"
             )
-        self.version, self.pods, self.start = first.version, pods, pods
+        self.version, self.start = first.version, pods
         self.spec = replace(self.spec, request=pods)
 
     async def _first_plan(self) -> Decision:
@@ -411,7 +410,7 @@ class JobPlayer:
                 }
             )
         if newer is not None and got is not None:
-            self.version, self.pods = newer.version, got
+            self.version = newer.version
             self.changes += 1
             return Decision(got)
         return Decision(None)
@@ -531,7 +530,7 @@ class JobPlayer:
         grown = None if newer is None else _pods(newer)
         if newer is None or grown is None:
             return Decision(None)
-        self.version, self.pods = newer.version, grown
+        self.version = newer.version
         self.changes += 1
         return Decision(grown)
 

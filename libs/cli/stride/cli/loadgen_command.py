@@ -16,12 +16,12 @@ from typing import Annotated, Any
 import grpc
 import typer
 from rich.console import Console
-from rich.markup import escape
 from rich.progress import BarColumn, Progress, TextColumn, TimeElapsedColumn
 from rich.table import Table
 
 from stride.cli import channels
 from stride.cli.endpoints import NoSuite, SuiteState, address
+from stride.cli.running import failer
 from stride.runtime.tls import TlsConfigError
 
 StateDir = Annotated[
@@ -77,9 +77,7 @@ MaxWallSeconds = Annotated[
 def register(app: typer.Typer, default_state_dir: Path, console: Console, errors: Console) -> None:
     """Add ``stride loadgen`` to ``app``."""
 
-    def fail(message: str) -> None:
-        errors.print(f"[bold red]error:[/] {escape(message)}", highlight=False, soft_wrap=True)
-        raise typer.Exit(2)
+    fail = failer(errors)
 
     @app.command()
     def loadgen(

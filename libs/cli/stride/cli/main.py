@@ -372,6 +372,22 @@ def status(
         )
     )
 
+    summary = _job_summary(job, plan_reply, pods, record)
+    console.print(summary)
+    if plan_reply is not None:
+        console.print(_plan_table(plan_reply.plan))
+    if record is not None and record.record.profiles:
+        console.print(_profile_table(record.record.profiles))
+
+
+def _job_summary(
+    job: admission_pb.Job,
+    plan_reply: optimizer_pb.GetPlanResponse | None,
+    pods: podwatcher_pb.GetJobPodsResponse | None,
+    record: configdb_pb.GetJobRecordResponse | None,
+) -> Table:
+    """``stride status``'s table of one job: its spec, admission's decision and share, and
+    what the optimizer, the pod watcher and the config DB hold of it."""
     summary = Table(title=f"job {job.job_id}", show_header=False, title_justify="left")
     summary.add_column(style="bold")
     summary.add_column()
@@ -421,11 +437,7 @@ def status(
     summary.add_row(
         "configdb", f"recorded, {len(record.record.plans)} plan(s)" if record else "not yet"
     )
-    console.print(summary)
-    if plan_reply is not None:
-        console.print(_plan_table(plan_reply.plan))
-    if record is not None and record.record.profiles:
-        console.print(_profile_table(record.record.profiles))
+    return summary
 
 
 def _plan_table(plan: plan_pb2.ResourcePlan) -> Table:
@@ -890,6 +902,14 @@ def up(
         # The reason quotes service logs, whose "[error   ]" must not be read as markup.
         fail(f"the suite did not start: {reason.strip()} (logs in {state_dir / 'logs'})")
         return
+    _print_suite(state, state_dir)
+    _report_nodes(state_dir)
+    _report_suite_problems(state_dir)
+
+
+def _print_suite(state: SuiteState, state_dir: Path) -> None:
+    """What ``stride up`` started: each process and its address, the database, the logs,
+    how gRPC is secured and where the tokens are."""
     table = Table(title=f"stride suite up (pid {state.supervisor_pid})", title_justify="left")
     table.add_column("service")
     table.add_column("gRPC address")
@@ -923,8 +943,6 @@ def up(
             "(STRIDE_TOKEN_FILE=... to act as them)",
             highlight=False,
         )
-    _report_nodes(state_dir)
-    _report_suite_problems(state_dir)
 
 
 def _report_nodes(state_dir: Path) -> None:

@@ -239,6 +239,57 @@ def _get_data(job_id: str) -> Callable[[grpc.Channel], dispatcher_pb.GetDatasetS
     return rpc
 
 
+def _plan_of(state_dir: Path, job_id: str) -> optimizer_pb.GetPlanResponse | None:
+    """The job's newest plan from the optimizer (None: it did not answer)."""
+    try:
+        return ask("optimizer", state_dir, _get_plan(job_id))
+    except Unanswered:
+        return None
+
+
+def _plan_cells(plan: optimizer_pb.GetPlanResponse | None) -> tuple[str, str]:
+    """The plan's version, and the optimizer's stage (DLRover sec. 4.2) with its windows
+    decided so far."""
+    if plan is None:
+        return "-", "-"
+    stage = optimization_pb2.JobStage.Name(plan.stage).removeprefix("JOB_STAGE_")
+    return f"v{plan.plan.version}", f"{stage.lower()} ({plan.windows} windows)"
+
+
+def _pods_of(state_dir: Path, job_id: str) -> tuple[str, Table | None]:
+    """The job's pods running of all, and a table of them (None: the pod watcher did not
+    answer)."""
+    try:
+        pods = ask("podwatcher", state_dir, _get_pods(job_id)).pods
+    except Unanswered:
+        return "-", None
+    running = sum(p.phase == pod_pb2.POD_PHASE_RUNNING for p in pods)
+    table = Table(title=f"pods of {job_id}", title_justify="left")
+    for column in (
+        "pod",
+        "role",
+        "phase",
+        "node",
+        "cpu used/limit",
+        "memory used/limit",
+        "restarts",
+        "last failure",
+    ):
+        table.add_column(column)
+    for pod in pods:
+        table.add_row(
+            pod.name,
+            _role(pod.role),
+            _phase(pod.phase),
+            pod.node,
+            f"{pod.cpu_used:.2f}/{pod.cpu:g}",
+            f"{_mib(pod.memory_used_bytes)}/{_mib(pod.memory_bytes)}",
+            str(pod.restarts),
+            escape(_failure(pod.last_failure)),
+        )
+    return f"{running}/{len(pods)} running", table
+
+
 def frame(state_dir: Path, progress: Progress, all_jobs: bool) -> Group:
     """One view of every running job (every job with ``all_jobs``)."""
     try:
@@ -270,54 +321,11 @@ def frame(state_dir: Path, progress: Progress, all_jobs: bool) -> Group:
         if job.state in TERMINAL and not all_jobs:
             continue
         state_name = admission_pb.JobState.Name(job.state).removeprefix("JOB_STATE_").lower()
-        plan_text, pods_text, stage_text = "-", "-", "-"
-        plan: optimizer_pb.GetPlanResponse | None = None
-        try:
-            plan = ask(
-                "optimizer",
-                state_dir,
-                _get_plan(job.job_id),
-            )
-            plan_text = f"v{plan.plan.version}"
-            # The optimizer's stage (DLRover sec. 4.2), and its windows decided so far.
-            stage = optimization_pb2.JobStage.Name(plan.stage).removeprefix("JOB_STAGE_")
-            stage_text = f"{stage.lower()} ({plan.windows} windows)"
-        except Unanswered:
-            pass
-        try:
-            pods = ask(
-                "podwatcher",
-                state_dir,
-                _get_pods(job.job_id),
-            ).pods
-            running = sum(p.phase == pod_pb2.POD_PHASE_RUNNING for p in pods)
-            pods_text = f"{running}/{len(pods)} running"
-            table = Table(title=f"pods of {job.job_id}", title_justify="left")
-            for column in (
-                "pod",
-                "role",
-                "phase",
-                "node",
-                "cpu used/limit",
-                "memory used/limit",
-                "restarts",
-                "last failure",
-            ):
-                table.add_column(column)
-            for pod in pods:
-                table.add_row(
-                    pod.name,
-                    _role(pod.role),
-                    _phase(pod.phase),
-                    pod.node,
-                    f"{pod.cpu_used:.2f}/{pod.cpu:g}",
-                    f"{_mib(pod.memory_used_bytes)}/{_mib(pod.memory_bytes)}",
-                    str(pod.restarts),
-                    escape(_failure(pod.last_failure)),
-                )
+        plan = _plan_of(state_dir, job.job_id)
+        plan_text, stage_text = _plan_cells(plan)
+        pods_text, table = _pods_of(state_dir, job.job_id)
+        if table is not None:
             details.append(table)
-        except Unanswered:
-            pass
         data: dispatcher_pb.GetDatasetStateResponse | None = None
         epoch_text = ""
         with contextlib.suppress(Unanswered):
@@ -341,11 +349,28 @@ def frame(state_dir: Path, progress: Progress, all_jobs: bool) -> Group:
 
 
 def register(app: typer.Typer, default_state_dir: Path, console: Console, errors: Console) -> None:
-    """Add the running-job commands to ``app``."""
+    """Add the running-job commands to ``app``: top, logs, scale and wait."""
+    fail = failer(errors)
+    _register_top(app, default_state_dir, console, fail)
+    _register_logs(app, default_state_dir, console, fail)
+    _register_scale(app, default_state_dir, console, fail)
+    _register_wait(app, default_state_dir, console, fail)
+
+
+def failer(errors: Console) -> Callable[[str], None]:
+    """Print an error the CLI's way and exit with 2."""
 
     def fail(message: str) -> None:
         errors.print(f"[bold red]error:[/] {escape(message)}", highlight=False, soft_wrap=True)
         raise typer.Exit(2)
+
+    return fail
+
+
+def _register_top(
+    app: typer.Typer, default_state_dir: Path, console: Console, fail: Callable[[str], None]
+) -> None:
+    """Add ``stride top`` to ``app``."""
 
     @app.command()
     def top(
@@ -366,6 +391,12 @@ def register(app: typer.Typer, default_state_dir: Path, console: Console, errors
                     live.update(frame(state_dir, progress, all_jobs))
         except KeyboardInterrupt:
             return
+
+
+def _register_logs(
+    app: typer.Typer, default_state_dir: Path, console: Console, fail: Callable[[str], None]
+) -> None:
+    """Add ``stride logs`` to ``app``."""
 
     @app.command()
     def logs(
@@ -396,6 +427,12 @@ def register(app: typer.Typer, default_state_dir: Path, console: Console, errors
         except KeyboardInterrupt:
             return
 
+
+def _register_scale(
+    app: typer.Typer, default_state_dir: Path, console: Console, fail: Callable[[str], None]
+) -> None:
+    """Add ``stride scale`` to ``app``."""
+
     @app.command()
     def scale(
         job_id: str,
@@ -422,6 +459,12 @@ def register(app: typer.Typer, default_state_dir: Path, console: Console, errors
             return
         roles = ", ".join(f"{r.count} {_role(r.role)}" for r in reply.plan.roles)
         console.print(f"{job_id}: plan v{reply.plan.version} published ({roles})", highlight=False)
+
+
+def _register_wait(
+    app: typer.Typer, default_state_dir: Path, console: Console, fail: Callable[[str], None]
+) -> None:
+    """Add ``stride wait`` to ``app``."""
 
     @app.command()
     def wait(

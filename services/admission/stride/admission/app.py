@@ -64,6 +64,7 @@ async def build(settings: AdmissionSettings) -> ServiceHost:
         settings.default_max_active_jobs,
     )
     requests = ShareRequests(submissions)
+    submissions.capacity_freed = requests.settle  # a job's end settles the queued requests
     admission_service_pb2_grpc.add_AdmissionServiceServicer_to_server(
         AdmissionApi(submissions, submission_rate(settings), requests), host.server.server
     )

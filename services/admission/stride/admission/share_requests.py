@@ -100,7 +100,6 @@ class ShareRequests:
     def __init__(self, submissions: Submissions) -> None:
         self.submissions = submissions
         self.database = submissions.database
-        submissions.capacity_freed = self.settle
 
     def _free(
         self, pool: Pool, held: dict[str, repository.Holding], now: float

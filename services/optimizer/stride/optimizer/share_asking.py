@@ -15,7 +15,12 @@ from stride.db.engine import Database, Session
 from stride.events.v1 import job_pb2
 from stride.optimizer.adapters.convert import share_values
 from stride.optimizer.adapters.outbound import repository
-from stride.optimizer.domain.requests import plan_totals, share_request, shrunk_into
+from stride.optimizer.domain.requests import (
+    cut_to_cores,
+    plan_totals,
+    share_request,
+    shrunk_into,
+)
 from stride.optimizer.domain.tuning import with_pods
 from stride.policy.contention import Claim, ShareBound, ShareRequest
 from stride.policy.plans import Plan
@@ -69,25 +74,35 @@ class ShareAsking:
         held, and the reason says admission could not be asked."""
         if self.shares is None or claim is None:
             return None
-        want = plan_totals(wanted)
+        return await self._beyond(await self._bound(claim.job_id), version, held, wanted, claim)
+
+    async def ask_for_fix(
+        self, version: int, held: Plan, fix: Plan, claim: Claim | None
+    ) -> tuple[Plan, Claim | None, ShareAnswer | None]:
+        """:meth:`ask` for an OOM fix, first cut to the job's cores (workers first; memory is
+        never cut): what it needs of admission is memory, and a fix that asked for cores too
+        would wait for them. Returns the fix and its claim as cut, and the answer."""
+        if claim is None:
+            return fix, claim, None
+        bound = await self._bound(claim.job_id)
+        if bound is not None and (cut := cut_to_cores(fix, bound.cpu)) is not None:
+            fix = with_pods(fix, cut, fix.reason, fix.algorithm)
+            claim = replace(claim, wanted=cut)
+        if self.shares is None:
+            return fix, claim, None
+        return fix, claim, await self._beyond(bound, version, held, fix, claim)
+
+    async def _bound(self, job_id: str) -> ShareBound | None:
         async with self.database.sessions() as session:
-            bound = await self.bound(session, claim.job_id)
+            return await self.bound(session, job_id)
+
+    async def _beyond(
+        self, bound: ShareBound | None, version: int, held: Plan, wanted: Plan, claim: Claim
+    ) -> ShareAnswer | None:
+        want = plan_totals(wanted)
         if bound is None or bound.holds(*want):
             return None
         return await self._request(version, share_request(claim, plan_totals(held), want))
-
-    async def cores_within_share(self, plan: Plan, claim: Claim) -> tuple[Plan, Claim]:
-        """An OOM fix with its cores cut to the job's share (workers first; memory is never
-        cut): what it needs of admission is memory, and a fix that asked for cores too
-        would wait for them."""
-        async with self.database.sessions() as session:
-            bound = await self.bound(session, claim.job_id)
-        if bound is None:
-            return plan, claim
-        cut = shrunk_into(ShareBound(bound.cpu, 1e18), plan)  # memory is never cut
-        if cut is None:
-            return plan, claim
-        return with_pods(plan, cut[0], plan.reason, plan.algorithm), replace(claim, wanted=cut[0])
 
     async def first(self, job_id: str, share: dict[str, Any], plan: Plan) -> Plan:
         """Plan 1 when it does not fit the share the admission decision carried even with
@@ -97,13 +112,12 @@ class ShareAsking:
         if self.shares is None or not self.enforce_shares:
             return plan
         bound = ShareBound(share["cpu"], share["memory_gib"])
-        if share["cpu"] <= 0 or share["memory_gib"] <= 0 or shrunk_into(bound, plan) is not None:
+        if share["cpu"] <= 0 or share["memory_gib"] <= 0 or bound.holds(*plan_totals(plan)):
             return plan
-        if bound.holds(*plan_totals(plan)):
+        if shrunk_into(bound, plan) is not None:  # fitted by the caller, cores cut
             return plan
-        cores_only = ShareBound(share["cpu"], 1e18)  # memory is never cut
-        cut = shrunk_into(cores_only, plan)
-        wanted = with_pods(plan, cut[0], "-", plan.algorithm) if cut is not None else plan
+        cut = cut_to_cores(plan, share["cpu"])
+        wanted = with_pods(plan, cut, "-", plan.algorithm) if cut is not None else plan
         cpu, memory = plan_totals(wanted)
         request = ShareRequest(
             job_id,

@@ -677,19 +677,18 @@ class Planning:
             return False
         plan = running[-1]
         detail = f"resumed: admission's share v{version} ({reason}); the plan before the pause"
-        waited = [
-            claim_from_json(text)
-            for claimant, _, text, current in await repository.open_claims(session)
-            if claimant == job_id and current
-        ]
+        claimed = await repository.current_claim(session, job_id)
+        waited = None if claimed is None else claim_from_json(claimed)
         bound = await self._share_bound(session, job_id)
-        if waited:  # it waits for its OOM fix: it resumes with it, once the share holds it
-            plan = with_pods(plan, waited[0].wanted, "-", plan.algorithm)
+        if (
+            waited is not None
+        ):  # it waits for its OOM fix: it resumes with it once the share holds it
+            plan = with_pods(plan, waited.wanted, "-", plan.algorithm)
             if bound is not None and not bound.holds(*plan_totals(plan)):
                 log.info("job still waits for its OOM fix", job_id=job_id, share_version=version)
                 return True
             detail = (
-                f"resumed with its OOM fix ({waited[0].cause}): admission's share v{version} "
+                f"resumed with its OOM fix ({waited.cause}): admission's share v{version} "
                 f"({reason})"
             )
             await repository.delete_claims(session, [job_id])
@@ -940,11 +939,9 @@ class Planning:
             log.warning("OOM of a pod the OOM rule does not cover", pod=event.pod_name)
             return
         plan, claim, algorithm, rule, fallback = await self._oom_fix(job_id, current, role, event)
-        if plan is not None and claim is not None:
-            plan, claim = await self.asking.cores_within_share(plan, claim)
-        asked = (
-            None if plan is None else await self.asking.ask(newest.version, current, plan, claim)
-        )
+        asked = None
+        if plan is not None:
+            plan, claim, asked = await self.asking.ask_for_fix(newest.version, current, plan, claim)
         now = datetime.now(UTC)
         async with self.database.transaction() as session:
             existing = await repository.get_administrator(session, job_id, for_update=True)

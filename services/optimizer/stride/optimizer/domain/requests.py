@@ -14,14 +14,13 @@ from dataclasses import replace
 
 import structlog
 
+from stride.optimizer.domain.observations import GIB
 from stride.optimizer.domain.tuning import pods_of
 from stride.policy import stages
 from stride.policy.contention import Claim, ShareBound, ShareRequest, within_share
 from stride.policy.plans import Plan
 
 log = structlog.get_logger(__name__)
-
-GIB = 1024**3
 
 
 def share_request(
@@ -57,3 +56,10 @@ def shrunk_into(bound: ShareBound, plan: Plan) -> tuple[stages.Pods, str] | None
         log.warning("share too small for one worker and the PS", why=excess)
         return None
     return fitted, excess
+
+
+def cut_to_cores(plan: Plan, cpu: float) -> stages.Pods | None:
+    """``plan``'s workers and PS with their cores cut so the whole plan holds ``cpu`` cores,
+    its memory as it is (memory per pod is never cut); None when it holds them already."""
+    cut = shrunk_into(ShareBound(cpu, 1e18), plan)
+    return None if cut is None else cut[0]

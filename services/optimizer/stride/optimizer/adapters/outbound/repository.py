@@ -409,6 +409,20 @@ async def delete_claims(session: AsyncSession, job_ids: list[str]) -> None:
         await session.execute(delete(claims).where(claims.c.job_id.in_(job_ids)))
 
 
+async def current_claim(session: AsyncSession, job_id: str) -> str | None:
+    """The job's open claim (JSON) if it is current (:func:`open_claims`), else None."""
+    claim: str | None = await session.scalar(
+        select(claims.c.claim)
+        .select_from(claims.join(administrators))
+        .where(
+            claims.c.job_id == job_id,
+            claims.c.plan_version == administrators.c.plan_version,
+            administrators.c.stage != JobStage.FINISHED.name,
+        )
+    )
+    return claim
+
+
 async def open_claims(session: AsyncSession) -> list[tuple[str, int, str, bool]]:
     """Every open claim: (job, plan version it was made against, claim JSON, whether it is
     still current: the job runs that plan version and has not finished)."""
