@@ -2,16 +2,31 @@
 
 from __future__ import annotations
 
+import asyncio
 import math
 from dataclasses import replace
 from pathlib import Path
+from typing import Any, cast
 
+import grpc
 import numpy as np
+import pytest
+from grpc.aio import Metadata
 from typer.testing import CliRunner
 
-from stride.cli.loadgen import Decided, DecisionWatch, Played, compare, job_spec
+from stride.cli.loadgen import (
+    Decided,
+    DecisionWatch,
+    JobPlayer,
+    Played,
+    PlayOptions,
+    Tally,
+    compare,
+    job_spec,
+)
 from stride.cli.main import app
 from stride.events.v1 import optimization_pb2, plan_pb2
+from stride.policy.stages import search_space
 from stride.sim.dlrm import DlrmJobSpec, generate_jobs, load_straggler_covs, simulate
 from stride.testing import SHARED_TRACES
 from stride.vocabulary.jobspec import JobSpec, validate
@@ -109,3 +124,41 @@ async def test_the_decision_watch_keeps_each_jobs_newest_plan_and_window() -> No
     watch.window("job-a", optimization_pb2.WindowDecided(job_id="job-a", window=4))
     assert watch.decided["job-a"] == Decided(5, 3) and wake.is_set()
     assert "job-b" not in watch.plans and not watch.event("job-b").is_set()
+
+
+class _BusyOptimizer:
+    """A plan API that answers each poll with ``code``."""
+
+    def __init__(self, code: grpc.StatusCode) -> None:
+        self.code = code
+        self.asked = 0
+
+    async def GetPlan(self, request: object, timeout: float) -> object:
+        self.asked += 1
+        raise grpc.aio.AioRpcError(self.code, Metadata(), Metadata(), "said the optimizer", None)
+
+
+async def test_a_poll_the_optimizer_cannot_answer_now_waits_for_the_next_one() -> None:
+    """A player's fallback poll answered "too busy" or "unreachable" is asked again later (the
+    window's deadline bounds it); any other error ends the run with it."""
+    options = PlayOptions(1, 180.0, 5.0, search_space(None, None))
+    spec = population(1)[0]
+    for code in (grpc.StatusCode.DEADLINE_EXCEEDED, grpc.StatusCode.UNAVAILABLE):
+        busy = _BusyOptimizer(code)
+        player = JobPlayer(
+            cast(Any, None), busy, "job-a", spec, options, DecisionWatch(), Tally(), asyncio.Event()
+        )
+        await player._poll()
+        assert busy.asked == 1 and "job-a" not in player.watch.plans
+    refused = JobPlayer(
+        cast(Any, None),
+        _BusyOptimizer(grpc.StatusCode.PERMISSION_DENIED),
+        "job-a",
+        spec,
+        options,
+        DecisionWatch(),
+        Tally(),
+        asyncio.Event(),
+    )
+    with pytest.raises(grpc.aio.AioRpcError, match="said the optimizer"):
+        await refused._poll()

@@ -76,7 +76,13 @@ STEP_SECONDS = 1.001
 """A window's one step reports this many ticks: just over one, so it closes the window."""
 FALLBACK_POLL_SECONDS = 2.0
 """A player learns of decisions from the bus (:class:`DecisionWatch`); only when none came
-for this long does it ask the optimizer's plan API (an event lost by core NATS)."""
+for this long does it ask the optimizer's plan API (an event lost by core NATS), then after
+twice as long again, and so on."""
+
+POLL_LATER = frozenset(
+    {grpc.StatusCode.NOT_FOUND, grpc.StatusCode.DEADLINE_EXCEEDED, grpc.StatusCode.UNAVAILABLE}
+)
+"""Answers to a fallback poll that mean "ask again later", not a failed run."""
 
 
 @dataclass(frozen=True)
@@ -148,6 +154,9 @@ class Played:
     """The pods of its first plan (the services' cold start or warm start)."""
     latencies: list[float] = field(default_factory=list)
     """Wall seconds from each window's steps being sent to its decision being visible."""
+    sent: list[float] = field(default_factory=list)
+    """When each of those windows' steps were sent (``time.perf_counter``), to tell a run's
+    start-up from its steady state."""
     compute: list[float] = field(default_factory=list)
     """Wall seconds the simulator's policy took to decide each window in this process."""
     differences: list[dict[str, Any]] = field(default_factory=list)
@@ -277,6 +286,7 @@ class JobPlayer:
         """The plan version whose workers' usage was sent."""
         self.decided_in_time = False
         self.latencies: list[float] = []
+        self.sent: list[float] = []
         self.compute: list[float] = []
         self.differences: list[dict[str, Any]] = []
         self.messages = 0
@@ -368,12 +378,15 @@ class JobPlayer:
         options = self.options
         paced = options.window_seconds > 0 and self.loop.time() < self.pace_until
         if paced:
-            await asyncio.sleep(max(0.0, self.next_window - self.loop.time()))
+            with contextlib.suppress(TimeoutError):  # or until the run is stopped
+                await asyncio.wait_for(self.stop.wait(), self.next_window - self.loop.time())
             self.next_window = max(self.next_window + options.window_seconds, self.loop.time())
         return paced
 
     async def _window(self, view: JobView, expected: Decision) -> Decision:
         paced = await self._pace()
+        if self.stop.is_set():  # stopped while it waited for its pace: sends nothing more
+            raise Stopped(self.job_id)
         await self._usage(view)
         await asyncio.sleep(0.05)  # usage before steps: they travel on different streams
         pods, observed = view.samples[-1]
@@ -394,6 +407,7 @@ class JobPlayer:
         newer = await self._decided(True, self.version, self.options.decision_wait)
         if self.decided_in_time and (paced or self.options.window_seconds <= 0):
             self.latencies.append(time.perf_counter() - sent)
+            self.sent.append(sent)
         got = None if newer is None else _pods(newer)
         want = expected.pods if expected.pods != pods else None
         agreed = got == want
@@ -425,7 +439,8 @@ class JobPlayer:
         by the caller)."""
         loop = asyncio.get_running_loop()
         deadline = loop.time() + wait
-        poll_at = loop.time() + FALLBACK_POLL_SECONDS
+        pause = FALLBACK_POLL_SECONDS
+        poll_at = loop.time() + pause
         wake = self.watch.event(self.job_id)
         while True:
             plan = self.watch.plans.get(self.job_id)
@@ -454,7 +469,10 @@ class JobPlayer:
                 return None
             if now >= poll_at:
                 await self._poll()
-                poll_at = loop.time() + FALLBACK_POLL_SECONDS
+                # Twice as long each time: when decisions are late because the suite is
+                # overloaded, polls that come every few seconds from every job add to it.
+                pause *= 2
+                poll_at = loop.time() + pause
                 continue
             wake.clear()
             with contextlib.suppress(TimeoutError):
@@ -467,7 +485,9 @@ class JobPlayer:
                 optimizer_pb.GetPlanRequest(job_id=self.job_id), timeout=10
             )
         except grpc.aio.AioRpcError as error:
-            if error.code() != grpc.StatusCode.NOT_FOUND:
+            # Not planned yet, or the optimizer too busy to answer now: the bus or the next
+            # poll tells, and the window's own deadline bounds the wait.
+            if error.code() not in POLL_LATER:
                 raise
             return
         self.watch.plan(self.job_id, reply.plan)
@@ -507,6 +527,7 @@ class JobPlayer:
             oom_kills=self.kills,
             start=self.start,
             latencies=self.latencies,
+            sent=self.sent,
             differences=self.differences,
             compute=self.compute,
             error=error,
@@ -829,7 +850,7 @@ def compare(
         "comparable": True,
         "why": "",
         "per_job": [
-            {k: v for k, v in asdict(p).items() if k not in ("latencies", "compute")}
+            {k: v for k, v in asdict(p).items() if k not in ("latencies", "sent", "compute")}
             for p in played
         ],
     }

@@ -62,8 +62,9 @@ STOP_SECONDS = 30.0
 """A fast shutdown (SIGINT) ends every session and writes a checkpoint; on a suite's small
 database that takes well under a second, so 30 s means it is stuck: SIGQUIT, then SIGKILL."""
 CONNECTIONS = 200
-"""Every service keeps a small pool (5 connections, 10 more under load): seven services
-need at most about a hundred; the rest is room for the CLI and tools."""
+"""Every service keeps a small pool (10 connections, 5 more under load: see
+``stride.db.engine.POOL_SIZE``): seven services need at most about a hundred; the rest is
+room for the CLI and tools."""
 NOT_DURABLE = {"fsync": "off", "synchronous_commit": "off", "full_page_writes": "off"}
 """For throwaway servers (tests): no commit waits for the disk. Never for `stride up`."""
 
