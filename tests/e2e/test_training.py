@@ -286,6 +286,23 @@ async def test_wide_and_deep_trains_to_completion_on_every_sample_once(suite: Su
     await assert_eventually(only_the_chief_is_left, timeout=30)
 
 
+async def test_the_text_example_decodes_its_raw_records_and_trains_on_every_sample_once(
+    suite: Suite,
+) -> None:
+    """examples/criteo-text.yaml's entrypoint: string records through the job's pods, decoded,
+    hashed and crossed in the model (the part GoldMiner's partitioning gives data workers)."""
+    job = new_job()
+    bus = await submit(suite, job, entrypoint="stride_examples.criteo_text:train")
+    try:
+        end = await finished(suite, job)
+    finally:
+        await bus.close()
+    assert end.outcome == job_pb2.JOB_OUTCOME_SUCCEEDED, end.message
+    check_exactly_once(suite.consumed(job))
+    losses = [e["loss"] for e in suite.chief_events(job) if e.get("event") == "steps"]
+    assert len(losses) >= 3 and losses[-1] < losses[0], losses
+
+
 def pods_and_nodes(suite: Suite, job_id: str) -> tuple[list[pb.Pod], list[pb.Node]]:
     with sync_channel(suite.podwatcher.address, "podwatcher") as channel:
         stub = pb_grpc.PodWatcherServiceStub(channel)

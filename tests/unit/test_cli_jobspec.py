@@ -26,6 +26,13 @@ def test_example_parses_with_enums_maps_and_relative_deadline() -> None:
     assert spec.termination.max_epochs == 2
 
 
+def test_the_text_example_parses_and_names_its_entrypoint() -> None:
+    """examples/criteo-text.yaml (its training: tests/e2e/test_training.py)."""
+    spec = parse_spec((ROOT / "examples" / "criteo-text.yaml").read_text(), now=NOW)
+    assert spec.model.entrypoint == "stride_examples.criteo_text:train"
+    assert spec.dataset.record_count == 200_000 and not spec.HasField("deadline")
+
+
 def test_absolute_deadline() -> None:
     spec = parse_spec("name: a\ndeadline: 2027-01-02T03:04:05Z\n", now=NOW)
     assert spec.deadline.ToDatetime(tzinfo=UTC) == datetime(2027, 1, 2, 3, 4, 5, tzinfo=UTC)

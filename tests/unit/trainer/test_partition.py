@@ -8,7 +8,7 @@ from typing import Any, cast
 
 import keras
 import numpy as np
-from stride_examples import criteo, wide_deep
+from stride_examples import criteo, criteo_text, wide_deep
 
 from stride.trainer.partition import split_model
 
@@ -69,3 +69,29 @@ def test_a_model_whose_inputs_go_straight_into_its_state_keeps_its_pre_processin
     split = split_model(model)
     assert split.data_model is None and split.train_model is model
     assert split.partition.data_stages == (("features",),)
+
+
+def test_the_text_examples_decoding_hashing_and_crossing_move_to_data_workers() -> None:
+    """examples/criteo-text.yaml: the raw record is decoded, hashed and crossed in the model,
+    and all of that is upstream of its embeddings."""
+    ctx = SimpleNamespace(spec=SimpleNamespace(model=SimpleNamespace(embedding_dim=4)))
+    ctx.hyperparameters = {}
+    model = criteo_text.build_model(cast(Any, ctx))
+    split = split_model(model)
+    assert split.partition.data_stages == (("record", "decode", "hash_ids", "cross", "ids"),)
+    assert split.partition.train_nodes[0] == "embeddings"
+    assert split.data_model is not None
+    records, labels = criteo_text.make_records(np.arange(32))
+    np.testing.assert_allclose(
+        np.asarray(split.train_model(split.data_model([records]))),
+        np.asarray(model([records])),
+        rtol=1e-6,
+    )
+    # The records are the synthetic samples themselves, as text.
+    dense, _, expected_labels = criteo.make_batch(np.arange(32))
+    decoded_dense, strings = criteo_text.Decode()(records)
+    np.testing.assert_allclose(np.asarray(decoded_dense), dense, atol=5e-5)
+    np.testing.assert_array_equal(labels, expected_labels)
+    assert np.asarray(strings).shape == (32, criteo.CATEGORICAL)
+    again, _ = criteo_text.make_records(np.array([5, 3]))
+    np.testing.assert_array_equal(again, records[[5, 3]])
