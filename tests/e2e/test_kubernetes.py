@@ -177,6 +177,10 @@ async def running_job(cluster: KubeCluster, name: str) -> str:
     await assert_eventually(
         lambda: (
             (pods := job_pods(cluster, job_id))
+            # Every role of plan 1 made (the pod watcher creates them one pass at a time)...
+            and {p["metadata"]["labels"]["stride.io/role"] for p in pods}
+            >= {"chief", "ps", "worker"}
+            # ...and running.
             and all(p["status"].get("phase") == "Running" for p in pods)
         ),
         timeout=120,

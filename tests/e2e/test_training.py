@@ -258,19 +258,24 @@ def dataset_state(suite: Suite, job_id: str) -> dispatcher_pb.GetDatasetStateRes
     return reply
 
 
-async def test_wide_and_deep_trains_to_completion_on_every_sample_once(suite: Suite) -> None:
-    job = new_job()
-    bus = await submit(suite, job, workers=2)
+async def trains_to_the_end(suite: Suite, job: str, **submitted: Any) -> None:
+    """Submit ``job``; it succeeds, trains on every sample once and its loss falls."""
+    bus = await submit(suite, job, **submitted)
     try:
         end = await finished(suite, job)
     finally:
         await bus.close()
     assert end.outcome == job_pb2.JOB_OUTCOME_SUCCEEDED, end.message
     check_exactly_once(suite.consumed(job))
-    state = dataset_state(suite, job)
-    assert state.finished and (state.todo, state.doing) == (0, 0), state
     losses = [e["loss"] for e in suite.chief_events(job) if e.get("event") == "steps"]
     assert len(losses) >= 3 and losses[-1] < losses[0], losses
+
+
+async def test_wide_and_deep_trains_to_completion_on_every_sample_once(suite: Suite) -> None:
+    job = new_job()
+    await trains_to_the_end(suite, job, workers=2)
+    state = dataset_state(suite, job)
+    assert state.finished and (state.todo, state.doing) == (0, 0), state
 
     def only_the_chief_is_left() -> bool:
         with sync_channel(suite.podwatcher.address, "podwatcher") as channel:
@@ -291,16 +296,7 @@ async def test_the_text_example_decodes_its_raw_records_and_trains_on_every_samp
 ) -> None:
     """examples/criteo-text.yaml's entrypoint: string records through the job's pods, decoded,
     hashed and crossed in the model (the part GoldMiner's partitioning gives data workers)."""
-    job = new_job()
-    bus = await submit(suite, job, entrypoint="stride_examples.criteo_text:train")
-    try:
-        end = await finished(suite, job)
-    finally:
-        await bus.close()
-    assert end.outcome == job_pb2.JOB_OUTCOME_SUCCEEDED, end.message
-    check_exactly_once(suite.consumed(job))
-    losses = [e["loss"] for e in suite.chief_events(job) if e.get("event") == "steps"]
-    assert len(losses) >= 3 and losses[-1] < losses[0], losses
+    await trains_to_the_end(suite, new_job(), entrypoint="stride_examples.criteo_text:train")
 
 
 def pods_and_nodes(suite: Suite, job_id: str) -> tuple[list[pb.Pod], list[pb.Node]]:

@@ -9,7 +9,8 @@ rest itself:
 - ``decode``: split the record, parse the dense values, keep the categorical strings;
 - ``hash_ids``: hash each categorical string into a bucket of its feature;
 - ``cross``: hash each pair of neighbouring categorical strings into a crossed feature;
-- then the embeddings (the model's state) and an MLP over them and the dense values.
+- then the embeddings (the model's state) and the Wide & Deep example's deep tower over
+  them and the dense values.
 
 None of the first three holds state, so GoldMiner's partitioning
 (``stride.trainer.partition``) moves them to data workers: on trainer cores alone they
@@ -25,7 +26,7 @@ import numpy as np
 import tensorflow as tf
 
 from stride.trainer.loop import TrainingContext
-from stride_examples import criteo
+from stride_examples import criteo, wide_deep
 
 BUCKETS = 1009
 """Hash buckets per categorical feature."""
@@ -109,12 +110,7 @@ def build_model(ctx: TrainingContext) -> Any:
     )
     table = (criteo.CATEGORICAL + CROSSED) * BUCKETS
     embedded = keras.layers.Embedding(table, dimension, name="embeddings")(ids)
-    deep = keras.layers.Concatenate(name="deep_input")(
-        [keras.layers.Flatten(name="flatten")(embedded), dense]
-    )
-    deep = keras.layers.Dense(64, activation="relu", name="deep_1")(deep)
-    deep = keras.layers.Dense(32, activation="relu", name="deep_2")(deep)
-    logit = keras.layers.Dense(1, name="logit")(deep)
+    logit = wide_deep.deep_tower(embedded, dense, "logit")
     # A list of one input, as the training loop calls a model with its list of inputs.
     return keras.Model([record], logit, name="criteo_text")
 

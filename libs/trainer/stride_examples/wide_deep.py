@@ -36,14 +36,20 @@ def build_model(ctx: TrainingContext) -> Any:
         lambda w: tf.reduce_sum(w, axis=1), output_shape=(1,), name="wide_sum"
     )(wide)
     embedded = keras.layers.Embedding(ids_total, dimension, name="deep_embeddings")(shifted)
+    deep = deep_tower(embedded, dense_in, "deep_logit")
+    logit = keras.layers.Add(name="logit")([wide, deep])
+    return keras.Model([dense_in, ids_in], logit, name="wide_and_deep")
+
+
+def deep_tower(embedded: Any, dense: Any, name: str) -> Any:
+    """The deep part: an MLP over the flattened embeddings and the dense features, to one
+    logit named ``name``."""
     deep = keras.layers.Concatenate(name="deep_input")(
-        [keras.layers.Flatten(name="deep_flatten")(embedded), dense_in]
+        [keras.layers.Flatten(name="deep_flatten")(embedded), dense]
     )
     deep = keras.layers.Dense(64, activation="relu", name="deep_1")(deep)
     deep = keras.layers.Dense(32, activation="relu", name="deep_2")(deep)
-    deep = keras.layers.Dense(1, name="deep_logit")(deep)
-    logit = keras.layers.Add(name="logit")([wide, deep])
-    return keras.Model([dense_in, ids_in], logit, name="wide_and_deep")
+    return keras.layers.Dense(1, name=name)(deep)
 
 
 def train(ctx: TrainingContext) -> None:
