@@ -381,22 +381,30 @@ async def test_scale_out_and_in_a_second_ps_and_a_moved_chief_while_training(
         await bus.close()
     assert end.outcome == job_pb2.JOB_OUTCOME_SUCCEEDED, end.message
     events = suite.chief_events(job)
+    check_moves(job, events)
+    # A move checkpoints after the shards it finished, so nothing is lost or repeated.
+    check_exactly_once(suite.consumed(job), LONGER, LONGER_EPOCHS)
+    await check_added_workers_trained(suite, job, events)
+
+
+def check_moves(job: str, events: list[dict[str, Any]]) -> None:
+    """One hand-over, to the new chief, and two restores: the PS change (into the same
+    chief) and the takeover (the new chief), each of the flash checkpoint made for it and
+    bit-identical to it; the workers-only move saved nothing."""
     handed = [e for e in events if e.get("event") == "handed over"]
     assert [(e["pod"], e["version"]) for e in handed] == [(f"{job}-chief-0", 4)], handed
-    # Two restores: the PS change (into the same chief) and the takeover (the new chief),
-    # each of the flash checkpoint made for it and bit-identical to it.
     restored = [e for e in events if e.get("event") == "restored"]
     assert [e["pod"] for e in restored] == [f"{job}-chief-0", f"{job}-chief-0-g1"], restored
     saved = {e["id"]: e["digest"] for e in events if e.get("why") == "reconfigure"}
     for event in restored:  # bit-identical: the same digest over every variable's bytes
         assert event["digest"] == saved[event["checkpoint"]], (event, saved)
-    # The workers-only move saved nothing.
     assert len(saved) == 2, saved
-    # A move checkpoints after the shards it finished, so nothing is lost or repeated.
-    check_exactly_once(suite.consumed(job), LONGER, LONGER_EPOCHS)
-    # The workers added in place really trained between the two moves: the steps were
-    # spread over all three, so each added one used CPU as the first worker did (an idle
-    # TensorFlow server uses next to none; their start-up was before).
+
+
+async def check_added_workers_trained(suite: Suite, job: str, events: list[dict[str, Any]]) -> None:
+    """The workers added in place really trained between the two moves: the steps were
+    spread over all three, so each added one used CPU as the first worker did (an idle
+    TensorFlow server uses next to none; their start-up was before)."""
     began = next(e["time"] for e in events if e.get("event") == "reconfigured")
     ended = next(e["time"] for e in events if e.get("event") == "moving" and e["version"] == 3)
     usage = [
