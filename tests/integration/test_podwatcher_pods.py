@@ -15,6 +15,7 @@ import asyncio
 import contextlib
 import json
 import os
+import shutil
 import signal
 import uuid
 from collections.abc import AsyncIterator
@@ -406,6 +407,37 @@ async def test_a_sigkilled_podwatcher_readopts_its_pods(
     await running(stub, job)
     starts = (podwatcher.state / "pods" / "jobs" / job / "starts.log").read_text().splitlines()
     assert len(starts) == 1, starts
+
+
+async def test_a_pod_that_vanished_while_the_podwatcher_was_down_is_lost_and_relaunched(
+    harness: tuple[Podwatcher, Stub, Bus], nats_url: str
+) -> None:
+    """The sweep after start-up: a pod that was running when the podwatcher died and is gone
+    without a recorded end (its node lost it) fails as lost and is relaunched. Only such
+    pods: those this run launches record their own ends."""
+    podwatcher, stub, bus = harness
+    job = new_job()
+    await admit(bus, job, script_chief="finish-on-file", script="run")
+    await bus.publish(topics.PLAN, job, plan(job, 1), f"{job}.plan.1")
+    names = (f"{job}-chief-0", f"{job}-ps-0", f"{job}-worker-0")
+    await running(stub, job, *names)
+    podwatcher.process.kill()
+    pods = LocalPods(podwatcher.state / "pods")
+    await pods.delete(f"{job}-worker-0", grace_seconds=2)
+    shutil.rmtree(pods.pod_dir(f"{job}-worker-0"))  # gone, and its end with it
+    await pods.close()
+    podwatcher.process.start()
+    await serving(stub)
+    failures = await at_least(nats_url, topics.POD_FAILED, job, 1)
+    assert [(f.pod_name, f.reason) for f in failures] == [
+        (f"{job}-worker-0", pod_pb2.POD_FAILURE_REASON_ERROR)
+    ]
+    assert "lost: not running after the podwatcher restarted" in failures[0].message
+    after = await running(stub, job, *names)
+    assert after[f"{job}-worker-0"].restarts == 1
+    assert {after[name].restarts for name in names[:2]} == {0}
+    (podwatcher.state / "pods" / "jobs" / job / "finish").touch()
+    await running(stub, job)
 
 
 async def test_a_bad_virtual_node_spec_stops_start_up_naming_it(

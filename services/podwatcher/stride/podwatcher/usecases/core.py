@@ -67,6 +67,9 @@ class PodWatcherCore:
         self._timers: dict[str, asyncio.Task[None]] = {}
         self.queue = WorkQueue()
         """Jobs waiting for a pass of :meth:`reconcile_loop`."""
+        self._running_at_startup: dict[str, int] = {}
+        """The pods an earlier run left running (name to restarts), as :meth:`startup`
+        found them: the only ones the lost-pod sweep may declare lost."""
         self._waiting_for_room: set[str] = set()
         """Jobs whose newest plan fits the nodes but not beside the other jobs' pods now:
         applied again whenever a pod ends and frees room (Kubernetes keeps such pods

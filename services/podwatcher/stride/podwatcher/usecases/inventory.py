@@ -43,24 +43,36 @@ class Inventory(Intake):
         async with self.database.sessions() as session:
             live = await repository.live_pods(session)
         known = {row.record.name for row in live if row.record.phase is not PodPhase.FAILED}
+        self._running_at_startup = {
+            row.record.name: row.record.restarts
+            for row in live
+            if row.record.phase is PodPhase.RUNNING
+        }
         for name in sorted(adopted - known):
             log.warning("orphan pod removed: no live row for it", pod=name)
             await self._delete(name)
         log.info("pods re-adopted", count=len(adopted & known), orphans=len(adopted - known))
 
     async def sweep_lost(self) -> None:
-        """Rows that say RUNNING for pods the backend does not run (they vanished while the
-        podwatcher was down, and no end was recorded) fail as Error and are relaunched;
-        then every running job's newest plan is applied again (a crash may have cut one
-        short). Run once, shortly after start-up, when the ends the backend kept have been
-        recorded."""
+        """Rows that say RUNNING, as they did at start-up, for pods the backend does not run
+        (they vanished while the podwatcher was down, and no end was recorded) fail as Error
+        and are relaunched; then every running job's newest plan is applied again (a crash
+        may have cut one short). Run once, shortly after start-up, when the ends the backend
+        kept have been recorded."""
         async with self.database.sessions() as session:
             live = await repository.live_pods(session)
             jobs = await repository.running_jobs(session)
-        # A pod whose end is still on its way to being recorded is not lost.
+        # A pod whose end is still on its way to being recorded is not lost, nor is one
+        # this run launched (or relaunched): its end is this run's to record, and one that
+        # ended just now would be taken for lost with no exit code.
         present = set(self.backend.known())
         for row in live:
-            if row.record.phase is PodPhase.RUNNING and row.record.name not in present:
+            record = row.record
+            if (
+                record.phase is PodPhase.RUNNING
+                and record.name not in present
+                and self._running_at_startup.get(record.name) == record.restarts
+            ):
                 await self.pod_ended(
                     PodEnded(
                         row.record.name,
