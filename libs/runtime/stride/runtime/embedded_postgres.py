@@ -61,6 +61,8 @@ short temporary one when ``<folder>/.s.PGSQL.5432`` would not fit with room to s
 STOP_SECONDS = 30.0
 """A fast shutdown (SIGINT) ends every session and writes a checkpoint; on a suite's small
 database that takes well under a second, so 30 s means it is stuck: SIGQUIT, then SIGKILL."""
+LEFTOVER_SESSION_SECONDS = 10.0
+"""How long a start waits for the sessions of a crashed server to notice and end."""
 CONNECTIONS = 200
 """Every service keeps a small pool (10 connections, 5 more under load: see
 ``stride.db.engine.POOL_SIZE``): seven services need at most about a hundred; the rest is
@@ -193,6 +195,8 @@ class EmbeddedPostgres:
         if not self.version:
             self._initdb(prefix)
         self.stop_orphan()
+        if self.process is not None:
+            self._wait_for_leftover_sessions(self.process.pid)
         if self.socket_dir is None:
             # /tmp is short where the system's temporary folder may not be (macOS's is).
             short = "/tmp" if os.path.isdir("/tmp") else None
@@ -353,6 +357,23 @@ class EmbeddedPostgres:
                 time.sleep(0.05)
             if not _runs_postgres_on(pid, self.data):
                 return
+
+    def _wait_for_leftover_sessions(self, group: int) -> None:
+        """Until the sessions of this object's last server have ended: after a crash (a
+        SIGKILLed postmaster) each notices by itself, which takes a moment on a loaded
+        machine, and a new server refuses to start while one still holds the old shared
+        memory ("pre-existing shared memory block is still in use"). They share the
+        postmaster's process group (its session); any left after
+        :data:`LEFTOVER_SESSION_SECONDS` serve nobody and are killed."""
+        deadline = time.monotonic() + LEFTOVER_SESSION_SECONDS
+        while time.monotonic() < deadline:
+            try:
+                os.killpg(group, 0)
+            except (ProcessLookupError, PermissionError):
+                return
+            time.sleep(0.05)
+        with contextlib.suppress(ProcessLookupError, PermissionError):
+            os.killpg(group, signal.SIGKILL)
 
     def _log_since(self, offset: int) -> str:
         return " | ".join(log_tail(self.log_path, offset)) or "nothing in its log"
