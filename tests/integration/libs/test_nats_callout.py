@@ -132,7 +132,10 @@ async def test_a_pod_reads_and_writes_its_own_job_and_nothing_of_another(
         commands = await pod.subscribe(topics.CONTROL_COMMAND.subject(A))
         await pod.flush()
         await podwatcher.nc.publish(topics.CONTROL_COMMAND.subject(A), b"for-a")
-        assert (await commands.next_msg(timeout=5)).data == b"for-a"
+        await podwatcher.nc.flush()  # the server has it
+        # Twenty seconds, as for revocations below: under the full run's three workers the
+        # delivery took more than five twice.
+        assert (await commands.next_msg(timeout=20)).data == b"for-a"
         acked = await pod.jetstream().publish(topics.STEP_METRICS.subject(A), b"steps-a")
         assert acked.stream == topics.STEP_METRICS.stream.name
         await pod.publish(topics.CONTROL_ACK.subject(A), b"ack-a")
