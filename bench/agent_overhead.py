@@ -280,6 +280,8 @@ def main() -> str:
                     "STRIDE_TRAINER_CHECKPOINT_EVERY_STEPS": "1000000000",
                     "STRIDE_TRAINER_REPORT_EVERY_STEPS": "10",
                     "STRIDE_TRAINER_SHARD_BATCHES": str(SHARD_BATCHES),
+                    # The shard path is what this measures (wide_deep would read by steps).
+                    "STRIDE_TRAINER_DATA_MODE": "shards",
                     "BENCH_SHARDS": str(shards_file),
                 }
                 helpers = {"agent": agent, "dispatcher": dispatcher}

@@ -27,15 +27,16 @@ def test_loadgen_on_a_default_suite_decides_and_ends_as_the_simulator(tmp_path: 
     assert up.returncode == 0, up.stdout + up.stderr
     try:
         report_path = tmp_path / "report.json"
-        # Seed 3's jobs 0 and 2 need more worker memory than the live cold start gives:
-        # their workers are OOM-killed at their first step and DLRover's rule doubles it,
-        # live and in the simulator alike.
+        # Seed 3's job 0 needs more worker memory than the live cold start gives: its
+        # workers are OOM-killed at their first step and DLRover's rule doubles it, live
+        # and in the simulator alike. Two jobs (1,138 windows; the third added 300 more and
+        # a minute of the full run): bench/results/loadgen_default_suite.txt plays ten.
         played = stride(
             "loadgen",
             "--env",
             "dlrm",
             "--jobs",
-            "3",
+            "2",
             "--seed",
             "3",
             "--traces",
@@ -50,12 +51,12 @@ def test_loadgen_on_a_default_suite_decides_and_ends_as_the_simulator(tmp_path: 
         assert "decisions equal to stride sim's" in played.stdout
         report = json.loads(report_path.read_text())
         assert report["comparable"], report["why"]
-        assert report["completed"] == 3 and report["sim_completed"] == 3
+        assert report["completed"] == 2 and report["sim_completed"] == 2
         assert not [job for job in report["per_job"] if job["error"]], report["per_job"]
         assert report["agreement"] >= 0.95, report
         # The optimizer's window and grid, asked of it: a laptop's small pods.
         assert report["tick_seconds"] == 60.0
-        assert sum(job["oom_kills"] for job in report["per_job"]) >= 2
+        assert sum(job["oom_kills"] for job in report["per_job"]) >= 1
         for stat in ("median_s", "p90_s"):
             live, sim = report["live"][stat], report["sim"][stat]
             assert math.isclose(live, sim, rel_tol=0.10), (stat, live, sim)

@@ -54,6 +54,7 @@ def plan(
     workers: int = 1,
     ps: int = 1,
     chief_memory: int = 1536 * MIB,
+    data_workers: int = 0,
 ) -> plan_pb2.ResourcePlan:
     return plan_pb2.ResourcePlan(
         job_id=job_id,
@@ -69,6 +70,18 @@ def plan(
             ),
             plan_pb2.RoleResources(
                 role=plan_pb2.ROLE_WORKER, count=workers, cpu=1.0, memory_bytes=1024 * MIB
+            ),
+            *(
+                [
+                    plan_pb2.RoleResources(
+                        role=plan_pb2.ROLE_DATA_WORKER,
+                        count=data_workers,
+                        cpu=1.0,
+                        memory_bytes=1024 * MIB,
+                    )
+                ]
+                if data_workers
+                else []
             ),
         ],
     )
@@ -103,7 +116,14 @@ class Suite:
         self.shm = Path("/dev/shm") / f"stride-e2e-{uuid.uuid4().hex[:10]}"
         common = {"STRIDE_NATS_URL": nats_url, "STRIDE_DATABASE_URL": database_url}
         self.dispatcher = ServiceProcess(
-            "dispatcher", {**common, "STRIDE_DISPATCHER_HEALTH_INTERVAL_SECONDS": "0.2"}, logs
+            "dispatcher",
+            {
+                **common,
+                "STRIDE_DISPATCHER_HEALTH_INTERVAL_SECONDS": "0.2",
+                # A dead data worker's steps go to another after 10 s, not the default 30.
+                "STRIDE_DISPATCHER_BATCH_TIMEOUT_SECONDS": "10",
+            },
+            logs,
         )
         self.ckptcache = ServiceProcess(
             "ckptcache",
@@ -195,6 +215,7 @@ async def submit(
     records: int = RECORDS,
     entrypoint: str = "stride_examples.wide_deep:train",
     epochs: int = EPOCHS,
+    data_workers: int = 0,
     **hyperparameters: str,
 ) -> Bus:
     bus = await producer_bus(suite.nats_url, name="test")
@@ -205,7 +226,8 @@ async def submit(
         spec=spec(job_id, records, entrypoint, epochs, **hyperparameters),
     )
     await bus.publish(topics.JOB_ADMITTED, job_id, decision, f"{job_id}.admitted")
-    await bus.publish(topics.PLAN, job_id, plan(job_id, 1, workers, ps), f"{job_id}.plan.1")
+    first = plan(job_id, 1, workers, ps, data_workers=data_workers)
+    await bus.publish(topics.PLAN, job_id, first, f"{job_id}.plan.1")
     return bus
 
 
@@ -274,8 +296,11 @@ async def trains_to_the_end(suite: Suite, job: str, **submitted: Any) -> None:
 async def test_wide_and_deep_trains_to_completion_on_every_sample_once(suite: Suite) -> None:
     job = new_job()
     await trains_to_the_end(suite, job, workers=2)
+    # Its feature offsets hold no state, so the chief reads it by steps (GoldMiner's mode,
+    # here without data workers: the chief makes each batch) and consumed every one.
     state = dataset_state(suite, job)
-    assert state.finished and (state.todo, state.doing) == (0, 0), state
+    assert state.consumed_step == EPOCHS * -(-RECORDS // BATCH) - 1, state
+    assert (state.todo, state.doing) == (0, 0), state
 
     def only_the_chief_is_left() -> bool:
         with sync_channel(suite.podwatcher.address, "podwatcher") as channel:
@@ -297,6 +322,38 @@ async def test_the_text_example_decodes_its_raw_records_and_trains_on_every_samp
     """examples/criteo-text.yaml's entrypoint: string records through the job's pods, decoded,
     hashed and crossed in the model (the part GoldMiner's partitioning gives data workers)."""
     await trains_to_the_end(suite, new_job(), entrypoint="stride_examples.criteo_text:train")
+
+
+async def test_data_workers_make_the_text_examples_batches_and_a_sigkilled_one_loses_nothing(
+    suite: Suite,
+) -> None:
+    """GoldMiner live: the text example's decoding, hashing and crossing run on two data
+    workers (found by the partitioning, not declared), which stream whole mini-batches to
+    the chief. One is SIGKILLed mid-epoch: its steps go to the other by time-out, the pod
+    watcher relaunches it, and every sample is still trained exactly once."""
+    job = new_job()
+    bus = await submit(
+        suite, job, records=LONG, entrypoint="stride_examples.criteo_text:train", data_workers=2
+    )
+    try:
+        await trained_steps(suite, job, 30)
+        pids = json.loads((suite.pod_dir(f"{job}-data-worker-0") / "pids.json").read_text())
+        os.kill(pids["trainer"], signal.SIGKILL)
+        end = await finished(suite, job)
+    finally:
+        await bus.close()
+    assert end.outcome == job_pb2.JOB_OUTCOME_SUCCEEDED, end.message
+    check_exactly_once(suite.consumed(job), LONG)
+    events = suite.chief_events(job)
+    (mode,) = [e for e in events if e.get("event") == "data-worker mode"]
+    assert mode["data_workers"] == 2, mode
+    (queue,) = [e for e in events if e.get("event") == "input queue"]
+    # Every step came from a data worker, none made by the chief.
+    assert "local" not in queue["by_source"] and len(queue["by_source"]) == 2, queue
+    assert queue["taken"] == 2 * -(-LONG // BATCH), queue
+    messages = await stream_messages(suite.nats_url, topics.POD_FAILED.subject(job))
+    failed = [pod_pb2.PodEvent.FromString(m.data) for m in messages]
+    assert any(e.pod_name == f"{job}-data-worker-0" for e in failed), failed
 
 
 def pods_and_nodes(suite: Suite, job_id: str) -> tuple[list[pb.Pod], list[pb.Node]]:

@@ -516,6 +516,55 @@ async def test_data_workers_get_step_batches_and_timed_out_ones_come_back(stub: 
     assert done.end_of_data and not done.batches and done.consumed_step == 39
 
 
+async def test_a_restored_snapshot_puts_the_steps_back_to_its_consumed_step(stub: Stub) -> None:
+    """A chief in the data-worker mode that restores a checkpoint trains again the steps it
+    trained after it: the snapshot keeps the consumed step, and the restore rewinds to it."""
+    await create(stub, kind=shard_pb2.SHARDING_KIND_INDEX_LIST, shuffle=True)
+
+    async def fetch(count: int) -> pb.FetchBatchesResponse:
+        return await stub.FetchBatches(
+            pb.FetchBatchesRequest(job_id=JOB, dataset="train", data_worker="dw", max_batches=count)
+        )
+
+    async def consume(step: int) -> None:
+        await stub.ReportConsumed(
+            pb.ReportConsumedRequest(job_id=JOB, dataset="train", step_id=step)
+        )
+
+    first = await fetch(8)
+    await consume(4)
+    assert (await state(stub)).consumed_step == 4
+    snapshot = await stub.SnapshotShards(pb.SnapshotShardsRequest(job_id=JOB, dataset="train"))
+    assert pb.ShardSnapshot.FromString(snapshot.snapshot).consumed_step == 4
+    await consume(7)
+    await fetch(4)  # steps 8 to 11, in flight when the chief dies
+    await stub.RestoreShards(
+        pb.RestoreShardsRequest(job_id=JOB, dataset="train", snapshot=snapshot.snapshot)
+    )
+    assert (await state(stub)).consumed_step == 4
+    again = await fetch(3)
+    assert [b.step_id for b in again.batches] == [5, 6, 7] and again.consumed_step == 4
+    # The same steps are the same samples (the batch of a step id is fixed by the seed).
+    assert [list(b.indices) for b in again.batches] == [list(b.indices) for b in first.batches[5:]]
+    # A snapshot whose consumed step is not a step of the dataset is refused, naming it.
+    forged = pb.ShardSnapshot.FromString(snapshot.snapshot)
+    forged.consumed_step = 10**6
+    await expect_error(
+        stub.RestoreShards(
+            pb.RestoreShardsRequest(
+                job_id=JOB, dataset="train", snapshot=forged.SerializeToString()
+            )
+        ),
+        grpc.StatusCode.INVALID_ARGUMENT,
+        "snapshot: consumed_step 1000000 is not a step",
+    )
+    assert (await state(stub)).consumed_step == 4
+    # A dataset read by shards keeps no consumed step.
+    await create(stub, "shards")
+    plain = await stub.SnapshotShards(pb.SnapshotShardsRequest(job_id=JOB, dataset="shards"))
+    assert not pb.ShardSnapshot.FromString(plain.snapshot).HasField("consumed_step")
+
+
 async def test_data_worker_bad_input(stub: Stub) -> None:
     await create(stub)
     await create(stub, "stream", kind=shard_pb2.SHARDING_KIND_STREAM, partitions=2)

@@ -79,9 +79,13 @@ from stride.runtime.embedded_nats import NatsServer
 from stride.runtime.grpc_server import MAX_STATUS_MESSAGE_BYTES, request_limit
 from stride.runtime.lifecycle import ServiceHost
 from stride.runtime.settings import ServiceSettings
+from stride.runtime.tokens import TokenSource
 from stride.testing.channels import job_token_file, pod_key_file, sync_channel
 from stride.testing.databases import create_database, drop_database
 from stride.testing.inprocess import local_settings, running_service
+from stride.trainer.agent_client import AgentClient
+from stride.trainer.batches import Producer
+from stride.trainer.dataworker import DataWorkerApi, DataWorkerServer
 
 pytestmark = pytest.mark.integration
 
@@ -184,6 +188,7 @@ class Suite:
         self.channels: dict[str, grpc.Channel] = {}
         self.words: dict[str, dict[str, Any]] = {}
         """Per service, plain values for fields by name (ids of things that exist)."""
+        self.data_worker: DataWorkerServer | None = None
 
     def run(self, coroutine: Coroutine[Any, Any, T], timeout: float = 60.0) -> T:
         """Run ``coroutine`` on the services' loop and wait for its result."""
@@ -199,6 +204,27 @@ class Suite:
                 "admission" if key == "replay-clock" else key,
                 options=[("grpc.max_receive_message_length", 64 * MIB)],
             )
+        self._start_data_worker()
+
+    def _start_data_worker(self) -> None:
+        """A job pod's data worker (stride.api.dataworker): served by the pod, plain text on
+        its per-job guarded port, fetching through the agent above for the agent's job."""
+        agent = AgentClient(
+            f"127.0.0.1:{self.hosts['agent'].server.port}",
+            patience=5.0,
+            timeout=5.0,
+            token=TokenSource(path=job_token_file(self.tmp, JOB, POD)),
+        )
+        producer = Producer(lambda indices: [indices.astype("float32"), indices % 2], None)
+        self.data_worker = DataWorkerServer(DataWorkerApi(JOB, agent, producer), 0)
+        self.data_worker.start()
+        self.channels["dataworker"] = grpc.insecure_channel(f"127.0.0.1:{self.data_worker.port}")
+
+    def max_receive_bytes(self, key: str) -> int:
+        """The transport limit of the server behind ``key``."""
+        if key == "dataworker":
+            return DataWorkerServer.MAX_RECEIVE_BYTES
+        return self.settings[key].grpc_max_receive_message_bytes
 
     async def _start(self) -> None:
         common: dict[str, Any] = {
@@ -259,6 +285,8 @@ class Suite:
         """Close the channels, shut every service down in order, end the loop."""
         for channel in self.channels.values():
             channel.close()
+        if self.data_worker is not None:
+            self.data_worker.stop(grace=0)
         try:
             if self.thread.is_alive():
                 self.run(self.stack.aclose(), timeout=60)
@@ -410,7 +438,7 @@ def _populate(suite: Suite) -> None:
         "user": "alice",
         "dtype": "float32",
     }
-    for key in suite.hosts:
+    for key in [*suite.hosts, "dataworker"]:
         # Admission's job lives on through the optimizer, configdb and the podwatcher; the
         # agent's pod job is the one the dispatcher and the cache know.
         known_job = admitted_job if key in JOB_FOLLOWERS else JOB
@@ -1238,7 +1266,7 @@ def test_each_method_applies_its_own_request_limit(suite: Suite, method: MethodD
     key = service_key(method.containing_service)
     limit = request_limit(method_path(method))
     assert limit is not None
-    server = suite.settings[key].grpc_max_receive_message_bytes
+    server = suite.max_receive_bytes(key)
     assert limit <= server, f"{method.full_name}: {limit:,} is over its server's {server:,}"
     if limit == server:
         return  # the server's own limit answers first (the test above)

@@ -87,6 +87,17 @@ async def test_scale_publishes_the_next_version_as_an_override(
     again = await stub.ScaleJob(pb.ScaleJobRequest(job_id="job-scale", workers=1))
     assert again.plan.version == 3
     assert role(again.plan, plan_pb2.ROLE_PS).count == 2  # ps 0 keeps the current count
+    # Data workers (GoldMiner): the first ones are sized as the job's workers; unset keeps
+    # them, 0 removes them.
+    fed = await stub.ScaleJob(pb.ScaleJobRequest(job_id="job-scale", workers=1, data_workers=2))
+    data, worker = role(fed.plan, plan_pb2.ROLE_DATA_WORKER), role(fed.plan, plan_pb2.ROLE_WORKER)
+    assert (data.count, data.cpu, data.memory_bytes) == (2, worker.cpu, worker.memory_bytes)
+    events = await stub.ListOptimizationEvents(pb.ListOptimizationEventsRequest(job_id="job-scale"))
+    assert "to 1 workers and 2 data workers" in events.events[-1].detail
+    kept = await stub.ScaleJob(pb.ScaleJobRequest(job_id="job-scale", workers=2))
+    assert role(kept.plan, plan_pb2.ROLE_DATA_WORKER).count == 2
+    none = await stub.ScaleJob(pb.ScaleJobRequest(job_id="job-scale", workers=2, data_workers=0))
+    assert role(none.plan, plan_pb2.ROLE_DATA_WORKER).count == 0
 
 
 async def test_scale_refuses_bad_input_and_changes_nothing(stub: Stub, bus: Bus) -> None:
@@ -107,6 +118,11 @@ async def test_scale_refuses_bad_input_and_changes_nothing(stub: Stub, bus: Bus)
             pb.ScaleJobRequest(job_id="job-none", workers=1, ps=-1),
             grpc.StatusCode.INVALID_ARGUMENT,
             "ps",
+        ),
+        (
+            pb.ScaleJobRequest(job_id="job-none", workers=1, data_workers=-1),
+            grpc.StatusCode.INVALID_ARGUMENT,
+            "data_workers",
         ),
     ):
         with pytest.raises(grpc.aio.AioRpcError) as raised:

@@ -44,6 +44,17 @@ def test_new_steps_respect_the_end_and_the_in_flight_cap() -> None:
     assert new_steps(MAX_IN_FLIGHT, 1, 10**6, 4) == range(MAX_IN_FLIGHT, MAX_IN_FLIGHT + 2)
 
 
+def test_the_consumers_queue_bounds_what_is_dispatched_ahead() -> None:
+    # 64 in flight: with steps 0-63 dispatched and none consumed, nothing more goes out.
+    assert new_steps(64, -1, 10**6, 8, in_flight=64) == range(64, 64)
+    # Training consumed 0-9: ten more may go.
+    assert new_steps(64, 9, 10**6, 16, in_flight=64) == range(64, 74)
+    # A setting above the lease table's cap is held to it.
+    assert new_steps(MAX_IN_FLIGHT, -1, 10**6, 4, in_flight=10**6) == range(
+        MAX_IN_FLIGHT, MAX_IN_FLIGHT
+    )
+
+
 def test_orderer_hands_out_in_order_once_and_drops_duplicates() -> None:
     orderer: StepOrderer[str] = StepOrderer()
     assert list(orderer.push(1, "b")) == []

@@ -438,6 +438,12 @@ def _register_scale(
         job_id: str,
         workers: Annotated[int, typer.Option("--workers", min=1, help="Workers wanted.")],
         ps: Annotated[int, typer.Option("--ps", min=0, help="PS wanted (0: keep).")] = 0,
+        data_workers: Annotated[
+            int | None,
+            typer.Option(
+                "--data-workers", min=0, help="Data workers wanted (0: none; unset: keep)."
+            ),
+        ] = None,
         reason: Annotated[str, typer.Option(help="Why, kept with the plan.")] = "",
         state_dir: StateDir = default_state_dir,
     ) -> None:
@@ -449,7 +455,11 @@ def _register_scale(
                 state_dir,
                 lambda ch: optimizer_grpc.OptimizerServiceStub(ch).ScaleJob(
                     optimizer_pb.ScaleJobRequest(
-                        job_id=job_id, workers=workers, ps=ps, reason=reason
+                        job_id=job_id,
+                        workers=workers,
+                        ps=ps,
+                        reason=reason,
+                        data_workers=data_workers,
                     ),
                     timeout=RPC_TIMEOUT_SECONDS,
                 ),

@@ -2,8 +2,10 @@
 
 A PS or worker runs TensorFlow's server for its task until SIGTERM. The chief loads the
 job's entrypoint (``model.entrypoint`` of the spec) and calls it with a
-:class:`~stride.trainer.loop.TrainingContext`. A bad setting or an entrypoint that does not
-load ends the process with code 2 and one line on stderr naming the problem.
+:class:`~stride.trainer.loop.TrainingContext`; so does a data worker, whose context serves
+ready mini-batches instead of training (:mod:`stride.trainer.dataworker`). A bad setting or
+an entrypoint that does not load ends the process with code 2 and one line on stderr naming
+the problem.
 """
 
 from __future__ import annotations

@@ -109,6 +109,25 @@ class AgentClient:
         )
         return bool(reply.created)
 
+    def fetch_batches(self, dataset: str, max_batches: int) -> dispatcher_pb.FetchBatchesResponse:
+        """Data-worker mode: index batches with step ids, leased to this pod."""
+        reply = self._call(
+            lambda: self.stub.FetchBatches(
+                pb.FetchBatchesRequest(dataset=dataset, max_batches=max_batches),
+                timeout=self.timeout,
+            )
+        )
+        return reply.reply
+
+    def report_consumed(self, dataset: str, step_id: int) -> int:
+        """Data-worker mode: every step up to ``step_id`` was trained; the last consumed."""
+        reply = self._call(
+            lambda: self.stub.ReportConsumed(
+                pb.ReportConsumedRequest(dataset=dataset, step_id=step_id), timeout=self.timeout
+            )
+        )
+        return int(reply.consumed_step)
+
     def dataset_state(self, dataset: str) -> dispatcher_pb.GetDatasetStateResponse:
         """The dataset's progress at the dispatcher."""
         reply = self._call(

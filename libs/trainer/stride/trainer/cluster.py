@@ -37,6 +37,8 @@ import socket
 from collections.abc import Mapping, Sequence
 from typing import Any
 
+from stride.trainer.settings import TF_ROLES
+
 Cluster = Mapping[str, Sequence[str]]
 """``{"chief": [...], "ps": [...], "worker": [...]}`` of host:port addresses in task order."""
 
@@ -60,17 +62,19 @@ def _tasks(cluster: Cluster) -> dict[str, tuple[str, int]]:
     return {
         address: (role, index)
         for role, addresses in cluster.items()
+        if role in TF_ROLES
         for index, address in enumerate(addresses)
     }
 
 
 def classify(old: Cluster, new: Cluster) -> ClusterChange:
-    """How the chief goes from cluster ``old`` to cluster ``new``."""
+    """How the chief goes from cluster ``old`` to cluster ``new``. Data workers are not
+    TensorFlow tasks: a change of data workers alone is :attr:`ClusterChange.NONE`."""
 
     def listed(cluster: Cluster, role: str) -> list[str]:
         return list(cluster.get(role, ()))
 
-    if all(listed(old, role) == listed(new, role) for role in ("chief", "ps", "worker")):
+    if all(listed(old, role) == listed(new, role) for role in TF_ROLES):
         return ClusterChange.NONE
     if listed(old, "chief") != listed(new, "chief"):
         return ClusterChange.CHIEF_MOVED
@@ -115,7 +119,7 @@ class ClusterConnection:
         return {
             role: [self.chief_address] if role == "chief" else list(addresses)
             for role, addresses in self.cluster.items()
-            if addresses
+            if addresses and role in TF_ROLES
         }
 
     def connect(self) -> None:

@@ -22,12 +22,59 @@ heartbeats); a chief that died stops reporting and its shards come back.
 from __future__ import annotations
 
 import threading
-from collections.abc import Callable
+from collections.abc import Callable, Iterator, Sequence
+from dataclasses import dataclass
+from typing import Any
+
+import numpy as np
 
 from stride.events.v1 import shard_pb2
 from stride.trainer.agent_client import AgentClient
+from stride.trainer.batches import MakeBatch
 
 Say = Callable[..., None]
+
+
+def shard_indices(shard: shard_pb2.Shard) -> np.ndarray:
+    """The sample indices of ``shard`` not yet consumed (from its offset on)."""
+    if shard.indices:
+        return np.asarray(shard.indices[shard.offset :], dtype=np.int64)
+    return np.arange(shard.start + shard.offset, shard.end, dtype=np.int64)
+
+
+@dataclass(frozen=True)
+class ShardUnit:
+    """A shard as the loop trains it: batches made here by ``make_batch``, each a step."""
+
+    shard: shard_pb2.Shard
+    make_batch: MakeBatch
+    batch_size: int
+
+    @property
+    def indices(self) -> np.ndarray:
+        return shard_indices(self.shard)
+
+    @property
+    def samples(self) -> int:
+        return len(self.indices)
+
+    @property
+    def step_count(self) -> int:
+        return -(-self.samples // self.batch_size)
+
+    def batches(self) -> Iterator[tuple[bool, Sequence[np.ndarray]]]:
+        """(made by a data worker: never here, the arrays) per step."""
+        indices = self.indices
+        for start in range(0, len(indices), self.batch_size):
+            yield False, self.make_batch(indices[start : start + self.batch_size])
+
+    def log_records(self) -> Iterator[dict[str, Any]]:
+        """What the consumed log records of the shard."""
+        yield {
+            "epoch": self.shard.epoch,
+            "shard_id": self.shard.shard_id,
+            "indices": self.indices.tolist(),
+        }
 
 
 class LeaseKeeper:
@@ -73,19 +120,28 @@ class LeaseKeeper:
 class ShardFeed:
     """The chief's source of shards (see the module docstring)."""
 
-    def __init__(self, agent: AgentClient, dataset: str, leases: LeaseKeeper) -> None:
+    def __init__(
+        self,
+        agent: AgentClient,
+        dataset: str,
+        leases: LeaseKeeper,
+        make_batch: MakeBatch,
+        batch_size: int,
+    ) -> None:
         self.agent = agent
         self.dataset = dataset
         self.leases = leases
+        self.make_batch = make_batch
+        self.batch_size = batch_size
         self._finished: int | None = None
         self.ended = False
 
-    def finished(self, shard: shard_pb2.Shard) -> None:
-        """Every step of ``shard`` has finished: report it done with the next call."""
+    def finished(self, unit: ShardUnit) -> None:
+        """Every step of ``unit`` has finished: report its shard done with the next call."""
         if self._finished is not None:
             self.flush()
         # Its lease is kept until the done report leaves, however long that waits.
-        self._finished = shard.shard_id
+        self._finished = unit.shard.shard_id
 
     def flush(self) -> None:
         """Report a finished shard done now (before a snapshot, or at the end)."""
@@ -95,7 +151,7 @@ class ShardFeed:
         self.leases.release(shard_id)
         self.agent.report(self.dataset, shard_id, 0, done=True)
 
-    def take(self, wait: bool) -> shard_pb2.Shard | None:
+    def take(self, wait: bool) -> ShardUnit | None:
         """The next shard, reporting a finished one done in the same call. ``None`` at the
         end of the data (:attr:`ended`), or, without ``wait``, when none is free now."""
         if self.ended:
@@ -108,4 +164,11 @@ class ShardFeed:
         if shard is not None:
             self.leases.hold(shard)
         self.ended = end_of_data
-        return shard
+        return None if shard is None else ShardUnit(shard, self.make_batch, self.batch_size)
+
+    def follow(self, addresses: Sequence[str]) -> None:
+        """Data workers serve only a job read by steps (:class:`stride.trainer.dataqueue.
+        StepFeed`); a job read by shards makes its batches here whatever the plan says."""
+
+    def close(self) -> None:
+        """Nothing runs on its own here (the leases are the :class:`LeaseKeeper`'s)."""

@@ -52,16 +52,15 @@ from google.protobuf import json_format
 from stride.api.dispatcher.v1 import dispatcher_service_pb2 as dispatcher_pb
 from stride.events.v1 import job_pb2, shard_pb2
 from stride.trainer.agent_client import AgentClient, Command
+from stride.trainer.batches import MakeBatch
 from stride.trainer.cluster import Cluster, ClusterChange, ClusterConnection, MoveFailed, classify
-from stride.trainer.feed import LeaseKeeper, ShardFeed
+from stride.trainer.dataqueue import DataQueue, StepFeed
+from stride.trainer.feed import LeaseKeeper, ShardFeed, shard_indices
 from stride.trainer.settings import TrainerSettings, parse_cluster
 
 SHUFFLE_SEED = 7
 DEFAULT_BATCH_SIZE = 256
 PS_WAIT_SECONDS = 600.0
-
-MakeBatch = Callable[[np.ndarray], Sequence[np.ndarray]]
-"""Sample indices -> the step's arrays, inputs first and labels last."""
 
 
 def say(event: str, **fields: Any) -> None:
@@ -102,13 +101,6 @@ def after_save_failure(
     if moving or not (away or _cache_full(error)):
         return "raise"
     return "skip"
-
-
-def shard_indices(shard: shard_pb2.Shard) -> np.ndarray:
-    """The sample indices of ``shard`` not yet consumed (from its offset on)."""
-    if shard.indices:
-        return np.asarray(shard.indices[shard.offset :], dtype=np.int64)
-    return np.arange(shard.start + shard.offset, shard.end, dtype=np.int64)
 
 
 @dataclass(frozen=True)
@@ -233,6 +225,14 @@ class _Trainable:
     optimizer: Any
     root: Any
     train_step: Any
+    split_step: Any = None
+    """The training half's step (on a data worker's mini-batches), for a model with a data
+    half (:func:`stride.trainer.partition.split_model`); None otherwise."""
+    train_model: Any = None
+
+    def step_for(self, split: bool) -> Any:
+        """The step that trains a mini-batch made by a data worker (``split``) or here."""
+        return self.split_step if split else self.train_step
 
 
 def _make_train_step(strategy: Any, model: Any, optimizer: Any) -> Any:
@@ -291,6 +291,11 @@ class TrainingContext:
     # --- the cluster -----------------------------------------------------------------------
 
     def _connection(self) -> ClusterConnection:
+        if self.settings.role == "data_worker":
+            raise RuntimeError(
+                "a data worker has no TensorFlow cluster: it serves mini-batches from "
+                "ctx.fit, and an entrypoint with a loop of its own gets no data workers"
+            )
         if self.connection is None:
             self.connection = ClusterConnection(self.settings.cluster)
             self.connection.connect()
@@ -475,8 +480,12 @@ class TrainingContext:
 
         from stride.ckptclient.client import CheckpointCacheError, CheckpointClient
         from stride.ckptclient.tensorflow import restore, save, snapshot
+        from stride.trainer.partition import split_model
 
         settings = self.settings
+        if settings.role == "data_worker":
+            self._serve_data(build_model, make_batch)
+            return
         self.agent.watch_control()
         self.create_dataset()
         cluster: Cluster = settings.cluster
@@ -503,7 +512,6 @@ class TrainingContext:
         cache = CheckpointClient(settings.ckptcache_address, settings.job_id)
         leases = LeaseKeeper(self.agent, settings.dataset, settings.lease_heartbeat_seconds, say)
         self._leases = leases
-        feed = ShardFeed(self.agent, settings.dataset, leases)
 
         def build() -> _Trainable:
             strategy = connection.strategy
@@ -517,8 +525,17 @@ class TrainingContext:
                     )
                 )
                 optimizer.build(model.trainable_variables)
+            # The whole model is what a checkpoint holds, whichever half trains.
             root = tf.train.Checkpoint(model=model, optimizer=optimizer)
-            return _Trainable(model, optimizer, root, _make_train_step(strategy, model, optimizer))
+            half = split_model(model).train_model if settings.data_mode == "auto" else model
+            return _Trainable(
+                model,
+                optimizer,
+                root,
+                _make_train_step(strategy, model, optimizer),
+                _make_train_step(strategy, half, optimizer) if half is not model else None,
+                half,
+            )
 
         def verified() -> dict[str, str]:
             # Reading every variable back costs seconds for a large model: off by default.
@@ -548,6 +565,11 @@ class TrainingContext:
                 **verified(),
             )
 
+        feed: ShardFeed | StepFeed = (
+            self._step_feed(make_batch, cluster)
+            if trained.split_step is not None
+            else ShardFeed(self.agent, settings.dataset, leases, make_batch, self.batch_size)
+        )
         saved_at: dict[int, str] = {}
 
         def saver(why: str) -> str:
@@ -606,6 +628,7 @@ class TrainingContext:
             window.report(step, self.plan_version, losses, force=True)
             paused = time.time()
             new = parse_cluster(command.cluster_json)
+            feed.follow(new.get("data_worker", ()))
             change = classify(connection.cluster, new)
             say("moving", version=command.plan_version, change=change.value)
             if change is ClusterChange.NONE:
@@ -646,6 +669,10 @@ class TrainingContext:
                 trained.train_step = _make_train_step(
                     connection.strategy, trained.model, trained.optimizer
                 )
+                if trained.split_step is not None:
+                    trained.split_step = _make_train_step(
+                        connection.strategy, trained.train_model, trained.optimizer
+                    )
             moving.mark("restored" if change is ClusterChange.PARAMETER_SERVERS else "rebuilt")
             pending = replace(moving, checkpoint_id=checkpoint_id)
 
@@ -660,15 +687,12 @@ class TrainingContext:
         first_step = True
         try:
             self._check_commands()
-            shard = feed.take(wait=True)
-            while shard is not None:
-                indices = shard_indices(shard)
-                results = []
-                for start in range(0, len(indices), self.batch_size):
-                    arrays = make_batch(indices[start : start + self.batch_size])
-                    results.append(
-                        connection.coordinator.schedule(trained.train_step, args=tuple(arrays))
-                    )
+            unit = feed.take(wait=True)
+            while unit is not None:
+                results = [
+                    connection.coordinator.schedule(trained.step_for(split), args=tuple(arrays))
+                    for split, arrays in unit.batches()
+                ]
                 if pending is not None:
                     pending.mark("scheduled")  # the new step function traced and sent
                 if (first_step or pending is not None) and results:
@@ -680,38 +704,25 @@ class TrainingContext:
                     if pending is not None:  # a new plan's measurements start now
                         window.restart()
                     first_step, pending = False, None
-                # While the steps run: the next shard, with the last one reported done.
+                # While the steps run: the next unit, with the last one reported done.
                 upcoming = feed.take(wait=False)
                 connection.coordinator.join()
                 losses = [float(r.fetch()) for r in results] or losses
                 step += len(results)
-                window.add(len(results), len(indices))
-                feed.finished(shard)
+                window.add(len(results), unit.samples)
+                feed.finished(unit)  # type: ignore[arg-type]  # the feed's own unit
                 if consumed is not None:
-                    consumed.write(
-                        json.dumps(
-                            {
-                                "epoch": shard.epoch,
-                                "shard_id": shard.shard_id,
-                                "indices": indices.tolist(),
-                            }
-                        )
-                        + "\n"
-                    )
+                    consumed.writelines(json.dumps(r) + "\n" for r in unit.log_records())
                     consumed.flush()
                 window.report(step, self.plan_version, losses)
-                # Checkpoints fall between shards; one is saved before the next shard would
+                # Checkpoints fall between units; one is saved before the next unit would
                 # take the job past the interval, so a restore never repeats more than it.
-                coming = (
-                    -(-len(shard_indices(upcoming)) // self.batch_size)
-                    if upcoming is not None
-                    else settings.shard_batches
-                )
+                coming = upcoming.step_count if upcoming is not None else settings.shard_batches
                 if step - last_checkpoint + coming > settings.checkpoint_every_steps:
                     saver("interval")
                     last_checkpoint = step
                 self._check_commands()
-                shard = upcoming if upcoming is not None else feed.take(wait=True)
+                unit = upcoming if upcoming is not None else feed.take(wait=True)
             feed.flush()
             window.report(step, self.plan_version, losses, force=True)
             if pending is not None:
@@ -735,10 +746,45 @@ class TrainingContext:
             ) from None
         finally:
             leases.close()
+            feed.close()
             if consumed is not None:
                 consumed.close()
         saver("end of data")
         say("finished", step=step, loss=round(float(np.mean(losses)), 5) if losses else None)
+
+    def _step_feed(self, make_batch: MakeBatch, cluster: Cluster) -> StepFeed:
+        """The data-worker mode's feed, from the step the dispatcher has as consumed (after a
+        restore, the checkpoint's), reading from the plan's data workers."""
+        settings = self.settings
+        consumed = int(self.agent.dataset_state(settings.dataset).consumed_step)
+        per_epoch = -(-int(self.spec.dataset.record_count) // self.batch_size)
+        queue = DataQueue(
+            self.agent,
+            settings.job_id,
+            settings.dataset,
+            make_batch,
+            consumed,
+            per_epoch * self.epochs,
+            say,
+        )
+        queue.follow(cluster.get("data_worker", ()))
+        say("data-worker mode", consumed_step=consumed, data_workers=len(queue.addresses))
+        return StepFeed(queue, self.agent, settings.dataset, settings.shard_batches)
+
+    def _serve_data(
+        self, build_model: Callable[[TrainingContext], Any], make_batch: MakeBatch
+    ) -> None:
+        """This pod is a data worker: serve the job's ready mini-batches until SIGTERM."""
+        from stride.trainer.batches import Producer
+        from stride.trainer.dataworker import serve_batches
+        from stride.trainer.partition import split_model
+
+        split = split_model(build_model(self))
+        if split.data_model is None:
+            say("no data half", why="the model has no stateless part ahead of its state")
+        producer = Producer(make_batch, split.data_model)
+        code = serve_batches(self.settings.job_id, self.settings.port, self.agent, producer, say)
+        raise SystemExit(code)
 
     def _first_step(self, pending: PendingAck | None, step: int, *, trained: bool = True) -> None:
         """The first step since this process started or moved has finished (or, with

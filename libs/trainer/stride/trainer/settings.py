@@ -13,12 +13,16 @@ from typing import Literal
 from pydantic import Field, field_validator
 from pydantic_settings import BaseSettings, SettingsConfigDict
 
-ROLES = ("chief", "ps", "worker")
+TF_ROLES = ("chief", "ps", "worker")
+"""The roles of the job's TensorFlow cluster, in task order."""
+ROLES = (*TF_ROLES, "data_worker")
+"""Every role the cluster lists: its data workers are not TensorFlow tasks (they serve
+ready mini-batches over gRPC, :mod:`stride.trainer.dataworker`)."""
 
 
 def parse_cluster(text: str) -> dict[str, list[str]]:
-    """``{"chief": [...], "ps": [...], "worker": [...]}`` of host:port addresses; raises
-    ValueError naming what is wrong."""
+    """``{"chief": [...], "ps": [...], "worker": [...], "data_worker": [...]}`` of host:port
+    addresses (data workers optional); raises ValueError naming what is wrong."""
     try:
         cluster = json.loads(text)
     except json.JSONDecodeError as error:
@@ -46,11 +50,18 @@ class TrainerSettings(BaseSettings):
 
     model_config = SettingsConfigDict(env_prefix="STRIDE_TRAINER_", extra="ignore")
 
-    role: Literal["chief", "ps", "worker"]
+    role: Literal["chief", "ps", "worker", "data_worker"]
     index: int = Field(default=0, ge=0)
     job_id: str = Field(min_length=1, max_length=64)
     pod_name: str = Field(min_length=1, max_length=253)
     cluster_json: str
+    data_mode: Literal["auto", "shards"] = "auto"
+    """How the chief reads the data in :meth:`TrainingContext.fit`: ``auto`` reads by steps
+    (GoldMiner's data-worker mode, with or without data workers) when the model has a data
+    half, else by shards; ``shards`` always by shards, with no data workers (what
+    ``bench/agent_overhead.py`` measures)."""
+    port: int = Field(default=0, ge=0, le=65535)
+    """The pod's own port (its TensorFlow server's, or a data worker's gRPC server's)."""
     agent_address: str = "127.0.0.1:50058"
     ckptcache_address: str = "127.0.0.1:50056"
     spec_json: str = "{}"

@@ -153,6 +153,7 @@ async def build(settings: DispatcherSettings) -> ServiceHost:
         rate_window=settings.rate_window,
         batch_timeout=timedelta(seconds=settings.batch_timeout_seconds),
         fast=fast,
+        steps_in_flight=settings.steps_in_flight,
         limits=settings.dataset_limits,
         rows_per_write=settings.rows_per_write,
         shuffler=shuffler,

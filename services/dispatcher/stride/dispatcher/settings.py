@@ -72,6 +72,11 @@ class DispatcherSettings(ServiceSettings):
     """Data-worker mode: how long a dispatched index batch may go unconsumed before another
     data worker gets it. Thirty seconds is many mini-batches of slack for a data worker
     that prefetches a few, yet a lost one's batches come back within the minute."""
+    steps_in_flight: int = Field(default=64, ge=1, le=4096)
+    """Data-worker mode: most steps dispatched and not yet consumed, per dataset. It bounds
+    the chief's input queue (GoldMiner's queue capacity): data workers ahead of training by
+    this much wait, and the chief never holds more ready mini-batches than it (64 of the
+    text example's are 15 MB; 4,096, the lease table's cap, would be a gigabyte)."""
     sync_commits: bool = False
     """SQLite: wait for each commit to reach the disk (``synchronous=FULL``) before
     answering. Off by default: a commit is then in the OS page cache when the call returns,

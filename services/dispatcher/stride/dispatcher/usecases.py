@@ -188,6 +188,8 @@ class DatasetState:
 
     counts: QueueCounts
     workers: list[WorkerShards]
+    consumed_step: int = -1
+    """Data-worker mode: the last step consumed (-1 before any)."""
 
 
 def _check_shard_id(shard_id: int, field: str = "shard_id") -> None:
@@ -241,6 +243,7 @@ class ShardDispatcher:
         rate_window: timedelta = timedelta(seconds=30),
         batch_timeout: timedelta = timedelta(seconds=30),
         fast: FastPath | None = None,
+        steps_in_flight: int = steps.MAX_IN_FLIGHT,
         *,
         limits: DatasetLimits | None = None,
         rows_per_write: int = ROWS_PER_WRITE,
@@ -262,6 +265,8 @@ class ShardDispatcher:
         """Time constant of the progress rates, and how long a new worker is not judged."""
         self.batch_timeout = batch_timeout
         """How long a data worker's batch may go unconsumed before it is dispatched again."""
+        self.steps_in_flight = steps_in_flight
+        """Most steps of a dataset dispatched and not consumed (the consumer's queue)."""
         self.fast = fast
         """The hot calls' single-hop path (see its module); None runs everything through the
         general path (tests of the general path alone)."""
@@ -715,6 +720,7 @@ class ShardDispatcher:
             epoch = queue.current_epoch(stored.epochs_created)
             counts = await repository.state_counts(session, stored.id, epoch)
             workers = await repository.worker_shards(session, job_id, stored.id, epoch)
+            cursor = await repository.find_step_cursor(session, stored.id)
         # The newest epoch's shards without a row yet are TODO too.
         rowless = sharding.unwritten(stored.parameters, stored.epochs_created, stored.written)
         finished = queue.is_finished(
@@ -725,6 +731,7 @@ class ShardDispatcher:
             QueueCounts(epoch, counts.todo + rowless, counts.doing, counts.done_in_epoch, finished),
             # The rates the straggler verdicts were judged by.
             [replace(w, rate=judged_rate(w.rate, w.measured, window)) for w in workers],
+            -1 if cursor is None else cursor.consumed_step,
         )
 
     async def _lock_dataset(self, session: Session, job_id: str, dataset: str) -> StoredDataset:
@@ -899,7 +906,11 @@ class ShardDispatcher:
             )
             total = steps.total_steps(stored.parameters)
             fresh = steps.new_steps(
-                cursor.next_step, cursor.consumed_step, total, max_batches - len(again)
+                cursor.next_step,
+                cursor.consumed_step,
+                total,
+                max_batches - len(again),
+                self.steps_in_flight,
             )
             await repository.lease_steps(session, stored.id, fresh, data_worker, deadline)
             if fresh:
@@ -953,8 +964,15 @@ class ShardDispatcher:
             # Locking the dataset makes the snapshot consistent with hand-outs.
             stored = await self._lock_dataset(session, job_id, dataset)
             touched = await repository.snapshot_shards(session, stored.id)
+            cursor = await repository.find_step_cursor(session, stored.id)
         data = encode_snapshot(
-            job_id, dataset, stored.parameters, stored.epochs_created, stored.splits, touched
+            job_id,
+            dataset,
+            stored.parameters,
+            stored.epochs_created,
+            stored.splits,
+            touched,
+            None if cursor is None else cursor.consumed_step,
         )
         return Snapshot(
             data,
@@ -1018,6 +1036,9 @@ class ShardDispatcher:
             restored = await asyncio.to_thread(
                 restored_queue, stored.parameters, content.epochs_created, content.shards, leased
             )
+            if content.consumed_step is not None:
+                # Data-worker mode: the steps trained after the checkpoint are trained again.
+                await repository.rewind_steps(session, stored.id, content.consumed_step)
             return await repository.replace_shards(
                 session, stored.id, restored, content.epochs_created, content.splits, now
             )

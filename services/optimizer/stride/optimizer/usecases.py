@@ -75,7 +75,7 @@ from stride.policy.contention import (
     claim_of,
     settle,
 )
-from stride.policy.plans import Plan, Role
+from stride.policy.plans import Plan, Role, RoleResources
 from stride.policy.registry import AlgorithmSpec
 from stride.policy.warm_start import HistoricalJob
 from stride.runtime.errors import FailedPrecondition, InvalidArgument, NotFound, Unavailable
@@ -862,14 +862,19 @@ class Planning:
                 raise NotFound(f"job {job_id!r} not found")
             return await repository.list_events(session, job_id)
 
-    async def scale(self, job_id: str, workers: int, ps: int, reason: str) -> plan_pb2.ResourcePlan:
+    async def scale(
+        self, job_id: str, workers: int, ps: int, reason: str, data_workers: int | None = None
+    ) -> plan_pb2.ResourcePlan:
         """An operator's manual plan: the newest plan with these counts, as the next
-        version, recorded as an override (DLRover's ScalePlan)."""
+        version, recorded as an override (DLRover's ScalePlan). ``data_workers`` None keeps
+        the job's data workers."""
         check_job_id(job_id)
         check_pod_count(workers, "workers", raise_as=InvalidArgument)
         if workers < 1:
             raise InvalidArgument("workers", f"must be at least 1, got {workers}")
         check_pod_count(ps, "ps", raise_as=InvalidArgument)
+        if data_workers is not None:
+            check_pod_count(data_workers, "data_workers", raise_as=InvalidArgument)
         if len(reason) > 500:
             raise InvalidArgument("reason", f"must be at most 500 characters, got {len(reason)}")
         now = datetime.now(UTC)
@@ -880,7 +885,7 @@ class Planning:
             newest = await repository.newest_plan(session, job_id)
             if newest is None:
                 raise FailedPrecondition(f"job {job_id!r} has no plan to scale yet")
-            plan = _with_counts(plan_from_proto(newest), workers, ps, reason)
+            plan = _with_counts(plan_from_proto(newest), workers, ps, reason, data_workers)
             refused = await self._capacity_hold(session, job_id, plan)
             if refused:
                 raise FailedPrecondition(refused)
@@ -892,6 +897,7 @@ class Planning:
                     str(administrator.plan_version + 1),
                     f"manual scale by operator to {workers} workers"
                     + (f" and {ps} PS" if ps else "")
+                    + (f" and {data_workers} data workers" if data_workers is not None else "")
                     + (f": {reason}" if reason else ""),
                     now,
                 )
@@ -1429,7 +1435,9 @@ def _stage_heuristic(request: stages.StageRequest) -> stages.StageReply:
     return stages.StageReply(None, False, stages.Stage.STEADY, "the plan holds (no decision)")
 
 
-def _with_counts(plan: Plan, workers: int, ps: int, reason: str) -> Plan:
+def _with_counts(
+    plan: Plan, workers: int, ps: int, reason: str, data_workers: int | None = None
+) -> Plan:
     roles = []
     for resources in plan.roles:
         count = resources.count
@@ -1437,10 +1445,16 @@ def _with_counts(plan: Plan, workers: int, ps: int, reason: str) -> Plan:
             count = workers
         elif resources.role is Role.PS and ps:
             count = ps
+        elif resources.role is Role.DATA_WORKER and data_workers is not None:
+            count = data_workers
         overrides = tuple(o for o in resources.overrides if o.index < count)
         roles.append(replace(resources, count=count, overrides=overrides))
-    if all(r.role is not Role.WORKER for r in roles):
+    worker = next((r for r in roles if r.role is Role.WORKER), None)
+    if worker is None:
         raise FailedPrecondition("the job's plan has no worker role to scale")
+    if data_workers and all(r.role is not Role.DATA_WORKER for r in roles):
+        # The first data workers: as big as a worker, whose pre-processing they take on.
+        roles.append(RoleResources(Role.DATA_WORKER, data_workers, worker.cpu, worker.memory_bytes))
     return Plan(
         roles=tuple(roles),
         reason="manual scale by operator" + (f": {reason}" if reason else ""),

@@ -13,6 +13,7 @@ from stride.api.dispatcher.v1 import dispatcher_service_pb2 as pb
 from stride.dispatcher.domain.datasets import DatasetParameters, ShardingKind
 from stride.dispatcher.domain.queue import ShardRecord, ShardState
 from stride.dispatcher.domain.sharding import shard_indices
+from stride.dispatcher.domain.steps import total_steps
 from stride.events.v1 import shard_pb2
 from stride.runtime.errors import InvalidArgument
 
@@ -90,6 +91,8 @@ class SnapshotContent:
     epochs_created: int
     splits: int
     shards: list[ShardRecord]
+    consumed_step: int | None = None
+    """Data-worker mode: the last step consumed then (None: never read by steps)."""
 
 
 def encode_snapshot(
@@ -99,8 +102,10 @@ def encode_snapshot(
     epochs_created: int,
     splits: int,
     touched: list[ShardRecord],
+    consumed_step: int | None = None,
 ) -> bytes:
-    """Serialize a snapshot: a DOING shard is recorded as not done at its reported offset."""
+    """Serialize a snapshot: a DOING shard is recorded as not done at its reported offset,
+    and, for a dataset read by steps, the last step consumed."""
     message = pb.ShardSnapshot(
         version=SNAPSHOT_VERSION,
         job_id=job_id,
@@ -121,6 +126,7 @@ def encode_snapshot(
             )
             for s in touched
         ],
+        consumed_step=consumed_step,
     )
     return message.SerializeToString(deterministic=True)
 
@@ -159,8 +165,19 @@ def decode_snapshot(data: bytes) -> SnapshotContent:
                 partition=entry.partition if stream else 0,
             )
         )
+    consumed_step = message.consumed_step if message.HasField("consumed_step") else None
+    if consumed_step is not None and not -1 <= consumed_step < total_steps(parameters):
+        raise InvalidArgument(
+            "snapshot", f"consumed_step {consumed_step} is not a step of the dataset"
+        )
     return SnapshotContent(
-        message.job_id, message.dataset, parameters, message.epochs_created, message.splits, shards
+        message.job_id,
+        message.dataset,
+        parameters,
+        message.epochs_created,
+        message.splits,
+        shards,
+        consumed_step,
     )
 
 

@@ -74,8 +74,11 @@ def batch_of(parameters: DatasetParameters, step_id: int) -> StepBatch:
     return StepBatch(step_id, epoch, indices)
 
 
-def new_steps(next_step: int, consumed_step: int, total: int, wanted: int) -> range:
-    """Step ids to dispatch for the first time: up to ``wanted``, within the in-flight cap."""
-    room = MAX_IN_FLIGHT - (next_step - consumed_step - 1)
+def new_steps(
+    next_step: int, consumed_step: int, total: int, wanted: int, in_flight: int = MAX_IN_FLIGHT
+) -> range:
+    """Step ids to dispatch for the first time: up to ``wanted``, with at most ``in_flight``
+    steps dispatched and not consumed (the consumer's queue: what it may have to hold)."""
+    room = min(in_flight, MAX_IN_FLIGHT) - (next_step - consumed_step - 1)
     count = max(0, min(wanted, total - next_step, room))
     return range(next_step, next_step + count)

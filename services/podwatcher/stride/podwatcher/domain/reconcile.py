@@ -15,9 +15,10 @@ pods the podwatcher runs and returns one :class:`Reconciliation`:
   pods first, then a short pause to checkpoint and restore, then the old pods go;
 - **delete** the pods the plan drops (scale in), also only after the chief moved.
 
-``membership_changed`` says whether the TensorFlow cluster (chief, PS and workers)
-changes, in which case the chief must be told the new cluster (a RECONFIGURE command)
-before any pod it still uses is removed. Data workers are not part of that cluster.
+``membership_changed`` says whether the chief's cluster (its TensorFlow tasks and its data
+workers) changes, in which case the chief must be told the new cluster (a RECONFIGURE
+command) before any pod it still uses is removed. A change of data workers alone changes
+nothing for TensorFlow: the chief only starts or stops reading from them.
 
 Placement works on the nodes' free capacity, counting every live pod of every job, and
 the pods about to be deleted too: their room is free only once they are gone. It is KOD2's
@@ -70,6 +71,10 @@ from stride.vocabulary import Role
 
 CLUSTER_ROLES = (Role.CHIEF, Role.PS, Role.WORKER)
 """The roles a TensorFlow ParameterServerStrategy cluster is made of, in its task order."""
+MEMBER_ROLES = (*CLUSTER_ROLES, Role.DATA_WORKER)
+"""The roles the chief's cluster lists: its TensorFlow tasks, then its data workers, whose
+streams of ready mini-batches it reads (GoldMiner sec. 3.3). A change of any of them is
+sent to the chief, and a retiring pod goes only once the chief has moved off it."""
 
 GIB = 1024**3
 
@@ -144,7 +149,8 @@ class Reconciliation:
     migrate: tuple[Migration, ...] = ()
     delete: tuple[PodRecord, ...] = ()
     cluster: Mapping[Role, tuple[str, ...]] = field(default_factory=dict)
-    """The pod names of the TensorFlow cluster once applied, per role in index order."""
+    """The pod names of the chief's cluster once applied (:data:`MEMBER_ROLES`), per role
+    in index order."""
     membership_changed: bool = False
 
     @property
@@ -374,7 +380,7 @@ def reconcile(
             delete.append(slot)
 
     cluster: dict[Role, tuple[str, ...]] = {}
-    for role in CLUSTER_ROLES:
+    for role in MEMBER_ROLES:
         names = []
         for index in range(max((i for r, i in sizes if r is role), default=-1) + 1):
             migrated = next(
@@ -388,9 +394,9 @@ def reconcile(
                 names.append(pod_name(plan.job_id, role, index))
         cluster[role] = tuple(names)
     membership_changed = (
-        any(want.role in CLUSTER_ROLES for want in create)
-        or any(m.old.role in CLUSTER_ROLES for m in migrate)
-        or any(pod.role in CLUSTER_ROLES for pod in delete)
+        any(want.role in MEMBER_ROLES for want in create)
+        or any(m.old.role in MEMBER_ROLES for m in migrate)
+        or any(pod.role in MEMBER_ROLES for pod in delete)
     )
     return Reconciliation(
         create=tuple(create),

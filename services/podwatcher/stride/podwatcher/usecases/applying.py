@@ -26,7 +26,7 @@ from stride.podwatcher.adapters.outbound.backends.base import (
 from stride.podwatcher.adapters.outbound.repository import StoredJob, StoredPlan, StoredPod
 from stride.podwatcher.domain.cluster import PlanState, PodPhase
 from stride.podwatcher.domain.reconcile import (
-    CLUSTER_ROLES,
+    MEMBER_ROLES,
     PodRecord,
     PodWant,
     Reconciliation,
@@ -390,7 +390,7 @@ class Applying(PodEnds):
                 for name in recon.cluster.get(role, ())
                 if name in ports
             ]
-            for role in CLUSTER_ROLES
+            for role in MEMBER_ROLES
         }
         return json.dumps(cluster, sort_keys=True)
 

@@ -22,7 +22,7 @@ from stride.podwatcher.adapters.outbound.backends.base import (
 from stride.podwatcher.adapters.outbound.repository import StoredJob, StoredPod
 from stride.podwatcher.domain.cluster import PlanState, PodPhase
 from stride.podwatcher.domain.reconcile import (
-    CLUSTER_ROLES,
+    MEMBER_ROLES,
     PodRecord,
 )
 from stride.podwatcher.usecases.common import (
@@ -174,7 +174,7 @@ class Moves(PodWatcherCore):
                     (r for r in staying if r.record.role is role), key=lambda r: r.record.index
                 )
             ]
-            for role in CLUSTER_ROLES
+            for role in MEMBER_ROLES
         }
         return json.dumps(cluster, sort_keys=True)
 

@@ -597,3 +597,101 @@ class RestoreShardsResponse(_message.Message):
     def WhichOneof(self, oneof_group: _Never) -> None: ...
 
 Global___RestoreShardsResponse: _TypeAlias = RestoreShardsResponse  # noqa: Y015
+
+@_typing.final
+class FetchBatchesRequest(_message.Message):
+    """Request for FetchBatches."""
+
+    DESCRIPTOR: _descriptor.Descriptor
+
+    DATASET_FIELD_NUMBER: _builtins.int
+    MAX_BATCHES_FIELD_NUMBER: _builtins.int
+    dataset: _builtins.str
+    """The dataset."""
+    max_batches: _builtins.int
+    """Most batches to return (1 to 1024)."""
+    def __init__(
+        self,
+        *,
+        dataset: _builtins.str = ...,
+        max_batches: _builtins.int = ...,
+    ) -> None: ...
+    _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
+    def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["dataset", b"dataset", "max_batches", b"max_batches"]  # noqa: Y015
+    def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
+    def WhichOneof(self, oneof_group: _Never) -> None: ...
+
+Global___FetchBatchesRequest: _TypeAlias = FetchBatchesRequest  # noqa: Y015
+
+@_typing.final
+class FetchBatchesResponse(_message.Message):
+    """Response of FetchBatches."""
+
+    DESCRIPTOR: _descriptor.Descriptor
+
+    REPLY_FIELD_NUMBER: _builtins.int
+    @_builtins.property
+    def reply(self) -> _dispatcher_service_pb2.FetchBatchesResponse:
+        """The dispatcher's answer: the batches, whether every step is done, the last consumed."""
+
+    def __init__(
+        self,
+        *,
+        reply: _dispatcher_service_pb2.FetchBatchesResponse | None = ...,
+    ) -> None: ...
+    _HasFieldArgType: _TypeAlias = _typing.Literal["reply", b"reply"]  # noqa: Y015
+    def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["reply", b"reply"]  # noqa: Y015
+    def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
+    def WhichOneof(self, oneof_group: _Never) -> None: ...
+
+Global___FetchBatchesResponse: _TypeAlias = FetchBatchesResponse  # noqa: Y015
+
+@_typing.final
+class ReportConsumedRequest(_message.Message):
+    """Request for ReportConsumed."""
+
+    DESCRIPTOR: _descriptor.Descriptor
+
+    DATASET_FIELD_NUMBER: _builtins.int
+    STEP_ID_FIELD_NUMBER: _builtins.int
+    dataset: _builtins.str
+    """The dataset."""
+    step_id: _builtins.int
+    """The last step id trained, in order."""
+    def __init__(
+        self,
+        *,
+        dataset: _builtins.str = ...,
+        step_id: _builtins.int = ...,
+    ) -> None: ...
+    _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
+    def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["dataset", b"dataset", "step_id", b"step_id"]  # noqa: Y015
+    def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
+    def WhichOneof(self, oneof_group: _Never) -> None: ...
+
+Global___ReportConsumedRequest: _TypeAlias = ReportConsumedRequest  # noqa: Y015
+
+@_typing.final
+class ReportConsumedResponse(_message.Message):
+    """Response of ReportConsumed."""
+
+    DESCRIPTOR: _descriptor.Descriptor
+
+    CONSUMED_STEP_FIELD_NUMBER: _builtins.int
+    consumed_step: _builtins.int
+    """The last step id consumed after this report."""
+    def __init__(
+        self,
+        *,
+        consumed_step: _builtins.int = ...,
+    ) -> None: ...
+    _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
+    def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["consumed_step", b"consumed_step"]  # noqa: Y015
+    def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
+    def WhichOneof(self, oneof_group: _Never) -> None: ...
+
+Global___ReportConsumedResponse: _TypeAlias = ReportConsumedResponse  # noqa: Y015

@@ -90,6 +90,16 @@ class AgentServiceStub:
                 request_serializer=stride_dot_api_dot_agent_dot_v1_dot_agent__service__pb2.RestoreShardsRequest.SerializeToString,
                 response_deserializer=stride_dot_api_dot_agent_dot_v1_dot_agent__service__pb2.RestoreShardsResponse.FromString,
                 _registered_method=True)
+        self.FetchBatches = channel.unary_unary(
+                '/stride.api.agent.v1.AgentService/FetchBatches',
+                request_serializer=stride_dot_api_dot_agent_dot_v1_dot_agent__service__pb2.FetchBatchesRequest.SerializeToString,
+                response_deserializer=stride_dot_api_dot_agent_dot_v1_dot_agent__service__pb2.FetchBatchesResponse.FromString,
+                _registered_method=True)
+        self.ReportConsumed = channel.unary_unary(
+                '/stride.api.agent.v1.AgentService/ReportConsumed',
+                request_serializer=stride_dot_api_dot_agent_dot_v1_dot_agent__service__pb2.ReportConsumedRequest.SerializeToString,
+                response_deserializer=stride_dot_api_dot_agent_dot_v1_dot_agent__service__pb2.ReportConsumedResponse.FromString,
+                _registered_method=True)
 
 
 class AgentServiceServicer:
@@ -175,6 +185,21 @@ class AgentServiceServicer:
         context.set_details('Method not implemented!')
         raise NotImplementedError('Method not implemented!')
 
+    def FetchBatches(self, request, context):
+        """Data-worker mode (GoldMiner sec. 4): index batches with step ids for this pod, which
+        the agent names as their data worker (the trainer cannot fetch for another pod).
+        """
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
+    def ReportConsumed(self, request, context):
+        """Data-worker mode: every step up to step_id was trained, in order.
+        """
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
 
 def add_AgentServiceServicer_to_server(servicer, server):
     rpc_method_handlers = {
@@ -232,6 +257,16 @@ def add_AgentServiceServicer_to_server(servicer, server):
                     servicer.RestoreShards,
                     request_deserializer=stride_dot_api_dot_agent_dot_v1_dot_agent__service__pb2.RestoreShardsRequest.FromString,
                     response_serializer=stride_dot_api_dot_agent_dot_v1_dot_agent__service__pb2.RestoreShardsResponse.SerializeToString,
+            ),
+            'FetchBatches': grpc.unary_unary_rpc_method_handler(
+                    servicer.FetchBatches,
+                    request_deserializer=stride_dot_api_dot_agent_dot_v1_dot_agent__service__pb2.FetchBatchesRequest.FromString,
+                    response_serializer=stride_dot_api_dot_agent_dot_v1_dot_agent__service__pb2.FetchBatchesResponse.SerializeToString,
+            ),
+            'ReportConsumed': grpc.unary_unary_rpc_method_handler(
+                    servicer.ReportConsumed,
+                    request_deserializer=stride_dot_api_dot_agent_dot_v1_dot_agent__service__pb2.ReportConsumedRequest.FromString,
+                    response_serializer=stride_dot_api_dot_agent_dot_v1_dot_agent__service__pb2.ReportConsumedResponse.SerializeToString,
             ),
     }
     generic_handler = grpc.method_handlers_generic_handler(
@@ -532,6 +567,60 @@ class AgentService:
             '/stride.api.agent.v1.AgentService/RestoreShards',
             stride_dot_api_dot_agent_dot_v1_dot_agent__service__pb2.RestoreShardsRequest.SerializeToString,
             stride_dot_api_dot_agent_dot_v1_dot_agent__service__pb2.RestoreShardsResponse.FromString,
+            options,
+            channel_credentials,
+            insecure,
+            call_credentials,
+            compression,
+            wait_for_ready,
+            timeout,
+            metadata,
+            _registered_method=True)
+
+    @staticmethod
+    def FetchBatches(request,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.unary_unary(
+            request,
+            target,
+            '/stride.api.agent.v1.AgentService/FetchBatches',
+            stride_dot_api_dot_agent_dot_v1_dot_agent__service__pb2.FetchBatchesRequest.SerializeToString,
+            stride_dot_api_dot_agent_dot_v1_dot_agent__service__pb2.FetchBatchesResponse.FromString,
+            options,
+            channel_credentials,
+            insecure,
+            call_credentials,
+            compression,
+            wait_for_ready,
+            timeout,
+            metadata,
+            _registered_method=True)
+
+    @staticmethod
+    def ReportConsumed(request,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.unary_unary(
+            request,
+            target,
+            '/stride.api.agent.v1.AgentService/ReportConsumed',
+            stride_dot_api_dot_agent_dot_v1_dot_agent__service__pb2.ReportConsumedRequest.SerializeToString,
+            stride_dot_api_dot_agent_dot_v1_dot_agent__service__pb2.ReportConsumedResponse.FromString,
             options,
             channel_credentials,
             insecure,

@@ -61,6 +61,12 @@ class AgentServiceStub:
     """The dataset's shard state, to store with a checkpoint (DLRover sec. 5.3)."""
     RestoreShards: _grpc.UnaryUnaryMultiCallable[_agent_service_pb2.RestoreShardsRequest, _agent_service_pb2.RestoreShardsResponse]
     """Puts the dataset's shards back to a snapshot, on restore from a checkpoint."""
+    FetchBatches: _grpc.UnaryUnaryMultiCallable[_agent_service_pb2.FetchBatchesRequest, _agent_service_pb2.FetchBatchesResponse]
+    """Data-worker mode (GoldMiner sec. 4): index batches with step ids for this pod, which
+    the agent names as their data worker (the trainer cannot fetch for another pod).
+    """
+    ReportConsumed: _grpc.UnaryUnaryMultiCallable[_agent_service_pb2.ReportConsumedRequest, _agent_service_pb2.ReportConsumedResponse]
+    """Data-worker mode: every step up to step_id was trained, in order."""
 
 @_typing.type_check_only
 class AgentServiceAsyncStub(AgentServiceStub):
@@ -93,6 +99,12 @@ class AgentServiceAsyncStub(AgentServiceStub):
     """The dataset's shard state, to store with a checkpoint (DLRover sec. 5.3)."""
     RestoreShards: _aio.UnaryUnaryMultiCallable[_agent_service_pb2.RestoreShardsRequest, _agent_service_pb2.RestoreShardsResponse]  # type: ignore[assignment]
     """Puts the dataset's shards back to a snapshot, on restore from a checkpoint."""
+    FetchBatches: _aio.UnaryUnaryMultiCallable[_agent_service_pb2.FetchBatchesRequest, _agent_service_pb2.FetchBatchesResponse]  # type: ignore[assignment]
+    """Data-worker mode (GoldMiner sec. 4): index batches with step ids for this pod, which
+    the agent names as their data worker (the trainer cannot fetch for another pod).
+    """
+    ReportConsumed: _aio.UnaryUnaryMultiCallable[_agent_service_pb2.ReportConsumedRequest, _agent_service_pb2.ReportConsumedResponse]  # type: ignore[assignment]
+    """Data-worker mode: every step up to step_id was trained, in order."""
 
 class AgentServiceServicer(metaclass=_abc_1.ABCMeta):
     """AgentService is the trainer's single point of contact."""
@@ -188,5 +200,23 @@ class AgentServiceServicer(metaclass=_abc_1.ABCMeta):
         context: _ServicerContext,
     ) -> _typing.Union[_agent_service_pb2.RestoreShardsResponse, _abc.Awaitable[_agent_service_pb2.RestoreShardsResponse]]:
         """Puts the dataset's shards back to a snapshot, on restore from a checkpoint."""
+
+    @_abc_1.abstractmethod
+    def FetchBatches(
+        self,
+        request: _agent_service_pb2.FetchBatchesRequest,
+        context: _ServicerContext,
+    ) -> _typing.Union[_agent_service_pb2.FetchBatchesResponse, _abc.Awaitable[_agent_service_pb2.FetchBatchesResponse]]:
+        """Data-worker mode (GoldMiner sec. 4): index batches with step ids for this pod, which
+        the agent names as their data worker (the trainer cannot fetch for another pod).
+        """
+
+    @_abc_1.abstractmethod
+    def ReportConsumed(
+        self,
+        request: _agent_service_pb2.ReportConsumedRequest,
+        context: _ServicerContext,
+    ) -> _typing.Union[_agent_service_pb2.ReportConsumedResponse, _abc.Awaitable[_agent_service_pb2.ReportConsumedResponse]]:
+        """Data-worker mode: every step up to step_id was trained, in order."""
 
 def add_AgentServiceServicer_to_server(servicer: AgentServiceServicer, server: _typing.Union[_grpc.Server, _aio.Server]) -> None: ...

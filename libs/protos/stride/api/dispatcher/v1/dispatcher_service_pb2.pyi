@@ -747,6 +747,7 @@ class GetDatasetStateResponse(_message.Message):
     DONE_FIELD_NUMBER: _builtins.int
     WORKERS_FIELD_NUMBER: _builtins.int
     FINISHED_FIELD_NUMBER: _builtins.int
+    CONSUMED_STEP_FIELD_NUMBER: _builtins.int
     epoch: _builtins.int
     """Current epoch."""
     todo: _builtins.int
@@ -757,6 +758,10 @@ class GetDatasetStateResponse(_message.Message):
     """Shards done in this epoch."""
     finished: _builtins.bool
     """True when the last epoch is complete."""
+    consumed_step: _builtins.int
+    """Data-worker mode: the last step id consumed (-1 before any, and for a dataset read by
+    shards).
+    """
     @_builtins.property
     def workers(self) -> _containers.RepeatedCompositeFieldContainer[Global___WorkerProgress]:
         """Per-worker progress."""
@@ -770,10 +775,11 @@ class GetDatasetStateResponse(_message.Message):
         done: _builtins.int = ...,
         workers: _abc.Iterable[Global___WorkerProgress] | None = ...,
         finished: _builtins.bool = ...,
+        consumed_step: _builtins.int = ...,
     ) -> None: ...
     _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
     def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
-    _ClearFieldArgType: _TypeAlias = _typing.Literal["doing", b"doing", "done", b"done", "epoch", b"epoch", "finished", b"finished", "todo", b"todo", "workers", b"workers"]  # noqa: Y015
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["consumed_step", b"consumed_step", "doing", b"doing", "done", b"done", "epoch", b"epoch", "finished", b"finished", "todo", b"todo", "workers", b"workers"]  # noqa: Y015
     def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
     def WhichOneof(self, oneof_group: _Never) -> None: ...
 
@@ -928,6 +934,7 @@ class ShardSnapshot(_message.Message):
     EPOCHS_CREATED_FIELD_NUMBER: _builtins.int
     SPLITS_FIELD_NUMBER: _builtins.int
     SHARDS_FIELD_NUMBER: _builtins.int
+    CONSUMED_STEP_FIELD_NUMBER: _builtins.int
     version: _builtins.int
     """Format version; 1."""
     job_id: _builtins.str
@@ -938,6 +945,10 @@ class ShardSnapshot(_message.Message):
     """Epochs cut so far."""
     splits: _builtins.int
     """Shards split off for stragglers so far (ids of split shards are allotted from it)."""
+    consumed_step: _builtins.int
+    """Data-worker mode: the last step id consumed when the snapshot was taken (unset for a
+    dataset never read by steps). A restore rewinds the steps to it.
+    """
     @_builtins.property
     def parameters(self) -> Global___DatasetParameters:
         """The dataset's parameters; a restore into a dataset with others is refused."""
@@ -956,12 +967,15 @@ class ShardSnapshot(_message.Message):
         epochs_created: _builtins.int = ...,
         splits: _builtins.int = ...,
         shards: _abc.Iterable[Global___SnapshotShard] | None = ...,
+        consumed_step: _builtins.int | None = ...,
     ) -> None: ...
-    _HasFieldArgType: _TypeAlias = _typing.Literal["parameters", b"parameters"]  # noqa: Y015
+    _HasFieldArgType: _TypeAlias = _typing.Literal["_consumed_step", b"_consumed_step", "consumed_step", b"consumed_step", "parameters", b"parameters"]  # noqa: Y015
     def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
-    _ClearFieldArgType: _TypeAlias = _typing.Literal["dataset", b"dataset", "epochs_created", b"epochs_created", "job_id", b"job_id", "parameters", b"parameters", "shards", b"shards", "splits", b"splits", "version", b"version"]  # noqa: Y015
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["_consumed_step", b"_consumed_step", "consumed_step", b"consumed_step", "dataset", b"dataset", "epochs_created", b"epochs_created", "job_id", b"job_id", "parameters", b"parameters", "shards", b"shards", "splits", b"splits", "version", b"version"]  # noqa: Y015
     def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
-    def WhichOneof(self, oneof_group: _Never) -> None: ...
+    _WhichOneofReturnType__consumed_step: _TypeAlias = _typing.Literal["consumed_step"]  # noqa: Y015
+    _WhichOneofArgType__consumed_step: _TypeAlias = _typing.Literal["_consumed_step", b"_consumed_step"]  # noqa: Y015
+    def WhichOneof(self, oneof_group: _WhichOneofArgType__consumed_step) -> _WhichOneofReturnType__consumed_step | None: ...
 
 Global___ShardSnapshot: _TypeAlias = ShardSnapshot  # noqa: Y015
 

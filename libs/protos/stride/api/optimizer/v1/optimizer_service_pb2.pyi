@@ -268,6 +268,7 @@ class ScaleJobRequest(_message.Message):
     WORKERS_FIELD_NUMBER: _builtins.int
     PS_FIELD_NUMBER: _builtins.int
     REASON_FIELD_NUMBER: _builtins.int
+    DATA_WORKERS_FIELD_NUMBER: _builtins.int
     job_id: _builtins.str
     """The job."""
     workers: _builtins.int
@@ -276,6 +277,10 @@ class ScaleJobRequest(_message.Message):
     """Parameter servers wanted; 0 keeps the current count."""
     reason: _builtins.str
     """Why, recorded with the plan."""
+    data_workers: _builtins.int
+    """Data workers wanted (GoldMiner sec. 3.3); unset keeps the current count, 0 removes
+    them. New ones are sized as the job's workers.
+    """
     def __init__(
         self,
         *,
@@ -283,12 +288,15 @@ class ScaleJobRequest(_message.Message):
         workers: _builtins.int = ...,
         ps: _builtins.int = ...,
         reason: _builtins.str = ...,
+        data_workers: _builtins.int | None = ...,
     ) -> None: ...
-    _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
+    _HasFieldArgType: _TypeAlias = _typing.Literal["_data_workers", b"_data_workers", "data_workers", b"data_workers"]  # noqa: Y015
     def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
-    _ClearFieldArgType: _TypeAlias = _typing.Literal["job_id", b"job_id", "ps", b"ps", "reason", b"reason", "workers", b"workers"]  # noqa: Y015
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["_data_workers", b"_data_workers", "data_workers", b"data_workers", "job_id", b"job_id", "ps", b"ps", "reason", b"reason", "workers", b"workers"]  # noqa: Y015
     def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
-    def WhichOneof(self, oneof_group: _Never) -> None: ...
+    _WhichOneofReturnType__data_workers: _TypeAlias = _typing.Literal["data_workers"]  # noqa: Y015
+    _WhichOneofArgType__data_workers: _TypeAlias = _typing.Literal["_data_workers", b"_data_workers"]  # noqa: Y015
+    def WhichOneof(self, oneof_group: _WhichOneofArgType__data_workers) -> _WhichOneofReturnType__data_workers | None: ...
 
 Global___ScaleJobRequest: _TypeAlias = ScaleJobRequest  # noqa: Y015
 

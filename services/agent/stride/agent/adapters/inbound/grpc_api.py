@@ -243,6 +243,34 @@ class AgentApi(pb_grpc.AgentServiceServicer):
             raise
         return pb.RestoreShardsResponse(restored=restored)
 
+    async def FetchBatches(
+        self, request: pb.FetchBatchesRequest, context: Context
+    ) -> pb.FetchBatchesResponse:
+        _check_dataset(request.dataset)
+        if not 1 <= request.max_batches <= 1024:
+            raise InvalidArgument(
+                "max_batches", f"must be between 1 and 1024, got {request.max_batches}"
+            )
+        try:
+            reply = await self.shards.fetch_batches(request.dataset, request.max_batches)
+        except UpstreamError as error:
+            await relay(context, error)
+            raise
+        return pb.FetchBatchesResponse(reply=reply)
+
+    async def ReportConsumed(
+        self, request: pb.ReportConsumedRequest, context: Context
+    ) -> pb.ReportConsumedResponse:
+        _check_dataset(request.dataset)
+        if request.step_id < 0:
+            raise InvalidArgument("step_id", f"must not be negative, got {request.step_id}")
+        try:
+            consumed = await self.shards.report_consumed(request.dataset, request.step_id)
+        except UpstreamError as error:
+            await relay(context, error)
+            raise
+        return pb.ReportConsumedResponse(consumed_step=consumed)
+
     async def AckControl(
         self, request: pb.AckControlRequest, context: Context
     ) -> pb.AckControlResponse:

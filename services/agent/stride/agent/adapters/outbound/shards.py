@@ -197,3 +197,30 @@ class ShardClient:
         except grpc.aio.AioRpcError as error:
             raise UpstreamError.wrap(UPSTREAM, self.address, error) from None
         return reply
+
+    async def fetch_batches(self, dataset: str, max_batches: int) -> pb.FetchBatchesResponse:
+        """Data-worker mode: index batches with step ids, leased to this pod."""
+        try:
+            reply: pb.FetchBatchesResponse = await self.stub.FetchBatches(
+                pb.FetchBatchesRequest(
+                    job_id=self.job_id,
+                    dataset=dataset,
+                    data_worker=self.worker,
+                    max_batches=max_batches,
+                ),
+                timeout=self.timeout,
+            )
+        except grpc.aio.AioRpcError as error:
+            raise UpstreamError.wrap(UPSTREAM, self.address, error) from None
+        return reply
+
+    async def report_consumed(self, dataset: str, step_id: int) -> int:
+        """Data-worker mode: every step up to ``step_id`` was trained; the last consumed."""
+        try:
+            reply = await self.stub.ReportConsumed(
+                pb.ReportConsumedRequest(job_id=self.job_id, dataset=dataset, step_id=step_id),
+                timeout=self.timeout,
+            )
+        except grpc.aio.AioRpcError as error:
+            raise UpstreamError.wrap(UPSTREAM, self.address, error) from None
+        return int(reply.consumed_step)

@@ -228,6 +228,7 @@ class DispatcherApi(pb_grpc.DispatcherServiceServicer):
             doing=state.counts.doing,
             done=state.counts.done,
             finished=state.counts.finished,
+            consumed_step=state.consumed_step,
             workers=[
                 pb.WorkerProgress(
                     worker=w.worker,

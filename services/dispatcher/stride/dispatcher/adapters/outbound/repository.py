@@ -860,6 +860,31 @@ async def step_cursor(session: AsyncSession, dataset_id: int) -> StepCursor:
     return StepCursor(row.next_step, row.consumed_step)
 
 
+async def find_step_cursor(session: AsyncSession, dataset_id: int) -> StepCursor | None:
+    """The cursor, or None for a dataset never read by steps (nothing is created)."""
+    row = (
+        await session.execute(
+            select(step_cursors.c.next_step, step_cursors.c.consumed_step).where(
+                step_cursors.c.dataset_id == dataset_id
+            )
+        )
+    ).one_or_none()
+    return None if row is None else StepCursor(row.next_step, row.consumed_step)
+
+
+async def rewind_steps(session: AsyncSession, dataset_id: int, consumed_step: int) -> int:
+    """Put the steps back to ``consumed_step`` consumed: every later step is dispatched again
+    (its lease, if any, goes). Returns the leases dropped."""
+    await step_cursor(session, dataset_id)  # created if it is not yet
+    await save_step_cursor(session, dataset_id, StepCursor(consumed_step + 1, consumed_step))
+    dropped = await session.execute(
+        delete(step_leases).where(
+            step_leases.c.dataset_id == dataset_id, step_leases.c.step_id > consumed_step
+        )
+    )
+    return int(dropped.rowcount or 0)  # type: ignore[attr-defined]
+
+
 async def save_step_cursor(session: AsyncSession, dataset_id: int, cursor: StepCursor) -> None:
     """Store the cursor."""
     await session.execute(

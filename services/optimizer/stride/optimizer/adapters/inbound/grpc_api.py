@@ -96,7 +96,11 @@ class OptimizerApi(pb_grpc.OptimizerServiceServicer):
 
     async def ScaleJob(self, request: pb.ScaleJobRequest, context: Context) -> pb.ScaleJobResponse:
         plan = await self.planning.scale(
-            await self._visible(request.job_id), request.workers, request.ps, request.reason
+            await self._visible(request.job_id),
+            request.workers,
+            request.ps,
+            request.reason,
+            request.data_workers if request.HasField("data_workers") else None,
         )
         return pb.ScaleJobResponse(plan=plan)
 

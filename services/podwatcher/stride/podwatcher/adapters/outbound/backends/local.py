@@ -306,6 +306,7 @@ class LocalBackend:
             "STRIDE_TRAINER_JOB_ID": record.job_id,
             "STRIDE_TRAINER_POD_NAME": record.name,
             "STRIDE_TRAINER_CLUSTER_JSON": pod.cluster_json,
+            "STRIDE_TRAINER_PORT": str(pod.port),
             "STRIDE_TRAINER_AGENT_ADDRESS": f"{LOOPBACK}:{pod.agent_port}",
             "STRIDE_TRAINER_CKPTCACHE_ADDRESS": env.ckptcache_address,
             "STRIDE_TRAINER_SPEC_JSON": pod.spec_json,

@@ -152,6 +152,7 @@ def _trainer_env(start: PodStart, template: PodTemplate) -> dict[str, str]:
         "STRIDE_TRAINER_JOB_ID": record.job_id,
         "STRIDE_TRAINER_POD_NAME": record.name,
         "STRIDE_TRAINER_CLUSTER_JSON": start.cluster_json,
+        "STRIDE_TRAINER_PORT": str(start.port),
         "STRIDE_TRAINER_AGENT_ADDRESS": f"127.0.0.1:{start.agent_port}",
         "STRIDE_TRAINER_CKPTCACHE_ADDRESS": template.ckptcache_address,
         "STRIDE_TRAINER_SPEC_JSON": start.spec_json,
