@@ -6,11 +6,11 @@ Run: ``.venv/bin/python bench/dataworkers_live.py [--rounds N]`` (writes
 
 The real dispatcher, checkpoint cache and pod watcher (local pods under cgroup limits) on a
 NATS of its own and SQLite. The job's plan is published as the optimizer would publish it:
-one chief, one PS and one worker, each capped at 0.5 core (the trainers' 1.5 cores), and
+one chief, one PS and one worker, each capped at 0.25 core (the trainers' 0.75), and
 
 - **without**: no data worker; the chief makes each step's raw records (``make_batch``) and
   the worker decodes, hashes and crosses them inside its step (GoldMiner's original mode);
-- **with**: two data workers of 0.5 core each on the other virtual nodes, which make the
+- **with**: two data workers of 0.5 core each on the other virtual node, which make the
   records and run the model's data half (found by the partitioning); the chief trains the
   training half on what they stream.
 
@@ -38,8 +38,11 @@ from typing import Any
 RESULTS = Path(__file__).parent / "results" / "dataworkers_live.txt"
 RECORDS = 48_000
 BATCH = 512
-CAP = 0.5
-"""Cores of each trainer pod (chief, PS, worker) and of each data worker."""
+TRAINER_CAP = 0.25
+"""Cores of each trainer pod (chief, PS and worker: 0.75 in all)."""
+DATA_CAP = 0.5
+"""Cores of each data worker (1 in all): with the trainers', 1.75 of the machine's 2, the
+rest for the dispatcher, the agents and the pod watcher."""
 MIB = 1024**2
 GOAL = 2.0
 
@@ -48,8 +51,9 @@ def plan(job_id: str, data_workers: int) -> Any:
     from stride.events.v1 import plan_pb2
 
     def role(kind: plan_pb2.Role.ValueType, count: int, memory: int) -> Any:
+        cap = DATA_CAP if kind == plan_pb2.ROLE_DATA_WORKER else TRAINER_CAP
         return plan_pb2.RoleResources(
-            role=kind, count=count, cpu=CAP if count else 0.0, memory_bytes=memory if count else 0
+            role=kind, count=count, cpu=cap if count else 0.0, memory_bytes=memory if count else 0
         )
 
     return plan_pb2.ResourcePlan(
@@ -174,7 +178,7 @@ def main(rounds: int) -> str:
             "STRIDE_PODWATCHER_DATABASE_URL": f"sqlite:///{root / 'p.db'}",
             "STRIDE_PODWATCHER_LOCAL_STATE_DIR": str(pods),
             # The trainers on one virtual node, the data workers on another.
-            "STRIDE_PODWATCHER_LOCAL_NODES": "2x(cpu=1.5,memory=5Gi)",
+            "STRIDE_PODWATCHER_LOCAL_NODES": "2x(cpu=1,memory=5Gi)",
             "STRIDE_PODWATCHER_DISPATCHER_ADDRESS": dispatcher.address,
             "STRIDE_PODWATCHER_CKPTCACHE_ADDRESS": ckptcache.address,
             # One checkpoint at the end: they are bench/ckptcache.py's to measure.
@@ -218,7 +222,8 @@ def report(results: dict[str, list[dict[str, Any]]], rounds: int) -> str:
             "$ .venv/bin/python bench/dataworkers_live.py"
             + (f" --rounds {rounds}" if rounds != 2 else ""),
             f"machine: {os.cpu_count()} cores; examples/criteo-text.yaml's model, {RECORDS:,} "
-            f"records, batch {BATCH}, 1 epoch; chief, PS and worker each capped at {CAP} core "
+            f"records, batch {BATCH}, 1 epoch; chief, PS and worker each capped at {TRAINER_CAP} "
+            "core "
             f"(cgroup); median of {rounds} alternating rounds",
             "",
             f"without data workers: {without:8,.0f} samples/s  (rounds: "
@@ -226,7 +231,7 @@ def report(results: dict[str, list[dict[str, Any]]], rounds: int) -> str:
             + ")",
             f"with 2 data workers:  {with_:8,.0f} samples/s  (rounds: "
             + ", ".join(f"{r['samples_per_second']:,.0f}" for r in results["with"])
-            + f"; {CAP} core each)",
+            + f"; {DATA_CAP} core each)",
             f"ratio with/without: {ratio:.2f}x; goal >= {GOAL:.0f}x: "
             + ("PASS" if ratio >= GOAL else "FAIL"),
             f"with data workers the chief waited for data {waited:.0%} of the time (0 %: the "

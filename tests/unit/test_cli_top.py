@@ -56,6 +56,17 @@ def test_the_dispatcher_counts_whole_epochs_and_done_shards_of_the_current_one()
     assert data_consumed(dispatcher_pb.GetDatasetStateResponse(finished=True), spec) == 2_000_000
 
 
+def test_a_job_read_by_steps_counts_every_step_up_to_the_consumed_one() -> None:
+    # GoldMiner's data-worker mode: the shards are never cut, the consumed step says it all.
+    spec = job().spec
+    per_epoch = -(-spec.dataset.record_count // spec.batch_size)
+    state = dispatcher_pb.GetDatasetStateResponse(consumed_step=per_epoch + 9)
+    assert data_consumed(state, spec) == 1_000_000 + 10 * spec.batch_size
+    assert data_consumed(dispatcher_pb.GetDatasetStateResponse(consumed_step=-1), spec) == 0.0
+    last = dispatcher_pb.GetDatasetStateResponse(consumed_step=2 * per_epoch - 1)
+    assert data_consumed(last, spec) == 2_000_000
+
+
 def test_a_simulated_job_is_as_far_and_as_fast_as_its_step_metrics_say() -> None:
     # No dataset at the dispatcher: the optimizer's view counts the consumed samples.
     speed = measure(job(), plan(400.0, 200_000), None, Progress(), now=10.0)

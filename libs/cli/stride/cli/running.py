@@ -112,10 +112,16 @@ def total_samples(spec: job_pb2.JobSpec) -> int:
 
 
 def data_consumed(state: dispatcher_pb.GetDatasetStateResponse, spec: job_pb2.JobSpec) -> float:
-    """Samples the dispatcher's shards say are done: the epochs before the current one and
-    the done share of its shards (the whole job once the last epoch is complete)."""
+    """Samples the dispatcher says are done. A job read by steps (GoldMiner's data-worker
+    mode): every step up to the consumed one. By shards: the epochs before the current one
+    and the done share of its shards (the whole job once the last epoch is complete)."""
     if state.finished:
         return float(total_samples(spec))
+    if state.HasField("consumed_step") and spec.batch_size > 0:
+        per_epoch = -(-spec.dataset.record_count // spec.batch_size)
+        epochs, steps = divmod(state.consumed_step + 1, per_epoch)
+        done = epochs * spec.dataset.record_count + steps * spec.batch_size
+        return float(min(done, total_samples(spec)))
     shards = state.todo + state.doing + state.done
     within = state.done / shards if shards else 0.0
     return (state.epoch + within) * spec.dataset.record_count
@@ -331,7 +337,11 @@ def frame(state_dir: Path, progress: Progress, all_jobs: bool) -> Group:
         with contextlib.suppress(Unanswered):
             data = ask("dispatcher", state_dir, _get_data(job.job_id))
             epochs = int(job.spec.termination.max_epochs or 1)
-            epoch_text = f" (epoch {min(data.epoch + 1, epochs)}/{epochs})"
+            epoch = data.epoch
+            if data.HasField("consumed_step") and job.spec.batch_size > 0:  # read by steps
+                per_epoch = -(-job.spec.dataset.record_count // job.spec.batch_size)
+                epoch = (data.consumed_step + 1) // per_epoch
+            epoch_text = f" (epoch {min(epoch + 1, epochs)}/{epochs})"
         speed = measure(job, plan, data, progress, now)
         progress_text, rate_text, eta_text = speed_cells(speed, job.state, epoch_text)
         summary.add_row(

@@ -756,7 +756,8 @@ class TrainingContext:
         """The data-worker mode's feed, from the step the dispatcher has as consumed (after a
         restore, the checkpoint's), reading from the plan's data workers."""
         settings = self.settings
-        consumed = int(self.agent.dataset_state(settings.dataset).consumed_step)
+        state = self.agent.dataset_state(settings.dataset)
+        consumed = state.consumed_step if state.HasField("consumed_step") else -1
         per_epoch = -(-int(self.spec.dataset.record_count) // self.batch_size)
         queue = DataQueue(
             self.agent,

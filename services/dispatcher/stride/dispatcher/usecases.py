@@ -188,8 +188,9 @@ class DatasetState:
 
     counts: QueueCounts
     workers: list[WorkerShards]
-    consumed_step: int = -1
-    """Data-worker mode: the last step consumed (-1 before any)."""
+    consumed_step: int | None = None
+    """Data-worker mode: the last step consumed (-1 before any); None for a dataset never
+    read by steps."""
 
 
 def _check_shard_id(shard_id: int, field: str = "shard_id") -> None:
@@ -731,7 +732,7 @@ class ShardDispatcher:
             QueueCounts(epoch, counts.todo + rowless, counts.doing, counts.done_in_epoch, finished),
             # The rates the straggler verdicts were judged by.
             [replace(w, rate=judged_rate(w.rate, w.measured, window)) for w in workers],
-            -1 if cursor is None else cursor.consumed_step,
+            None if cursor is None else cursor.consumed_step,
         )
 
     async def _lock_dataset(self, session: Session, job_id: str, dataset: str) -> StoredDataset:

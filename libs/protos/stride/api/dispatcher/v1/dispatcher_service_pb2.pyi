@@ -759,8 +759,8 @@ class GetDatasetStateResponse(_message.Message):
     finished: _builtins.bool
     """True when the last epoch is complete."""
     consumed_step: _builtins.int
-    """Data-worker mode: the last step id consumed (-1 before any, and for a dataset read by
-    shards).
+    """Data-worker mode: the last step id consumed (-1 before any); unset for a dataset never
+    read by steps.
     """
     @_builtins.property
     def workers(self) -> _containers.RepeatedCompositeFieldContainer[Global___WorkerProgress]:
@@ -775,13 +775,15 @@ class GetDatasetStateResponse(_message.Message):
         done: _builtins.int = ...,
         workers: _abc.Iterable[Global___WorkerProgress] | None = ...,
         finished: _builtins.bool = ...,
-        consumed_step: _builtins.int = ...,
+        consumed_step: _builtins.int | None = ...,
     ) -> None: ...
-    _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
+    _HasFieldArgType: _TypeAlias = _typing.Literal["_consumed_step", b"_consumed_step", "consumed_step", b"consumed_step"]  # noqa: Y015
     def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
-    _ClearFieldArgType: _TypeAlias = _typing.Literal["consumed_step", b"consumed_step", "doing", b"doing", "done", b"done", "epoch", b"epoch", "finished", b"finished", "todo", b"todo", "workers", b"workers"]  # noqa: Y015
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["_consumed_step", b"_consumed_step", "consumed_step", b"consumed_step", "doing", b"doing", "done", b"done", "epoch", b"epoch", "finished", b"finished", "todo", b"todo", "workers", b"workers"]  # noqa: Y015
     def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
-    def WhichOneof(self, oneof_group: _Never) -> None: ...
+    _WhichOneofReturnType__consumed_step: _TypeAlias = _typing.Literal["consumed_step"]  # noqa: Y015
+    _WhichOneofArgType__consumed_step: _TypeAlias = _typing.Literal["_consumed_step", b"_consumed_step"]  # noqa: Y015
+    def WhichOneof(self, oneof_group: _WhichOneofArgType__consumed_step) -> _WhichOneofReturnType__consumed_step | None: ...
 
 Global___GetDatasetStateResponse: _TypeAlias = GetDatasetStateResponse  # noqa: Y015
 
