@@ -8,7 +8,7 @@ STRIDE := $(VENV)/bin/stride
 DEMO_STATE := $(CURDIR)/.stride-demo
 # pytest prints its own summary; -p no:cacheprovider keeps the tree clean.
 PYTEST_ARGS ?=
-TEST_WORKERS ?= 3
+TEST_WORKERS ?= 4
 # Tests run in three processes on the two cores (each test has its own NATS server and
 # database, so they do not meet; most of a test's time is spent waiting on the services it
 # started, and two processes left the cores idle half the time); the TensorFlow end-to-end
