@@ -347,6 +347,9 @@ async def test_data_workers_make_the_text_examples_batches_and_a_sigkilled_one_l
     events = suite.chief_events(job)
     (mode,) = [e for e in events if e.get("event") == "data-worker mode"]
     assert mode["data_workers"] == 2, mode
+    # Its step reports carry the input queue (what the optimizer and stride top see).
+    reported = [e for e in events if e.get("event") == "steps" and "data_workers" in e]
+    assert reported and {e["data_workers"] for e in reported} == {2}, reported[-3:]
     (queue,) = [e for e in events if e.get("event") == "input queue"]
     # Every step came from a data worker, none made by the chief.
     assert "local" not in queue["by_source"] and len(queue["by_source"]) == 2, queue

@@ -301,18 +301,44 @@ async def test_step_reports_land_on_the_metrics_stream_once(stack: Stack, nats_u
         grpc.StatusCode.INVALID_ARGUMENT,
         "plan_version:",
     )
+    await expect_error(
+        stack.agent.ReportSteps(
+            pb.ReportStepsRequest(
+                global_step=5, steps=1, input_queue=metrics_pb2.InputQueue(wait_share=1.5)
+            )
+        ),
+        grpc.StatusCode.INVALID_ARGUMENT,
+        "input_queue.wait_share:",
+    )
+    # The chief of a job read by steps reports its input queue with its window.
+    queue = metrics_pb2.InputQueue(
+        data_workers=2, enqueue_rate=30.0, dequeue_rate=31.0, wait_share=0.25, queue_length=7
+    )
+    await stack.agent.ReportSteps(
+        pb.ReportStepsRequest(
+            global_step=300,
+            steps=100,
+            step_seconds=0.05,
+            samples_per_second=10_240.0,
+            plan_version=3,
+            input_queue=queue,
+        )
+    )
 
-    async def two() -> list[Msg]:
+    async def three() -> list[Msg]:
         found = await stream_messages(nats_url, topics.STEP_METRICS.subject(JOB))
-        assert len(found) >= 2
+        assert len(found) >= 3
         return found
 
-    messages = await assert_eventually(two)
-    assert len(messages) == 2
+    messages = await assert_eventually(three)
+    assert len(messages) == 3
     assert [logical_message_id((m.headers or {}).get("Nats-Msg-Id", "")) for m in messages] == [
         f"{POD}.3.100",
         f"{POD}.3.200",
+        f"{POD}.3.300",
     ]
+    assert metrics_pb2.StepMetrics.FromString(messages[2].data).input_queue == queue
+    assert not metrics_pb2.StepMetrics.FromString(messages[0].data).HasField("input_queue")
     metrics = metrics_pb2.StepMetrics.FromString(messages[1].data)
     assert (
         metrics.job_id,

@@ -42,7 +42,18 @@ from stride.testing.inprocess import local_settings, running_service
 
 pytestmark = [pytest.mark.integration, pytest.mark.timeout(120)]
 
-COLUMNS = ("job", "user", "state", "stage", "plan", "pods", "progress", "samples/s", "eta")
+COLUMNS = (
+    "job",
+    "user",
+    "state",
+    "stage",
+    "plan",
+    "pods",
+    "progress",
+    "samples/s",
+    "eta",
+    "input",
+)
 
 
 @dataclass
@@ -119,7 +130,12 @@ async def submit(suite: Suite, job: job_pb2.JobSpec) -> str:
 
 
 async def report_steps(
-    suite: Suite, job_id: str, rate: float, consumed: int, global_step: int = 20
+    suite: Suite,
+    job_id: str,
+    rate: float,
+    consumed: int,
+    global_step: int = 20,
+    queue: metrics_pb2.InputQueue | None = None,
 ) -> None:
     """One step window (20 steps) of the job's chief under plan 1, as its agent publishes
     it."""
@@ -135,6 +151,7 @@ async def report_steps(
         samples_consumed=consumed,
         reported_at=reported_at,
         plan_version=1,
+        input_queue=queue,
     )
     await suite.bus.publish(topics.STEP_METRICS, job_id, metrics, f"{job_id}.steps.{global_step}")
 
@@ -227,3 +244,40 @@ async def test_a_running_jobs_row_has_its_samples_per_second_and_eta_from_step_m
     await report_steps(suite, simulated, rate=400.0, consumed=300_000, global_step=40)
     later = await top_rows(tmp_path, Progress())
     assert (later[simulated]["progress"], later[simulated]["eta"]) == ("15%", "1h10m")
+
+
+async def test_a_job_read_by_steps_shows_its_progress_and_its_input_queue(
+    suite: Suite, tmp_path: Path
+) -> None:
+    """GoldMiner's data-worker mode: the dispatcher's consumed step says how far the job is,
+    and the chief's input queue (who makes its mini-batches, how long it waited for them)
+    is in its row."""
+    job_id = await submit(suite, spec("stepped", records=100_000))
+    parameters = dispatcher_pb.DatasetParameters(
+        record_count=100_000,
+        batch_size=500,
+        shard_batches=10,
+        epochs=2,
+        kind=shard_pb2.SHARDING_KIND_INDEX_RANGE,
+    )
+    await suite.dispatcher.CreateDataset(
+        dispatcher_pb.CreateDatasetRequest(job_id=job_id, dataset="train", parameters=parameters)
+    )
+    await suite.dispatcher.FetchBatches(
+        dispatcher_pb.FetchBatchesRequest(
+            job_id=job_id, dataset="train", data_worker="dw-0", max_batches=50
+        )
+    )
+    await suite.dispatcher.ReportConsumed(
+        dispatcher_pb.ReportConsumedRequest(job_id=job_id, dataset="train", step_id=39)
+    )
+    queue = metrics_pb2.InputQueue(
+        data_workers=2, enqueue_rate=9.5, dequeue_rate=10.0, wait_share=0.1, queue_length=12
+    )
+    await report_steps(suite, job_id, rate=250.0, consumed=0, queue=queue)
+    row = (await top_rows(tmp_path, Progress()))[job_id]
+    # 40 of 200 steps (2 epochs of 100): 20,000 of 200,000 samples.
+    assert row["progress"] == "10% (epoch 1/2)", row
+    assert row["input"] == "2 data workers, waited 10%, 12 ready", row
+    plan = await suite.optimizer.GetPlan(optimizer_pb.GetPlanRequest(job_id=job_id))
+    assert plan.input_queue == queue

@@ -113,6 +113,12 @@ def test_the_view_survives_its_storage_form() -> None:
     v = obs.add_steps(v, report(61.0, steps=1), RULE)
     v = replace(v, hold_until=5.0, last_fit_sample_count=3)
     assert obs.from_json(obs.to_json(v)) == v
+    # A job read by steps: the newest report's input queue is kept, and survives too.
+    queue = obs.InputQueue(2, 30.0, 31.5, 0.25, 7)
+    v = obs.add_steps(v, replace(report(70.0, steps=1), input_queue=queue), RULE)
+    assert v.input_queue == queue
+    v = obs.add_steps(v, report(80.0, steps=1), RULE)  # a report without one keeps it
+    assert v.input_queue == queue and obs.from_json(obs.to_json(v)) == v
 
 
 def plan(workers: int = 1) -> Plan:

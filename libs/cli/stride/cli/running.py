@@ -319,6 +319,7 @@ def frame(state_dir: Path, progress: Progress, all_jobs: bool) -> Group:
         "progress",
         "samples/s",
         "eta",
+        "input",
     ):
         summary.add_column(column, justify="right" if column in ("samples/s", "plan") else "left")
     details: list[Table] = []
@@ -354,8 +355,19 @@ def frame(state_dir: Path, progress: Progress, all_jobs: bool) -> Group:
             progress_text,
             rate_text,
             eta_text,
+            queue_cell(plan),
         )
     return Group(summary, *details)
+
+
+def queue_cell(plan: optimizer_pb.GetPlanResponse | None) -> str:
+    """A job's input queue (GoldMiner's data-worker mode): who makes its mini-batches, the
+    share of the newest window its chief waited for them, and how many were ready."""
+    if plan is None or not plan.HasField("input_queue"):
+        return "-"
+    queue = plan.input_queue
+    makers = f"{queue.data_workers} data workers" if queue.data_workers else "the chief"
+    return f"{makers}, waited {queue.wait_share:.0%}, {queue.queue_length} ready"
 
 
 def register(app: typer.Typer, default_state_dir: Path, console: Console, errors: Console) -> None:

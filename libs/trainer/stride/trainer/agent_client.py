@@ -19,7 +19,7 @@ import grpc
 from stride.api.agent.v1 import agent_service_pb2 as pb
 from stride.api.agent.v1 import agent_service_pb2_grpc as pb_grpc
 from stride.api.dispatcher.v1 import dispatcher_service_pb2 as dispatcher_pb
-from stride.events.v1 import control_pb2, shard_pb2
+from stride.events.v1 import control_pb2, metrics_pb2, shard_pb2
 from stride.runtime import tls
 from stride.runtime.tokens import TokenSource
 
@@ -167,8 +167,10 @@ class AgentClient:
         step_seconds: float,
         samples_per_second: float,
         plan_version: int = 0,
+        input_queue: metrics_pb2.InputQueue | None = None,
     ) -> None:
-        """A window of steps: the samples the optimizer fits its throughput model to."""
+        """A window of steps: the samples the optimizer fits its throughput model to, with
+        the chief's input queue for a job read by steps."""
         self._call(
             lambda: self.stub.ReportSteps(
                 pb.ReportStepsRequest(
@@ -177,6 +179,7 @@ class AgentClient:
                     step_seconds=step_seconds,
                     samples_per_second=samples_per_second,
                     plan_version=plan_version,
+                    input_queue=input_queue,
                 ),
                 timeout=self.timeout,
             )

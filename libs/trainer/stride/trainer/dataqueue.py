@@ -35,6 +35,7 @@ import numpy as np
 
 from stride.api.dataworker.v1 import dataworker_service_pb2 as pb
 from stride.api.dataworker.v1 import dataworker_service_pb2_grpc as pb_grpc
+from stride.events.v1 import metrics_pb2
 from stride.shardclient.steps import StepOrderer
 from stride.trainer.agent_client import AgentClient
 from stride.trainer.batches import BatchError, MakeBatch, Ready, from_wire
@@ -64,6 +65,16 @@ class QueueCounters:
     produce_seconds: float = 0.0
     """Time spent making the mini-batches that arrived (on data workers or here)."""
     by_source: dict[str, int] = field(default_factory=dict)
+
+
+@dataclass
+class _Mark:
+    """Where the counters stood when the last window began."""
+
+    at: float
+    arrived: int
+    taken: int
+    wait_seconds: float
 
 
 class _Stream:
@@ -185,6 +196,7 @@ class DataQueue:
         self._streams: dict[str, _Stream] = {}
         self._local: _LocalProducer | None = None
         self.addresses: tuple[str, ...] = ()
+        self._mark = _Mark(time.monotonic(), 0, 0, 0.0)
 
     @property
     def next_step(self) -> int:
@@ -244,6 +256,21 @@ class DataQueue:
             self.counters.duplicates += 1
             if not ready.split and self._local is not None:
                 self._local.room.release()
+
+    def window(self) -> metrics_pb2.InputQueue:
+        """The queue since the last call (GoldMiner's indicator, sec. 3.4): arrivals and
+        consumption per second, the share of the time the chief waited, what is ready."""
+        now, counters, mark = time.monotonic(), self.counters, self._mark
+        seconds = max(now - mark.at, 1e-9)
+        waited = min(counters.wait_seconds - mark.wait_seconds, seconds)
+        self._mark = _Mark(now, counters.arrived, counters.taken, counters.wait_seconds)
+        return metrics_pb2.InputQueue(
+            data_workers=len(self.addresses),
+            enqueue_rate=(counters.arrived - mark.arrived) / seconds,
+            dequeue_rate=(counters.taken - mark.taken) / max(seconds - waited, 1e-9),
+            wait_share=waited / seconds,
+            queue_length=len(self._in_order) + self._arrivals.qsize(),
+        )
 
     def _sources(self) -> list[str]:
         return list(self._streams) or ["local"]

@@ -50,7 +50,7 @@ import numpy as np
 from google.protobuf import json_format
 
 from stride.api.dispatcher.v1 import dispatcher_service_pb2 as dispatcher_pb
-from stride.events.v1 import job_pb2, shard_pb2
+from stride.events.v1 import job_pb2, metrics_pb2, shard_pb2
 from stride.trainer.agent_client import AgentClient, Command
 from stride.trainer.batches import MakeBatch
 from stride.trainer.cluster import Cluster, ClusterChange, ClusterConnection, MoveFailed, classify
@@ -180,7 +180,15 @@ def re_exec(changes: dict[str, str]) -> None:
 class StepWindow:
     """The steps since the last report: the throughput samples the optimizer fits to."""
 
-    def __init__(self, agent: AgentClient, every_steps: int, every_seconds: float) -> None:
+    def __init__(
+        self,
+        agent: AgentClient,
+        every_steps: int,
+        every_seconds: float,
+        queue: Callable[[], metrics_pb2.InputQueue] | None = None,
+    ) -> None:
+        self.queue = queue
+        """The input queue's window, for a job read by steps."""
         self.agent = agent
         self.every_steps = every_steps
         self.every_seconds = every_seconds
@@ -205,14 +213,26 @@ class StepWindow:
             not force and (self.steps < self.every_steps or elapsed < self.every_seconds)
         ):
             return
+        queue = self.queue() if self.queue is not None else None
         self.agent.report_steps(
-            global_step, self.steps, elapsed / self.steps, self.samples / elapsed, plan_version
+            global_step,
+            self.steps,
+            elapsed / self.steps,
+            self.samples / elapsed,
+            plan_version,
+            queue,
         )
+        said: dict[str, Any] = {}
+        if queue is not None:
+            said["data_workers"] = queue.data_workers
+            said["waited"] = round(queue.wait_share, 3)
+            said["ready"] = queue.queue_length
         say(
             "steps",
             step=global_step,
             loss=round(float(np.mean(losses)), 5) if losses else None,
             samples_per_second=round(self.samples / elapsed, 1),
+            **said,
         )
         self.restart()
 
@@ -680,7 +700,10 @@ class TrainingContext:
         self._follow = follow
         consumed = settings.consumed_log.open("a") if settings.consumed_log else None
         window = StepWindow(
-            self.agent, settings.report_every_steps, settings.report_interval_seconds
+            self.agent,
+            settings.report_every_steps,
+            settings.report_interval_seconds,
+            feed.queue.window if isinstance(feed, StepFeed) else None,
         )
         last_checkpoint = step
         losses: list[Any] = []

@@ -17,6 +17,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import math
 from collections.abc import Awaitable, Callable, Sequence
 from contextlib import AbstractContextManager, nullcontext
 from dataclasses import dataclass, field, replace
@@ -1104,6 +1105,7 @@ class Planning:
                 samples_consumed=metric.samples_consumed,
                 reported_at=metric.reported_at.ToDatetime(tzinfo=UTC).timestamp(),
                 step_seconds=metric.step_seconds,
+                input_queue=_input_queue(metric),
             )
             return job_id, lambda view: obs.add_steps(view, report, self.window)
         role = ROLE_NAMES.get(metric.role)
@@ -1459,4 +1461,24 @@ def _with_counts(
         roles=tuple(roles),
         reason="manual scale by operator" + (f": {reason}" if reason else ""),
         algorithm="manual",
+    )
+
+
+def _input_queue(metric: metrics_pb2.StepMetrics) -> obs.InputQueue | None:
+    """The report's input queue (a job read by steps); InvalidArgument names a bad field."""
+    if not metric.HasField("input_queue"):
+        return None
+    queue = metric.input_queue
+    for name in ("enqueue_rate", "dequeue_rate", "wait_share"):
+        value = getattr(queue, name)
+        if not math.isfinite(value) or value < 0 or (name == "wait_share" and value > 1):
+            raise InvalidArgument(f"input_queue.{name}", f"is out of range: {value}")
+    if queue.data_workers < 0 or queue.queue_length < 0:
+        raise InvalidArgument("input_queue", "counts must not be negative")
+    return obs.InputQueue(
+        data_workers=queue.data_workers,
+        enqueue_rate=queue.enqueue_rate,
+        dequeue_rate=queue.dequeue_rate,
+        wait_share=queue.wait_share,
+        queue_length=queue.queue_length,
     )

@@ -32,6 +32,7 @@ class StepMetrics(_message.Message):
     SAMPLES_CONSUMED_FIELD_NUMBER: _builtins.int
     REPORTED_AT_FIELD_NUMBER: _builtins.int
     PLAN_VERSION_FIELD_NUMBER: _builtins.int
+    INPUT_QUEUE_FIELD_NUMBER: _builtins.int
     job_id: _builtins.str
     """The job."""
     pod_name: _builtins.str
@@ -52,6 +53,12 @@ class StepMetrics(_message.Message):
     def reported_at(self) -> _timestamp_pb2.Timestamp:
         """When the window ended."""
 
+    @_builtins.property
+    def input_queue(self) -> Global___InputQueue:
+        """The chief's input queue over the window, for a job read by steps (GoldMiner's
+        data-worker mode); unset otherwise.
+        """
+
     def __init__(
         self,
         *,
@@ -64,11 +71,52 @@ class StepMetrics(_message.Message):
         samples_consumed: _builtins.int = ...,
         reported_at: _timestamp_pb2.Timestamp | None = ...,
         plan_version: _builtins.int = ...,
+        input_queue: Global___InputQueue | None = ...,
     ) -> None: ...
-    _HasFieldArgType: _TypeAlias = _typing.Literal["reported_at", b"reported_at"]  # noqa: Y015
+    _HasFieldArgType: _TypeAlias = _typing.Literal["input_queue", b"input_queue", "reported_at", b"reported_at"]  # noqa: Y015
     def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
-    _ClearFieldArgType: _TypeAlias = _typing.Literal["global_step", b"global_step", "job_id", b"job_id", "plan_version", b"plan_version", "pod_name", b"pod_name", "reported_at", b"reported_at", "samples_consumed", b"samples_consumed", "samples_per_second", b"samples_per_second", "step_seconds", b"step_seconds", "steps", b"steps"]  # noqa: Y015
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["global_step", b"global_step", "input_queue", b"input_queue", "job_id", b"job_id", "plan_version", b"plan_version", "pod_name", b"pod_name", "reported_at", b"reported_at", "samples_consumed", b"samples_consumed", "samples_per_second", b"samples_per_second", "step_seconds", b"step_seconds", "steps", b"steps"]  # noqa: Y015
     def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
     def WhichOneof(self, oneof_group: _Never) -> None: ...
 
 Global___StepMetrics: _TypeAlias = StepMetrics  # noqa: Y015
+
+@_typing.final
+class InputQueue(_message.Message):
+    """The chief's input queue over a window of steps: GoldMiner's unified performance
+    indicator (sec. 3.4), what its job-level tuner reads.
+    """
+
+    DESCRIPTOR: _descriptor.Descriptor
+
+    DATA_WORKERS_FIELD_NUMBER: _builtins.int
+    ENQUEUE_RATE_FIELD_NUMBER: _builtins.int
+    DEQUEUE_RATE_FIELD_NUMBER: _builtins.int
+    WAIT_SHARE_FIELD_NUMBER: _builtins.int
+    QUEUE_LENGTH_FIELD_NUMBER: _builtins.int
+    data_workers: _builtins.int
+    """Data workers the chief read from (0: it made the mini-batches itself)."""
+    enqueue_rate: _builtins.float
+    """Mini-batches that arrived per second (duplicates included)."""
+    dequeue_rate: _builtins.float
+    """Steps trained per second of the time the chief did not wait for data."""
+    wait_share: _builtins.float
+    """Share of the window the chief waited for its next step, 0 to 1."""
+    queue_length: _builtins.int
+    """Mini-batches ready and waiting at the end of the window."""
+    def __init__(
+        self,
+        *,
+        data_workers: _builtins.int = ...,
+        enqueue_rate: _builtins.float = ...,
+        dequeue_rate: _builtins.float = ...,
+        wait_share: _builtins.float = ...,
+        queue_length: _builtins.int = ...,
+    ) -> None: ...
+    _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
+    def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["data_workers", b"data_workers", "dequeue_rate", b"dequeue_rate", "enqueue_rate", b"enqueue_rate", "queue_length", b"queue_length", "wait_share", b"wait_share"]  # noqa: Y015
+    def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
+    def WhichOneof(self, oneof_group: _Never) -> None: ...
+
+Global___InputQueue: _TypeAlias = InputQueue  # noqa: Y015

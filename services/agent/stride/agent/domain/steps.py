@@ -14,6 +14,17 @@ from stride.runtime.errors import InvalidArgument
 
 
 @dataclass(frozen=True)
+class InputQueue:
+    """The chief's input queue over the window (GoldMiner's data-worker mode)."""
+
+    data_workers: int
+    enqueue_rate: float
+    dequeue_rate: float
+    wait_share: float
+    queue_length: int
+
+
+@dataclass(frozen=True)
 class StepWindow:
     """A window of training steps measured by one worker."""
 
@@ -23,6 +34,8 @@ class StepWindow:
     samples_per_second: float
     plan_version: int = 0
     """The plan version the job trained under (0: not known)."""
+    input_queue: InputQueue | None = None
+    """The chief's input queue, for a job read by steps."""
 
 
 def validate(window: StepWindow) -> None:
@@ -45,4 +58,24 @@ def validate(window: StepWindow) -> None:
         raise InvalidArgument(
             "samples_per_second",
             f"must be a finite, non-negative number, got {window.samples_per_second}",
+        )
+    if window.input_queue is not None:
+        _validate_queue(window.input_queue)
+
+
+def _validate_queue(queue: InputQueue) -> None:
+    for name in ("data_workers", "queue_length"):
+        if getattr(queue, name) < 0:
+            raise InvalidArgument(
+                f"input_queue.{name}", f"must not be negative, got {getattr(queue, name)}"
+            )
+    for name in ("enqueue_rate", "dequeue_rate", "wait_share"):
+        value = getattr(queue, name)
+        if not math.isfinite(value) or value < 0:
+            raise InvalidArgument(
+                f"input_queue.{name}", f"must be a finite, non-negative number, got {value}"
+            )
+    if queue.wait_share > 1:
+        raise InvalidArgument(
+            "input_queue.wait_share", f"must be at most 1, got {queue.wait_share}"
         )

@@ -66,6 +66,23 @@ class StepReport:
     reported_at: float
     """Seconds since the epoch."""
     step_seconds: float
+    input_queue: InputQueue | None = None
+
+
+@dataclass(frozen=True)
+class InputQueue:
+    """The chief's input queue over a window, for a job read by steps: GoldMiner's
+    indicator (sec. 3.4), which its job-level tuner reads."""
+
+    data_workers: int
+    enqueue_rate: float
+    """Mini-batches that arrived per second."""
+    dequeue_rate: float
+    """Steps trained per second of the time the chief did not wait."""
+    wait_share: float
+    """Share of the window the chief waited for data."""
+    queue_length: int
+    """Mini-batches ready at the window's end."""
 
 
 @dataclass(frozen=True)
@@ -147,6 +164,8 @@ class Observations:
     loaded: dict[str, float] = field(default_factory=dict)
     """GiB per PS of the job's first plan, gathered for the first memory point when that
     plan was replaced before its usage was applied (see :func:`add_usage`)."""
+    input_queue: InputQueue | None = None
+    """The chief's input queue in the newest step report that had one."""
 
     def for_plan(self, version: int, pods: Pods | None, at: float) -> Observations:
         """The view once plan ``version`` is published: a new window, fresh usage."""
@@ -179,6 +198,8 @@ def add_steps(view: Observations, report: StepReport, rule: WindowRule) -> Obser
             "previous report (out of order)",
         )
     view = replace(view, last_report={**view.last_report, report.pod_name: report.reported_at})
+    if report.input_queue is not None:
+        view = replace(view, input_queue=report.input_queue)
     view = replace(view, consumed=max(view.consumed, report.samples_consumed))
     if report.plan_version != view.plan_version or view.pods is None or view.pending >= 0:
         # Another plan's steps (the job is moving), a job the stage step cannot size, or a
@@ -372,6 +393,7 @@ def to_json(view: Observations) -> str:
             "closed_at": view.closed_at,
             "started_at": view.started_at,
             "loaded": view.loaded,
+            "input_queue": None if view.input_queue is None else view.input_queue.__dict__,
         },
         sort_keys=True,
     )
@@ -399,4 +421,5 @@ def from_json(text: str) -> Observations:
         closed_at=data["closed_at"],
         started_at=data.get("started_at", -1.0),
         loaded={k: float(v) for k, v in data.get("loaded", {}).items()},
+        input_queue=InputQueue(**queue) if (queue := data.get("input_queue")) else None,
     )

@@ -27,10 +27,11 @@ from stride.api.dispatcher.v1 import dispatcher_service_pb2 as stride_dot_api_do
 from stride.api.limits.v1 import limits_pb2 as stride_dot_api_dot_limits_dot_v1_dot_limits__pb2
 from stride.events.v1 import checkpoint_pb2 as stride_dot_events_dot_v1_dot_checkpoint__pb2
 from stride.events.v1 import control_pb2 as stride_dot_events_dot_v1_dot_control__pb2
+from stride.events.v1 import metrics_pb2 as stride_dot_events_dot_v1_dot_metrics__pb2
 from stride.events.v1 import shard_pb2 as stride_dot_events_dot_v1_dot_shard__pb2
 
 
-DESCRIPTOR = _descriptor_pool.Default().AddSerializedFile(b'\n\'stride/api/agent/v1/agent_service.proto\x12\x13stride.api.agent.v1\x1a/stride/api/ckptcache/v1/ckptcache_service.proto\x1a\x31stride/api/dispatcher/v1/dispatcher_service.proto\x1a!stride/api/limits/v1/limits.proto\x1a!stride/events/v1/checkpoint.proto\x1a\x1estride/events/v1/control.proto\x1a\x1cstride/events/v1/shard.proto\"b\n\x10NextShardRequest\x12\x0f\n\x07\x64\x61taset\x18\x01 \x01(\t\x12\x1a\n\rdone_shard_id\x18\x02 \x01(\x03H\x00\x88\x01\x01\x12\x0f\n\x07no_wait\x18\x03 \x01(\x08\x42\x10\n\x0e_done_shard_id\"P\n\x11NextShardResponse\x12&\n\x05shard\x18\x01 \x01(\x0b\x32\x17.stride.events.v1.Shard\x12\x13\n\x0b\x65nd_of_data\x18\x02 \x01(\x08\"X\n\x15ReportProgressRequest\x12\x0f\n\x07\x64\x61taset\x18\x01 \x01(\t\x12\x10\n\x08shard_id\x18\x02 \x01(\x03\x12\x0e\n\x06offset\x18\x03 \x01(\x03\x12\x0c\n\x04\x64one\x18\x04 \x01(\x08\"\x18\n\x16ReportProgressResponse\"\x80\x01\n\x12ReportStepsRequest\x12\x13\n\x0bglobal_step\x18\x01 \x01(\x03\x12\r\n\x05steps\x18\x02 \x01(\x03\x12\x14\n\x0cstep_seconds\x18\x03 \x01(\x01\x12\x1a\n\x12samples_per_second\x18\x04 \x01(\x01\x12\x14\n\x0cplan_version\x18\x05 \x01(\x03\"\x15\n\x13ReportStepsResponse\"V\n\x15SaveCheckpointRequest\x12=\n\x05\x63hunk\x18\x01 \x01(\x0b\x32..stride.api.ckptcache.v1.SaveCheckpointRequest\"H\n\x16SaveCheckpointResponse\x12.\n\x04tier\x18\x01 \x01(\x0e\x32 .stride.events.v1.CheckpointTier\".\n\x15LoadCheckpointRequest\x12\x15\n\rcheckpoint_id\x18\x01 \x01(\t\"X\n\x16LoadCheckpointResponse\x12>\n\x05\x63hunk\x18\x01 \x01(\x0b\x32/.stride.api.ckptcache.v1.LoadCheckpointResponse\"\x15\n\x13WatchControlRequest\"\xad\x01\n\x14WatchControlResponse\x12/\n\x06\x61\x63tion\x18\x01 \x01(\x0e\x32\x1f.stride.events.v1.ControlAction\x12\x0e\n\x06reason\x18\x02 \x01(\t\x12\x14\n\x0cplan_version\x18\x03 \x01(\x03\x12\x14\n\x0c\x63luster_json\x18\x04 \x01(\t\x12\x11\n\tpaused_at\x18\x05 \x01(\x01\x12\x15\n\rcheckpoint_id\x18\x06 \x01(\t\"h\n\x14\x43reateDatasetRequest\x12\x0f\n\x07\x64\x61taset\x18\x01 \x01(\t\x12?\n\nparameters\x18\x02 \x01(\x0b\x32+.stride.api.dispatcher.v1.DatasetParameters\"(\n\x15\x43reateDatasetResponse\x12\x0f\n\x07\x63reated\x18\x01 \x01(\x08\")\n\x16GetDatasetStateRequest\x12\x0f\n\x07\x64\x61taset\x18\x01 \x01(\t\"[\n\x17GetDatasetStateResponse\x12@\n\x05state\x18\x01 \x01(\x0b\x32\x31.stride.api.dispatcher.v1.GetDatasetStateResponse\"\xa6\x01\n\x11\x41\x63kControlRequest\x12/\n\x06\x61\x63tion\x18\x01 \x01(\x0e\x32\x1f.stride.events.v1.ControlAction\x12\x14\n\x0cplan_version\x18\x02 \x01(\x03\x12\n\n\x02ok\x18\x03 \x01(\x08\x12\x0f\n\x07message\x18\x04 \x01(\t\x12\x15\n\rcheckpoint_id\x18\x05 \x01(\t\x12\x16\n\x0epaused_seconds\x18\x06 \x01(\x01\"\x14\n\x12\x41\x63kControlResponse\"(\n\x15SnapshotShardsRequest\x12\x0f\n\x07\x64\x61taset\x18\x01 \x01(\t\"\\\n\x16SnapshotShardsResponse\x12\x42\n\x08snapshot\x18\x01 \x01(\x0b\x32\x30.stride.api.dispatcher.v1.SnapshotShardsResponse\"9\n\x14RestoreShardsRequest\x12\x0f\n\x07\x64\x61taset\x18\x01 \x01(\t\x12\x10\n\x08snapshot\x18\x02 \x01(\x0c\"Z\n\x15RestoreShardsResponse\x12\x41\n\x08restored\x18\x01 \x01(\x0b\x32/.stride.api.dispatcher.v1.RestoreShardsResponse\";\n\x13\x46\x65tchBatchesRequest\x12\x0f\n\x07\x64\x61taset\x18\x01 \x01(\t\x12\x13\n\x0bmax_batches\x18\x02 \x01(\x05\"U\n\x14\x46\x65tchBatchesResponse\x12=\n\x05reply\x18\x01 \x01(\x0b\x32..stride.api.dispatcher.v1.FetchBatchesResponse\"9\n\x15ReportConsumedRequest\x12\x0f\n\x07\x64\x61taset\x18\x01 \x01(\t\x12\x0f\n\x07step_id\x18\x02 \x01(\x03\"/\n\x16ReportConsumedResponse\x12\x15\n\rconsumed_step\x18\x01 \x01(\x03\x32\xea\n\n\x0c\x41gentService\x12Z\n\tNextShard\x12%.stride.api.agent.v1.NextShardRequest\x1a&.stride.api.agent.v1.NextShardResponse\x12i\n\x0eReportProgress\x12*.stride.api.agent.v1.ReportProgressRequest\x1a+.stride.api.agent.v1.ReportProgressResponse\x12`\n\x0bReportSteps\x12\'.stride.api.agent.v1.ReportStepsRequest\x1a(.stride.api.agent.v1.ReportStepsResponse\x12t\n\x0eSaveCheckpoint\x12*.stride.api.agent.v1.SaveCheckpointRequest\x1a+.stride.api.agent.v1.SaveCheckpointResponse\"\x07\xc8\xf3\x18\x80\x80\x80\x08(\x01\x12k\n\x0eLoadCheckpoint\x12*.stride.api.agent.v1.LoadCheckpointRequest\x1a+.stride.api.agent.v1.LoadCheckpointResponse0\x01\x12\x65\n\x0cWatchControl\x12(.stride.api.agent.v1.WatchControlRequest\x1a).stride.api.agent.v1.WatchControlResponse0\x01\x12n\n\rCreateDataset\x12).stride.api.agent.v1.CreateDatasetRequest\x1a*.stride.api.agent.v1.CreateDatasetResponse\"\x06\xc8\xf3\x18\x80\x80@\x12l\n\x0fGetDatasetState\x12+.stride.api.agent.v1.GetDatasetStateRequest\x1a,.stride.api.agent.v1.GetDatasetStateResponse\x12]\n\nAckControl\x12&.stride.api.agent.v1.AckControlRequest\x1a\'.stride.api.agent.v1.AckControlResponse\x12i\n\x0eSnapshotShards\x12*.stride.api.agent.v1.SnapshotShardsRequest\x1a+.stride.api.agent.v1.SnapshotShardsResponse\x12o\n\rRestoreShards\x12).stride.api.agent.v1.RestoreShardsRequest\x1a*.stride.api.agent.v1.RestoreShardsResponse\"\x07\xc8\xf3\x18\x80\x80\x80\x08\x12\x63\n\x0c\x46\x65tchBatches\x12(.stride.api.agent.v1.FetchBatchesRequest\x1a).stride.api.agent.v1.FetchBatchesResponse\x12i\n\x0eReportConsumed\x12*.stride.api.agent.v1.ReportConsumedRequest\x1a+.stride.api.agent.v1.ReportConsumedResponseb\x06proto3')
+DESCRIPTOR = _descriptor_pool.Default().AddSerializedFile(b'\n\'stride/api/agent/v1/agent_service.proto\x12\x13stride.api.agent.v1\x1a/stride/api/ckptcache/v1/ckptcache_service.proto\x1a\x31stride/api/dispatcher/v1/dispatcher_service.proto\x1a!stride/api/limits/v1/limits.proto\x1a!stride/events/v1/checkpoint.proto\x1a\x1estride/events/v1/control.proto\x1a\x1estride/events/v1/metrics.proto\x1a\x1cstride/events/v1/shard.proto\"b\n\x10NextShardRequest\x12\x0f\n\x07\x64\x61taset\x18\x01 \x01(\t\x12\x1a\n\rdone_shard_id\x18\x02 \x01(\x03H\x00\x88\x01\x01\x12\x0f\n\x07no_wait\x18\x03 \x01(\x08\x42\x10\n\x0e_done_shard_id\"P\n\x11NextShardResponse\x12&\n\x05shard\x18\x01 \x01(\x0b\x32\x17.stride.events.v1.Shard\x12\x13\n\x0b\x65nd_of_data\x18\x02 \x01(\x08\"X\n\x15ReportProgressRequest\x12\x0f\n\x07\x64\x61taset\x18\x01 \x01(\t\x12\x10\n\x08shard_id\x18\x02 \x01(\x03\x12\x0e\n\x06offset\x18\x03 \x01(\x03\x12\x0c\n\x04\x64one\x18\x04 \x01(\x08\"\x18\n\x16ReportProgressResponse\"\xb3\x01\n\x12ReportStepsRequest\x12\x13\n\x0bglobal_step\x18\x01 \x01(\x03\x12\r\n\x05steps\x18\x02 \x01(\x03\x12\x14\n\x0cstep_seconds\x18\x03 \x01(\x01\x12\x1a\n\x12samples_per_second\x18\x04 \x01(\x01\x12\x14\n\x0cplan_version\x18\x05 \x01(\x03\x12\x31\n\x0binput_queue\x18\x06 \x01(\x0b\x32\x1c.stride.events.v1.InputQueue\"\x15\n\x13ReportStepsResponse\"V\n\x15SaveCheckpointRequest\x12=\n\x05\x63hunk\x18\x01 \x01(\x0b\x32..stride.api.ckptcache.v1.SaveCheckpointRequest\"H\n\x16SaveCheckpointResponse\x12.\n\x04tier\x18\x01 \x01(\x0e\x32 .stride.events.v1.CheckpointTier\".\n\x15LoadCheckpointRequest\x12\x15\n\rcheckpoint_id\x18\x01 \x01(\t\"X\n\x16LoadCheckpointResponse\x12>\n\x05\x63hunk\x18\x01 \x01(\x0b\x32/.stride.api.ckptcache.v1.LoadCheckpointResponse\"\x15\n\x13WatchControlRequest\"\xad\x01\n\x14WatchControlResponse\x12/\n\x06\x61\x63tion\x18\x01 \x01(\x0e\x32\x1f.stride.events.v1.ControlAction\x12\x0e\n\x06reason\x18\x02 \x01(\t\x12\x14\n\x0cplan_version\x18\x03 \x01(\x03\x12\x14\n\x0c\x63luster_json\x18\x04 \x01(\t\x12\x11\n\tpaused_at\x18\x05 \x01(\x01\x12\x15\n\rcheckpoint_id\x18\x06 \x01(\t\"h\n\x14\x43reateDatasetRequest\x12\x0f\n\x07\x64\x61taset\x18\x01 \x01(\t\x12?\n\nparameters\x18\x02 \x01(\x0b\x32+.stride.api.dispatcher.v1.DatasetParameters\"(\n\x15\x43reateDatasetResponse\x12\x0f\n\x07\x63reated\x18\x01 \x01(\x08\")\n\x16GetDatasetStateRequest\x12\x0f\n\x07\x64\x61taset\x18\x01 \x01(\t\"[\n\x17GetDatasetStateResponse\x12@\n\x05state\x18\x01 \x01(\x0b\x32\x31.stride.api.dispatcher.v1.GetDatasetStateResponse\"\xa6\x01\n\x11\x41\x63kControlRequest\x12/\n\x06\x61\x63tion\x18\x01 \x01(\x0e\x32\x1f.stride.events.v1.ControlAction\x12\x14\n\x0cplan_version\x18\x02 \x01(\x03\x12\n\n\x02ok\x18\x03 \x01(\x08\x12\x0f\n\x07message\x18\x04 \x01(\t\x12\x15\n\rcheckpoint_id\x18\x05 \x01(\t\x12\x16\n\x0epaused_seconds\x18\x06 \x01(\x01\"\x14\n\x12\x41\x63kControlResponse\"(\n\x15SnapshotShardsRequest\x12\x0f\n\x07\x64\x61taset\x18\x01 \x01(\t\"\\\n\x16SnapshotShardsResponse\x12\x42\n\x08snapshot\x18\x01 \x01(\x0b\x32\x30.stride.api.dispatcher.v1.SnapshotShardsResponse\"9\n\x14RestoreShardsRequest\x12\x0f\n\x07\x64\x61taset\x18\x01 \x01(\t\x12\x10\n\x08snapshot\x18\x02 \x01(\x0c\"Z\n\x15RestoreShardsResponse\x12\x41\n\x08restored\x18\x01 \x01(\x0b\x32/.stride.api.dispatcher.v1.RestoreShardsResponse\";\n\x13\x46\x65tchBatchesRequest\x12\x0f\n\x07\x64\x61taset\x18\x01 \x01(\t\x12\x13\n\x0bmax_batches\x18\x02 \x01(\x05\"U\n\x14\x46\x65tchBatchesResponse\x12=\n\x05reply\x18\x01 \x01(\x0b\x32..stride.api.dispatcher.v1.FetchBatchesResponse\"9\n\x15ReportConsumedRequest\x12\x0f\n\x07\x64\x61taset\x18\x01 \x01(\t\x12\x0f\n\x07step_id\x18\x02 \x01(\x03\"/\n\x16ReportConsumedResponse\x12\x15\n\rconsumed_step\x18\x01 \x01(\x03\x32\xea\n\n\x0c\x41gentService\x12Z\n\tNextShard\x12%.stride.api.agent.v1.NextShardRequest\x1a&.stride.api.agent.v1.NextShardResponse\x12i\n\x0eReportProgress\x12*.stride.api.agent.v1.ReportProgressRequest\x1a+.stride.api.agent.v1.ReportProgressResponse\x12`\n\x0bReportSteps\x12\'.stride.api.agent.v1.ReportStepsRequest\x1a(.stride.api.agent.v1.ReportStepsResponse\x12t\n\x0eSaveCheckpoint\x12*.stride.api.agent.v1.SaveCheckpointRequest\x1a+.stride.api.agent.v1.SaveCheckpointResponse\"\x07\xc8\xf3\x18\x80\x80\x80\x08(\x01\x12k\n\x0eLoadCheckpoint\x12*.stride.api.agent.v1.LoadCheckpointRequest\x1a+.stride.api.agent.v1.LoadCheckpointResponse0\x01\x12\x65\n\x0cWatchControl\x12(.stride.api.agent.v1.WatchControlRequest\x1a).stride.api.agent.v1.WatchControlResponse0\x01\x12n\n\rCreateDataset\x12).stride.api.agent.v1.CreateDatasetRequest\x1a*.stride.api.agent.v1.CreateDatasetResponse\"\x06\xc8\xf3\x18\x80\x80@\x12l\n\x0fGetDatasetState\x12+.stride.api.agent.v1.GetDatasetStateRequest\x1a,.stride.api.agent.v1.GetDatasetStateResponse\x12]\n\nAckControl\x12&.stride.api.agent.v1.AckControlRequest\x1a\'.stride.api.agent.v1.AckControlResponse\x12i\n\x0eSnapshotShards\x12*.stride.api.agent.v1.SnapshotShardsRequest\x1a+.stride.api.agent.v1.SnapshotShardsResponse\x12o\n\rRestoreShards\x12).stride.api.agent.v1.RestoreShardsRequest\x1a*.stride.api.agent.v1.RestoreShardsResponse\"\x07\xc8\xf3\x18\x80\x80\x80\x08\x12\x63\n\x0c\x46\x65tchBatches\x12(.stride.api.agent.v1.FetchBatchesRequest\x1a).stride.api.agent.v1.FetchBatchesResponse\x12i\n\x0eReportConsumed\x12*.stride.api.agent.v1.ReportConsumedRequest\x1a+.stride.api.agent.v1.ReportConsumedResponseb\x06proto3')
 
 _globals = globals()
 _builder.BuildMessageAndEnumDescriptors(DESCRIPTOR, _globals)
@@ -43,58 +44,58 @@ if not _descriptor._USE_C_DESCRIPTORS:
   _globals['_AGENTSERVICE'].methods_by_name['CreateDataset']._serialized_options = b'\310\363\030\200\200@'
   _globals['_AGENTSERVICE'].methods_by_name['RestoreShards']._loaded_options = None
   _globals['_AGENTSERVICE'].methods_by_name['RestoreShards']._serialized_options = b'\310\363\030\200\200\200\010'
-  _globals['_NEXTSHARDREQUEST']._serialized_start=296
-  _globals['_NEXTSHARDREQUEST']._serialized_end=394
-  _globals['_NEXTSHARDRESPONSE']._serialized_start=396
-  _globals['_NEXTSHARDRESPONSE']._serialized_end=476
-  _globals['_REPORTPROGRESSREQUEST']._serialized_start=478
-  _globals['_REPORTPROGRESSREQUEST']._serialized_end=566
-  _globals['_REPORTPROGRESSRESPONSE']._serialized_start=568
-  _globals['_REPORTPROGRESSRESPONSE']._serialized_end=592
-  _globals['_REPORTSTEPSREQUEST']._serialized_start=595
-  _globals['_REPORTSTEPSREQUEST']._serialized_end=723
-  _globals['_REPORTSTEPSRESPONSE']._serialized_start=725
-  _globals['_REPORTSTEPSRESPONSE']._serialized_end=746
-  _globals['_SAVECHECKPOINTREQUEST']._serialized_start=748
-  _globals['_SAVECHECKPOINTREQUEST']._serialized_end=834
-  _globals['_SAVECHECKPOINTRESPONSE']._serialized_start=836
-  _globals['_SAVECHECKPOINTRESPONSE']._serialized_end=908
-  _globals['_LOADCHECKPOINTREQUEST']._serialized_start=910
-  _globals['_LOADCHECKPOINTREQUEST']._serialized_end=956
-  _globals['_LOADCHECKPOINTRESPONSE']._serialized_start=958
-  _globals['_LOADCHECKPOINTRESPONSE']._serialized_end=1046
-  _globals['_WATCHCONTROLREQUEST']._serialized_start=1048
-  _globals['_WATCHCONTROLREQUEST']._serialized_end=1069
-  _globals['_WATCHCONTROLRESPONSE']._serialized_start=1072
-  _globals['_WATCHCONTROLRESPONSE']._serialized_end=1245
-  _globals['_CREATEDATASETREQUEST']._serialized_start=1247
-  _globals['_CREATEDATASETREQUEST']._serialized_end=1351
-  _globals['_CREATEDATASETRESPONSE']._serialized_start=1353
-  _globals['_CREATEDATASETRESPONSE']._serialized_end=1393
-  _globals['_GETDATASETSTATEREQUEST']._serialized_start=1395
-  _globals['_GETDATASETSTATEREQUEST']._serialized_end=1436
-  _globals['_GETDATASETSTATERESPONSE']._serialized_start=1438
-  _globals['_GETDATASETSTATERESPONSE']._serialized_end=1529
-  _globals['_ACKCONTROLREQUEST']._serialized_start=1532
-  _globals['_ACKCONTROLREQUEST']._serialized_end=1698
-  _globals['_ACKCONTROLRESPONSE']._serialized_start=1700
-  _globals['_ACKCONTROLRESPONSE']._serialized_end=1720
-  _globals['_SNAPSHOTSHARDSREQUEST']._serialized_start=1722
-  _globals['_SNAPSHOTSHARDSREQUEST']._serialized_end=1762
-  _globals['_SNAPSHOTSHARDSRESPONSE']._serialized_start=1764
-  _globals['_SNAPSHOTSHARDSRESPONSE']._serialized_end=1856
-  _globals['_RESTORESHARDSREQUEST']._serialized_start=1858
-  _globals['_RESTORESHARDSREQUEST']._serialized_end=1915
-  _globals['_RESTORESHARDSRESPONSE']._serialized_start=1917
-  _globals['_RESTORESHARDSRESPONSE']._serialized_end=2007
-  _globals['_FETCHBATCHESREQUEST']._serialized_start=2009
-  _globals['_FETCHBATCHESREQUEST']._serialized_end=2068
-  _globals['_FETCHBATCHESRESPONSE']._serialized_start=2070
-  _globals['_FETCHBATCHESRESPONSE']._serialized_end=2155
-  _globals['_REPORTCONSUMEDREQUEST']._serialized_start=2157
-  _globals['_REPORTCONSUMEDREQUEST']._serialized_end=2214
-  _globals['_REPORTCONSUMEDRESPONSE']._serialized_start=2216
-  _globals['_REPORTCONSUMEDRESPONSE']._serialized_end=2263
-  _globals['_AGENTSERVICE']._serialized_start=2266
-  _globals['_AGENTSERVICE']._serialized_end=3652
+  _globals['_NEXTSHARDREQUEST']._serialized_start=328
+  _globals['_NEXTSHARDREQUEST']._serialized_end=426
+  _globals['_NEXTSHARDRESPONSE']._serialized_start=428
+  _globals['_NEXTSHARDRESPONSE']._serialized_end=508
+  _globals['_REPORTPROGRESSREQUEST']._serialized_start=510
+  _globals['_REPORTPROGRESSREQUEST']._serialized_end=598
+  _globals['_REPORTPROGRESSRESPONSE']._serialized_start=600
+  _globals['_REPORTPROGRESSRESPONSE']._serialized_end=624
+  _globals['_REPORTSTEPSREQUEST']._serialized_start=627
+  _globals['_REPORTSTEPSREQUEST']._serialized_end=806
+  _globals['_REPORTSTEPSRESPONSE']._serialized_start=808
+  _globals['_REPORTSTEPSRESPONSE']._serialized_end=829
+  _globals['_SAVECHECKPOINTREQUEST']._serialized_start=831
+  _globals['_SAVECHECKPOINTREQUEST']._serialized_end=917
+  _globals['_SAVECHECKPOINTRESPONSE']._serialized_start=919
+  _globals['_SAVECHECKPOINTRESPONSE']._serialized_end=991
+  _globals['_LOADCHECKPOINTREQUEST']._serialized_start=993
+  _globals['_LOADCHECKPOINTREQUEST']._serialized_end=1039
+  _globals['_LOADCHECKPOINTRESPONSE']._serialized_start=1041
+  _globals['_LOADCHECKPOINTRESPONSE']._serialized_end=1129
+  _globals['_WATCHCONTROLREQUEST']._serialized_start=1131
+  _globals['_WATCHCONTROLREQUEST']._serialized_end=1152
+  _globals['_WATCHCONTROLRESPONSE']._serialized_start=1155
+  _globals['_WATCHCONTROLRESPONSE']._serialized_end=1328
+  _globals['_CREATEDATASETREQUEST']._serialized_start=1330
+  _globals['_CREATEDATASETREQUEST']._serialized_end=1434
+  _globals['_CREATEDATASETRESPONSE']._serialized_start=1436
+  _globals['_CREATEDATASETRESPONSE']._serialized_end=1476
+  _globals['_GETDATASETSTATEREQUEST']._serialized_start=1478
+  _globals['_GETDATASETSTATEREQUEST']._serialized_end=1519
+  _globals['_GETDATASETSTATERESPONSE']._serialized_start=1521
+  _globals['_GETDATASETSTATERESPONSE']._serialized_end=1612
+  _globals['_ACKCONTROLREQUEST']._serialized_start=1615
+  _globals['_ACKCONTROLREQUEST']._serialized_end=1781
+  _globals['_ACKCONTROLRESPONSE']._serialized_start=1783
+  _globals['_ACKCONTROLRESPONSE']._serialized_end=1803
+  _globals['_SNAPSHOTSHARDSREQUEST']._serialized_start=1805
+  _globals['_SNAPSHOTSHARDSREQUEST']._serialized_end=1845
+  _globals['_SNAPSHOTSHARDSRESPONSE']._serialized_start=1847
+  _globals['_SNAPSHOTSHARDSRESPONSE']._serialized_end=1939
+  _globals['_RESTORESHARDSREQUEST']._serialized_start=1941
+  _globals['_RESTORESHARDSREQUEST']._serialized_end=1998
+  _globals['_RESTORESHARDSRESPONSE']._serialized_start=2000
+  _globals['_RESTORESHARDSRESPONSE']._serialized_end=2090
+  _globals['_FETCHBATCHESREQUEST']._serialized_start=2092
+  _globals['_FETCHBATCHESREQUEST']._serialized_end=2151
+  _globals['_FETCHBATCHESRESPONSE']._serialized_start=2153
+  _globals['_FETCHBATCHESRESPONSE']._serialized_end=2238
+  _globals['_REPORTCONSUMEDREQUEST']._serialized_start=2240
+  _globals['_REPORTCONSUMEDREQUEST']._serialized_end=2297
+  _globals['_REPORTCONSUMEDRESPONSE']._serialized_start=2299
+  _globals['_REPORTCONSUMEDRESPONSE']._serialized_end=2346
+  _globals['_AGENTSERVICE']._serialized_start=2349
+  _globals['_AGENTSERVICE']._serialized_end=3735
 # @@protoc_insertion_point(module_scope)

@@ -11,6 +11,7 @@ from stride.api.ckptcache.v1 import ckptcache_service_pb2 as _ckptcache_service_
 from stride.api.dispatcher.v1 import dispatcher_service_pb2 as _dispatcher_service_pb2
 from stride.events.v1 import checkpoint_pb2 as _checkpoint_pb2
 from stride.events.v1 import control_pb2 as _control_pb2
+from stride.events.v1 import metrics_pb2 as _metrics_pb2
 from stride.events.v1 import shard_pb2 as _shard_pb2
 import builtins as _builtins
 import sys
@@ -150,6 +151,7 @@ class ReportStepsRequest(_message.Message):
     STEP_SECONDS_FIELD_NUMBER: _builtins.int
     SAMPLES_PER_SECOND_FIELD_NUMBER: _builtins.int
     PLAN_VERSION_FIELD_NUMBER: _builtins.int
+    INPUT_QUEUE_FIELD_NUMBER: _builtins.int
     global_step: _builtins.int
     """Global step at the end of the window."""
     steps: _builtins.int
@@ -160,6 +162,10 @@ class ReportStepsRequest(_message.Message):
     """Samples per second."""
     plan_version: _builtins.int
     """The plan version the job trained under in the window (0: not known)."""
+    @_builtins.property
+    def input_queue(self) -> _metrics_pb2.InputQueue:
+        """The chief's input queue over the window (a job read by steps); unset otherwise."""
+
     def __init__(
         self,
         *,
@@ -168,10 +174,11 @@ class ReportStepsRequest(_message.Message):
         step_seconds: _builtins.float = ...,
         samples_per_second: _builtins.float = ...,
         plan_version: _builtins.int = ...,
+        input_queue: _metrics_pb2.InputQueue | None = ...,
     ) -> None: ...
-    _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
+    _HasFieldArgType: _TypeAlias = _typing.Literal["input_queue", b"input_queue"]  # noqa: Y015
     def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
-    _ClearFieldArgType: _TypeAlias = _typing.Literal["global_step", b"global_step", "plan_version", b"plan_version", "samples_per_second", b"samples_per_second", "step_seconds", b"step_seconds", "steps", b"steps"]  # noqa: Y015
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["global_step", b"global_step", "input_queue", b"input_queue", "plan_version", b"plan_version", "samples_per_second", b"samples_per_second", "step_seconds", b"step_seconds", "steps", b"steps"]  # noqa: Y015
     def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
     def WhichOneof(self, oneof_group: _Never) -> None: ...
 

@@ -22,43 +22,44 @@ _runtime_version.ValidateProtobufRuntimeVersion(
 _sym_db = _symbol_database.Default()
 
 
+from stride.events.v1 import metrics_pb2 as stride_dot_events_dot_v1_dot_metrics__pb2
 from stride.events.v1 import optimization_pb2 as stride_dot_events_dot_v1_dot_optimization__pb2
 from stride.events.v1 import plan_pb2 as stride_dot_events_dot_v1_dot_plan__pb2
 
 
-DESCRIPTOR = _descriptor_pool.Default().AddSerializedFile(b'\n/stride/api/optimizer/v1/optimizer_service.proto\x12\x17stride.api.optimizer.v1\x1a#stride/events/v1/optimization.proto\x1a\x1bstride/events/v1/plan.proto\"\x18\n\x16GetLoopSettingsRequest\"\xc2\x01\n\x17GetLoopSettingsResponse\x12\x14\n\x0ctick_seconds\x18\x01 \x01(\x01\x12!\n\x19min_plan_interval_seconds\x18\x02 \x01(\x01\x12\x12\n\nworker_cpu\x18\x03 \x03(\x03\x12\x0e\n\x06ps_cpu\x18\x04 \x03(\x03\x12\x0f\n\x07workers\x18\x05 \x03(\x03\x12\n\n\x02ps\x18\x06 \x03(\x03\x12\x15\n\rjob_cpu_limit\x18\x07 \x01(\x03\x12\x16\n\x0e\x65nforce_shares\x18\x08 \x01(\x08\" \n\x0eGetPlanRequest\x12\x0e\n\x06job_id\x18\x01 \x01(\t\"\xc3\x01\n\x0fGetPlanResponse\x12,\n\x04plan\x18\x01 \x01(\x0b\x32\x1e.stride.events.v1.ResourcePlan\x12)\n\x05stage\x18\x02 \x01(\x0e\x32\x1a.stride.events.v1.JobStage\x12\x0f\n\x07windows\x18\x03 \x01(\x03\x12\x10\n\x08\x64\x65\x63iding\x18\x04 \x01(\x08\x12\x1a\n\x12samples_per_second\x18\x05 \x01(\x01\x12\x18\n\x10samples_consumed\x18\x06 \x01(\x03\"\"\n\x10ListPlansRequest\x12\x0e\n\x06job_id\x18\x01 \x01(\t\"B\n\x11ListPlansResponse\x12-\n\x05plans\x18\x01 \x03(\x0b\x32\x1e.stride.events.v1.ResourcePlan\"/\n\x1dListOptimizationEventsRequest\x12\x0e\n\x06job_id\x18\x01 \x01(\t\"U\n\x1eListOptimizationEventsResponse\x12\x33\n\x06\x65vents\x18\x01 \x03(\x0b\x32#.stride.events.v1.OptimizationEvent\"z\n\x0fScaleJobRequest\x12\x0e\n\x06job_id\x18\x01 \x01(\t\x12\x0f\n\x07workers\x18\x02 \x01(\x05\x12\n\n\x02ps\x18\x03 \x01(\x05\x12\x0e\n\x06reason\x18\x04 \x01(\t\x12\x19\n\x0c\x64\x61ta_workers\x18\x05 \x01(\x05H\x00\x88\x01\x01\x42\x0f\n\r_data_workers\"@\n\x10ScaleJobResponse\x12,\n\x04plan\x18\x01 \x01(\x0b\x32\x1e.stride.events.v1.ResourcePlan\"+\n\x19GetPlanExplanationRequest\x12\x0e\n\x06job_id\x18\x01 \x01(\t\"\xbe\x02\n\x0fPlanExplanation\x12,\n\x04plan\x18\x01 \x01(\x0b\x32\x1e.stride.events.v1.ResourcePlan\x12\x11\n\talgorithm\x18\x02 \x01(\t\x12\r\n\x05stage\x18\x03 \x01(\t\x12\x12\n\nroot_cause\x18\x04 \x01(\t\x12\x0e\n\x06\x64\x65tail\x18\x05 \x01(\t\x12\x14\n\x0csamples_used\x18\x06 \x01(\x05\x12\x14\n\x0csample_count\x18\x07 \x01(\x05\x12\x11\n\tfit_rmsle\x18\x08 \x01(\x01\x12\x1c\n\x14predicted_throughput\x18\t \x01(\x01\x12\x19\n\x11predicted_current\x18\n \x01(\x01\x12\x0c\n\x04\x63ost\x18\x0b \x01(\x01\x12\r\n\x05\x62ound\x18\x0c \x01(\t\x12\x10\n\x08\x66\x61llback\x18\r \x01(\t\x12\x10\n\x08recorded\x18\x0e \x01(\x08\"\\\n\x1aGetPlanExplanationResponse\x12>\n\x0c\x65xplanations\x18\x01 \x03(\x0b\x32(.stride.api.optimizer.v1.PlanExplanation2\xb6\x05\n\x10OptimizerService\x12\\\n\x07GetPlan\x12\'.stride.api.optimizer.v1.GetPlanRequest\x1a(.stride.api.optimizer.v1.GetPlanResponse\x12\x62\n\tListPlans\x12).stride.api.optimizer.v1.ListPlansRequest\x1a*.stride.api.optimizer.v1.ListPlansResponse\x12\x89\x01\n\x16ListOptimizationEvents\x12\x36.stride.api.optimizer.v1.ListOptimizationEventsRequest\x1a\x37.stride.api.optimizer.v1.ListOptimizationEventsResponse\x12_\n\x08ScaleJob\x12(.stride.api.optimizer.v1.ScaleJobRequest\x1a).stride.api.optimizer.v1.ScaleJobResponse\x12}\n\x12GetPlanExplanation\x12\x32.stride.api.optimizer.v1.GetPlanExplanationRequest\x1a\x33.stride.api.optimizer.v1.GetPlanExplanationResponse\x12t\n\x0fGetLoopSettings\x12/.stride.api.optimizer.v1.GetLoopSettingsRequest\x1a\x30.stride.api.optimizer.v1.GetLoopSettingsResponseb\x06proto3')
+DESCRIPTOR = _descriptor_pool.Default().AddSerializedFile(b'\n/stride/api/optimizer/v1/optimizer_service.proto\x12\x17stride.api.optimizer.v1\x1a\x1estride/events/v1/metrics.proto\x1a#stride/events/v1/optimization.proto\x1a\x1bstride/events/v1/plan.proto\"\x18\n\x16GetLoopSettingsRequest\"\xc2\x01\n\x17GetLoopSettingsResponse\x12\x14\n\x0ctick_seconds\x18\x01 \x01(\x01\x12!\n\x19min_plan_interval_seconds\x18\x02 \x01(\x01\x12\x12\n\nworker_cpu\x18\x03 \x03(\x03\x12\x0e\n\x06ps_cpu\x18\x04 \x03(\x03\x12\x0f\n\x07workers\x18\x05 \x03(\x03\x12\n\n\x02ps\x18\x06 \x03(\x03\x12\x15\n\rjob_cpu_limit\x18\x07 \x01(\x03\x12\x16\n\x0e\x65nforce_shares\x18\x08 \x01(\x08\" \n\x0eGetPlanRequest\x12\x0e\n\x06job_id\x18\x01 \x01(\t\"\xf6\x01\n\x0fGetPlanResponse\x12,\n\x04plan\x18\x01 \x01(\x0b\x32\x1e.stride.events.v1.ResourcePlan\x12)\n\x05stage\x18\x02 \x01(\x0e\x32\x1a.stride.events.v1.JobStage\x12\x0f\n\x07windows\x18\x03 \x01(\x03\x12\x10\n\x08\x64\x65\x63iding\x18\x04 \x01(\x08\x12\x1a\n\x12samples_per_second\x18\x05 \x01(\x01\x12\x18\n\x10samples_consumed\x18\x06 \x01(\x03\x12\x31\n\x0binput_queue\x18\x07 \x01(\x0b\x32\x1c.stride.events.v1.InputQueue\"\"\n\x10ListPlansRequest\x12\x0e\n\x06job_id\x18\x01 \x01(\t\"B\n\x11ListPlansResponse\x12-\n\x05plans\x18\x01 \x03(\x0b\x32\x1e.stride.events.v1.ResourcePlan\"/\n\x1dListOptimizationEventsRequest\x12\x0e\n\x06job_id\x18\x01 \x01(\t\"U\n\x1eListOptimizationEventsResponse\x12\x33\n\x06\x65vents\x18\x01 \x03(\x0b\x32#.stride.events.v1.OptimizationEvent\"z\n\x0fScaleJobRequest\x12\x0e\n\x06job_id\x18\x01 \x01(\t\x12\x0f\n\x07workers\x18\x02 \x01(\x05\x12\n\n\x02ps\x18\x03 \x01(\x05\x12\x0e\n\x06reason\x18\x04 \x01(\t\x12\x19\n\x0c\x64\x61ta_workers\x18\x05 \x01(\x05H\x00\x88\x01\x01\x42\x0f\n\r_data_workers\"@\n\x10ScaleJobResponse\x12,\n\x04plan\x18\x01 \x01(\x0b\x32\x1e.stride.events.v1.ResourcePlan\"+\n\x19GetPlanExplanationRequest\x12\x0e\n\x06job_id\x18\x01 \x01(\t\"\xbe\x02\n\x0fPlanExplanation\x12,\n\x04plan\x18\x01 \x01(\x0b\x32\x1e.stride.events.v1.ResourcePlan\x12\x11\n\talgorithm\x18\x02 \x01(\t\x12\r\n\x05stage\x18\x03 \x01(\t\x12\x12\n\nroot_cause\x18\x04 \x01(\t\x12\x0e\n\x06\x64\x65tail\x18\x05 \x01(\t\x12\x14\n\x0csamples_used\x18\x06 \x01(\x05\x12\x14\n\x0csample_count\x18\x07 \x01(\x05\x12\x11\n\tfit_rmsle\x18\x08 \x01(\x01\x12\x1c\n\x14predicted_throughput\x18\t \x01(\x01\x12\x19\n\x11predicted_current\x18\n \x01(\x01\x12\x0c\n\x04\x63ost\x18\x0b \x01(\x01\x12\r\n\x05\x62ound\x18\x0c \x01(\t\x12\x10\n\x08\x66\x61llback\x18\r \x01(\t\x12\x10\n\x08recorded\x18\x0e \x01(\x08\"\\\n\x1aGetPlanExplanationResponse\x12>\n\x0c\x65xplanations\x18\x01 \x03(\x0b\x32(.stride.api.optimizer.v1.PlanExplanation2\xb6\x05\n\x10OptimizerService\x12\\\n\x07GetPlan\x12\'.stride.api.optimizer.v1.GetPlanRequest\x1a(.stride.api.optimizer.v1.GetPlanResponse\x12\x62\n\tListPlans\x12).stride.api.optimizer.v1.ListPlansRequest\x1a*.stride.api.optimizer.v1.ListPlansResponse\x12\x89\x01\n\x16ListOptimizationEvents\x12\x36.stride.api.optimizer.v1.ListOptimizationEventsRequest\x1a\x37.stride.api.optimizer.v1.ListOptimizationEventsResponse\x12_\n\x08ScaleJob\x12(.stride.api.optimizer.v1.ScaleJobRequest\x1a).stride.api.optimizer.v1.ScaleJobResponse\x12}\n\x12GetPlanExplanation\x12\x32.stride.api.optimizer.v1.GetPlanExplanationRequest\x1a\x33.stride.api.optimizer.v1.GetPlanExplanationResponse\x12t\n\x0fGetLoopSettings\x12/.stride.api.optimizer.v1.GetLoopSettingsRequest\x1a\x30.stride.api.optimizer.v1.GetLoopSettingsResponseb\x06proto3')
 
 _globals = globals()
 _builder.BuildMessageAndEnumDescriptors(DESCRIPTOR, _globals)
 _builder.BuildTopDescriptorsAndMessages(DESCRIPTOR, 'stride.api.optimizer.v1.optimizer_service_pb2', _globals)
 if not _descriptor._USE_C_DESCRIPTORS:
   DESCRIPTOR._loaded_options = None
-  _globals['_GETLOOPSETTINGSREQUEST']._serialized_start=142
-  _globals['_GETLOOPSETTINGSREQUEST']._serialized_end=166
-  _globals['_GETLOOPSETTINGSRESPONSE']._serialized_start=169
-  _globals['_GETLOOPSETTINGSRESPONSE']._serialized_end=363
-  _globals['_GETPLANREQUEST']._serialized_start=365
-  _globals['_GETPLANREQUEST']._serialized_end=397
-  _globals['_GETPLANRESPONSE']._serialized_start=400
-  _globals['_GETPLANRESPONSE']._serialized_end=595
-  _globals['_LISTPLANSREQUEST']._serialized_start=597
-  _globals['_LISTPLANSREQUEST']._serialized_end=631
-  _globals['_LISTPLANSRESPONSE']._serialized_start=633
-  _globals['_LISTPLANSRESPONSE']._serialized_end=699
-  _globals['_LISTOPTIMIZATIONEVENTSREQUEST']._serialized_start=701
-  _globals['_LISTOPTIMIZATIONEVENTSREQUEST']._serialized_end=748
-  _globals['_LISTOPTIMIZATIONEVENTSRESPONSE']._serialized_start=750
-  _globals['_LISTOPTIMIZATIONEVENTSRESPONSE']._serialized_end=835
-  _globals['_SCALEJOBREQUEST']._serialized_start=837
-  _globals['_SCALEJOBREQUEST']._serialized_end=959
-  _globals['_SCALEJOBRESPONSE']._serialized_start=961
-  _globals['_SCALEJOBRESPONSE']._serialized_end=1025
-  _globals['_GETPLANEXPLANATIONREQUEST']._serialized_start=1027
-  _globals['_GETPLANEXPLANATIONREQUEST']._serialized_end=1070
-  _globals['_PLANEXPLANATION']._serialized_start=1073
-  _globals['_PLANEXPLANATION']._serialized_end=1391
-  _globals['_GETPLANEXPLANATIONRESPONSE']._serialized_start=1393
-  _globals['_GETPLANEXPLANATIONRESPONSE']._serialized_end=1485
-  _globals['_OPTIMIZERSERVICE']._serialized_start=1488
-  _globals['_OPTIMIZERSERVICE']._serialized_end=2182
+  _globals['_GETLOOPSETTINGSREQUEST']._serialized_start=174
+  _globals['_GETLOOPSETTINGSREQUEST']._serialized_end=198
+  _globals['_GETLOOPSETTINGSRESPONSE']._serialized_start=201
+  _globals['_GETLOOPSETTINGSRESPONSE']._serialized_end=395
+  _globals['_GETPLANREQUEST']._serialized_start=397
+  _globals['_GETPLANREQUEST']._serialized_end=429
+  _globals['_GETPLANRESPONSE']._serialized_start=432
+  _globals['_GETPLANRESPONSE']._serialized_end=678
+  _globals['_LISTPLANSREQUEST']._serialized_start=680
+  _globals['_LISTPLANSREQUEST']._serialized_end=714
+  _globals['_LISTPLANSRESPONSE']._serialized_start=716
+  _globals['_LISTPLANSRESPONSE']._serialized_end=782
+  _globals['_LISTOPTIMIZATIONEVENTSREQUEST']._serialized_start=784
+  _globals['_LISTOPTIMIZATIONEVENTSREQUEST']._serialized_end=831
+  _globals['_LISTOPTIMIZATIONEVENTSRESPONSE']._serialized_start=833
+  _globals['_LISTOPTIMIZATIONEVENTSRESPONSE']._serialized_end=918
+  _globals['_SCALEJOBREQUEST']._serialized_start=920
+  _globals['_SCALEJOBREQUEST']._serialized_end=1042
+  _globals['_SCALEJOBRESPONSE']._serialized_start=1044
+  _globals['_SCALEJOBRESPONSE']._serialized_end=1108
+  _globals['_GETPLANEXPLANATIONREQUEST']._serialized_start=1110
+  _globals['_GETPLANEXPLANATIONREQUEST']._serialized_end=1153
+  _globals['_PLANEXPLANATION']._serialized_start=1156
+  _globals['_PLANEXPLANATION']._serialized_end=1474
+  _globals['_GETPLANEXPLANATIONRESPONSE']._serialized_start=1476
+  _globals['_GETPLANEXPLANATIONRESPONSE']._serialized_end=1568
+  _globals['_OPTIMIZERSERVICE']._serialized_start=1571
+  _globals['_OPTIMIZERSERVICE']._serialized_end=2265
 # @@protoc_insertion_point(module_scope)

@@ -7,6 +7,7 @@ from collections import abc as _abc
 from google.protobuf import descriptor as _descriptor
 from google.protobuf import message as _message
 from google.protobuf.internal import containers as _containers
+from stride.events.v1 import metrics_pb2 as _metrics_pb2
 from stride.events.v1 import optimization_pb2 as _optimization_pb2
 from stride.events.v1 import plan_pb2 as _plan_pb2
 import builtins as _builtins
@@ -129,6 +130,7 @@ class GetPlanResponse(_message.Message):
     DECIDING_FIELD_NUMBER: _builtins.int
     SAMPLES_PER_SECOND_FIELD_NUMBER: _builtins.int
     SAMPLES_CONSUMED_FIELD_NUMBER: _builtins.int
+    INPUT_QUEUE_FIELD_NUMBER: _builtins.int
     stage: _optimization_pb2.JobStage.ValueType
     """The job's current stage."""
     windows: _builtins.int
@@ -148,6 +150,12 @@ class GetPlanResponse(_message.Message):
     def plan(self) -> _plan_pb2.ResourcePlan:
         """The newest plan."""
 
+    @_builtins.property
+    def input_queue(self) -> _metrics_pb2.InputQueue:
+        """The chief's input queue in its newest step metrics (a job read by steps: GoldMiner's
+        data-worker mode); unset otherwise.
+        """
+
     def __init__(
         self,
         *,
@@ -157,10 +165,11 @@ class GetPlanResponse(_message.Message):
         deciding: _builtins.bool = ...,
         samples_per_second: _builtins.float = ...,
         samples_consumed: _builtins.int = ...,
+        input_queue: _metrics_pb2.InputQueue | None = ...,
     ) -> None: ...
-    _HasFieldArgType: _TypeAlias = _typing.Literal["plan", b"plan"]  # noqa: Y015
+    _HasFieldArgType: _TypeAlias = _typing.Literal["input_queue", b"input_queue", "plan", b"plan"]  # noqa: Y015
     def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
-    _ClearFieldArgType: _TypeAlias = _typing.Literal["deciding", b"deciding", "plan", b"plan", "samples_consumed", b"samples_consumed", "samples_per_second", b"samples_per_second", "stage", b"stage", "windows", b"windows"]  # noqa: Y015
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["deciding", b"deciding", "input_queue", b"input_queue", "plan", b"plan", "samples_consumed", b"samples_consumed", "samples_per_second", b"samples_per_second", "stage", b"stage", "windows", b"windows"]  # noqa: Y015
     def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
     def WhichOneof(self, oneof_group: _Never) -> None: ...
 

@@ -18,7 +18,7 @@ from typing import Any
 import grpc
 
 from stride.agent.domain.control import ControlAction, ControlCommand
-from stride.agent.domain.steps import StepWindow
+from stride.agent.domain.steps import InputQueue, StepWindow
 from stride.agent.usecases import PodAgent, UpstreamError
 from stride.api.agent.v1 import agent_service_pb2 as pb
 from stride.api.agent.v1 import agent_service_pb2_grpc as pb_grpc
@@ -133,6 +133,17 @@ class AgentApi(pb_grpc.AgentServiceServicer):
                 step_seconds=request.step_seconds,
                 samples_per_second=request.samples_per_second,
                 plan_version=request.plan_version,
+                input_queue=(
+                    InputQueue(
+                        data_workers=request.input_queue.data_workers,
+                        enqueue_rate=request.input_queue.enqueue_rate,
+                        dequeue_rate=request.input_queue.dequeue_rate,
+                        wait_share=request.input_queue.wait_share,
+                        queue_length=request.input_queue.queue_length,
+                    )
+                    if request.HasField("input_queue")
+                    else None
+                ),
             )
         )
         return pb.ReportStepsResponse()

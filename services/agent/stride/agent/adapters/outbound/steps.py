@@ -41,6 +41,17 @@ class StepReporter:
             reported_at=reported_at,
             plan_version=window.plan_version,
         )
+        if window.input_queue is not None:
+            queue = window.input_queue
+            message.input_queue.CopyFrom(
+                metrics_pb2.InputQueue(
+                    data_workers=queue.data_workers,
+                    enqueue_rate=queue.enqueue_rate,
+                    dequeue_rate=queue.dequeue_rate,
+                    wait_share=queue.wait_share,
+                    queue_length=queue.queue_length,
+                )
+            )
         try:
             await self.bus.publish(
                 topics.STEP_METRICS,

@@ -12,8 +12,9 @@ import grpc
 
 from stride.api.optimizer.v1 import optimizer_service_pb2 as pb
 from stride.api.optimizer.v1 import optimizer_service_pb2_grpc as pb_grpc
+from stride.events.v1 import metrics_pb2
 from stride.optimizer.adapters.convert import STAGE_TO_PROTO
-from stride.optimizer.domain.observations import Observations
+from stride.optimizer.domain.observations import InputQueue, Observations
 from stride.optimizer.usecases import Planning
 from stride.runtime import auth
 
@@ -63,6 +64,7 @@ class OptimizerApi(pb_grpc.OptimizerServiceServicer):
             deciding=view is not None and view.pending >= 0,
             samples_per_second=newest_throughput(view),
             samples_consumed=view.consumed if view else 0,
+            input_queue=_queue_to_proto(view.input_queue) if view and view.input_queue else None,
         )
 
     async def GetLoopSettings(
@@ -132,3 +134,13 @@ class OptimizerApi(pb_grpc.OptimizerServiceServicer):
                 )
             )
         return pb.GetPlanExplanationResponse(explanations=explanations)
+
+
+def _queue_to_proto(queue: InputQueue) -> metrics_pb2.InputQueue:
+    return metrics_pb2.InputQueue(
+        data_workers=queue.data_workers,
+        enqueue_rate=queue.enqueue_rate,
+        dequeue_rate=queue.dequeue_rate,
+        wait_share=queue.wait_share,
+        queue_length=queue.queue_length,
+    )
