@@ -6,19 +6,22 @@ Run: ``.venv/bin/python bench/dataworkers_live.py [--rounds N]`` (writes
 
 The real dispatcher, checkpoint cache and pod watcher (local pods under cgroup limits) on a
 NATS of its own and SQLite. The job's plan is published as the optimizer would publish it:
-one chief, one PS and one worker, each capped at 0.25 core (the trainers' 0.75), and
+one chief, one PS and one worker, each capped at 0.2 core (the trainers' 0.6), and
 
 - **without**: no data worker; the chief makes each step's raw records (``make_batch``) and
   the worker decodes, hashes and crosses them inside its step (GoldMiner's original mode);
-- **with**: two data workers of 0.5 core each on the other virtual node, which make the
+- **with**: two data workers of 0.6 core each on the other virtual node, which make the
   records and run the model's data half (found by the partitioning); the chief trains the
   training half on what they stream.
 
 Each run trains one epoch; its throughput is the samples of the steps after the first
-quarter over their time (the chief's step reports), so start-up is left out. The rounds
-alternate. Reported beside the ratio: the share of the "with" run the chief waited for data
-(how far it is from the trainers' own CPU-bound limit, where data costs them nothing), and
-exactly-once (every sample of the epoch trained once, from the chief's consumed log).
+quarter over their time (the chief's step reports), so start-up is left out. The batch is
+large (4,096), as CTR jobs' are, so the PS strategy's per-step cost does not hide the
+per-sample pre-processing. The rounds alternate. Reported beside the ratio: the share of the
+cores given that the job's pods used over the measured stretch (their cgroups' CPU time;
+100 % is the CPU-bound limit of those cores), the share of the time the chief
+waited for data, and exactly-once (every sample of the epoch trained once, from the chief's
+consumed log).
 """
 
 from __future__ import annotations
@@ -36,12 +39,12 @@ from pathlib import Path
 from typing import Any
 
 RESULTS = Path(__file__).parent / "results" / "dataworkers_live.txt"
-RECORDS = 48_000
-BATCH = 512
-TRAINER_CAP = 0.25
-"""Cores of each trainer pod (chief, PS and worker: 0.75 in all)."""
-DATA_CAP = 0.5
-"""Cores of each data worker (1 in all): with the trainers', 1.75 of the machine's 2, the
+RECORDS = 491_520
+BATCH = 4096
+TRAINER_CAP = 0.2
+"""Cores of each trainer pod (chief, PS and worker: 0.6 in all)."""
+DATA_CAP = 0.6
+"""Cores of each data worker (1.2 in all): with the trainers', 1.8 of the machine's 2, the
 rest for the dispatcher, the agents and the pod watcher."""
 MIB = 1024**2
 GOAL = 2.0
@@ -86,6 +89,15 @@ def spec(job_id: str) -> Any:
     )
 
 
+def cpu_seconds(job_id: str) -> float:
+    """CPU seconds the job's pods have used, read from their cgroups (cpuacct, v1; the pod
+    watcher makes them under its own group's ``stride/<pod>``)."""
+    return sum(
+        int(path.read_text()) / 1e9
+        for path in Path("/sys/fs/cgroup/cpuacct").glob(f"**/stride/{job_id}-*/cpuacct.usage")
+    )
+
+
 async def run_job(nats_url: str, pods: Path, data_workers: int) -> dict[str, Any]:
     """Submit one job and wait for its end; what its chief measured."""
     from stride.bus import topics
@@ -103,16 +115,22 @@ async def run_job(nats_url: str, pods: Path, data_workers: int) -> dict[str, Any
     await bus.close()
     log = pods / "pods" / f"{job_id}-chief-0" / "trainer.log"
     deadline = time.monotonic() + 1800
+    total = -(-RECORDS // BATCH)
+    stretch: list[tuple[float, float]] = []
+    """(time, CPU seconds) at the start of the measured stretch and at its newest poll."""
     while time.monotonic() < deadline:
         events = _events(log)
         if any(e.get("event") == "finished" for e in events):
             break
-        await asyncio.sleep(2.0)
+        steps_now = [e["step"] for e in events if e.get("event") == "steps"]
+        if steps_now and total // 4 <= steps_now[-1] < total - 2:  # the measured stretch
+            point = (time.monotonic(), cpu_seconds(job_id))
+            stretch = [stretch[0] if stretch else point, point]
+        await asyncio.sleep(0.5)
     else:
         raise RuntimeError(f"{job_id} did not finish; its chief's log is {log}")
     steps = [e for e in events if e.get("event") == "steps"]
     queue = next((e for e in events if e.get("event") == "input queue"), {})
-    total = -(-RECORDS // BATCH)
     start = next(e for e in steps if e["step"] >= total // 4)
     end = steps[-1]
     seconds = end["time"] - start["time"]
@@ -128,6 +146,12 @@ async def run_job(nats_url: str, pods: Path, data_workers: int) -> dict[str, Any
         / max(1e-9, steps[-1]["time"] - steps[0]["time"]),
         "exactly_once": exactly_once,
         "by_source": queue.get("by_source", {}),
+        "cores_used": (
+            (stretch[1][1] - stretch[0][1]) / (stretch[1][0] - stretch[0][0])
+            if len(stretch) == 2 and stretch[1][0] > stretch[0][0]
+            else 0.0
+        ),
+        "cores_given": 3 * TRAINER_CAP + data_workers * DATA_CAP,
     }
 
 
@@ -178,7 +202,7 @@ def main(rounds: int) -> str:
             "STRIDE_PODWATCHER_DATABASE_URL": f"sqlite:///{root / 'p.db'}",
             "STRIDE_PODWATCHER_LOCAL_STATE_DIR": str(pods),
             # The trainers on one virtual node, the data workers on another.
-            "STRIDE_PODWATCHER_LOCAL_NODES": "2x(cpu=1,memory=5Gi)",
+            "STRIDE_PODWATCHER_LOCAL_NODES": "2x(cpu=1.2,memory=5Gi)",
             "STRIDE_PODWATCHER_DISPATCHER_ADDRESS": dispatcher.address,
             "STRIDE_PODWATCHER_CKPTCACHE_ADDRESS": ckptcache.address,
             # One checkpoint at the end: they are bench/ckptcache.py's to measure.
@@ -195,7 +219,8 @@ def main(rounds: int) -> str:
                 results[variant].append(result)
                 print(
                     f"round {number + 1} {variant}: {result['samples_per_second']:,.0f} "
-                    f"samples/s, chief waited {result['wait_share']:.0%}, "
+                    f"samples/s, chief waited {result['wait_share']:.0%}, pods used "
+                    f"{result['cores_used']:.2f} of {result['cores_given']:.2f} cores, "
                     f"exactly once: {result['exactly_once']}",
                     flush=True,
                 )
@@ -216,6 +241,7 @@ def report(results: dict[str, list[dict[str, Any]]], rounds: int) -> str:
     without, with_ = median("without", "samples_per_second"), median("with", "samples_per_second")
     ratio = with_ / without
     waited = median("with", "wait_share")
+    share = median("with", "cores_used") / results["with"][0]["cores_given"]
     once = all(r["exactly_once"] for rs in results.values() for r in rs)
     return "\n".join(
         [
@@ -234,10 +260,10 @@ def report(results: dict[str, list[dict[str, Any]]], rounds: int) -> str:
             + f"; {DATA_CAP} core each)",
             f"ratio with/without: {ratio:.2f}x; goal >= {GOAL:.0f}x: "
             + ("PASS" if ratio >= GOAL else "FAIL"),
-            f"with data workers the chief waited for data {waited:.0%} of the time (0 %: the "
-            "trainers' own CPU-bound limit; goal within 20 %: "
-            + ("PASS" if waited <= 0.20 else "FAIL")
-            + ")",
+            f"with data workers the job's pods used {share:.0%} of the cores given (the "
+            "CPU-bound limit of those cores is 100 %; goal within 20 %: "
+            + ("PASS" if share >= 0.80 else "FAIL")
+            + f"); the chief waited for data {waited:.0%} of the time",
             f"every sample trained exactly once in every run: {'yes' if once else 'NO'}",
             "",
         ]
