@@ -227,10 +227,21 @@ def main(rounds: int) -> str:
     finally:
         for process in (podwatcher, ckptcache, dispatcher):
             process.terminate()
+        # Pods outlive their pod watcher by design (a new one adopts them): end them here.
+        asyncio.run(_delete_pods(pods))
         shutil.rmtree(shm, ignore_errors=True)
         nats.stop()
         shutil.rmtree(root, ignore_errors=True)
     return report(results, rounds)
+
+
+async def _delete_pods(pods: Path) -> None:
+    from stride.podwatcher.adapters.outbound.backends.localpods import LocalPods
+
+    leftovers = LocalPods(pods)
+    for status in leftovers.adopt():
+        await leftovers.delete(status.launch.pod, grace_seconds=2)
+    await leftovers.close()
 
 
 def report(results: dict[str, list[dict[str, Any]]], rounds: int) -> str:
