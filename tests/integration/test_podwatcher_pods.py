@@ -877,7 +877,8 @@ async def test_a_pods_code_reads_only_its_own_files(
                 writer.close()
                 return True
 
-            await assert_eventually(serving, timeout=10)
+            # The PS serves once TensorFlow is imported: over 10 s on a loaded runner.
+            await assert_eventually(serving, timeout=60)
             assert podwatcher.process.process is not None
             pid = podwatcher.process.process.pid
             await admit(
