@@ -64,8 +64,7 @@ class DataWorkerApi:
     def StreamBatches(
         self, request: pb.StreamBatchesRequest | RefusedRequest, context: grpc.ServicerContext
     ) -> Iterator[pb.StreamBatchesResponse]:
-        prefetch = self._checked(request, context)
-        assert isinstance(request, pb.StreamBatchesRequest)  # refused ones were aborted
+        request, prefetch = self._checked(request, context)
         self.streams += 1
         try:
             while context.is_active():
@@ -90,10 +89,11 @@ class DataWorkerApi:
 
     def _checked(
         self, request: pb.StreamBatchesRequest | RefusedRequest, context: grpc.ServicerContext
-    ) -> int:
+    ) -> tuple[pb.StreamBatchesRequest, int]:
+        """The request, once valid, and its prefetch; aborts the call otherwise."""
         if isinstance(request, RefusedRequest):
             context.abort(request.code, request.message)
-        assert isinstance(request, pb.StreamBatchesRequest)
+        assert isinstance(request, pb.StreamBatchesRequest)  # abort raised for the others
         if request.job_id != self.job_id:
             context.abort(
                 grpc.StatusCode.PERMISSION_DENIED,
@@ -108,7 +108,7 @@ class DataWorkerApi:
                 f"prefetch: must be between 1 and {MAX_PREFETCH} (0: {DEFAULT_PREFETCH}), "
                 f"got {request.prefetch}",
             )
-        return prefetch
+        return request, prefetch
 
 
 class DataWorkerServer:

@@ -495,12 +495,9 @@ class TrainingContext:
     ) -> None:
         """Train ``build_model(ctx)`` on the job's data with binary cross-entropy until the
         data ends (see the module docstring)."""
-        import keras
-        import tensorflow as tf
 
         from stride.ckptclient.client import CheckpointCacheError, CheckpointClient
         from stride.ckptclient.tensorflow import restore, save, snapshot
-        from stride.trainer.partition import split_model
 
         settings = self.settings
         if settings.role == "data_worker":
@@ -534,28 +531,7 @@ class TrainingContext:
         self._leases = leases
 
         def build() -> _Trainable:
-            strategy = connection.strategy
-            with strategy.scope():
-                model = build_model(self)
-                optimizer = (
-                    build_optimizer(self)
-                    if build_optimizer is not None
-                    else keras.optimizers.Adam(
-                        float(self.hyperparameters.get("learning_rate", 0.001))
-                    )
-                )
-                optimizer.build(model.trainable_variables)
-            # The whole model is what a checkpoint holds, whichever half trains.
-            root = tf.train.Checkpoint(model=model, optimizer=optimizer)
-            half = split_model(model).train_model if settings.data_mode == "auto" else model
-            return _Trainable(
-                model,
-                optimizer,
-                root,
-                _make_train_step(strategy, model, optimizer),
-                _make_train_step(strategy, half, optimizer) if half is not model else None,
-                half,
-            )
+            return self._trainable(connection.strategy, build_model, build_optimizer)
 
         def verified() -> dict[str, str]:
             # Reading every variable back costs seconds for a large model: off by default.
@@ -774,6 +750,39 @@ class TrainingContext:
                 consumed.close()
         saver("end of data")
         say("finished", step=step, loss=round(float(np.mean(losses)), 5) if losses else None)
+
+    def _trainable(
+        self,
+        strategy: Any,
+        build_model: Callable[[TrainingContext], Any],
+        build_optimizer: Callable[[TrainingContext], Any] | None,
+    ) -> _Trainable:
+        """The job's model and optimizer under ``strategy``, with their train steps: the
+        whole model's, and the training half's for a model with a data half."""
+        import keras
+        import tensorflow as tf
+
+        from stride.trainer.partition import split_model
+
+        with strategy.scope():
+            model = build_model(self)
+            optimizer = (
+                build_optimizer(self)
+                if build_optimizer is not None
+                else keras.optimizers.Adam(float(self.hyperparameters.get("learning_rate", 0.001)))
+            )
+            optimizer.build(model.trainable_variables)
+        # The whole model is what a checkpoint holds, whichever half trains.
+        root = tf.train.Checkpoint(model=model, optimizer=optimizer)
+        half = split_model(model).train_model if self.settings.data_mode == "auto" else model
+        return _Trainable(
+            model,
+            optimizer,
+            root,
+            _make_train_step(strategy, model, optimizer),
+            _make_train_step(strategy, half, optimizer) if half is not model else None,
+            half,
+        )
 
     def _step_feed(self, make_batch: MakeBatch, cluster: Cluster) -> StepFeed:
         """The data-worker mode's feed, from the step the dispatcher has as consumed (after a
