@@ -101,7 +101,14 @@ async def _abort(
         await context.abort(status_for(error), message)
     log.exception("rpc failed", method=method)
     trace.get_current_span().record_exception(error)
-    await context.abort(grpc.StatusCode.INTERNAL, f"internal error in {method}; see the server log")
+    try:
+        await context.abort(
+            grpc.StatusCode.INTERNAL, f"internal error in {method}; see the server log"
+        )
+    except grpc.aio.UsageError:
+        # The servicer's own abort had begun and failed to send its status (the caller was
+        # gone): the call is over; end the handler as an abort does.
+        raise grpc.aio.AbortError(f"{method}: the call ended before its status was sent") from None
 
 
 class _ServerSpan:
