@@ -89,13 +89,18 @@ def spec(job_id: str) -> Any:
     )
 
 
-def cpu_seconds(job_id: str) -> float:
-    """CPU seconds the job's pods have used, read from their cgroups (cpuacct, v1; the pod
-    watcher makes them under its own group's ``stride/<pod>``)."""
-    return sum(
-        int(path.read_text()) / 1e9
-        for path in Path("/sys/fs/cgroup/cpuacct").glob(f"**/stride/{job_id}-*/cpuacct.usage")
-    )
+def cpu_seconds(job_id: str) -> tuple[float, float]:
+    """CPU seconds the job's trainer pods and its data workers have used, read from their
+    cgroups (cpuacct, v1; the pod watcher makes them under its own group's
+    ``stride/<pod>``)."""
+    trainers = data = 0.0
+    for path in Path("/sys/fs/cgroup/cpuacct").glob(f"**/stride/{job_id}-*/cpuacct.usage"):
+        used = int(path.read_text()) / 1e9
+        if f"{job_id}-data-worker-" in path.parent.name:
+            data += used
+        else:
+            trainers += used
+    return trainers, data
 
 
 async def run_job(nats_url: str, pods: Path, data_workers: int) -> dict[str, Any]:
@@ -116,15 +121,16 @@ async def run_job(nats_url: str, pods: Path, data_workers: int) -> dict[str, Any
     log = pods / "pods" / f"{job_id}-chief-0" / "trainer.log"
     deadline = time.monotonic() + 1800
     total = -(-RECORDS // BATCH)
-    stretch: list[tuple[float, float]] = []
-    """(time, CPU seconds) at the start of the measured stretch and at its newest poll."""
+    stretch: list[tuple[float, int, float, float]] = []
+    """(time, step, trainers' and data workers' CPU seconds) at the start of the measured
+    stretch and at its newest poll."""
     while time.monotonic() < deadline:
         events = _events(log)
         if any(e.get("event") == "finished" for e in events):
             break
         steps_now = [e["step"] for e in events if e.get("event") == "steps"]
         if steps_now and total // 4 <= steps_now[-1] < total - 2:  # the measured stretch
-            point = (time.monotonic(), cpu_seconds(job_id))
+            point = (time.monotonic(), steps_now[-1], *cpu_seconds(job_id))
             stretch = [stretch[0] if stretch else point, point]
         await asyncio.sleep(0.5)
     else:
@@ -146,13 +152,56 @@ async def run_job(nats_url: str, pods: Path, data_workers: int) -> dict[str, Any
         / max(1e-9, steps[-1]["time"] - steps[0]["time"]),
         "exactly_once": exactly_once,
         "by_source": queue.get("by_source", {}),
-        "cores_used": (
-            (stretch[1][1] - stretch[0][1]) / (stretch[1][0] - stretch[0][0])
-            if len(stretch) == 2 and stretch[1][0] > stretch[0][0]
-            else 0.0
-        ),
+        **_cpu_use(stretch),
         "cores_given": 3 * TRAINER_CAP + data_workers * DATA_CAP,
     }
+
+
+def _cpu_use(stretch: list[tuple[float, int, float, float]]) -> dict[str, float]:
+    """Cores the pods used over the stretch, and the CPU seconds per sample of the trainers
+    and of the data workers (the simulator's ``m`` and ``r``, per sample)."""
+    if len(stretch) != 2 or stretch[1][1] <= stretch[0][1] or stretch[1][0] <= stretch[0][0]:
+        return {"cores_used": 0.0, "training_cpu": 0.0, "data_cpu": 0.0}
+    (t0, step0, trainers0, data0), (t1, step1, trainers1, data1) = stretch
+    samples = (step1 - step0) * BATCH
+    return {
+        "cores_used": (trainers1 - trainers0 + data1 - data0) / (t1 - t0),
+        "training_cpu": (trainers1 - trainers0) / samples,
+        "data_cpu": (data1 - data0) / samples,
+    }
+
+
+def predicted_gain(with_data_workers: dict[str, float]) -> tuple[float, float, float]:
+    """``stride sim --env dataworkers``'s throughput model for this setting: the gain it
+    predicts, and the job's ``m`` and ``r`` (CPU seconds per sample of training and of
+    pre-processing, measured with data workers, where the two run in different pods).
+
+    The simulator's job does ``1`` step per second at full speed; here a step is a sample,
+    and full speed is never reached (no accelerator caps it), so full speed is set far above
+    what the CPUs allow. Without data workers the trainers' cores do both (``L / (m + r)``),
+    with them the trainers train and the data workers pre-process
+    (``min(T / m, c / r)``)."""
+    from stride.sim.dataworkers import (
+        DataWorkerJob,
+        throughput_with_data_workers,
+        throughput_without_data_workers,
+    )
+
+    full_speed = 1e9
+    m, r = with_data_workers["training_cpu"], with_data_workers["data_cpu"]
+    job = DataWorkerJob(
+        job_id="bench",
+        submit_time=0.0,
+        gpus=1,
+        steps=float(RECORDS),
+        training_cpu_per_gpu=m * full_speed,
+        preprocessing_cpu_per_gpu=r * full_speed,
+    )
+    trainers, data = 3 * TRAINER_CAP, 2 * DATA_CAP
+    gain = throughput_with_data_workers(job, trainers, data) / throughput_without_data_workers(
+        job, trainers
+    )
+    return gain, m, r
 
 
 def _events(path: Path) -> list[dict[str, Any]]:
@@ -254,6 +303,9 @@ def report(results: dict[str, list[dict[str, Any]]], rounds: int) -> str:
     waited = median("with", "wait_share")
     share = median("with", "cores_used") / results["with"][0]["cores_given"]
     once = all(r["exactly_once"] for rs in results.values() for r in rs)
+    fed = sorted(results["with"], key=lambda r: r["samples_per_second"])[len(results["with"]) // 2]
+    predicted, m, r = predicted_gain(fed)
+    off = abs(predicted - ratio) / ratio
     return "\n".join(
         [
             "$ .venv/bin/python bench/dataworkers_live.py"
@@ -276,6 +328,10 @@ def report(results: dict[str, list[dict[str, Any]]], rounds: int) -> str:
             + ("PASS" if share >= 0.80 else "FAIL")
             + f"); the chief waited for data {waited:.0%} of the time",
             f"every sample trained exactly once in every run: {'yes' if once else 'NO'}",
+            f"simulator's prediction (stride.sim.dataworkers' model, m = {m * 1e6:.1f} and "
+            f"r = {r * 1e6:.1f} CPU-us per sample measured with data workers): {predicted:.2f}x "
+            f"against {ratio:.2f}x measured, {off:.0%} off; goal within 15 %: "
+            + ("PASS" if off <= 0.15 else "FAIL"),
             "",
         ]
     )

@@ -23,11 +23,13 @@ import pytest
 
 from stride.api.dispatcher.v1 import dispatcher_service_pb2 as dispatcher_pb
 from stride.api.dispatcher.v1 import dispatcher_service_pb2_grpc as dispatcher_grpc
+from stride.api.optimizer.v1 import optimizer_service_pb2 as optimizer_pb
+from stride.api.optimizer.v1 import optimizer_service_pb2_grpc as optimizer_grpc
 from stride.api.podwatcher.v1 import podwatcher_service_pb2 as pb
 from stride.api.podwatcher.v1 import podwatcher_service_pb2_grpc as pb_grpc
 from stride.bus import topics
 from stride.bus.client import Bus
-from stride.events.v1 import job_pb2, plan_pb2, pod_pb2
+from stride.events.v1 import job_pb2, optimization_pb2, plan_pb2, pod_pb2
 from stride.testing.bus import producer_bus
 from stride.testing.channels import sync_channel
 from stride.testing.eventually import assert_eventually
@@ -108,7 +110,16 @@ def spec(
 class Suite:
     """The dispatcher, the checkpoint cache and the podwatcher as real processes."""
 
-    def __init__(self, nats_url: str, database_url: str, root: Path, **podwatcher: str) -> None:
+    def __init__(
+        self,
+        nats_url: str,
+        database_url: str,
+        root: Path,
+        optimizer: dict[str, str] | None = None,
+        **podwatcher: str,
+    ) -> None:
+        """``optimizer``: also run the optimizer with this environment (it then makes the
+        jobs' plans)."""
         self.root = root
         self.nats_url = nats_url
         logs = root / "logs"
@@ -159,12 +170,27 @@ class Suite:
             logs,
         )
 
+        self.optimizer = (
+            None
+            if optimizer is None
+            else ServiceProcess("optimizer", {**common, **optimizer}, logs)
+        )
+
+    def processes(self) -> list[ServiceProcess]:
+        """Every process, in the order they start."""
+        return [
+            self.dispatcher,
+            self.ckptcache,
+            self.podwatcher,
+            *([self.optimizer] if self.optimizer else []),
+        ]
+
     def start(self) -> None:
-        for process in (self.dispatcher, self.ckptcache, self.podwatcher):
+        for process in self.processes():
             process.start()
 
     def stop(self) -> None:
-        for process in (self.podwatcher, self.ckptcache, self.dispatcher):
+        for process in reversed(self.processes()):
             process.terminate()
         shutil.rmtree(self.shm, ignore_errors=True)
 
@@ -191,9 +217,7 @@ class Suite:
         return sorted(found, key=lambda event: float(event.get("time", 0)))
 
 
-@pytest.fixture
-async def suite(nats_url: str, postgres_url: str, tmp_path: Path) -> AsyncIterator[Suite]:
-    running = Suite(nats_url, postgres_url, tmp_path)
+async def running_suite(running: Suite, tmp_path: Path) -> AsyncIterator[Suite]:
     running.start()
     try:
         yield running
@@ -205,6 +229,38 @@ async def suite(nats_url: str, postgres_url: str, tmp_path: Path) -> AsyncIterat
         for status in leftovers.adopt():
             await leftovers.delete(status.launch.pod, grace_seconds=2)
         await leftovers.close()
+
+
+@pytest.fixture
+async def suite(nats_url: str, postgres_url: str, tmp_path: Path) -> AsyncIterator[Suite]:
+    async for running in running_suite(Suite(nats_url, postgres_url, tmp_path), tmp_path):
+        yield running
+
+
+TUNING = {
+    # Plans the suite's nodes hold: pods of a core at most.
+    "STRIDE_OPTIMIZER_MAX_POD_CPU": "1",
+    # Only GoldMiner's tuner decides after plan 1: no stage-step window closes.
+    "STRIDE_OPTIMIZER_TICK_SECONDS": "86400",
+    # Intervals of 3 s of training (30 s in production) and half-core data workers.
+    "STRIDE_OPTIMIZER_TUNING_INTERVAL_SECONDS": "3",
+    "STRIDE_OPTIMIZER_DATA_WORKER_CPU_UNIT": "0.5",
+    "STRIDE_OPTIMIZER_MAX_DATA_WORKER_CPU": "1",
+    "STRIDE_OPTIMIZER_MAX_DATA_WORKERS": "2",
+}
+
+
+TUNED_EPOCHS = 6
+"""Epochs of the job the optimizer tunes: it must outlast a baseline interval, a data
+worker's start (10-20 s: TensorFlow's import) and an interval read from it."""
+
+
+@pytest.fixture
+async def tuned_suite(nats_url: str, postgres_url: str, tmp_path: Path) -> AsyncIterator[Suite]:
+    """The suite with the optimizer, which makes the plans."""
+    built = Suite(nats_url, postgres_url, tmp_path, optimizer=TUNING)
+    async for running in running_suite(built, tmp_path):
+        yield running
 
 
 async def submit(
@@ -316,12 +372,52 @@ async def test_wide_and_deep_trains_to_completion_on_every_sample_once(suite: Su
     await assert_eventually(only_the_chief_is_left, timeout=30)
 
 
-async def test_the_text_example_decodes_its_raw_records_and_trains_on_every_sample_once(
-    suite: Suite,
+async def test_the_optimizer_gives_the_text_example_data_workers_from_its_input_queue(
+    tuned_suite: Suite,
 ) -> None:
-    """examples/criteo-text.yaml's entrypoint: string records through the job's pods, decoded,
-    hashed and crossed in the model (the part GoldMiner's partitioning gives data workers)."""
-    await trains_to_the_end(suite, new_job(), entrypoint="stride_examples.criteo_text:train")
+    """examples/criteo-text.yaml's entrypoint (string records decoded, hashed and crossed in
+    the model: the part GoldMiner's partitioning gives data workers), admitted without data
+    workers and planned by the optimizer. Its chief reports its input queue; GoldMiner's
+    tuner in the optimizer profiles the baseline, adds a data worker, and judges it from the
+    windows the chief measured reading from it. Every sample is trained once throughout."""
+    suite, job = tuned_suite, new_job()
+    bus = await producer_bus(suite.nats_url, name="test")
+    try:
+        await bus.ensure_streams()
+        decision = job_pb2.AdmissionDecision(
+            job_id=job,
+            outcome=job_pb2.ADMISSION_OUTCOME_ADMITTED,
+            spec=spec(job, LONG, "stride_examples.criteo_text:train", TUNED_EPOCHS),
+        )
+        await bus.publish(topics.JOB_ADMITTED, job, decision, f"{job}.admitted")
+        end = await finished(suite, job)
+    finally:
+        await bus.close()
+    assert end.outcome == job_pb2.JOB_OUTCOME_SUCCEEDED, end.message
+    check_exactly_once(suite.consumed(job), LONG, TUNED_EPOCHS)
+    messages = await stream_messages(suite.nats_url, topics.PLAN.subject(job))
+    plans = [plan_pb2.ResourcePlan.FromString(m.data) for m in messages]
+    tuned = [p for p in plans if p.algorithm.startswith("goldminer-tune-step")]
+    assert tuned, [(p.version, p.algorithm, p.reason) for p in plans]
+    (first,) = [r for r in tuned[0].roles if r.role == plan_pb2.ROLE_DATA_WORKER]
+    assert (first.count, first.cpu) == (1, 0.5), tuned[0]
+    # The chief followed it: windows of that plan, read from the data worker, which the
+    # tuner judged (its next step needs a whole interval of them).
+    steps = [e for e in suite.chief_events(job) if e.get("event") == "steps"]
+    fed = [e for e in steps if e.get("plan") == tuned[0].version and e.get("data_workers") == 1]
+    assert fed, [(e.get("plan"), e.get("data_workers")) for e in steps][-10:]
+    assert suite.optimizer is not None
+    with sync_channel(suite.optimizer.address, "optimizer") as channel:
+        events = (
+            optimizer_grpc.OptimizerServiceStub(channel)
+            .ListOptimizationEvents(optimizer_pb.ListOptimizationEventsRequest(job_id=job))
+            .events
+        )
+    tuning = [e.detail for e in events if e.root_cause == optimization_pb2.ROOT_CAUSE_INPUT_QUEUE]
+    assert tuning[0].startswith("profile-baseline"), tuning
+    assert len(tuning) >= 3 and "data worker" in " ".join(tuning[2:]), tuning
+    losses = [e["loss"] for e in steps]
+    assert len(losses) >= 3 and losses[-1] < losses[0], losses
 
 
 async def test_data_workers_make_the_text_examples_batches_and_a_sigkilled_one_loses_nothing(

@@ -516,6 +516,66 @@ async def test_data_workers_get_step_batches_and_timed_out_ones_come_back(stub: 
     assert done.end_of_data and not done.batches and done.consumed_step == 39
 
 
+async def test_a_gone_data_workers_steps_go_to_another_at_once_not_after_the_time_out(
+    settings: DispatcherSettings, nats_url: str
+) -> None:
+    """The pod watcher's event that a data worker was deleted (its plan dropped it, or it
+    failed) frees the steps it fetched before: the next reader gets them without waiting a
+    batch time-out (an hour here). Steps fetched after the event keep their lease."""
+    patient = settings.model_copy(update={"batch_timeout_seconds": 3600.0})
+    async with (
+        running_service(build, patient) as host,
+        aio_channel(f"127.0.0.1:{host.server.port}", "dispatcher") as channel,
+    ):
+        stub = pb_grpc.DispatcherServiceStub(channel)
+        await create(stub, kind=shard_pb2.SHARDING_KIND_INDEX_LIST, epochs=1)
+
+        async def fetch(worker: str, count: int) -> list[int]:
+            reply = await stub.FetchBatches(
+                pb.FetchBatchesRequest(
+                    job_id=JOB, dataset="train", data_worker=worker, max_batches=count
+                )
+            )
+            return [b.step_id for b in reply.batches]
+
+        assert await fetch("job-dw-data-worker-0", 3) == [0, 1, 2]
+        assert await fetch("job-dw-chief-0", 2) == [3, 4]
+        bus = await producer_bus(nats_url, name="test-podwatcher")
+        try:
+            occurred = Timestamp()
+            occurred.FromDatetime(datetime.now(UTC))
+            for pod, role in (
+                ("job-dw-data-worker-0", plan_pb2.ROLE_DATA_WORKER),
+                ("job-dw-ps-0", plan_pb2.ROLE_PS),  # holds no steps: nothing to free
+            ):
+                await bus.publish(
+                    topics.POD_DELETED,
+                    JOB,
+                    pod_pb2.PodEvent(
+                        job_id=JOB,
+                        pod_name=pod,
+                        role=role,
+                        phase=pod_pb2.POD_PHASE_DELETED,
+                        occurred_at=occurred,
+                    ),
+                    message_id=f"{JOB}.{pod}.deleted",
+                )
+        finally:
+            await bus.close()
+
+        got: list[int] = []
+
+        async def freed() -> bool:
+            # Before the event is applied, new steps come instead (leased to the chief).
+            got.extend(await fetch("job-dw-chief-0", 3))
+            assert {0, 1, 2} <= set(got), f"still leased to the gone data worker: {got}"
+            return True
+
+        await assert_eventually(freed)
+        # The chief's own steps were not the gone pod's: still leased, not handed out again.
+        assert 3 not in got and 4 not in got, got
+
+
 async def test_a_restored_snapshot_puts_the_steps_back_to_its_consumed_step(stub: Stub) -> None:
     """A chief in the data-worker mode that restores a checkpoint trains again the steps it
     trained after it: the snapshot keeps the consumed step, and the restore rewinds to it."""

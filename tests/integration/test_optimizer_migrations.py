@@ -67,6 +67,6 @@ def test_views_stored_before_0004_get_their_due_window_and_held_resources(
         downgrade(database_url, "optimizer", MIGRATIONS, "0003")
         upgrade(database_url, "optimizer", MIGRATIONS)
         current, head = current_and_head(database_url, "optimizer", MIGRATIONS)
-        assert current == head == "0005"
+        assert current == head == "0006"
     finally:
         engine.dispose()

@@ -302,6 +302,11 @@ class Supervisor:
             # Plans must fit the virtual nodes the podwatcher places pods on: pods of half a
             # node's cores let a node hold two (a PS and the chief, say).
             env.setdefault(f"{prefix}MAX_POD_CPU", str(float(max((os.cpu_count() or 1) // 2, 1))))
+            # GoldMiner's tuner grows a data worker a quarter of such a pod at a time, up to
+            # a whole one (production's default is a core at a time, up to eight).
+            pod_cpu = float(env[f"{prefix}MAX_POD_CPU"])
+            env.setdefault(f"{prefix}DATA_WORKER_CPU_UNIT", str(pod_cpu / 4))
+            env.setdefault(f"{prefix}MAX_DATA_WORKER_CPU", str(pod_cpu))
             # And a job no bigger than the four virtual nodes (default_local_nodes) hold.
             env.setdefault(f"{prefix}MAX_JOB_CPU", str(4 * (os.cpu_count() or 1)))
             env[f"{prefix}CONFIGDB_ADDRESS"] = f"127.0.0.1:{ports['configdb']}"

@@ -78,7 +78,7 @@ local and remote data workers equally fast, so the free CPUs form one pool.
 from __future__ import annotations
 
 import math
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
@@ -91,6 +91,7 @@ from stride.policy.goldminer import (
     PipelineConfiguration,
     QueueObservation,
     TunerConfig,
+    TunerReply,
     TunerRequest,
     allocate_data_worker_cpus,
     tune_step,
@@ -110,11 +111,13 @@ __all__ = [
     "data_workers_pay",
     "generate_dataworker_jobs",
     "jct_gain",
+    "observe_queue",
     "run_dataworkers",
     "throughput_with_data_workers",
     "throughput_without_data_workers",
     "trace_dataworker_jobs",
     "tune_job",
+    "tuning_replies",
 ]
 
 NO_DW_TUNED = "no-dw-tuned"
@@ -239,7 +242,8 @@ class TunedPipeline:
     baseline without them (the tuner's fallback test, sec. 3.4.1)."""
 
 
-def _observe(job: DataWorkerJob, configuration: PipelineConfiguration) -> QueueObservation:
+def observe_queue(job: DataWorkerJob, configuration: PipelineConfiguration) -> QueueObservation:
+    """What one tuning interval of ``configuration`` measures on the job's ground truth."""
     training = configuration.training_worker_cpu
     if not configuration.uses_data_workers:
         return QueueObservation(
@@ -275,14 +279,7 @@ def tune_job(job: DataWorkerJob, cluster: DataWorkerCluster) -> TunedPipeline:
         max_data_workers=max(64, job.gpus),
         max_training_worker_cpu=max(ratio, cluster.cpus_per_node // 2),
     )
-    reply = tune_step(TunerRequest(config=config))
-    for _ in range(_MAX_TUNING_STEPS):
-        if reply.converged:
-            break
-        observation = _observe(job, reply.configuration)
-        reply = tune_step(TunerRequest(config=config, state=reply.state, observation=observation))
-    else:  # pragma: no cover - every tuner phase is bounded
-        raise SimulationError(f"job {job.job_id!r}: job-level tuning did not converge")
+    reply = tuning_replies(config, lambda configuration: observe_queue(job, configuration))[-1]
     final = reply.configuration
     fell_back = reply.state.fell_back or not final.uses_data_workers
     return TunedPipeline(
@@ -294,6 +291,24 @@ def tune_job(job: DataWorkerJob, cluster: DataWorkerCluster) -> TunedPipeline:
         comparable_throughput=config.comparable_performance
         * throughput_without_data_workers(job, ratio),
     )
+
+
+def tuning_replies(
+    config: TunerConfig, observe: Callable[[PipelineConfiguration], QueueObservation]
+) -> list[TunerReply]:
+    """Every reply of the job-level search from its start to convergence, each interval
+    observed by ``observe`` (the ground truth here; the optimizer's live search observes a
+    job's input queue, and a test plays both on the same observations)."""
+    replies = [tune_step(TunerRequest(config=config))]
+    for _ in range(_MAX_TUNING_STEPS):
+        reply = replies[-1]
+        if reply.converged:
+            return replies
+        observation = observe(reply.configuration)
+        replies.append(
+            tune_step(TunerRequest(config=config, state=reply.state, observation=observation))
+        )
+    raise SimulationError("job-level tuning did not converge")  # pragma: no cover
 
 
 def data_workers_pay(job: DataWorkerJob, tuned: TunedPipeline, spare_cpu: int) -> bool:

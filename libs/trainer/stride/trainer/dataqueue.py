@@ -129,27 +129,55 @@ class _Stream:
 
 
 class _LocalProducer:
-    """The chief making its own steps (no data workers): ``make_batch`` only."""
+    """The chief making its own steps (no data workers): ``make_batch`` only.
+
+    It makes only a little ahead: it fetches while fewer than ``2 x LOCAL_PREFETCH`` of its
+    steps wait to be taken, or whenever the chief waits for a step it does not hold (one a
+    data worker that was dropped had fetched, dispatched again: the steps made ahead of it
+    cannot be taken before it). What it fetched it always makes: those steps are leased
+    here."""
 
     def __init__(
-        self, agent: AgentClient, dataset: str, make_batch: MakeBatch, sink: Any, say: Say
+        self,
+        agent: AgentClient,
+        dataset: str,
+        make_batch: MakeBatch,
+        sink: Any,
+        say: Say,
+        starving: Callable[[], bool],
     ):
         self.agent = agent
         self.dataset = dataset
         self.make_batch = make_batch
         self.sink = sink
         self.say = say
+        self.starving = starving
         self.stopped = threading.Event()
-        self.room = threading.Semaphore(LOCAL_PREFETCH * 2)
-        """Steps made here and not yet taken: the chief makes only a little ahead."""
+        self.held = 0
+        """Steps made here and not yet taken."""
+        self._room = threading.Condition()
         self._thread = threading.Thread(target=self._run, name="stride-data-local", daemon=True)
         self._thread.start()
 
     def stop(self) -> None:
         self.stopped.set()
+        with self._room:
+            self._room.notify_all()
+
+    def taken(self) -> None:
+        """One of its steps was taken (or dropped as a duplicate)."""
+        with self._room:
+            self.held -= 1
+            self._room.notify_all()
+
+    def _may_fetch(self) -> bool:
+        return self.held < LOCAL_PREFETCH * 2 or self.starving()
 
     def _run(self) -> None:
         while not self.stopped.is_set():
+            with self._room:
+                if not self._room.wait_for(self._may_fetch, timeout=0.2):
+                    continue
             try:
                 reply = self.agent.fetch_batches(self.dataset, LOCAL_PREFETCH)
             except grpc.RpcError as error:
@@ -158,7 +186,8 @@ class _LocalProducer:
                 continue
             # What was fetched is made even if stopped meanwhile: its steps are leased here.
             for batch in reply.batches:
-                self.room.acquire()
+                with self._room:
+                    self.held += 1
                 started = time.perf_counter()
                 indices = np.asarray(batch.indices, dtype=np.int64)
                 arrays = [np.asarray(a) for a in self.make_batch(indices)]
@@ -182,8 +211,12 @@ class DataQueue:
         consumed_step: int,
         total_steps: int,
         say: Say,
+        in_flight: int = 64,
     ) -> None:
+        """``in_flight``: the most steps the dispatcher hands out before the oldest is
+        consumed (its ``steps_in_flight``), which bounds what can wait here."""
         self.agent = agent
+        self.in_flight = in_flight
         self.dataset = dataset
         self.make_batch = make_batch
         self.total_steps = total_steps
@@ -197,6 +230,7 @@ class DataQueue:
         self._local: _LocalProducer | None = None
         self.addresses: tuple[str, ...] = ()
         self._mark = _Mark(time.monotonic(), 0, 0, 0.0)
+        self._waiting = False
 
     @property
     def next_step(self) -> int:
@@ -216,11 +250,15 @@ class DataQueue:
             self._local = None
         elif not wanted and self._local is None:
             self._local = _LocalProducer(
-                self.agent, self.dataset, self.make_batch, self._arrive, self.say
+                self.agent, self.dataset, self.make_batch, self._arrive, self.say, self._starving
             )
         if wanted != self.addresses:
             self.say("data workers", addresses=list(wanted) or "none: made by the chief")
         self.addresses = wanted
+
+    def _starving(self) -> bool:
+        """Whether the loop waits for a step none of the arrivals hold."""
+        return self._waiting and self._arrivals.empty()
 
     def _arrive(self, source: str, ready: Ready) -> None:
         self._arrivals.put((source, ready))
@@ -232,6 +270,7 @@ class DataQueue:
         started = time.monotonic()
         logged = started
         while not self._in_order:
+            self._waiting = True
             try:
                 source, ready = self._arrivals.get(timeout=1.0)
             except queue.Empty:
@@ -241,11 +280,12 @@ class DataQueue:
                 continue
             self._count(source, ready)
             self._in_order.extend(ready for _, ready in self._orderer.push(ready.step_id, ready))
+        self._waiting = False
         self.counters.wait_seconds += time.monotonic() - started
         self.counters.taken += 1
         taken = self._in_order.popleft()
         if not taken.split and self._local is not None:
-            self._local.room.release()
+            self._local.taken()
         return taken
 
     def _count(self, source: str, ready: Ready) -> None:
@@ -255,7 +295,7 @@ class DataQueue:
         if ready.step_id < self.next_step:
             self.counters.duplicates += 1
             if not ready.split and self._local is not None:
-                self._local.room.release()
+                self._local.taken()
 
     def window(self) -> metrics_pb2.InputQueue:
         """The queue since the last call (GoldMiner's indicator, sec. 3.4): arrivals and
@@ -264,13 +304,25 @@ class DataQueue:
         seconds = max(now - mark.at, 1e-9)
         waited = min(counters.wait_seconds - mark.wait_seconds, seconds)
         self._mark = _Mark(now, counters.arrived, counters.taken, counters.wait_seconds)
+        capacity = self.capacity
         return metrics_pb2.InputQueue(
             data_workers=len(self.addresses),
             enqueue_rate=(counters.arrived - mark.arrived) / seconds,
             dequeue_rate=(counters.taken - mark.taken) / max(seconds - waited, 1e-9),
             wait_share=waited / seconds,
-            queue_length=len(self._in_order) + self._arrivals.qsize(),
+            # A step sent again after a time-out may wait beside its first copy for a while.
+            queue_length=min(len(self._in_order) + self._arrivals.qsize(), capacity),
+            steps_per_second=(counters.taken - mark.taken) / seconds,
+            queue_capacity=capacity,
         )
+
+    @property
+    def capacity(self) -> int:
+        """The most mini-batches that can be ready here: the dispatcher's steps in flight,
+        or what the chief makes ahead when it makes them itself."""
+        if self.addresses:
+            return self.in_flight
+        return min(self.in_flight, LOCAL_PREFETCH * 2)
 
     def _sources(self) -> list[str]:
         return list(self._streams) or ["local"]

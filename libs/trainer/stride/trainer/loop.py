@@ -232,6 +232,7 @@ class StepWindow:
             step=global_step,
             loss=round(float(np.mean(losses)), 5) if losses else None,
             samples_per_second=round(self.samples / elapsed, 1),
+            plan=plan_version,
             **said,
         )
         self.restart()
@@ -628,6 +629,9 @@ class TrainingContext:
             change = classify(connection.cluster, new)
             say("moving", version=command.plan_version, change=change.value)
             if change is ClusterChange.NONE:
+                # Only data workers or pod sizes changed: nothing to move, but the windows
+                # from here on measure the new plan.
+                self.plan_version = max(self.plan_version, command.plan_version)
                 self.agent.ack("reconfigure", command.plan_version, True, paused_seconds=0.0)
                 return
             if change is ClusterChange.CHIEF_MOVED:
@@ -799,6 +803,7 @@ class TrainingContext:
             consumed,
             per_epoch * self.epochs,
             say,
+            in_flight=state.steps_in_flight if state.HasField("steps_in_flight") else 64,
         )
         queue.follow(cluster.get("data_worker", ()))
         say("data-worker mode", consumed_step=consumed, data_workers=len(queue.addresses))

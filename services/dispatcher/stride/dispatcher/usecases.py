@@ -869,6 +869,20 @@ class ShardDispatcher:
         log.info("worker marked lost", job_id=job_id, worker=pod_name, requeued=requeued)
         return requeued
 
+    async def data_worker_gone(self, job_id: str, pod_name: str, occurred_at: datetime) -> int:
+        """A data worker pod failed or was deleted: the steps it fetched before (its lease's
+        deadline is a batch time-out after the fetch) go to another reader at once instead
+        of after the time-out. A step its relaunch fetched since keeps its lease. How many
+        steps were freed."""
+        check_job_id(job_id)
+        check_worker(pod_name, "pod_name")
+        async with self.database.transaction() as session:
+            freed = await repository.expire_steps_of(
+                session, job_id, pod_name, occurred_at + self.batch_timeout, datetime.now(UTC)
+            )
+        log.info("data worker gone", job_id=job_id, pod=pod_name, steps_freed=freed)
+        return freed
+
     async def run_sweeper(self, stop: asyncio.Event, interval: float) -> None:
         """Expire lapsed leases and judge stragglers every ``interval`` seconds until ``stop``."""
         while not stop.is_set():

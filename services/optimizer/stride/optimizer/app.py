@@ -22,6 +22,7 @@ from stride.optimizer.adapters.inbound.straggler_events import StragglerHandler
 from stride.optimizer.adapters.outbound.admission import AdmissionShares
 from stride.optimizer.adapters.outbound.history import ConfigDbHistory
 from stride.optimizer.db.tables import outbox as outbox_table
+from stride.optimizer.domain.feeding import FeedRule
 from stride.optimizer.domain.observations import WindowRule
 from stride.optimizer.settings import OptimizerSettings
 from stride.optimizer.stragglers import StragglerEvents
@@ -85,6 +86,13 @@ async def build(settings: OptimizerSettings) -> ServiceHost:
         fallback=build_decisions(
             {STAGE_STEP.name: "inprocess"}, None, settings.decision_timeout_seconds
         ).adjust,
+        tune=decisions.tune_data_workers if settings.tune_data_workers else None,
+        feed=FeedRule(
+            interval_seconds=settings.tuning_interval_seconds,
+            cpu_unit=settings.data_worker_cpu_unit,
+            max_data_worker_cpu=settings.max_data_worker_cpu,
+            max_data_workers=settings.max_data_workers,
+        ),
     )
     optimizer_service_pb2_grpc.add_OptimizerServiceServicer_to_server(
         OptimizerApi(planning), host.server.server

@@ -76,6 +76,31 @@ class OptimizerSettings(ServiceSettings, DecisionSettings):
     shares only bound plan 1 and the reservations of guaranteed jobs (for clusters whose
     admission capacity is not what the optimizer places on)."""
 
+    tune_data_workers: bool = True
+    """Size each job's data workers from its input queue (GoldMiner's job-level tuner,
+    ``stride.optimizer.domain.feeding``): a job whose chief reads by steps gets the data
+    workers that pay. Off: a job gets data workers only from an operator
+    (``stride scale --data-workers``)."""
+    tuning_interval_seconds: float = Field(default=30.0, gt=0, le=3600, allow_inf_nan=False)
+    """Training time one data-worker tuning interval measures (GoldMiner sec. 5.5: 30 s)."""
+    data_worker_cpu_unit: float = Field(default=1.0, gt=0, le=64, allow_inf_nan=False)
+    """Cores per CPU of the tuner's search: a data worker grows one unit at a time. A
+    cluster of small nodes (a laptop) lowers it."""
+    max_data_worker_cpu: float = Field(default=8.0, gt=0, le=256, allow_inf_nan=False)
+    """Most cores one data worker grows to (GoldMiner sec. 3.4.1: the node's CPU-GPU ratio;
+    8 on its testbed). At least one unit."""
+    max_data_workers: int = Field(default=16, ge=1, le=1024)
+    """Most data workers the tuner gives one job."""
+
+    @model_validator(mode="after")
+    def _data_worker_sizes(self) -> OptimizerSettings:
+        if self.max_data_worker_cpu < self.data_worker_cpu_unit:
+            raise ValueError(
+                f"max_data_worker_cpu ({self.max_data_worker_cpu:g}) must be at least "
+                f"data_worker_cpu_unit ({self.data_worker_cpu_unit:g}): one unit per data worker"
+            )
+        return self
+
     @model_validator(mode="after")
     def _capacity_pair(self) -> OptimizerSettings:
         if (self.cluster_cpu is None) != (self.cluster_memory_gib is None):

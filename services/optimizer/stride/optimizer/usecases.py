@@ -55,6 +55,7 @@ from stride.optimizer.domain.administrator import (
     on_pod_failure,
 )
 from stride.optimizer.domain.claims import claim_from_json, claim_to_json
+from stride.optimizer.domain.feeding import FeedRule
 from stride.optimizer.domain.requests import plan_totals, shrunk_into
 from stride.optimizer.domain.tuning import (
     Explanation,
@@ -67,6 +68,7 @@ from stride.optimizer.domain.tuning import (
     with_pods,
     without_pods,
 )
+from stride.optimizer.feeding import DataWorkerTuning
 from stride.optimizer.share_asking import ShareAsker, ShareAsking
 from stride.policy import dlrover, stages
 from stride.policy.cold_start import COLD_START, ColdStartRequest, JobFeatures
@@ -213,7 +215,11 @@ class Planning:
         capacity: Capacity | None = None,
         enforce_shares: bool = True,
         shares: ShareAsker | None = None,
+        tune: DecisionPort | None = None,
+        feed: FeedRule | None = None,
     ) -> None:
+        """``tune`` and ``feed``: size data workers from the jobs' input queues through
+        this port (GoldMiner's tuner, :mod:`.feeding`); None tunes nothing."""
         self.database = database
         self.asking = ShareAsking(database, shares, self._share_bound, enforce_shares)
         """Asks admission for a plan beyond the job's share (None ``shares``: such a plan
@@ -235,8 +241,20 @@ class Planning:
         self.fallback = fallback
         """Where the stage step runs when ``adjust`` cannot answer (the executor pool is
         down or slow): in this process, off the event loop."""
-        self.due = DueDecisions(self.decide_pending, self.due_decisions)
+        self.feed = feed if tune is not None else None
+        self.tuning = (
+            DataWorkerTuning(database, outbox, tune, feed, self._store, self._capacity_hold)
+            if tune is not None and feed is not None
+            else None
+        )
+        self.due = DueDecisions(self._decide_due, self.due_decisions)
         """The decisions metrics made due, made off the consumers (run by the app)."""
+
+    async def _decide_due(self, job_id: str) -> None:
+        """The job's due stage-step decision, then its due tuning step."""
+        await self.decide_pending(job_id)
+        if self.tuning is not None:
+            await self.tuning.tune(job_id)
 
     async def admitted(self, decision: job_pb2.AdmissionDecision) -> None:
         """A job was admitted: create its administrator and publish plan 1. Idempotent."""
@@ -507,7 +525,10 @@ class Planning:
         if step.plans:
             newest = step.plans[-1]
             current = current.for_plan(
-                newest.version, pods_of(newest.plan), obs.job_clock(current, now.timestamp())
+                newest.version,
+                pods_of(newest.plan),
+                obs.job_clock(current, now.timestamp()),
+                data_workers=sum(r.count for r in newest.plan.roles if r.role is Role.DATA_WORKER),
             )
             held = plan_totals(newest.plan)
         if step.before is None:
@@ -1081,7 +1102,7 @@ class Planning:
                         outcomes[index] = InvalidArgument(error.field, error.problem)
                 if after != view:
                     changed[job_id] = after
-                if after.pending >= 0 and obs.measured(after, self.window):
+                if (after.pending >= 0 and obs.measured(after, self.window)) or (after.feeding.due):
                     due.append(job_id)
             await repository.put_observations_many(session, changed, now)
         for job_id in due:
@@ -1107,7 +1128,7 @@ class Planning:
                 step_seconds=metric.step_seconds,
                 input_queue=_input_queue(metric),
             )
-            return job_id, lambda view: obs.add_steps(view, report, self.window)
+            return job_id, lambda view: obs.add_steps(view, report, self.window, self.feed)
         role = ROLE_NAMES.get(metric.role)
         if role is None:
             raise InvalidArgument("role", f"must be a pod role, got {metric.role}")
@@ -1475,10 +1496,21 @@ def _input_queue(metric: metrics_pb2.StepMetrics) -> obs.InputQueue | None:
             raise InvalidArgument(f"input_queue.{name}", f"is out of range: {value}")
     if queue.data_workers < 0 or queue.queue_length < 0:
         raise InvalidArgument("input_queue", "counts must not be negative")
+    if not math.isfinite(queue.steps_per_second) or queue.steps_per_second < 0:
+        raise InvalidArgument(
+            "input_queue.steps_per_second", f"is out of range: {queue.steps_per_second}"
+        )
+    if queue.queue_capacity < 0 or 0 < queue.queue_capacity < queue.queue_length:
+        raise InvalidArgument(
+            "input_queue.queue_capacity",
+            f"{queue.queue_capacity} is negative or below queue_length {queue.queue_length}",
+        )
     return obs.InputQueue(
         data_workers=queue.data_workers,
         enqueue_rate=queue.enqueue_rate,
         dequeue_rate=queue.dequeue_rate,
         wait_share=queue.wait_share,
         queue_length=queue.queue_length,
+        steps_per_second=queue.steps_per_second,
+        queue_capacity=queue.queue_capacity,
     )

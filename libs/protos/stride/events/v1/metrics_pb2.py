@@ -25,7 +25,7 @@ _sym_db = _symbol_database.Default()
 from google.protobuf import timestamp_pb2 as google_dot_protobuf_dot_timestamp__pb2
 
 
-DESCRIPTOR = _descriptor_pool.Default().AddSerializedFile(b'\n\x1estride/events/v1/metrics.proto\x12\x10stride.events.v1\x1a\x1fgoogle/protobuf/timestamp.proto\"\x99\x02\n\x0bStepMetrics\x12\x0e\n\x06job_id\x18\x01 \x01(\t\x12\x10\n\x08pod_name\x18\x02 \x01(\t\x12\x13\n\x0bglobal_step\x18\x03 \x01(\x03\x12\r\n\x05steps\x18\x04 \x01(\x03\x12\x14\n\x0cstep_seconds\x18\x05 \x01(\x01\x12\x1a\n\x12samples_per_second\x18\x06 \x01(\x01\x12\x18\n\x10samples_consumed\x18\x07 \x01(\x03\x12/\n\x0breported_at\x18\x08 \x01(\x0b\x32\x1a.google.protobuf.Timestamp\x12\x14\n\x0cplan_version\x18\t \x01(\x03\x12\x31\n\x0binput_queue\x18\n \x01(\x0b\x32\x1c.stride.events.v1.InputQueue\"x\n\nInputQueue\x12\x14\n\x0c\x64\x61ta_workers\x18\x01 \x01(\x05\x12\x14\n\x0c\x65nqueue_rate\x18\x02 \x01(\x01\x12\x14\n\x0c\x64\x65queue_rate\x18\x03 \x01(\x01\x12\x12\n\nwait_share\x18\x04 \x01(\x01\x12\x14\n\x0cqueue_length\x18\x05 \x01(\x03\x62\x06proto3')
+DESCRIPTOR = _descriptor_pool.Default().AddSerializedFile(b'\n\x1estride/events/v1/metrics.proto\x12\x10stride.events.v1\x1a\x1fgoogle/protobuf/timestamp.proto\"\x99\x02\n\x0bStepMetrics\x12\x0e\n\x06job_id\x18\x01 \x01(\t\x12\x10\n\x08pod_name\x18\x02 \x01(\t\x12\x13\n\x0bglobal_step\x18\x03 \x01(\x03\x12\r\n\x05steps\x18\x04 \x01(\x03\x12\x14\n\x0cstep_seconds\x18\x05 \x01(\x01\x12\x1a\n\x12samples_per_second\x18\x06 \x01(\x01\x12\x18\n\x10samples_consumed\x18\x07 \x01(\x03\x12/\n\x0breported_at\x18\x08 \x01(\x0b\x32\x1a.google.protobuf.Timestamp\x12\x14\n\x0cplan_version\x18\t \x01(\x03\x12\x31\n\x0binput_queue\x18\n \x01(\x0b\x32\x1c.stride.events.v1.InputQueue\"\xaa\x01\n\nInputQueue\x12\x14\n\x0c\x64\x61ta_workers\x18\x01 \x01(\x05\x12\x14\n\x0c\x65nqueue_rate\x18\x02 \x01(\x01\x12\x14\n\x0c\x64\x65queue_rate\x18\x03 \x01(\x01\x12\x12\n\nwait_share\x18\x04 \x01(\x01\x12\x14\n\x0cqueue_length\x18\x05 \x01(\x03\x12\x18\n\x10steps_per_second\x18\x06 \x01(\x01\x12\x16\n\x0equeue_capacity\x18\x07 \x01(\x03\x62\x06proto3')
 
 _globals = globals()
 _builder.BuildMessageAndEnumDescriptors(DESCRIPTOR, _globals)
@@ -34,6 +34,6 @@ if not _descriptor._USE_C_DESCRIPTORS:
   DESCRIPTOR._loaded_options = None
   _globals['_STEPMETRICS']._serialized_start=86
   _globals['_STEPMETRICS']._serialized_end=367
-  _globals['_INPUTQUEUE']._serialized_start=369
-  _globals['_INPUTQUEUE']._serialized_end=489
+  _globals['_INPUTQUEUE']._serialized_start=370
+  _globals['_INPUTQUEUE']._serialized_end=540
 # @@protoc_insertion_point(module_scope)

@@ -94,6 +94,8 @@ class InputQueue(_message.Message):
     DEQUEUE_RATE_FIELD_NUMBER: _builtins.int
     WAIT_SHARE_FIELD_NUMBER: _builtins.int
     QUEUE_LENGTH_FIELD_NUMBER: _builtins.int
+    STEPS_PER_SECOND_FIELD_NUMBER: _builtins.int
+    QUEUE_CAPACITY_FIELD_NUMBER: _builtins.int
     data_workers: _builtins.int
     """Data workers the chief read from (0: it made the mini-batches itself)."""
     enqueue_rate: _builtins.float
@@ -104,6 +106,14 @@ class InputQueue(_message.Message):
     """Share of the window the chief waited for its next step, 0 to 1."""
     queue_length: _builtins.int
     """Mini-batches ready and waiting at the end of the window."""
+    steps_per_second: _builtins.float
+    """Steps trained per second over the whole window, waits included (the job's throughput
+    as the queue saw it).
+    """
+    queue_capacity: _builtins.int
+    """Mini-batches the chief holds ready at most: its prefetch window over its data workers
+    (or its own producer's, without them); 0 when not reported.
+    """
     def __init__(
         self,
         *,
@@ -112,10 +122,12 @@ class InputQueue(_message.Message):
         dequeue_rate: _builtins.float = ...,
         wait_share: _builtins.float = ...,
         queue_length: _builtins.int = ...,
+        steps_per_second: _builtins.float = ...,
+        queue_capacity: _builtins.int = ...,
     ) -> None: ...
     _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
     def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
-    _ClearFieldArgType: _TypeAlias = _typing.Literal["data_workers", b"data_workers", "dequeue_rate", b"dequeue_rate", "enqueue_rate", b"enqueue_rate", "queue_length", b"queue_length", "wait_share", b"wait_share"]  # noqa: Y015
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["data_workers", b"data_workers", "dequeue_rate", b"dequeue_rate", "enqueue_rate", b"enqueue_rate", "queue_capacity", b"queue_capacity", "queue_length", b"queue_length", "steps_per_second", b"steps_per_second", "wait_share", b"wait_share"]  # noqa: Y015
     def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
     def WhichOneof(self, oneof_group: _Never) -> None: ...
 

@@ -95,6 +95,8 @@ class _RootCauseEnumTypeWrapper(_enum_type_wrapper._EnumTypeWrapper[_RootCause.V
     """A plan held for capacity, granted later by the cluster's weighted greedy selection."""
     ROOT_CAUSE_SHARE: _RootCause.ValueType  # 13
     """Admission changed the job's share and the plan was fitted into it."""
+    ROOT_CAUSE_INPUT_QUEUE: _RootCause.ValueType  # 14
+    """GoldMiner's job-level tuner read the input queue and sized the data workers."""
 
 class RootCause(_RootCause, metaclass=_RootCauseEnumTypeWrapper):
     """Why the optimizer acted."""
@@ -127,6 +129,8 @@ ROOT_CAUSE_CONTENTION: RootCause.ValueType  # 12
 """A plan held for capacity, granted later by the cluster's weighted greedy selection."""
 ROOT_CAUSE_SHARE: RootCause.ValueType  # 13
 """Admission changed the job's share and the plan was fitted into it."""
+ROOT_CAUSE_INPUT_QUEUE: RootCause.ValueType  # 14
+"""GoldMiner's job-level tuner read the input queue and sized the data workers."""
 Global___RootCause: _TypeAlias = RootCause  # noqa: Y015
 
 class _AlgorithmStatus:

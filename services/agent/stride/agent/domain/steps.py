@@ -22,6 +22,9 @@ class InputQueue:
     dequeue_rate: float
     wait_share: float
     queue_length: int
+    steps_per_second: float = 0.0
+    queue_capacity: int = 0
+    """0: not reported (a trainer before the field)."""
 
 
 @dataclass(frozen=True)
@@ -64,12 +67,12 @@ def validate(window: StepWindow) -> None:
 
 
 def _validate_queue(queue: InputQueue) -> None:
-    for name in ("data_workers", "queue_length"):
+    for name in ("data_workers", "queue_length", "queue_capacity"):
         if getattr(queue, name) < 0:
             raise InvalidArgument(
                 f"input_queue.{name}", f"must not be negative, got {getattr(queue, name)}"
             )
-    for name in ("enqueue_rate", "dequeue_rate", "wait_share"):
+    for name in ("enqueue_rate", "dequeue_rate", "wait_share", "steps_per_second"):
         value = getattr(queue, name)
         if not math.isfinite(value) or value < 0:
             raise InvalidArgument(
@@ -78,4 +81,9 @@ def _validate_queue(queue: InputQueue) -> None:
     if queue.wait_share > 1:
         raise InvalidArgument(
             "input_queue.wait_share", f"must be at most 1, got {queue.wait_share}"
+        )
+    if 0 < queue.queue_capacity < queue.queue_length:
+        raise InvalidArgument(
+            "input_queue.queue_length",
+            f"{queue.queue_length} exceeds queue_capacity {queue.queue_capacity}",
         )

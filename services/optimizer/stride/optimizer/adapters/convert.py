@@ -45,6 +45,7 @@ ROOT_CAUSE_TO_PROTO = {
     RootCause.MEMORY_SIZING: optimization_pb2.ROOT_CAUSE_MEMORY_SIZING,
     RootCause.CONTENTION: optimization_pb2.ROOT_CAUSE_CONTENTION,
     RootCause.SHARE: optimization_pb2.ROOT_CAUSE_SHARE,
+    RootCause.INPUT_QUEUE: optimization_pb2.ROOT_CAUSE_INPUT_QUEUE,
 }
 
 ROLE_TO_PROTO = {

@@ -15,6 +15,7 @@ from sqlalchemy import (
     String,
     Table,
     Text,
+    false,
 )
 
 from stride.db.outbox import outbox_dead_letter_table, outbox_table
@@ -69,6 +70,8 @@ observations = Table(
     # Cores and GiB the job's current plan holds (every role), for the capacity check.
     Column("held_cpu", Float, nullable=False, server_default="0"),
     Column("held_memory_gib", Float, nullable=False, server_default="0"),
+    # Whether the view's data-worker tuning step is due (its ``feeding.due``).
+    Column("tuning_due", Boolean, nullable=False, server_default=false()),
 )
 
 claims = Table(

@@ -64,6 +64,8 @@ class RootCause(Enum):
     """A plan held for capacity, granted later by the cluster's weighted greedy."""
     SHARE = "share"
     """Admission changed the job's share; the plan was fitted into it."""
+    INPUT_QUEUE = "input_queue"
+    """GoldMiner's tuner read the job's input queue and sized its data workers."""
 
 
 _RUNNING = frozenset({JobStage.SAMPLING, JobStage.OPTIMIZING, JobStage.STEADY, JobStage.FINISHED})

@@ -33,6 +33,8 @@ import statistics
 from dataclasses import dataclass, field, replace
 from typing import Any
 
+from stride.optimizer.domain.feeding import Feeding, FeedRule, QueueWindow, add_window
+from stride.policy.serialization import from_dict, to_dict
 from stride.policy.stages import MEMORY_WINDOW, SAMPLES_PER_CONFIG, MemoryPoint, Pods, Sample
 
 OUTLIER_FACTOR = 3.0
@@ -83,6 +85,10 @@ class InputQueue:
     """Share of the window the chief waited for data."""
     queue_length: int
     """Mini-batches ready at the window's end."""
+    steps_per_second: float = 0.0
+    """Steps trained per second over the window, waits included."""
+    queue_capacity: int = 0
+    """The most mini-batches that can be ready (0: not reported)."""
 
 
 @dataclass(frozen=True)
@@ -166,9 +172,14 @@ class Observations:
     plan was replaced before its usage was applied (see :func:`add_usage`)."""
     input_queue: InputQueue | None = None
     """The chief's input queue in the newest step report that had one."""
+    feeding: Feeding = field(default_factory=Feeding)
+    """GoldMiner's data-worker tuning of the job (:mod:`.feeding`)."""
 
-    def for_plan(self, version: int, pods: Pods | None, at: float) -> Observations:
-        """The view once plan ``version`` is published: a new window, fresh usage."""
+    def for_plan(
+        self, version: int, pods: Pods | None, at: float, data_workers: int = 0
+    ) -> Observations:
+        """The view once plan ``version`` (with ``data_workers``) is published: a new
+        window and tuning interval, fresh usage."""
         return replace(
             self,
             plan_version=version,
@@ -178,11 +189,15 @@ class Observations:
             usage={},
             pending=-1,
             last_plan_at=at,
+            feeding=self.feeding.for_plan(data_workers),
         )
 
 
-def add_steps(view: Observations, report: StepReport, rule: WindowRule) -> Observations:
-    """``view`` with ``report`` applied; a decision is due when it closed a window.
+def add_steps(
+    view: Observations, report: StepReport, rule: WindowRule, feed: FeedRule | None = None
+) -> Observations:
+    """``view`` with ``report`` applied; a decision is due when it closed a window, a
+    tuning step when its input queue closed an interval (``feed``: None tunes nothing).
 
     A report already applied (same pod, same time) returns ``view`` unchanged (redelivery);
     an older one raises :class:`MetricRefused`, as do impossible values.
@@ -200,6 +215,8 @@ def add_steps(view: Observations, report: StepReport, rule: WindowRule) -> Obser
     view = replace(view, last_report={**view.last_report, report.pod_name: report.reported_at})
     if report.input_queue is not None:
         view = replace(view, input_queue=report.input_queue)
+        if feed is not None and report.plan_version == view.plan_version:
+            view = replace(view, feeding=_fed(view.feeding, report, feed))
     view = replace(view, consumed=max(view.consumed, report.samples_consumed))
     if report.plan_version != view.plan_version or view.pods is None or view.pending >= 0:
         # Another plan's steps (the job is moving), a job the stage step cannot size, or a
@@ -218,6 +235,26 @@ def add_steps(view: Observations, report: StepReport, rule: WindowRule) -> Obser
     if window.span < rule.tick_seconds or window.rate <= 0:
         return replace(view, window=window)
     return _close(replace(view, window=Window(), closed_at=window.ended_at), window.rate)
+
+
+def _fed(feeding: Feeding, report: StepReport, rule: FeedRule) -> Feeding:
+    queue = report.input_queue
+    assert queue is not None
+    window = QueueWindow(
+        seconds=report.steps * report.step_seconds,
+        steps_per_second=queue.steps_per_second,
+        enqueue_rate=queue.enqueue_rate,
+        dequeue_rate=queue.dequeue_rate,
+        queue_length=queue.queue_length,
+        queue_capacity=queue.queue_capacity,
+    )
+    return add_window(feeding, window, queue.data_workers, rule)
+
+
+def training_utilization(view: Observations) -> float:
+    """The chief's newest CPU use over its limit (0 before it reported usage)."""
+    chief = [u for u in view.usage.values() if u.role == "chief" and u.cpu_limit > 0]
+    return chief[-1].cpu_used / chief[-1].cpu_limit if chief else 0.0
 
 
 def _close(view: Observations, rate: float) -> Observations:
@@ -394,6 +431,7 @@ def to_json(view: Observations) -> str:
             "started_at": view.started_at,
             "loaded": view.loaded,
             "input_queue": None if view.input_queue is None else view.input_queue.__dict__,
+            "feeding": to_dict(view.feeding),
         },
         sort_keys=True,
     )
@@ -422,4 +460,5 @@ def from_json(text: str) -> Observations:
         started_at=data.get("started_at", -1.0),
         loaded={k: float(v) for k, v in data.get("loaded", {}).items()},
         input_queue=InputQueue(**queue) if (queue := data.get("input_queue")) else None,
+        feeding=from_dict(Feeding, data["feeding"]) if "feeding" in data else Feeding(),
     )

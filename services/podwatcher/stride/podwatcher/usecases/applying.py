@@ -174,7 +174,12 @@ class Applying(PodEnds):
             else next((r for r in running_chiefs if r.retire_after is None), None)
         )
         retiring = [*recon.delete, *(m.old for m in recon.migrate)]
-        reconfigure = recon.membership_changed and chief is not None and retiring_or_new(recon)
+        # A plan that only resizes pods in place moves nothing, but the chief is still told
+        # (its cluster unchanged): its step windows must measure the new plan's version.
+        reconfigure = chief is not None and (
+            (recon.membership_changed and retiring_or_new(recon))
+            or (bool(recon.resize) and not retiring_or_new(recon))
+        )
         await self._mark_retiring(job_id, retiring, plan.version if reconfigure else None)
         problems: list[str] = []
         for start in starts:

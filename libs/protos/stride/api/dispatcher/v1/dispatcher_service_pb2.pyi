@@ -748,6 +748,7 @@ class GetDatasetStateResponse(_message.Message):
     WORKERS_FIELD_NUMBER: _builtins.int
     FINISHED_FIELD_NUMBER: _builtins.int
     CONSUMED_STEP_FIELD_NUMBER: _builtins.int
+    STEPS_IN_FLIGHT_FIELD_NUMBER: _builtins.int
     epoch: _builtins.int
     """Current epoch."""
     todo: _builtins.int
@@ -761,6 +762,11 @@ class GetDatasetStateResponse(_message.Message):
     consumed_step: _builtins.int
     """Data-worker mode: the last step id consumed (-1 before any); unset for a dataset never
     read by steps.
+    """
+    steps_in_flight: _builtins.int
+    """Data-worker mode: the most steps dispatched and not yet consumed (the dispatcher's
+    steps_in_flight): the reader's input queue holds at most this many. Unset with
+    consumed_step.
     """
     @_builtins.property
     def workers(self) -> _containers.RepeatedCompositeFieldContainer[Global___WorkerProgress]:
@@ -776,14 +782,20 @@ class GetDatasetStateResponse(_message.Message):
         workers: _abc.Iterable[Global___WorkerProgress] | None = ...,
         finished: _builtins.bool = ...,
         consumed_step: _builtins.int | None = ...,
+        steps_in_flight: _builtins.int | None = ...,
     ) -> None: ...
-    _HasFieldArgType: _TypeAlias = _typing.Literal["_consumed_step", b"_consumed_step", "consumed_step", b"consumed_step"]  # noqa: Y015
+    _HasFieldArgType: _TypeAlias = _typing.Literal["_consumed_step", b"_consumed_step", "_steps_in_flight", b"_steps_in_flight", "consumed_step", b"consumed_step", "steps_in_flight", b"steps_in_flight"]  # noqa: Y015
     def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
-    _ClearFieldArgType: _TypeAlias = _typing.Literal["_consumed_step", b"_consumed_step", "consumed_step", b"consumed_step", "doing", b"doing", "done", b"done", "epoch", b"epoch", "finished", b"finished", "todo", b"todo", "workers", b"workers"]  # noqa: Y015
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["_consumed_step", b"_consumed_step", "_steps_in_flight", b"_steps_in_flight", "consumed_step", b"consumed_step", "doing", b"doing", "done", b"done", "epoch", b"epoch", "finished", b"finished", "steps_in_flight", b"steps_in_flight", "todo", b"todo", "workers", b"workers"]  # noqa: Y015
     def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
     _WhichOneofReturnType__consumed_step: _TypeAlias = _typing.Literal["consumed_step"]  # noqa: Y015
     _WhichOneofArgType__consumed_step: _TypeAlias = _typing.Literal["_consumed_step", b"_consumed_step"]  # noqa: Y015
+    _WhichOneofReturnType__steps_in_flight: _TypeAlias = _typing.Literal["steps_in_flight"]  # noqa: Y015
+    _WhichOneofArgType__steps_in_flight: _TypeAlias = _typing.Literal["_steps_in_flight", b"_steps_in_flight"]  # noqa: Y015
+    @_typing.overload
     def WhichOneof(self, oneof_group: _WhichOneofArgType__consumed_step) -> _WhichOneofReturnType__consumed_step | None: ...
+    @_typing.overload
+    def WhichOneof(self, oneof_group: _WhichOneofArgType__steps_in_flight) -> _WhichOneofReturnType__steps_in_flight | None: ...
 
 Global___GetDatasetStateResponse: _TypeAlias = GetDatasetStateResponse  # noqa: Y015
 

@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import math
 from collections.abc import AsyncIterator
+from dataclasses import fields
 from typing import Any
 
 import grpc
@@ -135,11 +136,7 @@ class AgentApi(pb_grpc.AgentServiceServicer):
                 plan_version=request.plan_version,
                 input_queue=(
                     InputQueue(
-                        data_workers=request.input_queue.data_workers,
-                        enqueue_rate=request.input_queue.enqueue_rate,
-                        dequeue_rate=request.input_queue.dequeue_rate,
-                        wait_share=request.input_queue.wait_share,
-                        queue_length=request.input_queue.queue_length,
+                        **{f.name: getattr(request.input_queue, f.name) for f in fields(InputQueue)}
                     )
                     if request.HasField("input_queue")
                     else None

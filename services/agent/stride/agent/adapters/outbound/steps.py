@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+from dataclasses import asdict
 from datetime import UTC, datetime
 
 import nats.errors
@@ -43,15 +44,7 @@ class StepReporter:
         )
         if window.input_queue is not None:
             queue = window.input_queue
-            message.input_queue.CopyFrom(
-                metrics_pb2.InputQueue(
-                    data_workers=queue.data_workers,
-                    enqueue_rate=queue.enqueue_rate,
-                    dequeue_rate=queue.dequeue_rate,
-                    wait_share=queue.wait_share,
-                    queue_length=queue.queue_length,
-                )
-            )
+            message.input_queue.CopyFrom(metrics_pb2.InputQueue(**asdict(queue)))
         try:
             await self.bus.publish(
                 topics.STEP_METRICS,

@@ -27,21 +27,24 @@ SHARD_ROLES = frozenset({plan_pb2.ROLE_WORKER, plan_pb2.ROLE_CHIEF, plan_pb2.ROL
 
 
 class PodEventHandler:
-    """Marks the worker of a failed or deleted pod lost."""
+    """Marks the worker of a failed or deleted pod lost; frees a gone data worker's steps."""
 
     def __init__(self, dispatcher: ShardDispatcher) -> None:
         self.dispatcher = dispatcher
 
     async def __call__(self, event: pod_pb2.PodEvent, delivery: Delivery) -> None:
-        if event.phase not in GONE_PHASES or event.role not in SHARD_ROLES:
-            return
-        if not event.job_id or not event.pod_name:
+        if event.phase not in GONE_PHASES or not event.job_id or not event.pod_name:
             return
         occurred = (
             event.occurred_at.ToDatetime(tzinfo=UTC)
             if event.HasField("occurred_at")
             else datetime.now(UTC)
         )
+        if event.role == plan_pb2.ROLE_DATA_WORKER:
+            await self.dispatcher.data_worker_gone(event.job_id, event.pod_name, occurred)
+            return
+        if event.role not in SHARD_ROLES:
+            return
         requeued = await self.dispatcher.pod_gone(event.job_id, event.pod_name, occurred)
         if requeued is not None:
             log.info(

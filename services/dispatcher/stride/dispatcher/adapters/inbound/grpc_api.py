@@ -229,6 +229,9 @@ class DispatcherApi(pb_grpc.DispatcherServiceServicer):
             done=state.counts.done,
             finished=state.counts.finished,
             consumed_step=state.consumed_step,
+            steps_in_flight=(
+                None if state.consumed_step is None else self.dispatcher.steps_in_flight
+            ),
             workers=[
                 pb.WorkerProgress(
                     worker=w.worker,

@@ -949,6 +949,24 @@ async def lease_steps(
     )
 
 
+async def expire_steps_of(
+    session: AsyncSession, job_id: str, data_worker: str, leased_before: datetime, now: datetime
+) -> int:
+    """Make the steps ``data_worker`` fetched before ``leased_before`` (its deadline less the
+    batch time-out) due for another now: that pod is gone. How many."""
+    result = await session.execute(
+        update(step_leases)
+        .where(
+            step_leases.c.data_worker == data_worker,
+            step_leases.c.deadline < leased_before,
+            step_leases.c.deadline > now,
+            step_leases.c.dataset_id.in_(select(datasets.c.id).where(datasets.c.job_id == job_id)),
+        )
+        .values(deadline=now)
+    )
+    return int(getattr(result, "rowcount", 0) or 0)
+
+
 async def forget_consumed_steps(session: AsyncSession, dataset_id: int, consumed_step: int) -> None:
     """Drop the leases of consumed steps."""
     await session.execute(

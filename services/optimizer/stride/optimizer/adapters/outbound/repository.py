@@ -218,6 +218,7 @@ def observations_row(
         "view": to_json(view),
         "updated_at": at,
         "pending": view.pending,
+        "tuning_due": view.feeding.due,
     }
     if held is not None:
         values["held_cpu"], values["held_memory_gib"] = held
@@ -271,6 +272,7 @@ _PUT_VIEW = (
         view=bindparam("b_view"),
         updated_at=bindparam("b_at", type_=observations.c.updated_at.type),
         pending=bindparam("b_pending"),
+        tuning_due=bindparam("b_tuning_due"),
     )
 )
 
@@ -283,16 +285,24 @@ async def put_observations_many(
         await session.execute(
             _PUT_VIEW,
             [
-                {"b_job_id": job_id, "b_view": to_json(view), "b_at": at, "b_pending": view.pending}
+                {
+                    "b_job_id": job_id,
+                    "b_view": to_json(view),
+                    "b_at": at,
+                    "b_pending": view.pending,
+                    "b_tuning_due": view.feeding.due,
+                }
                 for job_id, view in views.items()
             ],
         )
 
 
 async def jobs_with_due_decisions(session: AsyncSession) -> list[str]:
-    """Jobs whose view has a window waiting for its decision."""
+    """Jobs whose view has a window waiting for its decision, or a tuning step due."""
     rows = await session.scalars(
-        select(observations.c.job_id).where(observations.c.pending >= 0).order_by("job_id")
+        select(observations.c.job_id)
+        .where((observations.c.pending >= 0) | observations.c.tuning_due)
+        .order_by("job_id")
     )
     return list(rows)
 
