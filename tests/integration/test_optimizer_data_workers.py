@@ -105,7 +105,8 @@ class Chief:
         self.reports = itertools.count()
 
     async def plan(self) -> plan_pb2.ResourcePlan:
-        return (await self.stub.GetPlan(pb.GetPlanRequest(job_id=self.job_id))).plan
+        reply: pb.GetPlanResponse = await self.stub.GetPlan(pb.GetPlanRequest(job_id=self.job_id))
+        return reply.plan
 
     async def first_plan(self) -> plan_pb2.ResourcePlan:
         async def made() -> plan_pb2.ResourcePlan:

@@ -117,9 +117,7 @@ def test_a_configuration_becomes_the_data_worker_role_and_back() -> None:
 
 
 def test_fewer_data_workers_keep_their_size_and_drop_overrides_of_gone_pods() -> None:
-    held = RoleResources(
-        Role.DATA_WORKER, 3, 1.0, GIB, overrides=(PodOverride(2, 1.0, 2 * GIB),)
-    )
+    held = RoleResources(Role.DATA_WORKER, 3, 1.0, GIB, overrides=(PodOverride(2, 1.0, 2 * GIB),))
     fallen = with_configuration(
         plan(CHIEF, WORKER, held), PipelineConfiguration(0, 0, 1), RULE, "back", "a/1"
     )
