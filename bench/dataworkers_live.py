@@ -48,6 +48,21 @@ DATA_CAP = 0.6
 rest for the dispatcher, the agents and the pod watcher."""
 MIB = 1024**2
 GOAL = 2.0
+TUNED_EPOCHS = 3
+"""Epochs of the job the optimizer tunes: its search (a baseline interval, then a data
+worker's size and count, each an interval after the pods serve) and a stretch after it."""
+TUNING = {
+    # The optimizer's cold start with trainer pods of 0.2 core, as the hand-set plans'.
+    "STRIDE_OPTIMIZER_MAX_POD_CPU": "0.2",
+    # Only GoldMiner's tuner decides after plan 1: no stage-step window closes.
+    "STRIDE_OPTIMIZER_TICK_SECONDS": "86400",
+    # Intervals of 10 s of training (30 s in production); data workers of 0.3 core at a
+    # time up to the hand-set ones' 0.6, at most two of them.
+    "STRIDE_OPTIMIZER_TUNING_INTERVAL_SECONDS": "10",
+    "STRIDE_OPTIMIZER_DATA_WORKER_CPU_UNIT": "0.3",
+    "STRIDE_OPTIMIZER_MAX_DATA_WORKER_CPU": str(DATA_CAP),
+    "STRIDE_OPTIMIZER_MAX_DATA_WORKERS": "2",
+}
 
 
 def plan(job_id: str, data_workers: int) -> Any:
@@ -73,7 +88,7 @@ def plan(job_id: str, data_workers: int) -> Any:
     )
 
 
-def spec(job_id: str) -> Any:
+def spec(job_id: str, epochs: int = 1) -> Any:
     from stride.events.v1 import job_pb2
 
     return job_pb2.JobSpec(
@@ -85,7 +100,7 @@ def spec(job_id: str) -> Any:
         dataset=job_pb2.DatasetSpec(name="criteo-text-synthetic", record_count=RECORDS),
         batch_size=BATCH,
         hyperparameters={"learning_rate": "0.001", "embedding_dim": "8"},
-        termination=job_pb2.Termination(max_epochs=1),
+        termination=job_pb2.Termination(max_epochs=epochs),
     )
 
 
@@ -144,8 +159,7 @@ async def run_job(nats_url: str, pods: Path, data_workers: int) -> dict[str, Any
         json.loads(line)
         for line in (pods / "jobs" / job_id / "consumed.jsonl").read_text().splitlines()
     ]
-    counts = Counter(index for entry in consumed for index in entry["indices"])
-    exactly_once = set(counts) == set(range(RECORDS)) and set(counts.values()) == {1}
+    exactly_once = _exactly_once(consumed, 1)
     return {
         "samples_per_second": (end["step"] - start["step"]) * BATCH / seconds,
         "wait_share": queue.get("wait_seconds", 0.0)
@@ -204,6 +218,72 @@ def predicted_gain(with_data_workers: dict[str, float]) -> tuple[float, float, f
     return gain, m, r
 
 
+def _exactly_once(consumed: list[dict[str, Any]], epochs: int) -> bool:
+    counts = Counter((entry["epoch"], index) for entry in consumed for index in entry["indices"])
+    wanted = {(epoch, index) for epoch in range(epochs) for index in range(RECORDS)}
+    return set(counts) == wanted and set(counts.values()) == {1}
+
+
+async def run_tuned(nats_url: str, pods: Path) -> dict[str, Any]:
+    """The job admitted with nothing but its spec: the optimizer plans it (cold start,
+    trainer pods of 0.2 core) and its GoldMiner tuner sizes the data workers from the input
+    queue. The throughput before (plan 1, no data workers, after its first window) and
+    after the search (the final plan, after its first window), side by side in one job."""
+    from stride.bus import topics
+    from stride.events.v1 import job_pb2, plan_pb2
+    from stride.testing.bus import producer_bus
+    from stride.testing.streams import stream_messages
+
+    job_id = f"job-{uuid.uuid4().hex[:10]}"
+    bus = await producer_bus(nats_url, name="bench")
+    await bus.ensure_streams()
+    decision = job_pb2.AdmissionDecision(
+        job_id=job_id,
+        outcome=job_pb2.ADMISSION_OUTCOME_ADMITTED,
+        spec=spec(job_id, TUNED_EPOCHS),
+    )
+    await bus.publish(topics.JOB_ADMITTED, job_id, decision, f"{job_id}.admitted")
+    await bus.close()
+    log = pods / "pods" / f"{job_id}-chief-0" / "trainer.log"
+    deadline = time.monotonic() + 3600
+    while time.monotonic() < deadline:
+        events = _events(log)
+        if any(e.get("event") == "finished" for e in events):
+            break
+        await asyncio.sleep(1.0)
+    else:
+        raise RuntimeError(f"{job_id} did not finish; its chief's log is {log}")
+    plans = [
+        plan_pb2.ResourcePlan.FromString(m.data)
+        for m in await stream_messages(nats_url, topics.PLAN.subject(job_id))
+    ]
+    steps = [e for e in events if e.get("event") == "steps"]
+    final = plans[-1]
+    data = next((r for r in final.roles if r.role == plan_pb2.ROLE_DATA_WORKER), None)
+    consumed = [
+        json.loads(line)
+        for line in (pods / "jobs" / job_id / "consumed.jsonl").read_text().splitlines()
+    ]
+    return {
+        "before": _rate([e for e in steps if e.get("plan") == 1][1:]),
+        "after": _rate([e for e in steps if e.get("plan") == final.version][1:]),
+        "data_workers": (data.count, data.cpu) if data is not None else (0, 0.0),
+        "steps": [p.reason for p in plans if p.algorithm.startswith("goldminer")],
+        "trainer_cores": sum(
+            r.count * r.cpu for r in plans[0].roles if r.role != plan_pb2.ROLE_DATA_WORKER
+        ),
+        "exactly_once": _exactly_once(consumed, TUNED_EPOCHS),
+    }
+
+
+def _rate(steps: list[dict[str, Any]]) -> float:
+    """Samples per second over a run of step reports (0 for fewer than two)."""
+    if len(steps) < 2 or steps[-1]["time"] <= steps[0]["time"]:
+        return 0.0
+    samples = float(steps[-1]["step"] - steps[0]["step"]) * BATCH
+    return samples / float(steps[-1]["time"] - steps[0]["time"])
+
+
 def _events(path: Path) -> list[dict[str, Any]]:
     if not path.exists():
         return []
@@ -217,54 +297,86 @@ def _events(path: Path) -> list[dict[str, Any]]:
     return found
 
 
+class Suite:
+    """NATS, the dispatcher, the checkpoint cache and the pod watcher (local pods), and with
+    ``optimizer`` the optimizer too, on SQLite, in a folder of their own."""
+
+    def __init__(self, optimizer: bool) -> None:
+        from stride.runtime.embedded_nats import NatsServer
+        from stride.testing.processes import ServiceProcess
+
+        self.root = root = Path(tempfile.mkdtemp(prefix="stride-bench-dw-"))
+        self.nats = NatsServer(store_dir=root / "nats").start()
+        logs = root / "logs"
+        logs.mkdir()
+        self.shm = Path("/dev/shm") / f"stride-bench-{uuid.uuid4().hex[:8]}"
+        common = {"STRIDE_NATS_URL": self.nats.url, "STRIDE_LOG_LEVEL": "WARNING"}
+        dispatcher = ServiceProcess(
+            "dispatcher",
+            {**common, "STRIDE_DISPATCHER_DATABASE_URL": f"sqlite:///{root / 'd.db'}"},
+            logs,
+        ).start()
+        ckptcache = ServiceProcess(
+            "ckptcache",
+            {
+                **common,
+                "STRIDE_CKPTCACHE_STORE_DIR": str(root / "store"),
+                "STRIDE_CKPTCACHE_SHM_DIR": str(self.shm),
+            },
+            logs,
+        ).start()
+        self.pods = root / "pods"
+        podwatcher = ServiceProcess(
+            "podwatcher",
+            {
+                **common,
+                "STRIDE_PODWATCHER_DATABASE_URL": f"sqlite:///{root / 'p.db'}",
+                "STRIDE_PODWATCHER_LOCAL_STATE_DIR": str(self.pods),
+                # The trainers on one virtual node, the data workers on another (memory
+                # as declared: the optimizer's cold start asks 4 GiB a PS).
+                "STRIDE_PODWATCHER_LOCAL_NODES": "2x(cpu=1.2,memory=12Gi)",
+                "STRIDE_PODWATCHER_DISPATCHER_ADDRESS": dispatcher.address,
+                "STRIDE_PODWATCHER_CKPTCACHE_ADDRESS": ckptcache.address,
+                # One checkpoint at the end: they are bench/ckptcache.py's to measure.
+                "STRIDE_PODWATCHER_CHECKPOINT_EVERY_STEPS": "100000",
+                "STRIDE_PODWATCHER_STEP_REPORT_SECONDS": "1",
+            },
+            logs,
+        ).start()
+        self.processes = [dispatcher, ckptcache, podwatcher]
+        if optimizer:
+            self.processes.append(
+                ServiceProcess(
+                    "optimizer",
+                    {
+                        **common,
+                        "STRIDE_OPTIMIZER_DATABASE_URL": f"sqlite:///{root / 'o.db'}",
+                        **TUNING,
+                    },
+                    logs,
+                ).start()
+            )
+
+    def close(self) -> None:
+        for process in reversed(self.processes):
+            process.terminate()
+        # Pods outlive their pod watcher by design (a new one adopts them): end them here.
+        asyncio.run(_delete_pods(self.pods))
+        shutil.rmtree(self.shm, ignore_errors=True)
+        self.nats.stop()
+        shutil.rmtree(self.root, ignore_errors=True)
+
+
 def main(rounds: int) -> str:
-    from stride.runtime.embedded_nats import NatsServer
     from stride.testing.channels import ensure_certificates
-    from stride.testing.processes import ServiceProcess
 
     ensure_certificates()
-    root = Path(tempfile.mkdtemp(prefix="stride-bench-dw-"))
-    nats = NatsServer(store_dir=root / "nats").start()
-    logs = root / "logs"
-    logs.mkdir()
-    shm = Path("/dev/shm") / f"stride-bench-{uuid.uuid4().hex[:8]}"
-    common = {"STRIDE_NATS_URL": nats.url, "STRIDE_LOG_LEVEL": "WARNING"}
-    dispatcher = ServiceProcess(
-        "dispatcher",
-        {**common, "STRIDE_DISPATCHER_DATABASE_URL": f"sqlite:///{root / 'd.db'}"},
-        logs,
-    ).start()
-    ckptcache = ServiceProcess(
-        "ckptcache",
-        {
-            **common,
-            "STRIDE_CKPTCACHE_STORE_DIR": str(root / "store"),
-            "STRIDE_CKPTCACHE_SHM_DIR": str(shm),
-        },
-        logs,
-    ).start()
-    pods = root / "pods"
-    podwatcher = ServiceProcess(
-        "podwatcher",
-        {
-            **common,
-            "STRIDE_PODWATCHER_DATABASE_URL": f"sqlite:///{root / 'p.db'}",
-            "STRIDE_PODWATCHER_LOCAL_STATE_DIR": str(pods),
-            # The trainers on one virtual node, the data workers on another.
-            "STRIDE_PODWATCHER_LOCAL_NODES": "2x(cpu=1.2,memory=5Gi)",
-            "STRIDE_PODWATCHER_DISPATCHER_ADDRESS": dispatcher.address,
-            "STRIDE_PODWATCHER_CKPTCACHE_ADDRESS": ckptcache.address,
-            # One checkpoint at the end: they are bench/ckptcache.py's to measure.
-            "STRIDE_PODWATCHER_CHECKPOINT_EVERY_STEPS": "100000",
-            "STRIDE_PODWATCHER_STEP_REPORT_SECONDS": "1",
-        },
-        logs,
-    ).start()
     results: dict[str, list[dict[str, Any]]] = {"without": [], "with": []}
+    suite = Suite(optimizer=False)
     try:
         for number in range(rounds):
             for variant, count in (("without", 0), ("with", 2)):
-                result = asyncio.run(run_job(nats.url, pods, count))
+                result = asyncio.run(run_job(suite.nats.url, suite.pods, count))
                 results[variant].append(result)
                 print(
                     f"round {number + 1} {variant}: {result['samples_per_second']:,.0f} "
@@ -274,14 +386,14 @@ def main(rounds: int) -> str:
                     flush=True,
                 )
     finally:
-        for process in (podwatcher, ckptcache, dispatcher):
-            process.terminate()
-        # Pods outlive their pod watcher by design (a new one adopts them): end them here.
-        asyncio.run(_delete_pods(pods))
-        shutil.rmtree(shm, ignore_errors=True)
-        nats.stop()
-        shutil.rmtree(root, ignore_errors=True)
-    return report(results, rounds)
+        suite.close()
+    suite = Suite(optimizer=True)
+    try:
+        tuned = asyncio.run(run_tuned(suite.nats.url, suite.pods))
+        print(f"tuned by the optimizer: {tuned}", flush=True)
+    finally:
+        suite.close()
+    return report(results, rounds, tuned)
 
 
 async def _delete_pods(pods: Path) -> None:
@@ -293,7 +405,7 @@ async def _delete_pods(pods: Path) -> None:
     await leftovers.close()
 
 
-def report(results: dict[str, list[dict[str, Any]]], rounds: int) -> str:
+def report(results: dict[str, list[dict[str, Any]]], rounds: int, tuned: dict[str, Any]) -> str:
     def median(variant: str, key: str) -> float:
         values = sorted(r[key] for r in results[variant])
         return float(values[len(values) // 2])
@@ -328,6 +440,18 @@ def report(results: dict[str, list[dict[str, Any]]], rounds: int) -> str:
             + ("PASS" if share >= 0.80 else "FAIL")
             + f"); the chief waited for data {waited:.0%} of the time",
             f"every sample trained exactly once in every run: {'yes' if once else 'NO'}",
+            "",
+            "submitted with nothing but its spec ("
+            + f"{TUNED_EPOCHS} epochs), planned by the optimizer (cold start: "
+            + f"{tuned['trainer_cores']:.1f} trainer cores) and tuned by its GoldMiner tuner:",
+            *(f"  {reason}" for reason in tuned["steps"]),
+            f"  final: {tuned['data_workers'][0]} data workers of {tuned['data_workers'][1]:g} "
+            f"core; {tuned['before']:,.0f} samples/s before the search, {tuned['after']:,.0f} "
+            f"after it: {tuned['after'] / max(tuned['before'], 1e-9):.2f}x; goal >= "
+            + f"{GOAL:.0f}x: "
+            + ("PASS" if tuned["after"] >= GOAL * tuned["before"] else "FAIL")
+            + f"; exactly once: {'yes' if tuned['exactly_once'] else 'NO'}",
+            "",
             f"simulator's prediction (stride.sim.dataworkers' model, m = {m * 1e6:.1f} and "
             f"r = {r * 1e6:.1f} CPU-us per sample measured with data workers): {predicted:.2f}x "
             f"against {ratio:.2f}x measured, {off:.0%} off; goal within 15 %: "

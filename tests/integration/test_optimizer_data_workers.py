@@ -238,3 +238,23 @@ async def test_a_bad_input_queue_is_dead_lettered_naming_its_field(
     assert "input_queue.queue_capacity" in reasons
     # Nothing of it reached the tuner.
     assert await chief.tuning_events() == []
+
+
+async def test_an_operators_data_workers_end_the_search_and_stay(stub: Stub, bus: Bus) -> None:
+    await publish_admission(bus, admission("job-oper"))
+    chief = Chief(bus, stub, "job-oper")
+    await chief.first_plan()
+    scaled = await stub.ScaleJob(pb.ScaleJobRequest(job_id="job-oper", workers=1, data_workers=2))
+    plan = scaled.plan
+    assert configuration(plan).data_workers == 2
+    for _ in range(3):
+        await chief.report(plan, observe_queue(JOB, configuration(plan)))
+
+    async def ended() -> list[optimization_pb2.OptimizationEvent]:
+        events = await chief.tuning_events()
+        assert events, "no tuning event yet"
+        return events
+
+    (event,) = await assert_eventually(ended, timeout=20)
+    assert event.detail == "data-worker tuning ended: an operator's plan set the data workers"
+    assert (await chief.plan()).version == plan.version

@@ -91,11 +91,10 @@ class DataWorkerTuning:
         ):
             return
         feeding = view.feeding
-        current = plan_from_proto(newest)
-        if feeding.state is not None and (
-            configuration_of(current, self.rule).data_workers
-            != feeding.state.configuration.data_workers
-        ):
+        current = configuration_of(plan_from_proto(newest), self.rule)
+        expected = feeding.state.configuration.data_workers if feeding.state is not None else 0
+        if current.data_workers != expected:
+            # An operator's plan (stride scale --data-workers) decides this job's data workers.
             await self._settle(job_id, view, None, "", "an operator's plan set the data workers")
             return
         request = TunerRequest(
@@ -141,13 +140,11 @@ class DataWorkerTuning:
                 return
             if reply is None:
                 feeding = replace(view.feeding, due=False, windows=(), held=ended)
-                await self._store(
-                    session,
-                    Step(existing, existing),
-                    None,
-                    now,
-                    view=replace(view, feeding=feeding),
+                explanation = Explanation(
+                    TUNE_STEP.qualified_name, "", "", f"data-worker tuning ended: {ended}"
                 )
+                step, _ = on_tuned(existing, None, f"{job_id}.tune.ended", explanation, now)
+                await self._store(session, step, None, now, view=replace(view, feeding=feeding))
                 log.info("data-worker tuning ended", job_id=job_id, why=ended)
                 return
             current = plan_from_proto(newest)
