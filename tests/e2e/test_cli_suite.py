@@ -6,8 +6,9 @@ from __future__ import annotations
 
 import os
 import re
+import signal
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from pathlib import Path
 
 import grpc
@@ -18,6 +19,8 @@ from stride.cli.endpoints import SuiteState, pid_alive
 from stride.runtime.checkpoint_memory import default_shm_dir
 from stride.runtime.tls import IDENTITIES
 from stride.testing.processes import run_cli
+
+from .test_supervisor import processes_of
 
 pytestmark = [pytest.mark.e2e, pytest.mark.timeout(420)]
 ROOT = Path(__file__).resolve().parents[2]
@@ -38,6 +41,16 @@ def profiled_eventually(probe: Callable[[], str], timeout: float = 30.0) -> str:
             time.sleep(1.0)
 
 
+@pytest.fixture
+def leaves_nothing(tmp_path: Path) -> Iterator[None]:
+    """Ends whatever a failed (or timed-out) run of the test left of its suites: a suite
+    that outlives its test loads every test after it."""
+    yield
+    for pid in processes_of(tmp_path / "state"):
+        os.kill(pid, signal.SIGKILL)
+
+
+@pytest.mark.usefixtures("leaves_nothing")
 def test_up_submit_status_down_with_the_embedded_defaults(tmp_path: Path) -> None:
     env = {k: v for k, v in os.environ.items() if not k.startswith("STRIDE_")}
     env.update({"STRIDE_STATE_DIR": str(tmp_path / "state"), "COLUMNS": "200"})
