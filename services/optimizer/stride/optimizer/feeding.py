@@ -24,7 +24,7 @@ from stride.decisions import DecisionFailed, DecisionPort
 from stride.optimizer.adapters.convert import plan_from_proto
 from stride.optimizer.adapters.outbound import repository
 from stride.optimizer.domain import observations as obs
-from stride.optimizer.domain.administrator import JobStage, StageError, Step
+from stride.optimizer.domain.administrator import Administrator, JobStage, StageError, Step
 from stride.optimizer.domain.feeding import (
     FeedRule,
     configuration_of,
@@ -139,13 +139,7 @@ class DataWorkerTuning:
                 log.info("tuning step dropped: the job changed while it was made", job_id=job_id)
                 return
             if reply is None:
-                feeding = replace(view.feeding, due=False, windows=(), held=ended)
-                explanation = Explanation(
-                    TUNE_STEP.qualified_name, "", "", f"data-worker tuning ended: {ended}"
-                )
-                step, _ = on_tuned(existing, None, f"{job_id}.tune.ended", explanation, now)
-                await self._store(session, step, None, now, view=replace(view, feeding=feeding))
-                log.info("data-worker tuning ended", job_id=job_id, why=ended)
+                await self._end(session, existing, view, ended, now)
                 return
             current = plan_from_proto(newest)
             plan, hold = await self._plan_of(session, job_id, current, reply)
@@ -196,6 +190,23 @@ class DataWorkerTuning:
             why=reply.reason,
             held=hold,
         )
+
+    async def _end(
+        self,
+        session: Session,
+        existing: Administrator,
+        view: obs.Observations,
+        why: str,
+        now: datetime,
+    ) -> None:
+        """End the job's search for good, with an event saying why."""
+        feeding = replace(view.feeding, due=False, windows=(), held=why)
+        explanation = Explanation(
+            TUNE_STEP.qualified_name, "", "", f"data-worker tuning ended: {why}"
+        )
+        step, _ = on_tuned(existing, None, f"{existing.job_id}.tune.ended", explanation, now)
+        await self._store(session, step, None, now, view=replace(view, feeding=feeding))
+        log.info("data-worker tuning ended", job_id=existing.job_id, why=why)
 
     async def _plan_of(
         self, session: Session, job_id: str, current: Plan, reply: TunerReply
