@@ -35,6 +35,7 @@ Departures from sec. 3.4.1, each because Stride has another owner for it:
 from __future__ import annotations
 
 import math
+from collections.abc import Callable
 from dataclasses import dataclass, replace
 from datetime import datetime
 
@@ -154,10 +155,11 @@ def observation(feeding: Feeding, utilization: float) -> QueueObservation | None
     )
 
 
-def _mean(windows: tuple[QueueWindow, ...], value: object, plain: bool = False) -> float:
+def _mean(
+    windows: tuple[QueueWindow, ...], value: Callable[[QueueWindow], float], plain: bool = False
+) -> float:
     """Mean of ``value`` over the windows, weighted by time unless ``plain``; a value every
     window shares is returned as it is (no rounding from the weighting)."""
-    assert callable(value)
     values = [float(value(w)) for w in windows]
     if not values:
         return 0.0
