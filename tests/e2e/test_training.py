@@ -372,14 +372,16 @@ async def test_wide_and_deep_trains_to_completion_on_every_sample_once(suite: Su
     await assert_eventually(only_the_chief_is_left, timeout=30)
 
 
-async def test_the_optimizer_gives_the_text_example_data_workers_from_its_input_queue(
+async def test_the_optimizer_gives_the_text_example_data_workers_and_a_sigkilled_one_loses_nothing(
     tuned_suite: Suite,
 ) -> None:
-    """examples/criteo-text.yaml's entrypoint (string records decoded, hashed and crossed in
-    the model: the part GoldMiner's partitioning gives data workers), admitted without data
-    workers and planned by the optimizer. Its chief reports its input queue; GoldMiner's
-    tuner in the optimizer profiles the baseline, adds a data worker, and judges it from the
-    windows the chief measured reading from it. Every sample is trained once throughout."""
+    """GoldMiner live. examples/criteo-text.yaml's entrypoint (string records decoded,
+    hashed and crossed in the model: the part GoldMiner's partitioning gives data workers,
+    found, not declared), admitted without data workers and planned by the optimizer. Its
+    chief reports its input queue; GoldMiner's tuner in the optimizer profiles the baseline,
+    adds a data worker, and judges it from the windows the chief measured reading from it.
+    That data worker is SIGKILLed while it feeds the chief: its steps go back by time-out,
+    the pod watcher relaunches it, and every sample is still trained exactly once."""
     suite, job = tuned_suite, new_job()
     bus = await producer_bus(suite.nats_url, name="test")
     try:
@@ -390,11 +392,23 @@ async def test_the_optimizer_gives_the_text_example_data_workers_from_its_input_
             spec=spec(job, LONG, "stride_examples.criteo_text:train", TUNED_EPOCHS),
         )
         await bus.publish(topics.JOB_ADMITTED, job, decision, f"{job}.admitted")
+
+        async def fed_by_a_data_worker() -> bool:
+            steps = [e for e in suite.chief_events(job) if e.get("event") == "steps"]
+            assert any(e.get("data_workers", 0) >= 1 for e in steps), steps[-3:]
+            return True
+
+        await assert_eventually(fed_by_a_data_worker, timeout=240, interval=0.5)
+        pids = json.loads((suite.pod_dir(f"{job}-data-worker-0") / "pids.json").read_text())
+        os.kill(pids["trainer"], signal.SIGKILL)
         end = await finished(suite, job)
     finally:
         await bus.close()
     assert end.outcome == job_pb2.JOB_OUTCOME_SUCCEEDED, end.message
     check_exactly_once(suite.consumed(job), LONG, TUNED_EPOCHS)
+    messages = await stream_messages(suite.nats_url, topics.POD_FAILED.subject(job))
+    failed = [pod_pb2.PodEvent.FromString(m.data) for m in messages]
+    assert any(e.pod_name == f"{job}-data-worker-0" for e in failed), failed
     messages = await stream_messages(suite.nats_url, topics.PLAN.subject(job))
     plans = [plan_pb2.ResourcePlan.FromString(m.data) for m in messages]
     tuned = [p for p in plans if p.algorithm.startswith("goldminer-tune-step")]
@@ -403,56 +417,27 @@ async def test_the_optimizer_gives_the_text_example_data_workers_from_its_input_
     assert (first.count, first.cpu) == (1, 0.5), tuned[0]
     # The chief followed it: windows of that plan, read from the data worker, which the
     # tuner judged (its next step needs a whole interval of them).
-    steps = [e for e in suite.chief_events(job) if e.get("event") == "steps"]
+    events = suite.chief_events(job)
+    steps = [e for e in events if e.get("event") == "steps"]
     fed = [e for e in steps if e.get("plan") == tuned[0].version and e.get("data_workers") == 1]
     assert fed, [(e.get("plan"), e.get("data_workers")) for e in steps][-10:]
+    # Steps came from the chief (the baseline) and from data workers, each taken once.
+    queues = [e for e in events if e.get("event") == "input queue"]
+    sources = {source for queue in queues for source in queue["by_source"]}
+    assert "local" in sources and len(sources) >= 2, queues
+    assert sum(queue["taken"] for queue in queues) == TUNED_EPOCHS * -(-LONG // BATCH), queues
     assert suite.optimizer is not None
     with sync_channel(suite.optimizer.address, "optimizer") as channel:
-        events = (
+        found = (
             optimizer_grpc.OptimizerServiceStub(channel)
             .ListOptimizationEvents(optimizer_pb.ListOptimizationEventsRequest(job_id=job))
             .events
         )
-    tuning = [e.detail for e in events if e.root_cause == optimization_pb2.ROOT_CAUSE_INPUT_QUEUE]
+    tuning = [e.detail for e in found if e.root_cause == optimization_pb2.ROOT_CAUSE_INPUT_QUEUE]
     assert tuning[0].startswith("profile-baseline"), tuning
     assert len(tuning) >= 3 and "data worker" in " ".join(tuning[2:]), tuning
     losses = [e["loss"] for e in steps]
     assert len(losses) >= 3 and losses[-1] < losses[0], losses
-
-
-async def test_data_workers_make_the_text_examples_batches_and_a_sigkilled_one_loses_nothing(
-    suite: Suite,
-) -> None:
-    """GoldMiner live: the text example's decoding, hashing and crossing run on two data
-    workers (found by the partitioning, not declared), which stream whole mini-batches to
-    the chief. One is SIGKILLed mid-epoch: its steps go to the other by time-out, the pod
-    watcher relaunches it, and every sample is still trained exactly once."""
-    job = new_job()
-    bus = await submit(
-        suite, job, records=LONG, entrypoint="stride_examples.criteo_text:train", data_workers=2
-    )
-    try:
-        await trained_steps(suite, job, 30)
-        pids = json.loads((suite.pod_dir(f"{job}-data-worker-0") / "pids.json").read_text())
-        os.kill(pids["trainer"], signal.SIGKILL)
-        end = await finished(suite, job)
-    finally:
-        await bus.close()
-    assert end.outcome == job_pb2.JOB_OUTCOME_SUCCEEDED, end.message
-    check_exactly_once(suite.consumed(job), LONG)
-    events = suite.chief_events(job)
-    (mode,) = [e for e in events if e.get("event") == "data-worker mode"]
-    assert mode["data_workers"] == 2, mode
-    # Its step reports carry the input queue (what the optimizer and stride top see).
-    reported = [e for e in events if e.get("event") == "steps" and "data_workers" in e]
-    assert reported and {e["data_workers"] for e in reported} == {2}, reported[-3:]
-    (queue,) = [e for e in events if e.get("event") == "input queue"]
-    # Every step came from a data worker, none made by the chief.
-    assert "local" not in queue["by_source"] and len(queue["by_source"]) == 2, queue
-    assert queue["taken"] == 2 * -(-LONG // BATCH), queue
-    messages = await stream_messages(suite.nats_url, topics.POD_FAILED.subject(job))
-    failed = [pod_pb2.PodEvent.FromString(m.data) for m in messages]
-    assert any(e.pod_name == f"{job}-data-worker-0" for e in failed), failed
 
 
 def pods_and_nodes(suite: Suite, job_id: str) -> tuple[list[pb.Pod], list[pb.Node]]:
