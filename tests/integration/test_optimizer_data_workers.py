@@ -68,6 +68,9 @@ def settings(nats_url: str, database_url: str) -> OptimizerSettings:
             "data_worker_cpu_unit": RULE.cpu_unit,
             "max_data_worker_cpu": RULE.max_data_worker_cpu,
             "max_data_workers": RULE.max_data_workers,
+            # The job-level search alone (the cluster level's rounds would then trim what
+            # it found to what the queue needs: test_optimizer_data_worker_allocation.py).
+            "data_worker_allocation": "off",
         }
     )
 

@@ -64,9 +64,18 @@ def test_views_stored_before_0004_get_their_due_window_and_held_resources(
                 )
             ).one()
         assert tuple(row) == (3, 4 * 2 + 2 * 4, 4 * 3 + 2 * 8)
+        with engine.connect() as connection:
+            later = connection.execute(
+                text(
+                    f"SELECT tuning_due, elastic FROM {_table(database_url, 'observations')} "
+                    "WHERE job_id = 'job-old'"
+                )
+            ).one()
+        # Nothing of GoldMiner's (0006, 0007) is due or divided for a view from before it.
+        assert (bool(later.tuning_due), bool(later.elastic)) == (False, False)
         downgrade(database_url, "optimizer", MIGRATIONS, "0003")
         upgrade(database_url, "optimizer", MIGRATIONS)
         current, head = current_and_head(database_url, "optimizer", MIGRATIONS)
-        assert current == head == "0006"
+        assert current == head == "0007"
     finally:
         engine.dispose()

@@ -422,6 +422,30 @@ def test_cpus_are_packed_into_data_workers_of_the_tuned_size() -> None:
     assert reply.allocations[0].data_worker_sizes == (19,)
 
 
+def test_a_job_gets_no_more_cpus_than_its_bound_and_the_rest_go_to_others() -> None:
+    bounded = JobThroughputCurve("a", (0.0, 3.0), ideal_throughput=30.0, max_cpu=2)
+    other = JobThroughputCurve("b", (0.0, 1.0), ideal_throughput=30.0)
+    reply = allocate_data_worker_cpus(request(AllocationPolicy.MAX_TP, 6, bounded, other))
+    assert cpus_by_job(reply) == {"a": 2, "b": 4}
+    assert bounded.has_room(1) and not bounded.has_room(2)
+    reference = goldminer.allocate_data_worker_cpus_by_resorting(
+        request(AllocationPolicy.MAX_TP, 6, bounded, other)
+    )
+    assert reference == reply
+    nothing = replace(bounded, max_cpu=0)
+    reply = allocate_data_worker_cpus(request(AllocationPolicy.FAIR, 6, nothing, other))
+    assert cpus_by_job(reply) == {"a": 0, "b": 6}
+
+
+def test_a_linear_curve_rises_by_its_rate_per_cpu_to_the_ideal() -> None:
+    curve = goldminer.linear_curve("j", 0.25, 1.0, remaining_steps=7, max_data_worker_cpu=2)
+    assert [curve.throughput_at(c) for c in range(6)] == [0.0, 0.25, 0.5, 0.75, 1.0, 1.0]
+    assert (curve.ideal, curve.remaining_steps, curve.max_data_worker_cpu) == (1.0, 7, 2)
+    # One CPU already above the training workers' rate: the first CPU reaches it.
+    fast = goldminer.linear_curve("f", 3.0, 1.0)
+    assert fast.throughputs == (0.0, 1.0) and not fast.has_room(1)
+
+
 # ----------------------------------------------------------------------------------------
 # Cluster level: properties
 # ----------------------------------------------------------------------------------------
@@ -518,6 +542,20 @@ def test_allocation_is_invariant_to_job_order_and_matches_the_resorting_referenc
     assert reference == original
 
 
+@settings(max_examples=100, deadline=None)
+@given(instances(), st.lists(st.one_of(st.none(), st.integers(0, 12)), min_size=8, max_size=8))
+def test_bounded_jobs_stay_within_their_bounds_and_match_the_resorting_reference(
+    instance: tuple[int, tuple[JobThroughputCurve, ...]], bounds: list[int | None]
+) -> None:
+    budget, jobs = instance
+    bounded = tuple(replace(job, max_cpu=bound) for job, bound in zip(jobs, bounds, strict=False))
+    for policy in AllocationPolicy:
+        reply = allocate_data_worker_cpus(request(policy, budget, *bounded))
+        for job, allocation in zip(bounded, reply.allocations, strict=True):
+            assert job.max_cpu is None or allocation.data_worker_cpu <= job.max_cpu
+        assert reply == allocate_data_worker_cpus_by_resorting(request(policy, budget, *bounded))
+
+
 # ----------------------------------------------------------------------------------------
 # Cluster level: bad input
 # ----------------------------------------------------------------------------------------
@@ -536,6 +574,8 @@ def test_allocation_is_invariant_to_job_order_and_matches_the_resorting_referenc
         (lambda: JobThroughputCurve("j", (1.0,), remaining_steps=-1), "remaining_steps"),
         (lambda: JobThroughputCurve("j", (1.0, 2.0), ideal_throughput=1.5), "ideal_throughput"),
         (lambda: JobThroughputCurve("j", (1.0,), max_data_worker_cpu=-4), "max_data_worker_cpu"),
+        (lambda: JobThroughputCurve("j", (1.0,), max_cpu=-1), "max_cpu"),
+        (lambda: JobThroughputCurve("j", (1.0,), max_cpu=1.5), "max_cpu"),  # type: ignore[arg-type]
         (lambda: request(AllocationPolicy.FAIR, 0), "cpu_budget"),
         (lambda: request(AllocationPolicy.FAIR, -5), "cpu_budget"),
         (lambda: request(AllocationPolicy.FAIR, 10**9), "cpu_budget"),

@@ -50,6 +50,7 @@ __all__ = [
     "TuningAction",
     "TuningPhase",
     "allocate_data_worker_cpus",
+    "linear_curve",
     "queue_is_ideal",
     "run_cluster_allocation",
     "run_tune_step",
@@ -795,6 +796,9 @@ class JobThroughputCurve:
     """Largest data-worker size from job-level tuning; a job's CPUs are packed into workers
     of this size plus one smaller one ("smaller data workers to use fragmented CPUs",
     sec. 3.4.1). 0: one data worker takes all of the job's CPUs."""
+    max_cpu: int | None = None
+    """Most data-worker CPUs the job may get, e.g. what its admission share leaves beside
+    its training pods (Stride's; the paper's jobs have no such bound). None: unbounded."""
 
     def __post_init__(self) -> None:
         error = InvalidAllocationInput
@@ -823,11 +827,20 @@ class JobThroughputCurve:
             if self.ideal_throughput < self.throughputs[-1]:
                 raise error("ideal_throughput", "must be at least the last throughput of the curve")
         _check_count(error, "max_data_worker_cpu", self.max_data_worker_cpu, 0)
+        if self.max_cpu is not None:
+            _check_count(error, "max_cpu", self.max_cpu, 0, MAX_CPU_BUDGET)
 
     @property
     def ideal(self) -> float:
         """``t_i``: the ideal throughput, or the last point when none was given."""
         return self.throughputs[-1] if self.ideal_throughput is None else self.ideal_throughput
+
+    def has_room(self, cpu: int) -> bool:
+        """Whether one more CPU than ``cpu`` raises the job's throughput and is allowed
+        ("room for improvement", sec. 3.4.2)."""
+        if self.max_cpu is not None and cpu >= self.max_cpu:
+            return False
+        return self.throughput_at(cpu + 1) > self.throughput_at(cpu)
 
     def throughput_at(self, cpu: int) -> float:
         """The (measured or optimistically extrapolated) throughput at ``cpu`` CPUs."""
@@ -836,6 +849,33 @@ class JobThroughputCurve:
             return points[cpu]
         last_gain = points[-1] - points[-2] if len(points) >= 2 else 0.0
         return min(self.ideal, points[-1] + (cpu - len(points) + 1) * last_gain)
+
+
+def linear_curve(
+    job_id: str,
+    rate_per_cpu: float,
+    ideal_throughput: float,
+    *,
+    gpus: int = 1,
+    remaining_steps: int = 0,
+    max_data_worker_cpu: int = 0,
+    max_cpu: int | None = None,
+) -> JobThroughputCurve:
+    """A job's curve as the scheduler sees it after job-level tuning: no throughput without
+    data-worker CPUs, ``rate_per_cpu`` from each CPU ("data workers are data-parallel",
+    the optimistic linear speedup of sec. 3.4.2) until ``ideal_throughput``, the training
+    workers' rate "derived from the queue state". The simulator and the live optimizer
+    both build their curves here."""
+    first = min(ideal_throughput, rate_per_cpu)
+    return JobThroughputCurve(
+        job_id=job_id,
+        throughputs=(0.0, first),
+        gpus=gpus,
+        remaining_steps=remaining_steps,
+        ideal_throughput=ideal_throughput,
+        max_data_worker_cpu=max_data_worker_cpu,
+        max_cpu=max_cpu,
+    )
 
 
 @dataclass(frozen=True)
@@ -953,9 +993,8 @@ def allocate_data_worker_cpus(request: ClusterAllocationRequest) -> ClusterAlloc
     # a comparison of anything else.
     heap: list[tuple[float, str]] = []
     for job in request.jobs:
-        now, after = job.throughput_at(0), job.throughput_at(1)
-        if after > now:
-            heap.append((metric(job, 0, now, after), job.job_id))
+        if job.has_room(0):
+            heap.append((metric(job, 0, job.throughput_at(0), job.throughput_at(1)), job.job_id))
     heapq.heapify(heap)
     budget = request.cpu_budget
     while budget > 0 and heap:
@@ -964,8 +1003,8 @@ def allocate_data_worker_cpus(request: ClusterAllocationRequest) -> ClusterAlloc
         cpus[job_id] += 1
         budget -= 1
         cpu = cpus[job_id]
-        now, after = job.throughput_at(cpu), job.throughput_at(cpu + 1)
-        if after > now:
+        if job.has_room(cpu):
+            now, after = job.throughput_at(cpu), job.throughput_at(cpu + 1)
             heapq.heappush(heap, (metric(job, cpu, now, after), job_id))
     return _reply(request, cpus)
 
@@ -983,8 +1022,8 @@ def allocate_data_worker_cpus_by_resorting(
         candidates = []
         for job in request.jobs:
             cpu = cpus[job.job_id]
-            now, after = job.throughput_at(cpu), job.throughput_at(cpu + 1)
-            if after > now:
+            if job.has_room(cpu):
+                now, after = job.throughput_at(cpu), job.throughput_at(cpu + 1)
                 candidates.append((metric(job, cpu, now, after), job.job_id))
         if not candidates:
             break

@@ -87,13 +87,13 @@ import numpy as np
 from stride.policy.goldminer import (
     AllocationPolicy,
     ClusterAllocationRequest,
-    JobThroughputCurve,
     PipelineConfiguration,
     QueueObservation,
     TunerConfig,
     TunerReply,
     TunerRequest,
     allocate_data_worker_cpus,
+    linear_curve,
     tune_step,
 )
 from stride.sim.engine import Event, EventKind, Simulation, SimulationError
@@ -106,8 +106,10 @@ __all__ = [
     "DataWorkerCluster",
     "DataWorkerJob",
     "DataWorkerResult",
+    "ElasticJob",
     "JobOutcome",
     "TunedPipeline",
+    "allocation_request",
     "data_workers_pay",
     "generate_dataworker_jobs",
     "jct_gain",
@@ -329,6 +331,40 @@ def data_workers_pay(job: DataWorkerJob, tuned: TunedPipeline, spare_cpu: int) -
         reachable >= throughput_with_data_workers(job, training, tuned.data_worker_cpu)
         or reachable >= tuned.comparable_throughput
     )
+
+
+@dataclass(frozen=True)
+class ElasticJob:
+    """A running GoldMiner job as the cluster-level scheduler sees it."""
+
+    job: DataWorkerJob
+    training_worker_cpu: int
+    remaining_steps: float
+    data_worker_size: int
+    """Largest data-worker size job-level tuning found."""
+
+
+def allocation_request(
+    policy: AllocationPolicy, budget: int, jobs: Sequence[ElasticJob]
+) -> ClusterAllocationRequest:
+    """The cluster-level allocation of ``budget`` data-worker CPUs over ``jobs`` (sec.
+    3.4.2), each job's curve from its ground truth: what its queue would show, the rate one
+    data-worker CPU delivers and the training workers' rate, the same two numbers the live
+    optimizer reads from a job's input queue (a test plays both)."""
+    curves = []
+    for elastic in jobs:
+        job = elastic.job
+        curves.append(
+            linear_curve(
+                job.job_id,
+                rate_per_cpu=1.0 / (job.preprocessing_cpu_per_gpu * job.gpus),
+                ideal_throughput=min(1.0, elastic.training_worker_cpu / job.training_cpu_per_gpu),
+                gpus=job.gpus,
+                remaining_steps=max(1, math.ceil(elastic.remaining_steps - _EPSILON)),
+                max_data_worker_cpu=elastic.data_worker_size,
+            )
+        )
+    return ClusterAllocationRequest(policy=policy, cpu_budget=budget, jobs=tuple(curves))
 
 
 def generate_dataworker_jobs(
@@ -642,28 +678,16 @@ class _DataWorkerEnvironment:
 
     # -- GoldMiner -----------------------------------------------------------------------
     def _reallocate(self) -> None:
-        policy = _GOLDMINER[self.policy]
         budget = sum(self.free_cpus)
         elastic = [s for s in self.running.values() if s.data_worker_size > 0]
-        curves = []
-        for state in elastic:
-            job = state.job
-            cap = min(1.0, state.training_worker_cpu / job.training_cpu_per_gpu)
-            per_cpu = 1.0 / (job.preprocessing_cpu_per_gpu * job.gpus)
-            curves.append(
-                JobThroughputCurve(
-                    job_id=job.job_id,
-                    throughputs=(0.0, min(cap, per_cpu)),
-                    gpus=job.gpus,
-                    remaining_steps=max(1, math.ceil(state.remaining - _EPSILON)),
-                    ideal_throughput=cap,
-                    max_data_worker_cpu=state.data_worker_size,
-                )
-            )
         cpus = {state.job.job_id: 0 for state in elastic}
-        if budget >= 1 and curves:
+        if budget >= 1 and elastic:
+            jobs = [
+                ElasticJob(s.job, s.training_worker_cpu, s.remaining, s.data_worker_size)
+                for s in elastic
+            ]
             reply = allocate_data_worker_cpus(
-                ClusterAllocationRequest(policy=policy, cpu_budget=budget, jobs=tuple(curves))
+                allocation_request(_GOLDMINER[self.policy], budget, jobs)
             )
             self.rounds += 1
             cpus = {

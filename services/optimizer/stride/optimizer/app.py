@@ -27,6 +27,7 @@ from stride.optimizer.domain.observations import WindowRule
 from stride.optimizer.settings import OptimizerSettings
 from stride.optimizer.stragglers import StragglerEvents
 from stride.optimizer.usecases import STAGE_STEP, Capacity, Planning
+from stride.policy.goldminer import AllocationPolicy
 from stride.policy.stages import search_space
 from stride.runtime.lifecycle import Dependency, ServiceHost
 from stride.wiring import connect_bus, consume, create_host, open_database, relay_outbox
@@ -93,6 +94,11 @@ async def build(settings: OptimizerSettings) -> ServiceHost:
             max_data_worker_cpu=settings.max_data_worker_cpu,
             max_data_workers=settings.max_data_workers,
         ),
+        allocate=(
+            AllocationPolicy(settings.data_worker_allocation)
+            if settings.data_worker_allocation != "off"
+            else None
+        ),
     )
     optimizer_service_pb2_grpc.add_OptimizerServiceServicer_to_server(
         OptimizerApi(planning), host.server.server
@@ -100,6 +106,10 @@ async def build(settings: OptimizerSettings) -> ServiceHost:
     relay_outbox(host, outbox, database, bus)
     _consume_facts(host, bus, planning, database, settings.ack_wait_seconds)
     host.add_root_task("due-decisions", lambda: planning.due.run(host.stop))
+    allocation = planning.allocation
+    if allocation is not None:
+        interval = settings.allocation_interval_seconds
+        host.add_root_task("data-worker-allocation", lambda: allocation.run(host.stop, interval))
     return host
 
 

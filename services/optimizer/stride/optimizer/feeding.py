@@ -34,7 +34,7 @@ from stride.optimizer.domain.feeding import (
 )
 from stride.optimizer.domain.tuning import Explanation
 from stride.policy import goldminer
-from stride.policy.goldminer import TunerReply, TunerRequest, TuningPhase
+from stride.policy.goldminer import QueueObservation, TunerReply, TunerRequest, TuningPhase
 from stride.policy.plans import Plan
 
 log = structlog.get_logger(__name__)
@@ -68,7 +68,10 @@ class DataWorkerTuning:
         rule: FeedRule,
         store: StoreStep,
         capacity_hold: CapacityHold,
+        on_elastic: Callable[[], None] = lambda: None,
     ) -> None:
+        """``on_elastic``: called when a job's search ends with data workers the cluster
+        level divides CPUs to (:mod:`.allocating`)."""
         self.database = database
         self.outbox = outbox
         self.port = port
@@ -76,6 +79,7 @@ class DataWorkerTuning:
         self.config = rule.config()
         self._store = store
         self._capacity_hold = capacity_hold
+        self._on_elastic = on_elastic
 
     async def tune(self, job_id: str) -> None:
         """Make the job's due tuning step, if it has one."""
@@ -97,11 +101,8 @@ class DataWorkerTuning:
             # An operator's plan (stride scale --data-workers) decides this job's data workers.
             await self._settle(job_id, view, None, "", "an operator's plan set the data workers")
             return
-        request = TunerRequest(
-            config=self.config,
-            state=feeding.state,
-            observation=observation(feeding, obs.training_utilization(view)),
-        )
+        observed = observation(feeding, obs.training_utilization(view))
+        request = TunerRequest(config=self.config, state=feeding.state, observation=observed)
         try:
             reply = await self.port.decide(TUNE_STEP, request, job_id)
         except DecisionFailed as error:
@@ -110,7 +111,7 @@ class DataWorkerTuning:
             log.error("data-worker tuning refused its input", job_id=job_id, error=str(error))
             await self._settle(job_id, view, None, "", f"the tuner refused: {error}")
             return
-        await self._settle(job_id, view, reply, newest.version, "")
+        await self._settle(job_id, view, reply, newest.version, "", observed)
 
     async def _settle(
         self,
@@ -119,6 +120,7 @@ class DataWorkerTuning:
         reply: TunerReply | None,
         version: Any,
         ended: str,
+        observed: QueueObservation | None = None,
     ) -> None:
         """Store the step (``reply``), or end the search (``ended``: why), if the job is
         still where the step was made."""
@@ -152,7 +154,8 @@ class DataWorkerTuning:
                     configuration=configuration_of(current, self.rule),
                     last_action=goldminer.TuningAction.KEEP,
                 )
-            feeding = replace(view.feeding, state=state, due=False, windows=())
+            measured = view.feeding.measured(observed) if observed is not None else view.feeding
+            feeding = replace(measured, state=state, due=False, windows=())
             explanation = Explanation(
                 algorithm=TUNE_STEP.qualified_name,
                 stage="",
@@ -181,6 +184,8 @@ class DataWorkerTuning:
                 return
             published = step.plans[0].version if step.plans else None
         self.outbox.notify()
+        if feeding.elastic:
+            self._on_elastic()
         log.info(
             "data-worker tuning step",
             job_id=job_id,

@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from typing import ClassVar
+from typing import ClassVar, Literal
 
 from pydantic import Field, model_validator
 from pydantic_settings import SettingsConfigDict
@@ -91,6 +91,14 @@ class OptimizerSettings(ServiceSettings, DecisionSettings):
     8 on its testbed). At least one unit."""
     max_data_workers: int = Field(default=16, ge=1, le=1024)
     """Most data workers the tuner gives one job."""
+    data_worker_allocation: Literal["srtf", "maxtp", "fair", "off"] = "srtf"
+    """How the tuned jobs share the data-worker CPUs (GoldMiner's cluster level, sec.
+    3.4.2): shortest remaining time first (the lowest JCT in its Table 5), the most
+    cluster throughput, or equal normalized speed. Off: each job keeps what its own
+    search found."""
+    allocation_interval_seconds: float = Field(default=30.0, gt=0, le=86400, allow_inf_nan=False)
+    """Seconds between the cluster level's rounds (one also runs when a job's search ends
+    and when a job finishes)."""
 
     @model_validator(mode="after")
     def _data_worker_sizes(self) -> OptimizerSettings:

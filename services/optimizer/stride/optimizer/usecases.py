@@ -41,6 +41,7 @@ from stride.optimizer.adapters.convert import (
     share_values,
 )
 from stride.optimizer.adapters.outbound import repository
+from stride.optimizer.allocating import DataWorkerAllocation
 from stride.optimizer.domain import observations as obs
 from stride.optimizer.domain.administrator import (
     Administrator,
@@ -78,6 +79,7 @@ from stride.policy.contention import (
     claim_of,
     settle,
 )
+from stride.policy.goldminer import AllocationPolicy
 from stride.policy.plans import Plan, Role, RoleResources
 from stride.policy.registry import AlgorithmSpec
 from stride.policy.warm_start import HistoricalJob
@@ -217,9 +219,12 @@ class Planning:
         shares: ShareAsker | None = None,
         tune: DecisionPort | None = None,
         feed: FeedRule | None = None,
+        allocate: AllocationPolicy | None = None,
     ) -> None:
         """``tune`` and ``feed``: size data workers from the jobs' input queues through
-        this port (GoldMiner's tuner, :mod:`.feeding`); None tunes nothing."""
+        this port (GoldMiner's tuner, :mod:`.feeding`); None tunes nothing. ``allocate``:
+        then divide the data-worker CPUs among the tuned jobs by this policy (GoldMiner's
+        cluster level, :mod:`.allocating`); None leaves each job what its search found."""
         self.database = database
         self.asking = ShareAsking(database, shares, self._share_bound, enforce_shares)
         """Asks admission for a plan beyond the job's share (None ``shares``: such a plan
@@ -242,8 +247,31 @@ class Planning:
         """Where the stage step runs when ``adjust`` cannot answer (the executor pool is
         down or slow): in this process, off the event loop."""
         self.feed = feed if tune is not None else None
+        self.allocation = (
+            DataWorkerAllocation(
+                database,
+                outbox,
+                tune,
+                feed,
+                allocate,
+                self._store,
+                self._capacity_hold,
+                self._share_bounds,
+                self._free_cores,
+            )
+            if tune is not None and feed is not None and allocate is not None
+            else None
+        )
         self.tuning = (
-            DataWorkerTuning(database, outbox, tune, feed, self._store, self._capacity_hold)
+            DataWorkerTuning(
+                database,
+                outbox,
+                tune,
+                feed,
+                self._store,
+                self._capacity_hold,
+                self.allocation.wake if self.allocation is not None else lambda: None,
+            )
             if tune is not None and feed is not None
             else None
         )
@@ -466,6 +494,8 @@ class Planning:
             await self._store(session, step, None, now)
             await repository.delete_claims(session, [job_id])
         log.info("job administrator finished", job_id=job_id, known_before=existing is not None)
+        if self.allocation is not None:
+            self.allocation.wake()  # its data workers' CPUs are free
         # Its cores and memory are free: the open claims are settled over them.
         await self.settle_claims(f"{job_id} finished")
 
@@ -571,6 +601,13 @@ class Planning:
             f"{max(extra_memory, 0):g} more GiB, {max(free_cpu, 0):g} cores and "
             f"{max(free_memory, 0):g} GiB are free"
         )
+
+    async def _free_cores(self, session: Session) -> float | None:
+        """Cores no running job holds (None: the optimizer bounds no capacity)."""
+        if self.capacity is None:
+            return None
+        cpu, _, _, _ = await repository.held_capacity(session, "")
+        return max(0.0, self.capacity.cpu - cpu)
 
     async def _share_bound(self, session: Session, job_id: str) -> ShareBound | None:
         """The most the job may hold, from admission's newest share of it; None when

@@ -72,6 +72,8 @@ observations = Table(
     Column("held_memory_gib", Float, nullable=False, server_default="0"),
     # Whether the view's data-worker tuning step is due (its ``feeding.due``).
     Column("tuning_due", Boolean, nullable=False, server_default=false()),
+    # Whether the cluster level divides CPUs to the job's data workers (``feeding.elastic``).
+    Column("elastic", Boolean, nullable=False, server_default=false()),
 )
 
 claims = Table(

@@ -55,7 +55,7 @@ from stride.policy.goldminer import (
     TunerState,
     TuningPhase,
 )
-from stride.policy.plans import Plan, Role, RoleResources
+from stride.policy.plans import Plan, PodOverride, Role, RoleResources
 
 GIB = 1024**3
 
@@ -111,12 +111,60 @@ class Feeding:
     """A step is due: the first one, or an interval was measured."""
     held: str = ""
     """Why the search ended before converging, if it did (no room; an operator's plan)."""
+    rate_per_cpu: float = 0.0
+    """Best steps per second one tuner CPU of data workers delivered in any interval of the
+    search (the enqueue rate over the data workers' CPUs): the cluster level's linear
+    speedup (sec. 3.4.2). 0 until an interval read from data workers."""
+    ideal_rate: float = 0.0
+    """The training worker's rate when never starved (the dequeue rate) in the newest
+    interval read from data workers: ``t_i`` of sec. 3.4.2."""
+    given: tuple[int, ...] | None = None
+    """Data-worker sizes (tuner CPUs) the cluster level last gave the job; None: the ones
+    its search ended with. A plan with others was an operator's."""
 
     @property
     def tuning(self) -> bool:
         """Whether the search goes on (started, not converged, not ended)."""
         return not self.held and (
             self.state is None or self.state.phase is not TuningPhase.CONVERGED
+        )
+
+    @property
+    def elastic(self) -> bool:
+        """Whether the cluster level divides CPUs to this job's data workers: its search is
+        over (converged, or no room for its next step) with data workers that were
+        measured, it did not fall back, and no operator set them."""
+        state = self.state
+        return (
+            not self.held
+            and state is not None
+            and state.phase is TuningPhase.CONVERGED
+            and not state.fell_back
+            and state.configuration.uses_data_workers
+            and self.rate_per_cpu > 0
+            and self.ideal_rate > 0
+        )
+
+    @property
+    def given_sizes(self) -> tuple[int, ...]:
+        """The data-worker sizes the optimizer last gave the job (:attr:`given`)."""
+        if self.given is not None:
+            return self.given
+        configuration = self.state.configuration if self.state is not None else None
+        if configuration is None:
+            return ()
+        return (configuration.data_worker_cpu,) * configuration.data_workers
+
+    def measured(self, observation: QueueObservation) -> Feeding:
+        """``self`` with what an interval of its state's configuration measured."""
+        configuration = self.state.configuration if self.state is not None else None
+        if configuration is None or not configuration.uses_data_workers:
+            return self
+        cpus = configuration.data_workers * configuration.data_worker_cpu
+        return replace(
+            self,
+            rate_per_cpu=max(self.rate_per_cpu, observation.enqueue_rate / cpus),
+            ideal_rate=observation.dequeue_rate or self.ideal_rate,
         )
 
     def for_plan(self, data_workers: int) -> Feeding:
@@ -182,10 +230,20 @@ def configuration_of(plan: Plan, rule: FeedRule) -> PipelineConfiguration:
 def with_configuration(
     plan: Plan, configuration: PipelineConfiguration, rule: FeedRule, reason: str, algorithm: str
 ) -> Plan:
-    """``plan`` with the data workers ``configuration`` asks for. New data workers get a
-    worker's memory (the pre-processing they take on ran in the chief's process)."""
-    count = configuration.data_workers
-    cpu = configuration.data_worker_cpu * rule.cpu_unit
+    """``plan`` with the data workers ``configuration`` asks for."""
+    sizes = (configuration.data_worker_cpu,) * configuration.data_workers
+    return with_data_workers(plan, sizes, rule, reason, algorithm)
+
+
+def with_data_workers(
+    plan: Plan, sizes: tuple[int, ...], rule: FeedRule, reason: str, algorithm: str
+) -> Plan:
+    """``plan`` with a data worker of each of ``sizes`` tuner CPUs, largest first: the first
+    size is the role's, a smaller one an override of its pod ("smaller data workers to use
+    fragmented CPUs", sec. 3.4.1). New data workers get a worker's memory (the
+    pre-processing they take on ran in the chief's process)."""
+    count = len(sizes)
+    cpu = sizes[0] * rule.cpu_unit if sizes else 0.0
     roles: list[RoleResources] = []
     placed = False
     for resources in plan.roles:
@@ -193,13 +251,36 @@ def with_configuration(
             roles.append(resources)
             continue
         placed = True
-        overrides = tuple(o for o in resources.overrides if o.index < count)
-        roles.append(replace(resources, count=count, cpu=cpu or resources.cpu, overrides=overrides))
+        roles.append(
+            replace(
+                resources,
+                count=count,
+                cpu=cpu or resources.cpu,
+                overrides=_smaller(resources, sizes, rule),
+            )
+        )
     if not placed and count:
-        sizes = {r.role: r.memory_bytes for r in plan.roles}
-        memory = sizes.get(Role.WORKER, sizes.get(Role.CHIEF, GIB))
-        roles.append(RoleResources(Role.DATA_WORKER, count, cpu, memory))
+        memories = {r.role: r.memory_bytes for r in plan.roles}
+        memory = memories.get(Role.WORKER, memories.get(Role.CHIEF, GIB))
+        role = RoleResources(Role.DATA_WORKER, count, cpu, memory)
+        roles.append(replace(role, overrides=_smaller(role, sizes, rule)))
     return Plan(roles=tuple(roles), reason=reason, algorithm=algorithm)
+
+
+def _smaller(
+    role: RoleResources, sizes: tuple[int, ...], rule: FeedRule
+) -> tuple[PodOverride, ...]:
+    """The data-worker role's overrides for ``sizes``: each pod that keeps one keeps its
+    memory (an OOM rule's) at its new size; a pod smaller than the first gets one."""
+    kept = {o.index: o for o in role.overrides}
+    overrides = []
+    for index, size in enumerate(sizes):
+        cpu = size * rule.cpu_unit
+        if index in kept:
+            overrides.append(replace(kept[index], cpu=cpu))
+        elif size != sizes[0]:
+            overrides.append(PodOverride(index, cpu, role.memory_bytes))
+    return tuple(overrides)
 
 
 def _data_role(plan: Plan) -> RoleResources | None:

@@ -219,6 +219,7 @@ def observations_row(
         "updated_at": at,
         "pending": view.pending,
         "tuning_due": view.feeding.due,
+        "elastic": view.feeding.elastic,
     }
     if held is not None:
         values["held_cpu"], values["held_memory_gib"] = held
@@ -273,6 +274,7 @@ _PUT_VIEW = (
         updated_at=bindparam("b_at", type_=observations.c.updated_at.type),
         pending=bindparam("b_pending"),
         tuning_due=bindparam("b_tuning_due"),
+        elastic=bindparam("b_elastic"),
     )
 )
 
@@ -291,6 +293,7 @@ async def put_observations_many(
                     "b_at": at,
                     "b_pending": view.pending,
                     "b_tuning_due": view.feeding.due,
+                    "b_elastic": view.feeding.elastic,
                 }
                 for job_id, view in views.items()
             ],
@@ -305,6 +308,40 @@ async def jobs_with_due_decisions(session: AsyncSession) -> list[str]:
         .order_by("job_id")
     )
     return list(rows)
+
+
+@dataclass(frozen=True)
+class ElasticRow:
+    """A running job whose data workers the cluster level divides CPUs to."""
+
+    job_id: str
+    view: Observations
+    spec: bytes | None
+    newest: plan_pb2.ResourcePlan
+
+
+async def elastic_jobs(session: AsyncSession) -> list[ElasticRow]:
+    """Every running job whose view is elastic, with its spec and newest plan, by job id."""
+    rows = await session.execute(
+        select(administrators.c.job_id, administrators.c.spec, observations.c.view, plans.c.plan)
+        .select_from(
+            administrators.join(
+                observations, observations.c.job_id == administrators.c.job_id
+            ).join(
+                plans,
+                (plans.c.job_id == administrators.c.job_id)
+                & (plans.c.version == administrators.c.plan_version),
+            )
+        )
+        .where(observations.c.elastic & (administrators.c.stage != JobStage.FINISHED.name))
+        .order_by(administrators.c.job_id)
+    )
+    return [
+        ElasticRow(
+            row.job_id, from_json(row.view), row.spec, plan_pb2.ResourcePlan.FromString(row.plan)
+        )
+        for row in rows
+    ]
 
 
 async def get_spec(session: AsyncSession, job_id: str) -> bytes | None:
