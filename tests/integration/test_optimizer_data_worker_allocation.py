@@ -34,7 +34,7 @@ from stride.testing.inprocess import running_service
 
 from . import test_optimizer_data_workers as tuning
 from .test_optimizer_data_workers import RULE, Chief, Stub, configuration, settings
-from .test_optimizer_service import admission, publish_admission
+from .test_optimizer_service import admission, publish_admission, publish_finished
 
 pytestmark = pytest.mark.integration
 
@@ -205,3 +205,9 @@ async def test_the_cluster_level_divides_data_worker_cpus_as_the_simulator_does(
     assert last.plan.version == shared_b.version
     assert last.algorithm.startswith("goldminer-cluster-allocation")
     assert last.detail.startswith("cluster allocation (srtf): 4 of 7 data-worker CPUs"), last
+
+    # B finishes: its CPUs are free, and the round that follows gives A its 5 units again.
+    await publish_finished(bus, B.job_id)
+    regrown = await allocated(chief_a, shared_a.version)
+    wanted = expected([(JOB_A, remaining(A, chief_a), 4)], SPARE_UNITS)
+    assert sizes(regrown) == wanted[A.job_id] == (2.0, 0.5), (sizes(regrown), wanted)

@@ -18,7 +18,6 @@ round.
 from __future__ import annotations
 
 import asyncio
-import contextlib
 from collections.abc import Awaitable, Callable
 from dataclasses import replace
 from datetime import UTC, datetime
@@ -98,10 +97,7 @@ class DataWorkerAllocation:
                     error=f"{type(error).__name__}: {error}",
                 )
             waits = [asyncio.ensure_future(stop.wait()), asyncio.ensure_future(self._wake.wait())]
-            with contextlib.suppress(TimeoutError):
-                await asyncio.wait(
-                    waits, timeout=interval_seconds, return_when=asyncio.FIRST_COMPLETED
-                )
+            await asyncio.wait(waits, timeout=interval_seconds, return_when=asyncio.FIRST_COMPLETED)
             for waiting in waits:
                 waiting.cancel()
 
