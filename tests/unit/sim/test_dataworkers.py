@@ -174,11 +174,12 @@ def test_trace_jobs_are_the_window_rows_rebased() -> None:
 
 
 def test_a_job_too_large_for_data_workers_falls_back_to_local_preprocessing() -> None:
-    # 64 GPUs on the 64-GPU testbed, 44 pre-processing CPUs per GPU: its training workers
-    # (8 CPUs per GPU: the queue is never ideal, so the tuner never shrinks them) would hold
-    # all 512 CPUs and leave no data worker. It falls back to 8 local CPUs per GPU, as the
-    # hardware-ratio baseline runs it: 38,383 steps at 8 / 45.12 steps/s.
+    # 64 GPUs on the 64-GPU testbed, 44 pre-processing CPUs per GPU: its tuned training
+    # workers (1 CPU each: the tuner's 5% tolerances) leave 448 CPUs, which give it
+    # 448 / 2,819 of full speed, less than 95% of 8 local CPUs per GPU. It falls back to those, as the hardware-ratio
+    # baseline runs it: 38,383 steps at 8 / 45.12 steps/s.
     job = DataWorkerJob("big", 0.0, 64, 38_383.0, 1.08, 44.04)
+    assert tune_job(job, DataWorkerCluster()).training_worker_cpu == 1
     for policy in ("goldminer-srtf", "no-dw-hw"):
         result = run_dataworkers(1, policy_name=policy, seed=0, jobs=[job])
         assert result.avg_jct_s == pytest.approx(38_383.0 * 45.12 / 8), policy
@@ -186,30 +187,32 @@ def test_a_job_too_large_for_data_workers_falls_back_to_local_preprocessing() ->
 
 
 def test_a_job_started_when_no_data_worker_could_pay_falls_back() -> None:
-    # One node (8 GPU, 64 CPU); a and b: 4 GPUs, m = 1, r = 140 (tuned: 8-CPU training
-    # workers). a starts alone: the 32 CPUs beside its training workers give it 32 / 560 of
-    # full speed, above 95% of its local speed at 8 CPUs per GPU (8 / 141), so it uses data
-    # workers. When b starts at 1 s no CPU is left for data workers, so b runs locally at
-    # 8 / 141 (17,625 s); a gets no data-worker CPU until b ends, then 32 again.
-    tuned = tune_job(_job("a", 0.0, 1000.0, 1.0, 140.0, gpus=4), ONE_NODE)
+    # One node (8 GPU, 64 CPU); a and b: 4 GPUs, m = 7.9, r = 133.1 (tuned: 8-CPU training
+    # workers, as 7 would lose 11%). a starts alone: the 32 CPUs beside its training workers
+    # give it 32 / 532.4 of full speed, above 95% of its local speed at 8 CPUs per GPU
+    # (8 / 141), so it uses data workers. When b starts at 1 s no CPU is left for data
+    # workers, so b runs locally at 8 / 141 (17,625 s); a gets no data-worker CPU until b
+    # ends, then 32 again.
+    tuned = tune_job(_job("a", 0.0, 1000.0, 7.9, 133.1, gpus=4), ONE_NODE)
     assert (tuned.training_worker_cpu, tuned.fell_back) == (8, False)
-    assert data_workers_pay(_job("a", 0.0, 1000.0, 1.0, 140.0, gpus=4), tuned, 32)
-    assert not data_workers_pay(_job("a", 0.0, 1000.0, 1.0, 140.0, gpus=4), tuned, 0)
-    jobs = [_job(name, float(at), 1000.0, 1.0, 140.0, gpus=4) for name, at in (("a", 0), ("b", 1))]
+    assert data_workers_pay(_job("a", 0.0, 1000.0, 7.9, 133.1, gpus=4), tuned, 32)
+    assert not data_workers_pay(_job("a", 0.0, 1000.0, 7.9, 133.1, gpus=4), tuned, 0)
+    jobs = [_job(name, float(at), 1000.0, 7.9, 133.1, gpus=4) for name, at in (("a", 0), ("b", 1))]
     result = run_dataworkers(2, ONE_NODE, "goldminer-srtf", seed=0, jobs=jobs)
     a, b = result.outcomes
     assert b.end_time == pytest.approx(1.0 + 1000.0 * 141 / 8)
-    assert a.end_time == pytest.approx(b.end_time + (1000.0 - 32 / 560) * 560 / 32)
+    assert a.end_time == pytest.approx(b.end_time + (1000.0 - 32 / 532.4) * 532.4 / 32)
     assert result.fallback_jobs == 1
 
 
 def test_a_run_that_can_never_progress_is_an_error_not_a_hang(
     monkeypatch: pytest.MonkeyPatch,
 ) -> None:
-    # Without the fallback test the 64-GPU job's training workers hold every CPU and it
-    # never progresses: the simulator names it instead of re-allocating forever.
+    # Without the fallback test the 64-GPU job's training workers (8 CPUs each: its own
+    # ops need 7.9) hold every CPU and it never progresses: the simulator names it instead
+    # of re-allocating forever.
     monkeypatch.setattr(dataworkers, "data_workers_pay", lambda job, tuned, spare: True)
-    job = DataWorkerJob("big", 0.0, 64, 38_383.0, 1.08, 44.04)
+    job = DataWorkerJob("big", 0.0, 64, 38_383.0, 7.9, 37.22)
     with pytest.raises(SimulationError, match=r"\['big'\] can never progress under goldminer"):
         run_dataworkers(1, policy_name="goldminer-srtf", seed=0, jobs=[job])
 
