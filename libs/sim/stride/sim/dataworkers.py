@@ -49,8 +49,9 @@ Trace jobs are larger than the synthetic ones (up to the testbed's 64 GPUs). A G
 job's training workers start with the hardware ratio (8 CPUs per GPU) and shrink only once
 its queue is ideal (sec. 3.4.1), so the search adds the data workers the ideal queue needs
 (:func:`tune_job`). Even so a large CPU-intensive job may need more CPUs for its data
-workers than the cluster has beside its training workers. The rule, from the paper: GoldMiner keeps a job's data workers only if tuning on the live cluster finds
-them "comparable" to its baseline without them, else "the job will fallback to the original
+workers than the cluster has beside its training workers. The rule, from the paper:
+GoldMiner keeps a job's data workers only if tuning on the live cluster finds them
+"comparable" to its baseline without them, else "the job will fallback to the original
 mode" (sec. 3.4.1). Tuning here runs on a ground truth that knows no cluster, so the fallback
 test is repeated when the job starts (:func:`data_workers_pay`) with the data-worker CPUs it
 could get then: every CPU no training worker holds, its own included (data-worker CPUs are
