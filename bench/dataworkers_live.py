@@ -22,7 +22,9 @@ with data workers against the CPU-bound limit of the cores given (what the train
 data workers' cores sustain when fully busy, at the CPU per sample their cgroups measured:
 the slower side's), the share of the cores given the pods used, the share of the time the
 chief waited for data, exactly-once (every sample of the epoch trained once, from the
-chief's consumed log) and the simulator's predicted gain (:func:`predicted_gain`).
+chief's consumed log) and the simulator's predicted gain (:func:`predicted_gain`). One more
+run with data workers SIGKILLs the first of them at mid-epoch: its steps go to the other,
+the pod watcher relaunches it, and every sample must still be trained once.
 """
 
 from __future__ import annotations
@@ -31,6 +33,8 @@ import asyncio
 import json
 import os
 import shutil
+import signal
+import statistics
 import sys
 import tempfile
 import time
@@ -38,6 +42,8 @@ import uuid
 from collections import Counter
 from pathlib import Path
 from typing import Any
+
+import numpy as np
 
 RESULTS = Path(__file__).parent / "results" / "dataworkers_live.txt"
 RECORDS = 491_520
@@ -49,7 +55,10 @@ DATA_CAP = 0.6
 rest for the dispatcher, the agents and the pod watcher."""
 MIB = 1024**2
 GOAL = 2.0
-TUNED_EPOCHS = 3
+ROUNDS = 3
+"""Rounds by default: the throughput without data workers varies run to run (5,800 to
+9,500 samples/s in one recording of two rounds), so the median of an odd number."""
+TUNED_EPOCHS = 5
 """Epochs of the job the optimizer tunes: its search (a baseline interval, then a data
 worker's size and count, each an interval after the pods serve) and a stretch after it."""
 TUNING = {
@@ -105,23 +114,32 @@ def spec(job_id: str, epochs: int = 1) -> Any:
     )
 
 
-def cpu_seconds(job_id: str) -> tuple[float, float, float]:
-    """CPU seconds the job's trainer pods, its worker among them, and its data workers have
-    used, read from their cgroups (cpuacct, v1; the pod watcher makes them under its own
-    group's ``stride/<pod>``)."""
-    trainers = worker = data = 0.0
+SIDES = ("trainers", "chief", "worker", "data")
+"""What the bench reads CPU time of: all trainer pods, the chief and the worker among them,
+and the data workers."""
+
+
+def cpu_seconds(job_id: str) -> tuple[float, ...]:
+    """CPU seconds each of :data:`SIDES` has used, read from the pods' cgroups (cpuacct,
+    v1; the pod watcher makes them under its own group's ``stride/<pod>``)."""
+    used = dict.fromkeys(SIDES, 0.0)
     for path in Path("/sys/fs/cgroup/cpuacct").glob(f"**/stride/{job_id}-*/cpuacct.usage"):
-        used = int(path.read_text()) / 1e9
-        if f"{job_id}-data-worker-" in path.parent.name:
-            data += used
-        else:
-            trainers += used
-            worker += used if f"{job_id}-worker-" in path.parent.name else 0.0
-    return trainers, worker, data
+        seconds = int(path.read_text()) / 1e9
+        pod = path.parent.name
+        if f"{job_id}-data-worker-" in pod:
+            used["data"] += seconds
+            continue
+        used["trainers"] += seconds
+        for role in ("chief", "worker"):
+            used[role] += seconds if f"{job_id}-{role}-" in pod else 0.0
+    return tuple(used[side] for side in SIDES)
 
 
-async def run_job(nats_url: str, pods: Path, data_workers: int) -> dict[str, Any]:
-    """Submit one job and wait for its end; what its chief measured."""
+async def run_job(
+    nats_url: str, pods: Path, data_workers: int, kill_at: float | None = None
+) -> dict[str, Any]:
+    """Submit one job and wait for its end; what its chief measured. With ``kill_at``, its
+    first data worker is SIGKILLed once that share of the epoch's steps is trained."""
     from stride.bus import topics
     from stride.events.v1 import job_pb2
     from stride.testing.bus import producer_bus
@@ -138,14 +156,19 @@ async def run_job(nats_url: str, pods: Path, data_workers: int) -> dict[str, Any
     log = pods / "pods" / f"{job_id}-chief-0" / "trainer.log"
     deadline = time.monotonic() + 1800
     total = -(-RECORDS // BATCH)
-    stretch: list[tuple[float, int, float, float, float]] = []
-    """(time, step, trainers', the worker's and data workers' CPU seconds) at the start of the
+    stretch: list[tuple[float, ...]] = []
+    """(time, step, and the CPU seconds of each of :data:`SIDES`) at the start of the
     measured stretch and at its newest poll."""
+    killed = 0
     while time.monotonic() < deadline:
         events = _events(log)
         if any(e.get("event") == "finished" for e in events):
             break
         steps_now = [e["step"] for e in events if e.get("event") == "steps"]
+        if kill_at is not None and not killed and steps_now and steps_now[-1] >= kill_at * total:
+            pids = pods / "pods" / f"{job_id}-data-worker-0" / "pids.json"
+            killed = json.loads(pids.read_text())["trainer"]
+            os.kill(killed, signal.SIGKILL)
         if steps_now and total // 4 <= steps_now[-1] < total - 2:  # the measured stretch
             point = (time.monotonic(), steps_now[-1], *cpu_seconds(job_id))
             stretch = [stretch[0] if stretch else point, point]
@@ -167,73 +190,95 @@ async def run_job(nats_url: str, pods: Path, data_workers: int) -> dict[str, Any
         "wait_share": queue.get("wait_seconds", 0.0)
         / max(1e-9, steps[-1]["time"] - steps[0]["time"]),
         "exactly_once": exactly_once,
-        "by_source": queue.get("by_source", {}),
         **_cpu_use(stretch),
         "cores_given": 3 * TRAINER_CAP + data_workers * DATA_CAP,
+        "killed": killed,
+        "by_source": queue.get("by_source", {}),
     }
 
 
-def _cpu_use(stretch: list[tuple[float, int, float, float, float]]) -> dict[str, float]:
-    """Cores the pods used over the stretch, and the CPU seconds per sample of the trainers,
-    of the worker alone and of the data workers (the simulator's ``m`` and ``r``, per
-    sample)."""
+def _cpu_use(stretch: list[tuple[float, ...]]) -> dict[str, float]:
+    """Cores the pods used over the stretch, and the CPU seconds per sample of each of
+    :data:`SIDES` (``<side>_cpu``: the simulator's ``m`` and ``r``, per sample)."""
     if len(stretch) != 2 or stretch[1][1] <= stretch[0][1] or stretch[1][0] <= stretch[0][0]:
-        return {"cores_used": 0.0, "training_cpu": 0.0, "worker_cpu": 0.0, "data_cpu": 0.0}
-    (t0, step0, trainers0, worker0, data0), (t1, step1, trainers1, worker1, data1) = stretch
+        return {"cores_used": 0.0, **{f"{side}_cpu": 0.0 for side in SIDES}}
+    (t0, step0, *before), (t1, step1, *after) = stretch
     samples = (step1 - step0) * BATCH
+    spent = {side: a - b for side, a, b in zip(SIDES, after, before, strict=True)}
     return {
-        "cores_used": (trainers1 - trainers0 + data1 - data0) / (t1 - t0),
-        "training_cpu": (trainers1 - trainers0) / samples,
-        "worker_cpu": (worker1 - worker0) / samples,
-        "data_cpu": (data1 - data0) / samples,
+        "cores_used": (spent["trainers"] + spent["data"]) / (t1 - t0),
+        **{f"{side}_cpu": spent[side] / samples for side in SIDES},
     }
 
 
-def predicted_gain(with_data_workers: dict[str, float]) -> tuple[float, float, float, float]:
-    """``stride sim --env dataworkers``'s throughput model for this setting: the gain it
-    predicts, and its inputs measured with data workers (where pre-processing and training
-    run in different pods): the worker's ``m`` and the job's ``r`` (CPU seconds per sample),
-    and ``t_i``, the training side's rate when never starved.
+def record_cpu() -> float:
+    """CPU seconds per sample of the chief's part of the pre-processing without data
+    workers: the example's raw text records (``make_records``), timed in this process."""
+    from stride_examples.criteo_text import make_records
 
-    The simulator's job does ``1`` step per second at full speed; here a step is a sample,
-    and full speed is the training side's own rate ``t_i``, read from the queue state as
-    GoldMiner reads it (sec. 3.4.2): the samples per second of the time the chief did not
-    wait. GoldMiner's training worker is the one that runs the model, whose data half moves
-    to the data workers: in a PS job that is the worker pod (the chief only coordinates and
-    makes the raw records). So without data workers ``min(t_i, L / (m + r))`` with the
-    worker's ``L`` cores, and with them ``min(t_i, L / m, c / r)``. (The first recording's
-    mapping pooled every trainer pod's cores for pre-processing and bound the training side
-    by its CPUs alone, ``T / m``; neither holds for a PS job, whose PS pre-processes nothing
-    and whose training side waits on round trips: 1.66x predicted against 2.01x measured.)"""
+    started = time.process_time()
+    rounds = 5
+    for index in range(rounds):
+        make_records(np.arange(index * BATCH, (index + 1) * BATCH))
+    return (time.process_time() - started) / (rounds * BATCH)
+
+
+def predicted_gain(fed: dict[str, float], records: float) -> tuple[float, dict[str, float]]:
+    """``stride sim --env dataworkers``'s throughput model for this setting: the gain it
+    predicts, and its inputs.
+
+    GoldMiner's original mode pre-processes inside the training workers; in this PS job two
+    pods do: the chief makes the raw records (``records``, CPU seconds per sample, timed
+    apart) and the worker decodes, hashes and crosses them in its step (the rest of ``r``,
+    the data workers' CPU per sample). Each is one of the model's training workers of ``L``
+    cores, with its own ``m`` (its CPU per sample with data workers, when it only trains):
+    without data workers ``min(t_i, L / (m + r))`` over the two, with them
+    ``min(t_i, c / r)``. ``t_i``, the training side's rate when never starved, is read from
+    the queue state as GoldMiner reads it (sec. 3.4.2): the samples per second of the time
+    the chief did not wait. A step here is a sample, and the simulator's full speed (1) is
+    ``t_i``. (The first recording pooled the three trainers' cores for all the
+    pre-processing and bound the training side by its CPUs alone: 1.66x predicted against
+    2.01x measured.)"""
     from stride.sim.dataworkers import (
         DataWorkerJob,
         throughput_with_data_workers,
         throughput_without_data_workers,
     )
 
-    ideal = with_data_workers["samples_per_second"] / max(
-        1e-9, 1.0 - with_data_workers["wait_share"]
+    ideal = fed["samples_per_second"] / max(1e-9, 1.0 - fed["wait_share"])
+    r = fed["data_cpu"]
+    sites = {"chief": min(records, r), "worker": max(0.0, r - records)}
+
+    def job(m: float, pre: float) -> DataWorkerJob:
+        return DataWorkerJob(
+            job_id="bench",
+            submit_time=0.0,
+            gpus=1,
+            steps=float(RECORDS),
+            training_cpu_per_gpu=max(m, 1e-12) * ideal,
+            preprocessing_cpu_per_gpu=max(pre, 1e-12) * ideal,
+        )
+
+    without = min(
+        throughput_without_data_workers(job(fed[f"{site}_cpu"], pre), TRAINER_CAP)
+        for site, pre in sites.items()
     )
-    m, r = with_data_workers["worker_cpu"], with_data_workers["data_cpu"]
-    job = DataWorkerJob(
-        job_id="bench",
-        submit_time=0.0,
-        gpus=1,
-        steps=float(RECORDS),
-        training_cpu_per_gpu=m * ideal,
-        preprocessing_cpu_per_gpu=r * ideal,
-    )
-    gain = throughput_with_data_workers(
-        job, TRAINER_CAP, 2 * DATA_CAP
-    ) / throughput_without_data_workers(job, TRAINER_CAP)
-    return gain, m, r, ideal
+    with_ = throughput_with_data_workers(job(1e-12, r), 1.0, 2 * DATA_CAP)
+    inputs = {
+        "chief_m": fed["chief_cpu"],
+        "worker_m": fed["worker_cpu"],
+        "records": sites["chief"],
+        "rest": sites["worker"],
+        "ideal": ideal,
+    }
+    return with_ / without, inputs
 
 
 def cpu_bound_share(with_data_workers: dict[str, float]) -> tuple[float, float]:
     """The throughput with data workers as a share of the CPU-bound limit of the cores
     given: what the trainers' and the data workers' cores sustain at their measured CPU per
     sample if fully busy (the slower side's), and that limit."""
-    trainers = 3 * TRAINER_CAP / max(1e-12, with_data_workers["training_cpu"])
+    trainers = 3 * TRAINER_CAP / max(1e-12, with_data_workers["trainers_cpu"])
     data = 2 * DATA_CAP / max(1e-12, with_data_workers["data_cpu"])
     limit = min(trainers, data)
     return with_data_workers["samples_per_second"] / limit, limit
@@ -406,6 +451,8 @@ def main(rounds: int) -> str:
                     f"exactly once: {result['exactly_once']}",
                     flush=True,
                 )
+        killed = asyncio.run(run_job(suite.nats.url, suite.pods, 2, kill_at=0.5))
+        print(f"with a data worker SIGKILLed mid-epoch: {killed}", flush=True)
     finally:
         suite.close()
     suite = Suite(optimizer=True)
@@ -414,7 +461,7 @@ def main(rounds: int) -> str:
         print(f"tuned by the optimizer: {tuned}", flush=True)
     finally:
         suite.close()
-    return report(results, rounds, tuned)
+    return report(results, rounds, tuned, killed, record_cpu())
 
 
 async def _delete_pods(pods: Path) -> None:
@@ -426,10 +473,15 @@ async def _delete_pods(pods: Path) -> None:
     await leftovers.close()
 
 
-def report(results: dict[str, list[dict[str, Any]]], rounds: int, tuned: dict[str, Any]) -> str:
+def report(
+    results: dict[str, list[dict[str, Any]]],
+    rounds: int,
+    tuned: dict[str, Any],
+    killed: dict[str, Any],
+    records: float,
+) -> str:
     def median(variant: str, key: str) -> float:
-        values = sorted(r[key] for r in results[variant])
-        return float(values[len(values) // 2])
+        return float(statistics.median(r[key] for r in results[variant]))
 
     without, with_ = median("without", "samples_per_second"), median("with", "samples_per_second")
     ratio = with_ / without
@@ -437,13 +489,13 @@ def report(results: dict[str, list[dict[str, Any]]], rounds: int, tuned: dict[st
     used = median("with", "cores_used") / results["with"][0]["cores_given"]
     once = all(r["exactly_once"] for rs in results.values() for r in rs)
     fed = sorted(results["with"], key=lambda r: r["samples_per_second"])[len(results["with"]) // 2]
-    predicted, m, r, ideal = predicted_gain(fed)
+    predicted, inputs = predicted_gain(fed, records)
     off = abs(predicted - ratio) / ratio
     share, limit = cpu_bound_share(fed)
     return "\n".join(
         [
             "$ .venv/bin/python bench/dataworkers_live.py"
-            + (f" --rounds {rounds}" if rounds != 2 else ""),
+            + (f" --rounds {rounds}" if rounds != ROUNDS else ""),
             f"machine: {os.cpu_count()} cores; examples/criteo-text.yaml's model, {RECORDS:,} "
             f"records, batch {BATCH}, 1 epoch; chief, PS and worker each capped at {TRAINER_CAP} "
             "core "
@@ -459,13 +511,17 @@ def report(results: dict[str, list[dict[str, Any]]], rounds: int, tuned: dict[st
             + ("PASS" if ratio >= GOAL else "FAIL"),
             f"with data workers: {fed['samples_per_second']:,.0f} samples/s is {share:.0%} of "
             f"the CPU-bound limit of the cores given ({limit:,.0f} samples/s: the trainers' "
-            f"{3 * TRAINER_CAP:g} cores at {fed['training_cpu'] * 1e6:.1f} CPU-us per sample, "
+            f"{3 * TRAINER_CAP:g} cores at {fed['trainers_cpu'] * 1e6:.1f} CPU-us per sample, "
             f"the data workers' {2 * DATA_CAP:g} at {fed['data_cpu'] * 1e6:.1f}); goal within "
             "20 %: "
             + ("PASS" if share >= 0.80 else "FAIL")
             + f"; the pods used {used:.0%} of the cores given; the chief waited for data "
             f"{waited:.0%} of the time",
             f"every sample trained exactly once in every run: {'yes' if once else 'NO'}",
+            f"a data worker SIGKILLed mid-epoch (pid {killed['killed']}; steps made by "
+            + ", ".join(f"{k} {v}" for k, v in sorted(killed["by_source"].items()))
+            + "): every sample trained exactly once: "
+            + ("yes" if killed["exactly_once"] and killed["killed"] else "NO"),
             "",
             "submitted with nothing but its spec ("
             + f"{TUNED_EPOCHS} epochs), planned by the optimizer (cold start: "
@@ -478,9 +534,11 @@ def report(results: dict[str, list[dict[str, Any]]], rounds: int, tuned: dict[st
             + ("PASS" if tuned["after"] >= GOAL * tuned["before"] else "FAIL")
             + f"; exactly once: {'yes' if tuned['exactly_once'] else 'NO'}",
             "",
-            f"simulator's prediction (stride.sim.dataworkers' model with the worker pod as its "
-            f"training worker: m = {m * 1e6:.1f} and r = {r * 1e6:.1f} CPU-us per sample, "
-            f"t_i = {ideal:,.0f} samples/s, measured with data workers): {predicted:.2f}x "
+            "simulator's prediction (stride.sim.dataworkers' model, the chief and the worker "
+            f"as its training workers: m = {inputs['chief_m'] * 1e6:.1f} and "
+            f"{inputs['worker_m'] * 1e6:.1f}, r = {inputs['records'] * 1e6:.1f} and "
+            f"{inputs['rest'] * 1e6:.1f} CPU-us per sample, t_i = {inputs['ideal']:,.0f} "
+            f"samples/s): {predicted:.2f}x "
             f"against {ratio:.2f}x measured, {off:.0%} off; goal within 15 %: "
             + ("PASS" if off <= 0.15 else "FAIL"),
             "",
@@ -489,7 +547,7 @@ def report(results: dict[str, list[dict[str, Any]]], rounds: int, tuned: dict[st
 
 
 if __name__ == "__main__":
-    count = int(sys.argv[sys.argv.index("--rounds") + 1]) if "--rounds" in sys.argv else 2
+    count = int(sys.argv[sys.argv.index("--rounds") + 1]) if "--rounds" in sys.argv else ROUNDS
     text = main(count)
     RESULTS.write_text(text)
     print(text)

@@ -176,8 +176,8 @@ def test_trace_jobs_are_the_window_rows_rebased() -> None:
 def test_a_job_too_large_for_data_workers_falls_back_to_local_preprocessing() -> None:
     # 64 GPUs on the 64-GPU testbed, 44 pre-processing CPUs per GPU: its tuned training
     # workers (1 CPU each: the tuner's 5% tolerances) leave 448 CPUs, which give it
-    # 448 / 2,819 of full speed, less than 95% of 8 local CPUs per GPU. It falls back to those, as the hardware-ratio
-    # baseline runs it: 38,383 steps at 8 / 45.12 steps/s.
+    # 448 / 2,819 of full speed, less than 95% of 8 local CPUs per GPU. It falls back to
+    # those, as the hardware-ratio baseline runs it: 38,383 steps at 8 / 45.12 steps/s.
     job = DataWorkerJob("big", 0.0, 64, 38_383.0, 1.08, 44.04)
     assert tune_job(job, DataWorkerCluster()).training_worker_cpu == 1
     for policy in ("goldminer-srtf", "no-dw-hw"):

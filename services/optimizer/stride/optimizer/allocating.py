@@ -31,7 +31,7 @@ from stride.events.v1 import job_pb2
 from stride.optimizer.adapters.convert import features_from_spec, plan_from_proto
 from stride.optimizer.adapters.outbound import repository
 from stride.optimizer.domain import observations as obs
-from stride.optimizer.domain.administrator import JobStage, StageError
+from stride.optimizer.domain.administrator import StageError
 from stride.optimizer.domain.allocation import (
     ElasticJob,
     budget,
@@ -41,7 +41,7 @@ from stride.optimizer.domain.allocation import (
 )
 from stride.optimizer.domain.feeding import FeedRule, on_tuned, with_data_workers
 from stride.optimizer.domain.tuning import Explanation, shape_of
-from stride.optimizer.feeding import CapacityHold, StoreStep
+from stride.optimizer.feeding import CapacityHold, StoreStep, still_as_seen
 from stride.policy import goldminer
 from stride.policy.contention import ShareBound
 from stride.policy.goldminer import AllocationPolicy, ClusterAllocationRequest, JobAllocation
@@ -163,19 +163,11 @@ class DataWorkerAllocation:
         now: datetime,
     ) -> int:
         """Store the job's new data workers if it is still as the round saw it; 1 if so."""
-        existing = await repository.get_administrator(session, job.job_id, for_update=True)
-        view = await repository.get_observations(session, job.job_id, for_update=True)
-        newest = await repository.newest_plan(session, job.job_id)
-        if (
-            existing is None
-            or view is None
-            or newest is None
-            or existing.stage is JobStage.FINISHED
-            or view.plan_version != job.plan_version
-            or view.feeding != job.feeding
-        ):
+        locked = await still_as_seen(session, job.job_id, job.plan_version, job.feeding)
+        if locked is None:
             log.info("allocation dropped: the job changed meanwhile", job_id=job.job_id)
             return 0
+        existing, view, newest = locked
         if obs.job_clock(view, now.timestamp()) < view.hold_until:
             return 0  # an operator's plan holds
         sizes = allocation.data_worker_sizes

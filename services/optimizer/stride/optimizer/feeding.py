@@ -21,11 +21,13 @@ import structlog
 from stride.db.engine import Database, Session
 from stride.db.outbox import Outbox
 from stride.decisions import DecisionFailed, DecisionPort
+from stride.events.v1 import plan_pb2
 from stride.optimizer.adapters.convert import plan_from_proto
 from stride.optimizer.adapters.outbound import repository
 from stride.optimizer.domain import observations as obs
 from stride.optimizer.domain.administrator import Administrator, JobStage, StageError, Step
 from stride.optimizer.domain.feeding import (
+    Feeding,
     FeedRule,
     configuration_of,
     observation,
@@ -55,6 +57,26 @@ class StoreStep(Protocol):
 
 
 CapacityHold = Callable[[Session, str, Plan], Awaitable[str]]
+
+
+async def still_as_seen(
+    session: Session, job_id: str, plan_version: int, feeding: Feeding
+) -> tuple[Administrator, obs.Observations, plan_pb2.ResourcePlan] | None:
+    """The job's administrator, view and newest plan, locked, if it still runs under the
+    plan and data-worker state a decision was made for (None: it changed meanwhile)."""
+    existing = await repository.get_administrator(session, job_id, for_update=True)
+    view = await repository.get_observations(session, job_id, for_update=True)
+    newest = await repository.newest_plan(session, job_id)
+    if (
+        existing is None
+        or view is None
+        or newest is None
+        or existing.stage is JobStage.FINISHED
+        or view.feeding != feeding
+        or view.plan_version != plan_version
+    ):
+        return None
+    return existing, view, newest
 
 
 class DataWorkerTuning:
@@ -127,19 +149,11 @@ class DataWorkerTuning:
         now = datetime.now(UTC)
         published = None
         async with self.database.transaction() as session:
-            existing = await repository.get_administrator(session, job_id, for_update=True)
-            view = await repository.get_observations(session, job_id, for_update=True)
-            newest = await repository.newest_plan(session, job_id)
-            if (
-                existing is None
-                or view is None
-                or newest is None
-                or existing.stage is JobStage.FINISHED
-                or view.feeding != seen.feeding
-                or view.plan_version != seen.plan_version
-            ):
+            locked = await still_as_seen(session, job_id, seen.plan_version, seen.feeding)
+            if locked is None:
                 log.info("tuning step dropped: the job changed while it was made", job_id=job_id)
                 return
+            existing, view, newest = locked
             if reply is None:
                 await self._end(session, existing, view, ended, now)
                 return
