@@ -45,7 +45,12 @@ TESTS = textwrap.dedent(
         if os.environ.get("THEN") == "fail":
             assert False, "failing on purpose"
         if os.environ.get("THEN") == "hang":
-            time.sleep(600)
+            # Short sleeps: a signal the kernel hands to another of the process's threads
+            # does not cut a long sleep of the main thread short (CPython runs handlers in
+            # the main thread, between its bytecodes), and one full run's ctrl-c waited
+            # out all 600 s.
+            for _ in range(6000):
+                time.sleep(0.1)
     """
 )
 
