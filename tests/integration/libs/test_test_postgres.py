@@ -145,10 +145,15 @@ def test_an_interrupted_run_stops_its_server_and_removes_its_folder(
     tmp_path: Path, temporary: Path, interrupt: signal.Signals
 ) -> None:
     run, record = _nested(tmp_path, temporary, "hang")
-    postmaster = _recorded(record, run)
-    assert pid_alive(postmaster) and len(_left(temporary)) == 1
-    run.send_signal(interrupt)
-    assert run.wait(60) != 0
+    try:
+        postmaster = _recorded(record, run)
+        assert pid_alive(postmaster) and len(_left(temporary)) == 1
+        run.send_signal(interrupt)
+        assert run.wait(60) != 0
+    finally:
+        if run.poll() is None:  # failed: end it, or it outlives the test and its server too
+            run.kill()
+            run.wait(10)
     assert not pid_alive(postmaster)
     assert _left(temporary) == []
 
