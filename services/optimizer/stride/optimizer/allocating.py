@@ -52,7 +52,6 @@ log = structlog.get_logger(__name__)
 
 
 ShareBounds = Callable[[Session, list[str]], Awaitable[dict[str, ShareBound]]]
-FreeCores = Callable[[Session], Awaitable[float | None]]
 
 
 class DataWorkerAllocation:
@@ -68,7 +67,7 @@ class DataWorkerAllocation:
         store: StoreStep,
         capacity_hold: CapacityHold,
         share_bounds: ShareBounds,
-        free_cores: FreeCores,
+        cluster_cpu: float | None,
     ) -> None:
         self.database = database
         self.outbox = outbox
@@ -78,7 +77,8 @@ class DataWorkerAllocation:
         self._store = store
         self._capacity_hold = capacity_hold
         self._share_bounds = share_bounds
-        self._free_cores = free_cores
+        self.cluster_cpu = cluster_cpu
+        """Cores the running jobs may hold together (None: not bounded here)."""
         self._wake = asyncio.Event()
 
     def wake(self) -> None:
@@ -105,9 +105,11 @@ class DataWorkerAllocation:
         """One round; returns how many jobs got new data workers."""
         async with self.database.sessions() as session:
             jobs = await self._elastic_jobs(session)
-            free = await self._free_cores(session) if jobs else None
+            if not jobs:
+                return 0
+            free = await self._free(session)
         cpus = budget(jobs, free, self.rule)
-        if not jobs or cpus < 1:
+        if cpus < 1:
             return 0
         request = ClusterAllocationRequest(
             policy=self.policy, cpu_budget=cpus, jobs=tuple(job.curve for job in jobs)
@@ -131,6 +133,13 @@ class DataWorkerAllocation:
         if applied:
             self.outbox.notify()
         return applied
+
+    async def _free(self, session: Session) -> float | None:
+        """Cores no running job holds (None: the cluster's cores are not bounded here)."""
+        if self.cluster_cpu is None:
+            return None
+        held, _, _, _ = await repository.held_capacity(session, "")
+        return max(0.0, self.cluster_cpu - held)
 
     async def _elastic_jobs(self, session: Session) -> list[ElasticJob]:
         rows = await repository.elastic_jobs(session)

@@ -257,7 +257,7 @@ class Planning:
                 self._store,
                 self._capacity_hold,
                 self._share_bounds,
-                self._free_cores,
+                capacity.cpu if capacity is not None else None,
             )
             if tune is not None and feed is not None and allocate is not None
             else None
@@ -601,13 +601,6 @@ class Planning:
             f"{max(extra_memory, 0):g} more GiB, {max(free_cpu, 0):g} cores and "
             f"{max(free_memory, 0):g} GiB are free"
         )
-
-    async def _free_cores(self, session: Session) -> float | None:
-        """Cores no running job holds (None: the optimizer bounds no capacity)."""
-        if self.capacity is None:
-            return None
-        cpu, _, _, _ = await repository.held_capacity(session, "")
-        return max(0.0, self.capacity.cpu - cpu)
 
     async def _share_bound(self, session: Session, job_id: str) -> ShareBound | None:
         """The most the job may hold, from admission's newest share of it; None when
