@@ -292,14 +292,17 @@ async def test_the_flash_path_saves_through_shared_memory_and_restores_identical
         del restored
 
         # Once step 10 is durable and step 11 is in, step 10 leaves memory and its segment
-        # goes to the free pool; step 12 reuses it instead of allocating.
+        # goes to the free pool; step 12 reuses it (the same file) instead of allocating.
+        # (Step 11's segment is pooled in turn once step 12 is durable, which can be before
+        # the save returns: the pool's content after it proves nothing.)
         await asyncio.to_thread(client.wait_until_durable, "step-10", 30)
         await asyncio.to_thread(client.save, 11, tensors(2))
         await asyncio.to_thread(client.wait_until_durable, "step-11", 30)
         free = shm_dir / JOB / ".free"
         await assert_eventually(lambda: len(files_under(free)) == 1)
+        pooled = (free / files_under(free)[0]).stat().st_ino
         await asyncio.to_thread(client.save, 12, tensors(3))
-        assert files_under(free) == []
+        assert (shm_dir / JOB / "step-12" / "shard-00000.seg").stat().st_ino == pooled
         newest = await asyncio.to_thread(client.restore)
         assert newest.step == 12 and same_tensors(newest.tensors, tensors(3))
         older = await asyncio.to_thread(client.restore, "step-10")

@@ -20,7 +20,7 @@ from nats.aio.msg import Msg
 from nats.errors import TimeoutError as NatsTimeoutError
 
 from stride.bus import callout, permissions, topics
-from stride.bus.client import Bus, Delivery
+from stride.bus.client import Bus, Delivery, flush_in_order
 from stride.events.v1 import job_pb2, optimization_pb2, plan_pb2
 from stride.runtime import certs, tls
 from stride.runtime.embedded_nats import NatsServer, free_port, nats_server_binary
@@ -151,7 +151,7 @@ async def test_a_service_runs_its_own_consumer_and_cannot_touch_anothers(
 
         podwatcher.nc._error_cb = on_error
         await podwatcher.nc.subscribe(topics.JOB_ADMITTED.pattern())
-        await podwatcher.nc.flush()
+        await flush_in_order(podwatcher.nc)
         await asyncio.sleep(0.2)
         denied = "permissions violation for subscription"
         assert any(denied in str(error).lower() for error in errors), errors

@@ -147,6 +147,21 @@ class _Connection(NatsClient):
         await super()._process_err(err_msg)
 
 
+async def flush_in_order(nc: NatsClient) -> None:
+    """Return once the server has taken every command written on ``nc`` before (a SUB just
+    made: a message published after this reaches it).
+
+    ``nc.flush()`` alone does not promise it in nats-py 2.16: it writes its PING straight
+    to the socket, ahead of the commands still waiting for the client's flusher task, so the
+    PONG can come back before the server has the SUB. A message another client published
+    in that window was lost (seen in full test runs: the first revocation or control
+    command to a pod that had just subscribed never came, the next ones did). The flusher
+    was woken by the SUB and runs before the first PONG is read, so the second PING goes out
+    after the SUB, and its PONG means the server has it."""
+    await nc.flush()
+    await nc.flush()
+
+
 async def _dial(url: str, name: str, timeout: float, options: dict[str, Any]) -> _Connection:
     """Connect to NATS, retrying for up to ``timeout`` seconds, then reconnecting forever;
     a one-line :class:`StartupError` naming the URL if no server answers in time."""
@@ -736,7 +751,7 @@ class Bus:
         subscription = await self.nc.subscribe(
             topic.pattern(), queue=topic.queue_group, cb=on_request
         )
-        await self.nc.flush()
+        await flush_in_order(self.nc)
         return subscription
 
     async def watch(self, topic: Topic[M], on_event: Callable[[str, M], None]) -> Subscription:
@@ -753,7 +768,7 @@ class Bus:
             self.accept(topic, msg.subject, msg.data, msg.headers or {}, on_event)
 
         subscription = await self.nc.subscribe(topic.pattern(), cb=on_message)
-        await self.nc.flush()
+        await flush_in_order(self.nc)
         return subscription
 
     def accept(
