@@ -188,3 +188,25 @@ def test_a_refused_save_is_retried_skipped_or_fatal(
 
     error = CheckpointCacheError(getattr(grpc.StatusCode, code), "refused")
     assert after_save_failure(error, moving, attempt) == action
+
+
+def test_a_small_tables_gradient_goes_dense_and_a_large_ones_stays_sparse() -> None:
+    import keras
+    import tensorflow as tf
+
+    from stride.trainer.loop import DENSE_GRADIENT_BYTES, _dense_if_small
+
+    rows = DENSE_GRADIENT_BYTES // (8 * 4)  # float32 rows of 8: exactly the limit
+    small = keras.Variable(keras.ops.zeros((rows, 8)))
+    large = keras.Variable(keras.ops.zeros((rows + 1, 8)))
+    lookups = tf.constant([3, 3, 5])
+    values = tf.ones((3, 8))
+    dense = _dense_if_small(tf.IndexedSlices(values, lookups, tf.constant([rows, 8])), small)
+    assert not isinstance(dense, tf.IndexedSlices)
+    # Repeated rows are summed, as the sparse update would have applied them.
+    assert dense.shape == (rows, 8) and dense[3, 0] == 2.0 and dense[5, 0] == 1.0
+    assert float(tf.reduce_sum(dense)) == 24.0
+    sparse = tf.IndexedSlices(values, lookups, tf.constant([rows + 1, 8]))
+    assert _dense_if_small(sparse, large) is sparse
+    already = tf.ones((2, 2))
+    assert _dense_if_small(already, small) is already
