@@ -19,7 +19,7 @@ from google.protobuf.timestamp_pb2 import Timestamp
 from nats.aio.msg import Msg
 
 from stride.bus import topics
-from stride.bus.client import Bus
+from stride.bus.client import Bus, flush_in_order
 from stride.events.v1 import control_pb2
 from stride.runtime.errors import Unavailable
 
@@ -80,6 +80,7 @@ async def subscribe_commands(
             log.exception("control command failed", action=command.action)
 
     subscription = await bus.nc.subscribe(subject, cb=on_message)
+    await flush_in_order(bus.nc)  # "from now on": the server has the subscription
 
     async def stop() -> None:
         await subscription.unsubscribe()
