@@ -261,13 +261,16 @@ class Cgroups:
         """How many processes of the group the kernel OOM-killed."""
         return read_oom_kills(group.oom_file())
 
-    def remove(self, group: PodGroup) -> None:
-        """Remove the group's directories (once empty); missing ones are fine."""
+    def remove(self, group: PodGroup) -> bool:
+        """Remove the group's directories (once empty; missing ones are fine); whether none
+        is left. A group whose processes are still exiting (a moment after a kill) stays:
+        the runtime tries it again (``LocalPods``'s groups left)."""
+        left = False
         for path in group.dirs:
             try:
                 path.rmdir()
             except FileNotFoundError:
                 pass
             except OSError:
-                # Still has a process for a moment after a kill: the next sweep removes it.
-                pass
+                left = True
+        return not left
