@@ -205,3 +205,24 @@ async def test_an_ended_pods_group_still_busy_is_removed_once_its_last_process_i
         await assert_eventually(removed, timeout=10)
     finally:
         watching.cancel()
+
+
+async def test_close_waits_a_moment_for_a_deleted_pods_group_to_empty(tmp_path: Path) -> None:
+    """A teardown deletes its pods and closes the runtime at once; the group of a pod whose
+    last process exits a moment later goes too (it stayed before)."""
+    runtime = LocalPods(tmp_path, grace_seconds=1)
+    cgroups_writable(runtime)
+    await runtime.start(launch("lp-teardown", SLEEPER))
+    group = runtime.cgroups.group("lp-teardown")
+    straggler = subprocess.Popen([sys.executable, "-c", SLEEPER], stdout=subprocess.DEVNULL)
+    try:
+        join(group.procs_files(), straggler.pid)
+        await runtime.delete("lp-teardown", grace_seconds=1)
+        assert all(path.exists() for path in group.dirs)
+        asyncio.get_running_loop().call_later(0.3, straggler.kill)
+        await runtime.close()
+        assert not any(path.exists() for path in group.dirs), group.dirs
+    finally:
+        straggler.kill()
+        straggler.wait()
+        await runtime.close()

@@ -44,6 +44,9 @@ from stride.podwatcher.domain.nodes import PodUsage as PodMemory
 from stride.podwatcher.domain.nodes import choose_eviction
 from stride.runtime.processes import start_time
 
+CLOSE_GROUPS_SECONDS = 2.0
+"""How long :meth:`LocalPods.close` waits for the groups of pods that just ended to empty."""
+
 log = structlog.get_logger(__name__)
 
 MIB = 1024**2
@@ -645,6 +648,12 @@ class LocalPods:
             await asyncio.sleep(self.poll_seconds)
 
     async def close(self) -> None:
-        """Stop watching; the pods keep running (the groups of ended ones go)."""
+        """Stop watching; the pods keep running. The groups of ended ones go, waited for a
+        moment: a pod deleted just before (a test's or a bench's teardown) still has
+        processes exiting."""
         self._closed = True
+        deadline = time.monotonic() + CLOSE_GROUPS_SECONDS
         self._remove_groups_left()
+        while self._groups_left and time.monotonic() < deadline:
+            await asyncio.sleep(0.05)
+            self._remove_groups_left()
