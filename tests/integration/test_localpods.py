@@ -226,3 +226,31 @@ async def test_close_waits_a_moment_for_a_deleted_pods_group_to_empty(tmp_path: 
         straggler.kill()
         straggler.wait()
         await runtime.close()
+
+
+async def test_a_new_runtime_removes_the_groups_an_earlier_one_left(tmp_path: Path) -> None:
+    """A pod watcher killed before its retry leaves an ended pod's group; the next runtime
+    of its folder removes it when it adopts (and leaves a running pod's alone)."""
+    earlier = LocalPods(tmp_path, grace_seconds=1)
+    cgroups_writable(earlier)
+    await earlier.start(launch("lp-left", SLEEPER))
+    await earlier.start(launch("lp-running", SLEEPER))
+    left = earlier.cgroups.group("lp-left")
+    straggler = subprocess.Popen([sys.executable, "-c", SLEEPER], stdout=subprocess.DEVNULL)
+    try:
+        join(left.procs_files(), straggler.pid)
+        await earlier.delete("lp-left", grace_seconds=1)
+    finally:
+        straggler.kill()
+        straggler.wait()
+    assert all(path.exists() for path in left.dirs)  # no retry: the runtime is gone
+    later = LocalPods(tmp_path, grace_seconds=1)
+    try:
+        assert [status.launch.pod for status in later.adopt()] == ["lp-running"]
+        assert not any(path.exists() for path in left.dirs), left.dirs
+        assert all(path.exists() for path in later.cgroups.group("lp-running").dirs)
+    finally:
+        # By the runtime that started it, which reaps its supervisor.
+        await earlier.delete("lp-running", grace_seconds=1)
+        await later.close()
+        await earlier.close()

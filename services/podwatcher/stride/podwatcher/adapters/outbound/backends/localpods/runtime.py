@@ -467,6 +467,13 @@ class LocalPods:
             status = PodStatus(launch, pids, (pod_dir / "launch.json").stat().st_mtime)
             self._known[pod] = status
             adopted.append(status)
+        # The groups an earlier runtime of this folder could not remove (it stopped before
+        # its pods' last processes had exited) go now; a running pod's stays.
+        running = {status.launch.pod for status in adopted}
+        for pod_dir in self.dir.iterdir():
+            if pod_dir.name not in running and not self._shim_alive(pod_dir.name):
+                self._groups_left.add(pod_dir.name)
+        self._remove_groups_left()
         log.info("local pods adopted", count=len(adopted))
         return adopted
 
