@@ -7,7 +7,8 @@ import asyncio
 import os
 import subprocess
 import sys
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Iterator
+from contextlib import contextmanager
 from pathlib import Path
 
 import pytest
@@ -73,10 +74,19 @@ async def next_exit(runtime: LocalPods, timeout: float = 30) -> PodExit:
     return found
 
 
-def join(procs_files: list[str], pid: int) -> None:
-    """Put process ``pid`` in a group (each of its ``cgroup.procs`` files)."""
-    for procs in procs_files:
-        Path(procs).write_text(str(pid))
+@contextmanager
+def straggler_in(procs_files: list[str]) -> Iterator[subprocess.Popen[bytes]]:
+    """A process put in a pod's group (each of its ``cgroup.procs`` files), as one that
+    outlives the pod: the group cannot be removed until it is killed (at the latest on
+    leaving the block)."""
+    straggler = subprocess.Popen([sys.executable, "-c", SLEEPER], stdout=subprocess.DEVNULL)
+    try:
+        for procs in procs_files:
+            Path(procs).write_text(str(straggler.pid))
+        yield straggler
+    finally:
+        straggler.kill()
+        straggler.wait()
 
 
 def cgroups_writable(runtime: LocalPods) -> None:
@@ -182,16 +192,11 @@ async def test_an_ended_pods_group_still_busy_is_removed_once_its_last_process_i
     group = pods.cgroups.group("lp-busy")
     # A process that outlives the pod in its group: the group is busy when the pod ends,
     # and still when its end is reported.
-    straggler = subprocess.Popen([sys.executable, "-c", SLEEPER], stdout=subprocess.DEVNULL)
     ends = pods.exits()
-    try:
-        join(group.procs_files(), straggler.pid)
+    with straggler_in(group.procs_files()):
         await pods.delete("lp-busy", grace_seconds=1)
         assert (await anext(ends)).reason is ExitReason.DELETED
         assert all(path.exists() for path in group.dirs)
-    finally:
-        straggler.kill()
-        straggler.wait()
 
     async def removed() -> bool:
         return not any(path.exists() for path in group.dirs)
@@ -214,17 +219,14 @@ async def test_close_waits_a_moment_for_a_deleted_pods_group_to_empty(tmp_path: 
     cgroups_writable(runtime)
     await runtime.start(launch("lp-teardown", SLEEPER))
     group = runtime.cgroups.group("lp-teardown")
-    straggler = subprocess.Popen([sys.executable, "-c", SLEEPER], stdout=subprocess.DEVNULL)
     try:
-        join(group.procs_files(), straggler.pid)
-        await runtime.delete("lp-teardown", grace_seconds=1)
-        assert all(path.exists() for path in group.dirs)
-        asyncio.get_running_loop().call_later(0.3, straggler.kill)
-        await runtime.close()
-        assert not any(path.exists() for path in group.dirs), group.dirs
+        with straggler_in(group.procs_files()) as straggler:
+            await runtime.delete("lp-teardown", grace_seconds=1)
+            assert all(path.exists() for path in group.dirs)
+            asyncio.get_running_loop().call_later(0.3, straggler.kill)
+            await runtime.close()
+            assert not any(path.exists() for path in group.dirs), group.dirs
     finally:
-        straggler.kill()
-        straggler.wait()
         await runtime.close()
 
 
@@ -236,13 +238,8 @@ async def test_a_new_runtime_removes_the_groups_an_earlier_one_left(tmp_path: Pa
     await earlier.start(launch("lp-left", SLEEPER))
     await earlier.start(launch("lp-running", SLEEPER))
     left = earlier.cgroups.group("lp-left")
-    straggler = subprocess.Popen([sys.executable, "-c", SLEEPER], stdout=subprocess.DEVNULL)
-    try:
-        join(left.procs_files(), straggler.pid)
+    with straggler_in(left.procs_files()):
         await earlier.delete("lp-left", grace_seconds=1)
-    finally:
-        straggler.kill()
-        straggler.wait()
     assert all(path.exists() for path in left.dirs)  # no retry: the runtime is gone
     later = LocalPods(tmp_path, grace_seconds=1)
     try:
