@@ -18,9 +18,9 @@ Each run trains one epoch; its throughput is the samples of the steps after the 
 quarter over their time (the chief's step reports), so start-up is left out. The batch is
 large (4,096), as CTR jobs' are, so the PS strategy's per-step cost does not hide the
 per-sample pre-processing. The rounds alternate. Reported beside the ratio: the throughput
-with data workers against the CPU-bound limit of the cores given (what the trainers' and the
-data workers' cores sustain when fully busy, at the CPU per sample their cgroups measured:
-the slower side's), the share of the cores given the pods used, the share of the time the
+with data workers against the CPU-bound limit of the cores given (what each pod's cores
+sustain when fully busy, at the CPU per sample its cgroup measured: the slowest pod's,
+:func:`cpu_bound_share`), the share of the cores given the pods used, the share of the time the
 chief waited for data, exactly-once (every sample of the epoch trained once, from the
 chief's consumed log) and the simulator's predicted gain (:func:`predicted_gain`). One more
 run with data workers SIGKILLs the first of them at mid-epoch: its steps go to the other,
