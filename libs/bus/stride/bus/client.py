@@ -156,10 +156,21 @@ async def flush_in_order(nc: NatsClient) -> None:
     PONG can come back before the server has the SUB. A message another client published
     in that window was lost (seen in full test runs: the first revocation or control
     command to a pod that had just subscribed never came, the next ones did). The flusher
-    was woken by the SUB and runs before the first PONG is read, so the second PING goes out
-    after the SUB, and its PONG means the server has it."""
+    was woken by the SUB and normally writes it before the first PONG is read; if it was
+    still draining an earlier write, what it holds is waited for (a moment at most: a
+    connection that never stops publishing never shows it empty). The second PING then goes
+    out after the SUB, and its PONG means the server has it."""
     await nc.flush()
+    for _ in range(PENDING_CHECKS):  # nats-py offers no event for it
+        if nc.pending_data_size == 0:
+            break
+        await asyncio.sleep(PENDING_CHECK_SECONDS)
     await nc.flush()
+
+
+PENDING_CHECKS, PENDING_CHECK_SECONDS = 200, 0.005
+"""How often, and how far apart, :func:`flush_in_order` looks whether the client's flusher
+has written what it holds (a second at most)."""
 
 
 async def _dial(url: str, name: str, timeout: float, options: dict[str, Any]) -> _Connection:
