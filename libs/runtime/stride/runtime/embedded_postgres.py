@@ -364,16 +364,19 @@ class EmbeddedPostgres:
         machine, and a new server refuses to start while one still holds the old shared
         memory ("pre-existing shared memory block is still in use"). They share the
         postmaster's process group (its session); any left after
-        :data:`LEFTOVER_SESSION_SECONDS` serve nobody and are killed."""
-        deadline = time.monotonic() + LEFTOVER_SESSION_SECONDS
-        while time.monotonic() < deadline:
-            try:
-                os.killpg(group, 0)
-            except (ProcessLookupError, PermissionError):
-                return
-            time.sleep(0.05)
-        with contextlib.suppress(ProcessLookupError, PermissionError):
-            os.killpg(group, signal.SIGKILL)
+        :data:`LEFTOVER_SESSION_SECONDS` serve nobody and are killed, and waited for (a
+        killed one holds the shared memory until it has exited: a full test run's restart
+        failed so, once)."""
+        for signum, seconds in ((0, LEFTOVER_SESSION_SECONDS), (signal.SIGKILL, 5.0)):
+            with contextlib.suppress(ProcessLookupError, PermissionError):
+                os.killpg(group, signum)
+            deadline = time.monotonic() + seconds
+            while time.monotonic() < deadline:
+                try:
+                    os.killpg(group, 0)
+                except (ProcessLookupError, PermissionError):
+                    return
+                time.sleep(0.05)
 
     def _log_since(self, offset: int) -> str:
         return " | ".join(log_tail(self.log_path, offset)) or "nothing in its log"
