@@ -201,11 +201,8 @@ async def test_an_ended_pods_group_still_busy_is_removed_once_its_last_process_i
     async def removed() -> bool:
         return not any(path.exists() for path in group.dirs)
 
-    async def watched() -> None:
-        async for _ in ends:
-            pass
-
-    watching = asyncio.create_task(watched())
+    # The runtime retries at each poll of its exits, so they are watched meanwhile.
+    watching = asyncio.ensure_future(anext(ends))
     try:
         await assert_eventually(removed, timeout=10)
     finally:

@@ -524,8 +524,8 @@ class LocalPods:
         if child is not None:
             with contextlib.suppress(subprocess.TimeoutExpired):
                 child.wait(timeout=5)
-        if not self.cgroups.remove(self.cgroups.group(pod)):
-            self._groups_left.add(pod)
+        self._groups_left.add(pod)
+        self._remove_groups_left()
 
     def _remove_groups_left(self) -> None:
         for pod in list(self._groups_left):
